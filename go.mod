@@ -1,0 +1,20 @@
+module github.com/ferry-migrate/ferry
+
+go 1.26.8
+
+require (
+	github.com/checkpoint-restore/go-criu/v7 v7.2.0
+	github.com/hashicorp/yamux v0.1.2
+	github.com/opencontainers/runtime-spec v1.3.0
+	github.com/spf13/cobra v1.10.2
+	github.com/vishvananda/netlink v1.3.1
+	github.com/vishvananda/netns v0.0.5
+	golang.org/x/sys v0.49.0
+	golang.org/x/term v0.47.0
+)
+
+require (
+	github.com/inconshreveable/mousetrap v1.1.0 // indirect
+	github.com/spf13/pflag v1.0.9 // indirect
+	google.golang.org/protobuf v1.34.2 // indirect
+)

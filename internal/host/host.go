@@ -1,0 +1,51 @@
+// Package host describes one ferry host: where its agent keeps state, which
+// runc root, cgroup parent and network namespace its containers use. The lab
+// and the agent derive every path from this one place, so a lab host and its
+// agent always agree.
+package host
+
+import (
+	"path/filepath"
+
+	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+)
+
+// Config is one host's settings.
+type Config struct {
+	// Name identifies the host in reports and logs (e.g. "h1").
+	Name string `json:"name"`
+	// StateDir holds the runc root, bundles and migration work directories.
+	StateDir string `json:"state_dir"`
+	// CgroupParent is the cgroup under which this host's containers live;
+	// two emulated hosts on one machine must not share it.
+	CgroupParent string `json:"cgroup_parent"`
+	// NetNS is the network namespace path containers join, empty for a
+	// private one.
+	NetNS string `json:"netns,omitempty"`
+}
+
+// RuncRoot is runc's --root for this host.
+func (c Config) RuncRoot() string { return filepath.Join(c.StateDir, "runc") }
+
+// Runc returns the runc driver for this host.
+func (c Config) Runc() runc.Host { return runc.Host{Root: c.RuncRoot()} }
+
+// BundleDir is where a container's OCI bundle (config.json, rootfs) lives.
+func (c Config) BundleDir(container string) string {
+	return filepath.Join(c.StateDir, "bundles", container)
+}
+
+// LogPath is where a container's stdout and stderr go.
+func (c Config) LogPath(container string) string {
+	return filepath.Join(c.StateDir, "bundles", container+".log")
+}
+
+// WorkDir is a migration's scratch directory (images, CRIU logs).
+func (c Config) WorkDir(migrationID string) string {
+	return filepath.Join(c.StateDir, "work", migrationID)
+}
+
+// CgroupsPath is the OCI cgroupsPath for a container on this host.
+func (c Config) CgroupsPath(container string) string {
+	return "/" + c.CgroupParent + "/" + container
+}

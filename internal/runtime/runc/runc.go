@@ -1,0 +1,273 @@
+// Package runc drives the runc binary for one host: running, freezing,
+// checkpointing and restoring containers under that host's own runc root and
+// cgroup parent, so that several emulated hosts can share one machine.
+//
+// ferry drives CRIU through runc rather than through CRIU's RPC directly:
+// runc already knows how to prepare a container's mounts, cgroups and
+// namespaces for a restore, and re-implementing that would duplicate the
+// runtime. CRIU-level details (features, stats) live in internal/criu.
+package runc
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Host is one host's view of runc: where its state lives and which cgroup
+// parent and network namespace its containers use.
+type Host struct {
+	// Root is runc's --root (container state) for this host.
+	Root string
+	// Binary is the runc executable; empty means "runc" from PATH.
+	Binary string
+}
+
+// State is the subset of `runc state` that ferry uses.
+type State struct {
+	ID      string `json:"id"`
+	Pid     int    `json:"pid"`
+	Status  string `json:"status"` // created, running, paused, stopped
+	Bundle  string `json:"bundle"`
+	Created string `json:"created"`
+}
+
+// ErrNotFound is returned when runc does not know the container.
+var ErrNotFound = errors.New("container not found")
+
+func (h Host) bin() string {
+	if h.Binary != "" {
+		return h.Binary
+	}
+	return "runc"
+}
+
+// cmd builds a runc command with this host's root. Output not consumed by
+// the caller is captured for error messages.
+func (h Host) run(ctx context.Context, stdout *bytes.Buffer, args ...string) error {
+	full := append([]string{"--root", h.Root}, args...)
+	c := exec.CommandContext(ctx, h.bin(), full...)
+	var stderr bytes.Buffer
+	c.Stdout = stdout
+	c.Stderr = &stderr
+	if err := c.Run(); err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if strings.Contains(msg, "does not exist") || strings.Contains(msg, "container not found") {
+			return fmt.Errorf("runc %s: %w", args[0], ErrNotFound)
+		}
+		return fmt.Errorf("runc %s: %v: %s", args[0], err, lastLines(msg, 6))
+	}
+	return nil
+}
+
+// lastLines keeps the tail of a long tool output for error messages.
+func lastLines(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// State returns the container's state, or ErrNotFound.
+func (h Host) State(ctx context.Context, id string) (State, error) {
+	var out bytes.Buffer
+	if err := h.run(ctx, &out, "state", id); err != nil {
+		return State{}, err
+	}
+	var st State
+	if err := json.Unmarshal(out.Bytes(), &st); err != nil {
+		return State{}, fmt.Errorf("runc state %s: %w", id, err)
+	}
+	return st, nil
+}
+
+// List returns every container under this host's root.
+func (h Host) List(ctx context.Context) ([]State, error) {
+	var out bytes.Buffer
+	if err := h.run(ctx, &out, "list", "--format", "json"); err != nil {
+		return nil, err
+	}
+	var sts []State
+	if b := bytes.TrimSpace(out.Bytes()); len(b) > 0 && string(b) != "null" {
+		if err := json.Unmarshal(b, &sts); err != nil {
+			return nil, fmt.Errorf("runc list: %w", err)
+		}
+	}
+	return sts, nil
+}
+
+// Run starts a container detached from bundle; its stdout and stderr go to
+// logPath.
+func (h Host) Run(ctx context.Context, id, bundle, logPath string) error {
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	c := exec.CommandContext(ctx, h.bin(), "--root", h.Root, "run", "--detach", "--bundle", bundle, id)
+	var stderr bytes.Buffer
+	c.Stdin = nil
+	c.Stdout = logf
+	c.Stderr = &stderr
+	if err := c.Run(); err != nil {
+		return fmt.Errorf("runc run %s: %v: %s", id, err, lastLines(strings.TrimSpace(stderr.String()), 6))
+	}
+	return nil
+}
+
+// Pause freezes every process of the container (cgroup freezer).
+func (h Host) Pause(ctx context.Context, id string) error { return h.run(ctx, nil, "pause", id) }
+
+// Resume thaws a paused container.
+func (h Host) Resume(ctx context.Context, id string) error { return h.run(ctx, nil, "resume", id) }
+
+// Delete removes the container, killing it first.
+func (h Host) Delete(ctx context.Context, id string) error {
+	err := h.run(ctx, nil, "delete", "--force", id)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	return err
+}
+
+// CheckpointOptions are the runc/CRIU options ferry sets for a dump.
+type CheckpointOptions struct {
+	ImagePath  string // CRIU images (all but pages when PageServer is set)
+	WorkPath   string // CRIU logs
+	ParentPath string // previous images, for native pre-dump chains
+	PageServer string // ADDR:PORT receiving the pages
+	// LeaveRunning keeps the container after the dump. A paused container
+	// stays paused, which is how ferry keeps the source resumable until the
+	// destination confirms.
+	LeaveRunning   bool
+	TCPEstablished bool
+	PreDump        bool
+	LazyPages      bool
+	StatusFD       *os.File // with LazyPages: CRIU writes \0 here when pages can be served
+}
+
+// Checkpoint dumps the container with CRIU through runc.
+func (h Host) Checkpoint(ctx context.Context, id string, o CheckpointOptions) error {
+	args := []string{"checkpoint", "--image-path", o.ImagePath, "--file-locks", "--manage-cgroups-mode", "soft"}
+	if o.WorkPath != "" {
+		args = append(args, "--work-path", o.WorkPath)
+	}
+	if o.ParentPath != "" {
+		args = append(args, "--parent-path", o.ParentPath)
+	}
+	if o.PageServer != "" {
+		args = append(args, "--page-server", o.PageServer)
+	}
+	if o.LeaveRunning {
+		args = append(args, "--leave-running")
+	}
+	if o.TCPEstablished {
+		args = append(args, "--tcp-established")
+	}
+	if o.PreDump {
+		args = append(args, "--pre-dump")
+	}
+	if o.LazyPages {
+		args = append(args, "--lazy-pages")
+	}
+	full := append([]string{"--root", h.Root}, append(args, id)...)
+	c := exec.CommandContext(ctx, h.bin(), full...)
+	var stderr bytes.Buffer
+	c.Stderr = &stderr
+	if o.StatusFD != nil {
+		c.ExtraFiles = []*os.File{o.StatusFD}
+		c.Args = append(c.Args[:len(c.Args)-1], "--status-fd", "3", id)
+	}
+	if err := c.Run(); err != nil {
+		return fmt.Errorf("runc checkpoint %s: %v: %s%s", id, err, lastLines(strings.TrimSpace(stderr.String()), 4), criuLogTail(o.WorkPath, "dump.log"))
+	}
+	return nil
+}
+
+// RestoreOptions are the runc/CRIU options ferry sets for a restore.
+type RestoreOptions struct {
+	ImagePath      string
+	WorkPath       string
+	Bundle         string
+	LogPath        string // container stdout/stderr after restore
+	TCPEstablished bool
+	LazyPages      bool
+}
+
+// Restore restores a container from images, detached, under id.
+func (h Host) Restore(ctx context.Context, id string, o RestoreOptions) error {
+	args := []string{"--root", h.Root, "restore", "--detach", "--image-path", o.ImagePath,
+		"--bundle", o.Bundle, "--file-locks", "--manage-cgroups-mode", "soft"}
+	if o.WorkPath != "" {
+		args = append(args, "--work-path", o.WorkPath)
+	}
+	if o.TCPEstablished {
+		args = append(args, "--tcp-established")
+	}
+	if o.LazyPages {
+		args = append(args, "--lazy-pages")
+	}
+	args = append(args, id)
+	c := exec.CommandContext(ctx, h.bin(), args...)
+	var stderr bytes.Buffer
+	c.Stderr = &stderr
+	if o.LogPath != "" {
+		logf, err := os.OpenFile(o.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			return err
+		}
+		defer logf.Close()
+		c.Stdout = logf
+	}
+	if err := c.Run(); err != nil {
+		return fmt.Errorf("runc restore %s: %v: %s%s", id, err, lastLines(strings.TrimSpace(stderr.String()), 4), criuLogTail(o.WorkPath, "restore.log"))
+	}
+	return nil
+}
+
+// criuLogTail quotes the end of a CRIU log, where CRIU says why it failed.
+func criuLogTail(dir, name string) string {
+	if dir == "" {
+		return ""
+	}
+	b, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		return ""
+	}
+	var errs []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, "Error") || strings.Contains(l, "BUG") || strings.Contains(l, "err") {
+			errs = append(errs, strings.TrimSpace(l))
+		}
+	}
+	if len(errs) == 0 {
+		return ""
+	}
+	return "\nCRIU " + name + ": " + lastLines(strings.Join(errs, "\n"), 4)
+}
+
+// WaitStatus polls until the container reaches want or the timeout passes.
+func (h Host) WaitStatus(ctx context.Context, id, want string, timeout time.Duration) (State, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		st, err := h.State(ctx, id)
+		if err == nil && st.Status == want {
+			return st, nil
+		}
+		if time.Now().After(deadline) {
+			if err != nil {
+				return st, err
+			}
+			return st, fmt.Errorf("container %s is %s, not %s", id, st.Status, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

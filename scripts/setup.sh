@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Installs what ferry needs on a Debian 12 host: runtimes, network tools and a
+# CRIU that works on recent kernels (4.2.1, built from Debian's own source
+# tarball). Idempotent: every step checks first and does nothing when the host
+# already has what it needs.
+set -euo pipefail
+
+CRIU_VERSION=4.2.1
+CRIU_DEB_VERSION=4.2.1-1
+CRIU_SHA256=29ec0ee09e296479fe7048c80980e8ef1d0684d0b0204c2b101dfea19f6725b9
+CRIU_BIN=/usr/local/sbin/criu
+CACHE=${FERRY_CACHE:-/var/cache/ferry}
+PIPE_MAX_MIN=$((4 * 1024 * 1024))
+PIPE_MAX_SET=$((16 * 1024 * 1024))
+
+log() { printf 'setup: %s\n' "$*" >&2; }
+
+[ "$(id -u)" = 0 ] || { log "must run as root (CRIU, namespaces and cgroups need it)"; exit 1; }
+
+PKGS=(runc iptables iproute2 iperf3 busybox-static podman uidmap
+      libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
+      python3-protobuf libnl-3-dev libnet1-dev libcap-dev pkg-config libbsd-dev
+      libnftables-dev libgnutls28-dev uuid-dev gcc make xz-utils)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# version_ge A B: true when version A >= B.
+version_ge() { [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n1)" = "$2" ]; }
+
+criu_ok() {
+  local bin v
+  bin=$(command -v criu 2>/dev/null) || return 1
+  v=$("$bin" --version 2>/dev/null | awk '/^Version:/ {print $2}')
+  [ -n "$v" ] && version_ge "$v" "$CRIU_VERSION" || return 1
+  "$bin" check >/dev/null 2>&1
+}
+
+build_criu() {
+  local src tarball uri work
+  mkdir -p "$CACHE"
+  tarball="$CACHE/criu_${CRIU_VERSION}.orig.tar.xz"
+  if [ ! -f "$tarball" ] || ! echo "$CRIU_SHA256  $tarball" | sha256sum -c --quiet - 2>/dev/null; then
+    uri=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+    [ -n "$uri" ] || uri=$(awk '$1=="deb" {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
+    [ -n "$uri" ] || { log "cannot find the Debian mirror this system uses"; exit 1; }
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' RETURN
+    printf 'deb-src %s forky main\ndeb-src %s sid main\n' "$uri" "$uri" >"$work/src.list"
+    mkdir -p "$work/lists/partial"
+    local opts=(-o "Dir::Etc::SourceList=$work/src.list" -o Dir::Etc::SourceParts=/nonexistent
+                -o "Dir::State::Lists=$work/lists")
+    log "fetching CRIU $CRIU_DEB_VERSION source from $uri"
+    apt-get "${opts[@]}" -o APT::Sandbox::User=root update -qq
+    (cd "$work" && apt-get "${opts[@]}" -o APT::Sandbox::User=root source --download-only --tar-only "criu=$CRIU_DEB_VERSION" >/dev/null)
+    mv "$work/criu_${CRIU_VERSION}.orig.tar.xz" "$tarball"
+  fi
+  echo "$CRIU_SHA256  $tarball" | sha256sum -c --quiet - || { log "CRIU tarball checksum mismatch"; rm -f "$tarball"; exit 1; }
+  src="$CACHE/criu-$CRIU_VERSION"
+  rm -rf "$src"; mkdir -p "$src"
+  tar -xJf "$tarball" -C "$src" --strip-components=1
+  log "building CRIU $CRIU_VERSION (about 30 s)"
+  make -C "$src" -j"$(nproc)" criu >"$CACHE/criu-build.log" 2>&1 || { log "CRIU build failed, see $CACHE/criu-build.log"; exit 1; }
+  install -m 0755 "$src/criu/criu" "$CRIU_BIN"
+  rm -rf "$src"
+}
+
+if ! criu_ok; then
+  build_criu
+  hash -r
+  criu_ok || { log "CRIU $CRIU_VERSION installed at $CRIU_BIN but 'criu check' fails:"; "$CRIU_BIN" check || true; exit 1; }
+  log "CRIU $("$CRIU_BIN" --version | awk '/^Version:/ {print $2}') installed at $CRIU_BIN"
+fi
+
+cur=$(sysctl -n fs.pipe-max-size)
+if [ "$cur" -lt "$PIPE_MAX_MIN" ]; then
+  log "raising fs.pipe-max-size from $cur to $PIPE_MAX_SET (CRIU lazy pages need large pipes)"
+  sysctl -q -w fs.pipe-max-size=$PIPE_MAX_SET
+fi
