@@ -1,0 +1,43 @@
+# ferry: `make demo` and `make test` are the two commands a newcomer needs.
+# Both install what is missing first (scripts/setup.sh, idempotent).
+
+GO      ?= go
+BIN     := bin
+export PATH := /usr/local/go/bin:/usr/local/sbin:$(PATH)
+
+.PHONY: all setup build test unit fuzz demo bench clean lab-down
+
+all: build
+
+setup:
+	@bash scripts/setup.sh
+
+build:
+	$(GO) build -o $(BIN)/ferry ./cmd/ferry
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/memhog ./workloads/memhog
+
+# Every test: unit and integration (real CRIU, runc, Podman, namespaces).
+# Packages run one at a time: the lab's namespaces and cgroups are shared
+# machine-wide names.
+test: setup build
+	$(GO) vet ./...
+	FERRY_BIN=$(CURDIR)/$(BIN)/ferry $(GO) test -p 1 -count=1 -timeout 40m ./...
+	$(MAKE) fuzz
+
+# A short run of every wire decoder's fuzz test, on top of its seed corpus.
+FUZZTIME ?= 10s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzReadFrame$$' -fuzztime $(FUZZTIME) ./internal/transport
+	$(GO) test -run '^$$' -fuzz '^FuzzApplyDelta$$' -fuzztime $(FUZZTIME) ./internal/rootfs
+
+demo: setup build
+	@bash scripts/demo.sh
+
+bench: setup build
+	$(BIN)/ferry bench migrate --mode cold --memory 256M --dirty-rate 100 --bandwidth 1gbit --repeat 5 --baseline link,podman --json
+
+lab-down: build
+	$(BIN)/ferry lab down
+
+clean:
+	rm -rf $(BIN)

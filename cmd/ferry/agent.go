@@ -1,0 +1,51 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ferry-migrate/ferry/internal/agent"
+)
+
+func newAgentCmd() *cobra.Command {
+	a := &agent.Agent{}
+	cmd := &cobra.Command{
+		Use:   "agent",
+		Short: "Run the per-host agent that sends and receives migrations",
+		Long: `agent is ferry's daemon, one per host. It receives migrations from other
+agents on --listen (TCP) and takes requests from the ferry CLI on --control
+(a unix socket only root can open). Each agent has its own state directory
+and runc root, so several agents on one machine behave like separate hosts.`,
+		Example: `  ferry agent --listen 0.0.0.0:7070
+  ferry agent --name h2 --listen 10.77.0.2:7070 --control /run/ferry/lab/h2.sock \
+      --state /var/lib/ferry/lab/h2 --cgroup-parent ferry-h2 --netns /var/run/netns/ferry-h2`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if a.Host.Name == "" {
+				n, err := os.Hostname()
+				if err != nil {
+					return err
+				}
+				a.Host.Name = n
+			}
+			if !filepath.IsAbs(a.Host.StateDir) {
+				return fmt.Errorf("--state must be an absolute path, got %q", a.Host.StateDir)
+			}
+			a.Log = slog.New(slog.NewTextHandler(os.Stderr, nil)).With("host", a.Host.Name)
+			return a.Run(cmd.Context())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&a.Host.Name, "name", "", "host name used in reports (default: the hostname)")
+	f.StringVar(&a.Listen, "listen", "", "TCP address to receive migrations on, e.g. 0.0.0.0:7070")
+	f.StringVar(&a.Control, "control", agent.DefaultControl, "unix socket for the ferry CLI")
+	f.StringVar(&a.Host.StateDir, "state", "/var/lib/ferry", "state directory: runc root, bundles, migration scratch")
+	f.StringVar(&a.Host.CgroupParent, "cgroup-parent", "ferry", "cgroup under which restored containers live")
+	f.StringVar(&a.Host.NetNS, "netns", "", "network namespace path that restored containers join when their source joined one")
+	f.BoolVar(&a.AllowFaults, "allow-faults", false, "honour fault injection in requests (tests only)")
+	return cmd
+}

@@ -1,0 +1,107 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ferry-migrate/ferry/internal/bench"
+	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/units"
+)
+
+func newBenchCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure migrations in an emulated lab",
+	}
+	cmd.AddCommand(newBenchMigrateCmd())
+	return cmd
+}
+
+func newBenchMigrateCmd() *cobra.Command {
+	var (
+		o                 bench.MigrateOptions
+		memory, bandwidth string
+		asJSON            bool
+	)
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Migrate a memory-hungry workload between two lab hosts and measure it",
+		Long: `bench migrate brings up a lab (source h1, destination h2, a probing client
+h3) with links shaped to --bandwidth, starts memhog holding --memory of
+pseudo-random data and dirtying --dirty-rate pages per second, waits until its
+memory is filled, migrates it from h1 to h2 while the client polls it every
+5 ms, and tears the lab down. It repeats that --repeat times and reports each
+run and the medians.
+
+client_downtime_ms is the longest gap the client saw without an answer;
+state_ok says the workload's counter carried on and its memory digest checks.
+
+Baselines, measured in the same lab: link (plain TCP throughput h1 -> h2)
+and podman (podman checkpoint --export, copy over the link, podman restore
+--import, the way the research this tool grew from did it).`,
+		Example: `  ferry bench migrate --mode cold --memory 256M --dirty-rate 100 --bandwidth 1gbit --repeat 5 --baseline link,podman --json`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if o.MemoryBytes, err = units.ParseBytes(memory); err != nil {
+				return fmt.Errorf("--memory: %w", err)
+			}
+			if bandwidth != "" {
+				if o.BandwidthBps, err = lab.ParseRate(bandwidth); err != nil {
+					return fmt.Errorf("--bandwidth: %w", err)
+				}
+			}
+			if o.FerryBin, err = os.Executable(); err != nil {
+				return err
+			}
+			o.Log = os.Stderr
+			if asJSON {
+				o.Log = io.Discard
+			}
+			res, err := bench.Migrate(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(os.Stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(res)
+			}
+			printBench(os.Stdout, res)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Mode, "mode", engine.ModeCold, "technique: cold")
+	f.StringVar(&memory, "memory", "256M", "workload memory (64M, 1G, ...)")
+	f.IntVar(&o.DirtyRate, "dirty-rate", 100, "pages the workload dirties per second")
+	f.StringVar(&bandwidth, "bandwidth", "1gbit", "link rate between lab hosts (1gbit, 100mbit; empty = unshaped)")
+	f.IntVar(&o.Repeat, "repeat", 3, "migrations to run")
+	f.StringSliceVar(&o.Baselines, "baseline", nil, "baselines to measure: link, podman")
+	f.BoolVar(&asJSON, "json", false, "print JSON only")
+	return cmd
+}
+
+func printBench(w io.Writer, r bench.MigrateResult) {
+	fmt.Fprintf(w, "%s migration, %s memory, %d pages/s dirtied, link %s\n",
+		r.Mode, humanBytes(r.MemoryBytes), r.DirtyRate, humanRate(float64(r.BandwidthBps)))
+	for i, run := range r.Runs {
+		fmt.Fprintf(w, "  run %d: ok=%v downtime %.0f ms, client downtime %.0f ms, total %.0f ms, sent %s, state_ok=%v %s\n",
+			i+1, run.OK, run.DowntimeMs, run.ClientDowntimeMs, run.TotalMs, humanBytes(run.BytesSent), run.StateOK, run.Error)
+	}
+	fmt.Fprintf(w, "  median: downtime %.0f ms, client downtime %.0f ms, total %.0f ms\n",
+		r.MedianDowntimeMs, r.MedianClientDowntimeMs, r.MedianTotalMs)
+	if b := r.Baselines.Link; b != nil {
+		fmt.Fprintf(w, "  link baseline: %s\n", humanRate(b.ThroughputBps))
+	}
+	if b := r.Baselines.Podman; b != nil {
+		fmt.Fprintf(w, "  podman baseline: downtime %.0f ms (checkpoint %.0f, copy %.0f, restore %.0f), client downtime %.0f ms, state_ok=%v %s\n",
+			b.DowntimeMs, b.CheckpointMs, b.CopyMs, b.RestoreMs, b.ClientDowntimeMs, b.StateOK, b.Error)
+	}
+}

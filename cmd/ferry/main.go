@@ -1,0 +1,47 @@
+// Command ferry moves running Linux containers between hosts with CRIU.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+// exitError carries an exit code without printing anything more.
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
+
+func main() {
+	root := &cobra.Command{
+		Use:   "ferry",
+		Short: "Live migration of running Linux containers",
+		Long: `ferry moves a running container from one host to another, state and all,
+with CRIU doing the checkpoint and restore. One agent runs per host; the CLI
+asks the source host's agent to migrate a container to another agent.
+
+Start with:
+  ferry check                      is this host ready?
+  ferry lab up --hosts 2           two emulated hosts on this machine
+  ferry lab run h1 app -- memhog --memory 64M
+  ferry migrate app --from h1 --to h2
+  ferry bench migrate --mode cold --memory 256M --bandwidth 1gbit`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newCheckCmd(), newAgentCmd(), newMigrateCmd(), newLabCmd(), newBenchCmd(), newLabToolCmd())
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := root.ExecuteContext(ctx)
+	stop()
+	if err != nil {
+		if e, ok := err.(exitError); ok {
+			os.Exit(e.code)
+		}
+		fmt.Fprintln(os.Stderr, "ferry:", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,172 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/lab"
+)
+
+func newMigrateCmd() *cobra.Command {
+	var (
+		req    engine.Request
+		from   string
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "migrate CONTAINER --to DEST",
+		Short: "Move a running container to another host",
+		Long: `migrate asks the source host's agent (--from) to move CONTAINER to the agent
+at --to. The container is frozen, dumped with CRIU while its memory streams to
+the destination, restored there under the same name, and only then removed at
+the source. If anything fails before the destination confirms the container
+runs, the source resumes it and the report says what failed and where.
+
+DEST is an agent address (10.0.0.2:7070) or a lab host name (h2); --from is
+the source agent's control socket or a lab host name.
+
+Report fields: downtime_ms (freeze at the source until running at the
+destination), total_ms, frozen_ms (time the source copy stayed frozen),
+bytes_sent (on the wire), memory_bytes (dumped memory), phases.`,
+		Example: `  ferry migrate memhog --from h1 --to h2
+  ferry migrate web --to 192.0.2.10:7070 --json`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req.Container = args[0]
+			control, to, err := resolveEndpoints(from, req.To)
+			if err != nil {
+				return err
+			}
+			req.To = to
+			var progress func(engine.Progress)
+			if !asJSON && term.IsTerminal(int(os.Stderr.Fd())) {
+				progress = func(p engine.Progress) {
+					fmt.Fprintf(os.Stderr, "\r\033[K%-12s %10s  %s", p.Phase, humanBytes(p.Bytes), humanRate(p.RateBps))
+				}
+			}
+			rep, err := agent.Migrate(cmd.Context(), control, req, progress)
+			if progress != nil {
+				fmt.Fprint(os.Stderr, "\r\033[K")
+			}
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(os.Stdout)
+				enc.SetIndent("", "  ")
+				_ = enc.Encode(rep)
+			} else {
+				printReport(os.Stdout, rep)
+			}
+			if !rep.OK {
+				return exitError{1}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&req.To, "to", "", "destination agent address or lab host name (required)")
+	f.StringVar(&from, "from", agent.DefaultControl, "source agent's control socket or lab host name")
+	f.StringVar(&req.Mode, "mode", engine.ModeCold, "technique: cold")
+	f.BoolVar(&asJSON, "json", false, "print the report as JSON, no progress line")
+	f.StringSliceVar(&req.Faults, "inject-fault", nil, "inject a failure for testing (agents with --allow-faults only): restore")
+	_ = f.MarkHidden("inject-fault")
+	_ = cmd.MarkFlagRequired("to")
+	return cmd
+}
+
+// resolveEndpoints turns lab host names into the source's control socket and
+// the destination's agent address; anything else passes through.
+func resolveEndpoints(from, to string) (control, dest string, err error) {
+	control, dest = from, to
+	isName := func(s string) bool { return s != "" && !strings.ContainsAny(s, ":/") }
+	if !isName(from) && !isName(to) {
+		return control, dest, nil
+	}
+	l, err := lab.Load()
+	if err != nil {
+		return "", "", fmt.Errorf("%q looks like a lab host name, but: %w", firstName(isName, from, to), err)
+	}
+	if isName(from) {
+		h, err := l.Host(from)
+		if err != nil {
+			return "", "", err
+		}
+		control = h.ControlSock
+	}
+	if isName(to) {
+		h, err := l.Host(to)
+		if err != nil {
+			return "", "", err
+		}
+		dest = h.AgentAddr
+	}
+	return control, dest, nil
+}
+
+func firstName(isName func(string) bool, xs ...string) string {
+	for _, x := range xs {
+		if isName(x) {
+			return x
+		}
+	}
+	return ""
+}
+
+func printReport(w io.Writer, r engine.Report) {
+	status := "ok"
+	if !r.OK {
+		status = "FAILED"
+	}
+	fmt.Fprintf(w, "%s: %s -> %s (%s) %s\n", r.Container, r.From, r.To, r.Mode, status)
+	if !r.OK {
+		fmt.Fprintf(w, "  error         %s\n", r.Error)
+		if r.FailedAt != "" {
+			fmt.Fprintf(w, "  failed at     %s\n", r.FailedAt)
+		}
+		if r.SourceState != "" {
+			fmt.Fprintf(w, "  source copy   %s\n", r.SourceState)
+		}
+	}
+	fmt.Fprintf(w, "  downtime      %.0f ms\n", r.DowntimeMs)
+	fmt.Fprintf(w, "  total         %.0f ms\n", r.TotalMs)
+	fmt.Fprintf(w, "  frozen        %.0f ms\n", r.FrozenMs)
+	fmt.Fprintf(w, "  bytes sent    %s\n", humanBytes(r.BytesSent))
+	fmt.Fprintf(w, "  memory        %s\n", humanBytes(r.MemoryBytes))
+	fmt.Fprintf(w, "  phases       ")
+	for _, p := range r.Phases {
+		fmt.Fprintf(w, " %s %.0f", p.Name, p.EndMs-p.StartMs)
+	}
+	fmt.Fprintln(w, " (ms)")
+}
+
+func humanBytes(b int64) string {
+	const unit = 1024
+	if b < unit {
+		return fmt.Sprintf("%d B", b)
+	}
+	div, exp := int64(unit), 0
+	for n := b / unit; n >= unit; n /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTPE"[exp])
+}
+
+func humanRate(bps float64) string {
+	switch {
+	case bps >= 1e9:
+		return fmt.Sprintf("%.2f Gbit/s", bps/1e9)
+	case bps >= 1e6:
+		return fmt.Sprintf("%.1f Mbit/s", bps/1e6)
+	}
+	return fmt.Sprintf("%.0f kbit/s", bps/1e3)
+}

@@ -1,0 +1,186 @@
+// Package agent is ferry's per-host daemon: it receives migrations from
+// other agents on a TCP address and takes orders from the CLI on a unix
+// socket, handing both to the engine.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/ferry-migrate/ferry/internal/criu"
+	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/host"
+	"github.com/ferry-migrate/ferry/internal/transport"
+)
+
+// DefaultControl is the CLI's socket when the agent is not told otherwise.
+const DefaultControl = "/run/ferry/agent.sock"
+
+// Agent serves one host.
+type Agent struct {
+	Host host.Config
+	// Listen is the TCP address other agents send migrations to; empty
+	// means this host only sends.
+	Listen string
+	// Control is the unix socket the CLI talks to.
+	Control string
+	// AllowFaults honours fault injection in requests (tests, the lab).
+	AllowFaults bool
+	Log         *slog.Logger
+
+	mu   sync.Mutex
+	busy map[string]bool // containers with a migration under way
+}
+
+// Run serves until ctx ends.
+func (a *Agent) Run(ctx context.Context) error {
+	if a.Log == nil {
+		a.Log = slog.Default()
+	}
+	a.busy = map[string]bool{}
+	if err := os.MkdirAll(a.Host.StateDir, 0o700); err != nil {
+		return err
+	}
+	dst := &engine.Destination{Host: a.Host, AllowFaults: a.AllowFaults}
+	if v, err := criu.InstalledVersion(ctx); err != nil {
+		dst.CRIUError = err
+	} else if !v.AtLeast(criu.MinVersion.Major, criu.MinVersion.Minor, criu.MinVersion.Sublevel) {
+		dst.CRIUVersion = v.String()
+		dst.CRIUError = fmt.Errorf("CRIU %s is older than %s (run `make setup`)", v, criu.MinVersion)
+	} else {
+		dst.CRIUVersion = v.String()
+		dst.CRIUError = criu.Check(ctx)
+	}
+	if dst.CRIUError != nil {
+		a.Log.Warn("this host cannot receive migrations", "reason", dst.CRIUError)
+	}
+	src := &engine.Source{Host: a.Host}
+
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	if a.Control != "" {
+		if err := os.MkdirAll(filepath.Dir(a.Control), 0o700); err != nil {
+			return err
+		}
+		_ = os.Remove(a.Control) // a stale socket from a crashed agent
+		l, err := transport.Listen(a.Control)
+		if err != nil {
+			return err
+		}
+		if err := os.Chmod(a.Control, 0o600); err != nil {
+			return err
+		}
+		ls = append(ls, l)
+		go a.accept(ctx, l, func(sess *transport.Session, r *transport.Router, ch *transport.Channel) {
+			a.control(ctx, src, ch)
+		})
+	}
+	if a.Listen != "" {
+		l, err := transport.Listen(a.Listen)
+		if err != nil {
+			return err
+		}
+		ls = append(ls, l)
+		go a.accept(ctx, l, func(sess *transport.Session, r *transport.Router, ch *transport.Channel) {
+			if ch.Kind != engine.ChanIncoming {
+				_ = ch.Fail(fmt.Errorf("peers may only offer migrations, not %q", ch.Kind))
+				ch.Close()
+				return
+			}
+			dst.Receive(ctx, sess, r, ch)
+		})
+	}
+	if len(ls) == 0 {
+		return errors.New("agent needs --listen or --control")
+	}
+	a.Log.Info("agent ready", "host", a.Host.Name, "listen", a.Listen, "control", a.Control, "criu", dst.CRIUVersion)
+	<-ctx.Done()
+	return nil
+}
+
+func (a *Agent) accept(ctx context.Context, l net.Listener, handle func(*transport.Session, *transport.Router, *transport.Channel)) {
+	for {
+		conn, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			sess, err := transport.Server(conn, transport.Hello{Name: a.Host.Name, Role: "agent"})
+			if err != nil {
+				a.Log.Warn("refused connection", "from", conn.RemoteAddr(), "err", err)
+				return
+			}
+			defer sess.Close()
+			r := transport.NewRouter()
+			r.Serve(sess, func(ch *transport.Channel) { handle(sess, r, ch) })
+		}()
+	}
+}
+
+// control serves the CLI's requests.
+func (a *Agent) control(ctx context.Context, src *engine.Source, ch *transport.Channel) {
+	defer ch.Close()
+	switch ch.Kind {
+	case engine.ChanMigrate:
+		var req engine.Request
+		if err := ch.Recv(&req); err != nil {
+			return
+		}
+		if !a.claim(req.Container) {
+			_ = ch.Fail(fmt.Errorf("container %q is already being migrated", req.Container))
+			return
+		}
+		defer a.release(req.Container)
+		a.Log.Info("migration started", "container", req.Container, "to", req.To, "mode", req.Mode)
+		rep := src.Migrate(ctx, req, func(p engine.Progress) { _ = ch.Send(engine.Event{Progress: &p}) })
+		a.Log.Info("migration ended", "container", req.Container, "ok", rep.OK, "downtime_ms", rep.DowntimeMs, "error", rep.Error)
+		_ = ch.Send(engine.Event{Report: &rep})
+	case engine.ChanStatus:
+		st, err := a.status(ctx)
+		if err != nil {
+			_ = ch.Fail(err)
+			return
+		}
+		_ = ch.Send(st)
+	default:
+		_ = ch.Fail(fmt.Errorf("unknown request %q", ch.Kind))
+	}
+}
+
+func (a *Agent) claim(name string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.busy[name] {
+		return false
+	}
+	a.busy[name] = true
+	return true
+}
+
+func (a *Agent) release(name string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.busy, name)
+}
+
+func (a *Agent) status(ctx context.Context) (engine.Status, error) {
+	sts, err := a.Host.Runc().List(ctx)
+	if err != nil {
+		return engine.Status{}, err
+	}
+	out := engine.Status{Host: a.Host.Name, Containers: []engine.ContainerStatus{}}
+	for _, s := range sts {
+		out.Containers = append(out.Containers, engine.ContainerStatus{Name: s.ID, Status: s.Status, Pid: s.Pid})
+	}
+	return out, nil
+}

@@ -1,0 +1,114 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/probe"
+)
+
+// Lab addresses exist only inside the lab's network namespaces, so the
+// probe and the file copy run as ferry child processes inside a lab host
+// (`ferry lab-tool ...`, hidden commands), talking to the parent over pipes.
+
+// ProbeProc is a running client-side probe on a lab host.
+type ProbeProc struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *bufio.Reader
+}
+
+// StartProbe starts a probe in client's netns, polling addrs, and returns
+// once memhog answers with its memory filled.
+func StartProbe(ctx context.Context, client *lab.Host, ferry string, addrs []string, ready time.Duration) (*ProbeProc, probe.Stat, error) {
+	args := []string{"lab-tool", "probe", "--wait-ready", ready.String()}
+	for _, a := range addrs {
+		args = append(args, "--addr", a)
+	}
+	cmd := client.Command(ctx, ferry, args...)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, probe.Stat{}, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, probe.Stat{}, err
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		return nil, probe.Stat{}, err
+	}
+	p := &ProbeProc{cmd: cmd, stdin: stdin, out: bufio.NewReader(stdout)}
+	var st probe.Stat
+	line, err := p.out.ReadBytes('\n')
+	if err == nil {
+		err = json.Unmarshal(line, &st)
+	}
+	if err != nil {
+		p.kill()
+		return nil, st, fmt.Errorf("probe: workload never became ready: %v %s", err, strings.TrimSpace(stderr.String()))
+	}
+	return p, st, nil
+}
+
+// Stop ends polling and returns the probe's verdict.
+func (p *ProbeProc) Stop() (probe.Result, error) {
+	p.stdin.Close()
+	var r probe.Result
+	line, err := p.out.ReadBytes('\n')
+	if err == nil {
+		err = json.Unmarshal(line, &r)
+	}
+	werr := p.cmd.Wait()
+	if err != nil {
+		return r, fmt.Errorf("probe: %v (%v)", err, werr)
+	}
+	return r, nil
+}
+
+func (p *ProbeProc) kill() {
+	if p.cmd.Process != nil {
+		_ = p.cmd.Process.Kill()
+	}
+	_ = p.cmd.Wait()
+}
+
+// copyOverLink copies a file from one lab host to another through the lab's
+// (shaped) network: a receiver in to's netns, a sender in from's.
+func copyOverLink(ctx context.Context, ferry string, from, to *lab.Host, src, dst string) error {
+	listen := to.Addr + ":7100"
+	recv := to.Command(ctx, ferry, "lab-tool", "recv", "--listen", listen, "--out", dst)
+	rout, err := recv.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	var rerr strings.Builder
+	recv.Stderr = &rerr
+	if err := recv.Start(); err != nil {
+		return err
+	}
+	// The receiver prints one line once it listens.
+	if _, err := bufio.NewReader(rout).ReadString('\n'); err != nil {
+		_ = recv.Process.Kill()
+		_ = recv.Wait()
+		return fmt.Errorf("receiver on %s: %v %s", to.Name, err, rerr.String())
+	}
+	out, serr := from.Command(ctx, ferry, "lab-tool", "send", "--to", listen, "--in", src).CombinedOutput()
+	if serr != nil {
+		_ = recv.Process.Kill()
+		_ = recv.Wait()
+		return fmt.Errorf("sender on %s: %v %s", from.Name, serr, out)
+	}
+	if err := recv.Wait(); err != nil {
+		return fmt.Errorf("receiver on %s: %v %s", to.Name, err, rerr.String())
+	}
+	return nil
+}

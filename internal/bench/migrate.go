@@ -1,0 +1,271 @@
+// Package bench measures migrations end to end in the lab: a workload with
+// a known memory size and dirty rate, a client-side probe, the migration,
+// and the baselines ferry is compared against.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/runtime/podman"
+)
+
+// MigrateOptions describe one `ferry bench migrate`.
+type MigrateOptions struct {
+	Mode         string
+	MemoryBytes  int64
+	DirtyRate    int // pages per second
+	BandwidthBps int64
+	Repeat       int
+	Baselines    []string // "link", "podman"
+	FerryBin     string
+	// Log receives one line per step, for a human watching; nil for none.
+	Log io.Writer
+}
+
+// Run is one measured migration.
+type Run struct {
+	OK               bool    `json:"ok"`
+	DowntimeMs       float64 `json:"downtime_ms"`
+	ClientDowntimeMs float64 `json:"client_downtime_ms"`
+	TotalMs          float64 `json:"total_ms"`
+	FrozenMs         float64 `json:"frozen_ms"`
+	BytesSent        int64   `json:"bytes_sent"`
+	MemoryBytes      int64   `json:"memory_bytes"`
+	StateOK          bool    `json:"state_ok"`
+	Error            string  `json:"error,omitempty"`
+	ProbeReason      string  `json:"probe_reason,omitempty"`
+	Phases           []engine.PhaseSpan `json:"phases,omitempty"`
+}
+
+// LinkBaseline is plain TCP over the same link.
+type LinkBaseline struct {
+	ThroughputBps float64 `json:"throughput_bps"`
+}
+
+// PodmanBaseline is the same workload moved with podman checkpoint/restore.
+type PodmanBaseline struct {
+	DowntimeMs       float64 `json:"downtime_ms"`
+	ClientDowntimeMs float64 `json:"client_downtime_ms"`
+	StateOK          bool    `json:"state_ok"`
+	CheckpointMs     float64 `json:"checkpoint_ms"`
+	CopyMs           float64 `json:"copy_ms"`
+	RestoreMs        float64 `json:"restore_ms"`
+	ArchiveBytes     int64   `json:"archive_bytes"`
+	Error            string  `json:"error,omitempty"`
+}
+
+// Baselines holds whichever baselines were asked for.
+type Baselines struct {
+	Link   *LinkBaseline   `json:"link,omitempty"`
+	Podman *PodmanBaseline `json:"podman,omitempty"`
+}
+
+// MigrateResult is what `ferry bench migrate --json` prints.
+type MigrateResult struct {
+	Mode                   string    `json:"mode"`
+	MemoryBytes            int64     `json:"memory_bytes"`
+	DirtyRate              int       `json:"dirty_rate"`
+	BandwidthBps           int64     `json:"bandwidth_bps"`
+	Runs                   []Run     `json:"runs"`
+	MedianDowntimeMs       float64   `json:"median_downtime_ms"`
+	MedianClientDowntimeMs float64   `json:"median_client_downtime_ms"`
+	MedianTotalMs          float64   `json:"median_total_ms"`
+	Baselines              Baselines `json:"baselines"`
+}
+
+const workloadPort = 7000
+
+// Migrate runs the benchmark: a lab of three hosts (source, destination
+// and a client that probes the workload), Repeat migrations from h1 to h2,
+// the baselines, and the lab torn down again.
+func Migrate(ctx context.Context, o MigrateOptions) (res MigrateResult, err error) {
+	if o.Repeat < 1 {
+		o.Repeat = 1
+	}
+	for _, b := range o.Baselines {
+		if b != "link" && b != "podman" {
+			return res, fmt.Errorf("unknown baseline %q (link, podman)", b)
+		}
+	}
+	res = MigrateResult{Mode: o.Mode, MemoryBytes: o.MemoryBytes, DirtyRate: o.DirtyRate, BandwidthBps: o.BandwidthBps, Runs: []Run{}}
+	o.logf("bringing up a 3-host lab (bandwidth %d bit/s)", o.BandwidthBps)
+	l, err := lab.Up(ctx, lab.Options{Hosts: 3, BandwidthBps: o.BandwidthBps, FerryBin: o.FerryBin})
+	if err != nil {
+		return res, err
+	}
+	defer func() {
+		if derr := lab.Down(context.WithoutCancel(ctx)); derr != nil && err == nil {
+			err = derr
+		}
+	}()
+	src, dst, client := &l.Hosts[0], &l.Hosts[1], &l.Hosts[2]
+
+	if slices.Contains(o.Baselines, "link") {
+		o.logf("measuring the link h1 -> h2")
+		bps, err := lab.MeasureLinkThroughput(ctx, l, src.Name, dst.Name, 3*time.Second)
+		if err != nil {
+			return res, fmt.Errorf("link baseline: %w", err)
+		}
+		res.Baselines.Link = &LinkBaseline{ThroughputBps: bps}
+	}
+	for i := 0; i < o.Repeat; i++ {
+		o.logf("run %d/%d: %s migration of %d MiB at %d pages/s", i+1, o.Repeat, o.Mode, o.MemoryBytes>>20, o.DirtyRate)
+		r := o.runOnce(ctx, l, src, dst, client, fmt.Sprintf("memhog-%d", i+1))
+		o.logf("run %d/%d: ok=%v downtime %.0f ms, client downtime %.0f ms, total %.0f ms, state_ok=%v %s",
+			i+1, o.Repeat, r.OK, r.DowntimeMs, r.ClientDowntimeMs, r.TotalMs, r.StateOK, r.Error)
+		res.Runs = append(res.Runs, r)
+		if ctx.Err() != nil {
+			return res, ctx.Err()
+		}
+	}
+	res.MedianDowntimeMs = median(res.Runs, func(r Run) float64 { return r.DowntimeMs })
+	res.MedianClientDowntimeMs = median(res.Runs, func(r Run) float64 { return r.ClientDowntimeMs })
+	res.MedianTotalMs = median(res.Runs, func(r Run) float64 { return r.TotalMs })
+	if slices.Contains(o.Baselines, "podman") {
+		o.logf("podman baseline: checkpoint --export, copy over the link, restore --import")
+		pb := o.podmanOnce(ctx, src, dst, client)
+		o.logf("podman: downtime %.0f ms, client downtime %.0f ms, state_ok=%v %s", pb.DowntimeMs, pb.ClientDowntimeMs, pb.StateOK, pb.Error)
+		res.Baselines.Podman = &pb
+	}
+	return res, nil
+}
+
+func (o MigrateOptions) logf(format string, args ...any) {
+	if o.Log != nil {
+		fmt.Fprintf(o.Log, "bench: "+format+"\n", args...)
+	}
+}
+
+func (o MigrateOptions) workloadArgs() []string {
+	return []string{"/bin/memhog", "--memory", strconv.FormatInt(o.MemoryBytes, 10),
+		"--dirty-rate", strconv.Itoa(o.DirtyRate), "--port", strconv.Itoa(workloadPort)}
+}
+
+func workloadAddrs(hosts ...*lab.Host) []string {
+	var out []string
+	for _, h := range hosts {
+		out = append(out, fmt.Sprintf("%s:%d", h.Addr, workloadPort))
+	}
+	return out
+}
+
+// readyTimeout allows for filling the memory at a conservative 100 MiB/s.
+func (o MigrateOptions) readyTimeout() time.Duration {
+	return 30*time.Second + time.Duration(o.MemoryBytes/(100<<20))*time.Second
+}
+
+func (o MigrateOptions) runOnce(ctx context.Context, l *lab.Lab, src, dst, client *lab.Host, name string) (r Run) {
+	defer func() {
+		cctx := context.WithoutCancel(ctx)
+		_ = src.Runc().Delete(cctx, name)
+		_ = dst.Runc().Delete(cctx, name)
+		_ = os.RemoveAll(src.BundleDir(name))
+		_ = os.RemoveAll(dst.BundleDir(name))
+	}()
+	if err := l.Run(ctx, src.Name, name, o.workloadArgs()); err != nil {
+		r.Error = err.Error()
+		return r
+	}
+	p, _, err := StartProbe(ctx, client, o.FerryBin, workloadAddrs(src, dst), o.readyTimeout())
+	if err != nil {
+		r.Error = err.Error()
+		return r
+	}
+	// Let the dirtier run a moment so the dirty rate is steady.
+	time.Sleep(300 * time.Millisecond)
+	rep, err := agent.Migrate(ctx, src.ControlSock, engine.Request{Container: name, To: dst.AgentAddr, Mode: o.Mode}, nil)
+	time.Sleep(300 * time.Millisecond) // answers after the switch
+	pr, perr := p.Stop()
+	if err != nil {
+		r.Error = err.Error()
+		return r
+	}
+	r = Run{OK: rep.OK, DowntimeMs: rep.DowntimeMs, TotalMs: rep.TotalMs, FrozenMs: rep.FrozenMs,
+		BytesSent: rep.BytesSent, MemoryBytes: rep.MemoryBytes, Error: rep.Error, Phases: rep.Phases}
+	if perr != nil {
+		r.Error = errors.Join(errors.New(r.Error), perr).Error()
+		return r
+	}
+	r.ClientDowntimeMs = pr.ClientDowntimeMs
+	r.StateOK = pr.StateOK
+	r.ProbeReason = pr.Reason
+	return r
+}
+
+func (o MigrateOptions) podmanOnce(ctx context.Context, src, dst, client *lab.Host) (pb PodmanBaseline) {
+	const name, image = "memhog-podman", "localhost/ferry-memhog:latest"
+	ps := podman.Host{Dir: filepath.Join(src.StateDir, "podman"), NetNS: src.NetNSName}
+	pd := podman.Host{Dir: filepath.Join(dst.StateDir, "podman"), NetNS: dst.NetNSName}
+	defer func() {
+		cctx := context.WithoutCancel(ctx)
+		_ = ps.Cleanup(cctx)
+		_ = pd.Cleanup(cctx)
+	}()
+	fail := func(err error) PodmanBaseline { pb.Error = err.Error(); return pb }
+	rootfsDir, err := os.MkdirTemp("", "ferry-podman-rootfs-")
+	if err != nil {
+		return fail(err)
+	}
+	defer os.RemoveAll(rootfsDir)
+	if err := lab.BuildRootfs(rootfsDir); err != nil {
+		return fail(err)
+	}
+	for _, h := range []podman.Host{ps, pd} {
+		if err := h.ImportRootfs(ctx, rootfsDir, image); err != nil {
+			return fail(err)
+		}
+	}
+	if err := ps.Run(ctx, name, image, o.workloadArgs()); err != nil {
+		return fail(err)
+	}
+	p, _, err := StartProbe(ctx, client, o.FerryBin, workloadAddrs(src, dst), o.readyTimeout())
+	if err != nil {
+		return fail(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	t, berr := podman.Baseline(ctx, ps, pd, name, func(ctx context.Context, from, to string) error {
+		return copyOverLink(ctx, o.FerryBin, src, dst, from, to)
+	})
+	time.Sleep(300 * time.Millisecond)
+	pr, perr := p.Stop()
+	if berr != nil {
+		return fail(berr)
+	}
+	pb = PodmanBaseline{DowntimeMs: t.DowntimeMs, CheckpointMs: t.CheckpointMs, CopyMs: t.CopyMs,
+		RestoreMs: t.RestoreMs, ArchiveBytes: t.ArchiveBytes}
+	if perr != nil {
+		return fail(perr)
+	}
+	pb.ClientDowntimeMs, pb.StateOK = pr.ClientDowntimeMs, pr.StateOK
+	return pb
+}
+
+// median of the successful runs' values; 0 when none succeeded.
+func median(runs []Run, f func(Run) float64) float64 {
+	var xs []float64
+	for _, r := range runs {
+		if r.OK {
+			xs = append(xs, f(r))
+		}
+	}
+	if len(xs) == 0 {
+		return 0
+	}
+	slices.Sort(xs)
+	n := len(xs)
+	if n%2 == 1 {
+		return xs[n/2]
+	}
+	return (xs[n/2-1] + xs[n/2]) / 2
+}

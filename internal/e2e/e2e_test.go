@@ -1,0 +1,247 @@
+// Package e2e runs whole migrations with the real thing: a lab of network
+// namespaces, ferry agents as separate processes, runc and CRIU.
+package e2e
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/internal/bench"
+	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+)
+
+const memhogPort = "7000"
+
+// ferryBin returns a ferry binary with memhog beside it: FERRY_BIN (set by
+// `make test`) or one built for this test run.
+func ferryBin(t *testing.T) string {
+	t.Helper()
+	if b := os.Getenv("FERRY_BIN"); b != "" {
+		return b
+	}
+	dir := t.TempDir()
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range [][]string{{"-o", filepath.Join(dir, "ferry"), "./cmd/ferry"}, {"-o", filepath.Join(dir, "memhog"), "./workloads/memhog"}} {
+		cmd := exec.Command("go", append([]string{"build"}, b...)...)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build: %v\n%s", err, out)
+		}
+	}
+	return filepath.Join(dir, "ferry")
+}
+
+func requireLab(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test: skipped with -short")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("integration test: needs root for namespaces, runc and CRIU")
+	}
+	for _, tool := range []string{"criu", "runc", "ip"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("integration test: %s not installed (run `make setup`)", tool)
+		}
+	}
+}
+
+// upLab brings up a 3-host lab (h1 source, h2 destination, h3 client) and
+// tears it down when the test ends, pass or fail.
+func upLab(t *testing.T, bin string) *lab.Lab {
+	t.Helper()
+	ctx := context.Background()
+	if err := lab.Down(ctx); err != nil {
+		t.Fatalf("clearing an old lab: %v", err)
+	}
+	l, err := lab.Up(ctx, lab.Options{Hosts: 3, FerryBin: bin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := lab.Down(context.Background()); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+	})
+	return l
+}
+
+// startMemhog runs memhog on h1 and a probe on h3, returning the probe once
+// the memory is filled.
+func startMemhog(t *testing.T, l *lab.Lab, bin, name string) *bench.ProbeProc {
+	t.Helper()
+	ctx := context.Background()
+	args := []string{"/bin/memhog", "--memory", "64M", "--dirty-rate", "200", "--port", memhogPort}
+	if err := l.Run(ctx, "h1", name, args); err != nil {
+		t.Fatal(err)
+	}
+	p, st, err := bench.StartProbe(ctx, &l.Hosts[2], bin,
+		[]string{l.Hosts[0].Addr + ":" + memhogPort, l.Hosts[1].Addr + ":" + memhogPort}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.MemoryBytes != 64<<20 {
+		t.Fatalf("memhog holds %d bytes, want 64 MiB", st.MemoryBytes)
+	}
+	time.Sleep(200 * time.Millisecond)
+	return p
+}
+
+func status(t *testing.T, h *lab.Host, name string) string {
+	t.Helper()
+	st, err := h.Runc().State(context.Background(), name)
+	if errors.Is(err, runc.ErrNotFound) {
+		return "absent"
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Status
+}
+
+func TestColdMigration(t *testing.T) {
+	requireLab(t)
+	bin := ferryBin(t)
+	l := upLab(t, bin)
+	p := startMemhog(t, l, bin, "hog")
+	rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
+		engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold}, nil)
+	time.Sleep(200 * time.Millisecond)
+	pr, perr := p.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK {
+		t.Fatalf("migration failed: %s (at %s)", rep.Error, rep.FailedAt)
+	}
+	if perr != nil || !pr.StateOK {
+		t.Fatalf("workload state lost: %+v %v", pr, perr)
+	}
+	if got := status(t, &l.Hosts[0], "hog"); got != "absent" {
+		t.Errorf("source still has the container: %s", got)
+	}
+	if got := status(t, &l.Hosts[1], "hog"); got != "running" {
+		t.Errorf("destination container is %s, want running", got)
+	}
+	if rep.SourceState != "removed" || rep.DowntimeMs <= 0 || rep.MemoryBytes < 64<<20 || rep.BytesSent < 64<<20 {
+		t.Errorf("report: %+v", rep)
+	}
+	t.Logf("downtime %.0f ms, client downtime %.0f ms, total %.0f ms, sent %d", rep.DowntimeMs, pr.ClientDowntimeMs, rep.TotalMs, rep.BytesSent)
+}
+
+func TestFailedRestoreResumesSource(t *testing.T) {
+	requireLab(t)
+	bin := ferryBin(t)
+	l := upLab(t, bin)
+	p := startMemhog(t, l, bin, "hog")
+	rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
+		engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold, Faults: []string{"restore"}}, nil)
+	time.Sleep(200 * time.Millisecond)
+	pr, perr := p.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.OK {
+		t.Fatal("migration with a failing restore reported ok")
+	}
+	if !strings.Contains(rep.FailedAt, "restore") || rep.SourceState != "resumed" {
+		t.Errorf("report does not say the restore failed and the source resumed: %+v", rep)
+	}
+	if got := status(t, &l.Hosts[0], "hog"); got != "running" {
+		t.Errorf("source container is %s, want running", got)
+	}
+	if got := status(t, &l.Hosts[1], "hog"); got != "absent" {
+		t.Errorf("destination kept a container: %s", got)
+	}
+	if _, err := os.Stat(l.Hosts[1].BundleDir("hog")); err == nil {
+		t.Error("destination kept the bundle")
+	}
+	if perr != nil || !pr.StateOK {
+		t.Fatalf("workload state after resume: %+v %v", pr, perr)
+	}
+	t.Logf("error reported: %s", rep.Error)
+}
+
+func TestBadInputFreezesNothing(t *testing.T) {
+	requireLab(t)
+	bin := ferryBin(t)
+	l := upLab(t, bin)
+	p := startMemhog(t, l, bin, "hog")
+	defer p.Stop()
+	ctx := context.Background()
+	src := l.Hosts[0].ControlSock
+
+	// A destination whose CRIU is Debian 12's 3.17, which cannot work on
+	// this kernel: a fourth agent in h2 sees a criu that reports that.
+	fake := t.TempDir()
+	script := "#!/bin/sh\necho 'Version: 3.17.1'\nexit 0\n"
+	if err := os.WriteFile(filepath.Join(fake, "criu"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	oldAddr := l.Hosts[1].Addr + ":7071"
+	cmd := l.Hosts[1].Command(ctx, bin, "agent", "--name", "old-criu", "--listen", oldAddr, "--control", "",
+		"--state", filepath.Join(t.TempDir(), "state"))
+	cmd.Env = append(os.Environ(), "PATH="+fake+":"+os.Getenv("PATH"))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	waitListening(t, &l.Hosts[2], bin, oldAddr)
+
+	cases := []struct {
+		name, container, to, want string
+	}{
+		{"unknown container", "nope", l.Hosts[1].AgentAddr, `no container "nope"`},
+		{"unreachable destination", "hog", "10.77.0.99:7070", "cannot reach"},
+		{"destination without a working CRIU", "hog", oldAddr, "3.17.1"},
+		{"unknown mode", "hog", l.Hosts[1].AgentAddr, "unknown mode"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			mode := engine.ModeCold
+			if c.name == "unknown mode" {
+				mode = "teleport"
+			}
+			rep, err := agent.Migrate(ctx, src, engine.Request{Container: c.container, To: c.to, Mode: mode}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.OK || !strings.Contains(rep.Error, c.want) {
+				t.Errorf("got ok=%v error %q, want an error mentioning %q", rep.OK, rep.Error, c.want)
+			}
+			if rep.SourceState != "" || rep.FrozenMs != 0 {
+				t.Errorf("something was frozen: %+v", rep)
+			}
+			if got := status(t, &l.Hosts[0], "hog"); got != "running" {
+				t.Errorf("source container is %s after a refused migration", got)
+			}
+		})
+	}
+}
+
+// waitListening waits until an agent accepts connections at addr, probing
+// from a lab host (lab addresses exist only in the lab's namespaces).
+func waitListening(t *testing.T, from *lab.Host, bin, addr string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if from.Command(context.Background(), bin, "lab-tool", "send", "--to", addr, "--in", "/dev/null").Run() == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("nothing listens at %s", addr)
+}

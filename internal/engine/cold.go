@@ -1,0 +1,80 @@
+package engine
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/ferry-migrate/ferry/internal/criu"
+	"github.com/ferry-migrate/ferry/internal/images"
+	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+)
+
+// cold is stop-and-copy: freeze, dump with the pages streaming straight to
+// the destination's page server while CRIU writes them, send the remaining
+// images, restore. The root filesystem is synced once while the container
+// runs, so the frozen pass carries only what changed since.
+func (m *migration) cold(ctx context.Context) error {
+	m.begin("rootfs-sync")
+	if err := m.syncRootfs(ChanRootfsLive); err != nil {
+		return m.abort(ctx, failAt("rootfs sync", err))
+	}
+	if err := m.freeze(ctx); err != nil {
+		return m.abort(ctx, err)
+	}
+	m.begin("dump")
+	if err := m.dumpStreaming(ctx); err != nil {
+		return m.abort(ctx, err)
+	}
+	return m.switchover(ctx)
+}
+
+// dumpStreaming checkpoints the frozen container with its pages going
+// through the session, syncs the root filesystem's last changes alongside,
+// then sends the rest of the images.
+func (m *migration) dumpStreaming(ctx context.Context) error {
+	imgDir := filepath.Join(m.work, "images")
+	pages, err := m.sess.Open(ChanPages)
+	if err != nil {
+		return failAt("dump", err)
+	}
+	defer pages.Close()
+	addr, tunnelDone, err := pageClientTunnel(ctx, pages)
+	if err != nil {
+		return failAt("dump", err)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return failAt("rootfs sync (frozen)", m.syncRootfs(ChanRootfsFinal)) })
+	g.Go(func() error {
+		err := m.rt.Checkpoint(gctx, m.req.Container, runc.CheckpointOptions{
+			ImagePath: imgDir, WorkPath: m.work, PageServer: addr, LeaveRunning: true,
+		})
+		if err != nil {
+			pages.Close() // unblock the tunnel
+			return failAt("dump on "+m.host.Name, err)
+		}
+		return failAt("page transfer", tunnelDone())
+	})
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	if st, err := criu.ReadDumpStats(imgDir); err == nil {
+		m.report.MemoryBytes = int64(st.PagesWritten) * pageSize
+	}
+	m.begin("images")
+	ch, err := m.sess.Open(ChanImages)
+	if err != nil {
+		return failAt("send images", err)
+	}
+	defer ch.Close()
+	if _, err := images.SendDir(ch, imgDir, isLog); err != nil {
+		return failAt("send images", err)
+	}
+	return failAt("send images", ch.CloseWrite())
+}
+
+const pageSize = 4096
+
+func isLog(name string) bool { return strings.HasSuffix(name, ".log") }

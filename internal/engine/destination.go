@@ -1,0 +1,250 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/ferry-migrate/ferry/internal/host"
+	"github.com/ferry-migrate/ferry/internal/images"
+	"github.com/ferry-migrate/ferry/internal/rootfs"
+	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+	"github.com/ferry-migrate/ferry/internal/transport"
+)
+
+// CommitWindow is how long a destination keeps a restored, uncommitted
+// container waiting for the source's commit before it drops it.
+const CommitWindow = 10 * time.Second
+
+// Destination receives migrations into this host.
+type Destination struct {
+	Host host.Config
+	// CRIUVersion is what this host's CRIU reports; CRIUError, when set,
+	// says why CRIU cannot restore here, and every offer is refused with it.
+	CRIUVersion string
+	CRIUError   error
+	// AllowFaults lets a request inject failures, for tests.
+	AllowFaults bool
+}
+
+// incoming is the destination side's state for one migration.
+type incoming struct {
+	d      *Destination
+	offer  Offer
+	rt     runc.Host
+	bundle string
+	work   string
+	images string
+}
+
+// Receive serves one migration offered on ctl. Until the source commits,
+// everything it creates is removed again when anything fails.
+func (d *Destination) Receive(ctx context.Context, sess *transport.Session, router *transport.Router, ctl *transport.Channel) {
+	defer ctl.Close()
+	in := &incoming{d: d, rt: d.Host.Runc()}
+	if err := ctl.Recv(&in.offer); err != nil {
+		return
+	}
+	if err := in.prepare(ctx); err != nil {
+		_ = ctl.Fail(err)
+		in.cleanup(true)
+		return
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for _, k := range []string{ChanRootfsLive, ChanRootfsFinal, ChanPages, ChanImages} {
+		router.Expect(k)
+	}
+	if err := ctl.Send(Accept{Host: d.Host.Name, CRIUVersion: d.CRIUVersion}); err != nil {
+		in.cleanup(true)
+		return
+	}
+	committed, err := in.run(ctx, sess, router, ctl, cancel)
+	if err != nil {
+		_ = ctl.Fail(err)
+	}
+	in.cleanup(!committed)
+}
+
+func (in *incoming) prepare(ctx context.Context) error {
+	o := in.offer
+	if in.d.CRIUError != nil {
+		return fmt.Errorf("CRIU cannot restore on %s: %v", in.d.Host.Name, in.d.CRIUError)
+	}
+	if err := validateMode(o.Mode); err != nil {
+		return err
+	}
+	if o.Container == "" || filepath.Base(o.Container) != o.Container || o.Container == "." || o.Container == ".." {
+		return fmt.Errorf("bad container name %q", o.Container)
+	}
+	if _, err := in.rt.State(ctx, o.Container); err == nil {
+		return fmt.Errorf("%s already runs a container named %q", in.d.Host.Name, o.Container)
+	} else if !errors.Is(err, runc.ErrNotFound) {
+		return err
+	}
+	in.bundle = in.d.Host.BundleDir(o.Container)
+	in.work = in.d.Host.WorkDir(o.ID)
+	in.images = filepath.Join(in.work, "images")
+	if err := os.RemoveAll(in.bundle); err != nil {
+		return err
+	}
+	for _, dir := range []string{filepath.Join(in.bundle, "rootfs"), in.images} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return err
+		}
+	}
+	return in.writeSpec()
+}
+
+// writeSpec adapts the source's config.json to this host: its cgroup parent
+// and its network namespace.
+func (in *incoming) writeSpec() error {
+	var s specs.Spec
+	if err := json.Unmarshal(in.offer.Spec, &s); err != nil {
+		return fmt.Errorf("source sent a bad config.json: %w", err)
+	}
+	if s.Root == nil {
+		return errors.New("source config.json has no root")
+	}
+	s.Root.Path = "rootfs"
+	if s.Linux == nil {
+		s.Linux = &specs.Linux{}
+	}
+	s.Linux.CgroupsPath = in.d.Host.CgroupsPath(in.offer.Container)
+	for i, ns := range s.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace && ns.Path != "" {
+			if in.d.Host.NetNS == "" {
+				return fmt.Errorf("the container joins a network namespace at the source, but %s has none configured (agent --netns)", in.d.Host.Name)
+			}
+			s.Linux.Namespaces[i].Path = in.d.Host.NetNS
+		}
+	}
+	b, err := json.MarshalIndent(&s, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(in.bundle, "config.json"), b, 0o600)
+}
+
+// run receives the state, restores on request and waits for the commit.
+func (in *incoming) run(ctx context.Context, sess *transport.Session, router *transport.Router, ctl *transport.Channel, cancel func()) (committed bool, err error) {
+	var recv errgroup.Group
+	recv.Go(func() error { return in.receiveRootfs(ctx, sess, router, ChanRootfsLive) })
+	recv.Go(func() error { return in.receiveRootfs(ctx, sess, router, ChanRootfsFinal) })
+	recv.Go(func() error {
+		ch, err := router.Wait(ctx, sess, ChanPages)
+		if err != nil {
+			return err
+		}
+		defer ch.Close()
+		return runPageServer(ctx, ch, in.images, in.work)
+	})
+	recv.Go(func() error {
+		ch, err := router.Wait(ctx, sess, ChanImages)
+		if err != nil {
+			return err
+		}
+		defer ch.Close()
+		_, err = images.ReceiveDir(ch, in.images)
+		return err
+	})
+	var step Step
+	if err := ctl.Recv(&step); err != nil || step.Do != "restore" {
+		cancel()
+		_ = recv.Wait()
+		if err == nil {
+			err = fmt.Errorf("source asked to %q before restore", step.Do)
+		}
+		return false, fmt.Errorf("migration abandoned by the source: %w", err)
+	}
+	if err := recv.Wait(); err != nil {
+		return false, fmt.Errorf("receiving state on %s: %w", in.d.Host.Name, err)
+	}
+	start := time.Now()
+	if err := in.restore(ctx); err != nil {
+		return false, err
+	}
+	st, err := in.rt.WaitStatus(ctx, in.offer.Container, "running", 10*time.Second)
+	if err != nil {
+		return false, fmt.Errorf("restored container on %s is not running: %w", in.d.Host.Name, err)
+	}
+	if err := ctl.Send(Restored{Pid: st.Pid, RestoreMs: ms(time.Since(start))}); err != nil {
+		return false, err
+	}
+	// The source owns the container until it commits.
+	stepc := make(chan error, 1)
+	go func() { stepc <- ctl.Recv(&step) }()
+	select {
+	case err = <-stepc:
+	case <-time.After(CommitWindow):
+		err = errors.New("no commit from the source in time")
+	}
+	if err != nil || step.Do != "commit" {
+		if err == nil {
+			err = fmt.Errorf("source sent %q instead of commit", step.Do)
+		}
+		return false, fmt.Errorf("migration not committed, restored copy dropped: %w", err)
+	}
+	return true, ctl.Send(Committed{})
+}
+
+func (in *incoming) receiveRootfs(ctx context.Context, sess *transport.Session, router *transport.Router, kind string) error {
+	ch, err := router.Wait(ctx, sess, kind)
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	root := filepath.Join(in.bundle, "rootfs")
+	have, err := rootfs.Scan(root)
+	if err != nil {
+		return err
+	}
+	if err := ch.Send(have); err != nil {
+		return err
+	}
+	st, err := rootfs.ApplyDelta(ch, root)
+	if err != nil {
+		return fmt.Errorf("apply rootfs delta: %w", err)
+	}
+	return ch.Send(RootfsDone{Files: st.Files, Bytes: st.Bytes})
+}
+
+func (in *incoming) restore(ctx context.Context) error {
+	if in.d.AllowFaults && slices.Contains(in.offer.Faults, "restore") {
+		// A real failure, not a simulated one: CRIU cannot restore without
+		// the process tree image.
+		_ = os.Remove(filepath.Join(in.images, "pstree.img"))
+	}
+	err := in.rt.Restore(ctx, in.offer.Container, runc.RestoreOptions{
+		ImagePath: in.images, WorkPath: in.work, Bundle: in.bundle,
+		LogPath: in.d.Host.LogPath(in.offer.Container),
+	})
+	if err != nil {
+		return fmt.Errorf("restore on %s: %w", in.d.Host.Name, err)
+	}
+	return nil
+}
+
+// cleanup removes the migration's scratch space and, when the migration did
+// not commit, every trace of the container here.
+func (in *incoming) cleanup(dropContainer bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if dropContainer {
+		if in.offer.Container != "" && in.bundle != "" {
+			_ = in.rt.Delete(ctx, in.offer.Container)
+			_ = os.RemoveAll(in.bundle)
+		}
+	}
+	if in.work != "" {
+		_ = os.RemoveAll(in.work)
+	}
+}

@@ -1,0 +1,127 @@
+// Package engine is ferry's migration state machine: the source side of each
+// technique (one file per technique) and the destination side that receives,
+// restores and commits. It talks to the peer only through transport channels
+// and to the kernel only through internal/runtime and internal/criu.
+package engine
+
+import "encoding/json"
+
+// Channel kinds on a session between a source and a destination agent.
+const (
+	ChanIncoming    = "incoming"     // control: offer, restore, commit
+	ChanRootfsLive  = "rootfs.live"  // root filesystem sync while running: manifest up, delta down
+	ChanRootfsFinal = "rootfs.final" // the same, while frozen: only what changed since
+	ChanPages       = "pages"        // CRIU page-server protocol, tunneled
+	ChanImages      = "images"       // the rest of the CRIU images, as a tar
+)
+
+// Channel kinds on a session between the CLI and an agent.
+const (
+	ChanMigrate = "migrate" // CLI asks the agent to migrate one of its containers
+	ChanStatus  = "status"  // CLI asks what the agent runs
+)
+
+// Modes.
+const (
+	ModeCold = "cold"
+)
+
+// Offer opens a migration at the destination.
+type Offer struct {
+	ID         string          `json:"id"`
+	Container  string          `json:"container"`
+	Mode       string          `json:"mode"`
+	SourceHost string          `json:"source_host"`
+	Spec       json.RawMessage `json:"spec"` // the source bundle's config.json
+	Faults     []string        `json:"faults,omitempty"`
+}
+
+// Accept is the destination's yes to an Offer.
+type Accept struct {
+	Host        string `json:"host"`
+	CRIUVersion string `json:"criu_version"`
+}
+
+// Step is a control message naming what the source asks for next.
+type Step struct {
+	Do string `json:"do"` // "restore", "commit", "abort"
+}
+
+// Restored is the destination's confirmation that the container runs.
+type Restored struct {
+	Pid       int     `json:"pid"`
+	RestoreMs float64 `json:"restore_ms"`
+}
+
+// Committed acknowledges a commit: the destination owns the container.
+type Committed struct{}
+
+// RootfsDone is the destination's summary of an applied rootfs delta.
+type RootfsDone struct {
+	Files int   `json:"files"`
+	Bytes int64 `json:"bytes"`
+}
+
+// Request is what the CLI asks of a source agent.
+type Request struct {
+	Container string `json:"container"`
+	To        string `json:"to"`
+	Mode      string `json:"mode"`
+	// Faults to inject, for tests; honoured only by agents started with
+	// --allow-faults. "restore" makes the destination's restore fail.
+	Faults []string `json:"faults,omitempty"`
+}
+
+// Progress is a live update from a running migration.
+type Progress struct {
+	Phase   string  `json:"phase"`
+	Bytes   int64   `json:"bytes"`
+	RateBps float64 `json:"rate_bps"`
+}
+
+// Event is one message on a migrate channel: progress, then a report.
+type Event struct {
+	Progress *Progress `json:"progress,omitempty"`
+	Report   *Report   `json:"report,omitempty"`
+}
+
+// PhaseSpan is one phase of a migration, in ms since it started.
+type PhaseSpan struct {
+	Name    string  `json:"name"`
+	StartMs float64 `json:"start_ms"`
+	EndMs   float64 `json:"end_ms"`
+}
+
+// Report is the outcome of one migration.
+type Report struct {
+	Container   string      `json:"container"`
+	Mode        string      `json:"mode"`
+	From        string      `json:"from"`
+	To          string      `json:"to"`
+	OK          bool        `json:"ok"`
+	DowntimeMs  float64     `json:"downtime_ms"`
+	TotalMs     float64     `json:"total_ms"`
+	FrozenMs    float64     `json:"frozen_ms"`
+	BytesSent   int64       `json:"bytes_sent"`
+	MemoryBytes int64       `json:"memory_bytes"`
+	Phases      []PhaseSpan `json:"phases"`
+	Error       string      `json:"error,omitempty"`
+	// SourceState says what became of the source copy: "removed" after a
+	// commit, "resumed" after a failure, "frozen" when the outcome is in doubt.
+	SourceState string `json:"source_state,omitempty"`
+	// FailedAt names the phase and host where a failed migration stopped.
+	FailedAt string `json:"failed_at,omitempty"`
+}
+
+// Status lists an agent's containers.
+type Status struct {
+	Host       string            `json:"host"`
+	Containers []ContainerStatus `json:"containers"`
+}
+
+// ContainerStatus is one container on a host.
+type ContainerStatus struct {
+	Name   string `json:"name"`
+	Status string `json:"status"`
+	Pid    int    `json:"pid"`
+}

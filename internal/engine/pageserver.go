@@ -1,0 +1,115 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ferry-migrate/ferry/internal/transport"
+)
+
+// CRIU's page traffic never crosses hosts on a port of its own: at the
+// source, CRIU's page-server client connects to a loopback listener of the
+// agent; at the destination, CRIU's page server gets one end of a socketpair
+// (--ps-socket). Between them the bytes ride the agent's session as a
+// framed, checksummed channel.
+
+type halfCloser interface {
+	net.Conn
+	CloseWrite() error
+}
+
+// splice copies conn<->ch in both directions until both ends finish.
+func splice(conn halfCloser, ch *transport.Channel) error {
+	errc := make(chan error, 2)
+	go func() {
+		_, err := io.Copy(ch, conn)
+		if err == nil {
+			err = ch.CloseWrite()
+		}
+		errc <- err
+	}()
+	go func() {
+		_, err := io.Copy(conn, ch)
+		if err == nil {
+			err = conn.CloseWrite()
+		}
+		errc <- err
+	}()
+	return errors.Join(<-errc, <-errc)
+}
+
+// pageClientTunnel accepts CRIU's page-server connection on a loopback port
+// and tunnels it through ch. It returns the address for CRIU and a wait
+// function returning the tunnel's outcome.
+func pageClientTunnel(ctx context.Context, ch *transport.Channel) (string, func() error, error) {
+	l, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		return "", nil, err
+	}
+	done := make(chan error, 1)
+	go func() {
+		stop := context.AfterFunc(ctx, func() { l.Close() })
+		defer stop()
+		conn, err := l.AcceptTCP()
+		l.Close()
+		if err != nil {
+			done <- fmt.Errorf("page tunnel: CRIU never connected: %w", err)
+			return
+		}
+		defer conn.Close()
+		done <- splice(conn, ch)
+	}()
+	return l.Addr().String(), func() error { return <-done }, nil
+}
+
+// runPageServer runs CRIU's page server at the destination, fed from ch,
+// writing pages into imagesDir. It returns when CRIU's session ends.
+func runPageServer(ctx context.Context, ch *transport.Channel, imagesDir, workDir string) error {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	criuEnd := os.NewFile(uintptr(fds[0]), "criu-ps")
+	ourEnd := os.NewFile(uintptr(fds[1]), "ferry-ps")
+	defer ourEnd.Close()
+	conn, err := net.FileConn(ourEnd)
+	if err != nil {
+		criuEnd.Close()
+		return err
+	}
+	defer conn.Close()
+	logName := "page-server.log"
+	cmd := exec.CommandContext(ctx, "criu", "page-server", "--images-dir", imagesDir,
+		"--work-dir", workDir, "--ps-socket", "3", "-o", logName, "-v2")
+	cmd.ExtraFiles = []*os.File{criuEnd}
+	if err := cmd.Start(); err != nil {
+		criuEnd.Close()
+		return fmt.Errorf("start criu page-server: %w", err)
+	}
+	criuEnd.Close()
+	serr := splice(conn.(*net.UnixConn), ch)
+	werr := cmd.Wait()
+	if werr != nil {
+		b, _ := os.ReadFile(filepath.Join(workDir, logName))
+		return fmt.Errorf("criu page-server: %v: %s", werr, tail(string(b), 3))
+	}
+	return serr
+}
+
+// tail keeps the last n lines of a tool's log for an error message.
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

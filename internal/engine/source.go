@@ -1,0 +1,307 @@
+package engine
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/ferry-migrate/ferry/internal/host"
+	"github.com/ferry-migrate/ferry/internal/rootfs"
+	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+	"github.com/ferry-migrate/ferry/internal/transport"
+)
+
+// Source runs migrations of this host's containers to other hosts.
+type Source struct {
+	Host host.Config
+}
+
+// migration is the source side's state for one run.
+type migration struct {
+	req      Request
+	id       string
+	host     host.Config
+	rt       runc.Host
+	sess     *transport.Session
+	ctl      *transport.Channel
+	bundle   string
+	work     string
+	progress func(Progress)
+
+	start    time.Time
+	mu       sync.Mutex
+	phases   []PhaseSpan
+	phase    string
+	frozenAt time.Time
+	report   Report
+}
+
+// failure is an error with the phase and host where it happened.
+type failure struct {
+	where string
+	err   error
+}
+
+func (f *failure) Error() string { return f.where + ": " + f.err.Error() }
+func (f *failure) Unwrap() error { return f.err }
+
+func failAt(where string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var f *failure
+	if errors.As(err, &f) {
+		return err
+	}
+	return &failure{where: where, err: err}
+}
+
+func newID() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func (m *migration) since() float64 { return ms(time.Since(m.start)) }
+
+// begin starts a named phase, ending the current one.
+func (m *migration) begin(name string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.since()
+	if n := len(m.phases); n > 0 && m.phases[n-1].EndMs == 0 {
+		m.phases[n-1].EndMs = now
+	}
+	m.phases = append(m.phases, PhaseSpan{Name: name, StartMs: now})
+	m.phase = name
+}
+
+func (m *migration) endPhases() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if n := len(m.phases); n > 0 && m.phases[n-1].EndMs == 0 {
+		m.phases[n-1].EndMs = m.since()
+	}
+}
+
+func (m *migration) currentPhase() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.phase
+}
+
+// reportProgress sends a progress line every interval until ctx ends.
+func (m *migration) reportProgress(ctx context.Context, interval time.Duration) {
+	if m.progress == nil {
+		return
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	var last int64
+	lastAt := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			var b int64
+			if m.sess != nil {
+				b = m.sess.BytesSent()
+			}
+			rate := float64(b-last) * 8 / now.Sub(lastAt).Seconds()
+			last, lastAt = b, now
+			m.progress(Progress{Phase: m.currentPhase(), Bytes: b, RateBps: rate})
+		}
+	}
+}
+
+// Migrate moves req.Container to req.To and reports how it went. Whatever
+// fails before the destination confirms leaves the container running here.
+func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progress)) Report {
+	m := &migration{req: req, id: newID(), host: s.Host, rt: s.Host.Runc(), progress: progress, start: time.Now()}
+	m.report = Report{Container: req.Container, Mode: req.Mode, From: s.Host.Name, To: req.To}
+	pctx, stopProgress := context.WithCancel(ctx)
+	go m.reportProgress(pctx, 200*time.Millisecond)
+	err := m.run(ctx)
+	stopProgress()
+	m.endPhases()
+	r := &m.report
+	r.TotalMs = m.since()
+	r.Phases = m.phases
+	if m.sess != nil {
+		r.BytesSent = m.sess.BytesSent()
+		m.sess.Close()
+	}
+	if m.work != "" {
+		os.RemoveAll(m.work)
+	}
+	if err != nil {
+		r.OK = false
+		r.Error = err.Error()
+		var f *failure
+		if errors.As(err, &f) {
+			r.FailedAt = f.where
+		}
+	} else {
+		r.OK = true
+	}
+	return *r
+}
+
+func (m *migration) run(ctx context.Context) error {
+	m.begin("prepare")
+	if err := validateMode(m.req.Mode); err != nil {
+		return failAt("prepare on "+m.host.Name, err)
+	}
+	st, err := m.rt.State(ctx, m.req.Container)
+	if errors.Is(err, runc.ErrNotFound) {
+		return failAt("prepare on "+m.host.Name, fmt.Errorf("no container %q on this host", m.req.Container))
+	}
+	if err != nil {
+		return failAt("prepare on "+m.host.Name, err)
+	}
+	if st.Status != "running" {
+		return failAt("prepare on "+m.host.Name, fmt.Errorf("container %q is %s, only running containers migrate", m.req.Container, st.Status))
+	}
+	m.bundle = st.Bundle
+	spec, err := os.ReadFile(filepath.Join(st.Bundle, "config.json"))
+	if err != nil {
+		return failAt("prepare on "+m.host.Name, fmt.Errorf("read the container's bundle: %w", err))
+	}
+	m.work = m.host.WorkDir(m.id)
+	if err := os.MkdirAll(m.work, 0o700); err != nil {
+		return failAt("prepare on "+m.host.Name, err)
+	}
+	m.sess, err = transport.Dial(ctx, m.req.To, transport.Hello{Name: m.host.Name, Role: "agent"})
+	if err != nil {
+		return failAt("connect to destination", err)
+	}
+	m.ctl, err = m.sess.Open(ChanIncoming)
+	if err != nil {
+		return failAt("connect to destination", err)
+	}
+	offer := Offer{ID: m.id, Container: m.req.Container, Mode: m.req.Mode, SourceHost: m.host.Name,
+		Spec: json.RawMessage(spec), Faults: m.req.Faults}
+	if err := m.ctl.Send(offer); err != nil {
+		return failAt("offer to destination", err)
+	}
+	var acc Accept
+	if err := m.ctl.Recv(&acc); err != nil {
+		return failAt("destination "+m.sess.Peer.Name+" refused", err)
+	}
+	m.report.To = acc.Host
+	switch m.req.Mode {
+	case ModeCold:
+		return m.cold(ctx)
+	}
+	return failAt("prepare", fmt.Errorf("mode %q has no engine", m.req.Mode))
+}
+
+func validateMode(mode string) error {
+	switch mode {
+	case ModeCold:
+		return nil
+	case "precopy", "postcopy", "hybrid", "auto":
+		return fmt.Errorf("mode %q is not available yet; use --mode cold", mode)
+	}
+	return fmt.Errorf("unknown mode %q (choose cold)", mode)
+}
+
+// syncRootfs sends what the destination's copy of the root filesystem lacks.
+func (m *migration) syncRootfs(kind string) error {
+	ch, err := m.sess.Open(kind)
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	var have rootfs.Manifest
+	if err := ch.Recv(&have); err != nil {
+		return err
+	}
+	want, err := rootfs.Scan(filepath.Join(m.bundle, "rootfs"))
+	if err != nil {
+		return err
+	}
+	if _, err := rootfs.WriteDelta(ch, filepath.Join(m.bundle, "rootfs"), rootfs.Diff(have, want)); err != nil {
+		return err
+	}
+	if err := ch.CloseWrite(); err != nil {
+		return err
+	}
+	var done RootfsDone
+	return ch.Recv(&done)
+}
+
+// freeze stops the container's processes; until commit, resume undoes it.
+func (m *migration) freeze(ctx context.Context) error {
+	m.begin("freeze")
+	m.frozenAt = time.Now()
+	if err := m.rt.Pause(ctx, m.req.Container); err != nil {
+		m.frozenAt = time.Time{}
+		return failAt("freeze on "+m.host.Name, err)
+	}
+	return nil
+}
+
+// switchover asks the destination to restore, then commits: the source copy
+// is removed only once the destination acknowledged the commit.
+func (m *migration) switchover(ctx context.Context) error {
+	m.begin("restore")
+	if err := m.ctl.Send(Step{Do: "restore"}); err != nil {
+		return m.abort(ctx, failAt("restore", err))
+	}
+	var rs Restored
+	if err := m.ctl.Recv(&rs); err != nil {
+		return m.abort(ctx, failAt("restore on "+m.sess.Peer.Name, err))
+	}
+	m.report.DowntimeMs = ms(time.Since(m.frozenAt))
+	m.begin("commit")
+	if err := m.ctl.Send(Step{Do: "commit"}); err != nil {
+		// The destination never saw the commit: it drops its copy when the
+		// commit window passes, after which resuming here is safe.
+		time.Sleep(CommitWindow + time.Second)
+		return m.abort(ctx, failAt("commit", err))
+	}
+	var c Committed
+	if err := m.ctl.Recv(&c); err != nil {
+		m.report.SourceState = "frozen"
+		m.report.FrozenMs = ms(time.Since(m.frozenAt))
+		return failAt("commit", fmt.Errorf("%v: the destination may or may not run the container; the source copy stays frozen (runc --root %s resume %s to take it back)", err, m.host.RuncRoot(), m.req.Container))
+	}
+	m.report.FrozenMs = ms(time.Since(m.frozenAt))
+	if err := m.rt.Delete(ctx, m.req.Container); err != nil {
+		m.report.SourceState = "frozen"
+		return failAt("remove source copy", err)
+	}
+	m.report.SourceState = "removed"
+	return nil
+}
+
+// abort tells the destination to drop its copy and resumes the source.
+func (m *migration) abort(ctx context.Context, cause error) error {
+	if m.ctl != nil {
+		_ = m.ctl.Fail(cause)
+	}
+	if m.frozenAt.IsZero() {
+		return cause
+	}
+	// The caller's context may be the one that failed: resuming must not.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	m.report.FrozenMs = ms(time.Since(m.frozenAt))
+	if err := m.rt.Resume(rctx, m.req.Container); err != nil {
+		m.report.SourceState = "frozen"
+		return errors.Join(cause, fmt.Errorf("resume at source failed too: %w", err))
+	}
+	m.report.SourceState = "resumed"
+	return cause
+}

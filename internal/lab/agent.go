@@ -1,0 +1,165 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+const (
+	agentStartTimeout = 10 * time.Second
+	stopGrace         = 3 * time.Second
+)
+
+// agent is an agent process started by this process.
+type agent struct {
+	host   *Host
+	pid    int
+	exited chan error // receives cmd.Wait's result
+}
+
+// agentArgs is the agent's command line after the binary.
+func agentArgs(h *Host) []string {
+	return []string{"agent", "--name", h.Name, "--listen", h.AgentAddr, "--control", h.ControlSock,
+		"--state", h.StateDir, "--cgroup-parent", h.CgroupParent, "--netns", h.NetNS}
+}
+
+func (h *Host) agentLog() string { return filepath.Join(h.StateDir, "agent.log") }
+
+// startAgent starts host h's agent inside its namespace, in a session of
+// its own so that it outlives the caller. `ip netns exec` execs the agent,
+// so the PID is the agent's.
+func startAgent(ferryBin string, h *Host) (*agent, error) {
+	if err := os.Remove(h.ControlSock); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	logf, err := os.OpenFile(h.agentLog(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	args := append([]string{"netns", "exec", h.NetNSName, ferryBin}, agentArgs(h)...)
+	cmd := exec.Command("ip", args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start agent of %s: %w", h.Name, err)
+	}
+	a := &agent{host: h, pid: cmd.Process.Pid, exited: make(chan error, 1)}
+	// Reap it whenever it ends, so a long-lived caller keeps no zombie.
+	go func() { a.exited <- cmd.Wait() }()
+	return a, nil
+}
+
+// waitReady waits until the agent's control socket accepts a connection.
+func (a *agent) waitReady(ctx context.Context, timeout time.Duration) error {
+	h := a.host
+	deadline := time.Now().Add(timeout)
+	for {
+		c, err := net.DialTimeout("unix", h.ControlSock, time.Second)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		select {
+		case werr := <-a.exited:
+			return fmt.Errorf("agent of %s exited (%v) before serving %s; its log %s says:\n%s",
+				h.Name, werr, h.ControlSock, h.agentLog(), logTail(h.agentLog(), 10))
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("agent of %s (pid %d) did not accept connections on %s within %v; see %s:\n%s",
+				h.Name, a.pid, h.ControlSock, timeout, h.agentLog(), logTail(h.agentLog(), 10))
+		}
+	}
+}
+
+func logTail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "(" + err.Error() + ")"
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func cmdline(pid int) []string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil || len(b) == 0 {
+		return nil
+	}
+	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+}
+
+// isAgentOf says whether pid runs host h's agent (or is `ip netns exec`
+// about to become it). Checked before signalling a recorded PID, which
+// may have been reused since.
+func isAgentOf(pid int, h *Host) bool {
+	args := cmdline(pid)
+	i := slices.Index(args, "--control")
+	return slices.Contains(args, "agent") && i >= 0 && i+1 < len(args) && args[i+1] == h.ControlSock
+}
+
+// AgentAlive says whether the host's recorded agent is running.
+func (h *Host) AgentAlive() bool {
+	return h.AgentPID > 0 && alive(h.AgentPID) && isAgentOf(h.AgentPID, h)
+}
+
+// alive is true for a live process, false for a gone or zombie one.
+func alive(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// The state follows the parenthesised command name, which may itself
+	// hold spaces or parentheses.
+	i := bytes.LastIndexByte(b, ')')
+	return i < 0 || i+2 >= len(b) || b[i+2] != 'Z'
+}
+
+// terminate sends SIGTERM to every pid, SIGKILL to those still alive after
+// the grace period, and waits briefly for them to go.
+func terminate(pids []int, grace time.Duration) error {
+	for _, p := range pids {
+		_ = syscall.Kill(p, syscall.SIGTERM)
+	}
+	left := waitGone(pids, grace)
+	for _, p := range left {
+		_ = syscall.Kill(p, syscall.SIGKILL)
+	}
+	if left = waitGone(left, 2*time.Second); len(left) > 0 {
+		return fmt.Errorf("processes %v survived SIGKILL", left)
+	}
+	return nil
+}
+
+func waitGone(pids []int, d time.Duration) []int {
+	deadline := time.Now().Add(d)
+	for {
+		var left []int
+		for _, p := range pids {
+			if alive(p) {
+				left = append(left, p)
+			}
+		}
+		if len(left) == 0 || time.Now().After(deadline) {
+			return left
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

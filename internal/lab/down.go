@@ -1,0 +1,228 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+var (
+	hostNSRe  = regexp.MustCompile(`^ferry-h([1-9][0-9]*)$`)
+	hostDirRe = regexp.MustCompile(`^h([1-9][0-9]*)$`)
+)
+
+// cgroupRoot is where cgroup hierarchies are mounted.
+const cgroupRoot = "/sys/fs/cgroup"
+
+// leftoverIndexes lists host indexes that have a namespace or a state
+// directory, whatever the state file says.
+func leftoverIndexes() []int {
+	var idx []int
+	scan := func(dir string, re *regexp.Regexp) {
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if m := re.FindStringSubmatch(e.Name()); m != nil {
+				i, _ := strconv.Atoi(m[1])
+				idx = append(idx, i)
+			}
+		}
+	}
+	scan(netnsDir, hostNSRe)
+	scan(StateDir, hostDirRe)
+	slices.Sort(idx)
+	return slices.Compact(idx)
+}
+
+// Down removes the lab: agents, containers, every process left in the
+// lab's namespaces, the namespaces (and with them the links), the hosts'
+// cgroups and the state. It needs no state file: names are derived from
+// host indexes, found on disk. Calling it again does nothing.
+func Down(ctx context.Context) error {
+	if os.Geteuid() != 0 {
+		return errors.New("ferry lab needs root (network namespaces, cgroups, runc)")
+	}
+	byIndex := map[int]*Host{}
+	for i := 1; i <= MaxHosts; i++ {
+		h := newHost(i)
+		byIndex[i] = &h
+	}
+	for _, i := range leftoverIndexes() {
+		if byIndex[i] == nil {
+			h := newHost(i)
+			byIndex[i] = &h
+		}
+	}
+	if l, err := Load(); err == nil {
+		for _, h := range l.Hosts {
+			h := h
+			byIndex[h.Index] = &h
+		}
+	}
+	var hosts []*Host
+	for _, h := range byIndex {
+		hosts = append(hosts, h)
+	}
+	slices.SortFunc(hosts, func(a, b *Host) int { return a.Index - b.Index })
+
+	var errs []error
+	// Agents first, so that none starts or restores a container meanwhile.
+	var pids []int
+	for _, h := range hosts {
+		if h.AgentPID > 0 && alive(h.AgentPID) && isAgentOf(h.AgentPID, h) {
+			pids = append(pids, h.AgentPID)
+		}
+	}
+	if err := terminate(pids, stopGrace); err != nil {
+		errs = append(errs, err)
+	}
+	for _, h := range hosts {
+		if err := deleteContainers(ctx, h); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// Whatever else still runs in a lab host (an agent whose PID was not
+	// recorded, a page server, a test's iperf3) goes with the host.
+	var names []string
+	for _, h := range hosts {
+		names = append(names, h.NetNSName)
+	}
+	names = append(names, SwitchNetNS)
+	if err := terminate(processesIn(names), stopGrace); err != nil {
+		errs = append(errs, err)
+	}
+	for _, n := range names {
+		if err := delNetNS(n); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := removeCgroups(); err != nil {
+		errs = append(errs, err)
+	}
+	for _, d := range []string{StateDir, RunDir} {
+		if err := os.RemoveAll(d); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// deleteContainers force-deletes every container in the host's runc root.
+func deleteContainers(ctx context.Context, h *Host) error {
+	if _, err := os.Stat(h.RuncRoot()); err != nil {
+		return nil
+	}
+	rc := h.Runc()
+	sts, err := rc.List(ctx)
+	if err != nil {
+		return fmt.Errorf("%s: %w", h.Name, err)
+	}
+	var errs []error
+	for _, st := range sts {
+		if err := rc.Delete(ctx, st.ID); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", h.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// processesIn lists live processes in any of the named namespaces, found
+// by the namespace's inode (not by name), except this process.
+func processesIn(nsNames []string) []int {
+	inodes := map[string]bool{}
+	for _, n := range nsNames {
+		if ino, err := netnsInode(n); err == nil {
+			inodes[fmt.Sprintf("net:[%d]", ino)] = true
+		}
+	}
+	if len(inodes) == 0 {
+		return nil
+	}
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		link, err := os.Readlink("/proc/" + e.Name() + "/ns/net")
+		if err == nil && inodes[link] && alive(pid) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// removeCgroups removes the lab hosts' cgroup parents (ferry-hN) from every
+// mounted hierarchy: the v1 controllers and the v2 tree, whether mounted at
+// /sys/fs/cgroup/unified (hybrid) or /sys/fs/cgroup itself.
+func removeCgroups() error {
+	roots := []string{cgroupRoot}
+	ents, _ := os.ReadDir(cgroupRoot)
+	for _, e := range ents {
+		if e.IsDir() { // skips the cpu -> cpu,cpuacct style symlinks
+			roots = append(roots, filepath.Join(cgroupRoot, e.Name()))
+		}
+	}
+	var errs []error
+	for _, r := range roots {
+		var st unix.Statfs_t
+		if unix.Statfs(r, &st) != nil || (st.Type != unix.CGROUP_SUPER_MAGIC && st.Type != unix.CGROUP2_SUPER_MAGIC) {
+			continue
+		}
+		ents, _ := os.ReadDir(r)
+		for _, e := range ents {
+			if e.IsDir() && hostNSRe.MatchString(e.Name()) {
+				if err := rmCgroupTree(filepath.Join(r, e.Name())); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// rmCgroupTree removes a cgroup and its children, deepest first. A cgroup
+// whose last process has just died can stay busy for a moment.
+func rmCgroupTree(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	var errs []error
+	for _, e := range ents {
+		if e.IsDir() {
+			if err := rmCgroupTree(filepath.Join(dir, e.Name())); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		err := unix.Rmdir(dir)
+		if err == nil || errors.Is(err, unix.ENOENT) {
+			return errors.Join(errs...)
+		}
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			return errors.Join(append(errs, fmt.Errorf("remove cgroup %s: %w%s", dir, err, cgroupProcs(dir)))...)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func cgroupProcs(dir string) string {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil || len(strings.TrimSpace(string(b))) == 0 {
+		return ""
+	}
+	return " (still holds pids " + strings.Join(strings.Fields(string(b)), ",") + ")"
+}

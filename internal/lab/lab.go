@@ -1,0 +1,269 @@
+// Package lab emulates a small network of ferry hosts on one machine: one
+// network namespace per host, all plugged into a bridge in a "switch"
+// namespace, each link optionally shaped with tbf, one ferry agent per
+// host. Every name is derived from the host's index, so `Down` can clean up
+// after a crash even when the state file is gone.
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/ferry-migrate/ferry/internal/host"
+)
+
+const (
+	// StateDir holds each lab host's state directory (hN).
+	StateDir = "/var/lib/ferry/lab"
+	// RunDir holds the state file and the agents' control sockets.
+	RunDir = "/run/ferry/lab"
+	// StateFile records the running lab.
+	StateFile = RunDir + "/state.json"
+	// SwitchNetNS is the namespace holding the bridge all hosts plug into.
+	SwitchNetNS = "ferry-sw"
+	// BridgeName is the bridge inside SwitchNetNS.
+	BridgeName = "br0"
+	// MaxHosts bounds a lab's size; Down looks for at least this many.
+	MaxHosts = 16
+	// AgentPort is the TCP port each agent listens on.
+	AgentPort = 7070
+
+	hostIfName = "eth0"
+	subnet     = "10.77.0."
+	prefixLen  = 24
+
+	minRate = 100_000         // tbf's bucket time overflows below this
+	maxRate = 100_000_000_000 // and its queue size above this
+)
+
+// ErrNoLab is returned (wrapped) by Load when no lab is up.
+var ErrNoLab = errors.New("no ferry lab is up")
+
+// Options configure Up.
+type Options struct {
+	// Hosts is the number of hosts, 1 to MaxHosts; 0 means 2.
+	Hosts int
+	// BandwidthBps shapes every host's link, both directions, in bits per
+	// second; 0 leaves links unshaped.
+	BandwidthBps int64
+	// FerryBin is the ferry binary agents run, and next to which the
+	// workload binaries are found; empty means this executable.
+	FerryBin string
+	// NoAgents sets up the network and state only.
+	NoAgents bool
+}
+
+// Host is one lab host.
+type Host struct {
+	host.Config
+	Index       int    `json:"index"`
+	Addr        string `json:"addr"`         // 10.77.0.i
+	AgentAddr   string `json:"agent_addr"`   // 10.77.0.i:7070
+	ControlSock string `json:"control_sock"` // /run/ferry/lab/h{i}.sock
+	NetNSName   string `json:"netns_name"`   // ferry-h{i}
+	AgentPID    int    `json:"agent_pid"`    // 0 without an agent
+}
+
+// Lab is a running lab, as recorded in StateFile.
+type Lab struct {
+	Hosts        []Host `json:"hosts"`
+	BandwidthBps int64  `json:"bandwidth_bps"`
+	FerryBin     string `json:"ferry_bin"`
+}
+
+// newHost derives every name and path of host i.
+func newHost(i int) Host {
+	name := "h" + strconv.Itoa(i)
+	ns := "ferry-" + name
+	return Host{
+		Config: host.Config{
+			Name:         name,
+			StateDir:     filepath.Join(StateDir, name),
+			CgroupParent: ns,
+			NetNS:        "/var/run/netns/" + ns,
+		},
+		Index:       i,
+		Addr:        subnet + strconv.Itoa(i),
+		AgentAddr:   subnet + strconv.Itoa(i) + ":" + strconv.Itoa(AgentPort),
+		ControlSock: filepath.Join(RunDir, name+".sock"),
+		NetNSName:   ns,
+	}
+}
+
+// parseHostIndex accepts "h1", "1" or "ferry-h1".
+func parseHostIndex(name string) (int, error) {
+	s := strings.TrimPrefix(strings.TrimPrefix(name, "ferry-"), "h")
+	i, err := strconv.Atoi(s)
+	if err != nil || i < 1 || s != strconv.Itoa(i) {
+		return 0, fmt.Errorf("bad host name %q: want h1, 1 or ferry-h1", name)
+	}
+	return i, nil
+}
+
+// Host finds a host by "h1", "1" or "ferry-h1".
+func (l *Lab) Host(name string) (*Host, error) {
+	i, err := parseHostIndex(name)
+	if err != nil {
+		return nil, err
+	}
+	for k := range l.Hosts {
+		if l.Hosts[k].Index == i {
+			return &l.Hosts[k], nil
+		}
+	}
+	return nil, fmt.Errorf("no host %q in the lab (it has h1..h%d)", name, len(l.Hosts))
+}
+
+// Command runs a program inside the host's network namespace.
+func (h *Host) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", h.NetNSName, name}, args...)...)
+}
+
+// ferryBin is the binary agents run and workloads are found next to.
+func (l *Lab) ferryBin() (string, error) {
+	if l.FerryBin != "" {
+		return l.FerryBin, nil
+	}
+	return os.Executable()
+}
+
+// Load reads the running lab's state.
+func Load() (*Lab, error) {
+	b, err := os.ReadFile(StateFile)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%w (no %s); start one with `ferry lab up`", ErrNoLab, StateFile)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var l Lab
+	if err := json.Unmarshal(b, &l); err != nil {
+		return nil, fmt.Errorf("parse %s: %w (run `ferry lab down` to clear it)", StateFile, err)
+	}
+	return &l, nil
+}
+
+func (l *Lab) save() error {
+	b, err := json.MarshalIndent(l, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(RunDir, 0o755); err != nil {
+		return err
+	}
+	tmp := StateFile + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, StateFile)
+}
+
+// existing says why a lab (or a crashed one's remains) is already there.
+func existing() string {
+	if _, err := os.Stat(StateFile); err == nil {
+		return StateFile + " exists"
+	}
+	if netnsExists(SwitchNetNS) {
+		return "network namespace " + SwitchNetNS + " exists"
+	}
+	if idx := leftoverIndexes(); len(idx) > 0 {
+		return fmt.Sprintf("remains of host h%d exist", idx[0])
+	}
+	return ""
+}
+
+// Up builds a lab: the switch, Hosts hosts with their links and state
+// directories, and one agent per host. On failure it removes what it made.
+func Up(ctx context.Context, o Options) (*Lab, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("ferry lab needs root (network namespaces, cgroups, runc)")
+	}
+	if o.Hosts == 0 {
+		o.Hosts = 2
+	}
+	if o.Hosts < 1 || o.Hosts > MaxHosts {
+		return nil, fmt.Errorf("a lab has 1 to %d hosts, not %d", MaxHosts, o.Hosts)
+	}
+	if o.BandwidthBps != 0 && (o.BandwidthBps < minRate || o.BandwidthBps > maxRate) {
+		return nil, fmt.Errorf("bandwidth %s out of range (%s to %s, or 0 for unshaped)",
+			FormatRate(o.BandwidthBps), FormatRate(minRate), FormatRate(maxRate))
+	}
+	if why := existing(); why != "" {
+		return nil, fmt.Errorf("a ferry lab is already up (%s); run `ferry lab down` first", why)
+	}
+	if o.FerryBin == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("find the ferry binary: %w", err)
+		}
+		o.FerryBin = exe
+	}
+	bin, err := filepath.Abs(o.FerryBin)
+	if err != nil {
+		return nil, err
+	}
+	l := &Lab{BandwidthBps: o.BandwidthBps, FerryBin: bin}
+	for i := 1; i <= o.Hosts; i++ {
+		l.Hosts = append(l.Hosts, newHost(i))
+	}
+	if err := l.up(ctx, o); err != nil {
+		if derr := Down(context.WithoutCancel(ctx)); derr != nil {
+			err = errors.Join(err, fmt.Errorf("cleaning up the partial lab: %w", derr))
+		}
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *Lab) up(ctx context.Context, o Options) error {
+	for _, d := range []string{RunDir, StateDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	// Saved first, so that even a crash during Up leaves Down a record.
+	if err := l.save(); err != nil {
+		return err
+	}
+	if err := buildSwitch(); err != nil {
+		return err
+	}
+	for k := range l.Hosts {
+		h := &l.Hosts[k]
+		if err := os.MkdirAll(h.RuncRoot(), 0o700); err != nil {
+			return err
+		}
+		if err := plugHost(h, l.BandwidthBps); err != nil {
+			return err
+		}
+	}
+	if o.NoAgents {
+		return l.save()
+	}
+	var agents []*agent
+	for k := range l.Hosts {
+		a, err := startAgent(l.FerryBin, &l.Hosts[k])
+		if err != nil {
+			return err
+		}
+		agents = append(agents, a)
+		l.Hosts[k].AgentPID = a.pid
+	}
+	if err := l.save(); err != nil {
+		return err
+	}
+	for _, a := range agents {
+		if err := a.waitReady(ctx, agentStartTimeout); err != nil {
+			return err
+		}
+	}
+	return nil
+}

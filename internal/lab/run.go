@@ -1,0 +1,80 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+
+	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+)
+
+// containerIDRe is what runc accepts as a container ID.
+var containerIDRe = regexp.MustCompile(`^[A-Za-z0-9_+.-]+$`)
+
+// Run starts a container on a lab host: a fresh busybox bundle whose
+// process runs args, in the host's network namespace and cgroup parent.
+func (l *Lab) Run(ctx context.Context, hostName, container string, args []string) error {
+	h, err := l.Host(hostName)
+	if err != nil {
+		return err
+	}
+	if !containerIDRe.MatchString(container) || container == "." || container == ".." {
+		return fmt.Errorf("bad container name %q: use letters, digits, '_', '+', '-' and '.'", container)
+	}
+	if len(args) == 0 {
+		return errors.New("no program to run in the container")
+	}
+	rc := h.Runc()
+	if err := os.MkdirAll(h.RuncRoot(), 0o700); err != nil {
+		return err
+	}
+	if st, err := rc.State(ctx, container); err == nil {
+		return fmt.Errorf("container %q already exists on %s (%s); pick another name or delete it", container, h.Name, st.Status)
+	} else if !errors.Is(err, runc.ErrNotFound) {
+		return err
+	}
+	bundle := h.BundleDir(container)
+	if _, err := os.Lstat(bundle); err == nil {
+		return fmt.Errorf("container name %q is taken on %s: bundle %s exists", container, h.Name, bundle)
+	}
+	bin, err := l.ferryBin()
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(bundle, 0o700); err != nil {
+		return err
+	}
+	err = func() error {
+		if err := buildRootfs(filepath.Join(bundle, "rootfs"), filepath.Dir(bin)); err != nil {
+			return err
+		}
+		spec := runc.NewSpec(runc.SpecOptions{
+			Args:        args,
+			Hostname:    container,
+			CgroupsPath: h.CgroupsPath(container),
+			NetNS:       h.NetNS,
+		})
+		if err := runc.WriteSpec(bundle, spec); err != nil {
+			return err
+		}
+		return rc.Run(ctx, container, bundle, h.LogPath(container))
+	}()
+	if err != nil {
+		// Leave the name free for another try; the log stays.
+		_ = rc.Delete(context.WithoutCancel(ctx), container)
+		_ = os.RemoveAll(bundle)
+		return fmt.Errorf("run %s on %s: %w", container, h.Name, err)
+	}
+	return nil
+}
+
+// Containers lists the containers on the host.
+func (h *Host) Containers(ctx context.Context) ([]runc.State, error) {
+	if _, err := os.Stat(h.RuncRoot()); err != nil {
+		return nil, nil
+	}
+	return h.Runc().List(ctx)
+}

@@ -1,0 +1,353 @@
+// Package preflight answers `ferry check`: can this host take part in a
+// migration, and which of the faster strategies can it use.
+package preflight
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ferry-migrate/ferry/internal/criu"
+)
+
+// Report is the result of a check. Its JSON form is a public contract.
+type Report struct {
+	// OK means a cold migration is possible.
+	OK          bool     `json:"ok"`
+	CriuPath    string   `json:"criu_path"`
+	CriuVersion string   `json:"criu_version"`
+	CriuCheck   string   `json:"criu_check"` // "ok" or CRIU's complaint
+	Features    Features `json:"features"`
+	PipeMaxSize int64    `json:"pipe_max_size"`
+	Runtimes    Runtimes `json:"runtimes"`
+	Cgroup      Cgroup   `json:"cgroup"`
+	Root        bool     `json:"root"`
+	// Problems prevent any migration; Warnings only rule out a strategy.
+	Problems []Problem `json:"problems"`
+	Warnings []Problem `json:"warnings"`
+}
+
+// Features are the optional capabilities in the report.
+type Features struct {
+	DirtyTracking bool `json:"dirty_tracking"`
+	LazyPages     bool `json:"lazy_pages"`
+	TCPRepair     bool `json:"tcp_repair"`
+	MPTCP         bool `json:"mptcp"`
+}
+
+// Runtimes holds the versions of the container runtimes found; nil (JSON
+// null) means not installed.
+type Runtimes struct {
+	Runc   *string `json:"runc"`
+	Podman *string `json:"podman"`
+	LXC    *string `json:"lxc"`
+}
+
+// Cgroup says which cgroup hierarchies are mounted.
+type Cgroup struct {
+	V1     bool   `json:"v1"`
+	V2     bool   `json:"v2"`
+	V2Path string `json:"v2_path"`
+}
+
+// Problem is one failed condition and how to fix it.
+type Problem struct {
+	What string `json:"what"`
+	Fix  string `json:"fix"`
+}
+
+// Probes are the questions Run asks the host. Tests swap them for fakes.
+type Probes struct {
+	IsRoot         func() bool
+	CriuPath       func() (string, error)
+	CriuVersion    func(context.Context) (criu.Version, error)
+	CriuCheck      func(context.Context) error
+	Features       func(context.Context) criu.Features
+	RuntimeVersion func(ctx context.Context, name string) (string, bool) // "runc", "podman", "lxc"
+	Cgroup         func() Cgroup
+}
+
+// HostProbes asks the real host.
+func HostProbes() Probes {
+	return Probes{
+		IsRoot:         func() bool { return os.Geteuid() == 0 },
+		CriuPath:       criu.Binary,
+		CriuVersion:    criu.InstalledVersion,
+		CriuCheck:      criu.Check,
+		Features:       criu.ProbeFeatures,
+		RuntimeVersion: RuntimeVersion,
+		Cgroup:         func() Cgroup { return ProbeCgroup("/sys/fs/cgroup") },
+	}
+}
+
+// Run checks this host.
+func Run(ctx context.Context) Report { return HostProbes().Run(ctx) }
+
+// probeTimeout bounds the whole check so a wedged tool cannot hang it.
+const probeTimeout = 10 * time.Second
+
+// Run asks every probe, concurrently since most of them start a process,
+// and judges the answers.
+func (p Probes) Run(ctx context.Context) Report {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	var (
+		r        Report
+		wg       sync.WaitGroup
+		criuErr  error
+		verErr   error
+		version  criu.Version
+		checkErr error
+		feat     criu.Features
+		rt       [3]*string
+	)
+	r.Root = p.IsRoot()
+	r.CriuPath, criuErr = p.CriuPath()
+	if criuErr == nil {
+		wg.Go(func() { version, verErr = p.CriuVersion(ctx) })
+		wg.Go(func() { checkErr = p.CriuCheck(ctx) })
+		wg.Go(func() { feat = p.Features(ctx) })
+	}
+	for i, name := range []string{"runc", "podman", "lxc"} {
+		wg.Go(func() {
+			if v, ok := p.RuntimeVersion(ctx, name); ok {
+				rt[i] = &v
+			}
+		})
+	}
+	r.Cgroup = p.Cgroup()
+	wg.Wait()
+
+	r.Runtimes = Runtimes{Runc: rt[0], Podman: rt[1], LXC: rt[2]}
+	r.Features = Features{
+		DirtyTracking: feat.DirtyTracking,
+		LazyPages:     feat.LazyPages,
+		TCPRepair:     feat.TCPRepair,
+		MPTCP:         feat.MPTCP,
+	}
+	r.PipeMaxSize = feat.PipeMaxSize
+	if criuErr == nil && verErr == nil {
+		r.CriuVersion = version.String()
+	}
+	switch {
+	case criuErr != nil:
+		r.CriuCheck = "criu not found"
+	case checkErr != nil:
+		r.CriuCheck = checkErr.Error()
+	default:
+		r.CriuCheck = "ok"
+	}
+	r.judge(criuErr, verErr, version, checkErr, feat)
+	return r
+}
+
+const setupFix = "run `make setup` (builds CRIU 4.2.1 into /usr/local/sbin/criu)"
+
+// judge fills OK, Problems and Warnings from the probe answers.
+func (r *Report) judge(criuErr, verErr error, v criu.Version, checkErr error, f criu.Features) {
+	r.Problems = []Problem{}
+	r.Warnings = []Problem{}
+	problem := func(what, fix string) { r.Problems = append(r.Problems, Problem{what, fix}) }
+	warn := func(what, fix string) { r.Warnings = append(r.Warnings, Problem{what, fix}) }
+
+	if !r.Root {
+		problem("not running as root: CRIU needs full privileges to dump and restore",
+			"run ferry as root (sudo ferry ...)")
+	}
+	min := criu.MinVersion
+	switch {
+	case criuErr != nil:
+		problem("criu not found in PATH", setupFix)
+	case verErr != nil:
+		problem(fmt.Sprintf("cannot tell the version of %s: %v", r.CriuPath, verErr), setupFix)
+	case !v.AtLeast(min.Major, min.Minor, min.Sublevel):
+		problem(fmt.Sprintf("%s is CRIU %v, need %v or newer (older versions fail on this kernel)", r.CriuPath, v, min),
+			setupFix+" and make sure /usr/local/sbin comes first in PATH")
+	}
+	if criuErr == nil && checkErr != nil {
+		fix := "fix what CRIU reports (`criu check --all` gives details)"
+		if !r.Root {
+			fix = "run as root; `criu check` needs root"
+		}
+		problem("criu check fails: "+checkErr.Error(), fix)
+	}
+	if r.Runtimes.Runc == nil {
+		problem("runc not found in PATH", "apt-get install runc (ferry is tested with runc 1.1.5)")
+	}
+	r.OK = len(r.Problems) == 0
+
+	if criuErr != nil {
+		return // feature answers mean nothing without CRIU
+	}
+	if !f.DirtyTracking {
+		warn("no soft-dirty: pre-copy uses content hashing instead of CRIU pre-dump",
+			"use a kernel built with CONFIG_MEM_SOFT_DIRTY=y (most distribution kernels are)")
+	}
+	switch {
+	case !f.UffdNoncoop:
+		warn("no userfaultfd (uffd-noncoop): post-copy (lazy pages) is unavailable",
+			"use a kernel built with CONFIG_USERFAULTFD=y")
+	case !f.LazyPages:
+		warn(fmt.Sprintf("fs.pipe-max-size is %d, below %d: post-copy (lazy pages) would fail at the first fault",
+			f.PipeMaxSize, criu.MinLazyPipeSize),
+			"sysctl -w fs.pipe-max-size=16777216")
+	}
+	if !f.TCPRepair {
+		warn("TCP repair mode unavailable: established TCP connections cannot be migrated",
+			"run as root (TCP_REPAIR needs CAP_NET_ADMIN)")
+	}
+	if !f.MPTCP {
+		warn("no MPTCP: migration streams use plain TCP, without multipath failover",
+			"sysctl -w net.mptcp.enabled=1 (needs a kernel with CONFIG_MPTCP=y)")
+	}
+	if !r.Cgroup.V1 && !r.Cgroup.V2 {
+		warn("no cgroup hierarchy found under /sys/fs/cgroup: runc cannot create containers",
+			"mount cgroup2 on /sys/fs/cgroup")
+	}
+}
+
+// RuntimeVersion runs `<tool> --version` for a runtime and returns the
+// version from the first line, without build metadata ("runc version
+// 1.1.5+ds1" gives "1.1.5"). For lxc it asks lxc-start, then lxc-info.
+func RuntimeVersion(ctx context.Context, name string) (string, bool) {
+	tools := []string{name}
+	if name == "lxc" {
+		tools = []string{"lxc-start", "lxc-info"}
+	}
+	for _, tool := range tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			continue
+		}
+		out, err := exec.CommandContext(ctx, tool, "--version").Output()
+		if err != nil {
+			continue
+		}
+		if v := parseToolVersion(string(out)); v != "" {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// parseToolVersion takes the last word of the first line: "runc version
+// 1.1.5+ds1", "podman version 4.3.1" and lxc's bare "5.0.2" all end in it.
+func parseToolVersion(out string) string {
+	line, _, _ := strings.Cut(strings.TrimSpace(out), "\n")
+	fields := strings.Fields(line)
+	if len(fields) == 0 {
+		return ""
+	}
+	v, _, _ := strings.Cut(fields[len(fields)-1], "+")
+	return v
+}
+
+// ProbeCgroup looks at a cgroup mount point (normally /sys/fs/cgroup). A v1
+// hierarchy is a subdirectory with a "tasks" file, which only v1 has; a v2
+// hierarchy is the mount point itself or its "unified" subdirectory (hybrid
+// layout) with a cgroup.controllers file.
+func ProbeCgroup(root string) Cgroup {
+	var c Cgroup
+	for _, dir := range []string{root, filepath.Join(root, "unified")} {
+		if fileExists(filepath.Join(dir, "cgroup.controllers")) {
+			c.V2, c.V2Path = true, dir
+			break
+		}
+	}
+	entries, _ := os.ReadDir(root)
+	for _, e := range entries {
+		if e.IsDir() && fileExists(filepath.Join(root, e.Name(), "tasks")) {
+			c.V1 = true
+			break
+		}
+	}
+	return c
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// Text renders the report for a terminal: one aligned line per check, then
+// the problems and warnings with their fixes.
+func (r Report) Text() string {
+	var b strings.Builder
+	if r.OK {
+		b.WriteString("ferry check: OK, cold migration possible\n\n")
+	} else {
+		b.WriteString("ferry check: NOT READY\n\n")
+	}
+	line := func(mark, name, value string) {
+		fmt.Fprintf(&b, "  %s %-16s %s\n", mark, name, value)
+	}
+	// need marks a required item, opt an optional one.
+	need := func(ok bool) string { return pick(ok, "✓", "✗") }
+	opt := func(ok bool) string { return pick(ok, "✓", "!") }
+
+	line(need(r.Root), "root", pick(r.Root, "yes", "no"))
+	criuVal := "not found"
+	if r.CriuPath != "" {
+		criuVal = r.CriuPath + " " + pick(r.CriuVersion != "", r.CriuVersion, "(version unknown)")
+	}
+	v, err := criu.ParseVersion(r.CriuVersion)
+	min := criu.MinVersion
+	line(need(err == nil && v.AtLeast(min.Major, min.Minor, min.Sublevel)), "criu", criuVal)
+	line(need(r.CriuCheck == "ok"), "criu check", firstLine(r.CriuCheck))
+	line(need(r.Runtimes.Runc != nil), "runc", deref(r.Runtimes.Runc))
+	line(pick(r.Runtimes.Podman != nil, "✓", "-"), "podman", deref(r.Runtimes.Podman))
+	line(pick(r.Runtimes.LXC != nil, "✓", "-"), "lxc", deref(r.Runtimes.LXC))
+	cg := []string{}
+	if r.Cgroup.V1 {
+		cg = append(cg, "v1")
+	}
+	if r.Cgroup.V2 {
+		cg = append(cg, "v2 ("+r.Cgroup.V2Path+")")
+	}
+	line(opt(len(cg) > 0), "cgroup", pick(len(cg) > 0, strings.Join(cg, ", "), "none"))
+	f := r.Features
+	line(opt(f.DirtyTracking), "dirty tracking", pick(f.DirtyTracking, "yes (CRIU pre-dump)", "no (pre-copy by hashing)"))
+	line(opt(f.LazyPages), "lazy pages", fmt.Sprintf("%s (pipe-max-size %d)", pick(f.LazyPages, "yes", "no"), r.PipeMaxSize))
+	line(opt(f.TCPRepair), "tcp repair", pick(f.TCPRepair, "yes", "no"))
+	line(opt(f.MPTCP), "mptcp", pick(f.MPTCP, "yes", "no"))
+
+	section := func(title, mark string, ps []Problem) {
+		if len(ps) == 0 {
+			return
+		}
+		fmt.Fprintf(&b, "\n%s:\n", title)
+		for _, p := range ps {
+			fmt.Fprintf(&b, "  %s %s\n      fix: %s\n", mark, p.What, p.Fix)
+		}
+	}
+	section("Problems", "✗", r.Problems)
+	section("Warnings", "!", r.Warnings)
+	return b.String()
+}
+
+func pick(cond bool, yes, no string) string {
+	if cond {
+		return yes
+	}
+	return no
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "not found"
+	}
+	return *s
+}
+
+func firstLine(s string) string {
+	sc := bufio.NewScanner(strings.NewReader(s))
+	if sc.Scan() {
+		return sc.Text()
+	}
+	return s
+}

@@ -1,0 +1,283 @@
+package preflight
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferry-migrate/ferry/internal/criu"
+)
+
+// goodHost answers like a fully equipped host.
+func goodHost() Probes {
+	return Probes{
+		IsRoot:      func() bool { return true },
+		CriuPath:    func() (string, error) { return "/usr/local/sbin/criu", nil },
+		CriuVersion: func(context.Context) (criu.Version, error) { return criu.Version{Major: 4, Minor: 2, Sublevel: 1}, nil },
+		CriuCheck:   func(context.Context) error { return nil },
+		Features: func(context.Context) criu.Features {
+			return criu.Features{DirtyTracking: true, UffdNoncoop: true, LazyPages: true,
+				PipeMaxSize: 16 << 20, TCPRepair: true, MPTCP: true}
+		},
+		RuntimeVersion: func(_ context.Context, name string) (string, bool) {
+			return map[string]string{"runc": "1.1.5", "podman": "4.3.1", "lxc": "5.0.2"}[name], true
+		},
+		Cgroup: func() Cgroup { return Cgroup{V1: true, V2: true, V2Path: "/sys/fs/cgroup/unified"} },
+	}
+}
+
+func fixes(ps []Problem) string {
+	var s []string
+	for _, p := range ps {
+		s = append(s, p.What+" => "+p.Fix)
+	}
+	return strings.Join(s, "\n")
+}
+
+func TestRunAllGood(t *testing.T) {
+	r := goodHost().Run(context.Background())
+	if !r.OK || len(r.Problems) != 0 || len(r.Warnings) != 0 {
+		t.Fatalf("want ok without problems or warnings, got ok=%v\n%s\n%s", r.OK, fixes(r.Problems), fixes(r.Warnings))
+	}
+	if r.CriuVersion != "4.2.1" || r.CriuCheck != "ok" || *r.Runtimes.Runc != "1.1.5" || r.PipeMaxSize != 16<<20 {
+		t.Errorf("unexpected report: %+v", r)
+	}
+}
+
+func TestRunFailures(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(*Probes)
+		fix    string // a problem's fix must contain this
+	}{
+		{"not root", func(p *Probes) { p.IsRoot = func() bool { return false } }, "root"},
+		{"no criu", func(p *Probes) { p.CriuPath = func() (string, error) { return "", errors.New("not found") } }, "make setup"},
+		{"old criu", func(p *Probes) {
+			p.CriuVersion = func(context.Context) (criu.Version, error) { return criu.Version{Major: 4, Minor: 1, Sublevel: 1}, nil }
+		}, "make setup"},
+		{"unreadable version", func(p *Probes) {
+			p.CriuVersion = func(context.Context) (criu.Version, error) { return criu.Version{}, errors.New("garbage") }
+		}, "make setup"},
+		{"check fails", func(p *Probes) {
+			p.CriuCheck = func(context.Context) error { return errors.New("criu check: exit status 1: vdso: boom") }
+		}, "criu check"},
+		{"no runc", func(p *Probes) {
+			p.RuntimeVersion = func(_ context.Context, name string) (string, bool) { return "1", name != "runc" }
+		}, "install runc"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := goodHost()
+			tc.change(&p)
+			r := p.Run(context.Background())
+			if r.OK {
+				t.Fatal("ok = true")
+			}
+			if len(r.Problems) != 1 || !strings.Contains(r.Problems[0].Fix, tc.fix) {
+				t.Errorf("want one problem with a fix mentioning %q, got:\n%s", tc.fix, fixes(r.Problems))
+			}
+		})
+	}
+}
+
+func TestRunNoCriu(t *testing.T) {
+	p := goodHost()
+	p.CriuPath = func() (string, error) { return "", errors.New("not found") }
+	called := false
+	p.Features = func(context.Context) criu.Features { called = true; return criu.Features{} }
+	r := p.Run(context.Background())
+	if called {
+		t.Error("probed CRIU features without CRIU")
+	}
+	if r.CriuVersion != "" || r.CriuCheck == "ok" || len(r.Warnings) != 0 {
+		t.Errorf("report without criu: %+v", r)
+	}
+}
+
+func TestRunWarnings(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		f    criu.Features
+		want []string // substrings of the warnings' fixes, in order
+	}{
+		{"no soft-dirty", criu.Features{UffdNoncoop: true, LazyPages: true, PipeMaxSize: 16 << 20, TCPRepair: true, MPTCP: true},
+			[]string{"CONFIG_MEM_SOFT_DIRTY"}},
+		{"small pipes", criu.Features{DirtyTracking: true, UffdNoncoop: true, PipeMaxSize: 1 << 20, TCPRepair: true, MPTCP: true},
+			[]string{"sysctl -w fs.pipe-max-size=16777216"}},
+		{"no uffd", criu.Features{DirtyTracking: true, PipeMaxSize: 16 << 20, TCPRepair: true, MPTCP: true},
+			[]string{"CONFIG_USERFAULTFD"}},
+		{"bare", criu.Features{PipeMaxSize: 1 << 20},
+			[]string{"CONFIG_MEM_SOFT_DIRTY", "CONFIG_USERFAULTFD", "CAP_NET_ADMIN", "net.mptcp.enabled=1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := goodHost()
+			p.Features = func(context.Context) criu.Features { return tc.f }
+			r := p.Run(context.Background())
+			if !r.OK || len(r.Problems) != 0 {
+				t.Fatalf("optional features must not fail ok: %v\n%s", r.OK, fixes(r.Problems))
+			}
+			if len(r.Warnings) != len(tc.want) {
+				t.Fatalf("want %d warnings, got:\n%s", len(tc.want), fixes(r.Warnings))
+			}
+			for i, w := range tc.want {
+				if !strings.Contains(r.Warnings[i].Fix, w) {
+					t.Errorf("warning %d fix %q lacks %q", i, r.Warnings[i].Fix, w)
+				}
+			}
+		})
+	}
+}
+
+// The JSON field names are a public contract.
+func TestJSONShape(t *testing.T) {
+	p := goodHost()
+	p.RuntimeVersion = func(_ context.Context, name string) (string, bool) { return "1.1.5", name == "runc" }
+	b, err := json.Marshal(p.Run(context.Background()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"ok", "criu_path", "criu_version", "criu_check", "features", "pipe_max_size",
+		"runtimes", "cgroup", "root", "problems", "warnings"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("missing key %q in %s", k, b)
+		}
+	}
+	feats := m["features"].(map[string]any)
+	for _, k := range []string{"dirty_tracking", "lazy_pages", "tcp_repair", "mptcp"} {
+		if _, ok := feats[k].(bool); !ok {
+			t.Errorf("features.%s missing or not bool in %s", k, b)
+		}
+	}
+	rt := m["runtimes"].(map[string]any)
+	if rt["runc"] != "1.1.5" || rt["podman"] != nil || rt["lxc"] != nil {
+		t.Errorf("runtimes = %v", rt)
+	}
+	if _, present := rt["podman"]; !present {
+		t.Error("runtimes.podman must be present as null")
+	}
+	cg := m["cgroup"].(map[string]any)
+	for _, k := range []string{"v1", "v2", "v2_path"} {
+		if _, ok := cg[k]; !ok {
+			t.Errorf("cgroup.%s missing", k)
+		}
+	}
+	if ps, ok := m["problems"].([]any); !ok || len(ps) != 0 {
+		t.Errorf("problems must be an empty array, got %v", m["problems"])
+	}
+}
+
+func TestParseToolVersion(t *testing.T) {
+	for in, want := range map[string]string{
+		"runc version 1.1.5+ds1\ncommit: 1.1.5+ds1-1+deb12u1\nspec: 1.0.2-dev\n": "1.1.5",
+		"podman version 4.3.1\n": "4.3.1",
+		"5.0.2\n":                "5.0.2",
+		"":                       "",
+	} {
+		if got := parseToolVersion(in); got != want {
+			t.Errorf("parseToolVersion(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestProbeCgroup(t *testing.T) {
+	mk := func(t *testing.T, files ...string) string {
+		root := t.TempDir()
+		for _, f := range files {
+			p := filepath.Join(root, f)
+			os.MkdirAll(filepath.Dir(p), 0o755)
+			os.WriteFile(p, nil, 0o644)
+		}
+		return root
+	}
+	hybrid := mk(t, "freezer/tasks", "memory/tasks", "unified/cgroup.controllers")
+	if c := ProbeCgroup(hybrid); !c.V1 || !c.V2 || c.V2Path != filepath.Join(hybrid, "unified") {
+		t.Errorf("hybrid: %+v", c)
+	}
+	unified := mk(t, "cgroup.controllers", "system.slice/cgroup.procs")
+	if c := ProbeCgroup(unified); c.V1 || !c.V2 || c.V2Path != unified {
+		t.Errorf("unified: %+v", c)
+	}
+	legacy := mk(t, "freezer/tasks")
+	if c := ProbeCgroup(legacy); !c.V1 || c.V2 || c.V2Path != "" {
+		t.Errorf("legacy: %+v", c)
+	}
+	if c := ProbeCgroup(filepath.Join(legacy, "nope")); c.V1 || c.V2 {
+		t.Errorf("missing: %+v", c)
+	}
+}
+
+func TestText(t *testing.T) {
+	p := goodHost()
+	p.Features = func(context.Context) criu.Features { return criu.Features{UffdNoncoop: true, PipeMaxSize: 1 << 20} }
+	p.RuntimeVersion = func(_ context.Context, name string) (string, bool) { return "1.1.5", name == "runc" }
+	txt := p.Run(context.Background()).Text()
+	for _, want := range []string{"OK", "✓ criu ", "4.2.1", "- podman", "not found", "! lazy pages", "Warnings:", "fix: sysctl -w fs.pipe-max-size=16777216"} {
+		if !strings.Contains(txt, want) {
+			t.Errorf("Text() lacks %q:\n%s", want, txt)
+		}
+	}
+	p.CriuVersion = func(context.Context) (criu.Version, error) {
+		return criu.Version{Major: 3, Minor: 17, Sublevel: 1}, nil
+	}
+	txt = p.Run(context.Background()).Text()
+	for _, want := range []string{"NOT READY", "✗ criu ", "Problems:", "make setup"} {
+		if !strings.Contains(txt, want) {
+			t.Errorf("Text() lacks %q:\n%s", want, txt)
+		}
+	}
+}
+
+// TestRunHost checks this machine: root with CRIU 4.2.1 and runc must pass.
+func TestRunHost(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("skipping: needs root")
+	}
+	if _, err := criu.Binary(); err != nil {
+		t.Skip("skipping: criu not in PATH")
+	}
+	start := time.Now()
+	r := Run(context.Background())
+	t.Logf("Run took %v", time.Since(start))
+	b, _ := json.MarshalIndent(r, "", "  ")
+	t.Logf("%s\n%s", b, r.Text())
+
+	if !r.OK {
+		t.Errorf("ok = false:\n%s", fixes(r.Problems))
+	}
+	v, err := criu.ParseVersion(r.CriuVersion)
+	if err != nil || !v.AtLeast(4, 2, 1) {
+		t.Errorf("criu_version = %q, want >= 4.2.1", r.CriuVersion)
+	}
+	soft, err := criu.KernelOption("CONFIG_MEM_SOFT_DIRTY")
+	if err == nil && r.Features.DirtyTracking != (soft == "y") {
+		t.Errorf("dirty_tracking = %v but kernel CONFIG_MEM_SOFT_DIRTY=%q", r.Features.DirtyTracking, soft)
+	}
+	// The machine has userfaultfd; lazy pages then hinge on the sysctl.
+	if want := r.PipeMaxSize >= criu.MinLazyPipeSize; r.Features.LazyPages != want {
+		t.Errorf("lazy_pages = %v with pipe_max_size %d", r.Features.LazyPages, r.PipeMaxSize)
+	}
+	if !r.Features.LazyPages {
+		t.Logf("note: lazy_pages false because fs.pipe-max-size = %d", r.PipeMaxSize)
+	}
+	if b, err := os.ReadFile("/proc/sys/net/mptcp/enabled"); err == nil {
+		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		if r.Features.MPTCP != (n == 1) {
+			t.Errorf("mptcp = %v with net.mptcp.enabled = %d", r.Features.MPTCP, n)
+		}
+	}
+	if !r.Features.TCPRepair {
+		t.Error("tcp_repair = false as root")
+	}
+	if !r.Cgroup.V1 && !r.Cgroup.V2 {
+		t.Error("no cgroup hierarchy found")
+	}
+}

@@ -1,0 +1,277 @@
+// Package rootfs synchronises a container's root filesystem between hosts,
+// incrementally, in the manner of rsync: the destination describes what it
+// has (a Manifest), the source works out what differs (Diff) and streams it
+// as a tar (WriteDelta), and the destination applies that stream (ApplyDelta)
+// without ever letting it write outside the root.
+package rootfs
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"slices"
+	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
+)
+
+// Entry describes one filesystem object relative to the root.
+type Entry struct {
+	// Path is slash separated and relative to the root, never ".".
+	Path string
+	// Mode is the full mode, type bits included.
+	Mode fs.FileMode
+	// Size is the length of a regular file or of a symlink's target, and 0
+	// for every other type (a directory's size depends on the filesystem).
+	Size    int64
+	MtimeNs int64
+	UID     int
+	GID     int
+	// Link is a symlink's target.
+	Link string
+	// Dev is the device number of a character or block device.
+	Dev uint64
+}
+
+// Manifest maps a slash path relative to the root to its entry. The root
+// itself (".") is not included.
+type Manifest map[string]Entry
+
+// maxDepth bounds how deep Scan descends; each level holds one descriptor.
+const maxDepth = 4096
+
+// Scan walks root with lstat semantics: symlinks are recorded, never
+// followed. A directory on another filesystem than root (a mount point, such
+// as proc or sys inside a container's root) is recorded but not entered.
+// Objects that vanish while the walk runs are left out, so scanning the root
+// of a running container is fine.
+func Scan(root string) (Manifest, error) {
+	fd, err := openat(unix.AT_FDCWD, root, dirFlags)
+	if err != nil {
+		return nil, &fs.PathError{Op: "open", Path: root, Err: err}
+	}
+	d := os.NewFile(uintptr(fd), root)
+	defer d.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, &fs.PathError{Op: "fstat", Path: root, Err: err}
+	}
+	s := scanner{m: Manifest{}, dev: st.Dev, buf: make([]byte, unix.PathMax)}
+	if err := s.dir(d, "", 0); err != nil {
+		return nil, err
+	}
+	return s.m, nil
+}
+
+type scanner struct {
+	m   Manifest
+	dev uint64
+	buf []byte
+}
+
+func (s *scanner) dir(d *os.File, rel string, depth int) error {
+	if depth > maxDepth {
+		return fmt.Errorf("rootfs: scan: %s: deeper than %d levels", rel, maxDepth)
+	}
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return fmt.Errorf("rootfs: scan: read %s: %w", displayPath(rel), err)
+	}
+	dfd := int(d.Fd())
+	var st unix.Stat_t
+	for _, name := range names {
+		p := name
+		if rel != "" {
+			p = rel + "/" + name
+		}
+		if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				continue
+			}
+			return &fs.PathError{Op: "lstat", Path: p, Err: err}
+		}
+		e := entryFromStat(p, &st)
+		if e.Mode&fs.ModeSymlink != 0 {
+			n, err := unix.Readlinkat(dfd, name, s.buf)
+			if err != nil {
+				if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EINVAL) {
+					continue // gone or replaced since the stat
+				}
+				return &fs.PathError{Op: "readlink", Path: p, Err: err}
+			}
+			e.Link = string(s.buf[:n])
+			e.Size = int64(n)
+		}
+		s.m[p] = e
+		if !e.Mode.IsDir() || st.Dev != s.dev {
+			continue
+		}
+		cfd, err := openat(dfd, name, dirFlags)
+		if err != nil {
+			if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
+				continue // replaced since the stat
+			}
+			return &fs.PathError{Op: "open", Path: p, Err: err}
+		}
+		child := os.NewFile(uintptr(cfd), p)
+		err = s.dir(child, p, depth+1)
+		child.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func entryFromStat(p string, st *unix.Stat_t) Entry {
+	e := Entry{
+		Path:    p,
+		Mode:    modeFromUnix(st.Mode),
+		MtimeNs: st.Mtim.Nano(),
+		UID:     int(st.Uid),
+		GID:     int(st.Gid),
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		e.Size = st.Size
+	case unix.S_IFCHR, unix.S_IFBLK:
+		e.Dev = st.Rdev
+	}
+	return e
+}
+
+// modeFromUnix converts a stat mode to Go's representation.
+func modeFromUnix(m uint32) fs.FileMode {
+	mode := fs.FileMode(m & 0o777)
+	switch m & unix.S_IFMT {
+	case unix.S_IFDIR:
+		mode |= fs.ModeDir
+	case unix.S_IFLNK:
+		mode |= fs.ModeSymlink
+	case unix.S_IFCHR:
+		mode |= fs.ModeDevice | fs.ModeCharDevice
+	case unix.S_IFBLK:
+		mode |= fs.ModeDevice
+	case unix.S_IFIFO:
+		mode |= fs.ModeNamedPipe
+	case unix.S_IFSOCK:
+		mode |= fs.ModeSocket
+	}
+	if m&unix.S_ISUID != 0 {
+		mode |= fs.ModeSetuid
+	}
+	if m&unix.S_ISGID != 0 {
+		mode |= fs.ModeSetgid
+	}
+	if m&unix.S_ISVTX != 0 {
+		mode |= fs.ModeSticky
+	}
+	return mode
+}
+
+// modeToUnix is the inverse of modeFromUnix.
+func modeToUnix(mode fs.FileMode) uint32 {
+	m := uint32(mode.Perm())
+	switch {
+	case mode&fs.ModeDir != 0:
+		m |= unix.S_IFDIR
+	case mode&fs.ModeSymlink != 0:
+		m |= unix.S_IFLNK
+	case mode&fs.ModeNamedPipe != 0:
+		m |= unix.S_IFIFO
+	case mode&fs.ModeSocket != 0:
+		m |= unix.S_IFSOCK
+	case mode&fs.ModeCharDevice != 0:
+		m |= unix.S_IFCHR
+	case mode&fs.ModeDevice != 0:
+		m |= unix.S_IFBLK
+	default:
+		m |= unix.S_IFREG
+	}
+	if mode&fs.ModeSetuid != 0 {
+		m |= unix.S_ISUID
+	}
+	if mode&fs.ModeSetgid != 0 {
+		m |= unix.S_ISGID
+	}
+	if mode&fs.ModeSticky != 0 {
+		m |= unix.S_ISVTX
+	}
+	return m
+}
+
+// wireEntry is an Entry on the wire: short keys, zero fields left out, the
+// mode as a stat mode (shorter than Go's). Names that are not valid UTF-8
+// travel as bytes, since JSON strings would mangle them.
+type wireEntry struct {
+	P  string `json:"p,omitempty"`
+	PB []byte `json:"pb,omitempty"`
+	M  uint32 `json:"m"`
+	S  int64  `json:"s,omitempty"`
+	T  int64  `json:"t,omitempty"`
+	U  int    `json:"u,omitempty"`
+	G  int    `json:"g,omitempty"`
+	L  string `json:"l,omitempty"`
+	LB []byte `json:"lb,omitempty"`
+	D  uint64 `json:"d,omitempty"`
+}
+
+// MarshalJSON encodes the manifest as a compact array sorted by path.
+func (m Manifest) MarshalJSON() ([]byte, error) {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, comparePaths)
+	out := make([]wireEntry, 0, len(keys))
+	for _, k := range keys {
+		e := m[k]
+		w := wireEntry{M: modeToUnix(e.Mode), S: e.Size, T: e.MtimeNs, U: e.UID, G: e.GID, D: e.Dev}
+		if utf8.ValidString(k) {
+			w.P = k
+		} else {
+			w.PB = []byte(k)
+		}
+		if utf8.ValidString(e.Link) {
+			w.L = e.Link
+		} else {
+			w.LB = []byte(e.Link)
+		}
+		out = append(out, w)
+	}
+	return json.Marshal(out)
+}
+
+// UnmarshalJSON decodes what MarshalJSON produced.
+func (m *Manifest) UnmarshalJSON(data []byte) error {
+	var in []wireEntry
+	if err := json.Unmarshal(data, &in); err != nil {
+		return err
+	}
+	out := make(Manifest, len(in))
+	for _, w := range in {
+		p := w.P
+		if w.PB != nil {
+			p = string(w.PB)
+		}
+		link := w.L
+		if w.LB != nil {
+			link = string(w.LB)
+		}
+		if p == "" {
+			return errors.New("rootfs: manifest entry without a path")
+		}
+		out[p] = Entry{Path: p, Mode: modeFromUnix(w.M), Size: w.S, MtimeNs: w.T, UID: w.U, GID: w.G, Link: link, Dev: w.D}
+	}
+	*m = out
+	return nil
+}
+
+func displayPath(rel string) string {
+	if rel == "" {
+		return "."
+	}
+	return rel
+}

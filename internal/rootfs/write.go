@@ -1,0 +1,241 @@
+package rootfs
+
+import (
+	"archive/tar"
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// PAX records of ferry's own. A removal travels as an empty regular file
+// carrying removedKey; a socket as a fifo carrying typeKey=socket.
+const (
+	removedKey  = "FERRY.removed"
+	typeKey     = "FERRY.type"
+	typeSocket  = "socket"
+	copyBufSize = 256 << 10
+)
+
+// WriteDelta streams d as a tar: first the removals, then the changed
+// entries with their contents read from root. Every entry is stat'ed again
+// while it is written, so the stream carries its state at that moment;
+// entries that vanished since the scan are left out (the next sync sees
+// them). It returns the number of bytes written to w.
+func WriteDelta(w io.Writer, root string, d Delta) (int64, error) {
+	cw := &countWriter{w: w}
+	bw := bufio.NewWriterSize(cw, copyBufSize)
+	tw := tar.NewWriter(bw)
+	b, err := openBeneath(root)
+	if err != nil {
+		return 0, err
+	}
+	defer b.close()
+	s := sender{b: b, tw: tw, buf: make([]byte, copyBufSize)}
+	for _, p := range d.Removed {
+		if err := s.removal(p); err != nil {
+			return cw.n, err
+		}
+	}
+	for _, e := range d.Changed {
+		if err := s.entry(e.Path); err != nil {
+			return cw.n, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return cw.n, err
+	}
+	err = bw.Flush()
+	return cw.n, err
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+type sender struct {
+	b   *beneath
+	tw  *tar.Writer
+	buf []byte
+}
+
+func (s *sender) removal(p string) error {
+	p, err := cleanPath(p)
+	if err != nil {
+		return err
+	}
+	return s.tw.WriteHeader(&tar.Header{
+		Typeflag:   tar.TypeReg,
+		Name:       p,
+		ModTime:    time.Unix(0, 0),
+		Format:     tar.FormatPAX,
+		PAXRecords: map[string]string{removedKey: "1"},
+	})
+}
+
+// gone reports errors meaning the entry changed or vanished since the scan.
+func gone(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, ErrUnsafePath) ||
+		errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP)
+}
+
+func (s *sender) entry(p string) error {
+	p, err := cleanPath(p)
+	if err != nil {
+		return err
+	}
+	dir, name := split(p)
+	dfd, err := s.b.openDir(dir)
+	if err != nil {
+		if gone(err) {
+			return nil
+		}
+		return err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if gone(err) {
+			return nil
+		}
+		return &fs.PathError{Op: "lstat", Path: p, Err: err}
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		return s.file(dfd, name, p)
+	case unix.S_IFDIR:
+		fd, err := openat(dfd, name, dirFlags)
+		if err != nil {
+			if gone(err) {
+				return nil
+			}
+			return &fs.PathError{Op: "open", Path: p, Err: err}
+		}
+		defer unix.Close(fd)
+		if err := unix.Fstat(fd, &st); err != nil {
+			return &fs.PathError{Op: "fstat", Path: p, Err: err}
+		}
+		hdr := header(p+"/", &st)
+		hdr.Typeflag = tar.TypeDir
+		if err := readXattrs(fd, hdr.PAXRecords); err != nil {
+			return fmt.Errorf("rootfs: %s: %w", p, err)
+		}
+		return s.tw.WriteHeader(hdr)
+	case unix.S_IFLNK:
+		n, err := unix.Readlinkat(dfd, name, s.buf)
+		if err != nil {
+			if gone(err) || errors.Is(err, unix.EINVAL) {
+				return nil
+			}
+			return &fs.PathError{Op: "readlink", Path: p, Err: err}
+		}
+		hdr := header(p, &st)
+		hdr.Typeflag = tar.TypeSymlink
+		hdr.Linkname = string(s.buf[:n])
+		return s.tw.WriteHeader(hdr)
+	case unix.S_IFCHR, unix.S_IFBLK:
+		hdr := header(p, &st)
+		hdr.Typeflag = tar.TypeBlock
+		if st.Mode&unix.S_IFMT == unix.S_IFCHR {
+			hdr.Typeflag = tar.TypeChar
+		}
+		hdr.Devmajor = int64(unix.Major(st.Rdev))
+		hdr.Devminor = int64(unix.Minor(st.Rdev))
+		return s.tw.WriteHeader(hdr)
+	case unix.S_IFIFO:
+		hdr := header(p, &st)
+		hdr.Typeflag = tar.TypeFifo
+		return s.tw.WriteHeader(hdr)
+	case unix.S_IFSOCK:
+		hdr := header(p, &st)
+		hdr.Typeflag = tar.TypeFifo
+		hdr.PAXRecords[typeKey] = typeSocket
+		return s.tw.WriteHeader(hdr)
+	}
+	return nil
+}
+
+// file sends a regular file. O_NONBLOCK keeps open from hanging should the
+// name have turned into a fifo since the stat; the type is checked again on
+// the open descriptor.
+func (s *sender) file(dfd int, name, p string) error {
+	fd, err := openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC)
+	if err != nil {
+		if gone(err) {
+			return nil
+		}
+		return &fs.PathError{Op: "open", Path: p, Err: err}
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return &fs.PathError{Op: "fstat", Path: p, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil
+	}
+	hdr := header(p, &st)
+	hdr.Typeflag = tar.TypeReg
+	hdr.Size = st.Size
+	if err := readXattrs(fd, hdr.PAXRecords); err != nil {
+		return fmt.Errorf("rootfs: %s: %w", p, err)
+	}
+	if err := s.tw.WriteHeader(hdr); err != nil {
+		return err
+	}
+	// The header promised st.Size bytes: a file that shrinks while being read
+	// is padded with zeros, one that grows is cut. Its mtime has moved past
+	// the one sent, so the next sync sends it again.
+	n, err := io.CopyBuffer(s.tw, io.LimitReader(fdReader(fd), st.Size), s.buf)
+	if err != nil {
+		return fmt.Errorf("rootfs: read %s: %w", p, err)
+	}
+	for n < st.Size {
+		clear(s.buf)
+		k, err := s.tw.Write(s.buf[:min(int64(len(s.buf)), st.Size-n)])
+		if err != nil {
+			return err
+		}
+		n += int64(k)
+	}
+	return nil
+}
+
+type fdReader int
+
+func (r fdReader) Read(p []byte) (int, error) {
+	for {
+		n, err := unix.Read(int(r), p)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return 0, err
+		case n == 0 && len(p) > 0:
+			return 0, io.EOF
+		}
+		return n, nil
+	}
+}
+
+func header(name string, st *unix.Stat_t) *tar.Header {
+	return &tar.Header{
+		Name:       name,
+		Mode:       int64(st.Mode & 0o7777),
+		Uid:        int(st.Uid),
+		Gid:        int(st.Gid),
+		ModTime:    time.Unix(0, st.Mtim.Nano()),
+		Format:     tar.FormatPAX,
+		PAXRecords: map[string]string{},
+	}
+}

@@ -1,0 +1,174 @@
+package transport
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/yamux"
+)
+
+// Hello is exchanged once per connection, before multiplexing starts.
+type Hello struct {
+	Version int    `json:"version"`
+	Name    string `json:"name"` // host name of the agent, or "cli"
+	Role    string `json:"role"` // "agent" or "cli"
+}
+
+// Session is one connection between two ferry endpoints, multiplexed into
+// channels. It counts the bytes that cross it, for migration reports.
+type Session struct {
+	Peer Hello
+	mux  *yamux.Session
+	conn *countingConn
+}
+
+type countingConn struct {
+	net.Conn
+	sent, received atomic.Int64
+}
+
+func (c *countingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.received.Add(int64(n))
+	return n, err
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.sent.Add(int64(n))
+	return n, err
+}
+
+func muxConfig() *yamux.Config {
+	cfg := yamux.DefaultConfig()
+	// A migration stream is bulk data: a large window keeps a fast link full.
+	cfg.MaxStreamWindowSize = 16 << 20
+	cfg.ConnectionWriteTimeout = 60 * time.Second
+	cfg.KeepAliveInterval = 5 * time.Second
+	cfg.LogOutput = io.Discard
+	return cfg
+}
+
+// handshake exchanges Hello messages on the raw connection.
+func handshake(conn net.Conn, local Hello) (Hello, error) {
+	local.Version = ProtocolVersion
+	ch := newChannel(conn)
+	ch.Kind = "hello"
+	errc := make(chan error, 1)
+	go func() { errc <- ch.Send(local) }()
+	var peer Hello
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	err := ch.Recv(&peer)
+	_ = conn.SetReadDeadline(time.Time{})
+	if err != nil {
+		return peer, fmt.Errorf("handshake with %s: %w", conn.RemoteAddr(), err)
+	}
+	if err := <-errc; err != nil {
+		return peer, fmt.Errorf("handshake with %s: %w", conn.RemoteAddr(), err)
+	}
+	if peer.Version != ProtocolVersion {
+		return peer, fmt.Errorf("handshake with %s: peer speaks protocol %d, this ferry %d", conn.RemoteAddr(), peer.Version, ProtocolVersion)
+	}
+	return peer, nil
+}
+
+func newSession(conn net.Conn, local Hello, client bool) (*Session, error) {
+	cc := &countingConn{Conn: conn}
+	peer, err := handshake(cc, local)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	var mux *yamux.Session
+	if client {
+		mux, err = yamux.Client(cc, muxConfig())
+	} else {
+		mux, err = yamux.Server(cc, muxConfig())
+	}
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return &Session{Peer: peer, mux: mux, conn: cc}, nil
+}
+
+// Client starts the dialing side of a session on conn.
+func Client(conn net.Conn, local Hello) (*Session, error) { return newSession(conn, local, true) }
+
+// Server starts the accepting side of a session on conn.
+func Server(conn net.Conn, local Hello) (*Session, error) { return newSession(conn, local, false) }
+
+// SplitAddr tells a unix socket path ("/run/x.sock", "unix:///run/x.sock")
+// from a TCP address ("10.0.0.1:7070").
+func SplitAddr(addr string) (network, address string) {
+	if strings.HasPrefix(addr, "unix://") {
+		return "unix", strings.TrimPrefix(addr, "unix://")
+	}
+	if strings.HasPrefix(addr, "/") || strings.HasPrefix(addr, "./") {
+		return "unix", addr
+	}
+	return "tcp", addr
+}
+
+// Dial connects to a ferry agent at addr and starts a session.
+func Dial(ctx context.Context, addr string, local Hello) (*Session, error) {
+	network, address := SplitAddr(addr)
+	d := net.Dialer{Timeout: 5 * time.Second}
+	conn, err := d.DialContext(ctx, network, address)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach ferry agent at %s: %w", addr, err)
+	}
+	return Client(conn, local)
+}
+
+// Listen opens a listener for Dial's address forms.
+func Listen(addr string) (net.Listener, error) {
+	network, address := SplitAddr(addr)
+	return net.Listen(network, address)
+}
+
+// Open starts a new channel of the given kind.
+func (s *Session) Open(kind string) (*Channel, error) {
+	st, err := s.mux.OpenStream()
+	if err != nil {
+		return nil, fmt.Errorf("open %s channel: %w", kind, err)
+	}
+	ch := newChannel(st)
+	ch.Kind = kind
+	if err := ch.Send(kind); err != nil {
+		st.Close()
+		return nil, err
+	}
+	return ch, nil
+}
+
+// Accept waits for the peer to open a channel.
+func (s *Session) Accept() (*Channel, error) {
+	st, err := s.mux.AcceptStream()
+	if err != nil {
+		return nil, err
+	}
+	ch := newChannel(st)
+	if err := ch.Recv(&ch.Kind); err != nil {
+		st.Close()
+		return nil, err
+	}
+	return ch, nil
+}
+
+// BytesSent is every byte written to the connection, framing included.
+func (s *Session) BytesSent() int64 { return s.conn.sent.Load() }
+
+// BytesReceived is every byte read from the connection.
+func (s *Session) BytesReceived() int64 { return s.conn.received.Load() }
+
+// Done is closed when the session ends.
+func (s *Session) Done() <-chan struct{} { return s.mux.CloseChan() }
+
+// Close ends the session and its connection.
+func (s *Session) Close() error { return s.mux.Close() }

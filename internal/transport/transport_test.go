@@ -1,0 +1,188 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"io"
+	"net"
+	"path/filepath"
+	"testing"
+)
+
+func TestFrameRoundTrip(t *testing.T) {
+	var buf bytes.Buffer
+	in := Frame{Type: FrameData, Seq: 42, Payload: []byte("pages")}
+	if err := WriteFrame(&buf, in); err != nil {
+		t.Fatal(err)
+	}
+	out, err := ReadFrame(&buf, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Type != in.Type || out.Seq != in.Seq || !bytes.Equal(out.Payload, in.Payload) {
+		t.Fatalf("got %+v, want %+v", out, in)
+	}
+}
+
+func TestFrameRejectsCorruption(t *testing.T) {
+	var buf bytes.Buffer
+	_ = WriteFrame(&buf, Frame{Type: FrameData, Payload: []byte("hello world")})
+	b := buf.Bytes()
+	b[len(b)-1] ^= 0x40
+	if _, err := ReadFrame(bytes.NewReader(b), nil); !errors.Is(err, ErrChecksum) {
+		t.Fatalf("corrupted payload: got %v, want ErrChecksum", err)
+	}
+	_ = WriteFrame(&buf, Frame{Type: FrameData})
+	v := append([]byte(nil), buf.Bytes()[len(b):]...)
+	v[3] = ProtocolVersion + 1
+	if _, err := ReadFrame(bytes.NewReader(v), nil); err == nil {
+		t.Fatal("a frame of another protocol version was accepted")
+	}
+	if _, err := ReadFrame(bytes.NewReader(b[:10]), nil); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("truncated header: got %v", err)
+	}
+}
+
+func TestFrameTooLarge(t *testing.T) {
+	if err := WriteFrame(io.Discard, Frame{Type: FrameData, Payload: make([]byte, MaxPayload+1)}); err == nil {
+		t.Fatal("oversized payload accepted")
+	}
+}
+
+// sessionPair connects a client and a server session over a unix socket.
+func sessionPair(t *testing.T) (*Session, *Session) {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	l, err := Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	srvc := make(chan *Session, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			srvc <- nil
+			return
+		}
+		s, _ := Server(c, Hello{Name: "dst", Role: "agent"})
+		srvc <- s
+	}()
+	cli, err := Dial(context.Background(), sock, Hello{Name: "src", Role: "agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := <-srvc
+	if srv == nil {
+		t.Fatal("server session failed")
+	}
+	t.Cleanup(func() { cli.Close(); srv.Close() })
+	if cli.Peer.Name != "dst" || srv.Peer.Name != "src" {
+		t.Fatalf("hello: client saw %+v, server saw %+v", cli.Peer, srv.Peer)
+	}
+	return cli, srv
+}
+
+func TestSessionChannels(t *testing.T) {
+	cli, srv := sessionPair(t)
+	data := make([]byte, 3<<20+17)
+	rand.Read(data)
+	go func() {
+		ch, err := cli.Open("pages")
+		if err != nil {
+			return
+		}
+		ch.Send(map[string]int{"n": len(data)})
+		ch.Write(data)
+		ch.CloseWrite()
+	}()
+	ch, err := srv.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ch.Kind != "pages" {
+		t.Fatalf("kind %q", ch.Kind)
+	}
+	var hdr map[string]int
+	if err := ch.Recv(&hdr); err != nil || hdr["n"] != len(data) {
+		t.Fatalf("header %v %v", hdr, err)
+	}
+	got, err := io.ReadAll(ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("stream corrupted")
+	}
+	if cli.BytesSent() < int64(len(data)) || srv.BytesReceived() < int64(len(data)) {
+		t.Fatalf("byte counters: sent %d received %d", cli.BytesSent(), srv.BytesReceived())
+	}
+}
+
+func TestChannelRemoteError(t *testing.T) {
+	cli, srv := sessionPair(t)
+	go func() {
+		ch, _ := cli.Open("restore")
+		ch.Fail(errors.New("criu restore failed"))
+	}()
+	ch, err := srv.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v any
+	err = ch.Recv(&v)
+	if !IsRemote(err) || err.Error() != "criu restore failed" {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestHandshakeRejectsNonFerryPeer(t *testing.T) {
+	a, b := net.Pipe()
+	go func() { b.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n")); io.Copy(io.Discard, b) }()
+	if _, err := Client(a, Hello{Name: "x"}); err == nil {
+		t.Fatal("handshake with an HTTP peer succeeded")
+	}
+}
+
+func FuzzReadFrame(f *testing.F) {
+	var buf bytes.Buffer
+	_ = WriteFrame(&buf, Frame{Type: FrameControl, Seq: 1, Payload: []byte(`{"kind":"x"}`)})
+	f.Add(buf.Bytes())
+	f.Add([]byte("FRY\x01\x02\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\xff\xff\xff\xff\x00\x00\x00\x00"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		fr, err := ReadFrame(bytes.NewReader(b), nil)
+		if err != nil {
+			return
+		}
+		// Whatever decodes must encode back to the same bytes.
+		var out bytes.Buffer
+		if err := WriteFrame(&out, fr); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(out.Bytes(), b[:out.Len()]) {
+			t.Fatal("decode/encode mismatch")
+		}
+	})
+}
+
+func BenchmarkChannelThroughput(b *testing.B) {
+	t := &testing.T{}
+	cli, srv := sessionPair(t)
+	chunk := make([]byte, 1<<20)
+	b.SetBytes(int64(len(chunk)))
+	done := make(chan struct{})
+	go func() {
+		ch, _ := srv.Accept()
+		io.Copy(io.Discard, ch)
+		close(done)
+	}()
+	ch, _ := cli.Open("bench")
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		ch.Write(chunk)
+	}
+	ch.CloseWrite()
+	<-done
+}

@@ -1,0 +1,87 @@
+// Command memhog is the lab's migration workload: it holds a buffer of
+// pseudo-random data, keeps dirtying it at a set rate, and answers STAT and
+// VERIFY over UDP so a client can tell whether it kept running and whether
+// its memory survived a checkpoint/restore intact.
+//
+// It opens nothing but stdout and one UDP socket, so CRIU can move it to
+// another network namespace.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "memhog:", err)
+		os.Exit(2)
+	}
+}
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("memhog", flag.ContinueOnError)
+	memFlag := fs.String("memory", "64M", "buffer size: bytes or with K/M/G/T (KiB/MiB/... too; all binary)")
+	rate := fs.Float64("dirty-rate", 0, "pages dirtied per second (0: none)")
+	port := fs.Int("port", 7000, "UDP port to answer on, on all addresses")
+	seed := fs.Uint64("seed", 0, "seed of the buffer's contents (default: from the time)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	size, err := parseSize(*memFlag)
+	if err != nil {
+		return err
+	}
+	if *rate < 0 {
+		return fmt.Errorf("--dirty-rate must not be negative")
+	}
+	seedSet := false
+	fs.Visit(func(f *flag.Flag) { seedSet = seedSet || f.Name == "seed" })
+	if !seedSet {
+		*seed = uint64(time.Now().UnixNano())
+	}
+
+	// As PID 1 in a container SIGTERM would be ignored unless handled.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		<-sigs
+		os.Exit(0)
+	}()
+
+	mem, err := newMemory(size)
+	if err != nil {
+		return err
+	}
+	// math/rand's global source is seeded by the runtime from the kernel's
+	// per-exec random bytes. crypto/rand is avoided: it may set up vDSO
+	// getrandom state, one more mapping for CRIU to carry.
+	h := &hog{mem: mem, boot: fmt.Sprintf("%016x", rand.Uint64())}
+
+	// Listen before filling, so a client sees "not ready" rather than
+	// silence while a large buffer fills.
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{Port: *port})
+	if err != nil {
+		return err
+	}
+	go h.tick()
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- h.serve(conn) }()
+
+	start := time.Now()
+	mem.fill(*seed)
+	fmt.Printf("memhog ready: %d bytes (%d pages) at %#x, filled in %v, seed %d, boot %s, udp port %d, dirty rate %g pages/s\n",
+		len(mem.buf), mem.pages, mem.addr(), time.Since(start).Round(time.Millisecond), *seed, h.boot, *port, *rate)
+
+	go h.dirtyLoop(*rate)
+	return <-serveErr
+}
