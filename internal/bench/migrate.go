@@ -35,16 +35,16 @@ type MigrateOptions struct {
 
 // Run is one measured migration.
 type Run struct {
-	OK               bool    `json:"ok"`
-	DowntimeMs       float64 `json:"downtime_ms"`
-	ClientDowntimeMs float64 `json:"client_downtime_ms"`
-	TotalMs          float64 `json:"total_ms"`
-	FrozenMs         float64 `json:"frozen_ms"`
-	BytesSent        int64   `json:"bytes_sent"`
-	MemoryBytes      int64   `json:"memory_bytes"`
-	StateOK          bool    `json:"state_ok"`
-	Error            string  `json:"error,omitempty"`
-	ProbeReason      string  `json:"probe_reason,omitempty"`
+	OK               bool               `json:"ok"`
+	DowntimeMs       float64            `json:"downtime_ms"`
+	ClientDowntimeMs float64            `json:"client_downtime_ms"`
+	TotalMs          float64            `json:"total_ms"`
+	FrozenMs         float64            `json:"frozen_ms"`
+	BytesSent        int64              `json:"bytes_sent"`
+	MemoryBytes      int64              `json:"memory_bytes"`
+	StateOK          bool               `json:"state_ok"`
+	Error            string             `json:"error,omitempty"`
+	ProbeReason      string             `json:"probe_reason,omitempty"`
 	Phases           []engine.PhaseSpan `json:"phases,omitempty"`
 }
 

@@ -60,7 +60,8 @@ func (m *migration) dumpStreaming(ctx context.Context) error {
 	if err := g.Wait(); err != nil {
 		return err
 	}
-	if st, err := criu.ReadDumpStats(imgDir); err == nil {
+	// CRIU writes its statistics into the work directory.
+	if st, err := criu.ReadDumpStats(m.work); err == nil {
 		m.report.MemoryBytes = int64(st.PagesWritten) * pageSize
 	}
 	m.begin("images")

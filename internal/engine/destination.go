@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -214,6 +215,17 @@ func (in *incoming) receiveRootfs(ctx context.Context, sess *transport.Session, 
 	if err != nil {
 		return fmt.Errorf("apply rootfs delta: %w", err)
 	}
+	// The tar reader stops at its end marker: read up to the stream's end.
+	if _, err := io.Copy(io.Discard, ch); err != nil {
+		return err
+	}
+	var attrs rootfs.RootAttrs
+	if err := ch.Recv(&attrs); err != nil {
+		return err
+	}
+	if err := attrs.Apply(root); err != nil {
+		return err
+	}
 	return ch.Send(RootfsDone{Files: st.Files, Bytes: st.Bytes})
 }
 
@@ -228,7 +240,7 @@ func (in *incoming) restore(ctx context.Context) error {
 		LogPath: in.d.Host.LogPath(in.offer.Container),
 	})
 	if err != nil {
-		return fmt.Errorf("restore on %s: %w", in.d.Host.Name, err)
+		return err
 	}
 	return nil
 }

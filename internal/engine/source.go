@@ -227,14 +227,22 @@ func (m *migration) syncRootfs(kind string) error {
 	if err := ch.Recv(&have); err != nil {
 		return err
 	}
-	want, err := rootfs.Scan(filepath.Join(m.bundle, "rootfs"))
+	root := filepath.Join(m.bundle, "rootfs")
+	want, err := rootfs.Scan(root)
 	if err != nil {
 		return err
 	}
-	if _, err := rootfs.WriteDelta(ch, filepath.Join(m.bundle, "rootfs"), rootfs.Diff(have, want)); err != nil {
+	if _, err := rootfs.WriteDelta(ch, root, rootfs.Diff(have, want)); err != nil {
 		return err
 	}
 	if err := ch.CloseWrite(); err != nil {
+		return err
+	}
+	attrs, err := rootfs.ReadRootAttrs(root)
+	if err != nil {
+		return err
+	}
+	if err := ch.Send(attrs); err != nil {
 		return err
 	}
 	var done RootfsDone

@@ -35,7 +35,8 @@ func (c Config) BundleDir(container string) string {
 	return filepath.Join(c.StateDir, "bundles", container)
 }
 
-// LogPath is where a container's stdout and stderr go.
+// LogPath is where runc's messages about a container go (its stdio is
+// /dev/null: see runc.Host.Run).
 func (c Config) LogPath(container string) string {
 	return filepath.Join(c.StateDir, "bundles", container+".log")
 }

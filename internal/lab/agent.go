@@ -31,13 +31,13 @@ type agent struct {
 // agentArgs is the agent's command line after the binary.
 func agentArgs(h *Host) []string {
 	return []string{"agent", "--name", h.Name, "--listen", h.AgentAddr, "--control", h.ControlSock,
-		"--state", h.StateDir, "--cgroup-parent", h.CgroupParent, "--netns", h.NetNS}
+		"--state", h.StateDir, "--cgroup-parent", h.CgroupParent, "--netns", h.NetNS, "--allow-faults"}
 }
 
 func (h *Host) agentLog() string { return filepath.Join(h.StateDir, "agent.log") }
 
 // startAgent starts host h's agent inside its namespace, in a session of
-// its own so that it outlives the caller. `ip netns exec` execs the agent,
+// its own so that it outlives the caller. nsenter execs the agent,
 // so the PID is the agent's.
 func startAgent(ferryBin string, h *Host) (*agent, error) {
 	if err := os.Remove(h.ControlSock); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -48,8 +48,8 @@ func startAgent(ferryBin string, h *Host) (*agent, error) {
 		return nil, err
 	}
 	defer logf.Close()
-	args := append([]string{"netns", "exec", h.NetNSName, ferryBin}, agentArgs(h)...)
-	cmd := exec.Command("ip", args...)
+	args := append([]string{"--net=" + h.NetNS, "--", ferryBin}, agentArgs(h)...)
+	cmd := exec.Command("nsenter", args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
@@ -106,7 +106,7 @@ func cmdline(pid int) []string {
 	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
 }
 
-// isAgentOf says whether pid runs host h's agent (or is `ip netns exec`
+// isAgentOf says whether pid runs host h's agent (or is nsenter
 // about to become it). Checked before signalling a recorded PID, which
 // may have been reused since.
 func isAgentOf(pid int, h *Host) bool {

@@ -64,7 +64,6 @@ func Down(ctx context.Context) error {
 	}
 	if l, err := Load(); err == nil {
 		for _, h := range l.Hosts {
-			h := h
 			byIndex[h.Index] = &h
 		}
 	}

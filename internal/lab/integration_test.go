@@ -312,8 +312,17 @@ func TestRunContainer(t *testing.T) {
 	}
 	ctx := context.Background()
 	l := upLab(t, Options{Hosts: 2, NoAgents: true, FerryBin: filepath.Join(bins, "ferry")})
-	if err := l.Run(ctx, "h1", "sleeper", []string{"sleep", "1000"}); err != nil {
-		t.Fatalf("Run: %v", err)
+	ran := make(chan error, 1)
+	go func() { ran <- l.Run(ctx, "h1", "sleeper", []string{"sleep", "1000"}) }()
+	select {
+	case err := <-ran:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(time.Minute):
+		// runc run --detach returns at once; waiting on it means the
+		// container holds a pipe of runc's (stdout or stderr).
+		t.Fatal("Run did not return: runc.Host.Run must give runc files, not pipes, as stdout and stderr")
 	}
 	h1, _ := l.Host("h1")
 	st, err := h1.Runc().State(ctx, "sleeper")

@@ -124,7 +124,10 @@ func (l *Lab) Host(name string) (*Host, error) {
 
 // Command runs a program inside the host's network namespace.
 func (h *Host) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
-	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", h.NetNSName, name}, args...)...)
+	// nsenter joins only the network namespace; `ip netns exec` would also
+	// remount /sys in a private mount namespace, hiding the cgroup mounts
+	// that runc needs.
+	return exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + h.NetNS, "--", name}, args...)...)
 }
 
 // ferryBin is the binary agents run and workloads are found next to.

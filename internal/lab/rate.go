@@ -30,7 +30,7 @@ func ParseRate(s string) (int64, error) {
 	if strings.HasSuffix(unit, "bps") {
 		// tc reads "bps" as bytes per second, most people as bits: refuse
 		// rather than be off by eight.
-		return 0, fmt.Errorf("rate %q: %q is ambiguous (bits or bytes?); write e.g. %sbit", s, unit, strings.TrimSuffix(unit, "bps"))
+		return 0, fmt.Errorf("rate %q: %q is ambiguous (bits or bytes?); write %s%sbit for bits per second", s, unit, num, strings.TrimSuffix(unit, "bps"))
 	}
 	mult, ok := rateUnits[unit]
 	if !ok {

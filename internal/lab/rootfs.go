@@ -40,7 +40,7 @@ func buildRootfs(dir, binDir string) error {
 		path string
 		mode fs.FileMode
 	}{{"bin", 0o755}, {"etc", 0o755}, {"proc", 0o555}, {"sys", 0o555}, {"dev", 0o755},
-		{"root", 0o700}, {"tmp", 0o1777}, {"var/tmp", 0o1777}} {
+		{"root", 0o700}, {"tmp", 0o777 | fs.ModeSticky}, {"var/tmp", 0o777 | fs.ModeSticky}} {
 		p := filepath.Join(dir, d.path)
 		if err := os.MkdirAll(p, 0o755); err != nil {
 			return err

@@ -47,15 +47,43 @@ func CopyTree(src, dst string) error {
 	if err != nil {
 		return fmt.Errorf("rootfs: copy %s to %s: %w", src, dst, err)
 	}
-	if err := os.Lchown(dst, int(st.Uid), int(st.Gid)); err != nil && os.Geteuid() == 0 {
-		return fmt.Errorf("rootfs: copy: %w", err)
+	attrs, err := ReadRootAttrs(src)
+	if err != nil {
+		return err
 	}
-	if err := unix.Chmod(dst, st.Mode&0o7777); err != nil {
-		return fmt.Errorf("rootfs: copy: chmod %s: %w", dst, err)
+	return attrs.Apply(dst)
+}
+
+// RootAttrs are the root directory's own owner, mode and mtime, which a
+// manifest (paths below the root) does not carry. CRIU cares: a restored
+// task must be able to open its root.
+type RootAttrs struct {
+	Mode    uint32 `json:"mode"`
+	UID     int    `json:"uid"`
+	GID     int    `json:"gid"`
+	MtimeNs int64  `json:"mtime_ns"`
+}
+
+// ReadRootAttrs reads dir's own attributes.
+func ReadRootAttrs(dir string) (RootAttrs, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return RootAttrs{}, fmt.Errorf("rootfs: %s: %w", dir, err)
 	}
-	ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, st.Mtim}
-	if err := unix.UtimesNanoAt(unix.AT_FDCWD, dst, ts, 0); err != nil {
-		return fmt.Errorf("rootfs: copy: utimes %s: %w", dst, err)
+	return RootAttrs{Mode: st.Mode & 0o7777, UID: int(st.Uid), GID: int(st.Gid), MtimeNs: st.Mtim.Nano()}, nil
+}
+
+// Apply gives dir these attributes.
+func (a RootAttrs) Apply(dir string) error {
+	if err := os.Lchown(dir, a.UID, a.GID); err != nil && os.Geteuid() == 0 {
+		return fmt.Errorf("rootfs: chown %s: %w", dir, err)
+	}
+	if err := unix.Chmod(dir, a.Mode&0o7777); err != nil {
+		return fmt.Errorf("rootfs: chmod %s: %w", dir, err)
+	}
+	ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, unix.NsecToTimespec(a.MtimeNs)}
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, dir, ts, 0); err != nil {
+		return fmt.Errorf("rootfs: utimes %s: %w", dir, err)
 	}
 	return nil
 }

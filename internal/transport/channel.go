@@ -32,6 +32,7 @@ type Channel struct {
 	rbuf    []byte
 	pending []byte
 	rerr    error
+	eof     bool // the peer ended its byte stream; control messages may follow
 }
 
 func newChannel(rwc io.ReadWriteCloser) *Channel { return &Channel{rwc: rwc} }
@@ -122,13 +123,16 @@ func (c *Channel) Fail(err error) error { return c.writeFrame(FrameError, []byte
 // Read reads the byte stream until the peer's CloseWrite (io.EOF).
 func (c *Channel) Read(p []byte) (int, error) {
 	for len(c.pending) == 0 {
+		if c.eof {
+			return 0, io.EOF
+		}
 		f, err := c.readFrame()
 		if err != nil {
 			return 0, err
 		}
 		switch f.Type {
 		case FrameEnd:
-			c.rerr = io.EOF
+			c.eof = true
 			return 0, io.EOF
 		case FrameData:
 			c.pending = f.Payload

@@ -186,3 +186,25 @@ func BenchmarkChannelThroughput(b *testing.B) {
 	ch.CloseWrite()
 	<-done
 }
+
+func TestControlAfterEndOfStream(t *testing.T) {
+	cli, srv := sessionPair(t)
+	go func() {
+		ch, _ := cli.Open("rootfs")
+		ch.Write([]byte("delta"))
+		ch.CloseWrite()
+		ch.Send("attrs")
+	}()
+	ch, err := srv.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(ch)
+	if err != nil || string(b) != "delta" {
+		t.Fatalf("stream %q %v", b, err)
+	}
+	var s string
+	if err := ch.Recv(&s); err != nil || s != "attrs" {
+		t.Fatalf("control after end: %q %v", s, err)
+	}
+}

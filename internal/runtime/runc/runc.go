@@ -55,7 +55,9 @@ func (h Host) run(ctx context.Context, stdout *bytes.Buffer, args ...string) err
 	full := append([]string{"--root", h.Root}, args...)
 	c := exec.CommandContext(ctx, h.bin(), full...)
 	var stderr bytes.Buffer
-	c.Stdout = stdout
+	if stdout != nil { // a nil *bytes.Buffer in the interface would panic
+		c.Stdout = stdout
+	}
 	c.Stderr = &stderr
 	if err := c.Run(); err != nil {
 		msg := strings.TrimSpace(stderr.String())
@@ -104,21 +106,33 @@ func (h Host) List(ctx context.Context) ([]State, error) {
 	return sts, nil
 }
 
-// Run starts a container detached from bundle; its stdout and stderr go to
+// Run starts a container detached from bundle. runc's own messages go to
 // logPath.
 func (h Host) Run(ctx context.Context, id, bundle, logPath string) error {
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
+	return h.detached(ctx, logPath, "run", "--detach", "--bundle", bundle, id)
+}
+
+// detached runs a runc command that leaves a container behind. The
+// container inherits runc's stdin, stdout and stderr, so they are /dev/null:
+// a pipe would keep the command waiting as long as the container lives, and
+// a host file outside the container's mounts is something CRIU cannot dump.
+// runc's own messages go to logPath (--log); the error quotes their tail.
+func (h Host) detached(ctx context.Context, logPath string, args ...string) error {
+	if err := os.MkdirAll(filepath.Dir(logPath), 0o700); err != nil {
 		return err
 	}
-	defer logf.Close()
-	c := exec.CommandContext(ctx, h.bin(), "--root", h.Root, "run", "--detach", "--bundle", bundle, id)
-	var stderr bytes.Buffer
-	c.Stdin = nil
-	c.Stdout = logf
-	c.Stderr = &stderr
+	var start int64
+	if st, err := os.Stat(logPath); err == nil {
+		start = st.Size()
+	}
+	full := append([]string{"--root", h.Root, "--log", logPath}, args...)
+	c := exec.CommandContext(ctx, h.bin(), full...)
 	if err := c.Run(); err != nil {
-		return fmt.Errorf("runc run %s: %v: %s", id, err, lastLines(strings.TrimSpace(stderr.String()), 6))
+		b, _ := os.ReadFile(logPath)
+		if int64(len(b)) >= start {
+			b = b[start:]
+		}
+		return fmt.Errorf("runc %s %s: %v: %s", args[0], args[len(args)-1], err, lastLines(strings.TrimSpace(string(b)), 4))
 	}
 	return nil
 }
@@ -197,14 +211,14 @@ type RestoreOptions struct {
 	ImagePath      string
 	WorkPath       string
 	Bundle         string
-	LogPath        string // container stdout/stderr after restore
+	LogPath        string // runc's own messages
 	TCPEstablished bool
 	LazyPages      bool
 }
 
 // Restore restores a container from images, detached, under id.
 func (h Host) Restore(ctx context.Context, id string, o RestoreOptions) error {
-	args := []string{"--root", h.Root, "restore", "--detach", "--image-path", o.ImagePath,
+	args := []string{"restore", "--detach", "--image-path", o.ImagePath,
 		"--bundle", o.Bundle, "--file-locks", "--manage-cgroups-mode", "soft"}
 	if o.WorkPath != "" {
 		args = append(args, "--work-path", o.WorkPath)
@@ -216,21 +230,12 @@ func (h Host) Restore(ctx context.Context, id string, o RestoreOptions) error {
 		args = append(args, "--lazy-pages")
 	}
 	args = append(args, id)
-	c := exec.CommandContext(ctx, h.bin(), args...)
-	var stderr bytes.Buffer
-	c.Stderr = &stderr
-	if o.LogPath != "" {
-		logf, err := os.OpenFile(o.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-		if err != nil {
-			return err
-		}
-		defer logf.Close()
-		c.Stdout = logf
+	err := h.detached(ctx, o.LogPath, args...)
+	if err != nil && o.WorkPath != "" {
+		// CRIU's log is written during the restore: quote it now.
+		err = fmt.Errorf("%w%s", err, criuLogTail(o.WorkPath, "restore.log"))
 	}
-	if err := c.Run(); err != nil {
-		return fmt.Errorf("runc restore %s: %v: %s%s", id, err, lastLines(strings.TrimSpace(stderr.String()), 4), criuLogTail(o.WorkPath, "restore.log"))
-	}
-	return nil
+	return err
 }
 
 // criuLogTail quotes the end of a CRIU log, where CRIU says why it failed.
@@ -244,7 +249,12 @@ func criuLogTail(dir, name string) string {
 	}
 	var errs []string
 	for _, l := range strings.Split(string(b), "\n") {
-		if strings.Contains(l, "Error") || strings.Contains(l, "BUG") || strings.Contains(l, "err") {
+		// CRIU cannot raise RLIMIT_NOFILE above a hard limit and says so
+		// as an error, then carries on: not the reason for any failure.
+		if strings.Contains(l, "Can't setup RLIMIT_NOFILE") {
+			continue
+		}
+		if strings.Contains(l, "Error") || strings.Contains(l, "BUG") {
 			errs = append(errs, strings.TrimSpace(l))
 		}
 	}

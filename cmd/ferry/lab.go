@@ -1,0 +1,187 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ferry-migrate/ferry/internal/lab"
+)
+
+func newLabCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "lab",
+		Short: "Emulate several ferry hosts on this machine",
+		Long: `lab builds a small network of emulated hosts on this machine, one network
+namespace per host (ferry-h1, ferry-h2, ...), each with an address 10.77.0.N
+on a bridge in the namespace ferry-sw, its own state directory under
+/var/lib/ferry/lab/hN, its own cgroup parent (ferry-hN) and its own ferry
+agent. Links can be shaped to a bandwidth in both directions. Nothing is
+added to this machine's own network namespace.
+
+Needs root.`,
+		Example: `  ferry lab up --hosts 3 --bandwidth 1gbit
+  ferry lab run h1 app -- memhog --memory 64M
+  ferry lab status
+  ferry lab down`,
+	}
+	cmd.AddCommand(newLabUpCmd(), newLabDownCmd(), newLabRunCmd(), newLabStatusCmd())
+	return cmd
+}
+
+func newLabUpCmd() *cobra.Command {
+	var (
+		o         lab.Options
+		bandwidth string
+	)
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Create the lab's hosts, links and agents",
+		Long: `up creates the switch, --hosts hosts plugged into it and one agent per host
+(started from this ferry binary inside the host's namespace, logging to
+/var/lib/ferry/lab/hN/agent.log), and waits until every agent answers on its
+control socket /run/ferry/lab/hN.sock.
+
+--bandwidth shapes each host's link with tbf in both directions. RATE is in
+bits per second: 1gbit, 100mbit, 500M, 2.5g (k, M, G are decimal).
+
+It fails if a lab is already up: run 'ferry lab down' first.`,
+		Example: `  ferry lab up
+  ferry lab up --hosts 3 --bandwidth 1gbit
+  ferry lab up --bandwidth 100mbit`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if bandwidth != "" {
+				var err error
+				if o.BandwidthBps, err = lab.ParseRate(bandwidth); err != nil {
+					return fmt.Errorf("--bandwidth: %w", err)
+				}
+			}
+			l, err := lab.Up(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			link := "unshaped links"
+			if l.BandwidthBps > 0 {
+				link = "links shaped to " + lab.FormatRate(l.BandwidthBps)
+			}
+			fmt.Printf("lab up: %d hosts, %s\n", len(l.Hosts), link)
+			for _, h := range l.Hosts {
+				agent := "no agent"
+				if h.AgentPID > 0 {
+					agent = fmt.Sprintf("agent pid %d at %s, control %s", h.AgentPID, h.AgentAddr, h.ControlSock)
+				}
+				fmt.Printf("  %s  %s  %s\n", h.Name, h.Addr, agent)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.Hosts, "hosts", 2, fmt.Sprintf("number of hosts (1-%d)", lab.MaxHosts))
+	f.StringVar(&bandwidth, "bandwidth", "", "link rate, e.g. 1gbit, 100mbit, 500M (default unshaped)")
+	f.BoolVar(&o.NoAgents, "no-agents", false, "create hosts and links only, start no agents")
+	return cmd
+}
+
+func newLabDownCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "down",
+		Short: "Remove the lab: containers, agents, namespaces, cgroups, state",
+		Long: `down deletes every container on the lab's hosts, stops the agents and any
+other process left in the lab's namespaces, deletes the namespaces (and with
+them the links), removes the hosts' cgroups and /var/lib/ferry/lab and
+/run/ferry/lab. It also cleans up after a crash, without the state file, and
+does nothing when no lab is up.`,
+		Example: `  ferry lab down`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := lab.Down(cmd.Context()); err != nil {
+				return err
+			}
+			fmt.Println("lab down")
+			return nil
+		},
+	}
+}
+
+func newLabRunCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "run HOST NAME -- PROGRAM [ARGS...]",
+		Short: "Start a container on a lab host",
+		Long: `run starts container NAME on lab host HOST (h1, 1 or ferry-h1), running
+PROGRAM with ARGS. The container gets a busybox root filesystem with ferry's
+workload binaries (memhog) in /bin, joins the host's network namespace (so it
+is reachable at the host's address) and lives under the host's cgroup parent.
+Its output goes to /var/lib/ferry/lab/HOST/bundles/NAME.log.`,
+		Example: `  ferry lab run h1 app -- memhog --memory 64M
+  ferry lab run h2 idle -- sleep 1000`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if dash := cmd.ArgsLenAtDash(); dash >= 0 && dash != 2 {
+				return fmt.Errorf("want HOST NAME -- PROGRAM [ARGS...], got %d arguments before --", dash)
+			}
+			if len(args) < 3 {
+				return fmt.Errorf("want HOST NAME -- PROGRAM [ARGS...]")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			l, err := lab.Load()
+			if err != nil {
+				return err
+			}
+			if err := l.Run(cmd.Context(), args[0], args[1], args[2:]); err != nil {
+				return err
+			}
+			h, _ := l.Host(args[0])
+			fmt.Printf("%s running on %s (%s), log %s\n", args[1], h.Name, h.Addr, h.LogPath(args[1]))
+			return nil
+		},
+	}
+}
+
+func newLabStatusCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "status",
+		Short:   "Show the lab's hosts, agents and containers",
+		Example: `  ferry lab status`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			l, err := lab.Load()
+			if err != nil {
+				return err
+			}
+			link := "unshaped"
+			if l.BandwidthBps > 0 {
+				link = lab.FormatRate(l.BandwidthBps) + " each way"
+			}
+			fmt.Printf("lab: %d hosts, links %s\n", len(l.Hosts), link)
+			tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "HOST\tADDRESS\tNETNS\tAGENT\tCONTAINERS")
+			for _, h := range l.Hosts {
+				agent := "none"
+				switch {
+				case h.AgentAlive():
+					agent = fmt.Sprintf("up (pid %d)", h.AgentPID)
+				case h.AgentPID > 0:
+					agent = fmt.Sprintf("DOWN (was pid %d)", h.AgentPID)
+				}
+				containers := "-"
+				cs, err := h.Containers(cmd.Context())
+				if err != nil {
+					containers = "? " + err.Error()
+				} else if len(cs) > 0 {
+					var names []string
+					for _, c := range cs {
+						names = append(names, c.ID+" ("+c.Status+")")
+					}
+					containers = strings.Join(names, ", ")
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", h.Name, h.Addr, h.NetNSName, agent, containers)
+			}
+			return tw.Flush()
+		},
+	}
+}
