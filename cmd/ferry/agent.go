@@ -46,6 +46,9 @@ and runc root, so several agents on one machine behave like separate hosts.`,
 	f.StringVar(&a.Host.StateDir, "state", "/var/lib/ferry", "state directory: runc root, bundles, migration scratch")
 	f.StringVar(&a.Host.CgroupParent, "cgroup-parent", "ferry", "cgroup under which restored containers live")
 	f.StringVar(&a.Host.NetNS, "netns", "", "network namespace path that restored containers join when their source joined one")
+	f.StringVar(&a.Host.ScratchDir, "scratch", "/dev/shm/ferry", "where migrations keep CRIU images while they run; a tmpfs makes restores fast")
+	f.BoolVar(&a.KeepWork, "keep-work", false, "keep received CRIU images and logs under --state/work (debugging)")
+	f.BoolVar(&a.NoPrewarm, "no-prewarm", false, "do not touch the incoming container's amount of memory before restoring (helps on VMs whose balloon reclaims free pages)")
 	f.BoolVar(&a.AllowFaults, "allow-faults", false, "honour fault injection in requests (tests only)")
 	return cmd
 }

@@ -32,7 +32,11 @@ type Agent struct {
 	Control string
 	// AllowFaults honours fault injection in requests (tests, the lab).
 	AllowFaults bool
-	Log         *slog.Logger
+	// KeepWork keeps received images and CRIU logs after each migration.
+	KeepWork bool
+	// NoPrewarm turns off warming memory before restores.
+	NoPrewarm bool
+	Log       *slog.Logger
 
 	mu   sync.Mutex
 	busy map[string]bool // containers with a migration under way
@@ -47,7 +51,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := os.MkdirAll(a.Host.StateDir, 0o700); err != nil {
 		return err
 	}
-	dst := &engine.Destination{Host: a.Host, AllowFaults: a.AllowFaults}
+	dst := &engine.Destination{Host: a.Host, AllowFaults: a.AllowFaults, KeepWork: a.KeepWork, NoPrewarm: a.NoPrewarm}
 	if v, err := criu.InstalledVersion(ctx); err != nil {
 		dst.CRIUError = err
 	} else if !v.AtLeast(criu.MinVersion.Major, criu.MinVersion.Minor, criu.MinVersion.Sublevel) {

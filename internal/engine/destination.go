@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -34,6 +35,10 @@ type Destination struct {
 	CRIUError   error
 	// AllowFaults lets a request inject failures, for tests.
 	AllowFaults bool
+	// KeepWork keeps each migration's images and CRIU logs, for debugging.
+	KeepWork bool
+	// NoPrewarm skips warming memory before a restore (see prewarm.go).
+	NoPrewarm bool
 }
 
 // incoming is the destination side's state for one migration.
@@ -138,6 +143,14 @@ func (in *incoming) writeSpec() error {
 // run receives the state, restores on request and waits for the commit.
 func (in *incoming) run(ctx context.Context, sess *transport.Session, router *transport.Router, ctl *transport.Channel, cancel func()) (committed bool, err error) {
 	var recv errgroup.Group
+	warm := make(chan func(), 1)
+	if in.d.NoPrewarm {
+		warm <- func() {}
+	} else {
+		go func() { warm <- prewarm(in.offer.MemoryBytes) }()
+	}
+	release := sync.OnceFunc(func() { (<-warm)() })
+	defer release()
 	recv.Go(func() error { return in.receiveRootfs(ctx, sess, router, ChanRootfsLive) })
 	recv.Go(func() error { return in.receiveRootfs(ctx, sess, router, ChanRootfsFinal) })
 	recv.Go(func() error {
@@ -166,9 +179,11 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 		}
 		return false, fmt.Errorf("migration abandoned by the source: %w", err)
 	}
+	asked := time.Now()
 	if err := recv.Wait(); err != nil {
 		return false, fmt.Errorf("receiving state on %s: %w", in.d.Host.Name, err)
 	}
+	release()
 	start := time.Now()
 	if err := in.restore(ctx); err != nil {
 		return false, err
@@ -177,7 +192,7 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 	if err != nil {
 		return false, fmt.Errorf("restored container on %s is not running: %w", in.d.Host.Name, err)
 	}
-	if err := ctl.Send(Restored{Pid: st.Pid, RestoreMs: ms(time.Since(start))}); err != nil {
+	if err := ctl.Send(Restored{Pid: st.Pid, WaitMs: ms(start.Sub(asked)), RestoreMs: ms(time.Since(start))}); err != nil {
 		return false, err
 	}
 	// The source owns the container until it commits.
@@ -256,7 +271,7 @@ func (in *incoming) cleanup(dropContainer bool) {
 			_ = os.RemoveAll(in.bundle)
 		}
 	}
-	if in.work != "" {
+	if in.work != "" && !in.d.KeepWork {
 		_ = os.RemoveAll(in.work)
 	}
 }

@@ -33,7 +33,10 @@ type Offer struct {
 	Mode       string          `json:"mode"`
 	SourceHost string          `json:"source_host"`
 	Spec       json.RawMessage `json:"spec"` // the source bundle's config.json
-	Faults     []string        `json:"faults,omitempty"`
+	// MemoryBytes is the container's resident memory when offered, so the
+	// destination can prepare for it.
+	MemoryBytes int64    `json:"memory_bytes"`
+	Faults      []string `json:"faults,omitempty"`
 }
 
 // Accept is the destination's yes to an Offer.
@@ -49,7 +52,11 @@ type Step struct {
 
 // Restored is the destination's confirmation that the container runs.
 type Restored struct {
-	Pid       int     `json:"pid"`
+	Pid int `json:"pid"`
+	// WaitMs is how long the destination still waited for state after the
+	// source asked for the restore; RestoreMs how long runc restore took
+	// until the container ran.
+	WaitMs    float64 `json:"wait_ms"`
 	RestoreMs float64 `json:"restore_ms"`
 }
 
@@ -94,18 +101,20 @@ type PhaseSpan struct {
 
 // Report is the outcome of one migration.
 type Report struct {
-	Container   string      `json:"container"`
-	Mode        string      `json:"mode"`
-	From        string      `json:"from"`
-	To          string      `json:"to"`
-	OK          bool        `json:"ok"`
-	DowntimeMs  float64     `json:"downtime_ms"`
-	TotalMs     float64     `json:"total_ms"`
-	FrozenMs    float64     `json:"frozen_ms"`
-	BytesSent   int64       `json:"bytes_sent"`
-	MemoryBytes int64       `json:"memory_bytes"`
-	Phases      []PhaseSpan `json:"phases"`
-	Error       string      `json:"error,omitempty"`
+	Container   string  `json:"container"`
+	Mode        string  `json:"mode"`
+	From        string  `json:"from"`
+	To          string  `json:"to"`
+	OK          bool    `json:"ok"`
+	DowntimeMs  float64 `json:"downtime_ms"`
+	TotalMs     float64 `json:"total_ms"`
+	FrozenMs    float64 `json:"frozen_ms"`
+	BytesSent   int64   `json:"bytes_sent"`
+	MemoryBytes int64   `json:"memory_bytes"`
+	// RestoreMs is the destination's runc restore, until the container ran.
+	RestoreMs float64     `json:"restore_ms"`
+	Phases    []PhaseSpan `json:"phases"`
+	Error     string      `json:"error,omitempty"`
 	// SourceState says what became of the source copy: "removed" after a
 	// commit, "resumed" after a failure, "frozen" when the outcome is in doubt.
 	SourceState string `json:"source_state,omitempty"`

@@ -190,7 +190,7 @@ func (m *migration) run(ctx context.Context) error {
 		return failAt("connect to destination", err)
 	}
 	offer := Offer{ID: m.id, Container: m.req.Container, Mode: m.req.Mode, SourceHost: m.host.Name,
-		Spec: json.RawMessage(spec), Faults: m.req.Faults}
+		Spec: json.RawMessage(spec), Faults: m.req.Faults, MemoryBytes: residentBytes(st.Pid)}
 	if err := m.ctl.Send(offer); err != nil {
 		return failAt("offer to destination", err)
 	}
@@ -272,6 +272,7 @@ func (m *migration) switchover(ctx context.Context) error {
 		return m.abort(ctx, failAt("restore on "+m.sess.Peer.Name, err))
 	}
 	m.report.DowntimeMs = ms(time.Since(m.frozenAt))
+	m.report.RestoreMs = rs.RestoreMs
 	m.begin("commit")
 	if err := m.ctl.Send(Step{Do: "commit"}); err != nil {
 		// The destination never saw the commit: it drops its copy when the

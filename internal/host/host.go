@@ -22,6 +22,10 @@ type Config struct {
 	// NetNS is the network namespace path containers join, empty for a
 	// private one.
 	NetNS string `json:"netns,omitempty"`
+	// ScratchDir holds each migration's CRIU images while it runs; empty
+	// means StateDir/work. A tmpfs is best: a restore that reads freshly
+	// written images from a disk's page cache ran about 3x slower here.
+	ScratchDir string `json:"scratch_dir,omitempty"`
 }
 
 // RuncRoot is runc's --root for this host.
@@ -43,6 +47,9 @@ func (c Config) LogPath(container string) string {
 
 // WorkDir is a migration's scratch directory (images, CRIU logs).
 func (c Config) WorkDir(migrationID string) string {
+	if c.ScratchDir != "" {
+		return filepath.Join(c.ScratchDir, migrationID)
+	}
 	return filepath.Join(c.StateDir, "work", migrationID)
 }
 

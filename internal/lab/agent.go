@@ -31,7 +31,7 @@ type agent struct {
 // agentArgs is the agent's command line after the binary.
 func agentArgs(h *Host) []string {
 	return []string{"agent", "--name", h.Name, "--listen", h.AgentAddr, "--control", h.ControlSock,
-		"--state", h.StateDir, "--cgroup-parent", h.CgroupParent, "--netns", h.NetNS, "--allow-faults"}
+		"--state", h.StateDir, "--cgroup-parent", h.CgroupParent, "--netns", h.NetNS, "--scratch", h.ScratchDir, "--allow-faults"}
 }
 
 func (h *Host) agentLog() string { return filepath.Join(h.StateDir, "agent.log") }

@@ -107,7 +107,7 @@ func Down(ctx context.Context) error {
 	if err := removeCgroups(); err != nil {
 		errs = append(errs, err)
 	}
-	for _, d := range []string{StateDir, RunDir} {
+	for _, d := range []string{StateDir, RunDir, ScratchDir} {
 		if err := os.RemoveAll(d); err != nil {
 			errs = append(errs, err)
 		}

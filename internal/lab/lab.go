@@ -25,6 +25,8 @@ const (
 	StateDir = "/var/lib/ferry/lab"
 	// RunDir holds the state file and the agents' control sockets.
 	RunDir = "/run/ferry/lab"
+	// ScratchDir holds the hosts' migration images, on tmpfs.
+	ScratchDir = "/dev/shm/ferry-lab"
 	// StateFile records the running lab.
 	StateFile = RunDir + "/state.json"
 	// SwitchNetNS is the namespace holding the bridge all hosts plug into.
@@ -89,6 +91,7 @@ func newHost(i int) Host {
 			StateDir:     filepath.Join(StateDir, name),
 			CgroupParent: ns,
 			NetNS:        "/var/run/netns/" + ns,
+			ScratchDir:   filepath.Join(ScratchDir, name),
 		},
 		Index:       i,
 		Addr:        subnet + strconv.Itoa(i),

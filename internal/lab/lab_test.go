@@ -74,7 +74,7 @@ func TestNewHostNames(t *testing.T) {
 		}
 	}
 	args := strings.Join(agentArgs(&h), " ")
-	want := "agent --name h3 --listen 10.77.0.3:7070 --control /run/ferry/lab/h3.sock --state /var/lib/ferry/lab/h3 --cgroup-parent ferry-h3 --netns /var/run/netns/ferry-h3 --allow-faults"
+	want := "agent --name h3 --listen 10.77.0.3:7070 --control /run/ferry/lab/h3.sock --state /var/lib/ferry/lab/h3 --cgroup-parent ferry-h3 --netns /var/run/netns/ferry-h3 --scratch /dev/shm/ferry-lab/h3 --allow-faults"
 	if args != want {
 		t.Errorf("agent args\n got %s\nwant %s", args, want)
 	}

@@ -1,0 +1,78 @@
+package engine
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// On a VM whose balloon driver reports free pages to the hypervisor, the
+// first touch of a guest page the hypervisor reclaimed is slow: here a
+// restore of 256 MiB took 0.16 s or 0.65 s depending only on whether its
+// memory was warm. The destination therefore touches as much memory as the
+// container holds while the pages stream in (the destination is idle then),
+// and frees it just before the restore, which reuses those warm pages.
+
+// prewarm maps and touches size bytes; release unmaps them.
+func prewarm(size int64) (release func()) {
+	if size <= 0 {
+		return func() {}
+	}
+	size = (size + 4095) &^ 4095
+	mem, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return func() {}
+	}
+	for i := 0; i < len(mem); i += 4096 {
+		mem[i] = 1
+	}
+	return func() { _ = unix.Munmap(mem) }
+}
+
+// residentBytes sums the resident memory of a process and its descendants.
+func residentBytes(pid int) int64 {
+	var total int64
+	seen := map[int]bool{}
+	var walk func(int)
+	walk = func(p int) {
+		if seen[p] {
+			return
+		}
+		seen[p] = true
+		total += vmRSS(p)
+		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", p))
+		for _, t := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", p, t.Name()))
+			if err != nil {
+				continue
+			}
+			for _, c := range strings.Fields(string(b)) {
+				if n, err := strconv.Atoi(c); err == nil {
+					walk(n)
+				}
+			}
+		}
+	}
+	walk(pid)
+	return total
+}
+
+func vmRSS(pid int) int64 {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
