@@ -9,6 +9,10 @@ CRIU_VERSION=4.2.1
 CRIU_DEB_VERSION=4.2.1-1
 CRIU_SHA256=29ec0ee09e296479fe7048c80980e8ef1d0684d0b0204c2b101dfea19f6725b9
 CRIU_BIN=/usr/local/sbin/criu
+# ferry's own small fixes to CRIU, applied when it builds CRIU; the marker
+# beside the binary records which, so a changed patch set triggers a rebuild.
+PATCH_DIR="$(cd "$(dirname "$0")" && pwd)/criu-patches"
+CRIU_MARKER=/usr/local/sbin/.criu-ferry-build
 CACHE=${FERRY_CACHE:-/var/cache/ferry}
 PIPE_MAX_MIN=$((4 * 1024 * 1024))
 PIPE_MAX_SET=$((16 * 1024 * 1024))
@@ -20,7 +24,7 @@ log() { printf 'setup: %s\n' "$*" >&2; }
 PKGS=(runc iptables iproute2 iperf3 busybox-static podman uidmap
       libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
       python3-protobuf libnl-3-dev libnet1-dev libcap-dev pkg-config libbsd-dev
-      libnftables-dev libgnutls28-dev uuid-dev gcc make xz-utils)
+      libnftables-dev libgnutls28-dev uuid-dev gcc make xz-utils patch util-linux)
 
 missing=()
 for p in "${PKGS[@]}"; do
@@ -35,9 +39,15 @@ fi
 # version_ge A B: true when version A >= B.
 version_ge() { [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n1)" = "$2" ]; }
 
+build_id() { echo "$CRIU_VERSION $(cat "$PATCH_DIR"/*.patch 2>/dev/null | sha256sum | cut -c1-16)"; }
+
 criu_ok() {
   local bin v
   bin=$(command -v criu 2>/dev/null) || return 1
+  # A CRIU that ferry built is rebuilt when ferry's patches changed.
+  if [ "$bin" = "$CRIU_BIN" ] && [ "$(cat "$CRIU_MARKER" 2>/dev/null)" != "$(build_id)" ]; then
+    return 1
+  fi
   v=$("$bin" --version 2>/dev/null | awk '/^Version:/ {print $2}')
   [ -n "$v" ] && version_ge "$v" "$CRIU_VERSION" || return 1
   "$bin" check >/dev/null 2>&1
@@ -66,9 +76,14 @@ build_criu() {
   src="$CACHE/criu-$CRIU_VERSION"
   rm -rf "$src"; mkdir -p "$src"
   tar -xJf "$tarball" -C "$src" --strip-components=1
+  for p in "$PATCH_DIR"/*.patch; do
+    [ -f "$p" ] || continue
+    patch -s -p1 -d "$src" <"$p" || { log "patch $(basename "$p") does not apply"; exit 1; }
+  done
   log "building CRIU $CRIU_VERSION (about 30 s)"
   make -C "$src" -j"$(nproc)" criu >"$CACHE/criu-build.log" 2>&1 || { log "CRIU build failed, see $CACHE/criu-build.log"; exit 1; }
   install -m 0755 "$src/criu/criu" "$CRIU_BIN"
+  build_id >"$CRIU_MARKER"
   rm -rf "$src"
 }
 

@@ -64,7 +64,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if dst.CRIUError != nil {
 		a.Log.Warn("this host cannot receive migrations", "reason", dst.CRIUError)
 	}
-	src := &engine.Source{Host: a.Host}
+	src := &engine.Source{Host: a.Host, KeepWork: a.KeepWork}
 
 	var ls []net.Listener
 	defer func() {

@@ -21,6 +21,8 @@ import (
 // Source runs migrations of this host's containers to other hosts.
 type Source struct {
 	Host host.Config
+	// KeepWork keeps each migration's local images and CRIU logs.
+	KeepWork bool
 }
 
 // migration is the source side's state for one run.
@@ -141,7 +143,7 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 		r.BytesSent = m.sess.BytesSent()
 		m.sess.Close()
 	}
-	if m.work != "" {
+	if m.work != "" && !s.KeepWork {
 		os.RemoveAll(m.work)
 	}
 	if err != nil {
