@@ -66,7 +66,7 @@ func (d *Destination) Receive(ctx context.Context, sess *transport.Session, rout
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	for _, k := range []string{ChanRootfsLive, ChanRootfsFinal, ChanPages, ChanImages} {
+	for _, k := range channelsFor(in.offer.Mode) {
 		router.Expect(k)
 	}
 	if err := ctl.Send(Accept{Host: d.Host.Name, CRIUVersion: d.CRIUVersion}); err != nil {
@@ -140,12 +140,20 @@ func (in *incoming) writeSpec() error {
 	return os.WriteFile(filepath.Join(in.bundle, "config.json"), b, 0o600)
 }
 
+// channelsFor lists the channels a source opens for a mode.
+func channelsFor(mode string) []string {
+	if mode == ModePostcopy {
+		return []string{ChanRootfsLive, ChanRootfsFinal, ChanImages, ChanLazy}
+	}
+	return []string{ChanRootfsLive, ChanRootfsFinal, ChanPages, ChanImages}
+}
+
 // run receives the state, restores on request and waits for the commit.
 func (in *incoming) run(ctx context.Context, sess *transport.Session, router *transport.Router, ctl *transport.Channel, cancel func()) (committed bool, err error) {
 	var recv errgroup.Group
 	warm := make(chan func(), 1)
-	if in.d.NoPrewarm {
-		warm <- func() {}
+	if in.d.NoPrewarm || in.offer.Mode == ModePostcopy {
+		warm <- func() {} // post-copy restores before the memory is here
 	} else {
 		go func() { warm <- prewarm(in.offer.MemoryBytes) }()
 	}
@@ -153,14 +161,16 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 	defer release()
 	recv.Go(func() error { return in.receiveRootfs(ctx, sess, router, ChanRootfsLive) })
 	recv.Go(func() error { return in.receiveRootfs(ctx, sess, router, ChanRootfsFinal) })
-	recv.Go(func() error {
-		ch, err := router.Wait(ctx, sess, ChanPages)
-		if err != nil {
-			return err
-		}
-		defer ch.Close()
-		return runPageServer(ctx, ch, in.images, in.work)
-	})
+	if in.offer.Mode != ModePostcopy {
+		recv.Go(func() error {
+			ch, err := router.Wait(ctx, sess, ChanPages)
+			if err != nil {
+				return err
+			}
+			defer ch.Close()
+			return runPageServer(ctx, ch, in.images, in.work)
+		})
+	}
 	recv.Go(func() error {
 		ch, err := router.Wait(ctx, sess, ChanImages)
 		if err != nil {
@@ -183,9 +193,16 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 	if err := recv.Wait(); err != nil {
 		return false, fmt.Errorf("receiving state on %s: %w", in.d.Host.Name, err)
 	}
+	var lazy *lazyPages
+	if in.offer.Mode == ModePostcopy {
+		if lazy, err = in.startLazyPages(ctx, sess, router); err != nil {
+			return false, err
+		}
+		defer lazy.stop()
+	}
 	release()
 	start := time.Now()
-	if err := in.restore(ctx); err != nil {
+	if err := in.restore(ctx, lazy != nil); err != nil {
 		return false, err
 	}
 	st, err := in.rt.WaitStatus(ctx, in.offer.Container, "running", 10*time.Second)
@@ -209,7 +226,20 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 		}
 		return false, fmt.Errorf("migration not committed, restored copy dropped: %w", err)
 	}
-	return true, ctl.Send(Committed{})
+	if err := ctl.Send(Committed{}); err != nil {
+		return true, err
+	}
+	if lazy != nil {
+		// The container runs here now; its memory keeps arriving until the
+		// lazy-pages daemon has pulled every page.
+		done := lazy.wait()
+		if done.Error != "" {
+			// Without its memory the restored container cannot go on.
+			_ = in.rt.Delete(context.WithoutCancel(ctx), in.offer.Container)
+		}
+		return done.Error == "", ctl.Send(done)
+	}
+	return true, nil
 }
 
 func (in *incoming) receiveRootfs(ctx context.Context, sess *transport.Session, router *transport.Router, kind string) error {
@@ -244,7 +274,7 @@ func (in *incoming) receiveRootfs(ctx context.Context, sess *transport.Session, 
 	return ch.Send(RootfsDone{Files: st.Files, Bytes: st.Bytes})
 }
 
-func (in *incoming) restore(ctx context.Context) error {
+func (in *incoming) restore(ctx context.Context, lazy bool) error {
 	if in.d.AllowFaults && slices.Contains(in.offer.Faults, "restore") {
 		// A real failure, not a simulated one: CRIU cannot restore without
 		// the process tree image.
@@ -252,7 +282,7 @@ func (in *incoming) restore(ctx context.Context) error {
 	}
 	err := in.rt.Restore(ctx, in.offer.Container, runc.RestoreOptions{
 		ImagePath: in.images, WorkPath: in.work, Bundle: in.bundle,
-		LogPath: in.d.Host.LogPath(in.offer.Container),
+		LogPath: in.d.Host.LogPath(in.offer.Container), LazyPages: lazy,
 	})
 	if err != nil {
 		return err

@@ -23,7 +23,10 @@ const (
 
 // Modes.
 const (
-	ModeCold = "cold"
+	ModeCold     = "cold"
+	ModePrecopy  = "precopy"
+	ModePostcopy = "postcopy"
+	ModeHybrid   = "hybrid"
 )
 
 // Offer opens a migration at the destination.
@@ -112,9 +115,14 @@ type Report struct {
 	BytesSent   int64   `json:"bytes_sent"`
 	MemoryBytes int64   `json:"memory_bytes"`
 	// RestoreMs is the destination's runc restore, until the container ran.
-	RestoreMs float64     `json:"restore_ms"`
-	Phases    []PhaseSpan `json:"phases"`
-	Error     string      `json:"error,omitempty"`
+	RestoreMs float64 `json:"restore_ms"`
+	// Post-copy: pages the destination pulled on a fault and in the
+	// background.
+	PagesFaulted uint64      `json:"pages_faulted,omitempty"`
+	PagesPushed  uint64      `json:"pages_pushed,omitempty"`
+	Warnings     []string    `json:"warnings,omitempty"`
+	Phases       []PhaseSpan `json:"phases"`
+	Error        string      `json:"error,omitempty"`
 	// SourceState says what became of the source copy: "removed" after a
 	// commit, "resumed" after a failure, "frozen" when the outcome is in doubt.
 	SourceState string `json:"source_state,omitempty"`

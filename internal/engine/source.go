@@ -204,18 +204,20 @@ func (m *migration) run(ctx context.Context) error {
 	switch m.req.Mode {
 	case ModeCold:
 		return m.cold(ctx)
+	case ModePostcopy:
+		return m.postcopy(ctx)
 	}
 	return failAt("prepare", fmt.Errorf("mode %q has no engine", m.req.Mode))
 }
 
 func validateMode(mode string) error {
 	switch mode {
-	case ModeCold:
+	case ModeCold, ModePostcopy:
 		return nil
-	case "precopy", "postcopy", "hybrid", "auto":
-		return fmt.Errorf("mode %q is not available yet; use --mode cold", mode)
+	case ModePrecopy, ModeHybrid, "auto":
+		return fmt.Errorf("mode %q is not available yet; use --mode cold or postcopy", mode)
 	}
-	return fmt.Errorf("unknown mode %q (choose cold)", mode)
+	return fmt.Errorf("unknown mode %q (choose cold or postcopy)", mode)
 }
 
 // syncRootfs sends what the destination's copy of the root filesystem lacks.
@@ -310,6 +312,11 @@ func (m *migration) abort(ctx context.Context, cause error) error {
 	defer cancel()
 	m.report.FrozenMs = ms(time.Since(m.frozenAt))
 	if err := m.rt.Resume(rctx, m.req.Container); err != nil {
+		// An interrupted CRIU may have thawed the container already.
+		if st, serr := m.rt.State(rctx, m.req.Container); serr == nil && st.Status == "running" {
+			m.report.SourceState = "resumed"
+			return cause
+		}
 		m.report.SourceState = "frozen"
 		return errors.Join(cause, fmt.Errorf("resume at source failed too: %w", err))
 	}

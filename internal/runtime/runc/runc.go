@@ -165,7 +165,9 @@ type CheckpointOptions struct {
 	TCPEstablished bool
 	PreDump        bool
 	LazyPages      bool
-	StatusFD       *os.File // with LazyPages: CRIU writes \0 here when pages can be served
+	// StatusFD, with LazyPages, receives a byte from CRIU once the images
+	// are written and its page server listens. Checkpoint closes it.
+	StatusFD *os.File
 }
 
 // Checkpoint dumps the container with CRIU through runc.
@@ -200,7 +202,16 @@ func (h Host) Checkpoint(ctx context.Context, id string, o CheckpointOptions) er
 		c.ExtraFiles = []*os.File{o.StatusFD}
 		c.Args = append(c.Args[:len(c.Args)-1], "--status-fd", "3", id)
 	}
-	if err := c.Run(); err != nil {
+	err := c.Start()
+	if o.StatusFD != nil {
+		// runc and CRIU hold their own copy now; closing ours lets the
+		// reader see EOF if CRIU dies before it is ready.
+		o.StatusFD.Close()
+	}
+	if err == nil {
+		err = c.Wait()
+	}
+	if err != nil {
 		return fmt.Errorf("runc checkpoint %s: %v: %s%s", id, err, lastLines(strings.TrimSpace(stderr.String()), 4), criuLogTail(o.WorkPath, "dump.log"))
 	}
 	return nil

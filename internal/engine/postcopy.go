@@ -1,0 +1,307 @@
+package engine
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/ferry-migrate/ferry/internal/criu"
+	"github.com/ferry-migrate/ferry/internal/images"
+	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+	"github.com/ferry-migrate/ferry/internal/transport"
+)
+
+// Post-copy: CRIU dumps everything but the memory (--lazy-pages) and keeps
+// a page server on the frozen source; the destination restores at once and
+// its lazy-pages daemon pulls each page on fault (userfaultfd) while pushing
+// the rest in the background. The page traffic rides the agents' session:
+// the destination's daemon connects to a loopback port of its agent, the
+// source agent connects to CRIU's page server on its own loopback.
+
+// ChanLazy carries CRIU's lazy page traffic (destination daemon <-> source
+// page server).
+const ChanLazy = "lazy"
+
+// LazyDone is the destination's report once every page has arrived (or
+// the transfer failed, which leaves the container without its memory).
+type LazyDone struct {
+	Ms      float64 `json:"ms"`      // from the restore until the last page
+	Faulted uint64  `json:"faulted"` // pages served on a fault
+	Pushed  uint64  `json:"pushed"`  // pages pushed in the background
+	Error   string  `json:"error,omitempty"`
+}
+
+func (m *migration) postcopy(ctx context.Context) error {
+	m.begin("rootfs-sync")
+	if err := m.syncRootfs(ChanRootfsLive); err != nil {
+		return m.abort(ctx, failAt("rootfs sync", err))
+	}
+	if err := m.freeze(ctx); err != nil {
+		return m.abort(ctx, err)
+	}
+	m.begin("dump")
+	imgDir := filepath.Join(m.work, "images")
+	port, err := freeLoopbackPort()
+	if err != nil {
+		return m.abort(ctx, failAt("dump", err))
+	}
+	statusR, statusW, err := os.Pipe()
+	if err != nil {
+		return m.abort(ctx, failAt("dump", err))
+	}
+	defer statusR.Close()
+	// The checkpoint runs until the destination has pulled every page.
+	dumpCtx, stopDump := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopDump()
+	dumpDone := make(chan error, 1)
+	go func() {
+		dumpDone <- m.rt.Checkpoint(dumpCtx, m.req.Container, runc.CheckpointOptions{
+			ImagePath: imgDir, WorkPath: m.work, PageServer: fmt.Sprintf("127.0.0.1:%d", port),
+			LeaveRunning: true, LazyPages: true, StatusFD: statusW,
+		})
+	}()
+	if err := waitStatusFD(statusR); err != nil {
+		derr := <-dumpDone
+		return m.abort(ctx, failAt("dump on "+m.host.Name, errors.Join(derr, err)))
+	}
+	// Images are ready and CRIU's page server listens: ship the images and
+	// the root filesystem's last changes, and open the page tunnel.
+	var g errgroup.Group
+	g.Go(func() error { return failAt("rootfs sync (frozen)", m.syncRootfs(ChanRootfsFinal)) })
+	g.Go(func() error {
+		ch, err := m.sess.Open(ChanImages)
+		if err != nil {
+			return failAt("send images", err)
+		}
+		defer ch.Close()
+		if _, err := images.SendDir(ch, imgDir, isLog); err != nil {
+			return failAt("send images", err)
+		}
+		return failAt("send images", ch.CloseWrite())
+	})
+	if err := g.Wait(); err != nil {
+		stopDump()
+		<-dumpDone
+		return m.abort(ctx, err)
+	}
+	lazyCh, err := m.sess.Open(ChanLazy)
+	if err != nil {
+		stopDump()
+		<-dumpDone
+		return m.abort(ctx, failAt("lazy pages", err))
+	}
+	defer lazyCh.Close()
+	go func() { _ = dialAndSplice(dumpCtx, fmt.Sprintf("127.0.0.1:%d", port), lazyCh) }()
+
+	m.begin("restore")
+	if err := m.ctl.Send(Step{Do: "restore"}); err != nil {
+		stopDump()
+		return m.abort(ctx, failAt("restore", err))
+	}
+	var rs Restored
+	if err := m.ctl.Recv(&rs); err != nil {
+		stopDump()
+		<-dumpDone
+		return m.abort(ctx, failAt("restore on "+m.sess.Peer.Name, err))
+	}
+	m.report.DowntimeMs = ms(time.Since(m.frozenAt))
+	m.report.RestoreMs = rs.RestoreMs
+	// From here the destination's copy runs and changes: resuming the
+	// source would fork the container's state, so the migration commits.
+	m.begin("commit")
+	if err := m.ctl.Send(Step{Do: "commit"}); err != nil {
+		return failAt("commit", err)
+	}
+	var c Committed
+	if err := m.ctl.Recv(&c); err != nil {
+		m.report.SourceState = "frozen"
+		return failAt("commit", err)
+	}
+	m.begin("lazy-pages")
+	var done LazyDone
+	err = m.ctl.Recv(&done)
+	derr := <-dumpDone
+	m.report.FrozenMs = ms(time.Since(m.frozenAt))
+	if st, err := criu.ReadDumpStats(m.work); err == nil {
+		m.report.MemoryBytes = int64(st.PagesWritten+st.PagesLazy) * pageSize
+	}
+	m.report.PagesFaulted, m.report.PagesPushed = done.Faulted, done.Pushed
+	if err != nil {
+		m.report.SourceState = "frozen"
+		return failAt("lazy pages", fmt.Errorf("lost the destination while it pulled memory: %w", err))
+	}
+	if done.Error != "" {
+		m.report.SourceState = "frozen"
+		return failAt("lazy pages on "+m.sess.Peer.Name, fmt.Errorf("%s (the destination dropped the container; the source copy stays frozen: runc --root %s resume %s)", done.Error, m.host.RuncRoot(), m.req.Container))
+	}
+	if derr != nil {
+		// Every page arrived; the dump's own exit status is only advisory.
+		m.report.Warnings = append(m.report.Warnings, "source page server: "+derr.Error())
+	}
+	if err := m.rt.Delete(context.WithoutCancel(ctx), m.req.Container); err != nil {
+		m.report.SourceState = "frozen"
+		return failAt("remove source copy", err)
+	}
+	m.report.SourceState = "removed"
+	return nil
+}
+
+// waitStatusFD waits for CRIU's "ready" byte.
+func waitStatusFD(r *os.File) error {
+	var b [1]byte
+	n, err := r.Read(b[:])
+	if n == 1 {
+		return nil
+	}
+	return fmt.Errorf("CRIU never signalled that the lazy page server is ready: %v", err)
+}
+
+func freeLoopbackPort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// dialAndSplice connects to addr (retrying briefly while CRIU starts
+// listening) and tunnels the connection through ch.
+func dialAndSplice(ctx context.Context, addr string, ch *transport.Channel) error {
+	var conn net.Conn
+	var err error
+	for i := 0; i < 100; i++ {
+		var d net.Dialer
+		conn, err = d.DialContext(ctx, "tcp", addr)
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		ch.Fail(err)
+		return err
+	}
+	defer conn.Close()
+	return splice(conn.(*net.TCPConn), ch)
+}
+
+// lazyPages is the destination's CRIU lazy-pages daemon and its tunnel.
+type lazyPages struct {
+	cmd     *exec.Cmd
+	logPath string
+	started time.Time
+	exited  chan error
+	tunnel  func() error
+	ch      *transport.Channel
+}
+
+// startLazyPages waits for the source's lazy channel, starts `criu
+// lazy-pages` pointed at a loopback port tunneled through it, and waits
+// until the daemon's socket exists, so a restore can connect.
+func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session, router *transport.Router) (*lazyPages, error) {
+	ch, err := router.Wait(ctx, sess, ChanLazy)
+	if err != nil {
+		return nil, err
+	}
+	addr, tunnel, err := pageClientTunnel(context.WithoutCancel(ctx), ch)
+	if err != nil {
+		ch.Close()
+		return nil, err
+	}
+	host, port, _ := net.SplitHostPort(addr)
+	lp := &lazyPages{logPath: filepath.Join(in.work, "lazy-pages.log"), exited: make(chan error, 1), tunnel: tunnel, ch: ch}
+	lp.cmd = exec.Command("criu", "lazy-pages", "--page-server", "--address", host, "--port", port,
+		"--images-dir", in.images, "--work-dir", in.work, "-o", "lazy-pages.log", "-v4")
+	if err := lp.cmd.Start(); err != nil {
+		ch.Close()
+		return nil, fmt.Errorf("start criu lazy-pages: %w", err)
+	}
+	lp.started = time.Now()
+	go func() { lp.exited <- lp.cmd.Wait() }()
+	sock := filepath.Join(in.work, "lazy-pages.socket")
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if _, err := os.Stat(sock); err == nil {
+			return lp, nil
+		}
+		select {
+		case err := <-lp.exited:
+			lp.exited <- err
+			return nil, fmt.Errorf("criu lazy-pages exited early: %v: %s", err, tail(readFile(lp.logPath), 3))
+		default:
+		}
+		if time.Now().After(deadline) {
+			lp.stop()
+			return nil, errors.New("criu lazy-pages did not start in 10 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// wait returns once the daemon has transferred every page or failed.
+func (lp *lazyPages) wait() LazyDone {
+	err := <-lp.exited
+	lp.exited <- err
+	d := LazyDone{Ms: ms(time.Since(lp.started))}
+	d.Faulted, d.Pushed = lazyCounts(lp.logPath)
+	if err != nil {
+		d.Error = fmt.Sprintf("criu lazy-pages: %v: %s", err, tail(readFile(lp.logPath), 3))
+	}
+	return d
+}
+
+func (lp *lazyPages) stop() {
+	if lp.cmd.Process != nil {
+		select {
+		case err := <-lp.exited:
+			lp.exited <- err
+		default:
+			_ = lp.cmd.Process.Kill()
+		}
+	}
+	lp.ch.Close()
+}
+
+var transferredRE = regexp.MustCompile(`UFFD transferred pages: \((\d+)/(\d+)\)`)
+
+// lazyCounts reads how many pages the daemon served on a fault and how many
+// it copied in all, from its log.
+func lazyCounts(logPath string) (faulted, pushed uint64) {
+	f, err := os.Open(logPath)
+	if err != nil {
+		return 0, 0
+	}
+	defer f.Close()
+	var copied uint64
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.Contains(line, "#PF at") {
+			faulted++
+		} else if m := transferredRE.FindStringSubmatch(line); m != nil {
+			n, _ := strconv.ParseUint(m[1], 10, 64)
+			copied += n
+		}
+	}
+	if copied > faulted {
+		pushed = copied - faulted
+	}
+	return faulted, pushed
+}
+
+func readFile(p string) string {
+	b, _ := os.ReadFile(p)
+	return string(b)
+}
