@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/transport"
@@ -27,7 +28,11 @@ func Migrate(ctx context.Context, control string, req engine.Request, progress f
 	for {
 		var ev engine.Event
 		if err := ch.Recv(&ev); err != nil {
-			return engine.Report{}, err
+			if transport.IsRemote(err) {
+				return engine.Report{}, err
+			}
+			return engine.Report{}, fmt.Errorf("lost the source agent at %s during the migration of %q (%v): "+
+				"the container may be at either host; check with `ferry lab status` or `runc list` on both", control, req.Container, err)
 		}
 		switch {
 		case ev.Report != nil:

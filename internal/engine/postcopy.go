@@ -133,7 +133,8 @@ func (m *migration) postcopy(ctx context.Context) error {
 	err = m.ctl.Recv(&done)
 	derr := <-dumpDone
 	m.report.FrozenMs = ms(time.Since(m.frozenAt))
-	if st, err := criu.ReadDumpStats(m.work); err == nil {
+	m.report.MemoryBytes = int64(done.Faulted+done.Pushed) * pageSize
+	if st, err := criu.ReadDumpStats(m.work); err == nil && st.PagesWritten+st.PagesLazy > 0 {
 		m.report.MemoryBytes = int64(st.PagesWritten+st.PagesLazy) * pageSize
 	}
 	m.report.PagesFaulted, m.report.PagesPushed = done.Faulted, done.Pushed

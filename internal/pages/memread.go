@@ -1,0 +1,474 @@
+// Package pages reads, stores, diffs and streams the anonymous memory of a
+// container's processes for content-based pre-copy migration: on kernels
+// without soft-dirty tracking, pages that changed are found by hashing.
+package pages
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/zeebo/xxh3"
+	"golang.org/x/sys/unix"
+)
+
+// PageSize is the page size this package works with (x86-64 and most arm64
+// kernels).
+const PageSize = 4096
+
+// Key names a page of the container: the process by its pid inside the
+// container's pid namespace (stable across migration), and the page's address.
+type Key struct {
+	PID  uint32
+	Addr uint64 // page aligned
+}
+
+// Page is one page found by Scan.
+type Page struct {
+	Key  Key
+	Hash xxh3.Uint128
+	// Data is PageSize bytes and valid only during the callback; copy it to
+	// keep it.
+	Data []byte
+}
+
+// Stats describes one Scan.
+type Stats struct {
+	Processes int // processes scanned (vanished ones are not counted)
+	VMAs      int // mappings whose pages were looked at
+	Pages     uint64
+	Bytes     uint64
+	Duration  time.Duration
+}
+
+const (
+	readBufSize  = 2 << 20 // bytes read from a process per system call at most
+	pagemapBatch = 64 << 10
+	pmPresent    = 1 << 63
+	pmSwapped    = 1 << 62
+	pmFile       = 1 << 61 // file page or shared anonymous
+	pmPFNMask    = 1<<55 - 1
+)
+
+// proc is one process to scan.
+type proc struct {
+	host int
+	ns   uint32
+}
+
+// Reader scans the memory of a fixed set of processes. It reuses its buffers
+// between scans; it is not safe for concurrent use.
+type Reader struct {
+	procs   []proc
+	buf     []byte
+	pagemap []byte
+	zeroPFN uint64
+}
+
+// NewReader prepares to scan the given processes (host PIDs). Processes that
+// have already gone are left out; it fails if none is left.
+func NewReader(hostPIDs []int) (*Reader, error) {
+	if os.Getpagesize() != PageSize {
+		return nil, fmt.Errorf("pages: system page size %d, want %d", os.Getpagesize(), PageSize)
+	}
+	r := &Reader{
+		buf:     make([]byte, readBufSize),
+		pagemap: make([]byte, pagemapBatch*8),
+		zeroPFN: zeroPagePFN(),
+	}
+	seen := map[int]bool{}
+	for _, pid := range hostPIDs {
+		if seen[pid] {
+			continue
+		}
+		seen[pid] = true
+		ns, err := nsPID(pid)
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		r.procs = append(r.procs, proc{host: pid, ns: ns})
+	}
+	if len(r.procs) == 0 {
+		return nil, fmt.Errorf("pages: none of the processes %v exists", hostPIDs)
+	}
+	return r, nil
+}
+
+// nsPID returns the pid of a process in its own (innermost) pid namespace:
+// the last field of NSpid, or the host pid on kernels without NSpid.
+func nsPID(pid int) (uint32, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		rest, ok := bytes.CutPrefix(line, []byte("NSpid:"))
+		if !ok {
+			continue
+		}
+		f := bytes.Fields(rest)
+		if len(f) == 0 {
+			break
+		}
+		v, err := strconv.ParseUint(string(f[len(f)-1]), 10, 32)
+		if err != nil {
+			return 0, fmt.Errorf("pages: bad NSpid line in /proc/%d/status: %q", pid, line)
+		}
+		return uint32(v), nil
+	}
+	return uint32(pid), nil
+}
+
+// ContainerPIDs returns initPID and all of its descendants, init first.
+func ContainerPIDs(initPID int) ([]int, error) {
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", initPID)); err != nil {
+		return nil, fmt.Errorf("pages: container init: %w", err)
+	}
+	children := childrenFromTasks
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d/task/%d/children", initPID, initPID)); err != nil {
+		// Kernels without CONFIG_PROC_CHILDREN: build the tree from every
+		// process's parent instead.
+		byParent, err := parentMap()
+		if err != nil {
+			return nil, err
+		}
+		children = func(pid int) []int { return byParent[pid] }
+	}
+	out := []int{initPID}
+	seen := map[int]bool{initPID: true}
+	for i := 0; i < len(out); i++ {
+		for _, c := range children(out[i]) {
+			if !seen[c] {
+				seen[c] = true
+				out = append(out, c)
+			}
+		}
+	}
+	return out, nil
+}
+
+// childrenFromTasks lists the children of every thread of pid. A process
+// that exits meanwhile simply has none.
+func childrenFromTasks(pid int) []int {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	var out []int
+	for _, t := range tasks {
+		b, err := os.ReadFile(t)
+		if err != nil {
+			continue
+		}
+		for _, f := range bytes.Fields(b) {
+			if c, err := strconv.Atoi(string(f)); err == nil {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
+// parentMap maps every pid to its children, from /proc/*/stat.
+func parentMap() (map[int][]int, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	m := map[int][]int{}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// The command name may hold spaces and parentheses: fields start
+		// after the last ')'.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := bytes.Fields(b[i+1:])
+		if len(f) < 2 {
+			continue
+		}
+		if ppid, err := strconv.Atoi(string(f[1])); err == nil {
+			m[ppid] = append(m[ppid], pid)
+		}
+	}
+	return m, nil
+}
+
+var (
+	zeroOnce sync.Once
+	zeroPFN  uint64
+)
+
+// zeroPagePFN finds the frame of the kernel's shared zero page, which CRIU
+// does not dump: a private mapping that was only read maps it. It returns 0
+// when frame numbers are hidden (no CAP_SYS_ADMIN).
+func zeroPagePFN() uint64 {
+	zeroOnce.Do(func() {
+		m, err := unix.Mmap(-1, 0, PageSize, unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		if err != nil {
+			return
+		}
+		defer unix.Munmap(m)
+		sink = m[0] // fault the zero page in
+		f, err := os.Open("/proc/self/pagemap")
+		if err != nil {
+			return
+		}
+		defer f.Close()
+		var e [8]byte
+		addr := uint64(uintptr(unsafe.Pointer(&m[0])))
+		if _, err := f.ReadAt(e[:], int64(addr/PageSize*8)); err != nil {
+			return
+		}
+		v := binary.LittleEndian.Uint64(e[:])
+		if v&pmPresent != 0 {
+			zeroPFN = v & pmPFNMask
+		}
+	})
+	return zeroPFN
+}
+
+// sink keeps the compiler from dropping the read that maps the zero page.
+var sink byte
+
+// vma is one line of /proc/PID/maps that Scan looks at.
+type vma struct {
+	start, end uint64
+	readable   bool
+}
+
+// errGone means the process exited during the scan.
+var errGone = errors.New("process gone")
+
+// Scan calls fn for every page that CRIU would dump as private anonymous
+// memory: present or swapped pages of private mappings that are not the
+// page cache's or the zero page. Processes that exit during the scan are
+// skipped, and so are pages that can no longer be read. An error from fn
+// stops the scan and is returned.
+func (r *Reader) Scan(fn func(p Page) error) (Stats, error) {
+	start := time.Now()
+	var st Stats
+	for _, p := range r.procs {
+		err := r.scanProc(p, fn, &st)
+		if errors.Is(err, errGone) {
+			continue
+		}
+		if err != nil {
+			st.Duration = time.Since(start)
+			return st, err
+		}
+		st.Processes++
+	}
+	st.Bytes = st.Pages * PageSize
+	st.Duration = time.Since(start)
+	return st, nil
+}
+
+// gone reports whether err means that the process or its memory went away.
+func gone(err error) bool {
+	return errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH)
+}
+
+func (r *Reader) scanProc(p proc, fn func(Page) error, st *Stats) error {
+	dir := fmt.Sprintf("/proc/%d/", p.host)
+	maps, err := os.ReadFile(dir + "maps")
+	if gone(err) {
+		return errGone
+	}
+	if err != nil {
+		return fmt.Errorf("pages: %w", err)
+	}
+	vmas := parseMaps(maps)
+	if len(vmas) == 0 {
+		return nil // a zombie has no memory left
+	}
+	pm, err := os.Open(dir + "pagemap")
+	if gone(err) {
+		return errGone
+	}
+	if err != nil {
+		return fmt.Errorf("pages: %w", err)
+	}
+	defer pm.Close()
+	mem, err := os.Open(dir + "mem")
+	if gone(err) {
+		return errGone
+	}
+	if err != nil {
+		return fmt.Errorf("pages: %w", err)
+	}
+	defer mem.Close()
+
+	s := procScan{r: r, p: p, pm: int(pm.Fd()), mem: int(mem.Fd()), fn: fn, st: st}
+	for _, v := range vmas {
+		st.VMAs++
+		if err := s.vma(v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// parseMaps picks the mappings CRIU dumps private pages of.
+func parseMaps(b []byte) []vma {
+	var out []vma
+	for len(b) > 0 {
+		line := b
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			line, b = b[:i], b[i+1:]
+		} else {
+			b = nil
+		}
+		// start-end perms offset dev inode [path]
+		f := bytes.Fields(line)
+		if len(f) < 5 || len(f[1]) < 4 {
+			continue
+		}
+		perms := f[1]
+		if perms[3] != 'p' || (perms[0] != 'r' && perms[1] != 'w') {
+			continue
+		}
+		if len(f) >= 6 {
+			switch string(f[5]) {
+			case "[vsyscall]", "[vvar]", "[vdso]", "[vvar_vclock]":
+				continue
+			}
+		}
+		lo, hi, ok := bytes.Cut(f[0], []byte("-"))
+		if !ok {
+			continue
+		}
+		start, err1 := strconv.ParseUint(string(lo), 16, 64)
+		end, err2 := strconv.ParseUint(string(hi), 16, 64)
+		if err1 != nil || err2 != nil || end <= start {
+			continue
+		}
+		out = append(out, vma{start: start, end: end, readable: perms[0] == 'r'})
+	}
+	return out
+}
+
+// procScan is the state of scanning one process.
+type procScan struct {
+	r       *Reader
+	p       proc
+	pm, mem int
+	fn      func(Page) error
+	st      *Stats
+}
+
+func (s *procScan) vma(v vma) error {
+	r := s.r
+	for addr := v.start; addr < v.end; {
+		n := min((v.end-addr)/PageSize, pagemapBatch)
+		got, err := unix.Pread(s.pm, r.pagemap[:n*8], int64(addr/PageSize*8))
+		if gone(err) {
+			return errGone
+		}
+		if err != nil || got == 0 {
+			// The mapping changed under us; its pages are read next round.
+			return nil
+		}
+		n = uint64(got / 8)
+		// Collect runs of wanted pages and read each run in one go.
+		runStart := -1
+		for i := uint64(0); i <= n; i++ {
+			want := false
+			if i < n {
+				e := binary.LittleEndian.Uint64(r.pagemap[i*8:])
+				want = e&pmFile == 0 && (e&pmSwapped != 0 ||
+					e&pmPresent != 0 && (r.zeroPFN == 0 || e&pmPFNMask != r.zeroPFN))
+			}
+			switch {
+			case want && runStart < 0:
+				runStart = int(i)
+			case !want && runStart >= 0:
+				if err := s.run(addr+uint64(runStart)*PageSize, i-uint64(runStart), v.readable); err != nil {
+					return err
+				}
+				runStart = -1
+			}
+		}
+		addr += n * PageSize
+	}
+	return nil
+}
+
+// run reads and reports npages pages from addr on.
+func (s *procScan) run(addr, npages uint64, readable bool) error {
+	buf := s.r.buf
+	for npages > 0 {
+		n := min(npages, uint64(len(buf)/PageSize))
+		got, err := s.read(buf[:n*PageSize], addr, readable)
+		if errors.Is(err, errGone) {
+			return err
+		}
+		good := uint64(got / PageSize)
+		for i := uint64(0); i < good; i++ {
+			d := buf[i*PageSize : (i+1)*PageSize]
+			p := Page{Key: Key{PID: s.p.ns, Addr: addr + i*PageSize}, Hash: xxh3.Hash128(d), Data: d}
+			s.st.Pages++
+			if err := s.fn(p); err != nil {
+				return err
+			}
+		}
+		if good < n {
+			// The page at addr+good could not be read (unmapped meanwhile,
+			// or a hardware-poisoned page): skip it.
+			good++
+		}
+		addr += good * PageSize
+		npages -= good
+	}
+	return nil
+}
+
+// read fills b from the process's memory at addr, returning how many bytes
+// were read before the first page that could not be.
+func (s *procScan) read(b []byte, addr uint64, readable bool) (int, error) {
+	if readable {
+		// process_vm_readv copies straight from the process's pages, without
+		// the bounce buffer that /proc/PID/mem uses.
+		local := []unix.Iovec{{Base: &b[0]}}
+		local[0].SetLen(len(b))
+		remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(b)}}
+		n, err := unix.ProcessVMReadv(s.p.host, local, remote, 0)
+		if err == unix.ESRCH {
+			return 0, errGone
+		}
+		if err == nil && n > 0 {
+			return n, nil
+		}
+		// Fall through: EFAULT on the first page, or a mapping that lost
+		// its read permission. /proc/PID/mem reads regardless of protection.
+	}
+	total := 0
+	for total < len(b) {
+		n, err := unix.Pread(s.mem, b[total:], int64(addr)+int64(total))
+		if gone(err) {
+			return total, errGone
+		}
+		if err != nil || n <= 0 {
+			// n == 0 also when the process's memory has been torn down.
+			break
+		}
+		total += n
+	}
+	return total, nil
+}

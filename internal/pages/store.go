@@ -1,0 +1,147 @@
+package pages
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/zeebo/xxh3"
+)
+
+const (
+	slabSize  = 1 << 20 // pages live in slabs this big, not one allocation each
+	slabPages = slabSize / PageSize
+)
+
+// Store is the destination's copy of the pages received, by Key. It is safe
+// for one writer and any number of readers.
+type Store struct {
+	mu     sync.RWMutex
+	index  map[Key]uint32 // slot of each key
+	slabs  [][]byte
+	hashes []xxh3.Uint128 // by slot
+	free   []uint32       // slots of deleted pages, reused first
+	used   uint32         // slots handed out so far
+}
+
+// NewStore returns an empty store.
+func NewStore() *Store {
+	return &Store{index: map[Key]uint32{}}
+}
+
+func (s *Store) slot(i uint32) []byte {
+	off := int(i%slabPages) * PageSize
+	return s.slabs[i/slabPages][off : off+PageSize : off+PageSize]
+}
+
+// Put stores a copy of data (PageSize bytes) under k, replacing what was
+// there, and returns its hash.
+func (s *Store) Put(k Key, data []byte) (h xxh3.Uint128) {
+	if len(data) != PageSize {
+		panic(fmt.Sprintf("pages: Store.Put of %d bytes", len(data)))
+	}
+	h = xxh3.Hash128(data)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i, ok := s.index[k]
+	if !ok {
+		i = s.alloc()
+		s.index[k] = i
+	}
+	copy(s.slot(i), data)
+	s.hashes[i] = h
+	return h
+}
+
+func (s *Store) alloc() uint32 {
+	if n := len(s.free); n > 0 {
+		i := s.free[n-1]
+		s.free = s.free[:n-1]
+		return i
+	}
+	i := s.used
+	s.used++
+	if int(i/slabPages) == len(s.slabs) {
+		s.slabs = append(s.slabs, make([]byte, slabSize))
+	}
+	s.hashes = append(s.hashes, xxh3.Uint128{})
+	return i
+}
+
+// Get returns the page stored under k and its hash. The slice aliases the
+// store: it stays valid until k is Put or Deleted again or the store is
+// Released, so a reader racing with the writer on the same key must use
+// ReadInto instead.
+func (s *Store) Get(k Key) (data []byte, h xxh3.Uint128, ok bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	i, ok := s.index[k]
+	if !ok {
+		return nil, h, false
+	}
+	return s.slot(i), s.hashes[i], true
+}
+
+// ReadInto copies the page stored under k into dst (PageSize bytes).
+func (s *Store) ReadInto(k Key, dst []byte) (h xxh3.Uint128, ok bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	i, ok := s.index[k]
+	if !ok {
+		return h, false
+	}
+	copy(dst, s.slot(i))
+	return s.hashes[i], true
+}
+
+// Hash returns the hash of the page stored under k.
+func (s *Store) Hash(k Key) (h xxh3.Uint128, ok bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	i, ok := s.index[k]
+	if !ok {
+		return h, false
+	}
+	return s.hashes[i], true
+}
+
+// Delete forgets the page under k; its room is reused by later Puts.
+func (s *Store) Delete(k Key) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if i, ok := s.index[k]; ok {
+		delete(s.index, k)
+		s.free = append(s.free, i)
+	}
+}
+
+// Range calls fn for every stored page's key and hash, in no particular
+// order, until fn returns false. fn must not call the store's writing methods.
+func (s *Store) Range(fn func(k Key, h xxh3.Uint128) bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for k, i := range s.index {
+		if !fn(k, s.hashes[i]) {
+			return
+		}
+	}
+}
+
+// Len returns the number of pages stored.
+func (s *Store) Len() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.index)
+}
+
+// Bytes returns the size of the page data stored (Len pages).
+func (s *Store) Bytes() int64 {
+	return int64(s.Len()) * PageSize
+}
+
+// Release frees everything; the store is empty and usable afterwards.
+func (s *Store) Release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.index = map[Key]uint32{}
+	s.slabs, s.hashes, s.free, s.used = nil, nil, nil, 0
+}
