@@ -75,12 +75,23 @@ bytes_sent (on the wire), memory_bytes (dumped memory), phases.`,
 	f := cmd.Flags()
 	f.StringVar(&req.To, "to", "", "destination agent address or lab host name (required)")
 	f.StringVar(&from, "from", agent.DefaultControl, "source agent's control socket or lab host name")
-	f.StringVar(&req.Mode, "mode", engine.ModeCold, "technique: cold, postcopy")
+	f.StringVar(&req.Mode, "mode", engine.ModeCold, "technique: cold, precopy, postcopy")
+	addPrecopyFlags(cmd, &req.Precopy)
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON, no progress line")
 	f.StringSliceVar(&req.Faults, "inject-fault", nil, "inject a failure for testing (agents with --allow-faults only): restore")
 	_ = f.MarkHidden("inject-fault")
 	_ = cmd.MarkFlagRequired("to")
 	return cmd
+}
+
+// addPrecopyFlags adds the pre-copy stop rule and stream options.
+func addPrecopyFlags(cmd *cobra.Command, o *engine.PrecopyOptions) {
+	f := cmd.Flags()
+	f.IntVar(&o.MaxRounds, "max-rounds", 8, "pre-copy: at most this many rounds before the switchover")
+	f.Int64Var(&o.MinRoundBytes, "min-round-bytes", 4<<20, "pre-copy: switch over once a round sends fewer bytes")
+	f.DurationVar(&o.MaxDowntime, "max-downtime", 0, "pre-copy: switch over once the predicted downtime fits (e.g. 500ms)")
+	f.BoolVar(&o.AutoConverge, "auto-converge", false, "pre-copy: throttle the container's CPU step by step while rounds do not shrink")
+	f.StringVar(&o.Compress, "compress", "none", "pre-copy round stream compression: none or zstd")
 }
 
 // resolveEndpoints turns lab host names into the source's control socket and

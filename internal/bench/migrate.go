@@ -23,6 +23,7 @@ import (
 // MigrateOptions describe one `ferry bench migrate`.
 type MigrateOptions struct {
 	Mode         string
+	Precopy      engine.PrecopyOptions
 	MemoryBytes  int64
 	DirtyRate    int // pages per second
 	BandwidthBps int64
@@ -45,6 +46,13 @@ type Run struct {
 	StateOK          bool               `json:"state_ok"`
 	Error            string             `json:"error,omitempty"`
 	ProbeReason      string             `json:"probe_reason,omitempty"`
+	RestoreMs        float64            `json:"restore_ms"`
+	PagesFaulted     uint64             `json:"pages_faulted,omitempty"`
+	PagesPushed      uint64             `json:"pages_pushed,omitempty"`
+	PagesReferenced  uint64             `json:"pages_referenced,omitempty"`
+	Rounds           []engine.Round     `json:"rounds"`
+	StopReason       string             `json:"stop_reason,omitempty"`
+	ThrottlePct      int                `json:"throttle_pct,omitempty"`
 	Phases           []engine.PhaseSpan `json:"phases,omitempty"`
 }
 
@@ -184,7 +192,7 @@ func (o MigrateOptions) runOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 	}
 	// Let the dirtier run a moment so the dirty rate is steady.
 	time.Sleep(300 * time.Millisecond)
-	rep, err := agent.Migrate(ctx, src.ControlSock, engine.Request{Container: name, To: dst.AgentAddr, Mode: o.Mode}, nil)
+	rep, err := agent.Migrate(ctx, src.ControlSock, engine.Request{Container: name, To: dst.AgentAddr, Mode: o.Mode, Precopy: o.Precopy}, nil)
 	time.Sleep(300 * time.Millisecond) // answers after the switch
 	pr, perr := p.Stop()
 	if err != nil {
@@ -192,7 +200,12 @@ func (o MigrateOptions) runOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 		return r
 	}
 	r = Run{OK: rep.OK, DowntimeMs: rep.DowntimeMs, TotalMs: rep.TotalMs, FrozenMs: rep.FrozenMs,
-		BytesSent: rep.BytesSent, MemoryBytes: rep.MemoryBytes, Error: rep.Error, Phases: rep.Phases}
+		BytesSent: rep.BytesSent, MemoryBytes: rep.MemoryBytes, Error: rep.Error, Phases: rep.Phases,
+		RestoreMs: rep.RestoreMs, PagesFaulted: rep.PagesFaulted, PagesPushed: rep.PagesPushed,
+		PagesReferenced: rep.PagesReferenced, Rounds: rep.Rounds, StopReason: rep.StopReason, ThrottlePct: rep.ThrottlePct}
+	if r.Rounds == nil {
+		r.Rounds = []engine.Round{}
+	}
 	if perr != nil {
 		r.Error = errors.Join(errors.New(r.Error), perr).Error()
 		return r

@@ -41,7 +41,7 @@ func (m *migration) dumpStreaming(ctx context.Context) error {
 		return failAt("dump", err)
 	}
 	defer pages.Close()
-	addr, tunnelDone, err := pageClientTunnel(ctx, pages)
+	addr, tunnelDone, err := pageClientTunnel(ctx, pages, m.pageTransform)
 	if err != nil {
 		return failAt("dump", err)
 	}

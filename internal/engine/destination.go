@@ -17,6 +17,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/host"
 	"github.com/ferry-migrate/ferry/internal/images"
+	"github.com/ferry-migrate/ferry/internal/pages"
 	"github.com/ferry-migrate/ferry/internal/rootfs"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 	"github.com/ferry-migrate/ferry/internal/transport"
@@ -49,6 +50,7 @@ type incoming struct {
 	bundle string
 	work   string
 	images string
+	store  *pages.Store // pre-copy: the pages received in rounds
 }
 
 // Receive serves one migration offered on ctl. Until the source commits,
@@ -142,8 +144,11 @@ func (in *incoming) writeSpec() error {
 
 // channelsFor lists the channels a source opens for a mode.
 func channelsFor(mode string) []string {
-	if mode == ModePostcopy {
+	switch mode {
+	case ModePostcopy:
 		return []string{ChanRootfsLive, ChanRootfsFinal, ChanImages, ChanLazy}
+	case ModePrecopy:
+		return []string{ChanRootfsLive, ChanRootfsFinal, ChanRounds, ChanPages, ChanImages}
 	}
 	return []string{ChanRootfsLive, ChanRootfsFinal, ChanPages, ChanImages}
 }
@@ -161,7 +166,24 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 	defer release()
 	recv.Go(func() error { return in.receiveRootfs(ctx, sess, router, ChanRootfsLive) })
 	recv.Go(func() error { return in.receiveRootfs(ctx, sess, router, ChanRootfsFinal) })
-	if in.offer.Mode != ModePostcopy {
+	if in.offer.Mode == ModePrecopy {
+		in.store = pages.NewStore()
+		defer in.store.Release()
+		// Rounds must be stored before the final dump's references arrive.
+		rounds := make(chan error, 1)
+		go func() { rounds <- in.receiveRounds(ctx, sess, router) }()
+		recv.Go(func() error {
+			if err := <-rounds; err != nil {
+				return err
+			}
+			ch, err := router.Wait(ctx, sess, ChanPages)
+			if err != nil {
+				return err
+			}
+			defer ch.Close()
+			return runExpandingPageServer(ctx, ch, in.store, in.images, in.work)
+		})
+	} else if in.offer.Mode != ModePostcopy {
 		recv.Go(func() error {
 			ch, err := router.Wait(ctx, sess, ChanPages)
 			if err != nil {
@@ -208,6 +230,9 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 	st, err := in.rt.WaitStatus(ctx, in.offer.Container, "running", 10*time.Second)
 	if err != nil {
 		return false, fmt.Errorf("restored container on %s is not running: %w", in.d.Host.Name, err)
+	}
+	if in.offer.Precopy.AutoConverge {
+		liftThrottle(st.Pid) // auto-converge's throttle stays behind
 	}
 	if err := ctl.Send(Restored{Pid: st.Pid, WaitMs: ms(start.Sub(asked)), RestoreMs: ms(time.Since(start))}); err != nil {
 		return false, err

@@ -38,8 +38,9 @@ type Offer struct {
 	Spec       json.RawMessage `json:"spec"` // the source bundle's config.json
 	// MemoryBytes is the container's resident memory when offered, so the
 	// destination can prepare for it.
-	MemoryBytes int64    `json:"memory_bytes"`
-	Faults      []string `json:"faults,omitempty"`
+	MemoryBytes int64          `json:"memory_bytes"`
+	Faults      []string       `json:"faults,omitempty"`
+	Precopy     PrecopyOptions `json:"precopy,omitempty"`
 }
 
 // Accept is the destination's yes to an Offer.
@@ -80,6 +81,8 @@ type Request struct {
 	// Faults to inject, for tests; honoured only by agents started with
 	// --allow-faults. "restore" makes the destination's restore fail.
 	Faults []string `json:"faults,omitempty"`
+	// Precopy shapes pre-copy and hybrid rounds.
+	Precopy PrecopyOptions `json:"precopy,omitempty"`
 }
 
 // Progress is a live update from a running migration.
@@ -118,11 +121,20 @@ type Report struct {
 	RestoreMs float64 `json:"restore_ms"`
 	// Post-copy: pages the destination pulled on a fault and in the
 	// background.
-	PagesFaulted uint64      `json:"pages_faulted,omitempty"`
-	PagesPushed  uint64      `json:"pages_pushed,omitempty"`
-	Warnings     []string    `json:"warnings,omitempty"`
-	Phases       []PhaseSpan `json:"phases"`
-	Error        string      `json:"error,omitempty"`
+	PagesFaulted uint64   `json:"pages_faulted,omitempty"`
+	PagesPushed  uint64   `json:"pages_pushed,omitempty"`
+	Warnings     []string `json:"warnings,omitempty"`
+	// Pre-copy: each round, why the rounds stopped, the CPU throttle
+	// auto-converge reached, and how many pages of the final dump the
+	// destination already held.
+	Rounds          []Round `json:"rounds,omitempty"`
+	StopReason      string  `json:"stop_reason,omitempty"`
+	ThrottlePct     int     `json:"throttle_pct,omitempty"`
+	PagesReferenced uint64  `json:"pages_referenced,omitempty"`
+	// MemoryEstimate is the memory the first round found, for predictions.
+	MemoryEstimate int64       `json:"-"`
+	Phases         []PhaseSpan `json:"phases"`
+	Error          string      `json:"error,omitempty"`
 	// SourceState says what became of the source copy: "removed" after a
 	// commit, "resumed" after a failure, "frozen" when the outcome is in doubt.
 	SourceState string `json:"source_state,omitempty"`

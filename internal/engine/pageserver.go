@@ -48,9 +48,10 @@ func splice(conn halfCloser, ch *transport.Channel) error {
 }
 
 // pageClientTunnel accepts CRIU's page-server connection on a loopback port
-// and tunnels it through ch. It returns the address for CRIU and a wait
-// function returning the tunnel's outcome.
-func pageClientTunnel(ctx context.Context, ch *transport.Channel) (string, func() error, error) {
+// and tunnels it through ch; transform, when set, carries CRIU's bytes to
+// ch (the other direction is copied as is). It returns the address for CRIU
+// and a wait function returning the tunnel's outcome.
+func pageClientTunnel(ctx context.Context, ch *transport.Channel, transform func(dst io.Writer, src io.Reader) error) (string, func() error, error) {
 	l, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		return "", nil, err
@@ -66,14 +67,45 @@ func pageClientTunnel(ctx context.Context, ch *transport.Channel) (string, func(
 			return
 		}
 		defer conn.Close()
-		done <- splice(conn, ch)
+		if transform == nil {
+			done <- splice(conn, ch)
+			return
+		}
+		done <- spliceVia(conn, ch, transform)
 	}()
 	return l.Addr().String(), func() error { return <-done }, nil
+}
+
+// spliceVia is splice with conn's bytes passed through transform on their
+// way to ch.
+func spliceVia(conn halfCloser, ch *transport.Channel, transform func(dst io.Writer, src io.Reader) error) error {
+	errc := make(chan error, 2)
+	go func() {
+		err := transform(ch, conn)
+		if err == nil {
+			err = ch.CloseWrite()
+		}
+		errc <- err
+	}()
+	go func() {
+		_, err := io.Copy(conn, ch)
+		if err == nil {
+			err = conn.CloseWrite()
+		}
+		errc <- err
+	}()
+	return errors.Join(<-errc, <-errc)
 }
 
 // runPageServer runs CRIU's page server at the destination, fed from ch,
 // writing pages into imagesDir. It returns when CRIU's session ends.
 func runPageServer(ctx context.Context, ch *transport.Channel, imagesDir, workDir string) error {
+	return runPageServerWith(ctx, imagesDir, workDir, func(conn *net.UnixConn) error { return splice(conn, ch) })
+}
+
+// runPageServerWith starts CRIU's page server on one end of a socketpair
+// and lets feed drive the other end.
+func runPageServerWith(ctx context.Context, imagesDir, workDir string, feed func(*net.UnixConn) error) error {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -96,11 +128,11 @@ func runPageServer(ctx context.Context, ch *transport.Channel, imagesDir, workDi
 		return fmt.Errorf("start criu page-server: %w", err)
 	}
 	criuEnd.Close()
-	serr := splice(conn.(*net.UnixConn), ch)
+	serr := feed(conn.(*net.UnixConn))
 	werr := cmd.Wait()
 	if werr != nil {
 		b, _ := os.ReadFile(filepath.Join(workDir, logName))
-		return fmt.Errorf("criu page-server: %v: %s", werr, tail(string(b), 3))
+		return errors.Join(serr, fmt.Errorf("criu page-server: %v: %s", werr, tail(string(b), 3)))
 	}
 	return serr
 }

@@ -216,7 +216,7 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 	if err != nil {
 		return nil, err
 	}
-	addr, tunnel, err := pageClientTunnel(context.WithoutCancel(ctx), ch)
+	addr, tunnel, err := pageClientTunnel(context.WithoutCancel(ctx), ch, nil)
 	if err != nil {
 		ch.Close()
 		return nil, err

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -43,6 +44,10 @@ type migration struct {
 	phase    string
 	frozenAt time.Time
 	report   Report
+	initPID  int
+	// pageTransform, when set, carries the final dump's page stream to the
+	// destination (pre-copy's deduplication).
+	pageTransform func(dst io.Writer, src io.Reader) error
 }
 
 // failure is an error with the phase and host where it happened.
@@ -175,6 +180,7 @@ func (m *migration) run(ctx context.Context) error {
 		return failAt("prepare on "+m.host.Name, fmt.Errorf("container %q is %s, only running containers migrate", m.req.Container, st.Status))
 	}
 	m.bundle = st.Bundle
+	m.initPID = st.Pid
 	spec, err := os.ReadFile(filepath.Join(st.Bundle, "config.json"))
 	if err != nil {
 		return failAt("prepare on "+m.host.Name, fmt.Errorf("read the container's bundle: %w", err))
@@ -192,7 +198,7 @@ func (m *migration) run(ctx context.Context) error {
 		return failAt("connect to destination", err)
 	}
 	offer := Offer{ID: m.id, Container: m.req.Container, Mode: m.req.Mode, SourceHost: m.host.Name,
-		Spec: json.RawMessage(spec), Faults: m.req.Faults, MemoryBytes: residentBytes(st.Pid)}
+		Spec: json.RawMessage(spec), Faults: m.req.Faults, Precopy: m.req.Precopy, MemoryBytes: residentBytes(st.Pid)}
 	if err := m.ctl.Send(offer); err != nil {
 		return failAt("offer to destination", err)
 	}
@@ -206,18 +212,20 @@ func (m *migration) run(ctx context.Context) error {
 		return m.cold(ctx)
 	case ModePostcopy:
 		return m.postcopy(ctx)
+	case ModePrecopy:
+		return m.precopy(ctx)
 	}
 	return failAt("prepare", fmt.Errorf("mode %q has no engine", m.req.Mode))
 }
 
 func validateMode(mode string) error {
 	switch mode {
-	case ModeCold, ModePostcopy:
+	case ModeCold, ModePostcopy, ModePrecopy:
 		return nil
-	case ModePrecopy, ModeHybrid, "auto":
-		return fmt.Errorf("mode %q is not available yet; use --mode cold or postcopy", mode)
+	case ModeHybrid, "auto":
+		return fmt.Errorf("mode %q is not available yet; use --mode cold, precopy or postcopy", mode)
 	}
-	return fmt.Errorf("unknown mode %q (choose cold or postcopy)", mode)
+	return fmt.Errorf("unknown mode %q (choose cold, precopy or postcopy)", mode)
 }
 
 // syncRootfs sends what the destination's copy of the root filesystem lacks.

@@ -1,0 +1,394 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/ferry-migrate/ferry/internal/pages"
+	"github.com/ferry-migrate/ferry/internal/pagestream"
+	"github.com/ferry-migrate/ferry/internal/transport"
+)
+
+// Content-based pre-copy, for kernels without soft-dirty tracking (CRIU's
+// pre-dump needs it): while the container runs, ferry reads its memory from
+// the host, hashes every page and sends the pages whose hash changed since
+// the last round; the destination keeps a copy of each. At the switchover
+// CRIU dumps the frozen container as usual, but the stream to the
+// destination's page server carries a reference instead of every page the
+// destination holds with the same hash, and the destination puts its copy
+// back in. Correctness rests on the final dump alone: a page from an earlier
+// round is used only where its hash equals the final dump's page.
+
+// ChanRounds carries pre-copy rounds (source -> destination) and their
+// acknowledgements (destination -> source).
+const ChanRounds = "rounds"
+
+// Round describes one pre-copy round.
+type Round struct {
+	Index      int     `json:"index"`
+	Bytes      int64   `json:"bytes"`       // on the wire
+	RawBytes   int64   `json:"raw_bytes"`   // before XOR deltas and compression
+	Pages      uint64  `json:"pages"`       // pages sent (whole or as a delta)
+	DeltaPages uint64  `json:"delta_pages"` // of which as XOR deltas
+	DurationMs float64 `json:"duration_ms"`
+	FrozenMs   float64 `json:"frozen_ms"`  // content-based rounds never freeze
+	DirtyRate  float64 `json:"dirty_rate"` // pages per second changed since the round before
+	// ThrottlePct is the CPU throttle auto-converge applied during the round.
+	ThrottlePct int `json:"throttle_pct,omitempty"`
+}
+
+// RoundAck tells the source a round is stored at the destination.
+type RoundAck struct {
+	Index int `json:"index"`
+	Pages int `json:"pages"` // pages the destination holds
+}
+
+// PrecopyOptions are the stop rule and the stream's shape.
+type PrecopyOptions struct {
+	MaxRounds int `json:"max_rounds,omitempty"`
+	// MinRoundBytes: stop once a round sends less than this.
+	MinRoundBytes int64 `json:"min_round_bytes,omitempty"`
+	// MaxDowntime: stop once the predicted downtime fits.
+	MaxDowntime time.Duration `json:"max_downtime,omitempty"`
+	// AutoConverge throttles the container's CPU when rounds stop shrinking.
+	AutoConverge bool   `json:"auto_converge,omitempty"`
+	Compress     string `json:"compress,omitempty"` // "none" or "zstd"
+}
+
+func (o PrecopyOptions) withDefaults() PrecopyOptions {
+	if o.MaxRounds <= 0 {
+		o.MaxRounds = 8
+	}
+	if o.MinRoundBytes <= 0 {
+		o.MinRoundBytes = 4 << 20
+	}
+	return o
+}
+
+// deltaCacheLimit bounds the copies of sent pages kept for XOR deltas, as
+// QEMU's XBZRLE cache does; only pages seen dirty once enter it.
+const deltaCacheLimit = 64 << 20
+
+// precopySource is the source side's memory of what the destination holds.
+type precopySource struct {
+	held   map[pages.Key]xxh3.Uint128
+	cache  map[pages.Key][]byte
+	cached int64
+	enc    *pages.Encoder
+}
+
+func (m *migration) precopy(ctx context.Context) error {
+	o := m.req.Precopy.withDefaults()
+	m.begin("rootfs-sync")
+	if err := m.syncRootfs(ChanRootfsLive); err != nil {
+		return m.abort(ctx, failAt("rootfs sync", err))
+	}
+	ch, err := m.sess.Open(ChanRounds)
+	if err != nil {
+		return m.abort(ctx, failAt("pre-copy", err))
+	}
+	defer ch.Close()
+	enc, err := pages.NewEncoder(ch, o.Compress == "zstd")
+	if err != nil {
+		return m.abort(ctx, failAt("pre-copy", err))
+	}
+	ps := &precopySource{held: map[pages.Key]xxh3.Uint128{}, cache: map[pages.Key][]byte{}, enc: enc}
+	throttle := &cpuThrottle{}
+	defer throttle.lift()
+	var prev *Round
+	for i := 0; ; i++ {
+		m.begin(fmt.Sprintf("round-%d", i))
+		r, err := m.precopyRound(ctx, ps, ch, i, prev)
+		if err != nil {
+			return m.abort(ctx, failAt(fmt.Sprintf("pre-copy round %d", i), err))
+		}
+		r.ThrottlePct = throttle.pct
+		m.report.Rounds = append(m.report.Rounds, r)
+		stop, why := o.stop(r, prev, m.report.MemoryEstimate, i)
+		if stop == stopNotConverging && o.AutoConverge && throttle.pct < 99 && i+1 < o.MaxRounds {
+			if err := throttle.step(m.initPID); err == nil {
+				m.report.ThrottlePct = throttle.pct
+				prev = &r
+				continue
+			}
+		}
+		if stop != keepGoing {
+			m.report.StopReason = why
+			break
+		}
+		prev = &r
+	}
+	if err := enc.Close(); err != nil {
+		return m.abort(ctx, failAt("pre-copy", err))
+	}
+	if err := ch.CloseWrite(); err != nil {
+		return m.abort(ctx, failAt("pre-copy", err))
+	}
+	if err := m.freeze(ctx); err != nil {
+		return m.abort(ctx, err)
+	}
+	m.begin("dump")
+	lookup := func(k pagestream.PageKey) (pagestream.Hash, bool) {
+		h, ok := ps.held[pages.Key{PID: k.PID, Addr: k.Addr}]
+		return h, ok
+	}
+	if err := m.dumpStreamingVia(ctx, func(dst io.Writer, src io.Reader) error {
+		st, err := pagestream.Dedup(dst, src, lookup)
+		m.report.PagesReferenced = st.Referenced
+		return err
+	}); err != nil {
+		return m.abort(ctx, err)
+	}
+	return m.switchover(ctx)
+}
+
+// precopyRound reads the whole memory once and sends what changed.
+func (m *migration) precopyRound(ctx context.Context, ps *precopySource, ch *transport.Channel, i int, prev *Round) (Round, error) {
+	r := Round{Index: i}
+	start := time.Now()
+	wire0 := m.sess.BytesSent()
+	raw0 := ps.enc.RawBytes()
+	pids, err := pages.ContainerPIDs(m.initPID)
+	if err != nil {
+		return r, err
+	}
+	rd, err := pages.NewReader(pids)
+	if err != nil {
+		return r, err
+	}
+	var scanned uint64
+	_, err = rd.Scan(func(p pages.Page) error {
+		scanned++
+		if old, ok := ps.held[p.Key]; ok && old == p.Hash {
+			return nil
+		}
+		r.Pages++
+		if c, ok := ps.cache[p.Key]; ok {
+			if d, ok := pages.EncodeDelta(c, p.Data, nil); ok {
+				copy(c, p.Data)
+				ps.held[p.Key] = p.Hash
+				r.DeltaPages++
+				return ps.enc.Delta(p.Key, d)
+			}
+			copy(c, p.Data)
+		} else if _, seen := ps.held[p.Key]; seen && ps.cached < deltaCacheLimit {
+			ps.cache[p.Key] = append([]byte(nil), p.Data...)
+			ps.cached += int64(len(p.Data))
+		}
+		ps.held[p.Key] = p.Hash
+		return ps.enc.Page(p.Key, p.Data)
+	})
+	if err != nil {
+		return r, err
+	}
+	if err := ps.enc.EndRound(i); err != nil {
+		return r, err
+	}
+	var ack RoundAck
+	if err := ch.Recv(&ack); err != nil {
+		return r, fmt.Errorf("destination did not acknowledge: %w", err)
+	}
+	if i == 0 {
+		m.report.MemoryEstimate = int64(scanned) * pageSize
+	}
+	d := time.Since(start)
+	r.DurationMs = ms(d)
+	r.Bytes = m.sess.BytesSent() - wire0
+	r.RawBytes = ps.enc.RawBytes() - raw0
+	if prev != nil && prev.DurationMs > 0 {
+		r.DirtyRate = float64(r.Pages) / (prev.DurationMs / 1000)
+	}
+	return r, nil
+}
+
+type stopKind int
+
+const (
+	keepGoing stopKind = iota
+	stopSmall
+	stopNotConverging
+	stopMaxRounds
+	stopFits
+)
+
+// Predicted cost of the switchover besides moving the remaining bytes: a
+// full local dump of the memory and a restore, at rates measured here
+// (docs/BENCHMARKS.md); the planner's calibrated model replaces these.
+const (
+	localDumpBps = 400e6 // bytes/s through CRIU to the local dedup proxy
+	restoreBps   = 1e9
+	fixedCost    = 150 * time.Millisecond
+)
+
+// stop applies the stop rule after round r.
+func (o PrecopyOptions) stop(r Round, prev *Round, memory int64, i int) (stopKind, string) {
+	if r.Bytes < o.MinRoundBytes && i > 0 {
+		return stopSmall, fmt.Sprintf("round %d sent %d bytes, under the %d-byte threshold", i, r.Bytes, o.MinRoundBytes)
+	}
+	if o.MaxDowntime > 0 && i > 0 && r.DurationMs > 0 {
+		throughput := float64(r.Bytes) / (r.DurationMs / 1000)
+		if prev != nil && prev.DurationMs > 0 {
+			throughput = max(throughput, float64(prev.Bytes)/(prev.DurationMs/1000))
+		}
+		left := r.DirtyRate * (r.DurationMs / 1000) * pageSize // what the next final pass carries
+		pred := time.Duration((left/throughput+float64(memory)/localDumpBps+float64(memory)/restoreBps)*float64(time.Second)) + fixedCost
+		if pred <= o.MaxDowntime {
+			return stopFits, fmt.Sprintf("predicted downtime %v fits --max-downtime %v", pred.Round(time.Millisecond), o.MaxDowntime)
+		}
+	}
+	if i+1 >= o.MaxRounds {
+		return stopMaxRounds, fmt.Sprintf("reached --max-rounds %d", o.MaxRounds)
+	}
+	if prev != nil && i >= 2 && float64(r.Bytes) >= 0.9*float64(prev.Bytes) {
+		return stopNotConverging, fmt.Sprintf("round %d sent %d bytes after %d: the dirty rate is at or above what the link carries", i, r.Bytes, prev.Bytes)
+	}
+	return keepGoing, ""
+}
+
+// dumpStreamingVia is dumpStreaming with the page stream passed through a
+// transform (the source half of pre-copy's deduplication).
+func (m *migration) dumpStreamingVia(ctx context.Context, transform func(dst io.Writer, src io.Reader) error) error {
+	m.pageTransform = transform
+	defer func() { m.pageTransform = nil }()
+	return m.dumpStreaming(ctx)
+}
+
+// cpuThrottle is auto-converge: CFS quota on the container's cgroup.
+type cpuThrottle struct {
+	pct  int
+	file string
+	old  string
+}
+
+// step raises the throttle by QEMU's steps: 20 %, then 10 % more, at most 99 %.
+func (t *cpuThrottle) step(pid int) error {
+	if t.file == "" {
+		dir, err := cgroupDir(pid, "cpu")
+		if err != nil {
+			return err
+		}
+		t.file = filepath.Join(dir, "cpu.cfs_quota_us")
+		b, err := os.ReadFile(t.file)
+		if err != nil {
+			return err
+		}
+		t.old = string(b)
+	}
+	switch {
+	case t.pct == 0:
+		t.pct = 20
+	default:
+		t.pct = min(t.pct+10, 99)
+	}
+	return writeQuota(t.file, t.pct)
+}
+
+// writeQuota lets the container use (100-pct) % of one CPU per 100 ms.
+func writeQuota(file string, pct int) error {
+	if err := os.WriteFile(filepath.Join(filepath.Dir(file), "cpu.cfs_period_us"), []byte("100000"), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(file, []byte(fmt.Sprint((100-pct)*1000)), 0o644)
+}
+
+// lift restores the quota the container had.
+func (t *cpuThrottle) lift() {
+	if t.file != "" && t.old != "" {
+		_ = os.WriteFile(t.file, []byte(t.old), 0o644)
+	}
+}
+
+// cgroupDir finds pid's cgroup directory for a v1 controller.
+func cgroupDir(pid int, controller string) (string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			if c == controller {
+				for _, mnt := range []string{parts[1], controller} {
+					dir := filepath.Join("/sys/fs/cgroup", mnt, parts[2])
+					if _, err := os.Stat(filepath.Join(dir, "cpu.cfs_quota_us")); err == nil {
+						return dir, nil
+					}
+				}
+			}
+		}
+	}
+	return "", fmt.Errorf("no %s cgroup for pid %d", controller, pid)
+}
+
+// liftThrottle clears any CPU quota a restored container inherited.
+func liftThrottle(pid int) {
+	if dir, err := cgroupDir(pid, "cpu"); err == nil {
+		_ = os.WriteFile(filepath.Join(dir, "cpu.cfs_quota_us"), []byte("-1"), 0o644)
+	}
+}
+
+// --- destination ---
+
+// receiveRounds stores every round's pages and acknowledges each round.
+func (in *incoming) receiveRounds(ctx context.Context, sess *transport.Session, router *transport.Router) error {
+	ch, err := router.Wait(ctx, sess, ChanRounds)
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	dec, err := pages.NewDecoder(ch)
+	if err != nil {
+		return err
+	}
+	for {
+		round, end, err := dec.Next(in.store)
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("pre-copy stream: %w", err)
+		}
+		if end {
+			if err := ch.Send(RoundAck{Index: round, Pages: in.store.Len()}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// runExpandingPageServer is runPageServer with pre-copy's references put
+// back: CRIU's page server sees the plain stream.
+func runExpandingPageServer(ctx context.Context, ch *transport.Channel, store *pages.Store, imagesDir, workDir string) error {
+	return runPageServerWith(ctx, imagesDir, workDir, func(conn *net.UnixConn) error {
+		errc := make(chan error, 2)
+		go func() {
+			_, err := pagestream.Expand(conn, ch, func(k pagestream.PageKey) ([]byte, pagestream.Hash, bool) {
+				return store.Get(pages.Key{PID: k.PID, Addr: k.Addr})
+			})
+			if err == nil {
+				err = conn.CloseWrite()
+			}
+			errc <- err
+		}()
+		go func() {
+			_, err := io.Copy(ch, conn)
+			if err == nil {
+				err = ch.CloseWrite()
+			}
+			errc <- err
+		}()
+		return errors.Join(<-errc, <-errc)
+	})
+}

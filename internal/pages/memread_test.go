@@ -1,0 +1,228 @@
+package pages
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"testing"
+
+	"github.com/zeebo/xxh3"
+)
+
+func TestParseMaps(t *testing.T) {
+	maps := `55d0c0a00000-55d0c0a21000 r--p 00000000 fd:01 1234 /usr/bin/prog
+55d0c0a21000-55d0c0a22000 rw-p 00021000 fd:01 1234 /usr/bin/prog
+7f0000000000-7f0000100000 rw-p 00000000 00:00 0
+7f0000100000-7f0000200000 ---p 00000000 00:00 0
+7f0000200000-7f0000300000 rw-s 00000000 00:01 77 /dev/zero (deleted)
+7f0000300000-7f0000301000 -w-p 00000000 00:00 0
+7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]
+7ffd00100000-7ffd00104000 r--p 00000000 00:00 0                          [vvar]
+7ffd00104000-7ffd00105000 r--p 00000000 00:00 0                          [vvar_vclock]
+7ffd00105000-7ffd00107000 r-xp 00000000 00:00 0                          [vdso]
+ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsyscall]
+garbage line
+`
+	got := parseMaps([]byte(maps))
+	want := []vma{
+		{0x55d0c0a00000, 0x55d0c0a21000, true},
+		{0x55d0c0a21000, 0x55d0c0a22000, true},
+		{0x7f0000000000, 0x7f0000100000, true},
+		{0x7f0000300000, 0x7f0000301000, false},
+		{0x7ffd00000000, 0x7ffd00021000, true},
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("parseMaps:\n got %+v\nwant %+v", got, want)
+	}
+}
+
+func TestNSPIDOfSelf(t *testing.T) {
+	ns, err := nsPID(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ns == 0 {
+		t.Fatal("no pid")
+	}
+}
+
+func TestNewReaderNoProcess(t *testing.T) {
+	cmd := exec.Command("/bin/true")
+	if err := cmd.Run(); err != nil {
+		t.Skip("no /bin/true:", err)
+	}
+	if _, err := NewReader([]int{cmd.Process.Pid}); err == nil {
+		t.Fatal("NewReader of a process that is gone succeeded")
+	}
+	if _, err := NewReader(nil); err == nil {
+		t.Fatal("NewReader of nothing succeeded")
+	}
+}
+
+func TestContainerPIDs(t *testing.T) {
+	h := startHolder(t, 1)
+	pids, err := ContainerPIDs(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pids[0] != os.Getpid() || !slices.Contains(pids, h.pid) {
+		t.Fatalf("ContainerPIDs(%d) = %v, want self first and holder %d", os.Getpid(), pids, h.pid)
+	}
+	// The fallback for kernels without /proc/PID/task/TID/children.
+	m, err := parentMap()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(m[os.Getpid()], h.pid) {
+		t.Fatalf("parentMap()[%d] = %v, want holder %d", os.Getpid(), m[os.Getpid()], h.pid)
+	}
+	if _, err := ContainerPIDs(1 << 30); err == nil {
+		t.Fatal("ContainerPIDs of a pid that does not exist succeeded")
+	}
+}
+
+// scanRegion scans and returns the hashes of the pages in [lo, hi) of pid's
+// pages, checking their data against the holder's pattern for gens.
+func scanRegion(t *testing.T, r *Reader, h *holder, gens map[int]uint64) (map[uint64]xxh3.Uint128, Stats) {
+	t.Helper()
+	got := map[uint64]xxh3.Uint128{}
+	want := make([]byte, PageSize)
+	nsPid, err := nsPID(h.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := r.Scan(func(p Page) error {
+		if p.Key.PID != nsPid {
+			return nil
+		}
+		if p.Key.Addr >= h.zero && p.Key.Addr < h.zero+zeroRegion && zeroPagePFN() != 0 {
+			t.Errorf("page %#x of the read-only region (zero page) reported", p.Key.Addr)
+		}
+		if p.Key.Addr < h.addr || p.Key.Addr >= h.addr+h.size {
+			return nil
+		}
+		if p.Key.Addr%PageSize != 0 || len(p.Data) != PageSize {
+			t.Fatalf("bad page %#x len %d", p.Key.Addr, len(p.Data))
+		}
+		i := int((p.Key.Addr - h.addr) / PageSize)
+		fillPage(want, i, gens[i])
+		if !bytes.Equal(p.Data, want) {
+			t.Errorf("page %d: data differs from what the holder wrote", i)
+		}
+		if p.Hash != xxh3.Hash128(want) {
+			t.Errorf("page %d: wrong hash", i)
+		}
+		if _, dup := got[p.Key.Addr]; dup {
+			t.Errorf("page %d reported twice", i)
+		}
+		got[p.Key.Addr] = p.Hash
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != int(h.size/PageSize) {
+		t.Fatalf("found %d pages of the holder's %d", len(got), h.size/PageSize)
+	}
+	return got, st
+}
+
+func TestScanFindsChangedPages(t *testing.T) {
+	needRoot(t)
+	h := startHolder(t, 32)
+	r, err := NewReader([]int{h.pid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gens := map[int]uint64{}
+	first, st := scanRegion(t, r, h, gens)
+	if st.Processes != 1 || st.VMAs == 0 || st.Pages < h.size/PageSize || st.Bytes != st.Pages*PageSize {
+		t.Fatalf("stats %+v", st)
+	}
+	t.Logf("first scan: %+v", st)
+
+	// Direct read of one page through /proc/PID/mem agrees too.
+	mem, err := os.Open("/proc/" + strconv.Itoa(h.pid) + "/mem")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	b := make([]byte, PageSize)
+	if _, err := mem.ReadAt(b, int64(h.addr+5*PageSize)); err != nil {
+		t.Fatal(err)
+	}
+	if xxh3.Hash128(b) != first[h.addr+5*PageSize] {
+		t.Fatal("hash of page 5 differs from reading it directly")
+	}
+
+	changed := []int{0, 1, 2, 511, 512, 4000, 8191}
+	h.touch(t, 1, changed...)
+	for _, i := range changed {
+		gens[i] = 1
+	}
+	second, _ := scanRegion(t, r, h, gens)
+	var diff []int
+	for a, hash := range second {
+		if first[a] != hash {
+			diff = append(diff, int((a-h.addr)/PageSize))
+		}
+	}
+	slices.Sort(diff)
+	if !slices.Equal(diff, changed) {
+		t.Fatalf("changed pages %v, want %v", diff, changed)
+	}
+}
+
+func TestScanSkipsExitingProcess(t *testing.T) {
+	needRoot(t)
+	h1 := startHolder(t, 8)
+	h2 := startHolder(t, 8)
+	r, err := NewReader([]int{h2.pid, h1.pid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns2, err := nsPID(h2.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[uint32]int{}
+	st, err := r.Scan(func(p Page) error {
+		if p.Key.PID == ns2 && seen[ns2] == 0 {
+			h2.kill() // gone and reaped in the middle of its scan
+		}
+		seen[p.Key.PID]++
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns1, _ := nsPID(h1.pid)
+	if st.Processes != 1 || uint64(seen[ns1]) < h1.size/PageSize {
+		t.Fatalf("stats %+v, pages by pid %v", st, seen)
+	}
+	if uint64(seen[ns2]) >= h2.size/PageSize {
+		t.Fatalf("read %d pages of a process killed at its first page", seen[ns2])
+	}
+}
+
+// BenchmarkScan reads and hashes a 256 MiB holder.
+func BenchmarkScan(b *testing.B) {
+	needRoot(b)
+	h := startHolder(b, 256)
+	r, err := NewReader([]int{h.pid})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(h.size))
+	b.ResetTimer()
+	var st Stats
+	for b.Loop() {
+		st, err = r.Scan(func(p Page) error { return nil })
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(st.Pages), "pages/scan")
+}
