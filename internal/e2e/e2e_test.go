@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+	"github.com/ferry-migrate/ferry/internal/units"
 )
 
 const memhogPort = "7000"
@@ -87,8 +89,14 @@ func upShapedLab(t *testing.T, bin string, bps int64) *lab.Lab {
 // the memory is filled.
 func startMemhog(t *testing.T, l *lab.Lab, bin, name string) *bench.ProbeProc {
 	t.Helper()
+	return startWorkload(t, l, bin, name, "64M", "200")
+}
+
+// startWorkload is startMemhog with a memory size and dirty rate.
+func startWorkload(t *testing.T, l *lab.Lab, bin, name, memory, dirtyRate string, extra ...string) *bench.ProbeProc {
+	t.Helper()
 	ctx := context.Background()
-	args := []string{"/bin/memhog", "--memory", "64M", "--dirty-rate", "200", "--port", memhogPort}
+	args := append([]string{"/bin/memhog", "--memory", memory, "--dirty-rate", dirtyRate, "--port", memhogPort}, extra...)
 	if err := l.Run(ctx, "h1", name, args); err != nil {
 		t.Fatal(err)
 	}
@@ -97,8 +105,8 @@ func startMemhog(t *testing.T, l *lab.Lab, bin, name string) *bench.ProbeProc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.MemoryBytes != 64<<20 {
-		t.Fatalf("memhog holds %d bytes, want 64 MiB", st.MemoryBytes)
+	if want, _ := units.ParseBytes(memory); int64(st.MemoryBytes) != want {
+		t.Fatalf("memhog holds %d bytes, want %s", st.MemoryBytes, memory)
 	}
 	time.Sleep(200 * time.Millisecond)
 	return p
@@ -119,6 +127,56 @@ func status(t *testing.T, h *lab.Host, name string) string {
 func TestColdMigration(t *testing.T) { testMigration(t, engine.ModeCold) }
 
 func TestPostcopyMigration(t *testing.T) { testMigration(t, engine.ModePostcopy) }
+
+func TestPrecopyMigration(t *testing.T) {
+	rep := testMigration(t, engine.ModePrecopy)
+	if len(rep.Rounds) < 2 || rep.PagesReferenced == 0 {
+		t.Errorf("pre-copy ran %d rounds and the final dump reused %d pages", len(rep.Rounds), rep.PagesReferenced)
+	}
+}
+
+// TestPrecopyNonConvergent dirties memory far faster than a 64 Mbit/s link
+// carries: the rounds must be found not to converge, the migration must
+// still end within --max-rounds with the workload intact, and with
+// auto-converge the container's CPU gets throttled.
+func TestPrecopyNonConvergent(t *testing.T) {
+	requireLab(t)
+	bin := ferryBin(t)
+	for _, auto := range []bool{false, true} {
+		t.Run(fmt.Sprintf("auto-converge=%v", auto), func(t *testing.T) {
+			l := upShapedLab(t, bin, 64_000_000)
+			p := startWorkload(t, l, bin, "hog", "16M", "6000", "--dirty-words", "512")
+			opts := engine.PrecopyOptions{MaxRounds: 5, AutoConverge: auto}
+			rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
+				engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr, Mode: engine.ModePrecopy, Precopy: opts}, nil)
+			time.Sleep(200 * time.Millisecond)
+			pr, perr := p.Stop()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !rep.OK {
+				t.Fatalf("migration failed: %s", rep.Error)
+			}
+			if perr != nil || !pr.StateOK {
+				t.Fatalf("workload state: %+v %v", pr, perr)
+			}
+			if len(rep.Rounds) > opts.MaxRounds {
+				t.Errorf("%d rounds, more than --max-rounds %d", len(rep.Rounds), opts.MaxRounds)
+			}
+			if auto {
+				if rep.ThrottlePct == 0 {
+					t.Errorf("auto-converge never throttled: %+v", rep.Rounds)
+				}
+			} else if !strings.Contains(rep.StopReason, "at or above what the link carries") {
+				t.Errorf("stop reason %q does not say the rounds did not converge", rep.StopReason)
+			}
+			for _, r := range rep.Rounds {
+				t.Logf("round %d: %d bytes, %d pages, %.0f ms, dirty %.0f pages/s, throttle %d%%", r.Index, r.Bytes, r.Pages, r.DurationMs, r.DirtyRate, r.ThrottlePct)
+			}
+			t.Logf("stop: %s; downtime %.0f ms", rep.StopReason, rep.DowntimeMs)
+		})
+	}
+}
 
 // testMigration moves memhog from h1 to h2 with a technique and checks the
 // workload's state, where it runs and the report.

@@ -31,6 +31,7 @@ func run(args []string) error {
 	rate := fs.Float64("dirty-rate", 0, "pages dirtied per second (0: none)")
 	port := fs.Int("port", 7000, "UDP port to answer on, on all addresses")
 	seed := fs.Uint64("seed", 0, "seed of the buffer's contents (default: from the time)")
+	words := fs.Uint64("dirty-words", 1, "8-byte words rewritten in each dirtied page (1..512; 512 rewrites the whole page)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -58,10 +59,14 @@ func run(args []string) error {
 		os.Exit(0)
 	}()
 
+	if *words < 1 || *words > wordsPerPage {
+		return fmt.Errorf("--dirty-words must be between 1 and %d", wordsPerPage)
+	}
 	mem, err := newMemory(size)
 	if err != nil {
 		return err
 	}
+	mem.dirtyWords = *words
 	// math/rand's global source is seeded by the runtime from the kernel's
 	// per-exec random bytes. crypto/rand is avoided: it may set up vDSO
 	// getrandom state, one more mapping for CRIU to carry.

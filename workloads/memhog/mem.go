@@ -78,6 +78,10 @@ type memory struct {
 
 	touched uint64 // sink for verify's read-ahead, guarded by mu
 
+	// dirtyWords is how many consecutive words each dirtied page gets: 1
+	// leaves an XOR delta of a few bytes, wordsPerPage rewrites the page.
+	dirtyWords uint64
+
 	// dirtier state, guarded by mu
 	rng    splitmix
 	next   uint64 // next page to dirty
@@ -113,6 +117,8 @@ func newMemory(size uint64) (*memory, error) {
 		pages:  pages,
 		hashes: make([]uint64, pages),
 		stride: strideFor(pages),
+
+		dirtyWords: 1,
 	}
 	return m, nil
 }
@@ -161,7 +167,7 @@ func (m *memory) fill(seed uint64) {
 	m.ready.Store(true)
 }
 
-// dirty writes one fresh random word into each of n pages, spread over the
+// dirty writes dirtyWords fresh random words into each of n pages, spread over the
 // buffer, keeping the page hashes and the digest up to date.
 func (m *memory) dirty(n uint64) {
 	if n == 0 || !m.ready.Load() {
@@ -177,13 +183,15 @@ func (m *memory) dirty(n uint64) {
 			m.next -= m.pages
 		}
 		r := m.rng.next()
-		g := p*wordsPerPage + r%wordsPerPage
-		old := m.words[g]
-		nw := m.rng.next()
-		m.words[g] = nw
-		d := wordHash(nw, g) - wordHash(old, g)
-		m.hashes[p] += d
-		digest += d
+		for j := range m.dirtyWords {
+			g := p*wordsPerPage + (r+j)%wordsPerPage
+			old := m.words[g]
+			nw := m.rng.next()
+			m.words[g] = nw
+			d := wordHash(nw, g) - wordHash(old, g)
+			m.hashes[p] += d
+			digest += d
+		}
 	}
 	m.digest.Store(digest)
 	m.writes.Add(n)
