@@ -1,0 +1,125 @@
+package engine
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/ferry-migrate/ferry/internal/host"
+)
+
+func TestValidateMode(t *testing.T) {
+	for _, m := range []string{ModeCold, ModePrecopy, ModePostcopy} {
+		if err := validateMode(m); err != nil {
+			t.Errorf("%s: %v", m, err)
+		}
+	}
+	if err := validateMode("teleport"); err == nil || !strings.Contains(err.Error(), "unknown mode") {
+		t.Errorf("unknown mode: %v", err)
+	}
+}
+
+func TestFailAtKeepsTheFirstPlace(t *testing.T) {
+	err := failAt("outer", failAt("dump on h1", errors.New("criu failed")))
+	var f *failure
+	if !errors.As(err, &f) || f.where != "dump on h1" {
+		t.Fatalf("got %v", err)
+	}
+	if failAt("x", nil) != nil {
+		t.Fatal("failAt(nil) is not nil")
+	}
+}
+
+func TestStopRule(t *testing.T) {
+	o := PrecopyOptions{MaxRounds: 5}.withDefaults()
+	r0 := Round{Index: 0, Bytes: 256 << 20, DurationMs: 2300}
+	if k, _ := o.stop(r0, nil, 256<<20, 0); k != keepGoing {
+		t.Errorf("first round stopped: %v", k)
+	}
+	small := Round{Index: 1, Bytes: 1 << 20, DurationMs: 20}
+	if k, why := o.stop(small, &r0, 256<<20, 1); k != stopSmall || !strings.Contains(why, "threshold") {
+		t.Errorf("small round: %v %q", k, why)
+	}
+	r1 := Round{Index: 1, Bytes: 100 << 20, DurationMs: 900}
+	r2 := Round{Index: 2, Bytes: 99 << 20, DurationMs: 890}
+	if k, _ := o.stop(r2, &r1, 256<<20, 2); k != stopNotConverging {
+		t.Errorf("flat rounds: %v", k)
+	}
+	if k, _ := o.stop(r2, &r1, 256<<20, 4); k != stopMaxRounds {
+		t.Errorf("last allowed round: %v", k)
+	}
+	fit := o
+	fit.MaxDowntime = 10 * time.Second
+	shrinking := Round{Index: 1, Bytes: 50 << 20, DurationMs: 450, DirtyRate: 100}
+	if k, why := fit.stop(shrinking, &r0, 256<<20, 1); k != stopFits || !strings.Contains(why, "fits") {
+		t.Errorf("generous budget: %v %q", k, why)
+	}
+	fit.MaxDowntime = time.Millisecond
+	if k, _ := fit.stop(shrinking, &r0, 256<<20, 1); k != keepGoing {
+		t.Errorf("impossible budget stopped: %v", k)
+	}
+}
+
+func TestChannelsForMode(t *testing.T) {
+	has := func(mode, kind string) bool {
+		for _, k := range channelsFor(mode) {
+			if k == kind {
+				return true
+			}
+		}
+		return false
+	}
+	if !has(ModePostcopy, ChanLazy) || has(ModePostcopy, ChanPages) {
+		t.Error("post-copy must use the lazy channel, not a page stream")
+	}
+	if !has(ModePrecopy, ChanRounds) || !has(ModePrecopy, ChanPages) {
+		t.Error("pre-copy needs rounds and the final page stream")
+	}
+	if !has(ModeCold, ChanPages) || has(ModeCold, ChanRounds) {
+		t.Error("cold has one page stream and no rounds")
+	}
+}
+
+func TestWriteSpecRebasesForTheDestination(t *testing.T) {
+	dir := t.TempDir()
+	src := specs.Spec{Root: &specs.Root{Path: "/var/lib/ferry/h1/bundles/app/rootfs"}, Linux: &specs.Linux{
+		CgroupsPath: "/ferry-h1/app",
+		Namespaces:  []specs.LinuxNamespace{{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace, Path: "/var/run/netns/h1"}},
+	}}
+	b, _ := json.Marshal(src)
+	in := &incoming{d: &Destination{Host: host.Config{Name: "h2", CgroupParent: "ferry-h2", NetNS: "/var/run/netns/h2"}},
+		offer: Offer{Container: "app", Spec: b}, bundle: dir}
+	if err := in.writeSpec(); err != nil {
+		t.Fatal(err)
+	}
+	var got specs.Spec
+	out, _ := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Root.Path != "rootfs" || got.Linux.CgroupsPath != "/ferry-h2/app" || got.Linux.Namespaces[1].Path != "/var/run/netns/h2" {
+		t.Errorf("rebased spec: root %q cgroups %q netns %q", got.Root.Path, got.Linux.CgroupsPath, got.Linux.Namespaces[1].Path)
+	}
+	in.d.Host.NetNS = ""
+	if err := in.writeSpec(); err == nil {
+		t.Error("a destination without a netns accepted a container that joins one")
+	}
+}
+
+func TestLazyCounts(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "lazy-pages.log")
+	os.WriteFile(log, []byte(`(00.1) uffd: 7-5: #PF at 0x7f0000001000
+(00.2) uffd: 7-5: #PF at 0x7f0000002000
+(00.9) uffd: 7-5: UFFD transferred pages: (100/100)
+`), 0o600)
+	f, p := lazyCounts(log)
+	if f != 2 || p != 98 {
+		t.Errorf("faulted %d pushed %d, want 2 and 98", f, p)
+	}
+}
