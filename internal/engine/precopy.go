@@ -36,7 +36,7 @@ const ChanRounds = "rounds"
 type Round struct {
 	Index      int     `json:"index"`
 	Bytes      int64   `json:"bytes"`       // on the wire
-	RawBytes   int64   `json:"raw_bytes"`   // before XOR deltas and compression
+	RawBytes   int64   `json:"raw_bytes"`   // the round stream before compression
 	Pages      uint64  `json:"pages"`       // pages sent (whole or as a delta)
 	DeltaPages uint64  `json:"delta_pages"` // of which as XOR deltas
 	DurationMs float64 `json:"duration_ms"`

@@ -141,7 +141,7 @@ func TestScanFindsChangedPages(t *testing.T) {
 	if st.Processes != 1 || st.VMAs == 0 || st.Pages < h.size/PageSize || st.Bytes != st.Pages*PageSize {
 		t.Fatalf("stats %+v", st)
 	}
-	t.Logf("first scan: %+v", st)
+	t.Logf("first scan: %+v (zero page frame %#x)", st, zeroPagePFN())
 
 	// Direct read of one page through /proc/PID/mem agrees too.
 	mem, err := os.Open("/proc/" + strconv.Itoa(h.pid) + "/mem")

@@ -47,7 +47,8 @@ const (
 )
 
 // Encoder writes a round stream. It buffers records and writes a chunk
-// when enough are pending and at the end of every round.
+// when enough are pending and at the end of every round. It is not safe for
+// concurrent use.
 type Encoder struct {
 	w       io.Writer
 	zw      *zstd.Encoder
@@ -220,7 +221,7 @@ func (e *Encoder) flush() error {
 	return err
 }
 
-// Decoder reads a round stream into a Store.
+// Decoder reads a round stream into a Store. It is the Store's one writer.
 type Decoder struct {
 	r       io.Reader
 	zd      *zstd.Decoder
@@ -402,7 +403,7 @@ func (d *Decoder) readChunk() error {
 		return errors.New("pages: empty chunk")
 	}
 	if cap(d.buf) < int(rawLen) {
-		d.buf = make([]byte, 0, max(int(rawLen), chunkTarget+2*PageSize))
+		d.buf = make([]byte, 0, rawLen)
 	}
 	if kind == chunkRaw {
 		d.buf = d.buf[:rawLen]
@@ -420,7 +421,7 @@ func (d *Decoder) readChunk() error {
 		return errors.New("pages: empty compressed chunk")
 	}
 	if cap(d.zbuf) < int(zlen) {
-		d.zbuf = make([]byte, 0, max(int(zlen), chunkTarget))
+		d.zbuf = make([]byte, 0, zlen)
 	}
 	d.zbuf = d.zbuf[:zlen]
 	if _, err := io.ReadFull(d.r, d.zbuf); err != nil {

@@ -1,0 +1,141 @@
+package pages
+
+import (
+	"bytes"
+	"sync"
+	"testing"
+
+	"github.com/zeebo/xxh3"
+)
+
+func pageOf(v byte) []byte { return bytes.Repeat([]byte{v}, PageSize) }
+
+func TestStore(t *testing.T) {
+	s := NewStore()
+	const n = 3*slabPages + 7 // several slabs
+	for i := 0; i < n; i++ {
+		k := Key{PID: uint32(i % 3), Addr: uint64(i) * PageSize}
+		if h := s.Put(k, pageOf(byte(i))); h != xxh3.Hash128(pageOf(byte(i))) {
+			t.Fatalf("Put %d: wrong hash", i)
+		}
+	}
+	if s.Len() != n || s.Bytes() != n*PageSize {
+		t.Fatalf("Len %d Bytes %d", s.Len(), s.Bytes())
+	}
+	for i := 0; i < n; i++ {
+		k := Key{PID: uint32(i % 3), Addr: uint64(i) * PageSize}
+		d, h, ok := s.Get(k)
+		if !ok || !bytes.Equal(d, pageOf(byte(i))) || h != xxh3.Hash128(d) {
+			t.Fatalf("Get %d: ok %v", i, ok)
+		}
+	}
+	if _, _, ok := s.Get(Key{PID: 9, Addr: 0}); ok {
+		t.Fatal("Get of a missing key succeeded")
+	}
+
+	// Replacing keeps the count and changes data and hash.
+	k := Key{PID: 1, Addr: PageSize}
+	s.Put(k, pageOf(0xaa))
+	if d, h, _ := s.Get(k); d[0] != 0xaa || h != xxh3.Hash128(pageOf(0xaa)) || s.Len() != n {
+		t.Fatal("replace failed")
+	}
+	// The returned slice cannot be appended into the neighbour page.
+	d, _, _ := s.Get(k)
+	if cap(d) != PageSize {
+		t.Fatalf("Get returned cap %d", cap(d))
+	}
+
+	buf := make([]byte, PageSize)
+	if h, ok := s.ReadInto(k, buf); !ok || buf[0] != 0xaa || h != xxh3.Hash128(buf) {
+		t.Fatal("ReadInto")
+	}
+	if h, ok := s.Hash(k); !ok || h != xxh3.Hash128(buf) {
+		t.Fatal("Hash")
+	}
+
+	// Delete frees the slot for the next new key.
+	used := s.used
+	s.Delete(k)
+	if _, _, ok := s.Get(k); ok || s.Len() != n-1 {
+		t.Fatal("Delete")
+	}
+	s.Put(Key{PID: 7, Addr: 0}, pageOf(1))
+	if s.used != used {
+		t.Fatal("slot of a deleted page not reused")
+	}
+
+	count := 0
+	s.Range(func(k Key, h xxh3.Uint128) bool {
+		if got, _ := s.Hash(k); got != h {
+			t.Fatalf("Range hash of %v", k)
+		}
+		count++
+		return true
+	})
+	if count != s.Len() {
+		t.Fatalf("Range visited %d of %d", count, s.Len())
+	}
+
+	s.Release()
+	if s.Len() != 0 || s.Bytes() != 0 || len(s.slabs) != 0 {
+		t.Fatal("Release left pages")
+	}
+	s.Put(k, pageOf(3))
+	if s.Len() != 1 {
+		t.Fatal("store unusable after Release")
+	}
+}
+
+func TestStorePutPanicsOnWrongSize(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Fatal("no panic")
+		}
+	}()
+	NewStore().Put(Key{}, make([]byte, 10))
+}
+
+// One writer and readers at once; run with -race.
+func TestStoreConcurrent(t *testing.T) {
+	s := NewStore()
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for r := 0; r < 2; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, PageSize)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				for i := 0; i < 64; i++ {
+					if h, ok := s.ReadInto(Key{Addr: uint64(i) * PageSize}, buf); ok && h != xxh3.Hash128(buf) {
+						t.Error("torn page")
+						return
+					}
+				}
+				_ = s.Len()
+			}
+		}()
+	}
+	for n := 0; n < 2000; n++ {
+		s.Put(Key{Addr: uint64(n%64) * PageSize}, pageOf(byte(n)))
+	}
+	close(stop)
+	wg.Wait()
+}
+
+func BenchmarkStorePut(b *testing.B) {
+	s := NewStore()
+	p := pageOf(7)
+	b.SetBytes(PageSize)
+	i := 0
+	for b.Loop() {
+		// 256 MiB worth of distinct keys, then overwrites.
+		s.Put(Key{PID: 1, Addr: uint64(i%65536) * PageSize}, p)
+		i++
+	}
+}
