@@ -78,7 +78,7 @@ and podman (podman checkpoint --export, copy over the link, podman restore
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.Mode, "mode", engine.ModeCold, "technique: cold, precopy, postcopy")
+	f.StringVar(&o.Mode, "mode", engine.ModeCold, "technique: cold, precopy, postcopy, hybrid")
 	addPrecopyFlags(cmd, &o.Precopy)
 	f.StringVar(&memory, "memory", "256M", "workload memory (64M, 1G, ...)")
 	f.IntVar(&o.DirtyRate, "dirty-rate", 100, "pages the workload dirties per second")

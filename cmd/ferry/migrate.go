@@ -75,7 +75,7 @@ bytes_sent (on the wire), memory_bytes (dumped memory), phases.`,
 	f := cmd.Flags()
 	f.StringVar(&req.To, "to", "", "destination agent address or lab host name (required)")
 	f.StringVar(&from, "from", agent.DefaultControl, "source agent's control socket or lab host name")
-	f.StringVar(&req.Mode, "mode", engine.ModeCold, "technique: cold, precopy, postcopy")
+	f.StringVar(&req.Mode, "mode", engine.ModeCold, "technique: cold, precopy, postcopy, hybrid")
 	addPrecopyFlags(cmd, &req.Precopy)
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON, no progress line")
 	f.StringSliceVar(&req.Faults, "inject-fault", nil, "inject a failure for testing (agents with --allow-faults only): restore")

@@ -8,7 +8,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-migrate/ferry/internal/criu"
-	"github.com/ferry-migrate/ferry/internal/images"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 )
 
@@ -65,15 +64,7 @@ func (m *migration) dumpStreaming(ctx context.Context) error {
 		m.report.MemoryBytes = int64(st.PagesWritten) * pageSize
 	}
 	m.begin("images")
-	ch, err := m.sess.Open(ChanImages)
-	if err != nil {
-		return failAt("send images", err)
-	}
-	defer ch.Close()
-	if _, err := images.SendDir(ch, imgDir, isLog); err != nil {
-		return failAt("send images", err)
-	}
-	return failAt("send images", ch.CloseWrite())
+	return m.sendImages()
 }
 
 const pageSize = 4096

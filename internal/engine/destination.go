@@ -149,6 +149,8 @@ func channelsFor(mode string) []string {
 		return []string{ChanRootfsLive, ChanRootfsFinal, ChanImages, ChanLazy}
 	case ModePrecopy:
 		return []string{ChanRootfsLive, ChanRootfsFinal, ChanRounds, ChanPages, ChanImages}
+	case ModeHybrid:
+		return []string{ChanRootfsLive, ChanRootfsFinal, ChanRounds, ChanImages, ChanLazy}
 	}
 	return []string{ChanRootfsLive, ChanRootfsFinal, ChanPages, ChanImages}
 }
@@ -157,8 +159,9 @@ func channelsFor(mode string) []string {
 func (in *incoming) run(ctx context.Context, sess *transport.Session, router *transport.Router, ctl *transport.Channel, cancel func()) (committed bool, err error) {
 	var recv errgroup.Group
 	warm := make(chan func(), 1)
-	if in.d.NoPrewarm || in.offer.Mode == ModePostcopy {
-		warm <- func() {} // post-copy restores before the memory is here
+	lazy := in.offer.Mode == ModePostcopy || in.offer.Mode == ModeHybrid
+	if in.d.NoPrewarm || lazy {
+		warm <- func() {} // a lazy restore fills memory page by page
 	} else {
 		go func() { warm <- prewarm(in.offer.MemoryBytes) }()
 	}
@@ -183,7 +186,11 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 			defer ch.Close()
 			return runExpandingPageServer(ctx, ch, in.store, in.images, in.work)
 		})
-	} else if in.offer.Mode != ModePostcopy {
+	} else if in.offer.Mode == ModeHybrid {
+		in.store = pages.NewStore()
+		defer in.store.Release()
+		recv.Go(func() error { return in.receiveRounds(ctx, sess, router) })
+	} else if !lazy {
 		recv.Go(func() error {
 			ch, err := router.Wait(ctx, sess, ChanPages)
 			if err != nil {
@@ -215,16 +222,16 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 	if err := recv.Wait(); err != nil {
 		return false, fmt.Errorf("receiving state on %s: %w", in.d.Host.Name, err)
 	}
-	var lazy *lazyPages
-	if in.offer.Mode == ModePostcopy {
-		if lazy, err = in.startLazyPages(ctx, sess, router); err != nil {
+	var lp *lazyPages
+	if lazy {
+		if lp, err = in.startLazyPages(ctx, sess, router); err != nil {
 			return false, err
 		}
-		defer lazy.stop()
+		defer lp.stop()
 	}
 	release()
 	start := time.Now()
-	if err := in.restore(ctx, lazy != nil); err != nil {
+	if err := in.restore(ctx, lazy); err != nil {
 		return false, err
 	}
 	st, err := in.rt.WaitStatus(ctx, in.offer.Container, "running", 10*time.Second)
@@ -254,10 +261,10 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 	if err := ctl.Send(Committed{}); err != nil {
 		return true, err
 	}
-	if lazy != nil {
+	if lp != nil {
 		// The container runs here now; its memory keeps arriving until the
 		// lazy-pages daemon has pulled every page.
-		done := lazy.wait()
+		done := lp.wait()
 		if done.Error != "" {
 			// Without its memory the restored container cannot go on.
 			_ = in.rt.Delete(context.WithoutCancel(ctx), in.offer.Container)

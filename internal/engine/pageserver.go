@@ -47,11 +47,11 @@ func splice(conn halfCloser, ch *transport.Channel) error {
 	return errors.Join(<-errc, <-errc)
 }
 
-// pageClientTunnel accepts CRIU's page-server connection on a loopback port
-// and tunnels it through ch; transform, when set, carries CRIU's bytes to
-// ch (the other direction is copied as is). It returns the address for CRIU
-// and a wait function returning the tunnel's outcome.
-func pageClientTunnel(ctx context.Context, ch *transport.Channel, transform func(dst io.Writer, src io.Reader) error) (string, func() error, error) {
+// loopbackTunnel accepts one connection on a loopback port (CRIU's page
+// client at the source, its lazy-pages daemon at the destination) and hands
+// it to serve, which moves its bytes through a channel. It returns the
+// address for CRIU and a wait function returning serve's outcome.
+func loopbackTunnel(ctx context.Context, serve func(conn halfCloser) error) (string, func() error, error) {
 	l, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		return "", nil, err
@@ -67,13 +67,20 @@ func pageClientTunnel(ctx context.Context, ch *transport.Channel, transform func
 			return
 		}
 		defer conn.Close()
-		if transform == nil {
-			done <- splice(conn, ch)
-			return
-		}
-		done <- spliceVia(conn, ch, transform)
+		done <- serve(conn)
 	}()
 	return l.Addr().String(), func() error { return <-done }, nil
+}
+
+// pageClientTunnel is loopbackTunnel splicing to ch, with CRIU's bytes
+// passed through transform when one is set.
+func pageClientTunnel(ctx context.Context, ch *transport.Channel, transform func(dst io.Writer, src io.Reader) error) (string, func() error, error) {
+	return loopbackTunnel(ctx, func(conn halfCloser) error {
+		if transform == nil {
+			return splice(conn, ch)
+		}
+		return spliceVia(conn, ch, transform)
+	})
 }
 
 // spliceVia is splice with conn's bytes passed through transform on their

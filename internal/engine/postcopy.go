@@ -12,12 +12,14 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/images"
+	"github.com/ferry-migrate/ferry/internal/pages"
+	"github.com/ferry-migrate/ferry/internal/pagestream"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 	"github.com/ferry-migrate/ferry/internal/transport"
 )
@@ -39,7 +41,10 @@ type LazyDone struct {
 	Ms      float64 `json:"ms"`      // from the restore until the last page
 	Faulted uint64  `json:"faulted"` // pages served on a fault
 	Pushed  uint64  `json:"pushed"`  // pages pushed in the background
-	Error   string  `json:"error,omitempty"`
+	// Local counts pages the destination supplied from its own copy
+	// (hybrid); the rest crossed the network.
+	Local uint64 `json:"local,omitempty"`
+	Error string `json:"error,omitempty"`
 }
 
 func (m *migration) postcopy(ctx context.Context) error {
@@ -51,68 +56,97 @@ func (m *migration) postcopy(ctx context.Context) error {
 		return m.abort(ctx, err)
 	}
 	m.begin("dump")
-	imgDir := filepath.Join(m.work, "images")
+	ld, err := m.startLazyDump(ctx)
+	if err != nil {
+		return m.abort(ctx, err)
+	}
+	defer ld.stop()
+	if err := ld.ready(); err != nil {
+		return m.abort(ctx, err)
+	}
+	return m.lazySwitchover(ctx, ld)
+}
+
+// lazyDump is a running `runc checkpoint --lazy-pages`: the images are
+// written once it is ready, and its page server serves the frozen memory
+// until the destination has pulled every page.
+type lazyDump struct {
+	m        *migration
+	port     int
+	statusR  *os.File
+	done     chan error
+	stopDump context.CancelFunc
+	result   error
+	finished bool
+}
+
+func (m *migration) startLazyDump(ctx context.Context) (*lazyDump, error) {
 	port, err := freeLoopbackPort()
 	if err != nil {
-		return m.abort(ctx, failAt("dump", err))
+		return nil, failAt("dump", err)
 	}
 	statusR, statusW, err := os.Pipe()
 	if err != nil {
-		return m.abort(ctx, failAt("dump", err))
+		return nil, failAt("dump", err)
 	}
-	defer statusR.Close()
-	// The checkpoint runs until the destination has pulled every page.
-	dumpCtx, stopDump := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopDump()
-	dumpDone := make(chan error, 1)
+	dumpCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	ld := &lazyDump{m: m, port: port, statusR: statusR, done: make(chan error, 1), stopDump: stop}
 	go func() {
-		dumpDone <- m.rt.Checkpoint(dumpCtx, m.req.Container, runc.CheckpointOptions{
-			ImagePath: imgDir, WorkPath: m.work, PageServer: fmt.Sprintf("127.0.0.1:%d", port),
+		ld.done <- m.rt.Checkpoint(dumpCtx, m.req.Container, runc.CheckpointOptions{
+			ImagePath: filepath.Join(m.work, "images"), WorkPath: m.work, PageServer: fmt.Sprintf("127.0.0.1:%d", port),
 			LeaveRunning: true, LazyPages: true, StatusFD: statusW,
 		})
 	}()
-	if err := waitStatusFD(statusR); err != nil {
-		derr := <-dumpDone
-		return m.abort(ctx, failAt("dump on "+m.host.Name, errors.Join(derr, err)))
+	return ld, nil
+}
+
+// ready waits until the images are written and the page server listens.
+func (ld *lazyDump) ready() error {
+	if err := waitStatusFD(ld.statusR); err != nil {
+		return failAt("dump on "+ld.m.host.Name, errors.Join(ld.wait(), err))
 	}
-	// Images are ready and CRIU's page server listens: ship the images and
-	// the root filesystem's last changes, and open the page tunnel.
+	return nil
+}
+
+// wait returns the checkpoint's outcome once it ended.
+func (ld *lazyDump) wait() error {
+	if !ld.finished {
+		ld.result, ld.finished = <-ld.done, true
+	}
+	return ld.result
+}
+
+// stop ends the checkpoint (and its page server) if it still runs.
+func (ld *lazyDump) stop() {
+	ld.stopDump()
+	_ = ld.wait()
+	ld.statusR.Close()
+}
+
+// lazySwitchover ships the images and the root filesystem's last changes,
+// opens the page tunnel, has the destination restore, commits, and waits
+// until the destination has pulled the memory.
+func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
 	var g errgroup.Group
 	g.Go(func() error { return failAt("rootfs sync (frozen)", m.syncRootfs(ChanRootfsFinal)) })
-	g.Go(func() error {
-		ch, err := m.sess.Open(ChanImages)
-		if err != nil {
-			return failAt("send images", err)
-		}
-		defer ch.Close()
-		if _, err := images.SendDir(ch, imgDir, isLog); err != nil {
-			return failAt("send images", err)
-		}
-		return failAt("send images", ch.CloseWrite())
-	})
+	g.Go(func() error { return m.sendImages() })
 	if err := g.Wait(); err != nil {
-		stopDump()
-		<-dumpDone
 		return m.abort(ctx, err)
 	}
 	lazyCh, err := m.sess.Open(ChanLazy)
 	if err != nil {
-		stopDump()
-		<-dumpDone
 		return m.abort(ctx, failAt("lazy pages", err))
 	}
 	defer lazyCh.Close()
-	go func() { _ = dialAndSplice(dumpCtx, fmt.Sprintf("127.0.0.1:%d", port), lazyCh) }()
+	go func() { _ = dialAndSplice(context.WithoutCancel(ctx), fmt.Sprintf("127.0.0.1:%d", ld.port), lazyCh) }()
 
 	m.begin("restore")
 	if err := m.ctl.Send(Step{Do: "restore"}); err != nil {
-		stopDump()
 		return m.abort(ctx, failAt("restore", err))
 	}
 	var rs Restored
 	if err := m.ctl.Recv(&rs); err != nil {
-		stopDump()
-		<-dumpDone
+		ld.stop()
 		return m.abort(ctx, failAt("restore on "+m.sess.Peer.Name, err))
 	}
 	m.report.DowntimeMs = ms(time.Since(m.frozenAt))
@@ -131,13 +165,11 @@ func (m *migration) postcopy(ctx context.Context) error {
 	m.begin("lazy-pages")
 	var done LazyDone
 	err = m.ctl.Recv(&done)
-	derr := <-dumpDone
+	derr := ld.wait()
 	m.report.FrozenMs = ms(time.Since(m.frozenAt))
-	m.report.MemoryBytes = int64(done.Faulted+done.Pushed) * pageSize
-	if st, err := criu.ReadDumpStats(m.work); err == nil && st.PagesWritten+st.PagesLazy > 0 {
-		m.report.MemoryBytes = int64(st.PagesWritten+st.PagesLazy) * pageSize
-	}
 	m.report.PagesFaulted, m.report.PagesPushed = done.Faulted, done.Pushed
+	m.report.PagesReferenced = done.Local
+	m.report.MemoryBytes = int64(done.Faulted+done.Pushed) * pageSize
 	if err != nil {
 		m.report.SourceState = "frozen"
 		return failAt("lazy pages", fmt.Errorf("lost the destination while it pulled memory: %w", err))
@@ -156,6 +188,19 @@ func (m *migration) postcopy(ctx context.Context) error {
 	}
 	m.report.SourceState = "removed"
 	return nil
+}
+
+// sendImages ships the images directory (all but pages already streamed).
+func (m *migration) sendImages() error {
+	ch, err := m.sess.Open(ChanImages)
+	if err != nil {
+		return failAt("send images", err)
+	}
+	defer ch.Close()
+	if _, err := images.SendDir(ch, filepath.Join(m.work, "images"), isLog); err != nil {
+		return failAt("send images", err)
+	}
+	return failAt("send images", ch.CloseWrite())
 }
 
 // waitStatusFD waits for CRIU's "ready" byte.
@@ -206,6 +251,7 @@ type lazyPages struct {
 	exited  chan error
 	tunnel  func() error
 	ch      *transport.Channel
+	local   atomic.Uint64 // pages supplied from the destination's copy
 }
 
 // startLazyPages waits for the source's lazy channel, starts `criu
@@ -216,13 +262,26 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 	if err != nil {
 		return nil, err
 	}
-	addr, tunnel, err := pageClientTunnel(context.WithoutCancel(ctx), ch, nil)
+	lp := &lazyPages{logPath: filepath.Join(in.work, "lazy-pages.log"), exited: make(chan error, 1), ch: ch}
+	serve := func(conn halfCloser) error { return splice(conn, ch) }
+	if in.store != nil {
+		// Hybrid: answer from the pages the rounds brought.
+		serve = func(conn halfCloser) error {
+			st, err := pagestream.ServeLazy(conn, ch, func(k pagestream.PageKey) ([]byte, pagestream.Hash, bool) {
+				return in.store.Get(pages.Key{PID: k.PID, Addr: k.Addr})
+			})
+			lp.local.Store(st.LocalPages)
+			_ = conn.CloseWrite()
+			return errors.Join(err, ch.CloseWrite())
+		}
+	}
+	addr, tunnel, err := loopbackTunnel(context.WithoutCancel(ctx), serve)
 	if err != nil {
 		ch.Close()
 		return nil, err
 	}
 	host, port, _ := net.SplitHostPort(addr)
-	lp := &lazyPages{logPath: filepath.Join(in.work, "lazy-pages.log"), exited: make(chan error, 1), tunnel: tunnel, ch: ch}
+	lp.tunnel = tunnel
 	lp.cmd = exec.Command("criu", "lazy-pages", "--page-server", "--address", host, "--port", port,
 		"--images-dir", in.images, "--work-dir", in.work, "-o", "lazy-pages.log", "-v4")
 	if err := lp.cmd.Start(); err != nil {
@@ -256,6 +315,14 @@ func (lp *lazyPages) wait() LazyDone {
 	lp.exited <- err
 	d := LazyDone{Ms: ms(time.Since(lp.started))}
 	d.Faulted, d.Pushed = lazyCounts(lp.logPath)
+	// The tunnel ends right after the daemon's last request.
+	tunnelDone := make(chan struct{})
+	go func() { _ = lp.tunnel(); close(tunnelDone) }()
+	select {
+	case <-tunnelDone:
+	case <-time.After(2 * time.Second):
+	}
+	d.Local = lp.local.Load()
 	if err != nil {
 		d.Error = fmt.Sprintf("criu lazy-pages: %v: %s", err, tail(readFile(lp.logPath), 3))
 	}

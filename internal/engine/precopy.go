@@ -44,6 +44,8 @@ type Round struct {
 	DirtyRate  float64 `json:"dirty_rate"` // pages per second changed since the round before
 	// ThrottlePct is the CPU throttle auto-converge applied during the round.
 	ThrottlePct int `json:"throttle_pct,omitempty"`
+	// Final marks hybrid's last round, read while the container is frozen.
+	Final bool `json:"final,omitempty"`
 }
 
 // RoundAck tells the source a round is stored at the destination.
@@ -84,53 +86,25 @@ type precopySource struct {
 	cache  map[pages.Key][]byte
 	cached int64
 	enc    *pages.Encoder
+	ch     *transport.Channel
+	next   int   // index of the next round
+	last   Round // the last round sent
 }
 
 func (m *migration) precopy(ctx context.Context) error {
-	o := m.req.Precopy.withDefaults()
 	m.begin("rootfs-sync")
 	if err := m.syncRootfs(ChanRootfsLive); err != nil {
 		return m.abort(ctx, failAt("rootfs sync", err))
 	}
-	ch, err := m.sess.Open(ChanRounds)
+	rs, err := m.startRounds()
 	if err != nil {
 		return m.abort(ctx, failAt("pre-copy", err))
 	}
-	defer ch.Close()
-	enc, err := pages.NewEncoder(ch, o.Compress == "zstd")
-	if err != nil {
-		return m.abort(ctx, failAt("pre-copy", err))
+	defer rs.ch.Close()
+	if err := m.runRounds(ctx, rs); err != nil {
+		return m.abort(ctx, err)
 	}
-	ps := &precopySource{held: map[pages.Key]xxh3.Uint128{}, cache: map[pages.Key][]byte{}, enc: enc}
-	throttle := &cpuThrottle{}
-	defer throttle.lift()
-	var prev *Round
-	for i := 0; ; i++ {
-		m.begin(fmt.Sprintf("round-%d", i))
-		r, err := m.precopyRound(ctx, ps, ch, i, prev)
-		if err != nil {
-			return m.abort(ctx, failAt(fmt.Sprintf("pre-copy round %d", i), err))
-		}
-		r.ThrottlePct = throttle.pct
-		m.report.Rounds = append(m.report.Rounds, r)
-		stop, why := o.stop(r, prev, m.report.MemoryEstimate, i)
-		if stop == stopNotConverging && o.AutoConverge && throttle.pct < 99 && i+1 < o.MaxRounds {
-			if err := throttle.step(m.initPID); err == nil {
-				m.report.ThrottlePct = throttle.pct
-				prev = &r
-				continue
-			}
-		}
-		if stop != keepGoing {
-			m.report.StopReason = why
-			break
-		}
-		prev = &r
-	}
-	if err := enc.Close(); err != nil {
-		return m.abort(ctx, failAt("pre-copy", err))
-	}
-	if err := ch.CloseWrite(); err != nil {
+	if err := rs.finish(); err != nil {
 		return m.abort(ctx, failAt("pre-copy", err))
 	}
 	if err := m.freeze(ctx); err != nil {
@@ -138,7 +112,7 @@ func (m *migration) precopy(ctx context.Context) error {
 	}
 	m.begin("dump")
 	lookup := func(k pagestream.PageKey) (pagestream.Hash, bool) {
-		h, ok := ps.held[pages.Key{PID: k.PID, Addr: k.Addr}]
+		h, ok := rs.held[pages.Key{PID: k.PID, Addr: k.Addr}]
 		return h, ok
 	}
 	if err := m.dumpStreamingVia(ctx, func(dst io.Writer, src io.Reader) error {
@@ -151,8 +125,62 @@ func (m *migration) precopy(ctx context.Context) error {
 	return m.switchover(ctx)
 }
 
+// startRounds opens the rounds channel and its encoder.
+func (m *migration) startRounds() (*precopySource, error) {
+	ch, err := m.sess.Open(ChanRounds)
+	if err != nil {
+		return nil, err
+	}
+	enc, err := pages.NewEncoder(ch, m.req.Precopy.Compress == "zstd")
+	if err != nil {
+		ch.Close()
+		return nil, err
+	}
+	return &precopySource{held: map[pages.Key]xxh3.Uint128{}, cache: map[pages.Key][]byte{}, enc: enc, ch: ch}, nil
+}
+
+// finish ends the rounds stream.
+func (ps *precopySource) finish() error {
+	if err := ps.enc.Close(); err != nil {
+		return err
+	}
+	return ps.ch.CloseWrite()
+}
+
+// runRounds sends rounds while the container runs, until the stop rule
+// says switch over, throttling the CPU when auto-converge is on.
+func (m *migration) runRounds(ctx context.Context, ps *precopySource) error {
+	o := m.req.Precopy.withDefaults()
+	throttle := &cpuThrottle{}
+	m.liftThrottle = throttle.lift
+	var prev *Round
+	for i := 0; ; i++ {
+		m.begin(fmt.Sprintf("round-%d", i))
+		r, err := m.precopyRound(ctx, ps, i, prev)
+		if err != nil {
+			return failAt(fmt.Sprintf("pre-copy round %d", i), err)
+		}
+		r.ThrottlePct = throttle.pct
+		m.report.Rounds = append(m.report.Rounds, r)
+		ps.next, ps.last = i+1, r
+		stop, why := o.stop(r, prev, m.report.MemoryEstimate, i)
+		if stop == stopNotConverging && o.AutoConverge && throttle.pct < 99 && i+1 < o.MaxRounds {
+			if err := throttle.step(m.initPID); err == nil {
+				m.report.ThrottlePct = throttle.pct
+				prev = &r
+				continue
+			}
+		}
+		if stop != keepGoing {
+			m.report.StopReason = why
+			return nil
+		}
+		prev = &r
+	}
+}
+
 // precopyRound reads the whole memory once and sends what changed.
-func (m *migration) precopyRound(ctx context.Context, ps *precopySource, ch *transport.Channel, i int, prev *Round) (Round, error) {
+func (m *migration) precopyRound(ctx context.Context, ps *precopySource, i int, prev *Round) (Round, error) {
 	r := Round{Index: i}
 	start := time.Now()
 	wire0 := m.sess.BytesSent()
@@ -194,7 +222,7 @@ func (m *migration) precopyRound(ctx context.Context, ps *precopySource, ch *tra
 		return r, err
 	}
 	var ack RoundAck
-	if err := ch.Recv(&ack); err != nil {
+	if err := ps.ch.Recv(&ack); err != nil {
 		return r, fmt.Errorf("destination did not acknowledge: %w", err)
 	}
 	if i == 0 {

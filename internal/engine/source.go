@@ -48,6 +48,8 @@ type migration struct {
 	// pageTransform, when set, carries the final dump's page stream to the
 	// destination (pre-copy's deduplication).
 	pageTransform func(dst io.Writer, src io.Reader) error
+	// liftThrottle undoes auto-converge at the source, if it throttled.
+	liftThrottle func()
 }
 
 // failure is an error with the phase and host where it happened.
@@ -139,6 +141,9 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 	pctx, stopProgress := context.WithCancel(ctx)
 	go m.reportProgress(pctx, 200*time.Millisecond)
 	err := m.run(ctx)
+	if m.liftThrottle != nil {
+		m.liftThrottle()
+	}
 	stopProgress()
 	m.endPhases()
 	r := &m.report
@@ -214,18 +219,20 @@ func (m *migration) run(ctx context.Context) error {
 		return m.postcopy(ctx)
 	case ModePrecopy:
 		return m.precopy(ctx)
+	case ModeHybrid:
+		return m.hybrid(ctx)
 	}
 	return failAt("prepare", fmt.Errorf("mode %q has no engine", m.req.Mode))
 }
 
 func validateMode(mode string) error {
 	switch mode {
-	case ModeCold, ModePostcopy, ModePrecopy:
+	case ModeCold, ModePostcopy, ModePrecopy, ModeHybrid:
 		return nil
-	case ModeHybrid, "auto":
-		return fmt.Errorf("mode %q is not available yet; use --mode cold, precopy or postcopy", mode)
+	case "auto":
+		return fmt.Errorf("mode auto is not available yet; choose cold, precopy, postcopy or hybrid")
 	}
-	return fmt.Errorf("unknown mode %q (choose cold, precopy or postcopy)", mode)
+	return fmt.Errorf("unknown mode %q (choose cold, precopy, postcopy or hybrid)", mode)
 }
 
 // syncRootfs sends what the destination's copy of the root filesystem lacks.

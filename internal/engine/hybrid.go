@@ -1,0 +1,56 @@
+package engine
+
+import (
+	"context"
+
+	"golang.org/x/sync/errgroup"
+)
+
+// Hybrid: pre-copy rounds while the container runs, then post-copy for
+// what is left. At the switchover CRIU dumps without memory (--lazy-pages)
+// while ferry reads the frozen memory and sends the pages that changed
+// since the last round as one more round; the destination's lazy-pages
+// daemon is then served from the destination's own copy, and only requests
+// for pages the rounds never carried cross the network to CRIU's page
+// server at the source. A stored page is used only if the frozen memory's
+// page has its hash: the final round replaced every page that differed.
+func (m *migration) hybrid(ctx context.Context) error {
+	m.begin("rootfs-sync")
+	if err := m.syncRootfs(ChanRootfsLive); err != nil {
+		return m.abort(ctx, failAt("rootfs sync", err))
+	}
+	rs, err := m.startRounds()
+	if err != nil {
+		return m.abort(ctx, failAt("pre-copy", err))
+	}
+	defer rs.ch.Close()
+	if err := m.runRounds(ctx, rs); err != nil {
+		return m.abort(ctx, err)
+	}
+	if err := m.freeze(ctx); err != nil {
+		return m.abort(ctx, err)
+	}
+	m.begin("dump")
+	ld, err := m.startLazyDump(ctx)
+	if err != nil {
+		return m.abort(ctx, err)
+	}
+	defer ld.stop()
+	var g errgroup.Group
+	g.Go(ld.ready)
+	g.Go(func() error {
+		prev := rs.last
+		r, err := m.precopyRound(ctx, rs, rs.next, &prev)
+		if err != nil {
+			return failAt("final round", err)
+		}
+		r.Final = true
+		r.FrozenMs = r.DurationMs
+		m.report.Rounds = append(m.report.Rounds, r)
+		return failAt("final round", rs.finish())
+	})
+	if err := g.Wait(); err != nil {
+		return m.abort(ctx, err)
+	}
+	return m.lazySwitchover(ctx, ld)
+}

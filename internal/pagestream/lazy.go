@@ -1,0 +1,140 @@
+package pagestream
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// LazyStats counts what ServeLazy answered.
+type LazyStats struct {
+	Requests  uint64 // GET requests from the daemon
+	Local     uint64 // answered from the destination's copy
+	Forwarded uint64 // passed on to the source
+	Pages     uint64 // pages sent to the daemon
+	// LocalPages were sent from the destination's copy.
+	LocalPages uint64
+}
+
+// ServeLazy plays CRIU's page server for a destination's lazy-pages daemon
+// (hybrid migration): a GET whose pages the destination holds, all of them,
+// is answered from have; any other request goes to upstream, the source's
+// CRIU page server, and its reply is relayed. The daemon reads replies in
+// the order it asked (criu/page-xfer.c keeps its pending reads in a FIFO),
+// so requests are served strictly one after another. The daemon's closing
+// command goes upstream too, so the source's page server ends cleanly.
+//
+// In a GET, dst_id is the task's pid itself, not an encoded pagemap id.
+func ServeLazy(daemon io.ReadWriter, upstream io.ReadWriter, have Source) (LazyStats, error) {
+	var st LazyStats
+	in := bufio.NewReaderSize(daemon, 64<<10)
+	out := bufio.NewWriterSize(daemon, 256<<10)
+	up := bufio.NewReaderSize(upstream, 256<<10)
+	hdr := make([]byte, headerSize)
+	for {
+		if _, err := io.ReadFull(in, hdr); err != nil {
+			if errors.Is(err, io.EOF) {
+				return st, nil
+			}
+			return st, fmt.Errorf("lazy-pages daemon: %w", err)
+		}
+		h := parseHeader(hdr)
+		switch h.cmd & (1<<psCmdBits - 1) {
+		case psIOVGet:
+			st.Requests++
+			if served, err := serveLocal(out, h, have); err != nil {
+				return st, err
+			} else if served {
+				st.Local++
+				st.Pages += h.nrPages
+				st.LocalPages += h.nrPages
+				continue
+			}
+			st.Forwarded++
+			if err := forward(upstream, up, out, hdr); err != nil {
+				return st, err
+			}
+			st.Pages += h.nrPages
+		case psIOVClose, psIOVForceClose:
+			// The reply is a 4-byte status.
+			if err := forwardReply(upstream, up, out, hdr, 4); err != nil {
+				return st, err
+			}
+			return st, nil
+		default:
+			return st, fmt.Errorf("%w: lazy-pages daemon sent command %#x", ErrMalformed, h.cmd)
+		}
+	}
+}
+
+// maxLazyPages bounds one GET: the daemon asks for at most its transfer
+// chunk, far below this.
+const maxLazyPages = 1 << 16
+
+// serveLocal answers a GET from have when every page is there.
+func serveLocal(out *bufio.Writer, h header, have Source) (bool, error) {
+	if h.nrPages == 0 || h.nrPages > maxLazyPages || h.dstID > 1<<32-1 {
+		return false, nil
+	}
+	pid := uint32(h.dstID)
+	for i := uint64(0); i < h.nrPages; i++ {
+		if _, _, ok := have(PageKey{PID: pid, Addr: h.vaddr + i*PageSize}); !ok {
+			return false, nil
+		}
+	}
+	var rh [headerSize]byte
+	binary.LittleEndian.PutUint32(rh[0:], pePresent<<psCmdBits|psIOVAddF)
+	binary.LittleEndian.PutUint64(rh[8:], h.nrPages)
+	binary.LittleEndian.PutUint64(rh[16:], h.vaddr)
+	binary.LittleEndian.PutUint64(rh[24:], h.dstID)
+	if _, err := out.Write(rh[:]); err != nil {
+		return false, err
+	}
+	for i := uint64(0); i < h.nrPages; i++ {
+		data, _, ok := have(PageKey{PID: pid, Addr: h.vaddr + i*PageSize})
+		if !ok || len(data) != PageSize {
+			return false, fmt.Errorf("page %#x of pid %d vanished from the store", h.vaddr+i*PageSize, pid)
+		}
+		if _, err := out.Write(data); err != nil {
+			return false, err
+		}
+	}
+	return true, out.Flush()
+}
+
+// forward sends a GET upstream and relays the reply: a header, then the
+// pages it announces.
+func forward(upstream io.Writer, up *bufio.Reader, out *bufio.Writer, hdr []byte) error {
+	if _, err := upstream.Write(hdr); err != nil {
+		return fmt.Errorf("source page server: %w", err)
+	}
+	reply := make([]byte, headerSize)
+	if _, err := io.ReadFull(up, reply); err != nil {
+		return fmt.Errorf("source page server: %w", err)
+	}
+	rh := parseHeader(reply)
+	n := rh.payloadPages()
+	if n > maxLazyPages {
+		return fmt.Errorf("%w: source page server announced %d pages", ErrMalformed, n)
+	}
+	if _, err := out.Write(reply); err != nil {
+		return err
+	}
+	if _, err := io.CopyN(out, up, int64(n)*PageSize); err != nil {
+		return fmt.Errorf("source page server: %w", err)
+	}
+	return out.Flush()
+}
+
+// forwardReply sends a header upstream and relays a fixed-size reply.
+func forwardReply(upstream io.Writer, up *bufio.Reader, out *bufio.Writer, hdr []byte, n int64) error {
+	if _, err := upstream.Write(hdr); err != nil {
+		return fmt.Errorf("source page server: %w", err)
+	}
+	if _, err := io.CopyN(out, up, n); err != nil {
+		return fmt.Errorf("source page server: %w", err)
+	}
+	return out.Flush()
+}
