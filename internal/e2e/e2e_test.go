@@ -135,6 +135,17 @@ func TestPrecopyMigration(t *testing.T) {
 	}
 }
 
+func TestHybridMigration(t *testing.T) {
+	rep := testMigration(t, engine.ModeHybrid)
+	if len(rep.Rounds) < 2 || !rep.Rounds[len(rep.Rounds)-1].Final {
+		t.Errorf("hybrid rounds: %+v", rep.Rounds)
+	}
+	// Nearly every page should come from the destination's own copy.
+	if rep.PagesReferenced < (rep.PagesFaulted+rep.PagesPushed)*9/10 {
+		t.Errorf("only %d of %d pages came from the destination's copy", rep.PagesReferenced, rep.PagesFaulted+rep.PagesPushed)
+	}
+}
+
 // TestPrecopyNonConvergent dirties memory far faster than a 64 Mbit/s link
 // carries: the rounds must be found not to converge, the migration must
 // still end within --max-rounds with the workload intact, and with
@@ -207,7 +218,7 @@ func testMigration(t *testing.T, mode string) engine.Report {
 	if rep.SourceState != "removed" || rep.DowntimeMs <= 0 || rep.MemoryBytes < 64<<20 || rep.BytesSent < 64<<20 {
 		t.Errorf("report: %+v", rep)
 	}
-	if mode == engine.ModePostcopy && rep.PagesFaulted+rep.PagesPushed < 64<<20/4096 {
+	if (mode == engine.ModePostcopy || mode == engine.ModeHybrid) && rep.PagesFaulted+rep.PagesPushed < 64<<20/4096 {
 		t.Errorf("post-copy moved %d+%d pages, memhog alone holds %d", rep.PagesFaulted, rep.PagesPushed, 64<<20/4096)
 	}
 	t.Logf("%s: downtime %.0f ms, client downtime %.0f ms, total %.0f ms, sent %d", mode, rep.DowntimeMs, pr.ClientDowntimeMs, rep.TotalMs, rep.BytesSent)

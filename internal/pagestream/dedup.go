@@ -84,10 +84,7 @@ func (d *dedup) pages(h header, n uint64) error {
 			return readErr("page data", err)
 		}
 		run := 0 // first page of the pending full-page run
-		for i := 0; i < int(c); i++ {
-			if !keyed {
-				break
-			}
+		for i := 0; keyed && i < int(c); i++ {
 			page := buf[i*PageSize : (i+1)*PageSize]
 			k := PageKey{PID: pid, Addr: addr + uint64(i)*PageSize}
 			want, ok := d.have(k)
@@ -141,7 +138,7 @@ func (d *dedup) ref(k PageKey, h Hash) error {
 func (d *dedup) peek(n int) ([]byte, error) {
 	if d.r.Buffered() < n {
 		if err := d.w.Flush(); err != nil {
-			return nil, err
+			return nil, writeError{err}
 		}
 	}
 	return d.r.Peek(n)
@@ -152,8 +149,17 @@ func (d *dedup) discard(n int) {
 	d.st.BytesIn += int64(n)
 }
 
+// writeError marks a failed flush met while waiting for input.
+type writeError struct{ err error }
+
+func (e writeError) Error() string { return "pagestream: writing: " + e.err.Error() }
+func (e writeError) Unwrap() error { return e.err }
+
 // readErr turns an end of input inside a unit into a truncation error.
 func readErr(what string, err error) error {
+	if _, ok := err.(writeError); ok {
+		return err
+	}
 	if errors.Is(err, io.EOF) {
 		err = io.ErrUnexpectedEOF
 	}

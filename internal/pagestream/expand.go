@@ -171,7 +171,7 @@ func (e *expand) advance(n uint64) {
 func (e *expand) peek(n int) ([]byte, error) {
 	if e.r.Buffered() < n {
 		if err := e.w.Flush(); err != nil {
-			return nil, err
+			return nil, writeError{err}
 		}
 	}
 	return e.r.Peek(n)
