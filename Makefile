@@ -25,10 +25,13 @@ test: setup build
 	$(MAKE) fuzz
 
 # A short run of every wire decoder's fuzz test, on top of its seed corpus.
-FUZZTIME ?= 10s
+FUZZTIME ?= 8s
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzReadFrame$$' -fuzztime $(FUZZTIME) ./internal/transport
-	$(GO) test -run '^$$' -fuzz '^FuzzApplyDelta$$' -fuzztime $(FUZZTIME) ./internal/rootfs
+	$(GO) test -run '^$$' -fuzz '^FuzzApplyDelta$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 0 ./internal/rootfs
+	$(GO) test -run '^$$' -fuzz '^FuzzApplyDelta$$' -fuzztime $(FUZZTIME) ./internal/pages
+	$(GO) test -run '^$$' -fuzz '^FuzzDecoder$$' -fuzztime $(FUZZTIME) ./internal/pages
+	$(GO) test -run '^$$' -fuzz '^FuzzExpand$$' -fuzztime $(FUZZTIME) ./internal/pagestream
 
 demo: setup build
 	@bash scripts/demo.sh

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs every benchmark docs/BENCHMARKS.md reports, one after another (they
+# share the lab's names), each as its own `ferry bench` command, and keeps
+# the JSON in $OUT. Takes about 15 minutes on a 2-core machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench-results}
+mkdir -p "$OUT"
+F=bin/ferry
+run() { local name=$1; shift; echo "bench: $name: $F bench migrate $*" >&2; "$F" bench migrate "$@" --json >"$OUT/$name.json"; }
+
+# Foundation: cold at 100 pages/s against the link and Podman.
+run cold-256M-100 --mode cold --memory 256M --dirty-rate 100 --bandwidth 1gbit --repeat 5 --baseline link,podman
+# Live migration: every technique at 1,000 pages/s.
+for m in cold precopy postcopy hybrid; do
+  run "$m-256M-1000" --mode "$m" --memory 256M --dirty-rate 1000 --bandwidth 1gbit --repeat 3 --baseline link
+done
+# Post-copy downtime against memory size.
+run postcopy-64M-1000 --mode postcopy --memory 64M --dirty-rate 1000 --bandwidth 1gbit --repeat 3
+run postcopy-1G-1000 --mode postcopy --memory 1G --dirty-rate 1000 --bandwidth 1gbit --repeat 3
+# Pre-copy total time at 100 pages/s.
+run precopy-256M-100 --mode precopy --memory 256M --dirty-rate 100 --bandwidth 1gbit --repeat 3 --baseline link
