@@ -200,19 +200,38 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 			return runPageServer(ctx, ch, in.images, in.work)
 		})
 	}
+	imagesIn := make(chan error, 1)
 	recv.Go(func() error {
-		ch, err := router.Wait(ctx, sess, ChanImages)
-		if err != nil {
-			return err
-		}
-		defer ch.Close()
-		_, err = images.ReceiveDir(ch, in.images)
+		err := in.receiveImages(ctx, sess, router)
+		imagesIn <- err
 		return err
 	})
+	// A lazy restore needs CRIU's lazy-pages daemon; it starts as soon as
+	// the images are here, not when the source asks for the restore.
+	type started struct {
+		lp  *lazyPages
+		err error
+	}
+	lazyReady := make(chan started, 1)
+	if lazy {
+		go func() {
+			if err := <-imagesIn; err != nil {
+				lazyReady <- started{err: err}
+				return
+			}
+			lp, err := in.startLazyPages(ctx, sess, router)
+			lazyReady <- started{lp, err}
+		}()
+	}
 	var step Step
 	if err := ctl.Recv(&step); err != nil || step.Do != "restore" {
 		cancel()
 		_ = recv.Wait()
+		if lazy {
+			if st := <-lazyReady; st.lp != nil {
+				st.lp.stop()
+			}
+		}
 		if err == nil {
 			err = fmt.Errorf("source asked to %q before restore", step.Do)
 		}
@@ -224,9 +243,11 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 	}
 	var lp *lazyPages
 	if lazy {
-		if lp, err = in.startLazyPages(ctx, sess, router); err != nil {
-			return false, err
+		st := <-lazyReady
+		if st.err != nil {
+			return false, st.err
 		}
+		lp = st.lp
 		defer lp.stop()
 	}
 	release()
@@ -272,6 +293,16 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 		return done.Error == "", ctl.Send(done)
 	}
 	return true, nil
+}
+
+func (in *incoming) receiveImages(ctx context.Context, sess *transport.Session, router *transport.Router) error {
+	ch, err := router.Wait(ctx, sess, ChanImages)
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	_, err = images.ReceiveDir(ch, in.images)
+	return err
 }
 
 func (in *incoming) receiveRootfs(ctx context.Context, sess *transport.Session, router *transport.Router, kind string) error {

@@ -182,12 +182,7 @@ func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
 		// Every page arrived; the dump's own exit status is only advisory.
 		m.report.Warnings = append(m.report.Warnings, "source page server: "+derr.Error())
 	}
-	if err := m.rt.Delete(context.WithoutCancel(ctx), m.req.Container); err != nil {
-		m.report.SourceState = "frozen"
-		return failAt("remove source copy", err)
-	}
-	m.report.SourceState = "removed"
-	return nil
+	return m.removeSource(ctx)
 }
 
 // sendImages ships the images directory (all but pages already streamed).

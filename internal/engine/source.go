@@ -147,7 +147,9 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 	stopProgress()
 	m.endPhases()
 	r := &m.report
-	r.TotalMs = m.since()
+	if r.TotalMs == 0 || err != nil {
+		r.TotalMs = m.since()
+	}
 	r.Phases = m.phases
 	if m.sess != nil {
 		r.BytesSent = m.sess.BytesSent()
@@ -306,7 +308,16 @@ func (m *migration) switchover(ctx context.Context) error {
 		return failAt("commit", fmt.Errorf("%v: the destination may or may not run the container; the source copy stays frozen (runc --root %s resume %s to take it back)", err, m.host.RuncRoot(), m.req.Container))
 	}
 	m.report.FrozenMs = ms(time.Since(m.frozenAt))
-	if err := m.rt.Delete(ctx, m.req.Container); err != nil {
+	return m.removeSource(ctx)
+}
+
+// removeSource deletes the frozen source copy once the destination owns the
+// container. The migration is complete before this cleanup: total_ms ends
+// here, and the deletion shows as the "cleanup" phase.
+func (m *migration) removeSource(ctx context.Context) error {
+	m.report.TotalMs = m.since()
+	m.begin("cleanup")
+	if err := m.rt.Delete(context.WithoutCancel(ctx), m.req.Container); err != nil {
 		m.report.SourceState = "frozen"
 		return failAt("remove source copy", err)
 	}

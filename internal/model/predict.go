@@ -1,0 +1,225 @@
+package model
+
+import (
+	"fmt"
+	"math"
+	"strings"
+)
+
+// Modes Predict knows. The first four are ferry's engine modes.
+const (
+	ModeCold          = "cold"
+	ModePrecopy       = "precopy" // content-based (no kernel dirty tracking)
+	ModePostcopy      = "postcopy"
+	ModeHybrid        = "hybrid"
+	ModeNativePrecopy = "precopy-native" // CRIU pre-dump with soft-dirty: PAM
+)
+
+// DefaultMaxRounds is how many live rounds Best tries when Inputs does not
+// say (the engine's own default).
+const DefaultMaxRounds = 8
+
+// Inputs describe the workload and the link of one migration.
+type Inputs struct {
+	MemoryBytes          float64 `json:"memory_bytes"`             // M: the container's memory
+	DirtyRatePagesPerSec float64 `json:"dirty_rate_pages_per_sec"` // R: pages written per second while it runs
+	BandwidthBps         float64 `json:"bandwidth_bps"`            // L: link capacity in BYTES per second
+	// RoundBandwidthBps optionally gives L_i per round (index 0 = round 0;
+	// the switchover uses the index after the last round; the last value
+	// repeats). It overrides BandwidthBps.
+	RoundBandwidthBps []float64 `json:"round_bandwidth_bps,omitempty"`
+	// HotBytes optionally bounds what one interval can find dirty (the
+	// working set); 0 means all of memory.
+	HotBytes float64 `json:"hot_bytes,omitempty"`
+	// MaxRounds bounds Best's search over live rounds; 0 means DefaultMaxRounds.
+	MaxRounds int `json:"max_rounds,omitempty"`
+}
+
+// Prediction is one technique's predicted cost.
+type Prediction struct {
+	Mode       string  `json:"mode"`
+	Rounds     int     `json:"rounds"` // live rounds before the switchover (0 for cold and post-copy)
+	DowntimeMs float64 `json:"downtime_ms"`
+	TotalMs    float64 `json:"total_ms"`
+	Bytes      float64 `json:"bytes"` // sent over the link
+	// FrozenMs: freezes before the switchover (native pre-copy only).
+	FrozenMs float64 `json:"frozen_ms,omitempty"`
+	// DegradedMs: after the service resumes, until every page is in place
+	// (post-copy and hybrid; faults may wait meanwhile).
+	DegradedMs float64 `json:"degraded_ms,omitempty"`
+	Note       string  `json:"note,omitempty"`
+}
+
+func (in Inputs) check() error {
+	switch {
+	case !(in.MemoryBytes >= 0) || math.IsInf(in.MemoryBytes, 0):
+		return fmt.Errorf("memory must be a non-negative number, got %v", in.MemoryBytes)
+	case !(in.DirtyRatePagesPerSec >= 0) || math.IsInf(in.DirtyRatePagesPerSec, 0):
+		return fmt.Errorf("dirty rate must be a non-negative number, got %v", in.DirtyRatePagesPerSec)
+	case !(in.BandwidthBps >= 0):
+		return fmt.Errorf("bandwidth must not be negative, got %v", in.BandwidthBps)
+	}
+	for _, b := range in.RoundBandwidthBps {
+		if !(b >= 0) {
+			return fmt.Errorf("round bandwidth must not be negative, got %v", b)
+		}
+	}
+	return nil
+}
+
+// Predict returns the predicted downtime, total time and bytes of one mode
+// with the given number of live rounds (pre-copy, hybrid and native
+// pre-copy; at least 1, ignored by cold and post-copy). An unknown mode or
+// invalid inputs give NaN times and the reason in Note.
+func Predict(p Profile, in Inputs, mode string, rounds int) Prediction {
+	bad := func(why string) Prediction {
+		return Prediction{Mode: mode, DowntimeMs: math.NaN(), TotalMs: math.NaN(), Bytes: math.NaN(), Note: why}
+	}
+	if err := in.check(); err != nil {
+		return bad(err.Error())
+	}
+	if err := p.Validate(); err != nil {
+		return bad(err.Error())
+	}
+	rounds = max(rounds, 1)
+	var t timeline
+	switch mode {
+	case ModeCold:
+		t = p.cold(in)
+	case ModePrecopy:
+		t = p.precopy(in, rounds)
+	case ModePostcopy:
+		t = p.postcopy(in)
+	case ModeHybrid:
+		t = p.hybrid(in, rounds)
+	case ModeNativePrecopy:
+		t = p.native(in, rounds)
+	default:
+		return bad(fmt.Sprintf("unknown mode %q", mode))
+	}
+	return Prediction{
+		Mode: mode, Rounds: t.rounds,
+		DowntimeMs: t.down * 1000, TotalMs: t.total * 1000, Bytes: t.bytes,
+		FrozenMs: t.frozen * 1000, DegradedMs: t.degraded * 1000, Note: t.note,
+	}
+}
+
+// Best predicts every mode this host can run (native pre-copy only with
+// soft-dirty), each live mode at its best round count, and recommends one.
+//
+// A mode is feasible when its downtime is within maxDowntimeMs (≤ 0: no
+// budget, every mode is). The recommendation is the feasible mode with the
+// lowest total time, a tie going to the lower downtime; with none feasible,
+// recommended is empty and reason names the shortest downtime on offer.
+//
+// The best round count follows the same rule among 1..MaxRounds rounds:
+// lowest total among the counts within budget (ties: lower downtime, then
+// fewer rounds), or the lowest downtime when no count is within budget.
+func Best(p Profile, in Inputs, maxDowntimeMs float64) (preds []Prediction, feasible []string, recommended string, reason string) {
+	within := func(q Prediction) bool {
+		return !math.IsNaN(q.DowntimeMs) && (maxDowntimeMs <= 0 || q.DowntimeMs <= maxDowntimeMs)
+	}
+	maxRounds := in.MaxRounds
+	if maxRounds <= 0 {
+		maxRounds = DefaultMaxRounds
+	}
+	modes := []string{ModeCold, ModePrecopy, ModePostcopy, ModeHybrid}
+	if p.SoftDirty {
+		modes = append(modes, ModeNativePrecopy)
+	}
+	for _, mode := range modes {
+		best := Predict(p, in, mode, 1)
+		if mode == ModePrecopy || mode == ModeHybrid || mode == ModeNativePrecopy {
+			for n := 2; n <= maxRounds; n++ {
+				if q := Predict(p, in, mode, n); better(q, best, within) {
+					best = q
+				}
+			}
+		}
+		preds = append(preds, best)
+		if within(best) {
+			feasible = append(feasible, mode)
+		}
+	}
+
+	budget := "no downtime budget"
+	if maxDowntimeMs > 0 {
+		budget = fmt.Sprintf("a %.0f ms downtime budget", maxDowntimeMs)
+	}
+	if len(feasible) == 0 {
+		var low *Prediction
+		for i := range preds {
+			if q := &preds[i]; !math.IsNaN(q.DowntimeMs) && (low == nil || q.DowntimeMs < low.DowntimeMs) {
+				low = q
+			}
+		}
+		if low == nil {
+			return preds, nil, "", "no mode has a prediction: " + preds[0].Note
+		}
+		return preds, nil, "", fmt.Sprintf("no mode meets %s; the shortest downtime is %s at %.0f ms",
+			budget, describe(*low), low.DowntimeMs)
+	}
+	var rec *Prediction
+	for i := range preds {
+		if q := &preds[i]; within(*q) && (rec == nil || lowerCost(*q, *rec)) {
+			rec = q
+		}
+	}
+	reason = fmt.Sprintf("%s: lowest total time (%.0f ms, downtime %.0f ms) among the modes within %s (%s)",
+		describe(*rec), rec.TotalMs, rec.DowntimeMs, budget, strings.Join(feasible, ", "))
+	for _, q := range preds {
+		if q.Mode == rec.Mode || !within(q) || !nearlyEqual(q.TotalMs, rec.TotalMs) {
+			continue
+		}
+		if nearlyEqual(q.DowntimeMs, rec.DowntimeMs) {
+			reason += fmt.Sprintf("; ties with %s on total time and downtime, listed first", q.Mode)
+		} else {
+			reason += fmt.Sprintf("; ties with %s on total time, lower downtime", q.Mode)
+		}
+	}
+	return preds, feasible, rec.Mode, reason
+}
+
+// better reports whether round count q beats the best so far (see Best).
+func better(q, best Prediction, within func(Prediction) bool) bool {
+	if math.IsNaN(q.TotalMs) {
+		return false
+	}
+	qi, bi := within(q), within(best)
+	switch {
+	case qi != bi:
+		return qi
+	case qi:
+		return lowerCost(q, best)
+	case !nearlyEqual(q.DowntimeMs, best.DowntimeMs):
+		return q.DowntimeMs < best.DowntimeMs
+	default:
+		return q.TotalMs < best.TotalMs && !nearlyEqual(q.TotalMs, best.TotalMs)
+	}
+}
+
+// lowerCost orders by total time, then downtime; equal means not lower, so
+// the earlier (fewer rounds, or earlier mode) stays.
+func lowerCost(q, r Prediction) bool {
+	if !nearlyEqual(q.TotalMs, r.TotalMs) {
+		return q.TotalMs < r.TotalMs
+	}
+	return q.DowntimeMs < r.DowntimeMs && !nearlyEqual(q.DowntimeMs, r.DowntimeMs)
+}
+
+func nearlyEqual(a, b float64) bool {
+	if a == b {
+		return true
+	}
+	return math.Abs(a-b) <= 1e-9*math.Max(math.Abs(a), math.Abs(b))
+}
+
+func describe(q Prediction) string {
+	switch {
+	case q.Rounds == 1:
+		return q.Mode + " (1 round)"
+	case q.Rounds > 1:
+		return fmt.Sprintf("%s (%d rounds)", q.Mode, q.Rounds)
+	}
+	return q.Mode
+}

@@ -1,0 +1,96 @@
+package model
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+// Profile holds one host's fitted rates and fixed costs: what the
+// technique models need beyond the workload and the link. It is
+// JSON-serialisable so a calibration run can store it per host.
+type Profile struct {
+	Host   string `json:"host,omitempty"`
+	Source string `json:"source,omitempty"` // where the numbers come from
+
+	PageSize float64 `json:"page_size_bytes"` // σ
+
+	FreezeS    float64 `json:"freeze_s"`     // β: pausing the container (cgroup freezer)
+	DumpFixedS float64 `json:"dump_fixed_s"` // CRIU dump time besides memory; also a memory-less (lazy) dump
+	DumpBps    float64 `json:"dump_bps"`     // CRIU's page output in a full dump, bytes/s
+
+	ReadHashBps float64 `json:"read_hash_bps"` // reading memory from the host and hashing it, bytes/s
+
+	RestoreFixedS float64 `json:"restore_fixed_s"` // ψ: restore at M = 0
+	RestoreBps    float64 `json:"restore_bps"`     // 1/ω: restore's memory part, bytes/s
+
+	LazySetupS float64 `json:"lazy_setup_s"` // extra fixed cost of a lazy restore (lazy-pages daemon, userfaultfd)
+	LazyBps    float64 `json:"lazy_bps"`     // pages the lazy-pages daemon places per second, bytes/s
+
+	LinkEfficiency float64 `json:"link_efficiency"` // payload throughput / link capacity
+	DedupRefBytes  float64 `json:"dedup_ref_bytes"` // link bytes for a page the destination already holds
+
+	// SoftDirty: the kernel tracks dirty pages, so CRIU's native pre-copy
+	// (PAM) is possible; Best only considers it then.
+	SoftDirty bool      `json:"soft_dirty"`
+	PAM       PAMParams `json:"pam"`
+}
+
+// DefaultProfile returns rough values measured on the development machine
+// (2 cores, Linux 6.18, CRIU 4.2.1, runc 1.1.5, no soft-dirty). They give
+// sensible predictions until a calibration replaces them.
+func DefaultProfile() Profile {
+	return Profile{
+		Source:         "defaults: development VM, CRIU 4.2.1 + runc 1.1.5",
+		PageSize:       4096,
+		FreezeS:        0.005,
+		DumpFixedS:     0.1,
+		DumpBps:        0.4e9,
+		ReadHashBps:    4.5e9,
+		RestoreFixedS:  0.1,
+		RestoreBps:     (256 << 20) / 0.2, // 0.2 s per 256 MiB
+		LazySetupS:     0.1,
+		LazyBps:        (256 << 20) / 1.08, // every page of 256 MiB placed 1.08 s after the lazy restore
+		LinkEfficiency: 0.95,
+		DedupRefBytes:  29,
+		PAM:            DefaultPAM(),
+	}
+}
+
+// ParseProfile reads a JSON profile; fields it does not name keep their
+// defaults, so a partial calibration still yields a usable profile.
+func ParseProfile(data []byte) (Profile, error) {
+	p := DefaultProfile()
+	if err := json.Unmarshal(data, &p); err != nil {
+		return Profile{}, fmt.Errorf("profile: %w", err)
+	}
+	return p, p.Validate()
+}
+
+// Validate rejects values that make the models meaningless.
+func (p Profile) Validate() error {
+	type field struct {
+		name string
+		v    float64
+	}
+	for _, f := range []field{{"page_size_bytes", p.PageSize}, {"dump_bps", p.DumpBps},
+		{"read_hash_bps", p.ReadHashBps}, {"restore_bps", p.RestoreBps}, {"lazy_bps", p.LazyBps},
+		{"link_efficiency", p.LinkEfficiency}} {
+		if !(f.v > 0) {
+			return fmt.Errorf("profile: %s must be positive, got %v", f.name, f.v)
+		}
+	}
+	for _, f := range []field{{"freeze_s", p.FreezeS}, {"dump_fixed_s", p.DumpFixedS},
+		{"restore_fixed_s", p.RestoreFixedS}, {"lazy_setup_s", p.LazySetupS},
+		{"dedup_ref_bytes", p.DedupRefBytes}} {
+		if !(f.v >= 0) {
+			return fmt.Errorf("profile: %s must not be negative, got %v", f.name, f.v)
+		}
+	}
+	if p.LinkEfficiency > 1 {
+		return fmt.Errorf("profile: link_efficiency %v is above 1", p.LinkEfficiency)
+	}
+	if !(p.PAM.Sigma > 0) {
+		return fmt.Errorf("profile: pam.sigma must be positive")
+	}
+	return nil
+}

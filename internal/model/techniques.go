@@ -1,0 +1,142 @@
+package model
+
+import "math"
+
+// The technique models follow PAM's structure (fixed cost + per-byte cost
+// for each step, transfer = bytes / link, dirty bytes = rate × time the
+// service ran) applied to what ferry actually does for each mode. All
+// durations here are in seconds; Predict converts to milliseconds.
+
+// timeline is one technique's prediction in seconds.
+type timeline struct {
+	rounds   int
+	down     float64
+	total    float64
+	bytes    float64
+	frozen   float64 // freezes before the switchover
+	degraded float64 // after resume, until every page is in place
+	note     string
+}
+
+// link is the payload throughput of round i (the switchover uses the index
+// after the last round): the round's capacity times the link efficiency.
+func (p Profile) link(in Inputs, i int) float64 {
+	bw := in.BandwidthBps
+	if len(in.RoundBandwidthBps) > 0 {
+		bw = linkAt(in.RoundBandwidthBps, i)
+	}
+	return p.LinkEfficiency * bw
+}
+
+// dirtyCap bounds what one interval can find dirty: the working set when
+// given, else all of memory (a page written twice is sent once).
+func dirtyCap(in Inputs) float64 {
+	if in.HotBytes > 0 && in.HotBytes < in.MemoryBytes {
+		return in.HotBytes
+	}
+	return in.MemoryBytes
+}
+
+// dirtied is the bytes the service dirties while running for t seconds.
+func (p Profile) dirtied(in Inputs, t float64) float64 {
+	return math.Min(dirtyCap(in), in.DirtyRatePagesPerSec*p.PageSize*t)
+}
+
+// restore is ψ + ω·M for a normal (non-lazy) restore.
+func (p Profile) restore(m float64) float64 { return p.RestoreFixedS + m/p.RestoreBps }
+
+// cold: freeze, stream a full dump to the destination, restore. CRIU's page
+// output and the link form one pipeline, so the slower of the two sets the
+// pace; the service is down throughout.
+func (p Profile) cold(in Inputs) timeline {
+	m := in.MemoryBytes
+	stream := math.Max(m/p.DumpBps, xfer(m, p.link(in, 0)))
+	down := p.FreezeS + p.DumpFixedS + stream + p.restore(m)
+	return timeline{down: down, total: down, bytes: m}
+}
+
+// liveRounds models n ≥ 1 content-based rounds while the service runs:
+// round 0 sends all of memory, round i the pages dirtied during round i-1;
+// each round also reads and hashes all of memory. It returns the bytes
+// sent, the time taken and the last round's duration.
+func (p Profile) liveRounds(in Inputs, n int) (sent, elapsed, last float64) {
+	m := in.MemoryBytes
+	v := m
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			v = p.dirtied(in, last)
+		}
+		last = xfer(v, p.link(in, i)) + m/p.ReadHashBps
+		sent += v
+		elapsed += last
+	}
+	return sent, elapsed, last
+}
+
+// notConverging reports whether the service dirties memory at least as fast
+// as the link carries it, in which case rounds stop shrinking.
+func (p Profile) notConverging(in Inputs) bool {
+	return in.DirtyRatePagesPerSec*p.PageSize >= p.link(in, 0) && in.MemoryBytes > 0
+}
+
+// precopy is ferry's content-based pre-copy: n live rounds, then freeze and
+// a full local CRIU dump streamed through the deduplicating proxy, which
+// hashes every page and sends only the pages dirtied during the last round
+// (each other page costs a short reference), then a normal restore.
+func (p Profile) precopy(in Inputs, n int) timeline {
+	m := in.MemoryBytes
+	sent, elapsed, last := p.liveRounds(in, n)
+	delta := p.dirtied(in, last)
+	refs := (m - delta) / p.PageSize * p.DedupRefBytes
+	// Dump and hashing share the source's CPUs (serial); the link carries
+	// the delta alongside (pipelined).
+	stream := math.Max(m/p.DumpBps+m/p.ReadHashBps, xfer(delta+refs, p.link(in, n)))
+	down := p.FreezeS + p.DumpFixedS + stream + p.restore(m)
+	t := timeline{rounds: n, down: down, total: elapsed + down, bytes: sent + delta + refs}
+	if p.notConverging(in) {
+		t.note = "dirty rate at or above link throughput: rounds do not shrink"
+	}
+	return t
+}
+
+// postcopy: freeze, dump everything but memory, restore lazily; pages then
+// move on demand and in the background. Downtime does not depend on M; the
+// service runs degraded until the last page arrives.
+func (p Profile) postcopy(in Inputs) timeline {
+	m := in.MemoryBytes
+	down := p.FreezeS + p.DumpFixedS + p.RestoreFixedS + p.LazySetupS
+	pull := math.Max(xfer(m, p.link(in, 0)), m/p.LazyBps)
+	return timeline{down: down, total: down + pull, bytes: m, degraded: pull}
+}
+
+// hybrid: n live rounds, then freeze; a memory-less dump runs alongside a
+// final read of the frozen memory, whose changed pages go as one more
+// round; the lazy restore is then served from the destination's own copy.
+func (p Profile) hybrid(in Inputs, n int) timeline {
+	m := in.MemoryBytes
+	sent, elapsed, last := p.liveRounds(in, n)
+	delta := p.dirtied(in, last)
+	final := math.Max(p.DumpFixedS, m/p.ReadHashBps+xfer(delta, p.link(in, n)))
+	down := p.FreezeS + final + p.RestoreFixedS + p.LazySetupS
+	fill := m / p.LazyBps // placing every page from the local copy
+	t := timeline{rounds: n, down: down, total: elapsed + down + fill, bytes: sent + delta, degraded: fill}
+	if p.notConverging(in) {
+		t.note = "dirty rate at or above link throughput: rounds do not shrink"
+	}
+	return t
+}
+
+// native is CRIU's own pre-copy (pre-dump with soft-dirty tracking): PAM
+// with n iterations before Stop&Copy (I = n-1) on this profile's link.
+func (p Profile) native(in Inputs, n int) timeline {
+	ls := make([]float64, n+1)
+	for i := range ls {
+		ls[i] = p.link(in, i)
+	}
+	r := PAM(p.PAM, PAMInputs{M: in.MemoryBytes, R: in.DirtyRatePagesPerSec, L: ls, I: n - 1})
+	t := timeline{rounds: n, down: r.Downtime, total: r.Total, bytes: r.Bytes, frozen: r.Frozen}
+	if !p.SoftDirty {
+		t.note = "needs soft-dirty tracking, which this host's kernel lacks"
+	}
+	return t
+}
