@@ -92,6 +92,7 @@ func addPrecopyFlags(cmd *cobra.Command, o *engine.PrecopyOptions) {
 	f.DurationVar(&o.MaxDowntime, "max-downtime", 0, "pre-copy: switch over once the predicted downtime fits (e.g. 500ms)")
 	f.BoolVar(&o.AutoConverge, "auto-converge", false, "pre-copy: throttle the container's CPU step by step while rounds do not shrink")
 	f.StringVar(&o.Compress, "compress", "none", "pre-copy round stream compression: none or zstd")
+	f.StringVar(&o.Engine, "precopy-engine", "auto", "pre-copy engine: auto (native where the kernel tracks dirty pages), native (CRIU pre-dump), content (ferry's page hashing)")
 }
 
 // resolveEndpoints turns lab host names into the source's control socket and

@@ -64,7 +64,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	if dst.CRIUError != nil {
 		a.Log.Warn("this host cannot receive migrations", "reason", dst.CRIUError)
 	}
-	src := &engine.Source{Host: a.Host, KeepWork: a.KeepWork}
+	feats := criu.ProbeFeatures(ctx)
+	src := &engine.Source{Host: a.Host, KeepWork: a.KeepWork, DirtyTracking: feats.DirtyTracking}
 
 	var ls []net.Listener
 	defer func() {

@@ -40,6 +40,9 @@ func (m *migration) dumpStreaming(ctx context.Context) error {
 		return failAt("dump", err)
 	}
 	defer pages.Close()
+	if err := pages.Send(PageStreamInfo{Round: -1, Parent: m.parentRound}); err != nil {
+		return failAt("dump", err)
+	}
 	addr, tunnelDone, err := pageClientTunnel(ctx, pages, m.pageTransform)
 	if err != nil {
 		return failAt("dump", err)
@@ -47,9 +50,11 @@ func (m *migration) dumpStreaming(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return failAt("rootfs sync (frozen)", m.syncRootfs(ChanRootfsFinal)) })
 	g.Go(func() error {
-		err := m.rt.Checkpoint(gctx, m.req.Container, runc.CheckpointOptions{
-			ImagePath: imgDir, WorkPath: m.work, PageServer: addr, LeaveRunning: true,
-		})
+		opts := runc.CheckpointOptions{ImagePath: imgDir, WorkPath: m.work, PageServer: addr, LeaveRunning: true}
+		if m.parentRound >= 0 {
+			opts.ParentPath = filepath.Join("..", predumpDir(m.parentRound))
+		}
+		err := m.rt.Checkpoint(gctx, m.req.Container, opts)
 		if err != nil {
 			pages.Close() // unblock the tunnel
 			return failAt("dump on "+m.host.Name, err)

@@ -68,7 +68,7 @@ func (d *Destination) Receive(ctx context.Context, sess *transport.Session, rout
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	for _, k := range channelsFor(in.offer.Mode) {
+	for _, k := range channelsFor(in.modeKey(), in.offer.Precopy.withDefaults().MaxRounds) {
 		router.Expect(k)
 	}
 	if err := ctl.Send(Accept{Host: d.Host.Name, CRIUVersion: d.CRIUVersion}); err != nil {
@@ -143,12 +143,18 @@ func (in *incoming) writeSpec() error {
 }
 
 // channelsFor lists the channels a source opens for a mode.
-func channelsFor(mode string) []string {
+func channelsFor(mode string, maxRounds int) []string {
 	switch mode {
 	case ModePostcopy:
 		return []string{ChanRootfsLive, ChanRootfsFinal, ChanImages, ChanLazy}
 	case ModePrecopy:
 		return []string{ChanRootfsLive, ChanRootfsFinal, ChanRounds, ChanPages, ChanImages}
+	case ModePrecopy + "/" + PrecopyNative:
+		chans := []string{ChanRootfsLive, ChanRootfsFinal, ChanPages, ChanImages}
+		for i := 0; i < maxRounds; i++ {
+			chans = append(chans, predumpChan(i))
+		}
+		return chans
 	case ModeHybrid:
 		return []string{ChanRootfsLive, ChanRootfsFinal, ChanRounds, ChanImages, ChanLazy}
 	}
@@ -169,7 +175,10 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 	defer release()
 	recv.Go(func() error { return in.receiveRootfs(ctx, sess, router, ChanRootfsLive) })
 	recv.Go(func() error { return in.receiveRootfs(ctx, sess, router, ChanRootfsFinal) })
-	if in.offer.Mode == ModePrecopy {
+	if in.modeKey() == ModePrecopy+"/"+PrecopyNative {
+		in.receivePredumps(ctx, sess, router, in.offer.Precopy.withDefaults().MaxRounds)
+		recv.Go(func() error { return in.receiveFinalPages(ctx, sess, router, nil) })
+	} else if in.offer.Mode == ModePrecopy {
 		in.store = pages.NewStore()
 		defer in.store.Release()
 		// Rounds must be stored before the final dump's references arrive.
@@ -179,26 +188,14 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 			if err := <-rounds; err != nil {
 				return err
 			}
-			ch, err := router.Wait(ctx, sess, ChanPages)
-			if err != nil {
-				return err
-			}
-			defer ch.Close()
-			return runExpandingPageServer(ctx, ch, in.store, in.images, in.work)
+			return in.receiveFinalPages(ctx, sess, router, in.store)
 		})
 	} else if in.offer.Mode == ModeHybrid {
 		in.store = pages.NewStore()
 		defer in.store.Release()
 		recv.Go(func() error { return in.receiveRounds(ctx, sess, router) })
 	} else if !lazy {
-		recv.Go(func() error {
-			ch, err := router.Wait(ctx, sess, ChanPages)
-			if err != nil {
-				return err
-			}
-			defer ch.Close()
-			return runPageServer(ctx, ch, in.images, in.work)
-		})
+		recv.Go(func() error { return in.receiveFinalPages(ctx, sess, router, nil) })
 	}
 	imagesIn := make(chan error, 1)
 	recv.Go(func() error {
@@ -293,6 +290,36 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 		return done.Error == "", ctl.Send(done)
 	}
 	return true, nil
+}
+
+// modeKey names the mode and, for native pre-copy, its engine.
+func (in *incoming) modeKey() string {
+	if in.offer.Mode == ModePrecopy && in.offer.Precopy.Engine == PrecopyNative {
+		return ModePrecopy + "/" + PrecopyNative
+	}
+	return in.offer.Mode
+}
+
+// receiveFinalPages runs CRIU's page server for the final dump, linked to
+// its parent pre-dump when it has one, putting pre-copy's references back
+// when store is set.
+func (in *incoming) receiveFinalPages(ctx context.Context, sess *transport.Session, router *transport.Router, store *pages.Store) error {
+	ch, err := router.Wait(ctx, sess, ChanPages)
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	var info PageStreamInfo
+	if err := ch.Recv(&info); err != nil {
+		return err
+	}
+	if err := linkParent(in.images, info.Parent); err != nil {
+		return err
+	}
+	if store != nil {
+		return runExpandingPageServer(ctx, ch, store, in.images, in.work)
+	}
+	return runPageServer(ctx, ch, in.images, in.work)
 }
 
 func (in *incoming) receiveImages(ctx context.Context, sess *transport.Session, router *transport.Router) error {

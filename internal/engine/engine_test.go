@@ -68,7 +68,7 @@ func TestStopRule(t *testing.T) {
 
 func TestChannelsForMode(t *testing.T) {
 	has := func(mode, kind string) bool {
-		for _, k := range channelsFor(mode) {
+		for _, k := range channelsFor(mode, 8) {
 			if k == kind {
 				return true
 			}

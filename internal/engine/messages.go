@@ -47,6 +47,8 @@ type Offer struct {
 type Accept struct {
 	Host        string `json:"host"`
 	CRIUVersion string `json:"criu_version"`
+	// PrecopyEngine is the pre-copy engine both ends agreed on.
+	PrecopyEngine string `json:"precopy_engine,omitempty"`
 }
 
 // Step is a control message naming what the source asks for next.

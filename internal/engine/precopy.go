@@ -64,6 +64,9 @@ type PrecopyOptions struct {
 	// AutoConverge throttles the container's CPU when rounds stop shrinking.
 	AutoConverge bool   `json:"auto_converge,omitempty"`
 	Compress     string `json:"compress,omitempty"` // "none" or "zstd"
+	// Engine: auto (native where the kernel tracks dirty pages), native
+	// or content.
+	Engine string `json:"engine,omitempty"`
 }
 
 func (o PrecopyOptions) withDefaults() PrecopyOptions {

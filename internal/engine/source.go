@@ -22,6 +22,9 @@ import (
 // Source runs migrations of this host's containers to other hosts.
 type Source struct {
 	Host host.Config
+	// DirtyTracking says the kernel tracks dirty pages (soft-dirty), so
+	// CRIU's native pre-dump works here.
+	DirtyTracking bool
 	// KeepWork keeps each migration's local images and CRIU logs.
 	KeepWork bool
 }
@@ -50,6 +53,10 @@ type migration struct {
 	pageTransform func(dst io.Writer, src io.Reader) error
 	// liftThrottle undoes auto-converge at the source, if it throttled.
 	liftThrottle func()
+	// parentRound is the pre-dump the final dump builds on (native
+	// pre-copy); -1 for none.
+	parentRound   int
+	dirtyTracking bool
 }
 
 // failure is an error with the phase and host where it happened.
@@ -136,7 +143,8 @@ func (m *migration) reportProgress(ctx context.Context, interval time.Duration) 
 // Migrate moves req.Container to req.To and reports how it went. Whatever
 // fails before the destination confirms leaves the container running here.
 func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progress)) Report {
-	m := &migration{req: req, id: newID(), host: s.Host, rt: s.Host.Runc(), progress: progress, start: time.Now()}
+	req.Precopy.Engine = s.precopyEngine(req.Precopy.Engine)
+	m := &migration{req: req, id: newID(), host: s.Host, rt: s.Host.Runc(), progress: progress, start: time.Now(), parentRound: -1, dirtyTracking: s.DirtyTracking}
 	m.report = Report{Container: req.Container, Mode: req.Mode, From: s.Host.Name, To: req.To}
 	pctx, stopProgress := context.WithCancel(ctx)
 	go m.reportProgress(pctx, 200*time.Millisecond)
@@ -174,6 +182,9 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 func (m *migration) run(ctx context.Context) error {
 	m.begin("prepare")
 	if err := validateMode(m.req.Mode); err != nil {
+		return failAt("prepare on "+m.host.Name, err)
+	}
+	if err := m.validatePrecopy(); err != nil {
 		return failAt("prepare on "+m.host.Name, err)
 	}
 	st, err := m.rt.State(ctx, m.req.Container)
@@ -220,11 +231,25 @@ func (m *migration) run(ctx context.Context) error {
 	case ModePostcopy:
 		return m.postcopy(ctx)
 	case ModePrecopy:
+		if m.req.Precopy.Engine == PrecopyNative {
+			return m.precopyNative(ctx)
+		}
 		return m.precopy(ctx)
 	case ModeHybrid:
 		return m.hybrid(ctx)
 	}
 	return failAt("prepare", fmt.Errorf("mode %q has no engine", m.req.Mode))
+}
+
+// precopyEngine resolves "auto" against what this kernel can do.
+func (s *Source) precopyEngine(asked string) string {
+	if asked == "" || asked == PrecopyAuto {
+		if s.DirtyTracking {
+			return PrecopyNative
+		}
+		return PrecopyContent
+	}
+	return asked
 }
 
 func validateMode(mode string) error {
@@ -235,6 +260,28 @@ func validateMode(mode string) error {
 		return fmt.Errorf("mode auto is not available yet; choose cold, precopy, postcopy or hybrid")
 	}
 	return fmt.Errorf("unknown mode %q (choose cold, precopy, postcopy or hybrid)", mode)
+}
+
+// validatePrecopy refuses pre-copy options this host cannot honour, before
+// anything is frozen.
+func (m *migration) validatePrecopy() error {
+	o := m.req.Precopy
+	switch o.Engine {
+	case PrecopyContent:
+	case PrecopyNative:
+		if !m.dirtyTracking {
+			return fmt.Errorf("--precopy-engine native needs soft-dirty page tracking, which this kernel lacks (CONFIG_MEM_SOFT_DIRTY); use content")
+		}
+	default:
+		return fmt.Errorf("unknown pre-copy engine %q (auto, native, content)", o.Engine)
+	}
+	if o.Compress != "" && o.Compress != "none" && o.Compress != "zstd" {
+		return fmt.Errorf("unknown --compress %q (none, zstd)", o.Compress)
+	}
+	if o.MaxRounds < 0 || o.MinRoundBytes < 0 || o.MaxDowntime < 0 {
+		return fmt.Errorf("pre-copy limits must not be negative")
+	}
+	return nil
 }
 
 // syncRootfs sends what the destination's copy of the root filesystem lacks.

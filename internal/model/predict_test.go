@@ -1,0 +1,281 @@
+package model
+
+import (
+	"encoding/json"
+	"math"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// handProfile has round numbers for hand-computed expectations.
+func handProfile() Profile {
+	p := DefaultProfile()
+	p.FreezeS, p.DumpFixedS, p.DumpBps = 0.01, 0.1, 1e9
+	p.ReadHashBps = 4e9
+	p.RestoreFixedS, p.RestoreBps = 0.1, 2e9
+	p.LazySetupS, p.LazyBps = 0.05, 5e8
+	p.LinkEfficiency, p.DedupRefBytes = 1, 0
+	return p
+}
+
+func TestTechniquesHandComputed(t *testing.T) {
+	p := handProfile()
+	// M = 1 GB, R = 1000 pages/s (4.096 MB/s), L = 100 MB/s.
+	in := Inputs{MemoryBytes: 1e9, DirtyRatePagesPerSec: 1000, BandwidthBps: 1e8}
+	// Round 0: 1e9/1e8 + 1e9/4e9 = 10.25 s; then 4.096e6·10.25 B are dirty.
+	d1 := 4.096e6 * 10.25
+	// Round 1: d1/1e8 + 0.25 s.
+	t1 := d1/1e8 + 0.25
+	d2 := 4.096e6 * t1
+	for _, c := range []struct {
+		mode                    string
+		rounds                  int
+		down, total, bytes, deg float64
+	}{
+		// freeze + dump fixed + max(dump 1 s, link 10 s) + restore 0.1 + 0.5.
+		{ModeCold, 0, 10.71, 10.71, 1e9, 0},
+		// freeze + dump fixed + restore fixed + lazy setup; pull max(10 s, 2 s).
+		{ModePostcopy, 0, 0.26, 10.26, 1e9, 10},
+		// Switchover: max(dump 1 + hash 0.25, delta d1/1e8) = 1.25 s.
+		{ModePrecopy, 1, 1.96, 10.25 + 1.96, 1e9 + d1, 0},
+		{ModePrecopy, 2, 1.96, 10.25 + t1 + 1.96, 1e9 + d1 + d2, 0},
+		// Final: max(0.1, 0.25 + d1/1e8); fill 1e9/5e8 = 2 s.
+		{ModeHybrid, 1, 0.01 + 0.25 + d1/1e8 + 0.15, 10.25 + 0.41 + d1/1e8 + 2, 1e9 + d1, 2},
+	} {
+		q := Predict(p, in, c.mode, c.rounds)
+		if q.Mode != c.mode || q.Rounds != c.rounds {
+			t.Errorf("%s: got mode %q rounds %d", c.mode, q.Mode, q.Rounds)
+		}
+		approx(t, c.mode+" downtime", q.DowntimeMs, c.down*1000)
+		approx(t, c.mode+" total", q.TotalMs, c.total*1000)
+		approx(t, c.mode+" bytes", q.Bytes, c.bytes)
+		approx(t, c.mode+" degraded", q.DegradedMs, c.deg*1000)
+	}
+}
+
+func TestPrecopyDedupReferences(t *testing.T) {
+	p := handProfile()
+	p.DedupRefBytes = 32
+	in := Inputs{MemoryBytes: 4096 * 1000, DirtyRatePagesPerSec: 0, BandwidthBps: 1e8}
+	// Nothing dirty: the switchover sends one 32-byte reference per page.
+	q := Predict(p, in, ModePrecopy, 1)
+	approx(t, "bytes", q.Bytes, 4096*1000+32*1000)
+}
+
+func TestHotBytesCapsDirtyVolume(t *testing.T) {
+	p := handProfile()
+	in := Inputs{MemoryBytes: 1e9, DirtyRatePagesPerSec: 1e6, BandwidthBps: 1e8, HotBytes: 1e7}
+	q := Predict(p, in, ModePrecopy, 3)
+	approx(t, "bytes", q.Bytes, 1e9+3*1e7) // rounds 1, 2 and the switchover each find the whole working set dirty
+}
+
+func TestNativePrecopyIsPAM(t *testing.T) {
+	p := handProfile()
+	p.PAM = handPAM()
+	in := Inputs{MemoryBytes: 1e9, DirtyRatePagesPerSec: 1000, BandwidthBps: 1e8}
+	q := Predict(p, in, ModeNativePrecopy, 2)
+	r := PAM(p.PAM, PAMInputs{M: 1e9, R: 1000, L: []float64{1e8}, I: 1})
+	approx(t, "downtime", q.DowntimeMs, r.Downtime*1000)
+	approx(t, "total", q.TotalMs, r.Total*1000)
+	approx(t, "frozen", q.FrozenMs, r.Frozen*1000)
+	if !strings.Contains(q.Note, "soft-dirty") {
+		t.Errorf("note %q should say soft-dirty is missing", q.Note)
+	}
+}
+
+func TestPredictBadInput(t *testing.T) {
+	p := DefaultProfile()
+	for _, c := range []struct {
+		mode string
+		in   Inputs
+	}{
+		{"teleport", Inputs{MemoryBytes: 1}},
+		{ModeCold, Inputs{MemoryBytes: -1}},
+		{ModeCold, Inputs{MemoryBytes: math.NaN()}},
+		{ModePrecopy, Inputs{MemoryBytes: 1, DirtyRatePagesPerSec: -3}},
+	} {
+		q := Predict(p, c.in, c.mode, 1)
+		if !math.IsNaN(q.TotalMs) || q.Note == "" {
+			t.Errorf("%s %+v: want NaN and a note, got %+v", c.mode, c.in, q)
+		}
+	}
+	// A dead link takes forever but is not an error.
+	if q := Predict(p, Inputs{MemoryBytes: 1 << 20}, ModeCold, 0); !math.IsInf(q.TotalMs, 1) {
+		t.Errorf("zero bandwidth: total %v, want +Inf", q.TotalMs)
+	}
+}
+
+var allModes = []string{ModeCold, ModePrecopy, ModePostcopy, ModeHybrid, ModeNativePrecopy}
+
+func TestDowntimeNonDecreasingInDirtyRate(t *testing.T) {
+	p := DefaultProfile()
+	for _, mode := range allModes {
+		for rounds := 1; rounds <= 4; rounds++ {
+			prev := -1.0
+			for r := 0.0; r <= 2e6; r = r*1.7 + 10 {
+				q := Predict(p, Inputs{MemoryBytes: 256 << 20, DirtyRatePagesPerSec: r, BandwidthBps: 125e6}, mode, rounds)
+				if q.DowntimeMs < prev {
+					t.Fatalf("%s rounds %d: downtime fell from %v to %v at R=%v", mode, rounds, prev, q.DowntimeMs, r)
+				}
+				prev = q.DowntimeMs
+			}
+		}
+	}
+}
+
+func TestTotalDecreasingInBandwidth(t *testing.T) {
+	p := DefaultProfile()
+	for _, mode := range allModes {
+		prev := math.Inf(1)
+		for bw := 1e6; bw <= 1e11; bw *= 1.5 {
+			q := Predict(p, Inputs{MemoryBytes: 256 << 20, DirtyRatePagesPerSec: 2000, BandwidthBps: bw}, mode, 3)
+			// Strictly while the link is the bottleneck (below every
+			// local rate), never increasing after.
+			if q.TotalMs > prev || (bw < 2e8 && q.TotalMs >= prev) {
+				t.Fatalf("%s: total went from %v to %v at %v B/s", mode, prev, q.TotalMs, bw)
+			}
+			prev = q.TotalMs
+		}
+	}
+}
+
+func TestPostcopyDowntimeIndependentOfMemory(t *testing.T) {
+	p := DefaultProfile()
+	base := Predict(p, Inputs{MemoryBytes: 1 << 20, DirtyRatePagesPerSec: 100, BandwidthBps: 125e6}, ModePostcopy, 0)
+	for m := float64(1 << 20); m <= 1<<36; m *= 4 {
+		q := Predict(p, Inputs{MemoryBytes: m, DirtyRatePagesPerSec: 100, BandwidthBps: 125e6}, ModePostcopy, 0)
+		approx(t, "post-copy downtime", q.DowntimeMs, base.DowntimeMs)
+		if q.TotalMs <= q.DowntimeMs {
+			t.Errorf("M=%v: total %v not above downtime %v", m, q.TotalMs, q.DowntimeMs)
+		}
+	}
+}
+
+func TestBestPicksColdForSmallContainers(t *testing.T) {
+	p := DefaultProfile()
+	in := Inputs{MemoryBytes: 16 << 20, DirtyRatePagesPerSec: 100, BandwidthBps: 125e6}
+	preds, feasible, rec, reason := Best(p, in, 1000)
+	if len(preds) != 4 {
+		t.Fatalf("got %d predictions, want 4 (no native pre-copy without soft-dirty)", len(preds))
+	}
+	if rec != ModeCold {
+		t.Errorf("recommended %q (%s), want cold", rec, reason)
+	}
+	if len(feasible) != 4 || !strings.Contains(reason, "lowest total") {
+		t.Errorf("feasible %v, reason %q", feasible, reason)
+	}
+}
+
+func TestBestPicksPostcopyForTightBudget(t *testing.T) {
+	p := DefaultProfile()
+	in := Inputs{MemoryBytes: 4 << 30, DirtyRatePagesPerSec: 1000, BandwidthBps: 125e6}
+	_, feasible, rec, reason := Best(p, in, 500)
+	if rec != ModePostcopy || !reflect.DeepEqual(feasible, []string{ModePostcopy}) {
+		t.Errorf("recommended %q, feasible %v (%s); want post-copy only", rec, feasible, reason)
+	}
+}
+
+func TestBestNoneFeasible(t *testing.T) {
+	p := DefaultProfile()
+	in := Inputs{MemoryBytes: 4 << 30, DirtyRatePagesPerSec: 1000, BandwidthBps: 125e6}
+	preds, feasible, rec, reason := Best(p, in, 0.1)
+	if rec != "" || len(feasible) != 0 || len(preds) != 4 {
+		t.Fatalf("recommended %q feasible %v; want none", rec, feasible)
+	}
+	if !strings.Contains(reason, "no mode meets") || !strings.Contains(reason, ModePostcopy) {
+		t.Errorf("reason %q should say none fits and name post-copy's downtime", reason)
+	}
+}
+
+func TestBestTieGoesToLowerDowntimeThenOrder(t *testing.T) {
+	q := func(total, down float64) Prediction { return Prediction{TotalMs: total, DowntimeMs: down} }
+	if !lowerCost(q(100, 10), q(100, 20)) || lowerCost(q(100, 20), q(100, 10)) {
+		t.Error("on equal totals the lower downtime must win")
+	}
+	if lowerCost(q(100, 10), q(100, 10)) {
+		t.Error("a full tie must keep the earlier one")
+	}
+	if !lowerCost(q(99, 50), q(100, 10)) {
+		t.Error("the lower total must win")
+	}
+	// Empty memory, no lazy setup: every mode costs freeze + dump + restore.
+	p := DefaultProfile()
+	p.LazySetupS = 0
+	_, feasible, rec, reason := Best(p, Inputs{BandwidthBps: 1e8}, 1000)
+	if rec != ModeCold || len(feasible) != 4 || !strings.Contains(reason, "ties with") {
+		t.Errorf("recommended %q feasible %v reason %q", rec, feasible, reason)
+	}
+}
+
+func TestBestRoundCount(t *testing.T) {
+	p := DefaultProfile()
+	// 1 GiB dirtied at 80 MB/s over a 1 Gbit/s link: hybrid's downtime
+	// shrinks with every round, and each round costs total time.
+	in := Inputs{MemoryBytes: 1 << 30, DirtyRatePagesPerSec: 20000, BandwidthBps: 125e6}
+	const budget = 3000
+	preds, _, _, _ := Best(p, in, budget)
+	var hy Prediction
+	for _, q := range preds {
+		if q.Mode == ModeHybrid {
+			hy = q
+		}
+	}
+	want := 0
+	for n := 1; n <= DefaultMaxRounds; n++ {
+		if Predict(p, in, ModeHybrid, n).DowntimeMs <= budget {
+			want = n
+			break
+		}
+	}
+	if want <= 1 {
+		t.Fatalf("test setup: want a case needing several rounds, got %d", want)
+	}
+	if hy.Rounds != want {
+		t.Errorf("hybrid rounds %d, want %d (the fewest within budget: lowest total)", hy.Rounds, want)
+	}
+	// Without any count in budget, the lowest downtime: the most rounds here.
+	preds, _, _, _ = Best(p, in, 1)
+	for _, q := range preds {
+		if q.Mode == ModeHybrid && q.Rounds != DefaultMaxRounds {
+			t.Errorf("hybrid rounds %d, want %d", q.Rounds, DefaultMaxRounds)
+		}
+	}
+}
+
+func TestBestNativeOnlyWithSoftDirty(t *testing.T) {
+	p := DefaultProfile()
+	p.SoftDirty = true
+	preds, _, _, _ := Best(p, Inputs{MemoryBytes: 1 << 28, DirtyRatePagesPerSec: 100, BandwidthBps: 125e6}, 0)
+	if len(preds) != 5 || preds[4].Mode != ModeNativePrecopy || preds[4].Note != "" {
+		t.Errorf("want native pre-copy last, without a note: %+v", preds)
+	}
+}
+
+func TestProfileJSON(t *testing.T) {
+	p := DefaultProfile()
+	data, err := json.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := ParseProfile(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(p, back) {
+		t.Errorf("round trip changed the profile:\n%+v\n%+v", p, back)
+	}
+	part, err := ParseProfile([]byte(`{"freeze_s": 0.02, "pam": {"alpha1": 3}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if part.FreezeS != 0.02 || part.DumpBps != p.DumpBps || part.PAM.Alpha1 != 3 || part.PAM.Sigma != 4096 {
+		t.Errorf("partial profile did not keep defaults: %+v", part)
+	}
+	if _, err := ParseProfile([]byte(`{"link_efficiency": 1.5}`)); err == nil {
+		t.Error("link efficiency above 1 accepted")
+	}
+	if _, err := ParseProfile([]byte(`{"dump_bps": 0}`)); err == nil {
+		t.Error("zero dump rate accepted")
+	}
+}
