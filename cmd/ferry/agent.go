@@ -9,10 +9,16 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/internal/transport"
 )
 
 func newAgentCmd() *cobra.Command {
 	a := &agent.Agent{}
+	var (
+		tlsDir   string
+		allow    []string
+		insecure bool
+	)
 	cmd := &cobra.Command{
 		Use:   "agent",
 		Short: "Run the per-host agent that sends and receives migrations",
@@ -36,6 +42,15 @@ and runc root, so several agents on one machine behave like separate hosts.`,
 				return fmt.Errorf("--state must be an absolute path, got %q", a.Host.StateDir)
 			}
 			a.Log = slog.New(slog.NewTextHandler(os.Stderr, nil)).With("host", a.Host.Name)
+			if tlsDir != "" {
+				sec, err := transport.LoadSecurity(tlsDir, a.Host.Name, allow)
+				if err != nil {
+					return fmt.Errorf("--tls-dir: %w", err)
+				}
+				a.Security = sec
+			} else if !insecure && a.Listen != "" {
+				return fmt.Errorf("agents talk over mutual TLS: pass --tls-dir (make one with `ferry certs`), or --insecure on a network you trust")
+			}
 			return a.Run(cmd.Context())
 		},
 	}
@@ -49,6 +64,10 @@ and runc root, so several agents on one machine behave like separate hosts.`,
 	f.StringVar(&a.Host.ScratchDir, "scratch", "/dev/shm/ferry", "where migrations keep CRIU images while they run; a tmpfs makes restores fast")
 	f.BoolVar(&a.KeepWork, "keep-work", false, "keep received CRIU images and logs under --state/work (debugging)")
 	f.BoolVar(&a.NoPrewarm, "no-prewarm", false, "do not touch the incoming container's amount of memory before restoring (helps on VMs whose balloon reclaims free pages)")
+	f.StringVar(&tlsDir, "tls-dir", "", "directory with this host's certificate and the CA (see `ferry certs`); sessions with other agents use mutual TLS 1.3")
+	f.StringSliceVar(&allow, "allow", nil, "hosts (certificate names) allowed to send migrations here; empty: any host the CA signed")
+	f.BoolVar(&insecure, "insecure", false, "accept and make plaintext agent connections (trusted test networks only)")
+	f.BoolVar(&a.Multipath, "mptcp", true, "use MPTCP between agents where the kernel has it (falls back to TCP)")
 	f.BoolVar(&a.AllowFaults, "allow-faults", false, "honour fault injection in requests (tests only)")
 	return cmd
 }

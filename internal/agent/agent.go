@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -36,6 +37,12 @@ type Agent struct {
 	KeepWork bool
 	// NoPrewarm turns off warming memory before restores.
 	NoPrewarm bool
+	// Security puts agent-to-agent sessions on mutual TLS 1.3; nil means
+	// plaintext, which only the lab's tests and a trusted network should use.
+	Security *transport.Security
+	// Multipath uses MPTCP for agent-to-agent sessions where the kernel
+	// has it (falls back to TCP otherwise).
+	Multipath bool
 	Log       *slog.Logger
 
 	mu   sync.Mutex
@@ -65,7 +72,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.Log.Warn("this host cannot receive migrations", "reason", dst.CRIUError)
 	}
 	feats := criu.ProbeFeatures(ctx)
-	src := &engine.Source{Host: a.Host, KeepWork: a.KeepWork, DirtyTracking: feats.DirtyTracking}
+	src := &engine.Source{Host: a.Host, KeepWork: a.KeepWork, DirtyTracking: feats.DirtyTracking,
+		Dial: a.dialPeer}
 
 	var ls []net.Listener
 	defer func() {
@@ -86,17 +94,17 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 		ls = append(ls, l)
-		go a.accept(ctx, l, func(sess *transport.Session, r *transport.Router, ch *transport.Channel) {
+		go a.accept(ctx, l, transport.Server, func(sess *transport.Session, r *transport.Router, ch *transport.Channel) {
 			a.control(ctx, src, ch)
 		})
 	}
 	if a.Listen != "" {
-		l, err := transport.Listen(a.Listen)
+		l, server, err := a.listenPeers()
 		if err != nil {
 			return err
 		}
 		ls = append(ls, l)
-		go a.accept(ctx, l, func(sess *transport.Session, r *transport.Router, ch *transport.Channel) {
+		go a.accept(ctx, l, server, func(sess *transport.Session, r *transport.Router, ch *transport.Channel) {
 			if ch.Kind != engine.ChanIncoming {
 				_ = ch.Fail(fmt.Errorf("peers may only offer migrations, not %q", ch.Kind))
 				ch.Close()
@@ -113,16 +121,45 @@ func (a *Agent) Run(ctx context.Context) error {
 	return nil
 }
 
-func (a *Agent) accept(ctx context.Context, l net.Listener, handle func(*transport.Session, *transport.Router, *transport.Channel)) {
+// listenPeers opens the listener other agents connect to: mutual TLS when
+// the agent has a certificate, MPTCP when asked.
+func (a *Agent) listenPeers() (net.Listener, func(net.Conn, transport.Hello) (*transport.Session, error), error) {
+	if a.Security != nil {
+		l, err := transport.ListenSecure(a.Listen, a.Security, a.Multipath)
+		return l, transport.ServerSecure, err
+	}
+	a.Log.Warn("agent-to-agent traffic is NOT encrypted or authenticated: start the agent with --tls-dir")
+	if a.Multipath {
+		var lc net.ListenConfig
+		lc.SetMultipathTCP(true)
+		l, err := lc.Listen(context.Background(), "tcp", a.Listen)
+		return l, transport.Server, err
+	}
+	l, err := transport.Listen(a.Listen)
+	return l, transport.Server, err
+}
+
+// dialPeer opens a session to another agent, the same way it listens.
+func (a *Agent) dialPeer(ctx context.Context, addr string) (*transport.Session, error) {
+	hello := transport.Hello{Name: a.Host.Name, Role: "agent"}
+	if a.Security != nil {
+		return transport.DialSecure(ctx, addr, hello, a.Security, "", a.Multipath)
+	}
+	return transport.DialPlain(ctx, addr, hello, a.Multipath)
+}
+
+func (a *Agent) accept(ctx context.Context, l net.Listener, server func(net.Conn, transport.Hello) (*transport.Session, error), handle func(*transport.Session, *transport.Router, *transport.Channel)) {
 	for {
 		conn, err := l.Accept()
 		if err != nil {
 			return
 		}
 		go func() {
-			sess, err := transport.Server(conn, transport.Hello{Name: a.Host.Name, Role: "agent"})
+			sess, err := server(conn, transport.Hello{Name: a.Host.Name, Role: "agent"})
 			if err != nil {
-				a.Log.Warn("refused connection", "from", conn.RemoteAddr(), "err", err)
+				if !errors.Is(err, io.EOF) {
+					a.Log.Warn("refused connection", "from", conn.RemoteAddr(), "err", err)
+				}
 				return
 			}
 			defer sess.Close()

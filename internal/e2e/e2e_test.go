@@ -357,8 +357,8 @@ func TestBadInputFreezesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	oldAddr := l.Hosts[1].Addr + ":7071"
-	cmd := l.Hosts[1].Command(ctx, bin, "agent", "--name", "old-criu", "--listen", oldAddr, "--control", "",
-		"--state", filepath.Join(t.TempDir(), "state"))
+	cmd := l.Hosts[1].Command(ctx, bin, "agent", "--name", "h2", "--listen", oldAddr, "--control", "",
+		"--state", filepath.Join(t.TempDir(), "state"), "--tls-dir", l.Hosts[1].TLSDir())
 	cmd.Env = append(os.Environ(), "PATH="+fake+":"+os.Getenv("PATH"))
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -25,6 +25,9 @@ type Source struct {
 	// DirtyTracking says the kernel tracks dirty pages (soft-dirty), so
 	// CRIU's native pre-dump works here.
 	DirtyTracking bool
+	// Dial opens a session to a destination agent (TLS, MPTCP: the
+	// agent's choice); nil means plain transport.Dial.
+	Dial func(ctx context.Context, addr string) (*transport.Session, error)
 	// KeepWork keeps each migration's local images and CRIU logs.
 	KeepWork bool
 }
@@ -57,6 +60,7 @@ type migration struct {
 	// pre-copy); -1 for none.
 	parentRound   int
 	dirtyTracking bool
+	dial          func(ctx context.Context, addr string) (*transport.Session, error)
 }
 
 // failure is an error with the phase and host where it happened.
@@ -144,7 +148,12 @@ func (m *migration) reportProgress(ctx context.Context, interval time.Duration) 
 // fails before the destination confirms leaves the container running here.
 func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progress)) Report {
 	req.Precopy.Engine = s.precopyEngine(req.Precopy.Engine)
-	m := &migration{req: req, id: newID(), host: s.Host, rt: s.Host.Runc(), progress: progress, start: time.Now(), parentRound: -1, dirtyTracking: s.DirtyTracking}
+	m := &migration{req: req, id: newID(), host: s.Host, rt: s.Host.Runc(), progress: progress, start: time.Now(), parentRound: -1, dirtyTracking: s.DirtyTracking, dial: s.Dial}
+	if m.dial == nil {
+		m.dial = func(ctx context.Context, addr string) (*transport.Session, error) {
+			return transport.Dial(ctx, addr, transport.Hello{Name: s.Host.Name, Role: "agent"})
+		}
+	}
 	m.report = Report{Container: req.Container, Mode: req.Mode, From: s.Host.Name, To: req.To}
 	pctx, stopProgress := context.WithCancel(ctx)
 	go m.reportProgress(pctx, 200*time.Millisecond)
@@ -207,7 +216,7 @@ func (m *migration) run(ctx context.Context) error {
 	if err := os.MkdirAll(m.work, 0o700); err != nil {
 		return failAt("prepare on "+m.host.Name, err)
 	}
-	m.sess, err = transport.Dial(ctx, m.req.To, transport.Hello{Name: m.host.Name, Role: "agent"})
+	m.sess, err = m.dial(ctx, m.req.To)
 	if err != nil {
 		return failAt("connect to destination", err)
 	}

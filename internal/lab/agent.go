@@ -29,9 +29,10 @@ type agent struct {
 }
 
 // agentArgs is the agent's command line after the binary.
-func agentArgs(h *Host) []string {
+func agentArgs(h *Host, allowed []string) []string {
 	return []string{"agent", "--name", h.Name, "--listen", h.AgentAddr, "--control", h.ControlSock,
-		"--state", h.StateDir, "--cgroup-parent", h.CgroupParent, "--netns", h.NetNS, "--scratch", h.ScratchDir, "--allow-faults"}
+		"--state", h.StateDir, "--cgroup-parent", h.CgroupParent, "--netns", h.NetNS, "--scratch", h.ScratchDir,
+		"--tls-dir", h.TLSDir(), "--allow", strings.Join(allowed, ","), "--allow-faults"}
 }
 
 func (h *Host) agentLog() string { return filepath.Join(h.StateDir, "agent.log") }
@@ -39,7 +40,7 @@ func (h *Host) agentLog() string { return filepath.Join(h.StateDir, "agent.log")
 // startAgent starts host h's agent inside its namespace, in a session of
 // its own so that it outlives the caller. nsenter execs the agent,
 // so the PID is the agent's.
-func startAgent(ferryBin string, h *Host) (*agent, error) {
+func startAgent(ferryBin string, h *Host, allowed []string) (*agent, error) {
 	if err := os.Remove(h.ControlSock); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
@@ -48,7 +49,7 @@ func startAgent(ferryBin string, h *Host) (*agent, error) {
 		return nil, err
 	}
 	defer logf.Close()
-	args := append([]string{"--net=" + h.NetNS, "--", ferryBin}, agentArgs(h)...)
+	args := append([]string{"--net=" + h.NetNS, "--", ferryBin}, agentArgs(h, allowed)...)
 	cmd := exec.Command("nsenter", args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

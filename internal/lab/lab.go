@@ -11,13 +11,16 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/ferry-migrate/ferry/internal/host"
+	"github.com/ferry-migrate/ferry/internal/pki"
 )
 
 const (
@@ -131,6 +134,36 @@ func (h *Host) Command(ctx context.Context, name string, args ...string) *exec.C
 	// remount /sys in a private mount namespace, hiding the cgroup mounts
 	// that runc needs.
 	return exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + h.NetNS, "--", name}, args...)...)
+}
+
+// PKIDir holds the lab's CA and one certificate directory per host.
+const PKIDir = StateDir + "/pki"
+
+// TLSDir is host h's certificate directory.
+func (h *Host) TLSDir() string { return filepath.Join(PKIDir, h.Name) }
+
+// issueCerts makes the lab's CA and a certificate for each host, so the
+// agents talk over mutual TLS like real ones.
+func (l *Lab) issueCerts() error {
+	if err := pki.NewCA(PKIDir, "ferry lab CA"); err != nil {
+		return fmt.Errorf("lab CA: %w", err)
+	}
+	for k := range l.Hosts {
+		h := &l.Hosts[k]
+		if err := pki.Issue(PKIDir, h.TLSDir(), h.Name, []net.IP{net.ParseIP(h.Addr)}, nil, 7*24*time.Hour); err != nil {
+			return fmt.Errorf("certificate for %s: %w", h.Name, err)
+		}
+	}
+	return nil
+}
+
+// hostNames lists the lab's hosts: each may send migrations to any other.
+func (l *Lab) hostNames() []string {
+	var names []string
+	for _, h := range l.Hosts {
+		names = append(names, h.Name)
+	}
+	return names
 }
 
 // ferryBin is the binary agents run and workloads are found next to.
@@ -254,9 +287,12 @@ func (l *Lab) up(ctx context.Context, o Options) error {
 	if o.NoAgents {
 		return l.save()
 	}
+	if err := l.issueCerts(); err != nil {
+		return err
+	}
 	var agents []*agent
 	for k := range l.Hosts {
-		a, err := startAgent(l.FerryBin, &l.Hosts[k])
+		a, err := startAgent(l.FerryBin, &l.Hosts[k], l.hostNames())
 		if err != nil {
 			return err
 		}

@@ -167,6 +167,9 @@ func Best(p Profile, in Inputs, maxDowntimeMs float64) (preds []Prediction, feas
 	}
 	reason = fmt.Sprintf("%s: lowest total time (%.0f ms, downtime %.0f ms) among the modes within %s (%s)",
 		describe(*rec), rec.TotalMs, rec.DowntimeMs, budget, strings.Join(feasible, ", "))
+	if rec.DegradedMs > 0 {
+		reason += fmt.Sprintf("; it runs %.0f ms with pages still arriving", rec.DegradedMs)
+	}
 	for _, q := range preds {
 		if q.Mode == rec.Mode || !within(q) || !nearlyEqual(q.TotalMs, rec.TotalMs) {
 			continue

@@ -117,8 +117,16 @@ func SplitAddr(addr string) (network, address string) {
 
 // Dial connects to a ferry agent at addr and starts a session.
 func Dial(ctx context.Context, addr string, local Hello) (*Session, error) {
+	return DialPlain(ctx, addr, local, false)
+}
+
+// DialPlain is Dial, over MPTCP when multipath is set and the kernel has it.
+func DialPlain(ctx context.Context, addr string, local Hello, multipath bool) (*Session, error) {
 	network, address := SplitAddr(addr)
 	d := net.Dialer{Timeout: 5 * time.Second}
+	if multipath && network == "tcp" {
+		d.SetMultipathTCP(true)
+	}
 	conn, err := d.DialContext(ctx, network, address)
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach ferry agent at %s: %w", addr, err)
