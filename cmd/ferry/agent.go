@@ -15,9 +15,9 @@ import (
 func newAgentCmd() *cobra.Command {
 	a := &agent.Agent{}
 	var (
-		tlsDir   string
-		allow    []string
-		insecure bool
+		tlsDir, profile string
+		allow           []string
+		insecure        bool
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -42,6 +42,13 @@ and runc root, so several agents on one machine behave like separate hosts.`,
 				return fmt.Errorf("--state must be an absolute path, got %q", a.Host.StateDir)
 			}
 			a.Log = slog.New(slog.NewTextHandler(os.Stderr, nil)).With("host", a.Host.Name)
+			if profile != "" {
+				p, _, err := loadProfile(profile)
+				if err != nil {
+					return err
+				}
+				a.Profile = &p
+			}
 			if tlsDir != "" {
 				sec, err := transport.LoadSecurity(tlsDir, a.Host.Name, allow)
 				if err != nil {
@@ -66,6 +73,7 @@ and runc root, so several agents on one machine behave like separate hosts.`,
 	f.BoolVar(&a.NoPrewarm, "no-prewarm", false, "do not touch the incoming container's amount of memory before restoring (helps on VMs whose balloon reclaims free pages)")
 	f.StringVar(&tlsDir, "tls-dir", "", "directory with this host's certificate and the CA (see `ferry certs`); sessions with other agents use mutual TLS 1.3")
 	f.StringSliceVar(&allow, "allow", nil, "hosts (certificate names) allowed to send migrations here; empty: any host the CA signed")
+	f.StringVar(&profile, "profile", "", "host profile from 'ferry calibrate', used by --mode auto (default: built-in defaults)")
 	f.BoolVar(&insecure, "insecure", false, "accept and make plaintext agent connections (trusted test networks only)")
 	f.BoolVar(&a.Multipath, "mptcp", true, "use MPTCP between agents where the kernel has it (falls back to TCP)")
 	f.BoolVar(&a.AllowFaults, "allow-faults", false, "honour fault injection in requests (tests only)")

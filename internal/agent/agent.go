@@ -17,6 +17,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/host"
+	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/transport"
 )
 
@@ -40,6 +41,8 @@ type Agent struct {
 	// Security puts agent-to-agent sessions on mutual TLS 1.3; nil means
 	// plaintext, which only the lab's tests and a trusted network should use.
 	Security *transport.Security
+	// Profile is the host's calibrated model profile (nil: defaults).
+	Profile *model.Profile
 	// Multipath uses MPTCP for agent-to-agent sessions where the kernel
 	// has it (falls back to TCP otherwise).
 	Multipath bool
@@ -73,7 +76,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	feats := criu.ProbeFeatures(ctx)
 	src := &engine.Source{Host: a.Host, KeepWork: a.KeepWork, DirtyTracking: feats.DirtyTracking,
-		Dial: a.dialPeer}
+		Dial: a.dialPeer, Profile: a.Profile}
 
 	var ls []net.Listener
 	defer func() {

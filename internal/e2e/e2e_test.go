@@ -170,6 +170,40 @@ func TestHybridMigration(t *testing.T) {
 	}
 }
 
+// TestAutoMode measures, plans and runs the recommended technique, and
+// refuses, with nothing frozen, when no technique fits the budget.
+func TestAutoMode(t *testing.T) {
+	requireLab(t)
+	bin := ferryBin(t)
+	l := upLab(t, bin)
+	p := startMemhog(t, l, bin, "hog")
+	defer p.Stop()
+	ctx := context.Background()
+	rep, err := agent.Migrate(ctx, l.Hosts[0].ControlSock, engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr,
+		Mode: engine.ModeAuto, Precopy: engine.PrecopyOptions{MaxDowntime: time.Millisecond}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.OK || !strings.Contains(rep.Error, "no technique fits") || rep.FrozenMs != 0 {
+		t.Fatalf("a 1 ms budget was not refused cleanly: %+v", rep)
+	}
+	if got := status(t, &l.Hosts[0], "hog"); got != "running" {
+		t.Fatalf("source container is %s after a refused plan", got)
+	}
+	rep, err = agent.Migrate(ctx, l.Hosts[0].ControlSock, engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr,
+		Mode: engine.ModeAuto, Precopy: engine.PrecopyOptions{MaxDowntime: 2 * time.Second}}, nil)
+	if err != nil || !rep.OK {
+		t.Fatalf("auto migration: %v %s", err, rep.Error)
+	}
+	if rep.Auto == nil || rep.Auto.Chosen == "" || rep.Auto.MemoryBytes < 64<<20 || rep.Auto.ThroughputBps <= 0 {
+		t.Fatalf("auto did not record its measurements: %+v", rep.Auto)
+	}
+	if got := status(t, &l.Hosts[1], "hog"); got != "running" {
+		t.Fatalf("destination container is %s", got)
+	}
+	t.Logf("auto chose %s: %s (measured %.0f pages/s, %.0f Mbit/s)", rep.Auto.Chosen, rep.Auto.Reason, rep.Auto.DirtyRate, rep.Auto.ThroughputBps/1e6)
+}
+
 // TestPrecopyNonConvergent dirties memory far faster than a 64 Mbit/s link
 // carries: the rounds must be found not to converge, the migration must
 // still end within --max-rounds with the workload intact, and with

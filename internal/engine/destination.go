@@ -68,12 +68,37 @@ func (d *Destination) Receive(ctx context.Context, sess *transport.Session, rout
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	for _, k := range channelsFor(in.modeKey(), in.offer.Precopy.withDefaults().MaxRounds) {
-		router.Expect(k)
+	if in.offer.Mode == ModeAuto {
+		router.Expect(ChanProbe)
+	} else {
+		in.expect(router)
 	}
 	if err := ctl.Send(Accept{Host: d.Host.Name, CRIUVersion: d.CRIUVersion}); err != nil {
 		in.cleanup(true)
 		return
+	}
+	if in.offer.Mode == ModeAuto {
+		// The source measures the link, then says which technique it runs.
+		go func() {
+			if ch, err := router.Wait(ctx, sess, ChanProbe); err == nil {
+				serveProbe(ch)
+			}
+		}()
+		var step Step
+		if err := ctl.Recv(&step); err != nil || step.Do != "mode" || validateMode(step.Mode) != nil || step.Mode == ModeAuto {
+			in.cleanup(true)
+			return
+		}
+		in.offer.Mode = step.Mode
+		if step.Precopy != nil {
+			in.offer.Precopy = *step.Precopy
+		}
+		// The source opens no channel before this reply.
+		in.expect(router)
+		if err := ctl.Send(Accept{Host: d.Host.Name, CRIUVersion: d.CRIUVersion}); err != nil {
+			in.cleanup(true)
+			return
+		}
 	}
 	committed, err := in.run(ctx, sess, router, ctl, cancel)
 	if err != nil {
@@ -290,6 +315,13 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 		return done.Error == "", ctl.Send(done)
 	}
 	return true, nil
+}
+
+// expect registers the channels the offer's technique uses.
+func (in *incoming) expect(router *transport.Router) {
+	for _, k := range channelsFor(in.modeKey(), in.offer.Precopy.withDefaults().MaxRounds) {
+		router.Expect(k)
+	}
 }
 
 // modeKey names the mode and, for native pre-copy, its engine.

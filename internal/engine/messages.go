@@ -53,7 +53,11 @@ type Accept struct {
 
 // Step is a control message naming what the source asks for next.
 type Step struct {
-	Do string `json:"do"` // "restore", "commit", "abort"
+	Do string `json:"do"` // "mode", "restore", "commit", "abort"
+	// With "mode" (mode auto): the technique the source chose, and its
+	// pre-copy options, before any of its channels open.
+	Mode    string          `json:"mode,omitempty"`
+	Precopy *PrecopyOptions `json:"precopy,omitempty"`
 }
 
 // Restored is the destination's confirmation that the container runs.
@@ -133,6 +137,8 @@ type Report struct {
 	StopReason      string  `json:"stop_reason,omitempty"`
 	ThrottlePct     int     `json:"throttle_pct,omitempty"`
 	PagesReferenced uint64  `json:"pages_referenced,omitempty"`
+	// Auto is what mode auto measured and chose.
+	Auto *AutoChoice `json:"auto,omitempty"`
 	// MemoryEstimate is the memory the first round found, for predictions.
 	MemoryEstimate int64       `json:"-"`
 	Phases         []PhaseSpan `json:"phases"`

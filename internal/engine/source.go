@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/host"
+	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/rootfs"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 	"github.com/ferry-migrate/ferry/internal/transport"
@@ -25,6 +26,8 @@ type Source struct {
 	// DirtyTracking says the kernel tracks dirty pages (soft-dirty), so
 	// CRIU's native pre-dump works here.
 	DirtyTracking bool
+	// Profile is this host's calibrated model profile, for mode auto.
+	Profile *model.Profile
 	// Dial opens a session to a destination agent (TLS, MPTCP: the
 	// agent's choice); nil means plain transport.Dial.
 	Dial func(ctx context.Context, addr string) (*transport.Session, error)
@@ -61,6 +64,7 @@ type migration struct {
 	parentRound   int
 	dirtyTracking bool
 	dial          func(ctx context.Context, addr string) (*transport.Session, error)
+	profile       model.Profile
 }
 
 // failure is an error with the phase and host where it happened.
@@ -148,7 +152,11 @@ func (m *migration) reportProgress(ctx context.Context, interval time.Duration) 
 // fails before the destination confirms leaves the container running here.
 func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progress)) Report {
 	req.Precopy.Engine = s.precopyEngine(req.Precopy.Engine)
-	m := &migration{req: req, id: newID(), host: s.Host, rt: s.Host.Runc(), progress: progress, start: time.Now(), parentRound: -1, dirtyTracking: s.DirtyTracking, dial: s.Dial}
+	m := &migration{req: req, id: newID(), host: s.Host, rt: s.Host.Runc(), progress: progress, start: time.Now(), parentRound: -1, dirtyTracking: s.DirtyTracking, dial: s.Dial, profile: model.DefaultProfile()}
+	if s.Profile != nil {
+		m.profile = *s.Profile
+	}
+	m.profile.SoftDirty = s.DirtyTracking
 	if m.dial == nil {
 		m.dial = func(ctx context.Context, addr string) (*transport.Session, error) {
 			return transport.Dial(ctx, addr, transport.Hello{Name: s.Host.Name, Role: "agent"})
@@ -234,6 +242,20 @@ func (m *migration) run(ctx context.Context) error {
 		return failAt("destination "+m.sess.Peer.Name+" refused", err)
 	}
 	m.report.To = acc.Host
+	if m.req.Mode == ModeAuto {
+		mode, err := m.chooseMode(ctx)
+		if err != nil {
+			return failAt("plan", err)
+		}
+		m.req.Mode, m.report.Mode = mode, mode
+		if err := m.ctl.Send(Step{Do: "mode", Mode: mode, Precopy: &m.req.Precopy}); err != nil {
+			return failAt("plan", err)
+		}
+		var again Accept
+		if err := m.ctl.Recv(&again); err != nil {
+			return failAt("destination "+m.sess.Peer.Name+" refused", err)
+		}
+	}
 	switch m.req.Mode {
 	case ModeCold:
 		return m.cold(ctx)
@@ -263,12 +285,10 @@ func (s *Source) precopyEngine(asked string) string {
 
 func validateMode(mode string) error {
 	switch mode {
-	case ModeCold, ModePostcopy, ModePrecopy, ModeHybrid:
+	case ModeCold, ModePostcopy, ModePrecopy, ModeHybrid, ModeAuto:
 		return nil
-	case "auto":
-		return fmt.Errorf("mode auto is not available yet; choose cold, precopy, postcopy or hybrid")
 	}
-	return fmt.Errorf("unknown mode %q (choose cold, precopy, postcopy or hybrid)", mode)
+	return fmt.Errorf("unknown mode %q (choose cold, precopy, postcopy, hybrid or auto)", mode)
 }
 
 // validatePrecopy refuses pre-copy options this host cannot honour, before

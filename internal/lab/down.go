@@ -108,7 +108,7 @@ func Down(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	for _, d := range []string{StateDir, RunDir, ScratchDir} {
-		if err := os.RemoveAll(d); err != nil {
+		if err := removeAllSettled(d); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -224,4 +224,25 @@ func cgroupProcs(dir string) string {
 		return ""
 	}
 	return " (still holds pids " + strings.Join(strings.Fields(string(b)), ",") + ")"
+}
+
+// removeAllSettled removes dir, retrying briefly: a process that was just
+// stopped (a runc shim, an agent's last log line) may still add an entry
+// while the tree is being removed. What is left after that is reported.
+func removeAllSettled(dir string) error {
+	var err error
+	for i := 0; i < 5; i++ {
+		if err = os.RemoveAll(dir); err == nil {
+			return nil
+		}
+		time.Sleep(time.Duration(i+1) * 50 * time.Millisecond)
+	}
+	var left []string
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, e error) error {
+		if len(left) < 5 && p != dir {
+			left = append(left, p)
+		}
+		return nil
+	})
+	return fmt.Errorf("%w (still there: %s)", err, strings.Join(left, ", "))
 }

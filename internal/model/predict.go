@@ -159,28 +159,47 @@ func Best(p Profile, in Inputs, maxDowntimeMs float64) (preds []Prediction, feas
 		return preds, nil, "", fmt.Sprintf("no mode meets %s; the shortest downtime is %s at %.0f ms",
 			budget, describe(*low), low.DowntimeMs)
 	}
+	// Modes that keep the source resumable until the destination runs
+	// (cold, pre-copy) come first: with them a failure costs a retry, not
+	// the container. Among them the lowest total time wins. Only when none
+	// fits do the lazy modes compete, ranked by how long the restored
+	// container depends on memory still crossing the network.
 	var rec *Prediction
+	resumable := false
 	for i := range preds {
-		if q := &preds[i]; within(*q) && (rec == nil || lowerCost(*q, *rec)) {
-			rec = q
-		}
-	}
-	reason = fmt.Sprintf("%s: lowest total time (%.0f ms, downtime %.0f ms) among the modes within %s (%s)",
-		describe(*rec), rec.TotalMs, rec.DowntimeMs, budget, strings.Join(feasible, ", "))
-	if rec.DegradedMs > 0 {
-		reason += fmt.Sprintf("; it runs %.0f ms with pages still arriving", rec.DegradedMs)
-	}
-	for _, q := range preds {
-		if q.Mode == rec.Mode || !within(q) || !nearlyEqual(q.TotalMs, rec.TotalMs) {
+		q := &preds[i]
+		if !within(*q) || !isResumable(q.Mode) {
 			continue
 		}
-		if nearlyEqual(q.DowntimeMs, rec.DowntimeMs) {
-			reason += fmt.Sprintf("; ties with %s on total time and downtime, listed first", q.Mode)
-		} else {
-			reason += fmt.Sprintf("; ties with %s on total time, lower downtime", q.Mode)
+		if rec == nil || lowerCost(*q, *rec) {
+			rec, resumable = q, true
 		}
 	}
+	if rec == nil {
+		for i := range preds {
+			q := &preds[i]
+			if !within(*q) {
+				continue
+			}
+			if rec == nil || q.DegradedMs < rec.DegradedMs || (nearlyEqual(q.DegradedMs, rec.DegradedMs) && lowerCost(*q, *rec)) {
+				rec = q
+			}
+		}
+	}
+	if resumable {
+		reason = fmt.Sprintf("%s: the source stays resumable until the destination runs, and it has the lowest total time (%.0f ms, downtime %.0f ms) of such modes within %s (feasible: %s)",
+			describe(*rec), rec.TotalMs, rec.DowntimeMs, budget, strings.Join(feasible, ", "))
+	} else {
+		reason = fmt.Sprintf("%s: only post-copy modes fit %s (feasible: %s); of them it depends least on the source after the switchover (%.0f ms with pages still arriving; downtime %.0f ms, total %.0f ms)",
+			describe(*rec), budget, strings.Join(feasible, ", "), rec.DegradedMs, rec.DowntimeMs, rec.TotalMs)
+	}
 	return preds, feasible, rec.Mode, reason
+}
+
+// isResumable says whether a mode leaves the source able to resume until
+// the destination has confirmed the restore.
+func isResumable(mode string) bool {
+	return mode == ModeCold || mode == ModePrecopy || mode == ModeNativePrecopy
 }
 
 // better reports whether round count q beats the best so far (see Best).

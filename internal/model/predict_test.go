@@ -203,8 +203,37 @@ func TestBestTieGoesToLowerDowntimeThenOrder(t *testing.T) {
 	p := DefaultProfile()
 	p.LazySetupS = 0
 	_, feasible, rec, reason := Best(p, Inputs{BandwidthBps: 1e8}, 1000)
-	if rec != ModeCold || len(feasible) != 4 || !strings.Contains(reason, "ties with") {
+	if rec != ModeCold || len(feasible) != 4 || !strings.Contains(reason, "resumable") {
 		t.Errorf("recommended %q feasible %v reason %q", rec, feasible, reason)
+	}
+}
+
+// A budget only post-copy modes meet: the one that leans least on the
+// source afterwards wins, and the reason says why.
+func TestBestPrefersLessDependenceAmongLazyModes(t *testing.T) {
+	p := DefaultProfile()
+	in := Inputs{MemoryBytes: 256 << 20, DirtyRatePagesPerSec: 1000, BandwidthBps: 125e6}
+	preds, feasible, rec, reason := Best(p, in, 400)
+	var post, hy Prediction
+	for _, q := range preds {
+		switch q.Mode {
+		case ModePostcopy:
+			post = q
+		case ModeHybrid:
+			hy = q
+		}
+	}
+	for _, m := range feasible {
+		if isResumable(m) {
+			t.Fatalf("a resumable mode fits 400 ms: %v", feasible)
+		}
+	}
+	want := ModePostcopy
+	if hy.DegradedMs < post.DegradedMs && hy.DowntimeMs <= 400 {
+		want = ModeHybrid
+	}
+	if rec != want || !strings.Contains(reason, "depends least") {
+		t.Errorf("recommended %q (%q), want %s; post-copy degraded %.0f ms, hybrid %.0f ms", rec, reason, want, post.DegradedMs, hy.DegradedMs)
 	}
 }
 

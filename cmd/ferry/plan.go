@@ -1,0 +1,121 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/model"
+	"github.com/ferry-migrate/ferry/internal/units"
+)
+
+// planOutput is `ferry plan --json`.
+type planOutput struct {
+	Predictions []model.Prediction `json:"predictions"`
+	Feasible    []string           `json:"feasible"`
+	Recommended string             `json:"recommended"`
+	Reason      string             `json:"reason"`
+	Profile     string             `json:"profile"`
+}
+
+func newPlanCmd() *cobra.Command {
+	var (
+		memory, bandwidth, profilePath string
+		dirtyRate                      float64
+		maxDowntime                    time.Duration
+		asJSON                         bool
+	)
+	cmd := &cobra.Command{
+		Use:   "plan",
+		Short: "Predict each technique's downtime and total time, and pick one",
+		Long: `plan predicts, for a container of --memory that dirties --dirty-rate pages per
+second, moved over a link of --bandwidth, the downtime, total migration time
+and bytes of every technique (and the best number of rounds for pre-copy and
+hybrid), says which fit --max-downtime, and recommends one with the reason.
+
+Predictions come from the models in docs/MODEL.md with a host profile:
+--profile FILE from 'ferry calibrate', or defaults measured on ferry's
+development machine.`,
+		Example: `  ferry plan --memory 256M --dirty-rate 1000 --bandwidth 1gbit
+  ferry plan --memory 1G --dirty-rate 5000 --bandwidth 100mbit --max-downtime 500ms --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			mem, err := units.ParseBytes(memory)
+			if err != nil {
+				return fmt.Errorf("--memory: %w", err)
+			}
+			bps, err := lab.ParseRate(bandwidth)
+			if err != nil || bps <= 0 {
+				return fmt.Errorf("--bandwidth: give a rate such as 1gbit or 100mbit (%v)", err)
+			}
+			if dirtyRate < 0 {
+				return fmt.Errorf("--dirty-rate must not be negative")
+			}
+			prof, src, err := loadProfile(profilePath)
+			if err != nil {
+				return err
+			}
+			in := model.Inputs{MemoryBytes: float64(mem), DirtyRatePagesPerSec: dirtyRate, BandwidthBps: float64(bps) / 8}
+			out := plan(prof, in, maxDowntime)
+			out.Profile = src
+			if asJSON {
+				enc := json.NewEncoder(os.Stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(out)
+			}
+			printPlan(os.Stdout, out)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&memory, "memory", "", "container memory (256M, 1G)")
+	f.Float64Var(&dirtyRate, "dirty-rate", 0, "pages the container dirties per second")
+	f.StringVar(&bandwidth, "bandwidth", "", "link rate (1gbit, 100mbit)")
+	f.StringVar(&profilePath, "profile", "", "host profile from 'ferry calibrate' (default: built-in defaults)")
+	f.DurationVar(&maxDowntime, "max-downtime", 0, "downtime budget (e.g. 500ms); 0: none")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	_ = cmd.MarkFlagRequired("memory")
+	_ = cmd.MarkFlagRequired("bandwidth")
+	return cmd
+}
+
+// loadProfile reads a calibrated profile, or returns the defaults.
+func loadProfile(path string) (model.Profile, string, error) {
+	if path == "" {
+		return model.DefaultProfile(), "defaults", nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return model.Profile{}, "", fmt.Errorf("--profile: %w", err)
+	}
+	p, err := model.ParseProfile(b)
+	if err != nil {
+		return model.Profile{}, "", fmt.Errorf("--profile %s: %w", path, err)
+	}
+	return p, path, nil
+}
+
+func plan(p model.Profile, in model.Inputs, maxDowntime time.Duration) planOutput {
+	preds, feasible, rec, reason := model.Best(p, in, float64(maxDowntime.Microseconds())/1000)
+	if feasible == nil {
+		feasible = []string{}
+	}
+	return planOutput{Predictions: preds, Feasible: feasible, Recommended: rec, Reason: reason}
+}
+
+func printPlan(w io.Writer, o planOutput) {
+	fmt.Fprintf(w, "%-15s %6s %12s %12s %12s\n", "MODE", "ROUNDS", "DOWNTIME", "TOTAL", "SENT")
+	for _, p := range o.Predictions {
+		fmt.Fprintf(w, "%-15s %6d %9.0f ms %9.0f ms %12s\n", p.Mode, p.Rounds, p.DowntimeMs, p.TotalMs, humanBytes(int64(p.Bytes)))
+	}
+	if o.Recommended == "" {
+		fmt.Fprintf(w, "no technique fits: %s\n", o.Reason)
+		return
+	}
+	fmt.Fprintf(w, "recommended: %s (%s)\n", o.Recommended, o.Reason)
+}

@@ -1,0 +1,139 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/ferry-migrate/ferry/internal/model"
+	"github.com/ferry-migrate/ferry/internal/pages"
+	"github.com/ferry-migrate/ferry/internal/transport"
+)
+
+// ModeAuto measures the live inputs, plans with the host profile, and runs
+// the technique the planner recommends, or refuses before anything is
+// frozen when none fits the downtime budget.
+const ModeAuto = "auto"
+
+// ChanProbe carries a short bulk transfer that measures the link.
+const ChanProbe = "probe"
+
+// probeBytes is how much the link probe sends: enough to leave TCP's slow
+// start, small next to a migration.
+const probeBytes = 16 << 20
+
+// AutoChoice records what mode auto measured and decided.
+type AutoChoice struct {
+	MemoryBytes   int64              `json:"memory_bytes"`
+	DirtyRate     float64            `json:"dirty_rate"`     // pages per second
+	ThroughputBps float64            `json:"throughput_bps"` // bits per second
+	Predictions   []model.Prediction `json:"predictions"`
+	Chosen        string             `json:"chosen"`
+	Rounds        int                `json:"rounds,omitempty"`
+	Reason        string             `json:"reason"`
+}
+
+// chooseMode measures and plans; it returns the mode to run.
+func (m *migration) chooseMode(ctx context.Context) (string, error) {
+	m.begin("measure")
+	mem, rate, err := measureMemory(m.initPID, time.Second)
+	if err != nil {
+		return "", fmt.Errorf("measuring the container: %w", err)
+	}
+	bps, err := m.probeLink()
+	if err != nil {
+		return "", fmt.Errorf("measuring the link: %w", err)
+	}
+	in := model.Inputs{MemoryBytes: float64(mem), DirtyRatePagesPerSec: rate, BandwidthBps: bps / 8}
+	preds, _, rec, reason := model.Best(m.profile, in, float64(m.req.Precopy.MaxDowntime.Microseconds())/1000)
+	c := &AutoChoice{MemoryBytes: mem, DirtyRate: rate, ThroughputBps: bps, Predictions: preds, Chosen: rec, Reason: reason}
+	m.report.Auto = c
+	if rec == "" {
+		return "", fmt.Errorf("no technique fits: %s", reason)
+	}
+	if rec == model.ModeNativePrecopy {
+		rec = ModePrecopy
+		m.req.Precopy.Engine = PrecopyNative
+	}
+	for _, p := range preds {
+		if p.Mode == c.Chosen && p.Rounds > 0 {
+			c.Rounds = p.Rounds
+			if m.req.Precopy.MaxRounds == 0 || m.req.Precopy.MaxRounds > p.Rounds {
+				m.req.Precopy.MaxRounds = p.Rounds
+			}
+		}
+	}
+	return rec, nil
+}
+
+// measureMemory reads the container's memory twice, window apart, and
+// returns its size and how many pages per second changed in between.
+func measureMemory(initPID int, window time.Duration) (int64, float64, error) {
+	scan := func() (map[pages.Key]uint64, error) {
+		pids, err := pages.ContainerPIDs(initPID)
+		if err != nil {
+			return nil, err
+		}
+		r, err := pages.NewReader(pids)
+		if err != nil {
+			return nil, err
+		}
+		seen := map[pages.Key]uint64{}
+		_, err = r.Scan(func(p pages.Page) error { seen[p.Key] = p.Hash.Lo ^ p.Hash.Hi; return nil })
+		return seen, err
+	}
+	start := time.Now()
+	a, err := scan()
+	if err != nil {
+		return 0, 0, err
+	}
+	time.Sleep(window)
+	b, err := scan()
+	if err != nil {
+		return 0, 0, err
+	}
+	changed := 0
+	for k, h := range b {
+		if old, ok := a[k]; !ok || old != h {
+			changed++
+		}
+	}
+	return int64(len(b)) * pageSize, float64(changed) / time.Since(start).Seconds(), nil
+}
+
+// probeLink sends probeBytes to the destination and times the round trip
+// of the whole transfer.
+func (m *migration) probeLink() (float64, error) {
+	ch, err := m.sess.Open(ChanProbe)
+	if err != nil {
+		return 0, err
+	}
+	defer ch.Close()
+	buf := make([]byte, 256<<10)
+	start := time.Now()
+	for sent := 0; sent < probeBytes; sent += len(buf) {
+		if _, err := ch.Write(buf); err != nil {
+			return 0, err
+		}
+	}
+	if err := ch.CloseWrite(); err != nil {
+		return 0, err
+	}
+	var n int64
+	if err := ch.Recv(&n); err != nil {
+		return 0, err
+	}
+	return float64(n) * 8 / time.Since(start).Seconds(), nil
+}
+
+// serveProbe drains a link probe and says how much arrived.
+func serveProbe(ch *transport.Channel) {
+	defer ch.Close()
+	n, err := io.Copy(io.Discard, ch)
+	if err != nil {
+		_ = ch.Fail(err)
+		return
+	}
+	_ = ch.Send(n)
+}
