@@ -17,9 +17,9 @@ import (
 
 func newMigrateCmd() *cobra.Command {
 	var (
-		req    engine.Request
-		from   string
-		asJSON bool
+		req         engine.Request
+		from, maxBW string
+		asJSON      bool
 	)
 	cmd := &cobra.Command{
 		Use:   "migrate CONTAINER --to DEST",
@@ -46,6 +46,11 @@ bytes_sent (on the wire), memory_bytes (dumped memory), phases.`,
 				return err
 			}
 			req.To = to
+			if maxBW != "" {
+				if req.MaxBandwidthBps, err = lab.ParseRate(maxBW); err != nil {
+					return fmt.Errorf("--max-bandwidth: %w", err)
+				}
+			}
 			var progress func(engine.Progress)
 			if !asJSON && term.IsTerminal(int(os.Stderr.Fd())) {
 				progress = func(p engine.Progress) {
@@ -78,6 +83,7 @@ bytes_sent (on the wire), memory_bytes (dumped memory), phases.`,
 	f.StringVar(&req.Mode, "mode", engine.ModeCold, "technique: cold, precopy, postcopy, hybrid, or auto (measure, plan with the host profile, run the recommended one)")
 	addPrecopyFlags(cmd, &req.Precopy)
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON, no progress line")
+	f.StringVar(&maxBW, "max-bandwidth", "", "cap the migration's sending rate (e.g. 500mbit) to leave room for other traffic")
 	f.StringSliceVar(&req.Faults, "inject-fault", nil, "inject a failure for testing (agents with --allow-faults only): restore")
 	_ = f.MarkHidden("inject-fault")
 	_ = cmd.MarkFlagRequired("to")

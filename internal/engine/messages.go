@@ -89,6 +89,8 @@ type Request struct {
 	Faults []string `json:"faults,omitempty"`
 	// Precopy shapes pre-copy and hybrid rounds.
 	Precopy PrecopyOptions `json:"precopy,omitempty"`
+	// MaxBandwidthBps caps what the source sends, in bits per second.
+	MaxBandwidthBps int64 `json:"max_bandwidth_bps,omitempty"`
 }
 
 // Progress is a live update from a running migration.

@@ -228,6 +228,7 @@ func (m *migration) run(ctx context.Context) error {
 	if err != nil {
 		return failAt("connect to destination", err)
 	}
+	m.sess.SetMaxBandwidth(m.req.MaxBandwidthBps)
 	m.ctl, err = m.sess.Open(ChanIncoming)
 	if err != nil {
 		return failAt("connect to destination", err)

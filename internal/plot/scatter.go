@@ -188,7 +188,7 @@ func (s Scatter) SVG() ([]byte, error) {
 			if !usable(p.X, s.LogX) || !usable(p.Y, s.LogY) {
 				continue
 			}
-			marker(&b, sr.Marker, x.tr(p.X), y.tr(p.Y), p.Label)
+			marker(&b, sr.Marker, "point", x.tr(p.X), y.tr(p.Y), p.Label)
 		}
 		b.WriteString("</g>\n")
 	}
@@ -201,7 +201,7 @@ func (s Scatter) SVG() ([]byte, error) {
 		}
 		ly := top + 10 + float64(i)*20
 		fmt.Fprintf(&b, `<g class="legend" fill="%s" stroke="%s">`, esc(color), esc(color))
-		marker(&b, sr.Marker, lx, ly, "")
+		marker(&b, sr.Marker, "key", lx, ly, "")
 		fmt.Fprintf(&b, `</g><text x="%s" y="%s">%s</text>`+"\n", f(lx+12), f(ly+4), esc(sr.Name))
 	}
 	if s.Diagonal {
@@ -230,7 +230,7 @@ func (s Scatter) extent() (xlo, xhi, ylo, yhi float64, n int) {
 	return xlo, xhi, ylo, yhi, n
 }
 
-func marker(b *bytes.Buffer, kind string, x, y float64, label string) {
+func marker(b *bytes.Buffer, kind, class string, x, y float64, label string) {
 	const r = 4.5
 	title := ""
 	if label != "" {
@@ -238,12 +238,12 @@ func marker(b *bytes.Buffer, kind string, x, y float64, label string) {
 	}
 	switch kind {
 	case Square:
-		fmt.Fprintf(b, `<rect class="point" x="%s" y="%s" width="%s" height="%s">%s</rect>`+"\n", f(x-r), f(y-r), f(2*r), f(2*r), title)
+		fmt.Fprintf(b, `<rect class="%s" x="%s" y="%s" width="%s" height="%s">%s</rect>`+"\n", class, f(x-r), f(y-r), f(2*r), f(2*r), title)
 	case Triangle:
-		fmt.Fprintf(b, `<polygon class="point" points="%s,%s %s,%s %s,%s">%s</polygon>`+"\n",
-			f(x), f(y-r*1.2), f(x-r*1.1), f(y+r*0.8), f(x+r*1.1), f(y+r*0.8), title)
+		fmt.Fprintf(b, `<polygon class="%s" points="%s,%s %s,%s %s,%s">%s</polygon>`+"\n",
+			class, f(x), f(y-r*1.2), f(x-r*1.1), f(y+r*0.8), f(x+r*1.1), f(y+r*0.8), title)
 	default:
-		fmt.Fprintf(b, `<circle class="point" cx="%s" cy="%s" r="%s">%s</circle>`+"\n", f(x), f(y), f(r), title)
+		fmt.Fprintf(b, `<circle class="%s" cx="%s" cy="%s" r="%s">%s</circle>`+"\n", class, f(x), f(y), f(r), title)
 	}
 }
 

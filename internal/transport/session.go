@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
+	"golang.org/x/time/rate"
 )
 
 // Hello is exchanged once per connection, before multiplexing starts.
@@ -30,6 +31,8 @@ type Session struct {
 type countingConn struct {
 	net.Conn
 	sent, received atomic.Int64
+	// limit, when set, caps the rate of writes (bytes per second).
+	limit atomic.Pointer[rate.Limiter]
 }
 
 func (c *countingConn) Read(p []byte) (int, error) {
@@ -39,9 +42,27 @@ func (c *countingConn) Read(p []byte) (int, error) {
 }
 
 func (c *countingConn) Write(p []byte) (int, error) {
-	n, err := c.Conn.Write(p)
-	c.sent.Add(int64(n))
-	return n, err
+	lim := c.limit.Load()
+	if lim == nil {
+		n, err := c.Conn.Write(p)
+		c.sent.Add(int64(n))
+		return n, err
+	}
+	// Paced in bursts of at most the limiter's burst size.
+	done := 0
+	for done < len(p) {
+		n := min(len(p)-done, lim.Burst())
+		if err := lim.WaitN(context.Background(), n); err != nil {
+			return done, err
+		}
+		w, err := c.Conn.Write(p[done : done+n])
+		done += w
+		c.sent.Add(int64(w))
+		if err != nil {
+			return done, err
+		}
+	}
+	return done, nil
 }
 
 func muxConfig() *yamux.Config {
@@ -167,6 +188,20 @@ func (s *Session) Accept() (*Channel, error) {
 		return nil, err
 	}
 	return ch, nil
+}
+
+// SetMaxBandwidth caps what this side sends, in bits per second (0: no
+// cap), like QEMU's max-bandwidth: a migration then leaves room for other
+// traffic on the link.
+func (s *Session) SetMaxBandwidth(bps int64) {
+	if bps <= 0 {
+		s.conn.limit.Store(nil)
+		return
+	}
+	bytesPerSec := float64(bps) / 8
+	// A burst of ~10 ms keeps the pacing smooth without a syscall per KiB.
+	burst := max(int(bytesPerSec/100), 64<<10)
+	s.conn.limit.Store(rate.NewLimiter(rate.Limit(bytesPerSec), burst))
 }
 
 // BytesSent is every byte written to the connection, framing included.

@@ -9,6 +9,7 @@ import (
 	"net"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 func TestFrameRoundTrip(t *testing.T) {
@@ -206,5 +207,36 @@ func TestControlAfterEndOfStream(t *testing.T) {
 	var s string
 	if err := ch.Recv(&s); err != nil || s != "attrs" {
 		t.Fatalf("control after end: %q %v", s, err)
+	}
+}
+
+func TestMaxBandwidthPacesWrites(t *testing.T) {
+	cli, srv := sessionPair(t)
+	cli.SetMaxBandwidth(80 << 20) // 10 MiB/s
+	const n = 3 << 20
+	done := make(chan int64, 1)
+	go func() {
+		ch, err := srv.Accept()
+		if err != nil {
+			done <- 0
+			return
+		}
+		m, _ := io.Copy(io.Discard, ch)
+		done <- m
+	}()
+	ch, err := cli.Open("bulk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	ch.Write(make([]byte, n))
+	ch.CloseWrite()
+	if got := <-done; got != n {
+		t.Fatalf("received %d bytes", got)
+	}
+	// 3 MiB at 10 MiB/s cannot take much less than 0.3 s (minus one burst);
+	// unpaced it takes about a millisecond here.
+	if el := time.Since(start); el < 200*time.Millisecond {
+		t.Fatalf("3 MiB capped at 10 MiB/s went through in %v", el)
 	}
 }
