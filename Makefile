@@ -25,13 +25,15 @@ test: setup build
 	$(MAKE) fuzz
 
 # A short run of every wire decoder's fuzz test, on top of its seed corpus.
-FUZZTIME ?= 8s
+FUZZTIME ?= 6s
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzReadFrame$$' -fuzztime $(FUZZTIME) ./internal/transport
 	$(GO) test -run '^$$' -fuzz '^FuzzApplyDelta$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 0 ./internal/rootfs
 	$(GO) test -run '^$$' -fuzz '^FuzzApplyDelta$$' -fuzztime $(FUZZTIME) ./internal/pages
 	$(GO) test -run '^$$' -fuzz '^FuzzDecoder$$' -fuzztime $(FUZZTIME) ./internal/pages
 	$(GO) test -run '^$$' -fuzz '^FuzzExpand$$' -fuzztime $(FUZZTIME) ./internal/pagestream
+	$(GO) test -run '^$$' -fuzz '^FuzzServeLazy$$' -fuzztime $(FUZZTIME) ./internal/pagestream
+	$(GO) test -run '^$$' -fuzz '^FuzzReceiveDir$$' -fuzztime $(FUZZTIME) ./internal/images
 
 demo: setup build
 	@bash scripts/demo.sh

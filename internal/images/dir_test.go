@@ -44,3 +44,30 @@ func TestReceiveDirRefusesPaths(t *testing.T) {
 		}
 	}
 }
+
+// FuzzReceiveDir feeds arbitrary bytes to the receiving side of an images
+// transfer: it must never panic nor write outside its directory.
+func FuzzReceiveDir(f *testing.F) {
+	var ok bytes.Buffer
+	src := f.TempDir()
+	os.WriteFile(filepath.Join(src, "core-1.img"), []byte("core"), 0o600)
+	SendDir(&ok, src, nil)
+	f.Add(ok.Bytes())
+	var evil bytes.Buffer
+	tw := tar.NewWriter(&evil)
+	tw.WriteHeader(&tar.Header{Name: "../escape", Mode: 0o600, Size: 1, Typeflag: tar.TypeReg})
+	tw.Write([]byte("x"))
+	tw.Close()
+	f.Add(evil.Bytes())
+	f.Fuzz(func(t *testing.T, b []byte) {
+		parent := t.TempDir()
+		dir := filepath.Join(parent, "img")
+		ReceiveDir(bytes.NewReader(b), dir)
+		ents, _ := os.ReadDir(parent)
+		for _, e := range ents {
+			if e.Name() != "img" {
+				t.Fatalf("wrote %q outside the images directory", e.Name())
+			}
+		}
+	})
+}

@@ -1,0 +1,150 @@
+package calibrate
+
+import (
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/ferry-migrate/ferry/internal/bench"
+	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/model"
+)
+
+// Helpers that turn a run's phase spans into the quantities the model
+// terms predict. Phase names are the engine's (prepare, rootfs-sync,
+// round-N, freeze, dump, images, restore, commit, lazy-pages, cleanup).
+
+// phaseS sums the durations of the named phases, in seconds.
+func phaseS(r bench.Run, names ...string) float64 {
+	var s float64
+	for _, p := range r.Phases {
+		if slices.Contains(names, p.Name) {
+			s += p.EndMs - p.StartMs
+		}
+	}
+	return s / 1000
+}
+
+// hasPhase says whether the run recorded the phase.
+func hasPhase(r bench.Run, name string) bool {
+	return slices.ContainsFunc(r.Phases, func(p engine.PhaseSpan) bool { return p.Name == name })
+}
+
+// roundsS sums the live rounds' phases (round-N), in seconds.
+func roundsS(r bench.Run) float64 {
+	var s float64
+	for _, p := range r.Phases {
+		if strings.HasPrefix(p.Name, "round-") {
+			s += p.EndMs - p.StartMs
+		}
+	}
+	return s / 1000
+}
+
+// liveRounds counts the rounds sent while the container ran (hybrid's
+// final round, read while frozen, is not one).
+func liveRounds(r bench.Run) int {
+	n := 0
+	for _, rd := range r.Rounds {
+		if !rd.Final {
+			n++
+		}
+	}
+	return n
+}
+
+// lazyMode says whether the mode restores lazily (pages follow the restore).
+func lazyMode(mode string) bool { return mode == model.ModePostcopy || mode == model.ModeHybrid }
+
+// okRuns returns the successful runs.
+func okRuns(res bench.MigrateResult) []bench.Run {
+	var out []bench.Run
+	for _, r := range res.Runs {
+		if r.OK {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func mean(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	var s float64
+	for _, x := range xs {
+		s += x
+	}
+	return s / float64(len(xs))
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// distinct counts the different values in xs.
+func distinct(xs []float64) int {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return len(slices.Compact(s))
+}
+
+// fitThroughOrigin fits y = b·x by least squares, for model terms that
+// have no fixed part (the profile has nowhere to put an intercept). R² is
+// measured against the mean of y, as for FitLinear, so it can be negative
+// when the line through the origin is worse than the mean.
+func fitThroughOrigin(x, y []float64) (model.LinearFit, bool) {
+	var sxy, sxx float64
+	for i := range x {
+		sxy += x[i] * y[i]
+		sxx += x[i] * x[i]
+	}
+	if len(x) == 0 || sxx == 0 {
+		return model.LinearFit{}, false
+	}
+	f := model.LinearFit{B: sxy / sxx, N: len(x), Residuals: make([]float64, len(x))}
+	var my, ssTot, ssRes float64
+	for _, v := range y {
+		my += v
+	}
+	my /= float64(len(y))
+	for i := range x {
+		f.Residuals[i] = y[i] - f.B*x[i]
+		ssRes += f.Residuals[i] * f.Residuals[i]
+		ssTot += (y[i] - my) * (y[i] - my)
+	}
+	f.RMSE = math.Sqrt(ssRes / float64(len(x)))
+	switch {
+	case ssRes == 0:
+		f.R2 = 1
+	case ssTot == 0:
+		f.R2 = 0
+	default:
+		f.R2 = 1 - ssRes/ssTot
+	}
+	return f, true
+}
+
+// constantFit describes y by its mean, for constant model terms: the
+// residuals are the deviations and R² is 0 by definition.
+func constantFit(y []float64) model.LinearFit {
+	f := model.LinearFit{A: mean(y), N: len(y), Residuals: make([]float64, len(y))}
+	var ss float64
+	for i, v := range y {
+		f.Residuals[i] = v - f.A
+		ss += f.Residuals[i] * f.Residuals[i]
+	}
+	if len(y) > 0 {
+		f.RMSE = math.Sqrt(ss / float64(len(y)))
+	}
+	return f
+}

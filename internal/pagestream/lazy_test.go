@@ -1,0 +1,94 @@
+package pagestream
+
+import (
+	"bytes"
+	"encoding/binary"
+	"io"
+	"testing"
+)
+
+func getHeader(pid uint32, addr, n uint64) []byte {
+	h := make([]byte, headerSize)
+	binary.LittleEndian.PutUint32(h[0:], psIOVGet)
+	binary.LittleEndian.PutUint64(h[8:], n)
+	binary.LittleEndian.PutUint64(h[16:], addr)
+	binary.LittleEndian.PutUint64(h[24:], uint64(pid))
+	return h
+}
+
+func closeHeader() []byte {
+	h := make([]byte, headerSize)
+	binary.LittleEndian.PutUint32(h[0:], psIOVClose)
+	return h
+}
+
+// fakeStore holds pages 0x1000 and 0x2000 of pid 7.
+func fakeStore(k PageKey) ([]byte, Hash, bool) {
+	if k.PID != 7 || (k.Addr != 0x1000 && k.Addr != 0x2000) {
+		return nil, Hash{}, false
+	}
+	p := bytes.Repeat([]byte{byte(k.Addr >> 12)}, PageSize)
+	return p, HashPage(p), true
+}
+
+// fakeUpstream answers one forwarded GET for pid 7 at 0x3000 with a page
+// of 3s, then a CLOSE with status 0.
+type fakeUpstream struct {
+	in  bytes.Buffer
+	out bytes.Buffer
+}
+
+func (u *fakeUpstream) Write(p []byte) (int, error) { return u.in.Write(p) }
+func (u *fakeUpstream) Read(p []byte) (int, error)  { return u.out.Read(p) }
+
+type duplex struct {
+	io.Reader
+	io.Writer
+}
+
+func TestServeLazyLocalAndForwarded(t *testing.T) {
+	var req bytes.Buffer
+	req.Write(getHeader(7, 0x1000, 2)) // both held
+	req.Write(getHeader(7, 0x3000, 1)) // not held: forwarded
+	req.Write(closeHeader())
+	up := &fakeUpstream{}
+	reply := make([]byte, headerSize)
+	binary.LittleEndian.PutUint32(reply[0:], pePresent<<psCmdBits|psIOVAddF)
+	binary.LittleEndian.PutUint64(reply[8:], 1)
+	binary.LittleEndian.PutUint64(reply[16:], 0x3000)
+	binary.LittleEndian.PutUint64(reply[24:], 7)
+	up.out.Write(reply)
+	up.out.Write(bytes.Repeat([]byte{3}, PageSize))
+	up.out.Write([]byte{0, 0, 0, 0})
+	var out bytes.Buffer
+	st, err := ServeLazy(duplex{&req, &out}, up, fakeStore)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Local != 1 || st.Forwarded != 1 || st.LocalPages != 2 || st.Pages != 3 {
+		t.Fatalf("stats %+v", st)
+	}
+	b := out.Bytes()
+	// local reply: header + 2 pages; forwarded: header + 1 page; status.
+	if len(b) != 2*headerSize+3*PageSize+4 {
+		t.Fatalf("daemon got %d bytes", len(b))
+	}
+	if b[headerSize] != 1 || b[headerSize+PageSize] != 2 || b[2*headerSize+2*PageSize] != 3 {
+		t.Fatal("pages out of order")
+	}
+	if !bytes.Equal(up.in.Bytes()[:headerSize], getHeader(7, 0x3000, 1)) {
+		t.Fatal("the forwarded request changed on its way")
+	}
+}
+
+// FuzzServeLazy: whatever a daemon or an upstream sends, no panic.
+func FuzzServeLazy(f *testing.F) {
+	f.Add(append(getHeader(7, 0x1000, 1), closeHeader()...), []byte{0, 0, 0, 0})
+	f.Add(getHeader(7, 0x9000, 1), []byte("short"))
+	f.Fuzz(func(t *testing.T, daemon, upstream []byte) {
+		var out bytes.Buffer
+		up := &fakeUpstream{}
+		up.out.Write(upstream)
+		ServeLazy(duplex{bytes.NewReader(daemon), &out}, up, fakeStore)
+	})
+}
