@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -27,6 +29,7 @@ func newBenchMigrateCmd() *cobra.Command {
 	var (
 		o                 bench.MigrateOptions
 		memory, bandwidth string
+		cutAt, maxBW      string
 		asJSON            bool
 	)
 	cmd := &cobra.Command{
@@ -55,6 +58,18 @@ and podman (podman checkpoint --export, copy over the link, podman restore
 			if bandwidth != "" {
 				if o.BandwidthBps, err = lab.ParseRate(bandwidth); err != nil {
 					return fmt.Errorf("--bandwidth: %w", err)
+				}
+			}
+			if cutAt != "" {
+				v, err := strconv.ParseFloat(strings.TrimSuffix(cutAt, "%"), 64)
+				if err != nil || v <= 0 || v >= 100 {
+					return fmt.Errorf("--cut-path-at: give a share of the memory between 0 and 100%%, e.g. 30%%")
+				}
+				o.CutPathAt = v / 100
+			}
+			if maxBW != "" {
+				if o.MaxBandwidthBps, err = lab.ParseRate(maxBW); err != nil {
+					return fmt.Errorf("--max-bandwidth: %w", err)
 				}
 			}
 			if o.FerryBin, err = os.Executable(); err != nil {
@@ -86,6 +101,9 @@ and podman (podman checkpoint --export, copy over the link, podman restore
 	f.IntVar(&o.Repeat, "repeat", 3, "migrations to run")
 	f.StringSliceVar(&o.Baselines, "baseline", nil, "baselines to measure: link, podman")
 	f.BoolVar(&asJSON, "json", false, "print JSON only")
+	f.IntVar(&o.Paths, "paths", 1, "independent paths between the lab hosts; 2 or more: the agents use MPTCP over all")
+	f.StringVar(&cutAt, "cut-path-at", "", "take the source's first path down once this share of the memory was sent (e.g. 30%)")
+	f.StringVar(&maxBW, "max-bandwidth", "", "cap the migration's sending rate (e.g. 500mbit)")
 	return cmd
 }
 
@@ -100,6 +118,9 @@ func printBench(w io.Writer, r bench.MigrateResult) {
 		r.MedianDowntimeMs, r.MedianClientDowntimeMs, r.MedianTotalMs)
 	if b := r.Baselines.Link; b != nil {
 		fmt.Fprintf(w, "  link baseline: %s\n", humanRate(b.ThroughputBps))
+	}
+	if b := r.Baselines.Paths; b != nil {
+		fmt.Fprintf(w, "  paths baseline: one path %s, MPTCP over %d paths %s (x%.2f)\n", humanRate(b.SinglePathBps), r.Paths, humanRate(b.MultipathBps), b.Ratio)
 	}
 	if b := r.Baselines.Podman; b != nil {
 		fmt.Fprintf(w, "  podman baseline: downtime %.0f ms (checkpoint %.0f, copy %.0f, restore %.0f), client downtime %.0f ms, state_ok=%v %s\n",

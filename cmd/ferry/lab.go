@@ -68,6 +68,9 @@ It fails if a lab is already up: run 'ferry lab down' first.`,
 			if l.BandwidthBps > 0 {
 				link = "links shaped to " + lab.FormatRate(l.BandwidthBps)
 			}
+			if l.Paths > 1 {
+				link = fmt.Sprintf("%d paths, %s", l.Paths, link)
+			}
 			fmt.Printf("lab up: %d hosts, %s\n", len(l.Hosts), link)
 			for _, h := range l.Hosts {
 				agent := "no agent"
@@ -82,6 +85,7 @@ It fails if a lab is already up: run 'ferry lab down' first.`,
 	f := cmd.Flags()
 	f.IntVar(&o.Hosts, "hosts", 2, fmt.Sprintf("number of hosts (1-%d)", lab.MaxHosts))
 	f.StringVar(&bandwidth, "bandwidth", "", "link rate, e.g. 1gbit, 100mbit, 500M (default unshaped)")
+	f.IntVar(&o.Paths, "paths", 1, fmt.Sprintf("independent paths between hosts, each shaped to --bandwidth (1-%d); with 2 or more, agents use MPTCP over all", lab.MaxPaths))
 	f.BoolVar(&o.NoAgents, "no-agents", false, "create hosts and links only, start no agents")
 	return cmd
 }

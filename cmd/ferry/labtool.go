@@ -52,11 +52,16 @@ func newProbeToolCmd() *cobra.Command {
 }
 
 func newRecvToolCmd() *cobra.Command {
-	var listen, out string
+	var (
+		listen, out string
+		mptcp       bool
+	)
 	cmd := &cobra.Command{
 		Use: "recv",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			l, err := net.Listen("tcp", listen)
+			var lc net.ListenConfig
+			lc.SetMultipathTCP(mptcp)
+			l, err := lc.Listen(cmd.Context(), "tcp", listen)
 			if err != nil {
 				return err
 			}
@@ -80,11 +85,16 @@ func newRecvToolCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&listen, "listen", "", "address to receive on")
 	cmd.Flags().StringVar(&out, "out", "", "file to write")
+	cmd.Flags().BoolVar(&mptcp, "mptcp", false, "accept MPTCP")
 	return cmd
 }
 
 func newSendToolCmd() *cobra.Command {
-	var to, in string
+	var (
+		to, in string
+		limit  int64
+		mptcp  bool
+	)
 	cmd := &cobra.Command{
 		Use: "send",
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -93,18 +103,35 @@ func newSendToolCmd() *cobra.Command {
 				return err
 			}
 			defer f.Close()
-			conn, err := net.DialTimeout("tcp", to, 5*time.Second)
+			d := net.Dialer{Timeout: 5 * time.Second}
+			d.SetMultipathTCP(mptcp)
+			conn, err := d.DialContext(cmd.Context(), "tcp", to)
 			if err != nil {
 				return err
 			}
 			defer conn.Close()
-			if _, err := io.Copy(conn, f); err != nil {
+			var src io.Reader = f
+			if limit > 0 {
+				src = io.LimitReader(f, limit)
+			}
+			start := time.Now()
+			n, err := io.Copy(conn, src)
+			if err != nil {
 				return err
 			}
-			return conn.(*net.TCPConn).CloseWrite()
+			if err := conn.(*net.TCPConn).CloseWrite(); err != nil {
+				return err
+			}
+			// The receiver closes once it has everything: time the delivery,
+			// not the handing over to the socket buffer.
+			_, _ = io.Copy(io.Discard, conn)
+			fmt.Printf("%d %f\n", n, time.Since(start).Seconds())
+			return nil
 		},
 	}
 	cmd.Flags().StringVar(&to, "to", "", "receiver address")
 	cmd.Flags().StringVar(&in, "in", "", "file to send")
+	cmd.Flags().Int64Var(&limit, "bytes", 0, "send at most this many bytes")
+	cmd.Flags().BoolVar(&mptcp, "mptcp", false, "connect with MPTCP")
 	return cmd
 }

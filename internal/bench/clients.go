@@ -112,3 +112,49 @@ func copyOverLink(ctx context.Context, ferry string, from, to *lab.Host, src, ds
 	}
 	return nil
 }
+
+// measurePaths times 256 MiB from one lab host to another over plain TCP on
+// the first path, then over MPTCP across every path.
+func measurePaths(ctx context.Context, ferry string, from, to *lab.Host) (PathsBaseline, error) {
+	var b PathsBaseline
+	var err error
+	if b.SinglePathBps, err = transferRate(ctx, ferry, from, to, false); err != nil {
+		return b, err
+	}
+	if b.MultipathBps, err = transferRate(ctx, ferry, from, to, true); err != nil {
+		return b, err
+	}
+	b.Ratio = b.MultipathBps / b.SinglePathBps
+	return b, nil
+}
+
+const pathProbeBytes = 256 << 20
+
+// transferRate sends pathProbeBytes from /dev/zero and returns bits/s.
+func transferRate(ctx context.Context, ferry string, from, to *lab.Host, mptcp bool) (float64, error) {
+	listen := to.Addr + ":7101"
+	flag := fmt.Sprintf("--mptcp=%v", mptcp)
+	recv := to.Command(ctx, ferry, "lab-tool", "recv", "--listen", listen, "--out", "/dev/null", flag)
+	rout, err := recv.StdoutPipe()
+	if err != nil {
+		return 0, err
+	}
+	if err := recv.Start(); err != nil {
+		return 0, err
+	}
+	defer func() { _ = recv.Process.Kill(); _ = recv.Wait() }()
+	if _, err := bufio.NewReader(rout).ReadString('\n'); err != nil {
+		return 0, fmt.Errorf("receiver on %s: %w", to.Name, err)
+	}
+	out, err := from.Command(ctx, ferry, "lab-tool", "send", "--to", listen, "--in", "/dev/zero",
+		"--bytes", fmt.Sprint(pathProbeBytes), flag).Output()
+	if err != nil {
+		return 0, fmt.Errorf("sender on %s: %w", from.Name, err)
+	}
+	var n int64
+	var secs float64
+	if _, err := fmt.Sscanf(string(out), "%d %f", &n, &secs); err != nil || secs <= 0 {
+		return 0, fmt.Errorf("sender said %q", out)
+	}
+	return float64(n) * 8 / secs, nil
+}

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/agent"
@@ -28,32 +29,41 @@ type MigrateOptions struct {
 	DirtyRate    int // pages per second
 	BandwidthBps int64
 	Repeat       int
-	Baselines    []string // "link", "podman"
-	FerryBin     string
+	Baselines    []string // "link", "podman", "paths"
+	// Paths between the lab hosts (2+: MPTCP over all of them).
+	Paths int
+	// CutPathAt takes the source's first path down once this fraction of
+	// the memory has been sent (0: never); it comes back after the run.
+	CutPathAt float64
+	// MaxBandwidthBps caps the migration's sending rate.
+	MaxBandwidthBps int64
+	FerryBin        string
 	// Log receives one line per step, for a human watching; nil for none.
 	Log io.Writer
 }
 
 // Run is one measured migration.
 type Run struct {
-	OK               bool               `json:"ok"`
-	DowntimeMs       float64            `json:"downtime_ms"`
-	ClientDowntimeMs float64            `json:"client_downtime_ms"`
-	TotalMs          float64            `json:"total_ms"`
-	FrozenMs         float64            `json:"frozen_ms"`
-	BytesSent        int64              `json:"bytes_sent"`
-	MemoryBytes      int64              `json:"memory_bytes"`
-	StateOK          bool               `json:"state_ok"`
-	Error            string             `json:"error,omitempty"`
-	ProbeReason      string             `json:"probe_reason,omitempty"`
-	RestoreMs        float64            `json:"restore_ms"`
-	PagesFaulted     uint64             `json:"pages_faulted,omitempty"`
-	PagesPushed      uint64             `json:"pages_pushed,omitempty"`
-	PagesReferenced  uint64             `json:"pages_referenced,omitempty"`
-	Rounds           []engine.Round     `json:"rounds"`
-	StopReason       string             `json:"stop_reason,omitempty"`
-	ThrottlePct      int                `json:"throttle_pct,omitempty"`
-	Phases           []engine.PhaseSpan `json:"phases,omitempty"`
+	OK               bool    `json:"ok"`
+	DowntimeMs       float64 `json:"downtime_ms"`
+	ClientDowntimeMs float64 `json:"client_downtime_ms"`
+	TotalMs          float64 `json:"total_ms"`
+	FrozenMs         float64 `json:"frozen_ms"`
+	BytesSent        int64   `json:"bytes_sent"`
+	MemoryBytes      int64   `json:"memory_bytes"`
+	StateOK          bool    `json:"state_ok"`
+	Error            string  `json:"error,omitempty"`
+	ProbeReason      string  `json:"probe_reason,omitempty"`
+	// PathCutAtBytes is how many bytes had been sent when a path went down.
+	PathCutAtBytes  int64              `json:"path_cut_at_bytes,omitempty"`
+	RestoreMs       float64            `json:"restore_ms"`
+	PagesFaulted    uint64             `json:"pages_faulted,omitempty"`
+	PagesPushed     uint64             `json:"pages_pushed,omitempty"`
+	PagesReferenced uint64             `json:"pages_referenced,omitempty"`
+	Rounds          []engine.Round     `json:"rounds"`
+	StopReason      string             `json:"stop_reason,omitempty"`
+	ThrottlePct     int                `json:"throttle_pct,omitempty"`
+	Phases          []engine.PhaseSpan `json:"phases,omitempty"`
 }
 
 // LinkBaseline is plain TCP over the same link.
@@ -73,10 +83,19 @@ type PodmanBaseline struct {
 	Error            string  `json:"error,omitempty"`
 }
 
+// PathsBaseline compares one TCP connection over one path with one MPTCP
+// connection over all the lab's paths.
+type PathsBaseline struct {
+	SinglePathBps float64 `json:"single_path_bps"`
+	MultipathBps  float64 `json:"multipath_bps"`
+	Ratio         float64 `json:"ratio"`
+}
+
 // Baselines holds whichever baselines were asked for.
 type Baselines struct {
 	Link   *LinkBaseline   `json:"link,omitempty"`
 	Podman *PodmanBaseline `json:"podman,omitempty"`
+	Paths  *PathsBaseline  `json:"paths,omitempty"`
 }
 
 // MigrateResult is what `ferry bench migrate --json` prints.
@@ -89,6 +108,7 @@ type MigrateResult struct {
 	MedianDowntimeMs       float64   `json:"median_downtime_ms"`
 	MedianClientDowntimeMs float64   `json:"median_client_downtime_ms"`
 	MedianTotalMs          float64   `json:"median_total_ms"`
+	Paths                  int       `json:"paths"`
 	Baselines              Baselines `json:"baselines"`
 }
 
@@ -102,13 +122,16 @@ func Migrate(ctx context.Context, o MigrateOptions) (res MigrateResult, err erro
 		o.Repeat = 1
 	}
 	for _, b := range o.Baselines {
-		if b != "link" && b != "podman" {
-			return res, fmt.Errorf("unknown baseline %q (link, podman)", b)
+		if b != "link" && b != "podman" && b != "paths" {
+			return res, fmt.Errorf("unknown baseline %q (link, podman, paths)", b)
 		}
 	}
-	res = MigrateResult{Mode: o.Mode, MemoryBytes: o.MemoryBytes, DirtyRate: o.DirtyRate, BandwidthBps: o.BandwidthBps, Runs: []Run{}}
-	o.logf("bringing up a 3-host lab (bandwidth %d bit/s)", o.BandwidthBps)
-	l, err := lab.Up(ctx, lab.Options{Hosts: 3, BandwidthBps: o.BandwidthBps, FerryBin: o.FerryBin})
+	if o.CutPathAt > 0 && o.Paths < 2 {
+		return res, fmt.Errorf("--cut-path-at needs --paths 2 or more: with one path the migration has nothing to go on with")
+	}
+	res = MigrateResult{Mode: o.Mode, MemoryBytes: o.MemoryBytes, DirtyRate: o.DirtyRate, BandwidthBps: o.BandwidthBps, Paths: max(o.Paths, 1), Runs: []Run{}}
+	o.logf("bringing up a 3-host lab (bandwidth %d bit/s, %d path(s))", o.BandwidthBps, max(o.Paths, 1))
+	l, err := lab.Up(ctx, lab.Options{Hosts: 3, BandwidthBps: o.BandwidthBps, Paths: o.Paths, FerryBin: o.FerryBin})
 	if err != nil {
 		return res, err
 	}
@@ -126,6 +149,14 @@ func Migrate(ctx context.Context, o MigrateOptions) (res MigrateResult, err erro
 			return res, fmt.Errorf("link baseline: %w", err)
 		}
 		res.Baselines.Link = &LinkBaseline{ThroughputBps: bps}
+	}
+	if slices.Contains(o.Baselines, "paths") {
+		o.logf("measuring one path against MPTCP over %d paths", max(o.Paths, 1))
+		pb, err := measurePaths(ctx, o.FerryBin, src, dst)
+		if err != nil {
+			return res, fmt.Errorf("paths baseline: %w", err)
+		}
+		res.Baselines.Paths = &pb
 	}
 	for i := 0; i < o.Repeat; i++ {
 		o.logf("run %d/%d: %s migration of %d MiB at %d pages/s", i+1, o.Repeat, o.Mode, o.MemoryBytes>>20, o.DirtyRate)
@@ -160,10 +191,14 @@ func (o MigrateOptions) workloadArgs() []string {
 		"--dirty-rate", strconv.Itoa(o.DirtyRate), "--port", strconv.Itoa(workloadPort)}
 }
 
-func workloadAddrs(hosts ...*lab.Host) []string {
+// workloadAddrs lists where the workload may answer: each host, on every
+// path (a cut path leaves the others).
+func workloadAddrs(paths int, hosts ...*lab.Host) []string {
 	var out []string
-	for _, h := range hosts {
-		out = append(out, fmt.Sprintf("%s:%d", h.Addr, workloadPort))
+	for p := 0; p < max(paths, 1); p++ {
+		for _, h := range hosts {
+			out = append(out, fmt.Sprintf("%s:%d", h.PathAddr(p), workloadPort))
+		}
 	}
 	return out
 }
@@ -185,14 +220,31 @@ func (o MigrateOptions) runOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 		r.Error = err.Error()
 		return r
 	}
-	p, _, err := StartProbe(ctx, client, o.FerryBin, workloadAddrs(src, dst), o.readyTimeout())
+	p, _, err := StartProbe(ctx, client, o.FerryBin, workloadAddrs(o.Paths, src, dst), o.readyTimeout())
 	if err != nil {
 		r.Error = err.Error()
 		return r
 	}
 	// Let the dirtier run a moment so the dirty rate is steady.
 	time.Sleep(300 * time.Millisecond)
-	rep, err := agent.Migrate(ctx, src.ControlSock, engine.Request{Container: name, To: dst.AgentAddr, Mode: o.Mode, Precopy: o.Precopy}, nil)
+	var cutAt atomic.Int64
+	var progress func(engine.Progress)
+	if o.CutPathAt > 0 {
+		threshold := int64(o.CutPathAt * float64(o.MemoryBytes))
+		progress = func(pr engine.Progress) {
+			if pr.Bytes >= threshold && cutAt.CompareAndSwap(0, pr.Bytes) {
+				if err := l.SetPath(src.Name, 0, false); err != nil {
+					o.logf("cutting path 0 of %s: %v", src.Name, err)
+				}
+			}
+		}
+		defer func() { _ = l.SetPath(src.Name, 0, true) }()
+	}
+	rep, err := agent.Migrate(ctx, src.ControlSock, engine.Request{Container: name, To: dst.AgentAddr, Mode: o.Mode,
+		Precopy: o.Precopy, MaxBandwidthBps: o.MaxBandwidthBps}, progress)
+	if cutAt.Load() > 0 {
+		_ = l.SetPath(src.Name, 0, true)
+	}
 	time.Sleep(300 * time.Millisecond) // answers after the switch
 	pr, perr := p.Stop()
 	if err != nil {
@@ -201,7 +253,8 @@ func (o MigrateOptions) runOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 	}
 	r = Run{OK: rep.OK, DowntimeMs: rep.DowntimeMs, TotalMs: rep.TotalMs, FrozenMs: rep.FrozenMs,
 		BytesSent: rep.BytesSent, MemoryBytes: rep.MemoryBytes, Error: rep.Error, Phases: rep.Phases,
-		RestoreMs: rep.RestoreMs, PagesFaulted: rep.PagesFaulted, PagesPushed: rep.PagesPushed,
+		PathCutAtBytes: cutAt.Load(),
+		RestoreMs:      rep.RestoreMs, PagesFaulted: rep.PagesFaulted, PagesPushed: rep.PagesPushed,
 		PagesReferenced: rep.PagesReferenced, Rounds: rep.Rounds, StopReason: rep.StopReason, ThrottlePct: rep.ThrottlePct}
 	if r.Rounds == nil {
 		r.Rounds = []engine.Round{}
@@ -242,7 +295,7 @@ func (o MigrateOptions) podmanOnce(ctx context.Context, src, dst, client *lab.Ho
 	if err := ps.Run(ctx, name, image, o.workloadArgs()); err != nil {
 		return fail(err)
 	}
-	p, _, err := StartProbe(ctx, client, o.FerryBin, workloadAddrs(src, dst), o.readyTimeout())
+	p, _, err := StartProbe(ctx, client, o.FerryBin, workloadAddrs(o.Paths, src, dst), o.readyTimeout())
 	if err != nil {
 		return fail(err)
 	}

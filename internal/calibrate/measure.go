@@ -1,6 +1,7 @@
 package calibrate
 
 import (
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -147,4 +148,8 @@ func constantFit(y []float64) model.LinearFit {
 		f.RMSE = math.Sqrt(ss / float64(len(y)))
 	}
 	return f
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	return slices.Sorted(maps.Keys(m))
 }

@@ -35,7 +35,9 @@ const (
 	// SwitchNetNS is the namespace holding the bridge all hosts plug into.
 	SwitchNetNS = "ferry-sw"
 	// BridgeName is the bridge inside SwitchNetNS.
-	BridgeName = "br0"
+	BridgeName = "br0" // path 0's; path p's is brP
+	// MaxPaths bounds Options.Paths.
+	MaxPaths = 4
 	// MaxHosts bounds a lab's size; Down looks for at least this many.
 	MaxHosts = 16
 	// AgentPort is the TCP port each agent listens on.
@@ -59,6 +61,10 @@ type Options struct {
 	// BandwidthBps shapes every host's link, both directions, in bits per
 	// second; 0 leaves links unshaped.
 	BandwidthBps int64
+	// Paths is the number of independent paths between hosts (separate
+	// bridges and subnets), each shaped to BandwidthBps; 0 means 1. With
+	// more than one, hosts get MPTCP endpoints on every path.
+	Paths int
 	// FerryBin is the ferry binary agents run, and next to which the
 	// workload binaries are found; empty means this executable.
 	FerryBin string
@@ -81,7 +87,13 @@ type Host struct {
 type Lab struct {
 	Hosts        []Host `json:"hosts"`
 	BandwidthBps int64  `json:"bandwidth_bps"`
+	Paths        int    `json:"paths,omitempty"`
 	FerryBin     string `json:"ferry_bin"`
+}
+
+// PathAddr is the host's address on path p (path 0: Addr).
+func (h *Host) PathAddr(p int) string {
+	return fmt.Sprintf("10.%d.0.%d", 77+p, h.Index)
 }
 
 // newHost derives every name and path of host i.
@@ -235,6 +247,12 @@ func Up(ctx context.Context, o Options) (*Lab, error) {
 		return nil, fmt.Errorf("bandwidth %s out of range (%s to %s, or 0 for unshaped)",
 			FormatRate(o.BandwidthBps), FormatRate(minRate), FormatRate(maxRate))
 	}
+	if o.Paths == 0 {
+		o.Paths = 1
+	}
+	if o.Paths < 1 || o.Paths > MaxPaths {
+		return nil, fmt.Errorf("a lab has 1 to %d paths between hosts, not %d", MaxPaths, o.Paths)
+	}
 	if why := existing(); why != "" {
 		return nil, fmt.Errorf("a ferry lab is already up (%s); run `ferry lab down` first", why)
 	}
@@ -249,7 +267,7 @@ func Up(ctx context.Context, o Options) (*Lab, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Lab{BandwidthBps: o.BandwidthBps, FerryBin: bin}
+	l := &Lab{BandwidthBps: o.BandwidthBps, Paths: o.Paths, FerryBin: bin}
 	for i := 1; i <= o.Hosts; i++ {
 		l.Hosts = append(l.Hosts, newHost(i))
 	}
@@ -272,7 +290,7 @@ func (l *Lab) up(ctx context.Context, o Options) error {
 	if err := l.save(); err != nil {
 		return err
 	}
-	if err := buildSwitch(); err != nil {
+	if err := buildSwitch(max(l.Paths, 1)); err != nil {
 		return err
 	}
 	for k := range l.Hosts {
@@ -280,7 +298,7 @@ func (l *Lab) up(ctx context.Context, o Options) error {
 		if err := os.MkdirAll(h.RuncRoot(), 0o700); err != nil {
 			return err
 		}
-		if err := plugHost(h, l.BandwidthBps); err != nil {
+		if err := plugHost(h, l.BandwidthBps, max(l.Paths, 1)); err != nil {
 			return err
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"os/exec"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -14,8 +15,8 @@ import (
 // come back typed instead of as text, and a veth can be created with each
 // end already in its namespace, so nothing ever appears in the root one.
 
-// buildSwitch creates the switch namespace and its bridge.
-func buildSwitch() error {
+// buildSwitch creates the switch namespace and one bridge per path.
+func buildSwitch(paths int) error {
 	if err := addNetNS(SwitchNetNS); err != nil {
 		return err
 	}
@@ -24,22 +25,73 @@ func buildSwitch() error {
 		return err
 	}
 	defer sw.Close()
-	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: BridgeName}}
-	if err := sw.LinkAdd(br); err != nil {
-		return fmt.Errorf("add bridge %s: %w", BridgeName, err)
-	}
-	if err := sw.LinkSetUp(br); err != nil {
-		return fmt.Errorf("bridge %s up: %w", BridgeName, err)
+	for p := 0; p < paths; p++ {
+		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: bridgeName(p)}}
+		if err := sw.LinkAdd(br); err != nil {
+			return fmt.Errorf("add bridge %s: %w", bridgeName(p), err)
+		}
+		if err := sw.LinkSetUp(br); err != nil {
+			return fmt.Errorf("bridge %s up: %w", bridgeName(p), err)
+		}
 	}
 	return nil
 }
 
-// plugHost creates host h's namespace and wires it to the switch: eth0 in
-// the host with its address, the peer h{i} on the bridge.
-func plugHost(h *Host, bps int64) error {
+// Path p of the lab is a bridge brP in the switch, an interface ethP in
+// each host with address 10.(77+P).0.i, and the switch port hI (path 0) or
+// hIpP.
+func bridgeName(p int) string { return fmt.Sprintf("br%d", p) }
+func hostIf(p int) string     { return fmt.Sprintf("eth%d", p) }
+func switchPort(h *Host, p int) string {
+	if p == 0 {
+		return h.Name
+	}
+	return fmt.Sprintf("%sp%d", h.Name, p)
+}
+
+// plugHost creates host h's namespace and wires it to the switch once per
+// path; with several paths it sets up MPTCP so one connection uses all.
+func plugHost(h *Host, bps int64, paths int) error {
 	if err := addNetNS(h.NetNSName); err != nil {
 		return err
 	}
+	for p := 0; p < paths; p++ {
+		if err := plugPath(h, p, bps); err != nil {
+			return err
+		}
+	}
+	if paths > 1 {
+		return setupMPTCP(h, paths)
+	}
+	return nil
+}
+
+// setupMPTCP lets each host open and accept extra subflows over its other
+// paths' addresses (environment.md: subflow endpoints on the client, signal
+// endpoints on the server; a lab host is both).
+func setupMPTCP(h *Host, paths int) error {
+	run := func(args ...string) error {
+		out, err := exec.Command("ip", append([]string{"-n", h.NetNSName, "mptcp"}, args...)...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%s: ip mptcp %v: %v: %s", h.Name, args, err, out)
+		}
+		return nil
+	}
+	if err := run("limits", "set", "subflow", "4", "add_addr_accepted", "4"); err != nil {
+		return err
+	}
+	for p := 1; p < paths; p++ {
+		if err := run("endpoint", "add", h.PathAddr(p), "dev", hostIf(p), "signal", "subflow"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// plugPath wires path p of host h: ethP in the host with its address, the
+// peer on the path's bridge, both ends shaped when bps is set.
+func plugPath(h *Host, p int, bps int64) error {
+	hostIfName := hostIf(p)
 	sw, err := handleAt(SwitchNetNS)
 	if err != nil {
 		return err
@@ -55,7 +107,7 @@ func plugHost(h *Host, bps int64) error {
 	if err != nil {
 		return fmt.Errorf("open netns %s: %w", h.NetNSName, err)
 	}
-	portName := h.Name
+	portName := switchPort(h, p)
 	veth := &netlink.Veth{
 		LinkAttrs:     netlink.LinkAttrs{Name: portName},
 		PeerName:      hostIfName,
@@ -67,7 +119,7 @@ func plugHost(h *Host, bps int64) error {
 		return fmt.Errorf("add veth %s/%s: %w", portName, hostIfName, err)
 	}
 
-	br, err := sw.LinkByName(BridgeName)
+	br, err := sw.LinkByName(bridgeName(p))
 	if err != nil {
 		return fmt.Errorf("switch: %w", err)
 	}
@@ -76,7 +128,7 @@ func plugHost(h *Host, bps int64) error {
 		return fmt.Errorf("switch port %s: %w", portName, err)
 	}
 	if err := sw.LinkSetMaster(port, br); err != nil {
-		return fmt.Errorf("enslave %s to %s: %w", portName, BridgeName, err)
+		return fmt.Errorf("enslave %s to %s: %w", portName, bridgeName(p), err)
 	}
 	if err := sw.LinkSetUp(port); err != nil {
 		return fmt.Errorf("switch port %s up: %w", portName, err)
@@ -86,7 +138,7 @@ func plugHost(h *Host, bps int64) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", h.Name, err)
 	}
-	addr := &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(h.Addr).To4(), Mask: net.CIDRMask(prefixLen, 32)}}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(h.PathAddr(p)).To4(), Mask: net.CIDRMask(prefixLen, 32)}}
 	if err := hn.AddrAdd(eth, addr); err != nil {
 		return fmt.Errorf("%s: add address %s: %w", h.Name, addr, err)
 	}
@@ -95,7 +147,7 @@ func plugHost(h *Host, bps int64) error {
 	}
 
 	if bps > 0 {
-		// Shape both ends: eth0's egress carries the host's sends, the
+		// Shape both ends: ethP's egress carries the host's sends, the
 		// switch port's egress what the host receives.
 		if err := shape(hn, eth, bps); err != nil {
 			return fmt.Errorf("%s: shape %s: %w", h.Name, hostIfName, err)
@@ -130,4 +182,35 @@ func shape(h *netlink.Handle, link netlink.Link, bps int64) error {
 		Buffer: netlink.Xmittime(rate, burst), // tbf takes the bucket as time
 	}
 	return h.QdiscReplace(q)
+}
+
+// SetPath takes path p of a host down or brings it back up, at both ends,
+// the way a cable or a radio link fails.
+func (l *Lab) SetPath(hostName string, p int, up bool) error {
+	h, err := l.Host(hostName)
+	if err != nil {
+		return err
+	}
+	if p < 0 || p >= max(l.Paths, 1) {
+		return fmt.Errorf("the lab has %d path(s), no path %d", max(l.Paths, 1), p)
+	}
+	for _, side := range []struct{ ns, link string }{{h.NetNSName, hostIf(p)}, {SwitchNetNS, switchPort(h, p)}} {
+		hd, err := handleAt(side.ns)
+		if err != nil {
+			return err
+		}
+		link, err := hd.LinkByName(side.link)
+		if err == nil {
+			if up {
+				err = hd.LinkSetUp(link)
+			} else {
+				err = hd.LinkSetDown(link)
+			}
+		}
+		hd.Close()
+		if err != nil {
+			return fmt.Errorf("%s: %s: %w", side.ns, side.link, err)
+		}
+	}
+	return nil
 }

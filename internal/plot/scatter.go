@@ -295,21 +295,23 @@ func niceStep(raw float64) float64 {
 	return 10 * p
 }
 
-// logTicks spans whole decades; with few decades the 2× and 5× values get
-// labels too, otherwise only the decades do.
+// logTicks widens [lo, hi] to 1, 2 or 5 times a power of ten and puts a
+// tick on every 1..9 × 10^k inside. Decades get labels; so do 2× and 5×
+// when the range spans two decades or less.
 func logTicks(lo, hi float64) (float64, float64, []tick) {
-	dlo, dhi := math.Floor(math.Log10(lo)), math.Ceil(math.Log10(hi))
-	if dlo == dhi {
-		dhi++
+	lo, hi = logStep(lo, false), logStep(hi, true)
+	if lo == hi {
+		lo, hi = lo/2, hi*2
 	}
-	few := dhi-dlo <= 2
+	alo, ahi := math.Log10(lo), math.Log10(hi)
+	few := ahi-alo <= 2
 	var ts []tick
-	for d := dlo; d <= dhi; d++ {
+	for d := math.Floor(alo); d <= math.Ceil(ahi); d++ {
 		base := math.Pow(10, d)
 		for m := 1.0; m < 10; m++ {
 			v := m * base
-			if math.Log10(v) > dhi+1e-9 {
-				break
+			if lv := math.Log10(v); lv < alo-1e-9 || lv > ahi+1e-9 {
+				continue
 			}
 			label := ""
 			if m == 1 || (few && (m == 2 || m == 5)) {
@@ -318,7 +320,27 @@ func logTicks(lo, hi float64) (float64, float64, []tick) {
 			ts = append(ts, tick{v, label})
 		}
 	}
-	return dlo, dhi, ts
+	return alo, ahi, ts
+}
+
+// logStep rounds v down (or up) to 1, 2 or 5 times a power of ten.
+func logStep(v float64, up bool) float64 {
+	p := math.Pow(10, math.Floor(math.Log10(v)))
+	steps := []float64{1, 2, 5, 10}
+	if up {
+		for _, m := range steps {
+			if v <= m*p*(1+1e-12) {
+				return m * p
+			}
+		}
+		return 10 * p
+	}
+	for i := len(steps) - 1; i >= 0; i-- {
+		if v >= steps[i]*p*(1-1e-12) {
+			return steps[i] * p
+		}
+	}
+	return p
 }
 
 // fmtNum prints a tick value briefly: 0.5, 20, 1000, 2e+06.

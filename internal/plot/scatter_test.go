@@ -181,3 +181,15 @@ func TestNiceStep(t *testing.T) {
 		}
 	}
 }
+
+func TestLogStep(t *testing.T) {
+	for _, c := range []struct {
+		v    float64
+		up   bool
+		want float64
+	}{{130, false, 100}, {130, true, 200}, {13386, true, 20000}, {240, false, 200}, {600, false, 500}, {600, true, 1000}, {100, true, 100}, {100, false, 100}} {
+		if got := logStep(c.v, c.up); math.Abs(got-c.want) > 1e-9*c.want {
+			t.Errorf("logStep(%v, %v) = %v, want %v", c.v, c.up, got, c.want)
+		}
+	}
+}

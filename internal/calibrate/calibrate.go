@@ -1,0 +1,499 @@
+// Package calibrate fits a host's model.Profile from migrations measured
+// in ferry's lab, and checks the models' predictions against migrations
+// the fit did not see.
+//
+// Each profile parameter comes from the phase of a migration that the
+// model says it governs (docs/MODEL.md, "Validation"):
+//
+//	freeze_s                   the freeze phase, every mode (mean)
+//	read_hash_bps              pre-copy rounds after the first, duration vs memory
+//	dump_fixed_s, dump_bps     cold's dump (+ images) and pre-copy's
+//	                           deduplicated dump minus its hashing, vs memory
+//	restore_fixed_s, _bps      the restore phase of cold and pre-copy vs memory
+//	lazy_setup_s               post-copy's dump + restore beyond the fixed costs
+//	lazy_bps                   post-copy's commit + lazy-pages vs memory
+//	link_efficiency            pre-copy's first round over a shaped link
+//
+// Calibration runs on unshaped links so that the host's own costs show; one
+// shaped point measures how much of the link ferry's stream gets.
+package calibrate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"time"
+
+	"github.com/ferry-migrate/ferry/internal/bench"
+	"github.com/ferry-migrate/ferry/internal/criu"
+	"github.com/ferry-migrate/ferry/internal/model"
+)
+
+// Options configure Run.
+type Options struct {
+	// Quick measures a smaller grid (64M and 256M at 100 pages/s).
+	Quick bool
+	// Memories and DirtyRates override the grid (bytes, pages/s).
+	Memories   []int64
+	DirtyRates []int
+	// Repeat is the migrations per point; 0 means 1.
+	Repeat int
+	// ShapedBps is the link rate of the link-efficiency point, bits/s; 0
+	// means 300 Mbit/s (not a validation rate).
+	ShapedBps int64
+	// FerryBin is the ferry binary the lab runs (memhog next to it).
+	FerryBin string
+	// Progress, if set, hears of every point and bench step.
+	Progress func(Progress)
+	// Log receives the bench's step lines.
+	Log io.Writer
+	// Run measures a point; nil means bench.Migrate.
+	Run Runner
+	// Features says what the kernel supports; nil means criu.ProbeFeatures.
+	Features func(context.Context) criu.Features
+}
+
+// Defaults of the grid.
+var (
+	DefaultMemories   = []int64{64 << 20, 128 << 20, 256 << 20, 512 << 20}
+	DefaultDirtyRates = []int{0, 2000}
+	QuickMemories     = []int64{64 << 20, 256 << 20}
+	QuickDirtyRates   = []int{100}
+)
+
+// DefaultShapedBps is the calibration's shaped link: 300 Mbit/s.
+const DefaultShapedBps = 300_000_000
+
+// Calibrated modes: the ones whose phases identify a profile parameter.
+// Hybrid adds no parameter of its own.
+var calibratedModes = []string{model.ModeCold, model.ModePrecopy, model.ModePostcopy}
+
+func (o Options) withDefaults() Options {
+	if len(o.Memories) == 0 {
+		o.Memories = DefaultMemories
+		if o.Quick {
+			o.Memories = QuickMemories
+		}
+	}
+	if len(o.DirtyRates) == 0 {
+		o.DirtyRates = DefaultDirtyRates
+		if o.Quick {
+			o.DirtyRates = QuickDirtyRates
+		}
+	}
+	if o.Repeat <= 0 {
+		o.Repeat = 1
+	}
+	if o.ShapedBps <= 0 {
+		o.ShapedBps = DefaultShapedBps
+	}
+	return o
+}
+
+// Grid lists the points Run measures: every calibrated mode at every
+// memory and dirty rate on unshaped links, then one pre-copy over a shaped
+// link (the largest memory up to 128 MiB, the lowest dirty rate) with the
+// link baseline.
+func Grid(o Options) []Point {
+	o = o.withDefaults()
+	var pts []Point
+	for _, m := range o.Memories {
+		for _, r := range o.DirtyRates {
+			for _, mode := range calibratedModes {
+				pts = append(pts, Point{Mode: mode, MemoryBytes: m, DirtyRate: r})
+			}
+		}
+	}
+	shapedMem := o.Memories[0]
+	for _, m := range o.Memories {
+		if m <= 128<<20 && m > shapedMem {
+			shapedMem = m
+		}
+	}
+	lowRate := o.DirtyRates[0]
+	for _, r := range o.DirtyRates {
+		lowRate = min(lowRate, r)
+	}
+	return append(pts, Point{Mode: model.ModePrecopy, MemoryBytes: shapedMem, DirtyRate: lowRate,
+		BandwidthBps: o.ShapedBps, Baselines: []string{"link"}})
+}
+
+// Term is how one group of profile parameters was fitted.
+type Term struct {
+	Name string `json:"name"`
+	From string `json:"from"` // what was measured
+	// Kind of fit: "line" (a + b·x), "proportional" (b·x), "constant"
+	// (the mean) or "ratio" (a mean of per-run ratios).
+	Kind string `json:"kind"`
+	// Sets are the profile fields (JSON names) this term gives, and their
+	// values. Empty when the term only reports (a cost outside the model)
+	// or could not be fitted.
+	Sets map[string]float64 `json:"sets"`
+	// Fit is the fit the values come from: R², RMSE and residuals, in
+	// seconds (link efficiency: a fraction).
+	Fit model.LinearFit `json:"fit"`
+	// Free is an unconstrained line through the same points, where the
+	// model's form has no intercept or no slope: how far the form is off.
+	Free *model.LinearFit `json:"free_fit,omitempty"`
+	// X (memory, bytes) and Y (seconds) are the points, in residual order.
+	X    []float64 `json:"x"`
+	Y    []float64 `json:"y"`
+	Note string    `json:"note,omitempty"`
+}
+
+// Report is what a calibration measured and fitted.
+type Report struct {
+	Profile  model.Profile `json:"profile"`
+	Grid     string        `json:"grid"` // "quick", "default" or "custom"
+	Repeat   int           `json:"repeat"`
+	Started  time.Time     `json:"started"`
+	WallS    float64       `json:"wall_s"`
+	Terms    []Term        `json:"terms"`
+	Warnings []string      `json:"warnings,omitempty"`
+	Points   []Measured    `json:"points"`
+}
+
+// Run measures the grid and fits a profile. The profile starts from
+// model.DefaultProfile, so a parameter that cannot be fitted keeps its
+// default (Report.Warnings says which). With a bench error (for example
+// a lab already up) it stops and returns what it measured so far.
+func Run(ctx context.Context, opts Options) (model.Profile, Report, error) {
+	o := opts.withDefaults()
+	rep := Report{Started: time.Now(), Repeat: o.Repeat, Grid: "default"}
+	switch {
+	case len(opts.Memories) > 0 || len(opts.DirtyRates) > 0:
+		rep.Grid = "custom"
+	case o.Quick:
+		rep.Grid = "quick"
+	}
+	measured, err := sweep(ctx, Grid(o), o.Repeat, o.FerryBin, o.Run, o.Progress, o.Log)
+	rep.Points = measured
+	rep.WallS = time.Since(rep.Started).Seconds()
+	if err != nil {
+		return model.Profile{}, rep, err
+	}
+	base := model.DefaultProfile()
+	base.Host, _ = os.Hostname()
+	features := o.Features
+	if features == nil {
+		features = criu.ProbeFeatures
+	}
+	base.SoftDirty = features(ctx).DirtyTracking
+	base.Source = fmt.Sprintf("ferry calibrate, %s grid, %s", rep.Grid, rep.Started.UTC().Format(time.RFC3339))
+	p, terms, warns := Fit(measured, base)
+	rep.Profile, rep.Terms, rep.Warnings = p, terms, warns
+	if err := p.Validate(); err != nil {
+		return p, rep, err
+	}
+	return p, rep, nil
+}
+
+// ErrNoData: a term had no usable measurement.
+var ErrNoData = errors.New("no usable measurement")
+
+// samples holds the successful runs of the points matching a filter, each
+// with its point's nominal memory: the model's input is what a user would
+// give `ferry plan`, so the fit uses it too.
+type sample struct {
+	m float64
+	r bench.Run
+	p Point
+}
+
+func collect(ms []Measured, keep func(Point) bool) []sample {
+	var out []sample
+	for _, m := range ms {
+		if m.Result == nil || !keep(m.Point) {
+			continue
+		}
+		for _, r := range okRuns(*m.Result) {
+			out = append(out, sample{m: float64(m.MemoryBytes), r: r, p: m.Point})
+		}
+	}
+	return out
+}
+
+func unshaped(modes ...string) func(Point) bool {
+	return func(p Point) bool {
+		if p.BandwidthBps != 0 {
+			return false
+		}
+		for _, m := range modes {
+			if p.Mode == m {
+				return true
+			}
+		}
+		return len(modes) == 0
+	}
+}
+
+// Fit derives a profile from measurements, starting from base. Terms
+// depend on each other in this order: read-hash before dump (pre-copy's
+// dump includes hashing), dump and restore before lazy setup.
+func Fit(ms []Measured, base model.Profile) (model.Profile, []Term, []string) {
+	p := base
+	var terms []Term
+	var warns []string
+	add := func(t Term, err error) {
+		if err != nil {
+			warns = append(warns, fmt.Sprintf("%s: %v; kept the default", t.Name, err))
+			t.Sets = map[string]float64{}
+			if t.Note == "" {
+				t.Note = err.Error()
+			}
+		}
+		terms = append(terms, t)
+	}
+	add(fitFreeze(ms, &p))
+	add(fitReadHash(ms, &p))
+	add(fitDump(ms, &p))
+	add(fitRestore(ms, &p))
+	add(fitLazySetup(ms, &p))
+	add(fitLazy(ms, &p))
+	add(fitLink(ms, &p))
+	add(fitOverhead(ms))
+	// PAM's constants that are the same quantities as the profile's.
+	p.PAM.Beta = p.FreezeS
+	p.PAM.Psi = p.RestoreFixedS
+	p.PAM.Omega = 1 / p.RestoreBps
+	return p, terms, warns
+}
+
+func fitFreeze(ms []Measured, p *model.Profile) (Term, error) {
+	t := Term{Name: "freeze", Kind: "constant", From: "freeze phase of every unshaped run (the model's β is a constant)"}
+	for _, s := range collect(ms, unshaped()) {
+		if hasPhase(s.r, "freeze") {
+			t.X, t.Y = append(t.X, s.m), append(t.Y, phaseS(s.r, "freeze"))
+		}
+	}
+	if len(t.Y) == 0 {
+		return t, ErrNoData
+	}
+	t.Fit = constantFit(t.Y)
+	t.Free = freeLine(t.X, t.Y)
+	p.FreezeS = math.Max(0, t.Fit.A)
+	t.Sets = map[string]float64{"freeze_s": p.FreezeS}
+	return t, nil
+}
+
+func fitReadHash(ms []Measured, p *model.Profile) (Term, error) {
+	t := Term{Name: "read-hash", Kind: "proportional",
+		From: "pre-copy rounds after the first (little to send) vs memory: duration = M/read_hash_bps"}
+	for _, s := range collect(ms, unshaped("precopy")) {
+		for _, rd := range s.r.Rounds {
+			if rd.Index >= 1 && !rd.Final {
+				t.X, t.Y = append(t.X, s.m), append(t.Y, rd.DurationMs/1000)
+			}
+		}
+	}
+	f, ok := fitThroughOrigin(t.X, t.Y)
+	if !ok || !(f.B > 0) {
+		return t, ErrNoData
+	}
+	t.Fit = f
+	t.Free = freeLine(t.X, t.Y)
+	p.ReadHashBps = 1 / f.B
+	t.Sets = map[string]float64{"read_hash_bps": p.ReadHashBps}
+	if t.Free != nil {
+		t.Note = fmt.Sprintf("a free line puts %.0f ms per round outside memory (the model has no per-round fixed cost)", t.Free.A*1000)
+	}
+	return t, nil
+}
+
+func fitDump(ms []Measured, p *model.Profile) (Term, error) {
+	t := Term{Name: "dump", Kind: "line",
+		From: "cold's dump+images, and pre-copy's dedup dump+images minus M/read_hash_bps, vs memory: φ + M/dump_bps"}
+	var cx, cy, px, py []float64
+	for _, s := range collect(ms, unshaped("cold", "precopy")) {
+		y := phaseS(s.r, "dump", "images")
+		if s.p.Mode == "precopy" {
+			y -= s.m / p.ReadHashBps
+			px, py = append(px, s.m), append(py, y)
+		} else {
+			cx, cy = append(cx, s.m), append(cy, y)
+		}
+		t.X, t.Y = append(t.X, s.m), append(t.Y, y)
+	}
+	f, err := model.FitLinear(t.X, t.Y)
+	if err != nil {
+		return t, err
+	}
+	if !(f.B > 0) {
+		return t, fmt.Errorf("dump time does not grow with memory (slope %.3g s/B)", f.B)
+	}
+	t.Fit = f
+	p.DumpFixedS, p.DumpBps = math.Max(0, f.A), 1/f.B
+	t.Sets = map[string]float64{"dump_fixed_s": p.DumpFixedS, "dump_bps": p.DumpBps}
+	t.Note = subFits(map[string][2][]float64{"cold alone": {cx, cy}, "pre-copy alone": {px, py}})
+	return t, nil
+}
+
+func fitRestore(ms []Measured, p *model.Profile) (Term, error) {
+	t := Term{Name: "restore", Kind: "line", From: "restore phase of cold and pre-copy (restore until the destination answers) vs memory: ψ + M/restore_bps"}
+	var rx, ry []float64
+	for _, s := range collect(ms, unshaped("cold", "precopy")) {
+		t.X, t.Y = append(t.X, s.m), append(t.Y, phaseS(s.r, "restore"))
+		rx, ry = append(rx, s.m), append(ry, s.r.RestoreMs/1000)
+	}
+	f, err := model.FitLinear(t.X, t.Y)
+	if err != nil {
+		return t, err
+	}
+	if !(f.B > 0) {
+		return t, fmt.Errorf("restore time does not grow with memory (slope %.3g s/B)", f.B)
+	}
+	t.Fit = f
+	p.RestoreFixedS, p.RestoreBps = math.Max(0, f.A), 1/f.B
+	t.Sets = map[string]float64{"restore_fixed_s": p.RestoreFixedS, "restore_bps": p.RestoreBps}
+	t.Note = subFits(map[string][2][]float64{"runc restore alone (restore_ms)": {rx, ry}})
+	return t, nil
+}
+
+func fitLazySetup(ms []Measured, p *model.Profile) (Term, error) {
+	t := Term{Name: "lazy-setup", Kind: "constant",
+		From: "post-copy's dump+images+restore minus dump_fixed_s and restore_fixed_s (the model's lazy downtime is constant)"}
+	for _, s := range collect(ms, unshaped("postcopy")) {
+		t.X = append(t.X, s.m)
+		t.Y = append(t.Y, phaseS(s.r, "dump", "images", "restore")-p.DumpFixedS-p.RestoreFixedS)
+	}
+	if len(t.Y) == 0 {
+		return t, ErrNoData
+	}
+	t.Fit = constantFit(t.Y)
+	t.Free = freeLine(t.X, t.Y)
+	p.LazySetupS = math.Max(0, t.Fit.A)
+	t.Sets = map[string]float64{"lazy_setup_s": p.LazySetupS}
+	if t.Free != nil {
+		t.Note = fmt.Sprintf("post-copy downtime grows by %.0f ms per 100 MiB (the model says 0)", t.Free.B*100*(1<<20)*1000)
+	}
+	return t, nil
+}
+
+func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
+	t := Term{Name: "lazy-pages", Kind: "proportional",
+		From: "post-copy's commit+lazy-pages (restored until the last page) vs memory: M/lazy_bps"}
+	for _, s := range collect(ms, unshaped("postcopy")) {
+		t.X, t.Y = append(t.X, s.m), append(t.Y, phaseS(s.r, "commit", "lazy-pages"))
+	}
+	f, ok := fitThroughOrigin(t.X, t.Y)
+	if !ok || !(f.B > 0) {
+		return t, ErrNoData
+	}
+	t.Fit = f
+	t.Free = freeLine(t.X, t.Y)
+	p.LazyBps = 1 / f.B
+	t.Sets = map[string]float64{"lazy_bps": p.LazyBps}
+	if t.Free != nil {
+		t.Note = fmt.Sprintf("a free line has %.0f ms at M = 0 (the model has none)", t.Free.A*1000)
+	}
+	return t, nil
+}
+
+// fitLink measures ferry's payload throughput over the shaped link: the
+// first pre-copy round sends all of memory, so (duration − M/read_hash_bps)
+// is its time on the wire (cold: the dump beyond its fixed part).
+func fitLink(ms []Measured, p *model.Profile) (Term, error) {
+	t := Term{Name: "link", Kind: "ratio",
+		From: "shaped link: memory / (time on the wire × link rate), from pre-copy's first round"}
+	var baseline []float64
+	for _, m := range ms {
+		if m.BandwidthBps <= 0 || m.Result == nil {
+			continue
+		}
+		l := float64(m.BandwidthBps) / 8
+		if b := m.Result.Baselines.Link; b != nil && b.ThroughputBps > 0 {
+			baseline = append(baseline, b.ThroughputBps/float64(m.BandwidthBps))
+		}
+		mem := float64(m.MemoryBytes)
+		for _, r := range okRuns(*m.Result) {
+			var wire float64
+			switch m.Mode {
+			case model.ModePrecopy, model.ModeHybrid:
+				if len(r.Rounds) == 0 {
+					continue
+				}
+				wire = r.Rounds[0].DurationMs/1000 - mem/p.ReadHashBps
+			case model.ModeCold:
+				wire = phaseS(r, "dump", "images") - p.DumpFixedS
+			default:
+				continue
+			}
+			if wire > 0 {
+				t.X, t.Y = append(t.X, mem), append(t.Y, mem/(wire*l))
+			}
+		}
+	}
+	if len(t.Y) == 0 {
+		return t, ErrNoData
+	}
+	t.Fit = constantFit(t.Y)
+	p.LinkEfficiency = math.Min(1, t.Fit.A)
+	t.Sets = map[string]float64{"link_efficiency": p.LinkEfficiency}
+	if len(baseline) > 0 {
+		t.Note = fmt.Sprintf("plain TCP (iperf3) got %.3f of the same link", mean(baseline))
+	}
+	if t.Fit.A > 1 {
+		t.Note += fmt.Sprintf("; measured %.3f, capped at 1", t.Fit.A)
+	}
+	return t, nil
+}
+
+// fitOverhead reports what the models leave out of total time: connecting
+// and the offer (prepare), the live root filesystem sync, and the commit
+// of non-lazy modes. It sets nothing.
+func fitOverhead(ms []Measured) (Term, error) {
+	t := Term{Name: "outside-model", Kind: "constant",
+		From: "prepare + rootfs-sync (+ commit for cold and pre-copy): in total_ms, not in the models"}
+	for _, s := range collect(ms, unshaped()) {
+		y := phaseS(s.r, "prepare", "rootfs-sync")
+		if !lazyMode(s.p.Mode) {
+			y += phaseS(s.r, "commit")
+		}
+		t.X, t.Y = append(t.X, s.m), append(t.Y, y)
+	}
+	if len(t.Y) == 0 {
+		return t, ErrNoData
+	}
+	t.Fit = constantFit(t.Y)
+	t.Free = freeLine(t.X, t.Y)
+	t.Sets = map[string]float64{}
+	t.Note = fmt.Sprintf("predicted total_ms leaves out about %.0f ms", t.Fit.A*1000)
+	return t, nil
+}
+
+// freeLine is FitLinear when the points allow one, else nil.
+func freeLine(x, y []float64) *model.LinearFit {
+	if distinct(x) < 2 {
+		return nil
+	}
+	f, err := model.FitLinear(x, y)
+	if err != nil {
+		return nil
+	}
+	return &f
+}
+
+// subFits describes separate line fits (intercept in ms, rate in MB/s,
+// R²), for a note.
+func subFits(sets map[string][2][]float64) string {
+	var out string
+	for _, name := range sortedKeys(sets) {
+		xy := sets[name]
+		f := freeLine(xy[0], xy[1])
+		if f == nil {
+			continue
+		}
+		if out != "" {
+			out += "; "
+		}
+		rate := math.Inf(1)
+		if f.B > 0 {
+			rate = 1 / f.B / 1e6
+		}
+		out += fmt.Sprintf("%s: %.0f ms + M at %.0f MB/s (R² %.3f)", name, f.A*1000, rate, f.R2)
+	}
+	return out
+}

@@ -1,0 +1,283 @@
+package calibrate
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/ferry-migrate/ferry/internal/bench"
+	"github.com/ferry-migrate/ferry/internal/criu"
+	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/model"
+)
+
+// truth is the host the fake bench pretends to measure.
+func truth() model.Profile {
+	p := model.DefaultProfile()
+	p.FreezeS = 0.004
+	p.DumpFixedS = 0.12
+	p.DumpBps = 500e6
+	p.ReadHashBps = 3e9
+	p.RestoreFixedS = 0.15
+	p.RestoreBps = 2e9
+	p.LazySetupS = 0.08
+	p.LazyBps = 300e6
+	p.LinkEfficiency = 0.9
+	return p
+}
+
+// phases lays spans end to end.
+type phases struct {
+	t    float64
+	list []engine.PhaseSpan
+}
+
+func (ps *phases) add(name string, s float64) {
+	ps.list = append(ps.list, engine.PhaseSpan{Name: name, StartMs: ps.t * 1000, EndMs: (ps.t + s) * 1000})
+	ps.t += s
+}
+
+// fakeBench produces runs whose phases follow the profile exactly: what
+// the engine would report if the model's form were the truth. noise adds
+// a deterministic wobble of that many seconds to the memory-dependent
+// phases.
+func fakeBench(p model.Profile, noise float64) Runner {
+	k := 0
+	return func(_ context.Context, o bench.MigrateOptions) (bench.MigrateResult, error) {
+		res := bench.MigrateResult{Mode: o.Mode, MemoryBytes: o.MemoryBytes, DirtyRate: o.DirtyRate, BandwidthBps: o.BandwidthBps}
+		m := float64(o.MemoryBytes)
+		wire := 0.0 // unshaped: the link costs nothing
+		if o.BandwidthBps > 0 {
+			wire = m / (p.LinkEfficiency * float64(o.BandwidthBps) / 8)
+			res.Baselines.Link = &bench.LinkBaseline{ThroughputBps: 0.95 * float64(o.BandwidthBps)}
+		}
+		if o.Log != nil {
+			_, _ = o.Log.Write([]byte("bench: bringing up a lab\nbench: run 1/1\n"))
+		}
+		for range max(o.Repeat, 1) {
+			k++
+			wob := noise * float64(k%3-1)
+			var ps phases
+			r := bench.Run{OK: true, StateOK: true}
+			ps.add("prepare", 0.02)
+			ps.add("rootfs-sync", 0.03)
+			switch o.Mode {
+			case "cold":
+				ps.add("freeze", p.FreezeS)
+				ps.add("dump", p.DumpFixedS-0.01+m/p.DumpBps+wob)
+				ps.add("images", 0.01)
+				ps.add("restore", p.RestoreFixedS+m/p.RestoreBps-wob)
+				r.RestoreMs = (p.RestoreFixedS - 0.05 + m/p.RestoreBps) * 1000
+				ps.add("commit", 0.005)
+			case "precopy":
+				d0 := m/p.ReadHashBps + wire + wob
+				d1 := m/p.ReadHashBps - wob
+				ps.add("round-0", d0)
+				ps.add("round-1", d1)
+				r.Rounds = []engine.Round{{Index: 0, DurationMs: d0 * 1000, Bytes: o.MemoryBytes}, {Index: 1, DurationMs: d1 * 1000, Bytes: 1 << 20}}
+				ps.add("freeze", p.FreezeS)
+				ps.add("dump", p.DumpFixedS-0.01+m/p.DumpBps+m/p.ReadHashBps)
+				ps.add("images", 0.01)
+				ps.add("restore", p.RestoreFixedS+m/p.RestoreBps)
+				ps.add("commit", 0.005)
+			case "postcopy":
+				ps.add("freeze", p.FreezeS)
+				ps.add("dump", p.DumpFixedS+0.03)
+				ps.add("restore", p.RestoreFixedS+p.LazySetupS-0.03)
+				ps.add("commit", 0.005)
+				ps.add("lazy-pages", m/p.LazyBps-0.005+wob)
+			}
+			r.TotalMs = ps.t * 1000
+			ps.add("cleanup", 0.05)
+			r.Phases = ps.list
+			r.DowntimeMs = (phaseS(r, "freeze", "dump", "images", "restore")) * 1000
+			r.ClientDowntimeMs = r.DowntimeMs + 10
+			res.Runs = append(res.Runs, r)
+		}
+		res.MedianTotalMs = res.Runs[0].TotalMs
+		res.MedianDowntimeMs = res.Runs[0].DowntimeMs
+		res.MedianClientDowntimeMs = res.Runs[0].ClientDowntimeMs
+		return res, nil
+	}
+}
+
+func noFeatures(context.Context) criu.Features { return criu.Features{} }
+
+func near(t *testing.T, name string, got, want, rel float64) {
+	t.Helper()
+	if math.Abs(got-want) > rel*math.Abs(want) {
+		t.Errorf("%s = %.6g, want %.6g (±%.1g)", name, got, want, rel)
+	}
+}
+
+func TestRunRecoversProfile(t *testing.T) {
+	want := truth()
+	var seen []Progress
+	p, rep, err := Run(context.Background(), Options{Run: fakeBench(want, 0), Features: noFeatures, FerryBin: "/bin/true",
+		Progress: func(pr Progress) { seen = append(seen, pr) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	near(t, "FreezeS", p.FreezeS, want.FreezeS, 1e-9)
+	near(t, "ReadHashBps", p.ReadHashBps, want.ReadHashBps, 1e-9)
+	near(t, "DumpFixedS", p.DumpFixedS, want.DumpFixedS, 1e-9)
+	near(t, "DumpBps", p.DumpBps, want.DumpBps, 1e-9)
+	near(t, "RestoreFixedS", p.RestoreFixedS, want.RestoreFixedS, 1e-9)
+	near(t, "RestoreBps", p.RestoreBps, want.RestoreBps, 1e-9)
+	near(t, "LazySetupS", p.LazySetupS, want.LazySetupS, 1e-9)
+	near(t, "LazyBps", p.LazyBps, want.LazyBps, 1e-9)
+	near(t, "LinkEfficiency", p.LinkEfficiency, want.LinkEfficiency, 1e-9)
+	if p.PAM.Beta != p.FreezeS || p.PAM.Psi != p.RestoreFixedS {
+		t.Errorf("PAM's β and ψ not taken from the profile: %+v", p.PAM)
+	}
+	if len(rep.Warnings) != 0 {
+		t.Errorf("warnings: %v", rep.Warnings)
+	}
+	if rep.Grid != "default" || len(rep.Points) != len(Grid(Options{})) {
+		t.Errorf("grid %q with %d points", rep.Grid, len(rep.Points))
+	}
+	for _, term := range rep.Terms {
+		if len(term.Fit.Residuals) != len(term.Y) || len(term.X) != len(term.Y) {
+			t.Errorf("%s: %d residuals for %d points", term.Name, len(term.Fit.Residuals), len(term.Y))
+		}
+		if term.Kind == "line" && term.Fit.R2 < 0.999999 {
+			t.Errorf("%s: R² %v on exact data", term.Name, term.Fit.R2)
+		}
+	}
+	if !strings.Contains(rep.Terms[len(rep.Terms)-1].Note, "leaves out about 53 ms") {
+		t.Errorf("outside-model note: %q", rep.Terms[len(rep.Terms)-1].Note)
+	}
+	if len(seen) == 0 || seen[len(seen)-1].Done != seen[len(seen)-1].Total {
+		t.Fatalf("progress never reached the end: %+v", seen)
+	}
+	stepped := false
+	for _, s := range seen {
+		stepped = stepped || s.Step == "run 1/1"
+	}
+	if !stepped {
+		t.Error("the bench's step lines never reached the progress callback")
+	}
+}
+
+func TestFitWithNoise(t *testing.T) {
+	want := truth()
+	_, rep, err := Run(context.Background(), Options{Quick: true, Repeat: 3, Run: fakeBench(want, 0.01), Features: noFeatures})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, term := range rep.Terms {
+		if term.Name == "dump" && !(term.Fit.R2 > 0.9 && term.Fit.R2 < 1) {
+			t.Errorf("dump R² %v with noise", term.Fit.R2)
+		}
+		if term.Name == "dump" && !strings.Contains(term.Note, "cold alone") {
+			t.Errorf("dump note lacks the per-mode fits: %q", term.Note)
+		}
+	}
+}
+
+func TestMissingModesKeepDefaults(t *testing.T) {
+	def := model.DefaultProfile()
+	run := fakeBench(truth(), 0)
+	// Only cold points: nothing for read-hash, lazy setup, lazy pages, link.
+	var ms []Measured
+	for _, mem := range []int64{64 << 20, 256 << 20} {
+		res, _ := run(context.Background(), bench.MigrateOptions{Mode: "cold", MemoryBytes: mem, Repeat: 1})
+		ms = append(ms, Measured{Point: Point{Mode: "cold", MemoryBytes: mem}, Result: &res})
+	}
+	p, _, warns := Fit(ms, def)
+	if p.LazyBps != def.LazyBps || p.LinkEfficiency != def.LinkEfficiency || p.ReadHashBps != def.ReadHashBps {
+		t.Errorf("unmeasured fields changed: %+v", p)
+	}
+	if len(warns) < 3 {
+		t.Errorf("want warnings for the unmeasured terms, got %v", warns)
+	}
+	if err := p.Validate(); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestSweepStopsOnBenchError(t *testing.T) {
+	calls := 0
+	run := func(context.Context, bench.MigrateOptions) (bench.MigrateResult, error) {
+		calls++
+		if calls == 2 {
+			return bench.MigrateResult{}, errors.New("a ferry lab is already up")
+		}
+		return bench.MigrateResult{Runs: []bench.Run{{OK: false, Error: "restore failed"}}}, nil
+	}
+	ms, err := sweep(context.Background(), Grid(Options{Quick: true}), 1, "", run, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), "already up") {
+		t.Fatalf("got %v", err)
+	}
+	if calls != 2 || len(ms) != 2 {
+		t.Fatalf("%d calls, %d results", calls, len(ms))
+	}
+	if !strings.Contains(ms[0].Error, "restore failed") {
+		t.Errorf("failed runs not recorded: %q", ms[0].Error)
+	}
+}
+
+func TestGrids(t *testing.T) {
+	if n := len(Grid(Options{})); n != 4*2*3+1 {
+		t.Errorf("default grid: %d points", n)
+	}
+	q := Grid(Options{Quick: true})
+	if len(q) != 2*1*3+1 {
+		t.Errorf("quick grid: %d points", len(q))
+	}
+	last := q[len(q)-1]
+	if last.BandwidthBps != DefaultShapedBps || last.MemoryBytes != 64<<20 || len(last.Baselines) != 1 {
+		t.Errorf("shaped point: %+v", last)
+	}
+	if last := Grid(Options{})[24]; last.MemoryBytes != 128<<20 || last.DirtyRate != 0 {
+		t.Errorf("default shaped point: %+v", last)
+	}
+	if n := len(ValidationGrid(ValidateOptions{})); n != 24 {
+		t.Errorf("validation grid: %d points", n)
+	}
+	if n := len(ValidationGrid(ValidateOptions{Quick: true})); n != 8 {
+		t.Errorf("quick validation grid: %d points", n)
+	}
+	v := ValidationGrid(ValidateOptions{Modes: []string{"cold"}, Memories: []int64{1, 2}, Bandwidths: []int64{3, 4, 5}})
+	if len(v) != 6 || v[0].DirtyRate != rateLow {
+		t.Errorf("custom validation grid: %+v", v)
+	}
+	// No validation point repeats a calibration point.
+	cal := map[string]bool{}
+	for _, p := range append(Grid(Options{}), Grid(Options{Quick: true})...) {
+		cal[p.String()] = true
+	}
+	for _, p := range ValidationGrid(ValidateOptions{}) {
+		if cal[p.String()] {
+			t.Errorf("validation point %s was used for calibration", p)
+		}
+	}
+}
+
+func TestLineWriter(t *testing.T) {
+	var got []string
+	w := &lineWriter{fn: func(s string) { got = append(got, s) }}
+	_, _ = w.Write([]byte("a\nb"))
+	_, _ = w.Write([]byte("c\n\nd"))
+	if strings.Join(got, "|") != "a|bc|" {
+		t.Errorf("got %q", got)
+	}
+}
+
+func TestFitThroughOrigin(t *testing.T) {
+	f, ok := fitThroughOrigin([]float64{1, 2, 4}, []float64{2, 4, 8})
+	if !ok || f.B != 2 || f.R2 != 1 {
+		t.Errorf("got %+v", f)
+	}
+	if _, ok := fitThroughOrigin(nil, nil); ok {
+		t.Error("fitted no points")
+	}
+	// Data with a large intercept: the line through the origin is worse
+	// than the mean.
+	f, _ = fitThroughOrigin([]float64{1, 2}, []float64{10, 10.1})
+	if f.R2 >= 0 {
+		t.Errorf("R² %v, want negative", f.R2)
+	}
+}
