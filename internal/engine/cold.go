@@ -16,9 +16,8 @@ import (
 // images, restore. The root filesystem is synced once while the container
 // runs, so the frozen pass carries only what changed since.
 func (m *migration) cold(ctx context.Context) error {
-	m.begin("rootfs-sync")
-	if err := m.syncRootfs(ChanRootfsLive); err != nil {
-		return m.abort(ctx, failAt("rootfs sync", err))
+	if err := m.syncRootfsLive(ctx); err != nil {
+		return err
 	}
 	if err := m.freeze(ctx); err != nil {
 		return m.abort(ctx, err)

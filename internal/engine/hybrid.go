@@ -15,18 +15,14 @@ import (
 // server at the source. A stored page is used only if the frozen memory's
 // page has its hash: the final round replaced every page that differed.
 func (m *migration) hybrid(ctx context.Context) error {
-	m.begin("rootfs-sync")
-	if err := m.syncRootfs(ChanRootfsLive); err != nil {
-		return m.abort(ctx, failAt("rootfs sync", err))
+	if err := m.syncRootfsLive(ctx); err != nil {
+		return err
 	}
-	rs, err := m.startRounds()
+	rs, err := m.liveRounds(ctx)
 	if err != nil {
-		return m.abort(ctx, failAt("pre-copy", err))
+		return err
 	}
 	defer rs.ch.Close()
-	if err := m.runRounds(ctx, rs); err != nil {
-		return m.abort(ctx, err)
-	}
 	if err := m.freeze(ctx); err != nil {
 		return m.abort(ctx, err)
 	}

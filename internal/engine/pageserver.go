@@ -29,16 +29,29 @@ type halfCloser interface {
 
 // splice copies conn<->ch in both directions until both ends finish.
 func splice(conn halfCloser, ch *transport.Channel) error {
+	return spliceVia(conn, ch, plainCopy, plainCopy)
+}
+
+// plainCopy is a stream transform that changes nothing.
+func plainCopy(dst io.Writer, src io.Reader) error {
+	_, err := io.Copy(dst, src)
+	return err
+}
+
+// spliceVia moves conn's bytes to ch through up and ch's bytes to conn
+// through down, each side's write end closed when its stream ends, and
+// returns once both directions are done.
+func spliceVia(conn halfCloser, ch *transport.Channel, up, down func(dst io.Writer, src io.Reader) error) error {
 	errc := make(chan error, 2)
 	go func() {
-		_, err := io.Copy(ch, conn)
+		err := up(ch, conn)
 		if err == nil {
 			err = ch.CloseWrite()
 		}
 		errc <- err
 	}()
 	go func() {
-		_, err := io.Copy(conn, ch)
+		err := down(conn, ch)
 		if err == nil {
 			err = conn.CloseWrite()
 		}
@@ -79,29 +92,8 @@ func pageClientTunnel(ctx context.Context, ch *transport.Channel, transform func
 		if transform == nil {
 			return splice(conn, ch)
 		}
-		return spliceVia(conn, ch, transform)
+		return spliceVia(conn, ch, transform, plainCopy)
 	})
-}
-
-// spliceVia is splice with conn's bytes passed through transform on their
-// way to ch.
-func spliceVia(conn halfCloser, ch *transport.Channel, transform func(dst io.Writer, src io.Reader) error) error {
-	errc := make(chan error, 2)
-	go func() {
-		err := transform(ch, conn)
-		if err == nil {
-			err = ch.CloseWrite()
-		}
-		errc <- err
-	}()
-	go func() {
-		_, err := io.Copy(conn, ch)
-		if err == nil {
-			err = conn.CloseWrite()
-		}
-		errc <- err
-	}()
-	return errors.Join(<-errc, <-errc)
 }
 
 // runPageServer runs CRIU's page server at the destination, fed from ch,

@@ -48,9 +48,8 @@ type LazyDone struct {
 }
 
 func (m *migration) postcopy(ctx context.Context) error {
-	m.begin("rootfs-sync")
-	if err := m.syncRootfs(ChanRootfsLive); err != nil {
-		return m.abort(ctx, failAt("rootfs sync", err))
+	if err := m.syncRootfsLive(ctx); err != nil {
+		return err
 	}
 	if err := m.freeze(ctx); err != nil {
 		return m.abort(ctx, err)

@@ -95,18 +95,14 @@ type precopySource struct {
 }
 
 func (m *migration) precopy(ctx context.Context) error {
-	m.begin("rootfs-sync")
-	if err := m.syncRootfs(ChanRootfsLive); err != nil {
-		return m.abort(ctx, failAt("rootfs sync", err))
+	if err := m.syncRootfsLive(ctx); err != nil {
+		return err
 	}
-	rs, err := m.startRounds()
+	rs, err := m.liveRounds(ctx)
 	if err != nil {
-		return m.abort(ctx, failAt("pre-copy", err))
+		return err
 	}
 	defer rs.ch.Close()
-	if err := m.runRounds(ctx, rs); err != nil {
-		return m.abort(ctx, err)
-	}
 	if err := rs.finish(); err != nil {
 		return m.abort(ctx, failAt("pre-copy", err))
 	}
@@ -126,6 +122,20 @@ func (m *migration) precopy(ctx context.Context) error {
 		return m.abort(ctx, err)
 	}
 	return m.switchover(ctx)
+}
+
+// liveRounds opens the rounds stream and sends rounds while the container
+// runs, until the stop rule says switch over.
+func (m *migration) liveRounds(ctx context.Context) (*precopySource, error) {
+	rs, err := m.startRounds()
+	if err != nil {
+		return nil, m.abort(ctx, failAt("pre-copy", err))
+	}
+	if err := m.runRounds(ctx, rs); err != nil {
+		rs.ch.Close()
+		return nil, m.abort(ctx, err)
+	}
+	return rs, nil
 }
 
 // startRounds opens the rounds channel and its encoder.
@@ -402,24 +412,13 @@ func (in *incoming) receiveRounds(ctx context.Context, sess *transport.Session, 
 // runExpandingPageServer is runPageServer with pre-copy's references put
 // back: CRIU's page server sees the plain stream.
 func runExpandingPageServer(ctx context.Context, ch *transport.Channel, store *pages.Store, imagesDir, workDir string) error {
+	expand := func(dst io.Writer, src io.Reader) error {
+		_, err := pagestream.Expand(dst, src, func(k pagestream.PageKey) ([]byte, pagestream.Hash, bool) {
+			return store.Get(pages.Key{PID: k.PID, Addr: k.Addr})
+		})
+		return err
+	}
 	return runPageServerWith(ctx, imagesDir, workDir, func(conn *net.UnixConn) error {
-		errc := make(chan error, 2)
-		go func() {
-			_, err := pagestream.Expand(conn, ch, func(k pagestream.PageKey) ([]byte, pagestream.Hash, bool) {
-				return store.Get(pages.Key{PID: k.PID, Addr: k.Addr})
-			})
-			if err == nil {
-				err = conn.CloseWrite()
-			}
-			errc <- err
-		}()
-		go func() {
-			_, err := io.Copy(ch, conn)
-			if err == nil {
-				err = ch.CloseWrite()
-			}
-			errc <- err
-		}()
-		return errors.Join(<-errc, <-errc)
+		return spliceVia(conn, ch, plainCopy, expand)
 	})
 }

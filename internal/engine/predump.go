@@ -45,9 +45,8 @@ type PageStreamInfo struct {
 
 func (m *migration) precopyNative(ctx context.Context) error {
 	o := m.req.Precopy.withDefaults()
-	m.begin("rootfs-sync")
-	if err := m.syncRootfs(ChanRootfsLive); err != nil {
-		return m.abort(ctx, failAt("rootfs sync", err))
+	if err := m.syncRootfsLive(ctx); err != nil {
+		return err
 	}
 	var prev *Round
 	last := -1

@@ -314,6 +314,16 @@ func (m *migration) validatePrecopy() error {
 	return nil
 }
 
+// syncRootfsLive is every technique's first step: the root filesystem,
+// synced while the container runs.
+func (m *migration) syncRootfsLive(ctx context.Context) error {
+	m.begin("rootfs-sync")
+	if err := m.syncRootfs(ChanRootfsLive); err != nil {
+		return m.abort(ctx, failAt("rootfs sync", err))
+	}
+	return nil
+}
+
 // syncRootfs sends what the destination's copy of the root filesystem lacks.
 func (m *migration) syncRootfs(kind string) error {
 	ch, err := m.sess.Open(kind)

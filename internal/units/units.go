@@ -3,6 +3,7 @@ package units
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 )
@@ -28,8 +29,11 @@ func ParseBytes(s string) (int64, error) {
 		}
 	}
 	v, err := strconv.ParseFloat(strings.TrimSpace(upper), 64)
-	if err != nil || v < 0 {
+	if err != nil || v < 0 || math.IsNaN(v) {
 		return 0, fmt.Errorf("bad size %q (examples: 64M, 1GiB, 4096)", s)
+	}
+	if v*float64(mult) >= math.MaxInt64 {
+		return 0, fmt.Errorf("size %q is too large", s)
 	}
 	return int64(v * float64(mult)), nil
 }

@@ -9,7 +9,7 @@ func TestParseBytes(t *testing.T) {
 			t.Errorf("ParseBytes(%q) = %d, %v; want %d", in, got, err, want)
 		}
 	}
-	for _, bad := range []string{"", "M", "-1M", "abc", "12X"} {
+	for _, bad := range []string{"", "M", "-1M", "abc", "12X", "99999999999T", "NaN"} {
 		if _, err := ParseBytes(bad); err == nil {
 			t.Errorf("ParseBytes(%q) accepted", bad)
 		}
