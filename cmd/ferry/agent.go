@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -18,6 +19,7 @@ func newAgentCmd() *cobra.Command {
 		tlsDir, profile string
 		allow           []string
 		insecure        bool
+		outage          time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -42,6 +44,7 @@ and runc root, so several agents on one machine behave like separate hosts.`,
 				return fmt.Errorf("--state must be an absolute path, got %q", a.Host.StateDir)
 			}
 			a.Log = slog.New(slog.NewTextHandler(os.Stderr, nil)).With("host", a.Host.Name)
+			transport.SetOutageTimeout(outage)
 			if profile != "" {
 				p, _, err := loadProfile(profile)
 				if err != nil {
@@ -75,6 +78,7 @@ and runc root, so several agents on one machine behave like separate hosts.`,
 	f.StringSliceVar(&allow, "allow", nil, "hosts (certificate names) allowed to send migrations here; empty: any host the CA signed")
 	f.StringVar(&profile, "profile", "", "host profile from 'ferry calibrate', used by --mode auto (default: built-in defaults)")
 	f.BoolVar(&insecure, "insecure", false, "accept and make plaintext agent connections (trusted test networks only)")
+	f.DurationVar(&outage, "outage-timeout", transport.DefaultOutageTimeout, "how long a migration waits out a network outage (every path down) before it aborts; within it the transfer resumes where it stopped")
 	f.BoolVar(&a.Multipath, "mptcp", true, "use MPTCP between agents where the kernel has it (falls back to TCP)")
 	f.BoolVar(&a.AllowFaults, "allow-faults", false, "honour fault injection in requests (tests only)")
 	return cmd

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -30,6 +31,7 @@ func newBenchMigrateCmd() *cobra.Command {
 		o                 bench.MigrateOptions
 		memory, bandwidth string
 		cutAt, maxBW      string
+		outage            string
 		asJSON            bool
 	)
 	cmd := &cobra.Command{
@@ -66,6 +68,15 @@ and podman (podman checkpoint --export, copy over the link, podman restore
 					return fmt.Errorf("--cut-path-at: give a share of the memory between 0 and 100%%, e.g. 30%%")
 				}
 				o.CutPathAt = v / 100
+			}
+			if outage != "" {
+				d, share, ok := strings.Cut(outage, "@")
+				v, err1 := strconv.ParseFloat(strings.TrimSuffix(share, "%"), 64)
+				dur, err2 := time.ParseDuration(d)
+				if !ok || err1 != nil || err2 != nil || dur <= 0 || v <= 0 || v >= 100 {
+					return fmt.Errorf("--outage: give DURATION@SHARE, e.g. 10s@30%%")
+				}
+				o.Outage, o.OutageAt = dur, v/100
 			}
 			if maxBW != "" {
 				if o.MaxBandwidthBps, err = lab.ParseRate(maxBW); err != nil {
@@ -104,6 +115,8 @@ and podman (podman checkpoint --export, copy over the link, podman restore
 	f.IntVar(&o.Paths, "paths", 1, "independent paths between the lab hosts; 2 or more: the agents use MPTCP over all")
 	f.StringVar(&cutAt, "cut-path-at", "", "take the source's first path down once this share of the memory was sent (e.g. 30%)")
 	f.StringVar(&maxBW, "max-bandwidth", "", "cap the migration's sending rate (e.g. 500mbit)")
+	f.StringVar(&outage, "outage", "", "take every path of the source down for DURATION once SHARE of the memory was sent: DURATION@SHARE, e.g. 10s@30%")
+	f.DurationVar(&o.OutageTimeout, "outage-timeout", 0, "the agents' --outage-timeout (default theirs, 30s)")
 	return cmd
 }
 

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -37,7 +38,13 @@ type MigrateOptions struct {
 	CutPathAt float64
 	// MaxBandwidthBps caps the migration's sending rate.
 	MaxBandwidthBps int64
-	FerryBin        string
+	// Outage takes every path of the source down for this long once
+	// OutageAt of the memory has been sent.
+	Outage   time.Duration
+	OutageAt float64
+	// OutageTimeout is the agents' --outage-timeout (0: their default).
+	OutageTimeout time.Duration
+	FerryBin      string
 	// Log receives one line per step, for a human watching; nil for none.
 	Log io.Writer
 }
@@ -54,8 +61,12 @@ type Run struct {
 	StateOK          bool    `json:"state_ok"`
 	Error            string  `json:"error,omitempty"`
 	ProbeReason      string  `json:"probe_reason,omitempty"`
-	// PathCutAtBytes is how many bytes had been sent when a path went down.
-	PathCutAtBytes  int64              `json:"path_cut_at_bytes,omitempty"`
+	// PathCutAtBytes is how many bytes had been sent when a path went down;
+	// OutageAtBytes when every path did.
+	PathCutAtBytes int64 `json:"path_cut_at_bytes,omitempty"`
+	OutageAtBytes  int64 `json:"outage_at_bytes,omitempty"`
+	// SourceState is what became of the source copy (removed, resumed).
+	SourceState     string             `json:"source_state,omitempty"`
 	RestoreMs       float64            `json:"restore_ms"`
 	PagesFaulted    uint64             `json:"pages_faulted,omitempty"`
 	PagesPushed     uint64             `json:"pages_pushed,omitempty"`
@@ -131,7 +142,7 @@ func Migrate(ctx context.Context, o MigrateOptions) (res MigrateResult, err erro
 	}
 	res = MigrateResult{Mode: o.Mode, MemoryBytes: o.MemoryBytes, DirtyRate: o.DirtyRate, BandwidthBps: o.BandwidthBps, Paths: max(o.Paths, 1), Runs: []Run{}}
 	o.logf("bringing up a 3-host lab (bandwidth %d bit/s, %d path(s))", o.BandwidthBps, max(o.Paths, 1))
-	l, err := lab.Up(ctx, lab.Options{Hosts: 3, BandwidthBps: o.BandwidthBps, Paths: o.Paths, FerryBin: o.FerryBin})
+	l, err := lab.Up(ctx, lab.Options{Hosts: 3, BandwidthBps: o.BandwidthBps, Paths: o.Paths, OutageTimeout: o.OutageTimeout, FerryBin: o.FerryBin})
 	if err != nil {
 		return res, err
 	}
@@ -227,24 +238,33 @@ func (o MigrateOptions) runOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 	}
 	// Let the dirtier run a moment so the dirty rate is steady.
 	time.Sleep(300 * time.Millisecond)
-	var cutAt atomic.Int64
-	var progress func(engine.Progress)
-	if o.CutPathAt > 0 {
-		threshold := int64(o.CutPathAt * float64(o.MemoryBytes))
-		progress = func(pr engine.Progress) {
-			if pr.Bytes >= threshold && cutAt.CompareAndSwap(0, pr.Bytes) {
-				if err := l.SetPath(src.Name, 0, false); err != nil {
-					o.logf("cutting path 0 of %s: %v", src.Name, err)
-				}
+	var cutAt, outageAt atomic.Int64
+	var outageDone sync.WaitGroup
+	progress := func(pr engine.Progress) {
+		if o.CutPathAt > 0 && pr.Bytes >= int64(o.CutPathAt*float64(o.MemoryBytes)) && cutAt.CompareAndSwap(0, pr.Bytes) {
+			if err := l.SetPath(src.Name, 0, false); err != nil {
+				o.logf("cutting path 0 of %s: %v", src.Name, err)
 			}
 		}
-		defer func() { _ = l.SetPath(src.Name, 0, true) }()
+		if o.Outage > 0 && pr.Bytes >= int64(o.OutageAt*float64(o.MemoryBytes)) && outageAt.CompareAndSwap(0, pr.Bytes) {
+			outageDone.Add(1)
+			go func() {
+				defer outageDone.Done()
+				o.logf("outage: every path of %s down for %v", src.Name, o.Outage)
+				setAllPaths(l, src.Name, false)
+				time.Sleep(o.Outage)
+				setAllPaths(l, src.Name, true)
+			}()
+		}
 	}
+	defer func() {
+		outageDone.Wait()
+		setAllPaths(l, src.Name, true)
+	}()
 	rep, err := agent.Migrate(ctx, src.ControlSock, engine.Request{Container: name, To: dst.AgentAddr, Mode: o.Mode,
 		Precopy: o.Precopy, MaxBandwidthBps: o.MaxBandwidthBps}, progress)
-	if cutAt.Load() > 0 {
-		_ = l.SetPath(src.Name, 0, true)
-	}
+	outageDone.Wait() // the probe's verdict includes the network's return
+	setAllPaths(l, src.Name, true)
 	time.Sleep(300 * time.Millisecond) // answers after the switch
 	pr, perr := p.Stop()
 	if err != nil {
@@ -253,8 +273,9 @@ func (o MigrateOptions) runOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 	}
 	r = Run{OK: rep.OK, DowntimeMs: rep.DowntimeMs, TotalMs: rep.TotalMs, FrozenMs: rep.FrozenMs,
 		BytesSent: rep.BytesSent, MemoryBytes: rep.MemoryBytes, Error: rep.Error, Phases: rep.Phases,
-		PathCutAtBytes: cutAt.Load(),
-		RestoreMs:      rep.RestoreMs, PagesFaulted: rep.PagesFaulted, PagesPushed: rep.PagesPushed,
+		PathCutAtBytes: cutAt.Load(), OutageAtBytes: outageAt.Load(),
+		SourceState: rep.SourceState,
+		RestoreMs:   rep.RestoreMs, PagesFaulted: rep.PagesFaulted, PagesPushed: rep.PagesPushed,
 		PagesReferenced: rep.PagesReferenced, Rounds: rep.Rounds, StopReason: rep.StopReason, ThrottlePct: rep.ThrottlePct}
 	if r.Rounds == nil {
 		r.Rounds = []engine.Round{}
@@ -334,4 +355,11 @@ func median(runs []Run, f func(Run) float64) float64 {
 		return xs[n/2]
 	}
 	return (xs[n/2-1] + xs[n/2]) / 2
+}
+
+// setAllPaths takes every path of a lab host down or up (an outage).
+func setAllPaths(l *lab.Lab, host string, up bool) {
+	for p := 0; p < max(l.Paths, 1); p++ {
+		_ = l.SetPath(host, p, up)
+	}
 }

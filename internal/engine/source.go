@@ -414,6 +414,17 @@ func (m *migration) removeSource(ctx context.Context) error {
 
 // abort tells the destination to drop its copy and resumes the source.
 func (m *migration) abort(ctx context.Context, cause error) error {
+	if m.sess != nil && m.sess.Lost() {
+		// Whatever broke locally (CRIU's socket, a channel), the cause is
+		// the connection: say so first.
+		where, inner := "transfer", cause
+		var f *failure
+		if errors.As(cause, &f) {
+			where, inner = f.where, f.err
+		}
+		cause = &failure{where: where, err: fmt.Errorf("the connection to %s was lost (peer gone, or no traffic for the outage timeout of %v): %w",
+			m.sess.Peer.Name, transport.OutageTimeout(), inner)}
+	}
 	if m.ctl != nil {
 		_ = m.ctl.Fail(cause)
 	}

@@ -29,10 +29,14 @@ type agent struct {
 }
 
 // agentArgs is the agent's command line after the binary.
-func agentArgs(h *Host, allowed []string) []string {
-	return []string{"agent", "--name", h.Name, "--listen", h.AgentAddr, "--control", h.ControlSock,
+func agentArgs(h *Host, allowed []string, outage time.Duration) []string {
+	args := []string{"agent", "--name", h.Name, "--listen", h.AgentAddr, "--control", h.ControlSock,
 		"--state", h.StateDir, "--cgroup-parent", h.CgroupParent, "--netns", h.NetNS, "--scratch", h.ScratchDir,
 		"--tls-dir", h.TLSDir(), "--allow", strings.Join(allowed, ","), "--allow-faults"}
+	if outage > 0 {
+		args = append(args, "--outage-timeout", outage.String())
+	}
+	return args
 }
 
 func (h *Host) agentLog() string { return filepath.Join(h.StateDir, "agent.log") }
@@ -40,7 +44,7 @@ func (h *Host) agentLog() string { return filepath.Join(h.StateDir, "agent.log")
 // startAgent starts host h's agent inside its namespace, in a session of
 // its own so that it outlives the caller. nsenter execs the agent,
 // so the PID is the agent's.
-func startAgent(ferryBin string, h *Host, allowed []string) (*agent, error) {
+func startAgent(ferryBin string, h *Host, allowed []string, outage time.Duration) (*agent, error) {
 	if err := os.Remove(h.ControlSock); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
@@ -49,7 +53,7 @@ func startAgent(ferryBin string, h *Host, allowed []string) (*agent, error) {
 		return nil, err
 	}
 	defer logf.Close()
-	args := append([]string{"--net=" + h.NetNS, "--", ferryBin}, agentArgs(h, allowed)...)
+	args := append([]string{"--net=" + h.NetNS, "--", ferryBin}, agentArgs(h, allowed, outage)...)
 	cmd := exec.Command("nsenter", args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

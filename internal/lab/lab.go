@@ -65,6 +65,8 @@ type Options struct {
 	// bridges and subnets), each shaped to BandwidthBps; 0 means 1. With
 	// more than one, hosts get MPTCP endpoints on every path.
 	Paths int
+	// OutageTimeout is the agents' --outage-timeout (0: their default).
+	OutageTimeout time.Duration
 	// FerryBin is the ferry binary agents run, and next to which the
 	// workload binaries are found; empty means this executable.
 	FerryBin string
@@ -85,10 +87,11 @@ type Host struct {
 
 // Lab is a running lab, as recorded in StateFile.
 type Lab struct {
-	Hosts        []Host `json:"hosts"`
-	BandwidthBps int64  `json:"bandwidth_bps"`
-	Paths        int    `json:"paths,omitempty"`
-	FerryBin     string `json:"ferry_bin"`
+	Hosts         []Host        `json:"hosts"`
+	BandwidthBps  int64         `json:"bandwidth_bps"`
+	Paths         int           `json:"paths,omitempty"`
+	OutageTimeout time.Duration `json:"outage_timeout,omitempty"`
+	FerryBin      string        `json:"ferry_bin"`
 }
 
 // PathAddr is the host's address on path p (path 0: Addr).
@@ -267,7 +270,7 @@ func Up(ctx context.Context, o Options) (*Lab, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Lab{BandwidthBps: o.BandwidthBps, Paths: o.Paths, FerryBin: bin}
+	l := &Lab{BandwidthBps: o.BandwidthBps, Paths: o.Paths, OutageTimeout: o.OutageTimeout, FerryBin: bin}
 	for i := 1; i <= o.Hosts; i++ {
 		l.Hosts = append(l.Hosts, newHost(i))
 	}
@@ -310,7 +313,7 @@ func (l *Lab) up(ctx context.Context, o Options) error {
 	}
 	var agents []*agent
 	for k := range l.Hosts {
-		a, err := startAgent(l.FerryBin, &l.Hosts[k], l.hostNames())
+		a, err := startAgent(l.FerryBin, &l.Hosts[k], l.hostNames(), l.OutageTimeout)
 		if err != nil {
 			return err
 		}

@@ -65,12 +65,49 @@ func (c *countingConn) Write(p []byte) (int, error) {
 	return done, nil
 }
 
+// DefaultOutageTimeout is how long a session outlives a network outage.
+const DefaultOutageTimeout = 30 * time.Second
+
+// outageTimeout holds for every session the process makes: an agent sets it
+// once from its --outage-timeout.
+var outageTimeout atomic.Int64
+
+func init() { outageTimeout.Store(int64(DefaultOutageTimeout)) }
+
+// SetOutageTimeout sets how long sessions wait out a network that carries
+// nothing (every path down) before they give up. Within it, TCP (or MPTCP)
+// retransmits what was not acknowledged and the transfer carries on where
+// it stopped; past it the session ends and the migration aborts (the source
+// resumes the container unless the destination had committed).
+func SetOutageTimeout(d time.Duration) {
+	if d > 0 {
+		outageTimeout.Store(int64(d))
+	}
+}
+
+// OutageTimeout is the current outage timeout.
+func OutageTimeout() time.Duration { return time.Duration(outageTimeout.Load()) }
+
+// Lost reports whether the session has ended (peer gone, or the network
+// carried nothing for the outage timeout).
+func (s *Session) Lost() bool {
+	select {
+	case <-s.mux.CloseChan():
+		return true
+	default:
+		return false
+	}
+}
+
 func muxConfig() *yamux.Config {
 	cfg := yamux.DefaultConfig()
 	// A migration stream is bulk data: a large window keeps a fast link full.
 	cfg.MaxStreamWindowSize = 16 << 20
-	cfg.ConnectionWriteTimeout = 60 * time.Second
-	cfg.KeepAliveInterval = 5 * time.Second
+	// A keepalive ping unanswered for the outage timeout ends the session,
+	// as does a write stuck that long.
+	timeout := time.Duration(outageTimeout.Load())
+	cfg.ConnectionWriteTimeout = timeout
+	cfg.KeepAliveInterval = min(5*time.Second, max(timeout/4, 100*time.Millisecond))
 	cfg.LogOutput = io.Discard
 	return cfg
 }
