@@ -79,6 +79,7 @@ and runc root, so several agents on one machine behave like separate hosts.`,
 	f.StringVar(&profile, "profile", "", "host profile from 'ferry calibrate', used by --mode auto (default: built-in defaults)")
 	f.BoolVar(&insecure, "insecure", false, "accept and make plaintext agent connections (trusted test networks only)")
 	f.DurationVar(&outage, "outage-timeout", transport.DefaultOutageTimeout, "how long a migration waits out a network outage (every path down) before it aborts; within it the transfer resumes where it stopped")
+	f.StringVar(&a.SegmentBridge, "segment-bridge", "", "bridge on this host to the L2 segment that containers with addresses of their own live on; they keep their address and TCP connections when they move here")
 	f.BoolVar(&a.Multipath, "mptcp", true, "use MPTCP between agents where the kernel has it (falls back to TCP)")
 	f.BoolVar(&a.AllowFaults, "allow-faults", false, "honour fault injection in requests (tests only)")
 	return cmd

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -18,7 +19,7 @@ import (
 // talk to their parent over stdin and stdout and are not meant for users.
 func newLabToolCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "lab-tool", Hidden: true, Short: "helpers the lab runs inside its hosts"}
-	cmd.AddCommand(newProbeToolCmd(), newRecvToolCmd(), newSendToolCmd())
+	cmd.AddCommand(newProbeToolCmd(), newRecvToolCmd(), newSendToolCmd(), newStreamToolCmd())
 	return cmd
 }
 
@@ -133,5 +134,81 @@ func newSendToolCmd() *cobra.Command {
 	cmd.Flags().StringVar(&in, "in", "", "file to send")
 	cmd.Flags().Int64Var(&limit, "bytes", 0, "send at most this many bytes")
 	cmd.Flags().BoolVar(&mptcp, "mptcp", false, "connect with MPTCP")
+	return cmd
+}
+
+// streamResult is what `lab-tool stream` prints when its stdin closes.
+type streamResult struct {
+	Sent     int     `json:"sent"`
+	Received int     `json:"received"`
+	MaxGapMs float64 `json:"max_gap_ms"`
+	OK       bool    `json:"ok"`
+	Error    string  `json:"error,omitempty"`
+}
+
+// stream keeps one TCP connection to an echo server and numbers a line
+// every interval: every answer must be the next number, on the same
+// connection, until stdin closes. A migration that kept the connection
+// shows as a gap; one that lost it, as an error.
+func newStreamToolCmd() *cobra.Command {
+	var (
+		addr     string
+		interval time.Duration
+	)
+	cmd := &cobra.Command{
+		Use: "stream",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			fmt.Println("connected")
+			var res streamResult
+			stop := make(chan struct{})
+			go func() { _, _ = io.Copy(io.Discard, os.Stdin); close(stop) }()
+			sent := make(chan int, 1<<16)
+			go func() {
+				t := time.NewTicker(interval)
+				defer t.Stop()
+				for i := 1; i < 1<<16; i++ {
+					select {
+					case <-stop:
+						close(sent)
+						return
+					case <-t.C:
+					}
+					if _, err := fmt.Fprintf(conn, "%d\n", i); err != nil {
+						close(sent)
+						return
+					}
+					sent <- i
+				}
+				close(sent)
+			}()
+			sc := bufio.NewScanner(conn)
+			last := time.Now()
+			for want := range sent {
+				res.Sent = want
+				_ = conn.SetReadDeadline(time.Now().Add(time.Minute))
+				if !sc.Scan() {
+					res.Error = fmt.Sprintf("connection lost after %d answers: %v", res.Received, sc.Err())
+					break
+				}
+				if got := sc.Text(); got != fmt.Sprint(want) {
+					res.Error = fmt.Sprintf("answer %q where %d was due", got, want)
+					break
+				}
+				res.Received++
+				now := time.Now()
+				res.MaxGapMs = max(res.MaxGapMs, float64(now.Sub(last).Microseconds())/1000)
+				last = now
+			}
+			res.OK = res.Error == "" && res.Received == res.Sent && res.Received > 0
+			return json.NewEncoder(os.Stdout).Encode(res)
+		},
+	}
+	cmd.Flags().StringVar(&addr, "addr", "", "echo server address")
+	cmd.Flags().DurationVar(&interval, "interval", 10*time.Millisecond, "one numbered line every interval")
 	return cmd
 }

@@ -43,6 +43,9 @@ type Agent struct {
 	Security *transport.Security
 	// Profile is the host's calibrated model profile (nil: defaults).
 	Profile *model.Profile
+	// SegmentBridge is the host's bridge to the shared L2 segment, for
+	// containers that keep their address.
+	SegmentBridge string
 	// Multipath uses MPTCP for agent-to-agent sessions where the kernel
 	// has it (falls back to TCP otherwise).
 	Multipath bool
@@ -61,7 +64,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := os.MkdirAll(a.Host.StateDir, 0o700); err != nil {
 		return err
 	}
-	dst := &engine.Destination{Host: a.Host, AllowFaults: a.AllowFaults, KeepWork: a.KeepWork, NoPrewarm: a.NoPrewarm}
+	dst := &engine.Destination{Host: a.Host, AllowFaults: a.AllowFaults, KeepWork: a.KeepWork, NoPrewarm: a.NoPrewarm, SegmentBridge: a.SegmentBridge}
 	if v, err := criu.InstalledVersion(ctx); err != nil {
 		dst.CRIUError = err
 	} else if !v.AtLeast(criu.MinVersion.Major, criu.MinVersion.Minor, criu.MinVersion.Sublevel) {

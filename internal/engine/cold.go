@@ -49,7 +49,8 @@ func (m *migration) dumpStreaming(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return failAt("rootfs sync (frozen)", m.syncRootfs(ChanRootfsFinal)) })
 	g.Go(func() error {
-		opts := runc.CheckpointOptions{ImagePath: imgDir, WorkPath: m.work, PageServer: addr, LeaveRunning: true}
+		opts := runc.CheckpointOptions{ImagePath: imgDir, WorkPath: m.work, PageServer: addr, LeaveRunning: true,
+			TCPEstablished: m.network != nil}
 		if m.parentRound >= 0 {
 			opts.ParentPath = filepath.Join("..", predumpDir(m.parentRound))
 		}

@@ -40,6 +40,9 @@ type Destination struct {
 	KeepWork bool
 	// NoPrewarm skips warming memory before a restore (see prewarm.go).
 	NoPrewarm bool
+	// SegmentBridge is this host's bridge to the L2 segment containers with
+	// addresses of their own live on ("" : such containers are refused).
+	SegmentBridge string
 }
 
 // incoming is the destination side's state for one migration.
@@ -51,6 +54,8 @@ type incoming struct {
 	work   string
 	images string
 	store  *pages.Store // pre-copy: the pages received in rounds
+	// netnsPath is the container's network namespace rebuilt here.
+	netnsPath string
 }
 
 // Receive serves one migration offered on ctl. Until the source commits,
@@ -134,6 +139,9 @@ func (in *incoming) prepare(ctx context.Context) error {
 			return err
 		}
 	}
+	if err := in.prepareNetwork(); err != nil {
+		return err
+	}
 	return in.writeSpec()
 }
 
@@ -153,7 +161,9 @@ func (in *incoming) writeSpec() error {
 	}
 	s.Linux.CgroupsPath = in.d.Host.CgroupsPath(in.offer.Container)
 	for i, ns := range s.Linux.Namespaces {
-		if ns.Type == specs.NetworkNamespace && ns.Path != "" {
+		if ns.Type == specs.NetworkNamespace && ns.Path != "" && in.netnsPath != "" {
+			s.Linux.Namespaces[i].Path = in.netnsPath
+		} else if ns.Type == specs.NetworkNamespace && ns.Path != "" {
 			if in.d.Host.NetNS == "" {
 				return fmt.Errorf("the container joins a network namespace at the source, but %s has none configured (agent --netns)", in.d.Host.Name)
 			}
@@ -405,9 +415,15 @@ func (in *incoming) restore(ctx context.Context, lazy bool) error {
 	err := in.rt.Restore(ctx, in.offer.Container, runc.RestoreOptions{
 		ImagePath: in.images, WorkPath: in.work, Bundle: in.bundle,
 		LogPath: in.d.Host.LogPath(in.offer.Container), LazyPages: lazy,
+		TCPEstablished: in.offer.Network != nil,
 	})
 	if err != nil {
 		return err
+	}
+	// Only now: up earlier, this host's kernel would have answered the
+	// container's peers with resets before its sockets were back.
+	if err := in.bringUpNetwork(); err != nil {
+		return fmt.Errorf("network on %s: %w", in.d.Host.Name, err)
 	}
 	return nil
 }
@@ -421,6 +437,7 @@ func (in *incoming) cleanup(dropContainer bool) {
 		if in.offer.Container != "" && in.bundle != "" {
 			_ = in.rt.Delete(ctx, in.offer.Container)
 			_ = os.RemoveAll(in.bundle)
+			in.dropNetwork()
 		}
 	}
 	if in.work != "" && !in.d.KeepWork {

@@ -4,7 +4,11 @@
 // and to the kernel only through internal/runtime and internal/criu.
 package engine
 
-import "encoding/json"
+import (
+	"encoding/json"
+
+	"github.com/ferry-migrate/ferry/internal/cnet"
+)
 
 // Channel kinds on a session between a source and a destination agent.
 const (
@@ -41,6 +45,9 @@ type Offer struct {
 	MemoryBytes int64          `json:"memory_bytes"`
 	Faults      []string       `json:"faults,omitempty"`
 	Precopy     PrecopyOptions `json:"precopy,omitempty"`
+	// Network describes the container's own network namespace, which the
+	// destination rebuilds (nil: the container uses its host's).
+	Network *cnet.Spec `json:"network,omitempty"`
 }
 
 // Accept is the destination's yes to an Offer.

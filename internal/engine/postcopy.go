@@ -93,7 +93,7 @@ func (m *migration) startLazyDump(ctx context.Context) (*lazyDump, error) {
 	go func() {
 		ld.done <- m.rt.Checkpoint(dumpCtx, m.req.Container, runc.CheckpointOptions{
 			ImagePath: filepath.Join(m.work, "images"), WorkPath: m.work, PageServer: fmt.Sprintf("127.0.0.1:%d", port),
-			LeaveRunning: true, LazyPages: true, StatusFD: statusW,
+			LeaveRunning: true, LazyPages: true, StatusFD: statusW, TCPEstablished: m.network != nil,
 		})
 	}()
 	return ld, nil

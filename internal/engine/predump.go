@@ -98,7 +98,7 @@ func (m *migration) predumpRound(ctx context.Context, i, parent int) (Round, err
 	if err != nil {
 		return r, err
 	}
-	opts := runc.CheckpointOptions{ImagePath: dir, WorkPath: dir, PageServer: addr, PreDump: true}
+	opts := runc.CheckpointOptions{ImagePath: dir, WorkPath: dir, PageServer: addr, PreDump: true, TCPEstablished: m.network != nil}
 	if parent >= 0 {
 		opts.ParentPath = filepath.Join("..", predumpDir(parent))
 	}

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/host"
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/rootfs"
@@ -65,6 +66,9 @@ type migration struct {
 	dirtyTracking bool
 	dial          func(ctx context.Context, addr string) (*transport.Session, error)
 	profile       model.Profile
+	// The container's own network, when it has one (see network.go).
+	netnsPath string
+	network   *cnet.Spec
 }
 
 // failure is an error with the phase and host where it happened.
@@ -220,6 +224,9 @@ func (m *migration) run(ctx context.Context) error {
 	if err != nil {
 		return failAt("prepare on "+m.host.Name, fmt.Errorf("read the container's bundle: %w", err))
 	}
+	if err := m.prepareNetwork(spec); err != nil {
+		return failAt("prepare on "+m.host.Name, err)
+	}
 	m.work = m.host.WorkDir(m.id)
 	if err := os.MkdirAll(m.work, 0o700); err != nil {
 		return failAt("prepare on "+m.host.Name, err)
@@ -234,7 +241,7 @@ func (m *migration) run(ctx context.Context) error {
 		return failAt("connect to destination", err)
 	}
 	offer := Offer{ID: m.id, Container: m.req.Container, Mode: m.req.Mode, SourceHost: m.host.Name,
-		Spec: json.RawMessage(spec), Faults: m.req.Faults, Precopy: m.req.Precopy, MemoryBytes: residentBytes(st.Pid)}
+		Spec: json.RawMessage(spec), Faults: m.req.Faults, Precopy: m.req.Precopy, MemoryBytes: residentBytes(st.Pid), Network: m.network}
 	if err := m.ctl.Send(offer); err != nil {
 		return failAt("offer to destination", err)
 	}
@@ -365,6 +372,11 @@ func (m *migration) freeze(ctx context.Context) error {
 		m.frozenAt = time.Time{}
 		return failAt("freeze on "+m.host.Name, err)
 	}
+	// Frozen, the container's kernel sockets would still acknowledge data
+	// the dump no longer sees: take its own network quiet first.
+	if err := m.silenceSource(); err != nil {
+		return failAt("freeze on "+m.host.Name, err)
+	}
 	return nil
 }
 
@@ -409,6 +421,7 @@ func (m *migration) removeSource(ctx context.Context) error {
 		return failAt("remove source copy", err)
 	}
 	m.report.SourceState = "removed"
+	m.dropSourceNetwork()
 	return nil
 }
 
@@ -435,6 +448,7 @@ func (m *migration) abort(ctx context.Context, cause error) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	m.report.FrozenMs = ms(time.Since(m.frozenAt))
+	m.wakeSource()
 	if err := m.rt.Resume(rctx, m.req.Container); err != nil {
 		// An interrupted CRIU may have thawed the container already.
 		if st, serr := m.rt.State(rctx, m.req.Container); serr == nil && st.Status == "running" {

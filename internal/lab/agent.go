@@ -32,7 +32,7 @@ type agent struct {
 func agentArgs(h *Host, allowed []string, outage time.Duration) []string {
 	args := []string{"agent", "--name", h.Name, "--listen", h.AgentAddr, "--control", h.ControlSock,
 		"--state", h.StateDir, "--cgroup-parent", h.CgroupParent, "--netns", h.NetNS, "--scratch", h.ScratchDir,
-		"--tls-dir", h.TLSDir(), "--allow", strings.Join(allowed, ","), "--allow-faults"}
+		"--tls-dir", h.TLSDir(), "--allow", strings.Join(allowed, ","), "--segment-bridge", SegmentBridge, "--allow-faults"}
 	if outage > 0 {
 		args = append(args, "--outage-timeout", outage.String())
 	}

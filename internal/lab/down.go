@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ferry-migrate/ferry/internal/cnet"
 )
 
 var (
@@ -96,6 +98,14 @@ func Down(ctx context.Context) error {
 		names = append(names, h.NetNSName)
 	}
 	names = append(names, SwitchNetNS)
+	// Containers' own namespaces (service segment) go too.
+	if ents, err := os.ReadDir(netnsDir); err == nil {
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), cnet.Prefix) {
+				names = append(names, e.Name())
+			}
+		}
+	}
 	if err := terminate(processesIn(names), stopGrace); err != nil {
 		errs = append(errs, err)
 	}

@@ -296,12 +296,18 @@ func (l *Lab) up(ctx context.Context, o Options) error {
 	if err := buildSwitch(max(l.Paths, 1)); err != nil {
 		return err
 	}
+	if err := buildSegment(); err != nil {
+		return err
+	}
 	for k := range l.Hosts {
 		h := &l.Hosts[k]
 		if err := os.MkdirAll(h.RuncRoot(), 0o700); err != nil {
 			return err
 		}
 		if err := plugHost(h, l.BandwidthBps, max(l.Paths, 1)); err != nil {
+			return err
+		}
+		if err := plugSegment(h); err != nil {
 			return err
 		}
 	}

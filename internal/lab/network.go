@@ -214,3 +214,96 @@ func (l *Lab) SetPath(hostName string, p int, up bool) error {
 	}
 	return nil
 }
+
+// The service segment is one L2 network all hosts reach: a bridge in the
+// switch namespace, and on each host a bridge (SegmentBridge) with an
+// uplink to it. Containers started with an address of their own sit on it
+// (a veth into their own network namespace), keep that address when they
+// migrate, and clients on any host reach them there.
+const (
+	// SegmentBridge is each host's bridge to the service segment; agents
+	// plug migrated containers into it.
+	SegmentBridge = "svc0"
+	// SegmentSubnet is the segment's addresses: containers choose theirs,
+	// host h{i} has .(200+i) for its clients.
+	SegmentSubnet    = "10.79.0."
+	segmentSwitchBr  = "brsvc"
+	segmentUplink    = "svcup"
+	segmentPrefixLen = 24
+)
+
+// SegmentAddr is host h's own address on the service segment.
+func (h *Host) SegmentAddr() string { return fmt.Sprintf("%s%d", SegmentSubnet, 200+h.Index) }
+
+func buildSegment() error {
+	sw, err := handleAt(SwitchNetNS)
+	if err != nil {
+		return err
+	}
+	defer sw.Close()
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: segmentSwitchBr}}
+	if err := sw.LinkAdd(br); err != nil {
+		return fmt.Errorf("add bridge %s: %w", segmentSwitchBr, err)
+	}
+	return sw.LinkSetUp(br)
+}
+
+// plugSegment gives host h its segment bridge, uplinked to the switch.
+func plugSegment(h *Host) error {
+	sw, err := handleAt(SwitchNetNS)
+	if err != nil {
+		return err
+	}
+	defer sw.Close()
+	hn, err := handleAt(h.NetNSName)
+	if err != nil {
+		return err
+	}
+	defer hn.Close()
+	hbr := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: SegmentBridge}}
+	if err := hn.LinkAdd(hbr); err != nil {
+		return fmt.Errorf("%s: add bridge %s: %w", h.Name, SegmentBridge, err)
+	}
+	hostNS, err := netns.GetFromPath(netnsPath(h.NetNSName))
+	if err != nil {
+		return err
+	}
+	port := h.Name + "svc"
+	err = sw.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: port}, PeerName: segmentUplink, PeerNamespace: netlink.NsFd(hostNS)})
+	hostNS.Close()
+	if err != nil {
+		return fmt.Errorf("add veth %s/%s: %w", port, segmentUplink, err)
+	}
+	sbr, err := sw.LinkByName(segmentSwitchBr)
+	if err != nil {
+		return err
+	}
+	sp, err := sw.LinkByName(port)
+	if err != nil {
+		return err
+	}
+	if err := sw.LinkSetMaster(sp, sbr); err != nil {
+		return err
+	}
+	if err := sw.LinkSetUp(sp); err != nil {
+		return err
+	}
+	hb, err := hn.LinkByName(SegmentBridge)
+	if err != nil {
+		return err
+	}
+	up, err := hn.LinkByName(segmentUplink)
+	if err != nil {
+		return err
+	}
+	if err := hn.LinkSetMaster(up, hb); err != nil {
+		return err
+	}
+	for _, l := range []netlink.Link{up, hb} {
+		if err := hn.LinkSetUp(l); err != nil {
+			return err
+		}
+	}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(h.SegmentAddr()).To4(), Mask: net.CIDRMask(segmentPrefixLen, 32)}}
+	return hn.AddrAdd(hb, addr)
+}

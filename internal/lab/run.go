@@ -1,9 +1,13 @@
 package lab
 
 import (
+	"net"
+	"strings"
+
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ferry-migrate/ferry/internal/cnet"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -17,6 +21,21 @@ var containerIDRe = regexp.MustCompile(`^[A-Za-z0-9_+.-]+$`)
 // Run starts a container on a lab host: a fresh busybox bundle whose
 // process runs args, in the host's network namespace and cgroup parent.
 func (l *Lab) Run(ctx context.Context, hostName, container string, args []string) error {
+	return l.run(ctx, hostName, container, "", args)
+}
+
+// RunOnSegment starts a container in a network namespace of its own, with
+// ip (an address of SegmentSubnet) on the service segment: the address it
+// keeps wherever it migrates.
+func (l *Lab) RunOnSegment(ctx context.Context, hostName, container, ip string, args []string) error {
+	addr := net.ParseIP(ip).To4()
+	if addr == nil || !strings.HasPrefix(ip, SegmentSubnet) || addr[3] == 0 || addr[3] >= 200 {
+		return fmt.Errorf("container address %q: pick one of %s1 to %s199", ip, SegmentSubnet, SegmentSubnet)
+	}
+	return l.run(ctx, hostName, container, ip, args)
+}
+
+func (l *Lab) run(ctx context.Context, hostName, container, ip string, args []string) error {
 	h, err := l.Host(hostName)
 	if err != nil {
 		return err
@@ -47,15 +66,30 @@ func (l *Lab) Run(ctx context.Context, hostName, container string, args []string
 	if err := os.MkdirAll(bundle, 0o700); err != nil {
 		return err
 	}
+	nsName := ""
 	err = func() error {
 		if err := buildRootfs(filepath.Join(bundle, "rootfs"), filepath.Dir(bin)); err != nil {
 			return err
+		}
+		netNS := h.NetNS
+		if ip != "" {
+			a := net.ParseIP(ip).To4()
+			spec := cnet.Spec{Ifaces: []cnet.Iface{{Name: "eth0", MTU: 1500,
+				MAC:   fmt.Sprintf("02:fe:%02x:%02x:%02x:%02x", a[0], a[1], a[2], a[3]),
+				Addrs: []string{fmt.Sprintf("%s/%d", ip, segmentPrefixLen)}}}}
+			nsName = cnet.Name(h.Name, container)
+			if netNS, err = cnet.Create(nsName, h.NetNS, SegmentBridge, spec); err != nil {
+				return err
+			}
+			if err := cnet.SetCarrier(nsName, h.NetNS, spec, true); err != nil {
+				return err
+			}
 		}
 		spec := runc.NewSpec(runc.SpecOptions{
 			Args:        args,
 			Hostname:    container,
 			CgroupsPath: h.CgroupsPath(container),
-			NetNS:       h.NetNS,
+			NetNS:       netNS,
 		})
 		if err := runc.WriteSpec(bundle, spec); err != nil {
 			return err
@@ -66,6 +100,9 @@ func (l *Lab) Run(ctx context.Context, hostName, container string, args []string
 		// Leave the name free for another try; the log stays.
 		_ = rc.Delete(context.WithoutCancel(ctx), container)
 		_ = os.RemoveAll(bundle)
+		if nsName != "" {
+			_ = cnet.Delete(nsName)
+		}
 		return fmt.Errorf("run %s on %s: %w", container, h.Name, err)
 	}
 	return nil

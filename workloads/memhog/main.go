@@ -8,6 +8,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -30,6 +31,7 @@ func run(args []string) error {
 	memFlag := fs.String("memory", "64M", "buffer size: bytes or with K/M/G/T (KiB/MiB/... too; all binary)")
 	rate := fs.Float64("dirty-rate", 0, "pages dirtied per second (0: none)")
 	port := fs.Int("port", 7000, "UDP port to answer on, on all addresses")
+	echoPort := fs.Int("echo-port", 0, "TCP port echoing each line back (0: none), for connection-keeping tests")
 	seed := fs.Uint64("seed", 0, "seed of the buffer's contents (default: from the time)")
 	words := fs.Uint64("dirty-words", 1, "8-byte words rewritten in each dirtied page (1..512; 512 rewrites the whole page)")
 	if err := fs.Parse(args); err != nil {
@@ -81,6 +83,17 @@ func run(args []string) error {
 	go h.tick()
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- h.serve(conn) }()
+	if *echoPort > 0 {
+		// Go listens with MPTCP by default since 1.24; CRIU cannot dump an
+		// MPTCP socket ("Unsupported proto 262"), so this one is plain TCP.
+		var lc net.ListenConfig
+		lc.SetMultipathTCP(false)
+		l, err := lc.Listen(context.Background(), "tcp4", fmt.Sprintf(":%d", *echoPort))
+		if err != nil {
+			return err
+		}
+		go func() { serveErr <- serveEcho(l) }()
+	}
 
 	start := time.Now()
 	mem.fill(*seed)

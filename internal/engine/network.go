@@ -1,0 +1,117 @@
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/ferry-migrate/ferry/internal/cnet"
+)
+
+// A container with a network namespace of its own (not its host's) keeps
+// its addresses across a migration: the source describes the namespace,
+// the destination rebuilds it on its bridge to the shared L2 segment, CRIU
+// carries the TCP connections (--tcp-established), the source's copy goes
+// quiet before the destination's comes up, and a gratuitous ARP tells the
+// segment where the address lives now.
+
+// containerNetNS returns the network namespace a bundle's config.json
+// joins, "" for a private one runc creates.
+func containerNetNS(spec []byte) (string, error) {
+	var s specs.Spec
+	if err := json.Unmarshal(spec, &s); err != nil {
+		return "", err
+	}
+	if s.Linux == nil {
+		return "", nil
+	}
+	for _, ns := range s.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace {
+			return ns.Path, nil
+		}
+	}
+	return "", nil
+}
+
+// prepareNetwork finds whether the container has a network of its own to
+// carry along; a container in its host's namespace keeps using the
+// destination host's.
+func (m *migration) prepareNetwork(spec []byte) error {
+	path, err := containerNetNS(spec)
+	if err != nil || path == "" || path == m.host.NetNS {
+		return err
+	}
+	if !strings.HasPrefix(filepath.Base(path), cnet.Prefix) {
+		return fmt.Errorf("the container joins network namespace %s, which ferry did not make: ferry moves only the addresses of containers it plugged into the segment (names %s*)", path, cnet.Prefix)
+	}
+	desc, err := cnet.Describe(path)
+	if err != nil {
+		return fmt.Errorf("describe the container's network: %w", err)
+	}
+	m.netnsPath, m.network = path, &desc
+	return nil
+}
+
+// silenceSource takes the frozen source copy's interfaces down, so only
+// the destination's copy answers for the address.
+func (m *migration) silenceSource() error {
+	if m.network == nil {
+		return nil
+	}
+	return cnet.SetCarrier(filepath.Base(m.netnsPath), "", *m.network, false)
+}
+
+// wakeSource undoes silenceSource when the migration aborts.
+func (m *migration) wakeSource() {
+	if m.network != nil {
+		_ = cnet.SetCarrier(filepath.Base(m.netnsPath), "", *m.network, true)
+	}
+}
+
+// dropSourceNetwork deletes the source's namespace after the commit, if
+// ferry made it (a namespace someone else made is theirs to remove).
+func (m *migration) dropSourceNetwork() {
+	if m.network != nil {
+		_ = cnet.Delete(filepath.Base(m.netnsPath))
+	}
+}
+
+// prepareNetwork rebuilds the container's network namespace here, cut off
+// from the segment until the restore.
+func (in *incoming) prepareNetwork() error {
+	if in.offer.Network == nil {
+		return nil
+	}
+	if in.d.SegmentBridge == "" {
+		return fmt.Errorf("the container has an address of its own, but %s has no bridge to the shared segment (agent --segment-bridge)", in.d.Host.Name)
+	}
+	name := cnet.Name(in.d.Host.Name, in.offer.Container)
+	_ = cnet.Delete(name) // a leftover of an earlier failed attempt
+	path, err := cnet.Create(name, "", in.d.SegmentBridge, *in.offer.Network)
+	if err != nil {
+		return fmt.Errorf("rebuild the container's network on %s: %w", in.d.Host.Name, err)
+	}
+	in.netnsPath = path
+	return nil
+}
+
+// bringUpNetwork turns the destination's copy of the network on and
+// announces it, just before the restore.
+func (in *incoming) bringUpNetwork() error {
+	if in.netnsPath == "" {
+		return nil
+	}
+	if err := cnet.SetCarrier(filepath.Base(in.netnsPath), "", *in.offer.Network, true); err != nil {
+		return err
+	}
+	return cnet.Announce(in.netnsPath, *in.offer.Network)
+}
+
+func (in *incoming) dropNetwork() {
+	if in.netnsPath != "" {
+		_ = cnet.Delete(filepath.Base(in.netnsPath))
+	}
+}
