@@ -112,15 +112,20 @@ does nothing when no lab is up.`,
 }
 
 func newLabRunCmd() *cobra.Command {
-	return &cobra.Command{
+	var ip string
+	cmd := &cobra.Command{
 		Use:   "run HOST NAME -- PROGRAM [ARGS...]",
 		Short: "Start a container on a lab host",
 		Long: `run starts container NAME on lab host HOST (h1, 1 or ferry-h1), running
 PROGRAM with ARGS. The container gets a busybox root filesystem with ferry's
 workload binaries (memhog) in /bin, joins the host's network namespace (so it
 is reachable at the host's address) and lives under the host's cgroup parent.
-Its output goes to /var/lib/ferry/lab/HOST/bundles/NAME.log.`,
+With --ip it gets a network namespace of its own on the lab's L2 service
+segment instead, with that address, which it keeps when it migrates (and
+with it its TCP connections).
+runc's messages about it go to /var/lib/ferry/lab/HOST/bundles/NAME.log.`,
 		Example: `  ferry lab run h1 app -- memhog --memory 64M
+  ferry lab run h1 web --ip 10.79.0.10 -- memhog --memory 64M --echo-port 7001
   ferry lab run h2 idle -- sleep 1000`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if dash := cmd.ArgsLenAtDash(); dash >= 0 && dash != 2 {
@@ -136,14 +141,25 @@ Its output goes to /var/lib/ferry/lab/HOST/bundles/NAME.log.`,
 			if err != nil {
 				return err
 			}
-			if err := l.Run(cmd.Context(), args[0], args[1], args[2:]); err != nil {
+			h, err := l.Host(args[0])
+			if err != nil {
 				return err
 			}
-			h, _ := l.Host(args[0])
-			fmt.Printf("%s running on %s (%s), log %s\n", args[1], h.Name, h.Addr, h.LogPath(args[1]))
+			addr := h.Addr
+			if ip != "" {
+				err, addr = l.RunOnSegment(cmd.Context(), args[0], args[1], ip, args[2:]), ip
+			} else {
+				err = l.Run(cmd.Context(), args[0], args[1], args[2:])
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Printf("%s running on %s (%s), log %s\n", args[1], h.Name, addr, h.LogPath(args[1]))
 			return nil
 		},
 	}
+	cmd.Flags().StringVar(&ip, "ip", "", "an address of its own on the service segment ("+lab.SegmentSubnet+"1-199), kept across migrations")
+	return cmd
 }
 
 func newLabStatusCmd() *cobra.Command {

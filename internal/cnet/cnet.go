@@ -204,8 +204,12 @@ func Announce(nsPath string, spec Spec) error {
 				if err != nil || ip.To4() == nil {
 					continue
 				}
-				if _, err := inNS(nsPath, "busybox", "arping", "-U", "-c", "1", "-I", ifc.Name, ip.String()); err != nil {
-					return err
+				// Both forms: neighbours take an unsolicited request or an
+				// unsolicited reply, depending on their state and settings.
+				for _, mode := range []string{"-U", "-A"} {
+					if _, err := inNS(nsPath, "busybox", "arping", mode, "-c", "1", "-I", ifc.Name, ip.String()); err != nil {
+						return err
+					}
 				}
 			}
 		}
