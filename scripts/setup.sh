@@ -24,7 +24,8 @@ log() { printf 'setup: %s\n' "$*" >&2; }
 PKGS=(runc iptables iproute2 iperf3 busybox-static podman uidmap
       libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
       python3-protobuf libnl-3-dev libnet1-dev libcap-dev pkg-config libbsd-dev
-      libnftables-dev libgnutls28-dev uuid-dev gcc make xz-utils patch util-linux)
+      libnftables-dev libgnutls28-dev uuid-dev gcc make xz-utils patch util-linux
+      redis-server)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -112,7 +112,10 @@ does nothing when no lab is up.`,
 }
 
 func newLabRunCmd() *cobra.Command {
-	var ip string
+	var (
+		ip    string
+		progs []string
+	)
 	cmd := &cobra.Command{
 		Use:   "run HOST NAME -- PROGRAM [ARGS...]",
 		Short: "Start a container on a lab host",
@@ -126,6 +129,7 @@ with it its TCP connections).
 runc's messages about it go to /var/lib/ferry/lab/HOST/bundles/NAME.log.`,
 		Example: `  ferry lab run h1 app -- memhog --memory 64M
   ferry lab run h1 web --ip 10.79.0.10 -- memhog --memory 64M --echo-port 7001
+  ferry lab run h1 db --ip 10.79.0.11 --with /usr/bin/redis-server -- redis-server --protected-mode no --save ""
   ferry lab run h2 idle -- sleep 1000`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if dash := cmd.ArgsLenAtDash(); dash >= 0 && dash != 2 {
@@ -147,7 +151,7 @@ runc's messages about it go to /var/lib/ferry/lab/HOST/bundles/NAME.log.`,
 			}
 			addr := h.Addr
 			if ip != "" {
-				err, addr = l.RunOnSegment(cmd.Context(), args[0], args[1], ip, args[2:]), ip
+				err, addr = l.RunOnSegment(cmd.Context(), args[0], args[1], ip, progs, args[2:]), ip
 			} else {
 				err = l.Run(cmd.Context(), args[0], args[1], args[2:])
 			}
@@ -158,6 +162,7 @@ runc's messages about it go to /var/lib/ferry/lab/HOST/bundles/NAME.log.`,
 			return nil
 		},
 	}
+	cmd.Flags().StringSliceVar(&progs, "with", nil, "with --ip: programs of this machine to copy in with their libraries (e.g. /usr/bin/redis-server)")
 	cmd.Flags().StringVar(&ip, "ip", "", "an address of its own on the service segment ("+lab.SegmentSubnet+"1-199), kept across migrations")
 	return cmd
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -19,7 +20,7 @@ import (
 // talk to their parent over stdin and stdout and are not meant for users.
 func newLabToolCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "lab-tool", Hidden: true, Short: "helpers the lab runs inside its hosts"}
-	cmd.AddCommand(newProbeToolCmd(), newRecvToolCmd(), newSendToolCmd(), newStreamToolCmd())
+	cmd.AddCommand(newProbeToolCmd(), newRecvToolCmd(), newSendToolCmd(), newStreamToolCmd(), newRedisToolCmd())
 	return cmd
 }
 
@@ -210,5 +211,75 @@ func newStreamToolCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&addr, "addr", "", "echo server address")
 	cmd.Flags().DurationVar(&interval, "interval", 10*time.Millisecond, "one numbered line every interval")
+	return cmd
+}
+
+// newRedisToolCmd keeps one connection to a Redis server and sends INCR
+// every interval until stdin closes: each reply must be one more than the
+// last (nothing lost, nothing doubled) and the connection must stay the
+// same one. It prints a streamResult.
+func newRedisToolCmd() *cobra.Command {
+	var (
+		addr, key string
+		interval  time.Duration
+	)
+	cmd := &cobra.Command{
+		Use: "redis",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			fmt.Println("connected")
+			stop := make(chan struct{})
+			go func() { _, _ = io.Copy(io.Discard, os.Stdin); close(stop) }()
+			rd := bufio.NewReader(conn)
+			req := fmt.Sprintf("*2\r\n$4\r\nINCR\r\n$%d\r\n%s\r\n", len(key), key)
+			var res streamResult
+			var prev int64
+			last := time.Now()
+			t := time.NewTicker(interval)
+			defer t.Stop()
+		loop:
+			for res.Sent < 1<<20 {
+				select {
+				case <-stop:
+					break loop
+				case <-t.C:
+				}
+				_ = conn.SetDeadline(time.Now().Add(time.Minute))
+				if _, err := io.WriteString(conn, req); err != nil {
+					res.Error = fmt.Sprintf("send: %v", err)
+					break
+				}
+				res.Sent++
+				line, err := rd.ReadString('\n')
+				if err != nil {
+					res.Error = fmt.Sprintf("connection lost after %d replies: %v", res.Received, err)
+					break
+				}
+				var n int64
+				if _, err := fmt.Sscanf(line, ":%d", &n); err != nil {
+					res.Error = fmt.Sprintf("reply %q", strings.TrimSpace(line))
+					break
+				}
+				if prev != 0 && n != prev+1 {
+					res.Error = fmt.Sprintf("counter went from %d to %d", prev, n)
+					break
+				}
+				prev = n
+				res.Received++
+				now := time.Now()
+				res.MaxGapMs = max(res.MaxGapMs, float64(now.Sub(last).Microseconds())/1000)
+				last = now
+			}
+			res.OK = res.Error == "" && res.Received == res.Sent && res.Received > 0
+			return json.NewEncoder(os.Stdout).Encode(res)
+		},
+	}
+	cmd.Flags().StringVar(&addr, "addr", "", "Redis server address")
+	cmd.Flags().StringVar(&key, "key", "ferry:counter", "counter key")
+	cmd.Flags().DurationVar(&interval, "interval", 10*time.Millisecond, "one INCR every interval")
 	return cmd
 }

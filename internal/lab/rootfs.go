@@ -128,3 +128,53 @@ func copyFile(src, dst string) error {
 	}
 	return out.Close()
 }
+
+// InstallHostProgram copies a program of this machine into rootfs at the
+// same path, with every shared library ldd says it loads (and the dynamic
+// loader), so a real server from Debian's packages runs in the lab's
+// busybox root filesystem.
+func InstallHostProgram(rootfs, program string) error {
+	out, err := exec.Command("ldd", program).Output()
+	if err != nil {
+		return fmt.Errorf("ldd %s: %w", program, err)
+	}
+	files := []string{program}
+	for _, line := range strings.Split(string(out), "\n") {
+		for _, f := range strings.Fields(line) {
+			if strings.HasPrefix(f, "/") {
+				files = append(files, f)
+			}
+		}
+	}
+	for _, f := range files {
+		if err := copyHostFile(f, filepath.Join(rootfs, f)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// copyHostFile copies a file's content (following symlinks) to dst.
+func copyHostFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	st, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, st.Mode().Perm())
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}

@@ -21,21 +21,23 @@ var containerIDRe = regexp.MustCompile(`^[A-Za-z0-9_+.-]+$`)
 // Run starts a container on a lab host: a fresh busybox bundle whose
 // process runs args, in the host's network namespace and cgroup parent.
 func (l *Lab) Run(ctx context.Context, hostName, container string, args []string) error {
-	return l.run(ctx, hostName, container, "", args)
+	return l.run(ctx, hostName, container, "", nil, args)
 }
 
 // RunOnSegment starts a container in a network namespace of its own, with
 // ip (an address of SegmentSubnet) on the service segment: the address it
-// keeps wherever it migrates.
-func (l *Lab) RunOnSegment(ctx context.Context, hostName, container, ip string, args []string) error {
+// keeps wherever it migrates. hostPrograms are programs of this machine
+// (e.g. /usr/bin/redis-server) copied into the container's root filesystem
+// with the shared libraries they load.
+func (l *Lab) RunOnSegment(ctx context.Context, hostName, container, ip string, hostPrograms []string, args []string) error {
 	addr := net.ParseIP(ip).To4()
 	if addr == nil || !strings.HasPrefix(ip, SegmentSubnet) || addr[3] == 0 || addr[3] >= 200 {
 		return fmt.Errorf("container address %q: pick one of %s1 to %s199", ip, SegmentSubnet, SegmentSubnet)
 	}
-	return l.run(ctx, hostName, container, ip, args)
+	return l.run(ctx, hostName, container, ip, hostPrograms, args)
 }
 
-func (l *Lab) run(ctx context.Context, hostName, container, ip string, args []string) error {
+func (l *Lab) run(ctx context.Context, hostName, container, ip string, hostPrograms, args []string) error {
 	h, err := l.Host(hostName)
 	if err != nil {
 		return err
@@ -70,6 +72,11 @@ func (l *Lab) run(ctx context.Context, hostName, container, ip string, args []st
 	err = func() error {
 		if err := buildRootfs(filepath.Join(bundle, "rootfs"), filepath.Dir(bin)); err != nil {
 			return err
+		}
+		for _, p := range hostPrograms {
+			if err := InstallHostProgram(filepath.Join(bundle, "rootfs"), p); err != nil {
+				return err
+			}
 		}
 		netNS := h.NetNS
 		if ip != "" {
