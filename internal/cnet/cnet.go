@@ -234,7 +234,22 @@ func Delete(name string) error {
 	if _, err := os.Stat(Path(name)); os.IsNotExist(err) {
 		return nil
 	}
-	// Deleting the namespace destroys its veth ends and so their peers.
+	// A namespace is torn down asynchronously, and its veths' host ends
+	// with it: delete the veths first, so their names are free at once (a
+	// container that comes back to this host needs them).
+	if out, err := inNS(Path(name), "ip", "-j", "link", "show"); err == nil {
+		var links []struct {
+			Name     string `json:"ifname"`
+			LinkType string `json:"link_type"`
+		}
+		if json.Unmarshal(out, &links) == nil {
+			for _, l := range links {
+				if l.LinkType != "loopback" {
+					_, _ = inNS(Path(name), "ip", "link", "del", l.Name)
+				}
+			}
+		}
+	}
 	_, err := run("ip", "netns", "del", name)
 	return err
 }
