@@ -22,6 +22,7 @@ import (
 func newCalibrateCmd() *cobra.Command {
 	var (
 		out, reportPath string
+		refit           string
 		quick, asJSON   bool
 		repeat          int
 	)
@@ -40,27 +41,36 @@ the phase the model says it governs:
 
   freeze_s                       the freeze phase (mean)
   read_hash_bps                  pre-copy rounds after the first vs memory
-  dump_fixed_s, dump_bps         cold's dump and pre-copy's deduplicating
-                                 dump (less its hashing) vs memory
+  dump_fixed_s                   post-copy's dump: a memory-less CRIU dump
+  dump_bps                       pre-copy's deduplicating dump, less its
+                                 hashing and dump_fixed_s, vs memory
   restore_fixed_s, restore_bps   the restore phase vs memory
   lazy_setup_s                   post-copy's downtime beyond those fixed costs
   lazy_bps                       post-copy's lazy-pages phase vs memory
   link_efficiency                pre-copy's first round on the shaped link
 
+Terms without a fixed part in the model are fitted through the origin, and
+a line whose intercept would be negative is too. Where the data bend (two
+lines with a knee fit much better) or a cost falls outside the models
+(connecting, the root filesystem sync), the notes under the table say so.
+
 The rest (page size, dedup reference size, the PAM constants other than
 β, ψ and ω) keep their defaults; soft_dirty says whether this kernel tracks
 dirty pages.
 
-Grid: 64M, 128M, 256M and 512M at 0 and 2000 pages/s (about 10 minutes);
---quick: 64M and 256M at 100 pages/s (under 2 minutes). Every point brings
+Grid: 64M, 128M, 256M and 512M at 0 and 2000 pages/s, two runs each
+(about 4 minutes here); --quick: 64M and 256M at 100 pages/s (under a
+minute). Every point brings
 up a lab of its own, so it needs root, the binaries from 'make build'
 (memhog next to ferry) and no lab already up.
 
 It prints each term's fit quality (R², RMSE) and writes the profile as
 JSON to --out; --json prints the whole report (every run, every residual)
-instead of the table.`,
+instead of the table. --report keeps that report in a file, and --refit
+fits a profile from such a file again without touching the lab.`,
 		Example: `  ferry calibrate --quick
   ferry calibrate --out /etc/ferry/profile.json --report calibration.json
+  ferry calibrate --refit calibration.json --out profile.json
   ferry plan --profile ferry-profile.json --memory 1G --dirty-rate 2000 --bandwidth 1gbit`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -69,8 +79,23 @@ instead of the table.`,
 				return err
 			}
 			o := calibrate.Options{Quick: quick, Repeat: repeat, FerryBin: bin, Progress: progressReporter(os.Stderr, asJSON)}
-			prof, rep, err := calibrate.Run(cmd.Context(), o)
-			finishProgress(os.Stderr)
+			var (
+				prof model.Profile
+				rep  calibrate.Report
+			)
+			if refit != "" {
+				b, rerr := os.ReadFile(refit)
+				if rerr != nil {
+					return rerr
+				}
+				if rerr := json.Unmarshal(b, &rep); rerr != nil {
+					return fmt.Errorf("--refit %s: %w", refit, rerr)
+				}
+				prof, rep, err = calibrate.Refit(cmd.Context(), rep, o)
+			} else {
+				prof, rep, err = calibrate.Run(cmd.Context(), o)
+				finishProgress(os.Stderr)
+			}
 			if reportPath != "" {
 				if werr := writeJSON(reportPath, rep); werr != nil && err == nil {
 					err = werr
@@ -96,8 +121,9 @@ instead of the table.`,
 	f.StringVar(&out, "out", "ferry-profile.json", "where to write the profile")
 	f.BoolVar(&quick, "quick", false, "a smaller grid: 64M and 256M at 100 pages/s")
 	f.BoolVar(&asJSON, "json", false, "print the full report as JSON instead of the fit table")
-	f.IntVar(&repeat, "repeat", 1, "migrations per grid point")
+	f.IntVar(&repeat, "repeat", 2, "migrations per grid point")
 	f.StringVar(&reportPath, "report", "", "also write the full report (runs, fits, residuals) as JSON here")
+	f.StringVar(&refit, "refit", "", "fit again from a report written by --report, measuring nothing")
 	return cmd
 }
 

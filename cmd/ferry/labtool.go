@@ -147,10 +147,48 @@ type streamResult struct {
 	Error    string  `json:"error,omitempty"`
 }
 
-// stream keeps one TCP connection to an echo server and numbers a line
-// every interval: every answer must be the next number, on the same
-// connection, until stdin closes. A migration that kept the connection
-// shows as a gap; one that lost it, as an error.
+// exchangeLoop holds one TCP connection to addr and runs one exchange per
+// interval on it until stdin closes: the shared body of the lab's
+// connection-keeping clients. A migration that kept the connection shows as
+// a gap between answers; one that lost it, as an error.
+func exchangeLoop(addr string, interval time.Duration, exchange func(rd *bufio.Reader, w io.Writer, i int) error) error {
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	fmt.Println("connected")
+	stop := make(chan struct{})
+	go func() { _, _ = io.Copy(io.Discard, os.Stdin); close(stop) }()
+	rd := bufio.NewReader(conn)
+	var res streamResult
+	last := time.Now()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+loop:
+	for i := 1; i < 1<<20; i++ {
+		select {
+		case <-stop:
+			break loop
+		case <-t.C:
+		}
+		_ = conn.SetDeadline(time.Now().Add(time.Minute))
+		res.Sent++
+		if err := exchange(rd, conn, i); err != nil {
+			res.Error = fmt.Sprintf("after %d answers: %v", res.Received, err)
+			break
+		}
+		res.Received++
+		now := time.Now()
+		res.MaxGapMs = max(res.MaxGapMs, float64(now.Sub(last).Microseconds())/1000)
+		last = now
+	}
+	res.OK = res.Error == "" && res.Received == res.Sent && res.Received > 0
+	return json.NewEncoder(os.Stdout).Encode(res)
+}
+
+// newStreamToolCmd numbers a line every interval to memhog's echo port:
+// every answer must be the same number.
 func newStreamToolCmd() *cobra.Command {
 	var (
 		addr     string
@@ -159,54 +197,19 @@ func newStreamToolCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use: "stream",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
-			if err != nil {
-				return err
-			}
-			defer conn.Close()
-			fmt.Println("connected")
-			var res streamResult
-			stop := make(chan struct{})
-			go func() { _, _ = io.Copy(io.Discard, os.Stdin); close(stop) }()
-			sent := make(chan int, 1<<16)
-			go func() {
-				t := time.NewTicker(interval)
-				defer t.Stop()
-				for i := 1; i < 1<<16; i++ {
-					select {
-					case <-stop:
-						close(sent)
-						return
-					case <-t.C:
-					}
-					if _, err := fmt.Fprintf(conn, "%d\n", i); err != nil {
-						close(sent)
-						return
-					}
-					sent <- i
+			return exchangeLoop(addr, interval, func(rd *bufio.Reader, w io.Writer, i int) error {
+				if _, err := fmt.Fprintf(w, "%d\n", i); err != nil {
+					return err
 				}
-				close(sent)
-			}()
-			sc := bufio.NewScanner(conn)
-			last := time.Now()
-			for want := range sent {
-				res.Sent = want
-				_ = conn.SetReadDeadline(time.Now().Add(time.Minute))
-				if !sc.Scan() {
-					res.Error = fmt.Sprintf("connection lost after %d answers: %v", res.Received, sc.Err())
-					break
+				line, err := rd.ReadString('\n')
+				if err != nil {
+					return fmt.Errorf("connection lost: %w", err)
 				}
-				if got := sc.Text(); got != fmt.Sprint(want) {
-					res.Error = fmt.Sprintf("answer %q where %d was due", got, want)
-					break
+				if got := strings.TrimSpace(line); got != fmt.Sprint(i) {
+					return fmt.Errorf("answer %q where %d was due", got, i)
 				}
-				res.Received++
-				now := time.Now()
-				res.MaxGapMs = max(res.MaxGapMs, float64(now.Sub(last).Microseconds())/1000)
-				last = now
-			}
-			res.OK = res.Error == "" && res.Received == res.Sent && res.Received > 0
-			return json.NewEncoder(os.Stdout).Encode(res)
+				return nil
+			})
 		},
 	}
 	cmd.Flags().StringVar(&addr, "addr", "", "echo server address")
@@ -214,10 +217,8 @@ func newStreamToolCmd() *cobra.Command {
 	return cmd
 }
 
-// newRedisToolCmd keeps one connection to a Redis server and sends INCR
-// every interval until stdin closes: each reply must be one more than the
-// last (nothing lost, nothing doubled) and the connection must stay the
-// same one. It prints a streamResult.
+// newRedisToolCmd sends INCR every interval to a Redis server: each reply
+// must be one more than the last (nothing lost, nothing doubled).
 func newRedisToolCmd() *cobra.Command {
 	var (
 		addr, key string
@@ -226,56 +227,26 @@ func newRedisToolCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use: "redis",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
-			if err != nil {
-				return err
-			}
-			defer conn.Close()
-			fmt.Println("connected")
-			stop := make(chan struct{})
-			go func() { _, _ = io.Copy(io.Discard, os.Stdin); close(stop) }()
-			rd := bufio.NewReader(conn)
 			req := fmt.Sprintf("*2\r\n$4\r\nINCR\r\n$%d\r\n%s\r\n", len(key), key)
-			var res streamResult
 			var prev int64
-			last := time.Now()
-			t := time.NewTicker(interval)
-			defer t.Stop()
-		loop:
-			for res.Sent < 1<<20 {
-				select {
-				case <-stop:
-					break loop
-				case <-t.C:
+			return exchangeLoop(addr, interval, func(rd *bufio.Reader, w io.Writer, _ int) error {
+				if _, err := io.WriteString(w, req); err != nil {
+					return err
 				}
-				_ = conn.SetDeadline(time.Now().Add(time.Minute))
-				if _, err := io.WriteString(conn, req); err != nil {
-					res.Error = fmt.Sprintf("send: %v", err)
-					break
-				}
-				res.Sent++
 				line, err := rd.ReadString('\n')
 				if err != nil {
-					res.Error = fmt.Sprintf("connection lost after %d replies: %v", res.Received, err)
-					break
+					return fmt.Errorf("connection lost: %w", err)
 				}
 				var n int64
 				if _, err := fmt.Sscanf(line, ":%d", &n); err != nil {
-					res.Error = fmt.Sprintf("reply %q", strings.TrimSpace(line))
-					break
+					return fmt.Errorf("reply %q", strings.TrimSpace(line))
 				}
 				if prev != 0 && n != prev+1 {
-					res.Error = fmt.Sprintf("counter went from %d to %d", prev, n)
-					break
+					return fmt.Errorf("counter went from %d to %d", prev, n)
 				}
 				prev = n
-				res.Received++
-				now := time.Now()
-				res.MaxGapMs = max(res.MaxGapMs, float64(now.Sub(last).Microseconds())/1000)
-				last = now
-			}
-			res.OK = res.Error == "" && res.Received == res.Sent && res.Received > 0
-			return json.NewEncoder(os.Stdout).Encode(res)
+				return nil
+			})
 		},
 	}
 	cmd.Flags().StringVar(&addr, "addr", "", "Redis server address")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -16,10 +17,10 @@ import (
 
 func newValidateModelCmd() *cobra.Command {
 	var (
-		o                    calibrate.ValidateOptions
-		profilePath, out     string
-		memories, bandwidths []string
-		quiet                bool
+		o                         calibrate.ValidateOptions
+		profilePath, out, rescore string
+		memories, bandwidths      []string
+		quiet                     bool
 	)
 	cmd := &cobra.Command{
 		Use:   "validate-model",
@@ -47,7 +48,8 @@ instead. Every point brings up a lab of its own: root, the binaries from
 
 Writes DIR/validation.json (every run), DIR/validation.md (the tables, also
 printed) and DIR/predicted-vs-measured.svg (log-log scatter, one colour per
-mode, the y = x line).`,
+mode, the y = x line). --rescore compares the runs kept in an earlier
+validation.json with another profile without touching the lab.`,
 		Example: `  ferry calibrate --quick --out ferry-profile.json
   ferry bench validate-model --profile ferry-profile.json --quick --out validation
   ferry bench validate-model --profile ferry-profile.json --modes precopy --memory 1G --dirty-rate 100,8000 --bandwidth 1gbit`,
@@ -87,9 +89,21 @@ mode, the y = x line).`,
 				return err
 			}
 			fmt.Fprintf(os.Stderr, "profile %s: %s\n", src, describeProfile(o.Profile))
-			o.Progress = progressReporter(os.Stderr, quiet)
-			v, err := calibrate.Validate(cmd.Context(), o)
-			finishProgress(os.Stderr)
+			var v calibrate.Validation
+			if rescore != "" {
+				b, rerr := os.ReadFile(rescore)
+				if rerr != nil {
+					return rerr
+				}
+				if rerr := json.Unmarshal(b, &v); rerr != nil {
+					return fmt.Errorf("--rescore %s: %w", rescore, rerr)
+				}
+				v = calibrate.Rescore(o.Profile, v)
+			} else {
+				o.Progress = progressReporter(os.Stderr, quiet)
+				v, err = calibrate.Validate(cmd.Context(), o)
+				finishProgress(os.Stderr)
+			}
 			if len(v.Points) > 0 {
 				if werr := v.WriteFiles(out); werr != nil {
 					return errors.Join(err, werr)
@@ -114,5 +128,6 @@ mode, the y = x line).`,
 	f.IntSliceVar(&o.DirtyRates, "dirty-rate", nil, "dirty rates in pages/s, replacing the design")
 	f.StringSliceVar(&bandwidths, "bandwidth", nil, "link rates, replacing the design (e.g. 500mbit,1gbit)")
 	f.BoolVar(&quiet, "quiet", false, "no progress output when stderr is not a terminal")
+	f.StringVar(&rescore, "rescore", "", "compare the runs of an earlier validation.json with --profile, measuring nothing")
 	return cmd
 }

@@ -7,8 +7,9 @@
 //
 //	freeze_s                   the freeze phase, every mode (mean)
 //	read_hash_bps              pre-copy rounds after the first, duration vs memory
-//	dump_fixed_s, dump_bps     cold's dump (+ images) and pre-copy's
-//	                           deduplicated dump minus its hashing, vs memory
+//	dump_fixed_s               post-copy's dump: a memory-less CRIU dump
+//	dump_bps                   pre-copy's deduplicating dump (+ images)
+//	                           minus its hashing and φ, vs memory
 //	restore_fixed_s, _bps      the restore phase of cold and pre-copy vs memory
 //	lazy_setup_s               post-copy's dump + restore beyond the fixed costs
 //	lazy_bps                   post-copy's commit + lazy-pages vs memory
@@ -25,6 +26,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/bench"
@@ -39,7 +41,7 @@ type Options struct {
 	// Memories and DirtyRates override the grid (bytes, pages/s).
 	Memories   []int64
 	DirtyRates []int
-	// Repeat is the migrations per point; 0 means 1.
+	// Repeat is the migrations per point; 0 means 2.
 	Repeat int
 	// ShapedBps is the link rate of the link-efficiency point, bits/s; 0
 	// means 300 Mbit/s (not a validation rate).
@@ -85,7 +87,7 @@ func (o Options) withDefaults() Options {
 		}
 	}
 	if o.Repeat <= 0 {
-		o.Repeat = 1
+		o.Repeat = 2 // one run per point is too noisy on a 2-core host
 	}
 	if o.ShapedBps <= 0 {
 		o.ShapedBps = DefaultShapedBps
@@ -175,6 +177,12 @@ func Run(ctx context.Context, opts Options) (model.Profile, Report, error) {
 	if err != nil {
 		return model.Profile{}, rep, err
 	}
+	return Refit(ctx, rep, o)
+}
+
+// Refit fits a profile again from a report's measurements (its Points),
+// without measuring anything: for a report saved by an earlier run.
+func Refit(ctx context.Context, rep Report, o Options) (model.Profile, Report, error) {
 	base := model.DefaultProfile()
 	base.Host, _ = os.Hostname()
 	features := o.Features
@@ -183,12 +191,9 @@ func Run(ctx context.Context, opts Options) (model.Profile, Report, error) {
 	}
 	base.SoftDirty = features(ctx).DirtyTracking
 	base.Source = fmt.Sprintf("ferry calibrate, %s grid, %s", rep.Grid, rep.Started.UTC().Format(time.RFC3339))
-	p, terms, warns := Fit(measured, base)
+	p, terms, warns := Fit(rep.Points, base)
 	rep.Profile, rep.Terms, rep.Warnings = p, terms, warns
-	if err := p.Validate(); err != nil {
-		return p, rep, err
-	}
-	return p, rep, nil
+	return p, rep, p.Validate()
 }
 
 // ErrNoData: a term had no usable measurement.
@@ -249,7 +254,12 @@ func Fit(ms []Measured, base model.Profile) (model.Profile, []Term, []string) {
 	}
 	add(fitFreeze(ms, &p))
 	add(fitReadHash(ms, &p))
-	add(fitDump(ms, &p))
+	phi, err := fitDumpFixed(ms, &p)
+	phiKnown := err == nil
+	if phiKnown {
+		add(phi, nil)
+	}
+	add(fitDump(ms, &p, phiKnown))
 	add(fitRestore(ms, &p))
 	add(fitLazySetup(ms, &p))
 	add(fitLazy(ms, &p))
@@ -303,58 +313,165 @@ func fitReadHash(ms []Measured, p *model.Profile) (Term, error) {
 	return t, nil
 }
 
-func fitDump(ms []Measured, p *model.Profile) (Term, error) {
+// fitDumpFixed measures φ directly: post-copy's dump is a memory-less
+// (lazy) CRIU dump, which is what the profile's dump_fixed_s stands for,
+// and it includes sending the images, as pre-copy's dump+images does.
+func fitDumpFixed(ms []Measured, p *model.Profile) (Term, error) {
+	t := Term{Name: "dump-fixed", Kind: "constant",
+		From: "post-copy's dump (+ images): a memory-less CRIU dump, the model's φ"}
+	for _, s := range collect(ms, unshaped("postcopy")) {
+		t.X, t.Y = append(t.X, s.m), append(t.Y, phaseS(s.r, "dump", "images"))
+	}
+	if len(t.Y) == 0 {
+		return t, ErrNoData
+	}
+	t.Fit = constantFit(t.Y)
+	t.Free = freeLine(t.X, t.Y)
+	p.DumpFixedS = math.Max(0, t.Fit.A)
+	t.Sets = map[string]float64{"dump_fixed_s": p.DumpFixedS}
+	return t, nil
+}
+
+// fitDump fits the switchover dump's memory part on pre-copy's
+// deduplicating dump, a full local CRIU dump whose pages are hashed and
+// mostly replaced by references: the model's φ + M/dump_bps +
+// M/read_hash_bps. With φ measured (phiKnown) the rest is proportional to
+// M; without, φ comes from the same line. Cold's dump streams every page
+// through the session instead; its own line is reported, and used only
+// when no pre-copy was measured.
+func fitDump(ms []Measured, p *model.Profile, phiKnown bool) (Term, error) {
 	t := Term{Name: "dump", Kind: "line",
-		From: "cold's dump+images, and pre-copy's dedup dump+images minus M/read_hash_bps, vs memory: φ + M/dump_bps"}
-	var cx, cy, px, py []float64
+		From: "pre-copy's dedup dump+images minus M/read_hash_bps, vs memory: φ + M/dump_bps"}
+	var cx, cy []float64
 	for _, s := range collect(ms, unshaped("cold", "precopy")) {
 		y := phaseS(s.r, "dump", "images")
 		if s.p.Mode == "precopy" {
-			y -= s.m / p.ReadHashBps
-			px, py = append(px, s.m), append(py, y)
+			t.X, t.Y = append(t.X, s.m), append(t.Y, y-s.m/p.ReadHashBps)
 		} else {
 			cx, cy = append(cx, s.m), append(cy, y)
 		}
-		t.X, t.Y = append(t.X, s.m), append(t.Y, y)
 	}
-	f, err := model.FitLinear(t.X, t.Y)
-	if err != nil {
-		return t, err
+	fromCold := distinct(t.X) < 1 || (!phiKnown && distinct(t.X) < 2)
+	if fromCold {
+		t.From = "cold's dump+images (streamed to the destination) vs memory: φ + M/dump_bps (no pre-copy measured)"
+		t.X, t.Y = cx, cy
 	}
-	if !(f.B > 0) {
-		return t, fmt.Errorf("dump time does not grow with memory (slope %.3g s/B)", f.B)
+	if phiKnown {
+		t.Kind = "proportional"
+		t.From = strings.Replace(t.From, "vs memory: φ + M/dump_bps", "less dump_fixed_s, vs memory: M/dump_bps", 1)
+		for i := range t.Y {
+			t.Y[i] -= p.DumpFixedS
+		}
+		f, ok := fitThroughOrigin(t.X, t.Y)
+		if !ok || !(f.B > 0) {
+			return t, fmt.Errorf("dump time does not grow with memory")
+		}
+		t.Fit = f
+		p.DumpBps = 1 / f.B
+		t.Sets = map[string]float64{"dump_bps": p.DumpBps}
+		if t.Free = freeLine(t.X, t.Y); t.Free != nil {
+			t.Note = fmt.Sprintf("a free line has %.0f ms at M = 0 beyond φ", t.Free.A*1000)
+		}
+		t.Note = joinNotes(t.Note, kneeNote(t.X, t.Y, f.RMSE))
+	} else {
+		f, why, err := fixedPlusRate(&t)
+		if err != nil {
+			return t, err
+		}
+		p.DumpFixedS, p.DumpBps = f.A, 1/f.B
+		t.Sets = map[string]float64{"dump_fixed_s": p.DumpFixedS, "dump_bps": p.DumpBps}
+		t.Note = why
 	}
-	t.Fit = f
-	p.DumpFixedS, p.DumpBps = math.Max(0, f.A), 1/f.B
-	t.Sets = map[string]float64{"dump_fixed_s": p.DumpFixedS, "dump_bps": p.DumpBps}
-	t.Note = subFits(map[string][2][]float64{"cold alone": {cx, cy}, "pre-copy alone": {px, py}})
+	if c := freeLine(cx, cy); c != nil && !fromCold {
+		t.Note = joinNotes(t.Note, "cold's streamed dump on an unshaped link: "+subFits(map[string][2][]float64{"": {cx, cy}})+
+			"; the model's cold takes max(M/dump_bps, M/(η·L)), so it is optimistic for cold where the link outruns that rate")
+	}
 	return t, nil
 }
 
 func fitRestore(ms []Measured, p *model.Profile) (Term, error) {
 	t := Term{Name: "restore", Kind: "line", From: "restore phase of cold and pre-copy (restore until the destination answers) vs memory: ψ + M/restore_bps"}
-	var rx, ry []float64
+	var rx, ry, cx, cy, px, py []float64
 	for _, s := range collect(ms, unshaped("cold", "precopy")) {
-		t.X, t.Y = append(t.X, s.m), append(t.Y, phaseS(s.r, "restore"))
+		y := phaseS(s.r, "restore")
+		t.X, t.Y = append(t.X, s.m), append(t.Y, y)
 		rx, ry = append(rx, s.m), append(ry, s.r.RestoreMs/1000)
+		if s.p.Mode == "cold" {
+			cx, cy = append(cx, s.m), append(cy, y)
+		} else {
+			px, py = append(px, s.m), append(py, y)
+		}
 	}
-	f, err := model.FitLinear(t.X, t.Y)
+	f, why, err := fixedPlusRate(&t)
 	if err != nil {
 		return t, err
 	}
+	p.RestoreFixedS, p.RestoreBps = f.A, 1/f.B
+	t.Sets = map[string]float64{"restore_fixed_s": p.RestoreFixedS, "restore_bps": p.RestoreBps}
+	t.Note = joinNotes(why, subFits(map[string][2][]float64{"runc restore alone (restore_ms)": {rx, ry}, "cold alone": {cx, cy}, "pre-copy alone": {px, py}}))
+	return t, nil
+}
+
+// fixedPlusRate fits t's points to a + b·x with a ≥ 0 (a fixed cost
+// cannot be negative): the free least-squares line, or, when its
+// intercept is negative, the best line through the origin, which is the
+// constrained optimum then. With four memory sizes or more it also says
+// whether a line with a knee fits much better (time growing faster than
+// linearly, which the model cannot express).
+func fixedPlusRate(t *Term) (model.LinearFit, string, error) {
+	f, err := model.FitLinear(t.X, t.Y)
+	if err != nil {
+		return f, "", err
+	}
+	var notes []string
+	if f.A < 0 {
+		free := f
+		t.Free = &free
+		f, _ = fitThroughOrigin(t.X, t.Y)
+		notes = append(notes, fmt.Sprintf("the free line's intercept is %.0f ms, so the fixed part is 0 and the line goes through the origin", free.A*1000))
+	}
 	if !(f.B > 0) {
-		return t, fmt.Errorf("restore time does not grow with memory (slope %.3g s/B)", f.B)
+		return f, "", fmt.Errorf("time does not grow with memory (slope %.3g s/B)", f.B)
 	}
 	t.Fit = f
-	p.RestoreFixedS, p.RestoreBps = math.Max(0, f.A), 1/f.B
-	t.Sets = map[string]float64{"restore_fixed_s": p.RestoreFixedS, "restore_bps": p.RestoreBps}
-	t.Note = subFits(map[string][2][]float64{"runc restore alone (restore_ms)": {rx, ry}})
-	return t, nil
+	if k := kneeNote(t.X, t.Y, f.RMSE); k != "" {
+		notes = append(notes, k)
+	}
+	return f, strings.Join(notes, "; "), nil
+}
+
+// kneeNote says, with four memory sizes or more, whether two lines with a
+// knee fit much better than the model's one (time growing faster or
+// slower than linearly, which the model cannot express).
+func kneeNote(x, y []float64, rmse float64) string {
+	pw, err := model.FitPiecewiseAuto(x, y)
+	if err != nil || !(pw.RMSE < 0.7*rmse) {
+		return ""
+	}
+	return fmt.Sprintf("a knee at %.0f MiB fits better (R² %.3f): below, %.0f ms + M at %.0f MB/s; above, %.0f ms + M at %.0f MB/s",
+		pw.Knee/(1<<20), pw.R2, pw.Below.A*1000, rateMBs(pw.Below.B), pw.Above.A*1000, rateMBs(pw.Above.B))
+}
+
+func rateMBs(slope float64) float64 {
+	if slope <= 0 {
+		return math.Inf(1)
+	}
+	return 1 / slope / 1e6
+}
+
+func joinNotes(a, b string) string {
+	switch {
+	case a == "":
+		return b
+	case b == "":
+		return a
+	}
+	return a + "; " + b
 }
 
 func fitLazySetup(ms []Measured, p *model.Profile) (Term, error) {
 	t := Term{Name: "lazy-setup", Kind: "constant",
-		From: "post-copy's dump+images+restore minus dump_fixed_s and restore_fixed_s (the model's lazy downtime is constant)"}
+		From: "post-copy's dump+images+restore minus dump_fixed_s and restore_fixed_s (the model's lazy downtime is constant in M)"}
 	for _, s := range collect(ms, unshaped("postcopy")) {
 		t.X = append(t.X, s.m)
 		t.Y = append(t.Y, phaseS(s.r, "dump", "images", "restore")-p.DumpFixedS-p.RestoreFixedS)
@@ -375,8 +492,13 @@ func fitLazySetup(ms []Measured, p *model.Profile) (Term, error) {
 func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
 	t := Term{Name: "lazy-pages", Kind: "proportional",
 		From: "post-copy's commit+lazy-pages (restored until the last page) vs memory: M/lazy_bps"}
+	byRate := map[string][2][]float64{}
 	for _, s := range collect(ms, unshaped("postcopy")) {
-		t.X, t.Y = append(t.X, s.m), append(t.Y, phaseS(s.r, "commit", "lazy-pages"))
+		y := phaseS(s.r, "commit", "lazy-pages")
+		t.X, t.Y = append(t.X, s.m), append(t.Y, y)
+		k := fmt.Sprintf("at %d pages/s", s.p.DirtyRate)
+		xy := byRate[k]
+		byRate[k] = [2][]float64{append(xy[0], s.m), append(xy[1], y)}
 	}
 	f, ok := fitThroughOrigin(t.X, t.Y)
 	if !ok || !(f.B > 0) {
@@ -388,6 +510,9 @@ func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
 	t.Sets = map[string]float64{"lazy_bps": p.LazyBps}
 	if t.Free != nil {
 		t.Note = fmt.Sprintf("a free line has %.0f ms at M = 0 (the model has none)", t.Free.A*1000)
+	}
+	if len(byRate) > 1 {
+		t.Note = joinNotes(t.Note, "by dirty rate (the model has none here): "+subFits(byRate))
 	}
 	return t, nil
 }
@@ -489,11 +614,11 @@ func subFits(sets map[string][2][]float64) string {
 		if out != "" {
 			out += "; "
 		}
-		rate := math.Inf(1)
-		if f.B > 0 {
-			rate = 1 / f.B / 1e6
+		rate := rateMBs(f.B)
+		if name != "" {
+			out += name + ": "
 		}
-		out += fmt.Sprintf("%s: %.0f ms + M at %.0f MB/s (R² %.3f)", name, f.A*1000, rate, f.R2)
+		out += fmt.Sprintf("%.0f ms + M at %.0f MB/s (R² %.3f, n %d)", f.A*1000, rate, f.R2, f.N)
 	}
 	return out
 }

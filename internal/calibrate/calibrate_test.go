@@ -78,14 +78,14 @@ func fakeBench(p model.Profile, noise float64) Runner {
 				ps.add("round-1", d1)
 				r.Rounds = []engine.Round{{Index: 0, DurationMs: d0 * 1000, Bytes: o.MemoryBytes}, {Index: 1, DurationMs: d1 * 1000, Bytes: 1 << 20}}
 				ps.add("freeze", p.FreezeS)
-				ps.add("dump", p.DumpFixedS-0.01+m/p.DumpBps+m/p.ReadHashBps)
+				ps.add("dump", p.DumpFixedS-0.01+m/p.DumpBps+m/p.ReadHashBps+wob)
 				ps.add("images", 0.01)
 				ps.add("restore", p.RestoreFixedS+m/p.RestoreBps)
 				ps.add("commit", 0.005)
 			case "postcopy":
 				ps.add("freeze", p.FreezeS)
-				ps.add("dump", p.DumpFixedS+0.03)
-				ps.add("restore", p.RestoreFixedS+p.LazySetupS-0.03)
+				ps.add("dump", p.DumpFixedS)
+				ps.add("restore", p.RestoreFixedS+p.LazySetupS)
 				ps.add("commit", 0.005)
 				ps.add("lazy-pages", m/p.LazyBps-0.005+wob)
 			}
@@ -171,7 +171,7 @@ func TestFitWithNoise(t *testing.T) {
 		if term.Name == "dump" && !(term.Fit.R2 > 0.9 && term.Fit.R2 < 1) {
 			t.Errorf("dump R² %v with noise", term.Fit.R2)
 		}
-		if term.Name == "dump" && !strings.Contains(term.Note, "cold alone") {
+		if term.Name == "dump" && !strings.Contains(term.Note, "cold's streamed dump") {
 			t.Errorf("dump note lacks the per-mode fits: %q", term.Note)
 		}
 	}
@@ -186,7 +186,11 @@ func TestMissingModesKeepDefaults(t *testing.T) {
 		res, _ := run(context.Background(), bench.MigrateOptions{Mode: "cold", MemoryBytes: mem, Repeat: 1})
 		ms = append(ms, Measured{Point: Point{Mode: "cold", MemoryBytes: mem}, Result: &res})
 	}
-	p, _, warns := Fit(ms, def)
+	p, terms, warns := Fit(ms, def)
+	near(t, "DumpBps from cold alone", p.DumpBps, truth().DumpBps, 1e-9)
+	if !strings.Contains(terms[2].From, "no pre-copy measured") {
+		t.Errorf("dump term: %q", terms[2].From)
+	}
 	if p.LazyBps != def.LazyBps || p.LinkEfficiency != def.LinkEfficiency || p.ReadHashBps != def.ReadHashBps {
 		t.Errorf("unmeasured fields changed: %+v", p)
 	}
@@ -279,5 +283,65 @@ func TestFitThroughOrigin(t *testing.T) {
 	f, _ = fitThroughOrigin([]float64{1, 2}, []float64{10, 10.1})
 	if f.R2 >= 0 {
 		t.Errorf("R² %v, want negative", f.R2)
+	}
+}
+
+func TestFixedPlusRateConvex(t *testing.T) {
+	// Time growing faster than linearly: the free line's intercept is
+	// negative, so the fit goes through the origin and names a knee.
+	term := Term{X: []float64{64, 64, 128, 128, 256, 256, 512, 512}, Y: []float64{0.15, 0.16, 0.22, 0.21, 0.66, 0.67, 1.5, 1.6}}
+	for i := range term.X {
+		term.X[i] *= 1 << 20
+	}
+	f, why, err := fixedPlusRate(&term)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.A != 0 || !(f.B > 0) || term.Free == nil || term.Free.A >= 0 {
+		t.Errorf("fit %+v, free %+v", f, term.Free)
+	}
+	if !strings.Contains(why, "through the origin") || !strings.Contains(why, "a knee at") {
+		t.Errorf("note: %q", why)
+	}
+	// A line with a positive intercept stays as it is.
+	term = Term{X: []float64{1, 2, 3}, Y: []float64{2, 3, 4}}
+	f, why, err = fixedPlusRate(&term)
+	if err != nil || f.A != 1 || f.B != 1 || why != "" || term.Free != nil {
+		t.Errorf("fit %+v, note %q, err %v", f, why, err)
+	}
+}
+
+func TestRefit(t *testing.T) {
+	want := truth()
+	_, rep, err := Run(context.Background(), Options{Quick: true, Run: fakeBench(want, 0), Features: noFeatures})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep.Terms, rep.Profile = nil, model.Profile{}
+	p, again, err := Refit(context.Background(), rep, Options{Features: noFeatures})
+	if err != nil {
+		t.Fatal(err)
+	}
+	near(t, "LazyBps", p.LazyBps, want.LazyBps, 1e-9)
+	if len(again.Terms) == 0 || again.Profile != p {
+		t.Error("the report was not refitted")
+	}
+}
+
+func TestDumpLineWithoutPostcopy(t *testing.T) {
+	want := truth()
+	run := fakeBench(want, 0)
+	var ms []Measured
+	for _, mode := range []string{"cold", "precopy"} {
+		for _, mem := range []int64{64 << 20, 256 << 20} {
+			res, _ := run(context.Background(), bench.MigrateOptions{Mode: mode, MemoryBytes: mem, Repeat: 1})
+			ms = append(ms, Measured{Point: Point{Mode: mode, MemoryBytes: mem}, Result: &res})
+		}
+	}
+	p, terms, _ := Fit(ms, model.DefaultProfile())
+	near(t, "DumpFixedS", p.DumpFixedS, want.DumpFixedS, 1e-9)
+	near(t, "DumpBps", p.DumpBps, want.DumpBps, 1e-9)
+	if terms[2].Name != "dump" || terms[2].Kind != "line" {
+		t.Errorf("dump term: %+v", terms[2])
 	}
 }

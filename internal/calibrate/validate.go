@@ -185,6 +185,15 @@ func Validate(ctx context.Context, o ValidateOptions) (Validation, error) {
 	return v, err
 }
 
+// Rescore compares a validation's measurements (its Raw points) with
+// another profile's predictions, measuring nothing.
+func Rescore(p model.Profile, old Validation) Validation {
+	v := old
+	v.Profile = p
+	v.Points, v.Modes = Compare(p, old.Raw)
+	return v
+}
+
 // Compare evaluates the models at each measured point.
 func Compare(p model.Profile, ms []Measured) ([]ValidationPoint, []ModeSummary) {
 	var pts []ValidationPoint

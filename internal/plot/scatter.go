@@ -65,10 +65,9 @@ const (
 
 // axis maps data values to pixels along one direction.
 type axis struct {
-	log      bool
-	lo, hi   float64 // data range (log10 of it on a log axis)
-	p0, p1   float64 // pixel range
-	reversed bool
+	log    bool
+	lo, hi float64 // data range (log10 of it on a log axis)
+	p0, p1 float64 // pixel range
 }
 
 func (a axis) tr(v float64) float64 {
