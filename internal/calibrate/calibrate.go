@@ -264,7 +264,7 @@ func Fit(ms []Measured, base model.Profile) (model.Profile, []Term, []string) {
 	add(fitLazySetup(ms, &p))
 	add(fitLazy(ms, &p))
 	add(fitLink(ms, &p))
-	add(fitOverhead(ms))
+	add(fitOverhead(ms, &p))
 	// PAM's constants that are the same quantities as the profile's.
 	p.PAM.Beta = p.FreezeS
 	p.PAM.Psi = p.RestoreFixedS
@@ -566,12 +566,12 @@ func fitLink(ms []Measured, p *model.Profile) (Term, error) {
 	return t, nil
 }
 
-// fitOverhead reports what the models leave out of total time: connecting
-// and the offer (prepare), the live root filesystem sync, and the commit
-// of non-lazy modes. It sets nothing.
-func fitOverhead(ms []Measured) (Term, error) {
-	t := Term{Name: "outside-model", Kind: "constant",
-		From: "prepare + rootfs-sync (+ commit for cold and pre-copy): in total_ms, not in the models"}
+// fitOverhead measures what every migration spends before its technique
+// starts: connecting and the offer (prepare), the live root filesystem
+// sync, and the commit of non-lazy modes. It sets setup_s.
+func fitOverhead(ms []Measured, p *model.Profile) (Term, error) {
+	t := Term{Name: "setup", Kind: "constant",
+		From: "prepare + rootfs-sync (+ commit for cold and pre-copy): added to every predicted total"}
 	for _, s := range collect(ms, unshaped()) {
 		y := phaseS(s.r, "prepare", "rootfs-sync")
 		if !lazyMode(s.p.Mode) {
@@ -584,8 +584,8 @@ func fitOverhead(ms []Measured) (Term, error) {
 	}
 	t.Fit = constantFit(t.Y)
 	t.Free = freeLine(t.X, t.Y)
-	t.Sets = map[string]float64{}
-	t.Note = fmt.Sprintf("predicted total_ms leaves out about %.0f ms", t.Fit.A*1000)
+	p.SetupS = t.Fit.A
+	t.Sets = map[string]float64{"setup_s": p.SetupS}
 	return t, nil
 }
 

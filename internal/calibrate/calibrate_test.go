@@ -146,8 +146,8 @@ func TestRunRecoversProfile(t *testing.T) {
 			t.Errorf("%s: R² %v on exact data", term.Name, term.Fit.R2)
 		}
 	}
-	if !strings.Contains(rep.Terms[len(rep.Terms)-1].Note, "leaves out about 53 ms") {
-		t.Errorf("outside-model note: %q", rep.Terms[len(rep.Terms)-1].Note)
+	if got := p.SetupS; math.Abs(got-0.053) > 0.001 {
+		t.Errorf("setup_s %.4f, want 0.053 (prepare + rootfs-sync + commit of the fake runs)", got)
 	}
 	if len(seen) == 0 || seen[len(seen)-1].Done != seen[len(seen)-1].Total {
 		t.Fatalf("progress never reached the end: %+v", seen)

@@ -99,7 +99,7 @@ func Predict(p Profile, in Inputs, mode string, rounds int) Prediction {
 	}
 	return Prediction{
 		Mode: mode, Rounds: t.rounds,
-		DowntimeMs: t.down * 1000, TotalMs: t.total * 1000, Bytes: t.bytes,
+		DowntimeMs: t.down * 1000, TotalMs: (t.total + p.SetupS) * 1000, Bytes: t.bytes,
 		FrozenMs: t.frozen * 1000, DegradedMs: t.degraded * 1000, Note: t.note,
 	}
 }

@@ -16,7 +16,18 @@ func handProfile() Profile {
 	p.RestoreFixedS, p.RestoreBps = 0.1, 2e9
 	p.LazySetupS, p.LazyBps = 0.05, 5e8
 	p.LinkEfficiency, p.DedupRefBytes = 1, 0
+	p.SetupS = 0 // the technique's own times; TestSetupAddsToTotalOnly covers it
 	return p
+}
+
+func TestSetupAddsToTotalOnly(t *testing.T) {
+	p := handProfile()
+	in := Inputs{MemoryBytes: 1e9, DirtyRatePagesPerSec: 1000, BandwidthBps: 1e8}
+	base := Predict(p, in, ModeCold, 0)
+	p.SetupS = 0.2
+	q := Predict(p, in, ModeCold, 0)
+	approx(t, "total", q.TotalMs, base.TotalMs+200)
+	approx(t, "downtime", q.DowntimeMs, base.DowntimeMs)
 }
 
 func TestTechniquesHandComputed(t *testing.T) {

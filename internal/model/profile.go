@@ -27,7 +27,11 @@ type Profile struct {
 	LazyBps    float64 `json:"lazy_bps"`     // pages the lazy-pages daemon places per second, bytes/s
 
 	LinkEfficiency float64 `json:"link_efficiency"` // payload throughput / link capacity
-	DedupRefBytes  float64 `json:"dedup_ref_bytes"` // link bytes for a page the destination already holds
+	// SetupS is what every migration spends before its technique starts
+	// (connecting, the offer, the live root filesystem sync) and on the
+	// commit: part of the total, never of the downtime.
+	SetupS        float64 `json:"setup_s"`
+	DedupRefBytes float64 `json:"dedup_ref_bytes"` // link bytes for a page the destination already holds
 
 	// SoftDirty: the kernel tracks dirty pages, so CRIU's native pre-copy
 	// (PAM) is possible; Best only considers it then.
@@ -49,6 +53,7 @@ func DefaultProfile() Profile {
 		RestoreFixedS:  0.1,
 		RestoreBps:     (256 << 20) / 0.2, // 0.2 s per 256 MiB
 		LazySetupS:     0.1,
+		SetupS:         0.15,
 		LazyBps:        (256 << 20) / 1.08, // every page of 256 MiB placed 1.08 s after the lazy restore
 		LinkEfficiency: 0.95,
 		DedupRefBytes:  29,
