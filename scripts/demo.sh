@@ -23,26 +23,33 @@ say "memhog on h1: 256 MiB of random data, dirtying 100 pages/s, answering a cli
 "$FERRY" lab run h1 hog -- /bin/memhog --memory 256M --dirty-rate 100 --port 7000
 
 # The client lives in h3: lab addresses exist only inside the lab.
-mkfifo "$work/in"
-nsenter --net=/var/run/netns/ferry-h3 -- "$FERRY" lab-tool probe \
-  --addr 10.77.0.1:7000 --addr 10.77.0.2:7000 <"$work/in" >"$work/out" &
-probe_pid=$!
-exec 3>"$work/in"
-for _ in $(seq 600); do [ -s "$work/out" ] && break; sleep 0.1; done
-[ -s "$work/out" ] || { say "memhog did not become ready"; exit 1; }
-say "memhog is ready; the client polls it every 5 ms"
-sleep 1
-
-say "ferry migrate hog --from h1 --to h2"
-"$FERRY" migrate hog --from h1 --to h2
-exec 3>&-
-wait "$probe_pid" || true
-probe_pid=
-python3 - "$work/out" <<'PY'
+# migrate_watched FROM TO MODE: one migration with the client polling.
+migrate_watched() {
+  rm -f "$work/in" "$work/out"
+  mkfifo "$work/in"
+  nsenter --net=/var/run/netns/ferry-h3 -- "$FERRY" lab-tool probe \
+    --addr 10.77.0.1:7000 --addr 10.77.0.2:7000 <"$work/in" >"$work/out" &
+  probe_pid=$!
+  exec 3>"$work/in"
+  for _ in $(seq 600); do [ -s "$work/out" ] && break; sleep 0.1; done
+  [ -s "$work/out" ] || { say "memhog did not become ready"; exit 1; }
+  sleep 1
+  say "ferry migrate hog --from $1 --to $2 --mode $3"
+  "$FERRY" migrate hog --from "$1" --to "$2" --mode "$3"
+  exec 3>&-
+  wait "$probe_pid" || true
+  probe_pid=
+  python3 - "$work/out" <<'PY'
 import json, sys
 lines = open(sys.argv[1]).read().split("\n")
 r = json.loads(lines[1])
 print(f"demo: the client saw the workload silent for {r['client_downtime_ms']:.0f} ms at most; "
       f"its state checks: {str(r['state_ok']).lower()}" + (f" ({r['reason']})" if r.get('reason') else ""))
 PY
+}
+
+say "memhog is filling its memory; a client on h3 will poll it every 5 ms"
+migrate_watched h1 h2 cold
+say "and back, live: pre-copy rounds while it runs, then post-copy for the rest"
+migrate_watched h2 h1 hybrid
 "$FERRY" lab status

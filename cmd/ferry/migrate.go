@@ -159,6 +159,32 @@ func printReport(w io.Writer, r engine.Report) {
 	fmt.Fprintf(w, "  frozen        %.0f ms\n", r.FrozenMs)
 	fmt.Fprintf(w, "  bytes sent    %s\n", humanBytes(r.BytesSent))
 	fmt.Fprintf(w, "  memory        %s\n", humanBytes(r.MemoryBytes))
+	if len(r.Rounds) > 0 {
+		fmt.Fprintf(w, "  rounds       ")
+		for _, rd := range r.Rounds {
+			final := ""
+			if rd.Final {
+				final = " (frozen)"
+			}
+			fmt.Fprintf(w, " [%d: %s in %.0f ms%s]", rd.Index, humanBytes(rd.Bytes), rd.DurationMs, final)
+		}
+		fmt.Fprintln(w)
+		if r.StopReason != "" {
+			fmt.Fprintf(w, "  switched over %s\n", r.StopReason)
+		}
+	}
+	if r.PagesFaulted+r.PagesPushed > 0 {
+		fmt.Fprintf(w, "  lazy pages    %d on fault, %d pushed", r.PagesFaulted, r.PagesPushed)
+		if r.PagesReferenced > 0 {
+			fmt.Fprintf(w, ", %d from the destination's own copy", r.PagesReferenced)
+		}
+		fmt.Fprintln(w)
+	} else if r.PagesReferenced > 0 {
+		fmt.Fprintf(w, "  final dump    %d pages already at the destination, sent as references\n", r.PagesReferenced)
+	}
+	if r.Auto != nil {
+		fmt.Fprintf(w, "  auto          %s\n", r.Auto.Reason)
+	}
 	fmt.Fprintf(w, "  phases       ")
 	for _, p := range r.Phases {
 		fmt.Fprintf(w, " %s %.0f", p.Name, p.EndMs-p.StartMs)
