@@ -43,7 +43,7 @@ func (m *migration) hybrid(ctx context.Context) error {
 		r.Final = true
 		r.FrozenMs = r.DurationMs
 		m.report.Rounds = append(m.report.Rounds, r)
-		return failAt("final round", rs.finish())
+		return failAt("final round", rs.finish(true))
 	})
 	if err := g.Wait(); err != nil {
 		return m.abort(ctx, err)

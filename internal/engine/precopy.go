@@ -92,6 +92,8 @@ type precopySource struct {
 	ch     *transport.Channel
 	next   int   // index of the next round
 	last   Round // the last round sent
+	// seen holds the pages the latest round found.
+	seen map[pages.Key]struct{}
 }
 
 func (m *migration) precopy(ctx context.Context) error {
@@ -103,7 +105,7 @@ func (m *migration) precopy(ctx context.Context) error {
 		return err
 	}
 	defer rs.ch.Close()
-	if err := rs.finish(); err != nil {
+	if err := rs.finish(false); err != nil {
 		return m.abort(ctx, failAt("pre-copy", err))
 	}
 	if err := m.freeze(ctx); err != nil {
@@ -153,11 +155,32 @@ func (m *migration) startRounds() (*precopySource, error) {
 }
 
 // finish ends the rounds stream.
-func (ps *precopySource) finish() error {
+// finish ends the rounds stream, then names the pages the destination
+// holds that the last round no longer found (unmapped, unreadable): the
+// destination must not serve those from its copy. Only hybrid's frozen
+// last round makes that list meaningful; pre-copy's final dump checks every
+// page by hash anyway and sends an empty one.
+func (ps *precopySource) finish(lastRoundComplete bool) error {
 	if err := ps.enc.Close(); err != nil {
 		return err
 	}
-	return ps.ch.CloseWrite()
+	if err := ps.ch.CloseWrite(); err != nil {
+		return err
+	}
+	stale := StalePages{Keys: []pages.Key{}}
+	if lastRoundComplete {
+		for k := range ps.held {
+			if _, ok := ps.seen[k]; !ok {
+				stale.Keys = append(stale.Keys, k)
+			}
+		}
+	}
+	return ps.ch.Send(stale)
+}
+
+// StalePages ends the rounds channel: pages the destination must forget.
+type StalePages struct {
+	Keys []pages.Key `json:"keys"`
 }
 
 // runRounds sends rounds while the container runs, until the stop rule
@@ -207,8 +230,10 @@ func (m *migration) precopyRound(ctx context.Context, ps *precopySource, i int, 
 		return r, err
 	}
 	var scanned uint64
+	ps.seen = make(map[pages.Key]struct{}, len(ps.held))
 	_, err = rd.Scan(func(p pages.Page) error {
 		scanned++
+		ps.seen[p.Key] = struct{}{}
 		if old, ok := ps.held[p.Key]; ok && old == p.Hash {
 			return nil
 		}
@@ -396,6 +421,17 @@ func (in *incoming) receiveRounds(ctx context.Context, sess *transport.Session, 
 	for {
 		round, end, err := dec.Next(in.store)
 		if errors.Is(err, io.EOF) {
+			// Read to the channel's end of data, then the stale list.
+			if _, err := io.Copy(io.Discard, ch); err != nil {
+				return err
+			}
+			var stale StalePages
+			if err := ch.Recv(&stale); err != nil {
+				return fmt.Errorf("pre-copy stream: %w", err)
+			}
+			for _, k := range stale.Keys {
+				in.store.Delete(k)
+			}
 			return nil
 		}
 		if err != nil {
