@@ -341,37 +341,50 @@ func TestPostcopySourceAgentKilled(t *testing.T) {
 	}
 }
 
+// TestFailedRestoreResumesSource makes the destination's restore fail (a
+// real CRIU failure: an image is missing) in every technique: the source
+// must run the workload again with its state intact, and the destination
+// keep nothing.
 func TestFailedRestoreResumesSource(t *testing.T) {
 	requireLab(t)
 	bin := ferryBin(t)
 	l := upLab(t, bin)
-	p := startMemhog(t, l, bin, "hog")
-	rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
-		engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold, Faults: []string{"restore"}}, nil)
-	time.Sleep(200 * time.Millisecond)
-	pr, perr := p.Stop()
-	if err != nil {
-		t.Fatal(err)
+	for _, mode := range []string{engine.ModeCold, engine.ModePrecopy, engine.ModePostcopy, engine.ModeHybrid} {
+		t.Run(mode, func(t *testing.T) {
+			name := "hog-" + mode
+			p := startMemhog(t, l, bin, name)
+			t.Cleanup(func() {
+				_ = l.Hosts[0].Runc().Delete(context.Background(), name)
+				_ = os.RemoveAll(l.Hosts[0].BundleDir(name))
+			})
+			rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
+				engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: mode, Faults: []string{"restore"}}, nil)
+			time.Sleep(200 * time.Millisecond)
+			pr, perr := p.Stop()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.OK {
+				t.Fatal("migration with a failing restore reported ok")
+			}
+			if !strings.Contains(rep.FailedAt, "restore") || rep.SourceState != "resumed" {
+				t.Errorf("report does not say the restore failed and the source resumed: %+v", rep)
+			}
+			if got := status(t, &l.Hosts[0], name); got != "running" {
+				t.Errorf("source container is %s, want running", got)
+			}
+			if got := status(t, &l.Hosts[1], name); got != "absent" {
+				t.Errorf("destination kept a container: %s", got)
+			}
+			if _, err := os.Stat(l.Hosts[1].BundleDir(name)); err == nil {
+				t.Error("destination kept the bundle")
+			}
+			if perr != nil || !pr.StateOK {
+				t.Fatalf("workload state after resume: %+v %v", pr, perr)
+			}
+			t.Logf("error reported: %s", rep.Error)
+		})
 	}
-	if rep.OK {
-		t.Fatal("migration with a failing restore reported ok")
-	}
-	if !strings.Contains(rep.FailedAt, "restore") || rep.SourceState != "resumed" {
-		t.Errorf("report does not say the restore failed and the source resumed: %+v", rep)
-	}
-	if got := status(t, &l.Hosts[0], "hog"); got != "running" {
-		t.Errorf("source container is %s, want running", got)
-	}
-	if got := status(t, &l.Hosts[1], "hog"); got != "absent" {
-		t.Errorf("destination kept a container: %s", got)
-	}
-	if _, err := os.Stat(l.Hosts[1].BundleDir("hog")); err == nil {
-		t.Error("destination kept the bundle")
-	}
-	if perr != nil || !pr.StateOK {
-		t.Fatalf("workload state after resume: %+v %v", pr, perr)
-	}
-	t.Logf("error reported: %s", rep.Error)
 }
 
 func TestBadInputFreezesNothing(t *testing.T) {
