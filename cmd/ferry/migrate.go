@@ -25,17 +25,30 @@ func newMigrateCmd() *cobra.Command {
 		Use:   "migrate CONTAINER --to DEST",
 		Short: "Move a running container to another host",
 		Long: `migrate asks the source host's agent (--from) to move CONTAINER to the agent
-at --to. The container is frozen, dumped with CRIU while its memory streams to
-the destination, restored there under the same name, and only then removed at
+at --to, restores it there under the same name, and only then removes it at
 the source. If anything fails before the destination confirms the container
 runs, the source resumes it and the report says what failed and where.
+
+Techniques (--mode):
+  cold      freeze, dump with the memory streaming to the destination, restore
+  precopy   copy memory in rounds while the container runs, then a short
+            stop-and-copy of what changed (--max-rounds, --min-round-bytes,
+            --max-downtime, --auto-converge, --compress)
+  postcopy  freeze, dump all but memory, run at the destination at once; pages
+            follow on demand and in the background
+  hybrid    pre-copy rounds, then post-copy for what is left
+  auto      measure memory, dirty rate and link, plan (ferry plan), run the
+            recommended technique, or refuse when none fits --max-downtime
 
 DEST is an agent address (10.0.0.2:7070) or a lab host name (h2); --from is
 the source agent's control socket or a lab host name.
 
 Report fields: downtime_ms (freeze at the source until running at the
-destination), total_ms, frozen_ms (time the source copy stayed frozen),
-bytes_sent (on the wire), memory_bytes (dumped memory), phases.`,
+destination), total_ms (until the destination owns the container and, for
+post-copy modes, has all its memory), frozen_ms (time the source copy stayed
+frozen), bytes_sent (on the wire), memory_bytes (memory moved), phases, and
+per technique: rounds, pages faulted/pushed, pages the destination already
+held.`,
 		Example: `  ferry migrate memhog --from h1 --to h2
   ferry migrate web --to 192.0.2.10:7070 --json`,
 		Args: cobra.ExactArgs(1),
