@@ -33,7 +33,7 @@ func newCalibrateCmd() *cobra.Command {
 prediction models use (ferry plan --profile, ferry agent --profile,
 ferry bench validate-model --profile; docs/MODEL.md).
 
-It migrates memhog with cold, pre-copy and post-copy over unshaped links, at
+It migrates memhog with cold, pre-copy, post-copy and hybrid over unshaped links, at
 each memory size and dirty rate of the grid, so that the host's own costs
 show, then one pre-copy over a 300 Mbit/s link to measure how much of a link
 ferry's stream gets. Each profile parameter is fitted by least squares to
@@ -47,6 +47,7 @@ the phase the model says it governs:
   restore_fixed_s, restore_bps   the restore phase vs memory
   lazy_setup_s                   post-copy's downtime beyond those fixed costs
   lazy_bps                       post-copy's lazy-pages phase vs memory
+  local_fill_bps                 hybrid's lazy-pages phase (served locally) vs memory
   link_efficiency                pre-copy's first round on the shaped link
 
 Terms without a fixed part in the model are fitted through the origin, and

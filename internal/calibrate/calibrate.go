@@ -71,7 +71,7 @@ const DefaultShapedBps = 300_000_000
 
 // Calibrated modes: the ones whose phases identify a profile parameter.
 // Hybrid adds no parameter of its own.
-var calibratedModes = []string{model.ModeCold, model.ModePrecopy, model.ModePostcopy}
+var calibratedModes = []string{model.ModeCold, model.ModePrecopy, model.ModePostcopy, model.ModeHybrid}
 
 func (o Options) withDefaults() Options {
 	if len(o.Memories) == 0 {
@@ -263,6 +263,7 @@ func Fit(ms []Measured, base model.Profile) (model.Profile, []Term, []string) {
 	add(fitRestore(ms, &p))
 	add(fitLazySetup(ms, &p))
 	add(fitLazy(ms, &p))
+	add(fitLocalFill(ms, &p))
 	add(fitLink(ms, &p))
 	add(fitOverhead(ms, &p))
 	// PAM's constants that are the same quantities as the profile's.
@@ -514,6 +515,24 @@ func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
 	if len(byRate) > 1 {
 		t.Note = joinNotes(t.Note, "by dirty rate (the model has none here): "+subFits(byRate))
 	}
+	return t, nil
+}
+
+// fitLocalFill fits hybrid's fill from the destination's own copy.
+func fitLocalFill(ms []Measured, p *model.Profile) (Term, error) {
+	t := Term{Name: "local-fill", Kind: "proportional",
+		From: "hybrid's commit+lazy-pages (pages placed from the destination's copy) vs memory: M/local_fill_bps"}
+	for _, s := range collect(ms, unshaped("hybrid")) {
+		t.X, t.Y = append(t.X, s.m), append(t.Y, phaseS(s.r, "commit", "lazy-pages"))
+	}
+	f, ok := fitThroughOrigin(t.X, t.Y)
+	if !ok || !(f.B > 0) {
+		return t, ErrNoData
+	}
+	t.Fit = f
+	t.Free = freeLine(t.X, t.Y)
+	p.LocalFillBps = 1 / f.B
+	t.Sets = map[string]float64{"local_fill_bps": p.LocalFillBps}
 	return t, nil
 }
 

@@ -24,6 +24,7 @@ func truth() model.Profile {
 	p.RestoreBps = 2e9
 	p.LazySetupS = 0.08
 	p.LazyBps = 300e6
+	p.LocalFillBps = 700e6
 	p.LinkEfficiency = 0.9
 	return p
 }
@@ -88,6 +89,15 @@ func fakeBench(p model.Profile, noise float64) Runner {
 				ps.add("restore", p.RestoreFixedS+p.LazySetupS)
 				ps.add("commit", 0.005)
 				ps.add("lazy-pages", m/p.LazyBps-0.005+wob)
+			case "hybrid":
+				d0 := m/p.ReadHashBps + wire + wob
+				ps.add("round-0", d0)
+				r.Rounds = []engine.Round{{Index: 0, DurationMs: d0 * 1000, Bytes: o.MemoryBytes}}
+				ps.add("freeze", p.FreezeS)
+				ps.add("dump", p.DumpFixedS)
+				ps.add("restore", p.RestoreFixedS+p.LazySetupS)
+				ps.add("commit", 0.005)
+				ps.add("lazy-pages", m/p.LocalFillBps-0.005+wob)
 			}
 			r.TotalMs = ps.t * 1000
 			ps.add("cleanup", 0.05)
@@ -224,18 +234,19 @@ func TestSweepStopsOnBenchError(t *testing.T) {
 }
 
 func TestGrids(t *testing.T) {
-	if n := len(Grid(Options{})); n != 4*2*3+1 {
+	modes := len(calibratedModes)
+	if n := len(Grid(Options{})); n != 4*2*modes+1 {
 		t.Errorf("default grid: %d points", n)
 	}
 	q := Grid(Options{Quick: true})
-	if len(q) != 2*1*3+1 {
+	if len(q) != 2*1*modes+1 {
 		t.Errorf("quick grid: %d points", len(q))
 	}
 	last := q[len(q)-1]
 	if last.BandwidthBps != DefaultShapedBps || last.MemoryBytes != 64<<20 || len(last.Baselines) != 1 {
 		t.Errorf("shaped point: %+v", last)
 	}
-	if last := Grid(Options{})[24]; last.MemoryBytes != 128<<20 || last.DirtyRate != 0 {
+	if last := Grid(Options{})[4*2*modes]; last.MemoryBytes != 128<<20 || last.DirtyRate != 0 {
 		t.Errorf("default shaped point: %+v", last)
 	}
 	if n := len(ValidationGrid(ValidateOptions{})); n != 24 {

@@ -17,6 +17,7 @@ func handProfile() Profile {
 	p.LazySetupS, p.LazyBps = 0.05, 5e8
 	p.LinkEfficiency, p.DedupRefBytes = 1, 0
 	p.SetupS = 0 // the technique's own times; TestSetupAddsToTotalOnly covers it
+	p.LocalFillBps = 5e8
 	return p
 }
 

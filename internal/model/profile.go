@@ -25,6 +25,9 @@ type Profile struct {
 
 	LazySetupS float64 `json:"lazy_setup_s"` // extra fixed cost of a lazy restore (lazy-pages daemon, userfaultfd)
 	LazyBps    float64 `json:"lazy_bps"`     // pages the lazy-pages daemon places per second, bytes/s
+	// LocalFillBps: hybrid's lazy-pages daemon served from the
+	// destination's own copy, bytes/s (no network in the way).
+	LocalFillBps float64 `json:"local_fill_bps"`
 
 	LinkEfficiency float64 `json:"link_efficiency"` // payload throughput / link capacity
 	// SetupS is what every migration spends before its technique starts
@@ -54,6 +57,7 @@ func DefaultProfile() Profile {
 		RestoreBps:     (256 << 20) / 0.2, // 0.2 s per 256 MiB
 		LazySetupS:     0.1,
 		SetupS:         0.15,
+		LocalFillBps:   0.4e9,              // hybrid runs on the development VM: 0.3-0.5 GB/s
 		LazyBps:        (256 << 20) / 1.08, // every page of 256 MiB placed 1.08 s after the lazy restore
 		LinkEfficiency: 0.95,
 		DedupRefBytes:  29,

@@ -118,7 +118,7 @@ func (p Profile) hybrid(in Inputs, n int) timeline {
 	delta := p.dirtied(in, last)
 	final := math.Max(p.DumpFixedS, m/p.ReadHashBps+xfer(delta, p.link(in, n)))
 	down := p.FreezeS + final + p.RestoreFixedS + p.LazySetupS
-	fill := m / p.LazyBps // placing every page from the local copy
+	fill := m / p.localFill() // placing every page from the local copy
 	t := timeline{rounds: n, down: down, total: elapsed + down + fill, bytes: sent + delta, degraded: fill}
 	if p.notConverging(in) {
 		t.note = "dirty rate at or above link throughput: rounds do not shrink"
@@ -139,4 +139,13 @@ func (p Profile) native(in Inputs, n int) timeline {
 		t.note = "needs soft-dirty tracking, which this host's kernel lacks"
 	}
 	return t
+}
+
+// localFill is hybrid's local fill rate; profiles from before it existed
+// fall back to the lazy rate.
+func (p Profile) localFill() float64 {
+	if p.LocalFillBps > 0 {
+		return p.LocalFillBps
+	}
+	return p.LazyBps
 }
