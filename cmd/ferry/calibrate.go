@@ -48,6 +48,7 @@ the phase the model says it governs:
   lazy_setup_s                   post-copy's downtime beyond those fixed costs
   lazy_bps                       post-copy's lazy-pages phase vs memory
   local_fill_bps                 hybrid's lazy-pages phase (served locally) vs memory
+  redirty_ratio                  bytes per re-dirtied page in later rounds / page size
   link_efficiency                pre-copy's first round on the shaped link
 
 Terms without a fixed part in the model are fitted through the origin, and

@@ -264,6 +264,7 @@ func Fit(ms []Measured, base model.Profile) (model.Profile, []Term, []string) {
 	add(fitLazySetup(ms, &p))
 	add(fitLazy(ms, &p))
 	add(fitLocalFill(ms, &p))
+	add(fitRedirty(ms, &p))
 	add(fitLink(ms, &p))
 	add(fitOverhead(ms, &p))
 	// PAM's constants that are the same quantities as the profile's.
@@ -515,6 +516,30 @@ func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
 	if len(byRate) > 1 {
 		t.Note = joinNotes(t.Note, "by dirty rate (the model has none here): "+subFits(byRate))
 	}
+	return t, nil
+}
+
+// fitRedirty measures how much of a page a live round sends for a page
+// dirtied again: the round stream's bytes over its pages, rounds after the
+// first (which sends everything once, whole).
+func fitRedirty(ms []Measured, p *model.Profile) (Term, error) {
+	t := Term{Name: "redirty", Kind: "ratio",
+		From: "pre-copy and hybrid rounds from the third on (index >= 2; earlier ones send pages whole): raw bytes / (pages x page size)"}
+	for _, s := range collect(ms, unshaped("precopy", "hybrid")) {
+		for _, rd := range s.r.Rounds {
+			if rd.Index < 2 || rd.Pages == 0 || rd.Final {
+				continue
+			}
+			t.X = append(t.X, s.m)
+			t.Y = append(t.Y, float64(rd.RawBytes)/(float64(rd.Pages)*p.PageSize))
+		}
+	}
+	if len(t.Y) == 0 {
+		return t, ErrNoData
+	}
+	t.Fit = constantFit(t.Y)
+	p.RedirtyRatio = math.Min(1, math.Max(t.Fit.A, 1e-3))
+	t.Sets = map[string]float64{"redirty_ratio": p.RedirtyRatio}
 	return t, nil
 }
 

@@ -25,6 +25,7 @@ func truth() model.Profile {
 	p.LazySetupS = 0.08
 	p.LazyBps = 300e6
 	p.LocalFillBps = 700e6
+	p.RedirtyRatio = 0.05
 	p.LinkEfficiency = 0.9
 	return p
 }
@@ -77,7 +78,9 @@ func fakeBench(p model.Profile, noise float64) Runner {
 				d1 := m/p.ReadHashBps - wob
 				ps.add("round-0", d0)
 				ps.add("round-1", d1)
-				r.Rounds = []engine.Round{{Index: 0, DurationMs: d0 * 1000, Bytes: o.MemoryBytes}, {Index: 1, DurationMs: d1 * 1000, Bytes: 1 << 20}}
+				r.Rounds = []engine.Round{{Index: 0, DurationMs: d0 * 1000, Bytes: o.MemoryBytes},
+					{Index: 1, DurationMs: d1 * 1000, Bytes: 1 << 20, Pages: 256, RawBytes: 256 * 4096},
+					{Index: 2, DurationMs: d1 * 1000, Bytes: 1 << 10, Pages: 100, RawBytes: int64(100 * 4096 * p.RedirtyRatio)}}
 				ps.add("freeze", p.FreezeS)
 				ps.add("dump", p.DumpFixedS-0.01+m/p.DumpBps+m/p.ReadHashBps+wob)
 				ps.add("images", 0.01)
@@ -138,6 +141,8 @@ func TestRunRecoversProfile(t *testing.T) {
 	near(t, "RestoreBps", p.RestoreBps, want.RestoreBps, 1e-9)
 	near(t, "LazySetupS", p.LazySetupS, want.LazySetupS, 1e-9)
 	near(t, "LazyBps", p.LazyBps, want.LazyBps, 1e-9)
+	near(t, "LocalFillBps", p.LocalFillBps, want.LocalFillBps, 1e-6)
+	near(t, "RedirtyRatio", p.RedirtyRatio, want.RedirtyRatio, 1e-9)
 	near(t, "LinkEfficiency", p.LinkEfficiency, want.LinkEfficiency, 1e-9)
 	if p.PAM.Beta != p.FreezeS || p.PAM.Psi != p.RestoreFixedS {
 		t.Errorf("PAM's β and ψ not taken from the profile: %+v", p.PAM)

@@ -25,6 +25,11 @@ type Profile struct {
 
 	LazySetupS float64 `json:"lazy_setup_s"` // extra fixed cost of a lazy restore (lazy-pages daemon, userfaultfd)
 	LazyBps    float64 `json:"lazy_bps"`     // pages the lazy-pages daemon places per second, bytes/s
+	// RedirtyRatio is the share of a page a live round (from the second
+	// on) sends for a page dirtied again since it was last sent: XOR
+	// deltas make it small for sparse writes, 1 for pages rewritten whole.
+	// Round 1 and the switchover's dump send changed pages whole.
+	RedirtyRatio float64 `json:"redirty_ratio"`
 	// LocalFillBps: hybrid's lazy-pages daemon served from the
 	// destination's own copy, bytes/s (no network in the way).
 	LocalFillBps float64 `json:"local_fill_bps"`

@@ -64,7 +64,7 @@ func (p Profile) liveRounds(in Inputs, n int) (sent, elapsed, last float64) {
 	v := m
 	for i := 0; i < n; i++ {
 		if i > 0 {
-			v = p.dirtied(in, last)
+			v = p.dirtied(in, last) * p.redirty(i)
 		}
 		last = xfer(v, p.link(in, i)) + m/p.ReadHashBps
 		sent += v
@@ -116,10 +116,10 @@ func (p Profile) hybrid(in Inputs, n int) timeline {
 	m := in.MemoryBytes
 	sent, elapsed, last := p.liveRounds(in, n)
 	delta := p.dirtied(in, last)
-	final := math.Max(p.DumpFixedS, m/p.ReadHashBps+xfer(delta, p.link(in, n)))
+	final := math.Max(p.DumpFixedS, m/p.ReadHashBps+xfer(delta*p.redirty(n), p.link(in, n)))
 	down := p.FreezeS + final + p.RestoreFixedS + p.LazySetupS
 	fill := m / p.localFill() // placing every page from the local copy
-	t := timeline{rounds: n, down: down, total: elapsed + down + fill, bytes: sent + delta, degraded: fill}
+	t := timeline{rounds: n, down: down, total: elapsed + down + fill, bytes: sent + delta*p.redirty(n), degraded: fill}
 	if p.notConverging(in) {
 		t.note = "dirty rate at or above link throughput: rounds do not shrink"
 	}
@@ -148,4 +148,15 @@ func (p Profile) localFill() float64 {
 		return p.LocalFillBps
 	}
 	return p.LazyBps
+}
+
+// redirty is the share of a page round i sends per dirty page. A page
+// enters the source's delta cache when it is first found dirty again, so
+// round 1 sends whole pages; from round 2 on RedirtyRatio applies (1 for
+// profiles from before it existed).
+func (p Profile) redirty(round int) float64 {
+	if round >= 2 && p.RedirtyRatio > 0 {
+		return p.RedirtyRatio
+	}
+	return 1
 }
