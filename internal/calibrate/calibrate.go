@@ -26,6 +26,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"sort"
 	"strings"
 	"time"
 
@@ -370,11 +371,20 @@ func fitDump(ms []Measured, p *model.Profile, phiKnown bool) (Term, error) {
 		}
 		t.Fit = f
 		p.DumpBps = 1 / f.B
+		p.DumpKneeBytes, p.DumpBpsAbove = 0, 0
 		t.Sets = map[string]float64{"dump_bps": p.DumpBps}
 		if t.Free = freeLine(t.X, t.Y); t.Free != nil {
 			t.Note = fmt.Sprintf("a free line has %.0f ms at M = 0 beyond φ", t.Free.A*1000)
 		}
-		t.Note = joinNotes(t.Note, kneeNote(t.X, t.Y, f.RMSE))
+		if knee, below, above, rmse, ok := twoRates(t.X, t.Y); ok && rmse < 0.8*f.RMSE {
+			p.DumpBps, p.DumpKneeBytes, p.DumpBpsAbove = 1/below, knee, 1/above
+			t.Kind = "two rates"
+			t.Sets = map[string]float64{"dump_bps": p.DumpBps, "dump_knee_bytes": knee, "dump_bps_above": p.DumpBpsAbove}
+			t.Note = joinNotes(t.Note, fmt.Sprintf("two rates around %.0f MiB fit with RMSE %.1f ms instead of %.1f ms",
+				knee/(1<<20), rmse*1000, f.RMSE*1000))
+		} else {
+			t.Note = joinNotes(t.Note, kneeNote(t.X, t.Y, f.RMSE))
+		}
 	} else {
 		f, why, err := fixedPlusRate(&t)
 		if err != nil {
@@ -517,6 +527,48 @@ func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
 		t.Note = joinNotes(t.Note, "by dirty rate (the model has none here): "+subFits(byRate))
 	}
 	return t, nil
+}
+
+// twoRates fits y = x·below up to a knee and knee·below + (x−knee)·above
+// past it (continuous, through the origin), trying each measured x but the
+// largest as the knee; it returns the best fit by RMSE.
+func twoRates(x, y []float64) (knee, below, above, rmse float64, ok bool) {
+	xs := append([]float64(nil), x...)
+	sort.Float64s(xs)
+	best := math.Inf(1)
+	for _, k := range xs[:max(len(xs)-1, 0)] {
+		var bx, by, ax, ay []float64
+		for i := range x {
+			if x[i] <= k {
+				bx, by = append(bx, x[i]), append(by, y[i])
+			}
+		}
+		fb, okb := fitThroughOrigin(bx, by)
+		if !okb || !(fb.B > 0) {
+			continue
+		}
+		for i := range x {
+			if x[i] > k {
+				ax, ay = append(ax, x[i]-k), append(ay, y[i]-k*fb.B)
+			}
+		}
+		fa, oka := fitThroughOrigin(ax, ay)
+		if !oka || !(fa.B > 0) || len(ax) < 2 || len(bx) < 2 {
+			continue
+		}
+		var ss float64
+		for i := range x {
+			pred := x[i] * fb.B
+			if x[i] > k {
+				pred = k*fb.B + (x[i]-k)*fa.B
+			}
+			ss += (y[i] - pred) * (y[i] - pred)
+		}
+		if r := math.Sqrt(ss / float64(len(x))); r < best {
+			best, knee, below, above, ok = r, k, fb.B, fa.B, true
+		}
+	}
+	return knee, below, above, best, ok
 }
 
 // fitRedirty measures how much of a page a live round sends for a page

@@ -361,3 +361,22 @@ func TestDumpLineWithoutPostcopy(t *testing.T) {
 		t.Errorf("dump term: %+v", terms[2])
 	}
 }
+
+func TestTwoRatesRecoversABend(t *testing.T) {
+	const mib = 1 << 20
+	var x, y []float64
+	for _, m := range []float64{64 * mib, 128 * mib, 256 * mib, 512 * mib} {
+		for range 2 {
+			x = append(x, m)
+			if m <= 128*mib {
+				y = append(y, m/2e9)
+			} else {
+				y = append(y, 128*mib/2e9+(m-128*mib)/0.3e9)
+			}
+		}
+	}
+	knee, below, above, rmse, ok := twoRates(x, y)
+	if !ok || knee != 128*mib || math.Abs(1/below-2e9) > 1 || math.Abs(1/above-0.3e9) > 1 || rmse > 1e-9 {
+		t.Fatalf("knee %v below %v above %v rmse %v ok %v", knee, 1/below, 1/above, rmse, ok)
+	}
+}

@@ -320,3 +320,11 @@ func TestProfileJSON(t *testing.T) {
 		t.Error("zero dump rate accepted")
 	}
 }
+
+func TestDumpTimeTwoRates(t *testing.T) {
+	p := handProfile() // DumpBps 1e9
+	approx(t, "one rate", p.dumpTime(2e9)*1000, 2000)
+	p.DumpKneeBytes, p.DumpBpsAbove = 1e9, 0.5e9
+	approx(t, "below the knee", p.dumpTime(0.5e9)*1000, 500)
+	approx(t, "past the knee", p.dumpTime(2e9)*1000, 1000+2000)
+}

@@ -17,6 +17,10 @@ type Profile struct {
 	FreezeS    float64 `json:"freeze_s"`     // β: pausing the container (cgroup freezer)
 	DumpFixedS float64 `json:"dump_fixed_s"` // CRIU dump time besides memory; also a memory-less (lazy) dump
 	DumpBps    float64 `json:"dump_bps"`     // CRIU's page output in a full dump, bytes/s
+	// Above DumpKneeBytes of memory a full dump goes at DumpBpsAbove
+	// instead (0: one rate throughout); measured here, the rate bends.
+	DumpKneeBytes float64 `json:"dump_knee_bytes,omitempty"`
+	DumpBpsAbove  float64 `json:"dump_bps_above,omitempty"`
 
 	ReadHashBps float64 `json:"read_hash_bps"` // reading memory from the host and hashing it, bytes/s
 

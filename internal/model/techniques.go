@@ -50,7 +50,7 @@ func (p Profile) restore(m float64) float64 { return p.RestoreFixedS + m/p.Resto
 // pace; the service is down throughout.
 func (p Profile) cold(in Inputs) timeline {
 	m := in.MemoryBytes
-	stream := math.Max(m/p.DumpBps, xfer(m, p.link(in, 0)))
+	stream := math.Max(p.dumpTime(m), xfer(m, p.link(in, 0)))
 	down := p.FreezeS + p.DumpFixedS + stream + p.restore(m)
 	return timeline{down: down, total: down, bytes: m}
 }
@@ -90,7 +90,7 @@ func (p Profile) precopy(in Inputs, n int) timeline {
 	refs := (m - delta) / p.PageSize * p.DedupRefBytes
 	// Dump and hashing share the source's CPUs (serial); the link carries
 	// the delta alongside (pipelined).
-	stream := math.Max(m/p.DumpBps+m/p.ReadHashBps, xfer(delta+refs, p.link(in, n)))
+	stream := math.Max(p.dumpTime(m)+m/p.ReadHashBps, xfer(delta+refs, p.link(in, n)))
 	down := p.FreezeS + p.DumpFixedS + stream + p.restore(m)
 	t := timeline{rounds: n, down: down, total: elapsed + down, bytes: sent + delta + refs}
 	if p.notConverging(in) {
@@ -159,4 +159,12 @@ func (p Profile) redirty(round int) float64 {
 		return p.RedirtyRatio
 	}
 	return 1
+}
+
+// dumpTime is a full dump's memory part: one rate, or two around a knee.
+func (p Profile) dumpTime(m float64) float64 {
+	if p.DumpKneeBytes > 0 && p.DumpBpsAbove > 0 && m > p.DumpKneeBytes {
+		return p.DumpKneeBytes/p.DumpBps + (m-p.DumpKneeBytes)/p.DumpBpsAbove
+	}
+	return m / p.DumpBps
 }
