@@ -18,7 +18,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-migrate/ferry/internal/images"
-	"github.com/ferry-migrate/ferry/internal/pages"
 	"github.com/ferry-migrate/ferry/internal/pagestream"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 	"github.com/ferry-migrate/ferry/internal/transport"
@@ -262,7 +261,7 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 		// Hybrid: answer from the pages the rounds brought.
 		serve = func(conn halfCloser) error {
 			st, err := pagestream.ServeLazy(conn, ch, func(k pagestream.PageKey) ([]byte, pagestream.Hash, bool) {
-				return in.store.Get(pages.Key{PID: k.PID, Addr: k.Addr})
+				return in.store.Get(k)
 			})
 			lp.local.Store(st.LocalPages)
 			_ = conn.CloseWrite()

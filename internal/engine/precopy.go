@@ -113,7 +113,7 @@ func (m *migration) precopy(ctx context.Context) error {
 	}
 	m.begin("dump")
 	lookup := func(k pagestream.PageKey) (pagestream.Hash, bool) {
-		h, ok := rs.held[pages.Key{PID: k.PID, Addr: k.Addr}]
+		h, ok := rs.held[k]
 		return h, ok
 	}
 	if err := m.dumpStreamingVia(ctx, func(dst io.Writer, src io.Reader) error {
@@ -450,7 +450,7 @@ func (in *incoming) receiveRounds(ctx context.Context, sess *transport.Session, 
 func runExpandingPageServer(ctx context.Context, ch *transport.Channel, store *pages.Store, imagesDir, workDir string) error {
 	expand := func(dst io.Writer, src io.Reader) error {
 		_, err := pagestream.Expand(dst, src, func(k pagestream.PageKey) ([]byte, pagestream.Hash, bool) {
-			return store.Get(pages.Key{PID: k.PID, Addr: k.Addr})
+			return store.Get(k)
 		})
 		return err
 	}

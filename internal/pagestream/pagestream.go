@@ -35,15 +35,15 @@ import (
 	"errors"
 
 	"github.com/zeebo/xxh3"
+
+	"github.com/ferry-migrate/ferry/internal/pages"
 )
 
 // PageKey identifies a page the destination may hold: PID is the CRIU
 // pagemap id (the pid inside the container's pid namespace, the id in a
-// dst_id of type PS_TYPE_PID), Addr the page's virtual address.
-type PageKey struct {
-	PID  uint32
-	Addr uint64
-}
+// dst_id of type PS_TYPE_PID), Addr the page's virtual address. It is the
+// key pre-copy's rounds use, so stores and lookups need no conversion.
+type PageKey = pages.Key
 
 // Hash is a page's XXH3-128.
 type Hash = xxh3.Uint128
