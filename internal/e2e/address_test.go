@@ -116,19 +116,8 @@ func TestRedisKeepsItsClient(t *testing.T) {
 		"--protected-mode", "no", "--save", "", "--appendonly", "no", "--daemonize", "no"}); err != nil {
 		t.Fatal(err)
 	}
-	var finish func() streamResult
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c := l.Hosts[2].Command(ctx, bin, "lab-tool", "send", "--to", ip+":6379", "--in", "/dev/null")
-		if c.Run() == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("redis-server never listened")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	finish = startClient(t, &l.Hosts[2], bin, "redis", "--addr", ip+":6379")
+	waitListening(t, &l.Hosts[2], bin, ip+":6379")
+	finish := startClient(t, &l.Hosts[2], bin, "redis", "--addr", ip+":6379")
 	time.Sleep(300 * time.Millisecond)
 	rep, err := agent.Migrate(ctx, l.Hosts[0].ControlSock, engine.Request{Container: "redis", To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold}, nil)
 	if err != nil || !rep.OK {
