@@ -84,33 +84,40 @@ func (p *ProbeProc) kill() {
 // copyOverLink copies a file from one lab host to another through the lab's
 // (shaped) network: a receiver in to's netns, a sender in from's.
 func copyOverLink(ctx context.Context, ferry string, from, to *lab.Host, src, dst string) error {
-	listen := to.Addr + ":7100"
-	recv := to.Command(ctx, ferry, "lab-tool", "recv", "--listen", listen, "--out", dst)
+	_, err := sendOverLink(ctx, ferry, from, to, 7100, src, dst, nil, nil)
+	return err
+}
+
+// sendOverLink runs `lab-tool recv` on to (writing dst) and `lab-tool send`
+// on from (reading src) over the lab's network, and returns what the
+// sender printed (the bytes and seconds it took).
+func sendOverLink(ctx context.Context, ferry string, from, to *lab.Host, port int, src, dst string, recvArgs, sendArgs []string) ([]byte, error) {
+	listen := fmt.Sprintf("%s:%d", to.Addr, port)
+	recv := to.Command(ctx, ferry, append([]string{"lab-tool", "recv", "--listen", listen, "--out", dst}, recvArgs...)...)
 	rout, err := recv.StdoutPipe()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var rerr strings.Builder
 	recv.Stderr = &rerr
 	if err := recv.Start(); err != nil {
-		return err
+		return nil, err
 	}
+	stop := func() { _ = recv.Process.Kill(); _ = recv.Wait() }
 	// The receiver prints one line once it listens.
 	if _, err := bufio.NewReader(rout).ReadString('\n'); err != nil {
-		_ = recv.Process.Kill()
-		_ = recv.Wait()
-		return fmt.Errorf("receiver on %s: %v %s", to.Name, err, rerr.String())
+		stop()
+		return nil, fmt.Errorf("receiver on %s: %v %s", to.Name, err, rerr.String())
 	}
-	out, serr := from.Command(ctx, ferry, "lab-tool", "send", "--to", listen, "--in", src).CombinedOutput()
-	if serr != nil {
-		_ = recv.Process.Kill()
-		_ = recv.Wait()
-		return fmt.Errorf("sender on %s: %v %s", from.Name, serr, out)
+	out, err := from.Command(ctx, ferry, append([]string{"lab-tool", "send", "--to", listen, "--in", src}, sendArgs...)...).CombinedOutput()
+	if err != nil {
+		stop()
+		return out, fmt.Errorf("sender on %s: %v %s", from.Name, err, out)
 	}
 	if err := recv.Wait(); err != nil {
-		return fmt.Errorf("receiver on %s: %v %s", to.Name, err, rerr.String())
+		return out, fmt.Errorf("receiver on %s: %v %s", to.Name, err, rerr.String())
 	}
-	return nil
+	return out, nil
 }
 
 // measurePaths times 256 MiB from one lab host to another over plain TCP on
@@ -132,24 +139,11 @@ const pathProbeBytes = 256 << 20
 
 // transferRate sends pathProbeBytes from /dev/zero and returns bits/s.
 func transferRate(ctx context.Context, ferry string, from, to *lab.Host, mptcp bool) (float64, error) {
-	listen := to.Addr + ":7101"
 	flag := fmt.Sprintf("--mptcp=%v", mptcp)
-	recv := to.Command(ctx, ferry, "lab-tool", "recv", "--listen", listen, "--out", "/dev/null", flag)
-	rout, err := recv.StdoutPipe()
+	out, err := sendOverLink(ctx, ferry, from, to, 7101, "/dev/zero", "/dev/null",
+		[]string{flag}, []string{"--bytes", fmt.Sprint(pathProbeBytes), flag})
 	if err != nil {
 		return 0, err
-	}
-	if err := recv.Start(); err != nil {
-		return 0, err
-	}
-	defer func() { _ = recv.Process.Kill(); _ = recv.Wait() }()
-	if _, err := bufio.NewReader(rout).ReadString('\n'); err != nil {
-		return 0, fmt.Errorf("receiver on %s: %w", to.Name, err)
-	}
-	out, err := from.Command(ctx, ferry, "lab-tool", "send", "--to", listen, "--in", "/dev/zero",
-		"--bytes", fmt.Sprint(pathProbeBytes), flag).Output()
-	if err != nil {
-		return 0, fmt.Errorf("sender on %s: %w", from.Name, err)
 	}
 	var n int64
 	var secs float64
