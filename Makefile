@@ -33,6 +33,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecoder$$' -fuzztime $(FUZZTIME) ./internal/pages
 	$(GO) test -run '^$$' -fuzz '^FuzzExpand$$' -fuzztime $(FUZZTIME) ./internal/pagestream
 	$(GO) test -run '^$$' -fuzz '^FuzzServeLazy$$' -fuzztime $(FUZZTIME) ./internal/pagestream
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodePagemap$$' -fuzztime $(FUZZTIME) ./internal/images
 	$(GO) test -run '^$$' -fuzz '^FuzzReceiveDir$$' -fuzztime $(FUZZTIME) ./internal/images
 
 demo: setup build

@@ -112,6 +112,7 @@ func addPrecopyFlags(cmd *cobra.Command, o *engine.PrecopyOptions) {
 	f.BoolVar(&o.AutoConverge, "auto-converge", false, "pre-copy: throttle the container's CPU step by step while rounds do not shrink")
 	f.StringVar(&o.Compress, "compress", "none", "pre-copy round stream compression: none or zstd")
 	f.StringVar(&o.Engine, "precopy-engine", "auto", "pre-copy engine: auto (native where the kernel tracks dirty pages), native (CRIU pre-dump), content (ferry's page hashing)")
+	f.StringVar(&o.Switchover, "switchover", "auto", "content pre-copy's last step: rebuild (CRIU dumps without memory while the frozen memory's changes go as a last round; the destination completes the images from its copy) or dump (a full CRIU dump that refers to the pages the destination holds); auto: rebuild where CRIU's lazy dump works")
 }
 
 // resolveEndpoints turns lab host names into the source's control socket and

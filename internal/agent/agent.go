@@ -79,7 +79,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	feats := criu.ProbeFeatures(ctx)
 	src := &engine.Source{Host: a.Host, KeepWork: a.KeepWork, DirtyTracking: feats.DirtyTracking,
-		Dial: a.dialPeer, Profile: a.Profile}
+		LazyDump: feats.LazyPages, Dial: a.dialPeer, Profile: a.Profile}
 
 	var ls []net.Listener
 	defer func() {

@@ -129,11 +129,26 @@ func TestColdMigration(t *testing.T) { testMigration(t, engine.ModeCold) }
 
 func TestPostcopyMigration(t *testing.T) { testMigration(t, engine.ModePostcopy) }
 
+// TestPrecopyMigration runs content-based pre-copy with each switchover:
+// rebuild (memory-less dump, frozen last round, images completed at the
+// destination) and dump (a full dump referring to the pages sent before).
 func TestPrecopyMigration(t *testing.T) {
-	rep := testMigration(t, engine.ModePrecopy)
-	if len(rep.Rounds) < 2 || rep.PagesReferenced == 0 {
-		t.Errorf("pre-copy ran %d rounds and the final dump reused %d pages", len(rep.Rounds), rep.PagesReferenced)
-	}
+	t.Run("rebuild", func(t *testing.T) {
+		rep := testMigrationWith(t, engine.Request{Mode: engine.ModePrecopy, Precopy: engine.PrecopyOptions{Switchover: engine.SwitchoverRebuild}})
+		if len(rep.Rounds) < 2 || !rep.Rounds[len(rep.Rounds)-1].Final {
+			t.Errorf("pre-copy rounds: %+v", rep.Rounds)
+		}
+		// memhog's 64 MiB come from the destination's copy, not the source.
+		if rep.PagesReferenced < 64<<20/4096 || rep.PagesFetched > rep.PagesReferenced/10 || rep.FillMs <= 0 {
+			t.Errorf("images completed with %d pages held, %d fetched, in %.0f ms", rep.PagesReferenced, rep.PagesFetched, rep.FillMs)
+		}
+	})
+	t.Run("dump", func(t *testing.T) {
+		rep := testMigrationWith(t, engine.Request{Mode: engine.ModePrecopy, Precopy: engine.PrecopyOptions{Switchover: engine.SwitchoverDump}})
+		if len(rep.Rounds) < 2 || rep.PagesReferenced < 64<<20/4096 {
+			t.Errorf("pre-copy ran %d rounds and the final dump reused %d pages", len(rep.Rounds), rep.PagesReferenced)
+		}
+	})
 }
 
 // TestPrecopyNative runs CRIU's own pre-dump chain, which needs the kernel's
@@ -250,12 +265,18 @@ func TestPrecopyNonConvergent(t *testing.T) {
 // testMigration moves memhog from h1 to h2 with a technique and checks the
 // workload's state, where it runs and the report.
 func testMigration(t *testing.T, mode string) engine.Report {
+	return testMigrationWith(t, engine.Request{Mode: mode})
+}
+
+// testMigrationWith is testMigration with the request's options.
+func testMigrationWith(t *testing.T, req engine.Request) engine.Report {
 	requireLab(t)
 	bin := ferryBin(t)
 	l := upLab(t, bin)
 	p := startMemhog(t, l, bin, "hog")
-	rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
-		engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr, Mode: mode}, nil)
+	mode := req.Mode
+	req.Container, req.To = "hog", l.Hosts[1].AgentAddr
+	rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock, req, nil)
 	time.Sleep(200 * time.Millisecond)
 	pr, perr := p.Stop()
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/host"
 	"github.com/ferry-migrate/ferry/internal/images"
 	"github.com/ferry-migrate/ferry/internal/pages"
+	"github.com/ferry-migrate/ferry/internal/pagestream"
 	"github.com/ferry-migrate/ferry/internal/rootfs"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 	"github.com/ferry-migrate/ferry/internal/transport"
@@ -190,7 +191,7 @@ func channelsFor(mode string, maxRounds int) []string {
 			chans = append(chans, predumpChan(i))
 		}
 		return chans
-	case ModeHybrid:
+	case ModeHybrid, ModePrecopy + "/" + SwitchoverRebuild:
 		return []string{ChanRootfsLive, ChanRootfsFinal, ChanRounds, ChanImages, ChanLazy}
 	}
 	return []string{ChanRootfsLive, ChanRootfsFinal, ChanPages, ChanImages}
@@ -201,10 +202,15 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 	var recv errgroup.Group
 	warm := make(chan func(), 1)
 	lazy := in.offer.Mode == ModePostcopy || in.offer.Mode == ModeHybrid
+	rebuild := in.modeKey() == ModePrecopy+"/"+SwitchoverRebuild
 	if in.d.NoPrewarm || lazy {
 		warm <- func() {} // a lazy restore fills memory page by page
 	} else {
-		go func() { warm <- prewarm(in.offer.MemoryBytes) }()
+		size := in.offer.MemoryBytes
+		if rebuild {
+			size *= 2 // the completed pages image, then the restored memory
+		}
+		go func() { warm <- prewarm(size) }()
 	}
 	release := sync.OnceFunc(func() { (<-warm)() })
 	defer release()
@@ -213,7 +219,7 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 	if in.modeKey() == ModePrecopy+"/"+PrecopyNative {
 		in.receivePredumps(ctx, sess, router, in.offer.Precopy.withDefaults().MaxRounds)
 		recv.Go(func() error { return in.receiveFinalPages(ctx, sess, router, nil) })
-	} else if in.offer.Mode == ModePrecopy {
+	} else if in.offer.Mode == ModePrecopy && !rebuild {
 		in.store = pages.NewStore()
 		defer in.store.Release()
 		// Rounds must be stored before the final dump's references arrive.
@@ -225,7 +231,7 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 			}
 			return in.receiveFinalPages(ctx, sess, router, in.store)
 		})
-	} else if in.offer.Mode == ModeHybrid {
+	} else if in.offer.Mode == ModeHybrid || rebuild {
 		in.store = pages.NewStore()
 		defer in.store.Release()
 		recv.Go(func() error { return in.receiveRounds(ctx, sess, router) })
@@ -283,6 +289,12 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 		defer lp.stop()
 	}
 	release()
+	var filled filled
+	if rebuild {
+		if filled, err = in.fillImages(ctx, sess, router); err != nil {
+			return false, fmt.Errorf("completing the images on %s: %w", in.d.Host.Name, err)
+		}
+	}
 	start := time.Now()
 	if err := in.restore(ctx, lazy); err != nil {
 		return false, err
@@ -294,7 +306,9 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 	if in.offer.Precopy.AutoConverge {
 		liftThrottle(st.Pid) // auto-converge's throttle stays behind
 	}
-	if err := ctl.Send(Restored{Pid: st.Pid, WaitMs: ms(start.Sub(asked)), RestoreMs: ms(time.Since(start))}); err != nil {
+	if err := ctl.Send(Restored{Pid: st.Pid, WaitMs: ms(start.Sub(asked)), RestoreMs: ms(time.Since(start)),
+		FillMs: filled.ms, PagesLocal: filled.Local, PagesFetched: filled.Fetched,
+		MemoryBytes: int64(filled.Local+filled.Fetched+filled.Dumped) * pageSize}); err != nil {
 		return false, err
 	}
 	// The source owns the container until it commits.
@@ -339,7 +353,48 @@ func (in *incoming) modeKey() string {
 	if in.offer.Mode == ModePrecopy && in.offer.Precopy.Engine == PrecopyNative {
 		return ModePrecopy + "/" + PrecopyNative
 	}
+	if in.offer.Mode == ModePrecopy && in.offer.Precopy.Switchover == SwitchoverRebuild {
+		return ModePrecopy + "/" + SwitchoverRebuild
+	}
 	return in.offer.Mode
+}
+
+// filled is what completing a lazy dump's images took.
+type filled struct {
+	images.FillStats
+	ms float64
+}
+
+// fillImages completes the source's memory-less dump with the pages the
+// rounds brought, asking the source's CRIU page server for any they lack,
+// then closes that page server so the source's dump ends. The close is not
+// waited for: CRIU's reply sits in a corked socket for 200 ms, and nothing
+// here depends on it.
+func (in *incoming) fillImages(ctx context.Context, sess *transport.Session, router *transport.Router) (filled, error) {
+	start := time.Now()
+	ch, err := router.Wait(ctx, sess, ChanLazy)
+	if err != nil {
+		return filled{}, err
+	}
+	client := pagestream.NewLazyClient(ch)
+	st, err := images.FillLazy(in.images, images.PageSource{
+		Local: func(pid uint32, addr uint64, dst []byte) bool {
+			_, ok := in.store.ReadInto(pages.Key{PID: pid, Addr: addr}, dst)
+			return ok
+		},
+		Fetch: client.Get,
+	})
+	if err != nil {
+		ch.Close()
+		return filled{}, err
+	}
+	go func() {
+		defer ch.Close()
+		if client.Close() == nil {
+			_ = ch.CloseWrite()
+		}
+	}()
+	return filled{st, ms(time.Since(start))}, nil
 }
 
 // receiveFinalPages runs CRIU's page server for the final dump, linked to

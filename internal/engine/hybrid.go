@@ -23,15 +23,28 @@ func (m *migration) hybrid(ctx context.Context) error {
 		return err
 	}
 	defer rs.ch.Close()
-	if err := m.freeze(ctx); err != nil {
-		return m.abort(ctx, err)
-	}
-	m.begin("dump")
-	ld, err := m.startLazyDump(ctx)
+	ld, err := m.dumpWithFinalRound(ctx, rs)
 	if err != nil {
 		return m.abort(ctx, err)
 	}
 	defer ld.stop()
+	return m.lazySwitchover(ctx, ld)
+}
+
+// dumpWithFinalRound freezes the container, has CRIU dump it without its
+// memory (--lazy-pages) and, at the same time, reads the frozen memory and
+// sends what changed since the last round as one more round. After it the
+// destination holds every page the container has, as it is now, save those
+// the rounds never found (CRIU's page server on this host still has them).
+func (m *migration) dumpWithFinalRound(ctx context.Context, rs *precopySource) (*lazyDump, error) {
+	if err := m.freeze(ctx); err != nil {
+		return nil, err
+	}
+	m.begin("dump")
+	ld, err := m.startLazyDump(ctx)
+	if err != nil {
+		return nil, err
+	}
 	var g errgroup.Group
 	g.Go(ld.ready)
 	g.Go(func() error {
@@ -46,7 +59,8 @@ func (m *migration) hybrid(ctx context.Context) error {
 		return failAt("final round", rs.finish(true))
 	})
 	if err := g.Wait(); err != nil {
-		return m.abort(ctx, err)
+		ld.stop()
+		return nil, err
 	}
-	return m.lazySwitchover(ctx, ld)
+	return ld, nil
 }

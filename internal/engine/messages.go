@@ -75,6 +75,12 @@ type Restored struct {
 	// until the container ran.
 	WaitMs    float64 `json:"wait_ms"`
 	RestoreMs float64 `json:"restore_ms"`
+	// Pre-copy's rebuild switchover: the time spent completing the lazy
+	// dump's images, and where their pages came from.
+	FillMs       float64 `json:"fill_ms,omitempty"`
+	PagesLocal   uint64  `json:"pages_local,omitempty"`
+	PagesFetched uint64  `json:"pages_fetched,omitempty"`
+	MemoryBytes  int64   `json:"memory_bytes,omitempty"` // the completed images'
 }
 
 // Committed acknowledges a commit: the destination owns the container.
@@ -146,6 +152,11 @@ type Report struct {
 	StopReason      string  `json:"stop_reason,omitempty"`
 	ThrottlePct     int     `json:"throttle_pct,omitempty"`
 	PagesReferenced uint64  `json:"pages_referenced,omitempty"`
+	// The rebuild switchover: pages the destination had to ask the source
+	// for (its rounds never saw them), and how long completing the images
+	// took while the container was down.
+	PagesFetched uint64  `json:"pages_fetched,omitempty"`
+	FillMs       float64 `json:"fill_ms,omitempty"`
 	// Auto is what mode auto measured and chose.
 	Auto *AutoChoice `json:"auto,omitempty"`
 	// MemoryEstimate is the memory the first round found, for predictions.

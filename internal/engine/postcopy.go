@@ -125,18 +125,11 @@ func (ld *lazyDump) stop() {
 // opens the page tunnel, has the destination restore, commits, and waits
 // until the destination has pulled the memory.
 func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
-	var g errgroup.Group
-	g.Go(func() error { return failAt("rootfs sync (frozen)", m.syncRootfs(ChanRootfsFinal)) })
-	g.Go(func() error { return m.sendImages() })
-	if err := g.Wait(); err != nil {
+	lazyCh, err := m.shipLazyDump(ctx, ld)
+	if err != nil {
 		return m.abort(ctx, err)
 	}
-	lazyCh, err := m.sess.Open(ChanLazy)
-	if err != nil {
-		return m.abort(ctx, failAt("lazy pages", err))
-	}
 	defer lazyCh.Close()
-	go func() { _ = dialAndSplice(context.WithoutCancel(ctx), fmt.Sprintf("127.0.0.1:%d", ld.port), lazyCh) }()
 
 	m.begin("restore")
 	if err := m.ctl.Send(Step{Do: "restore"}); err != nil {
@@ -181,6 +174,23 @@ func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
 		m.report.Warnings = append(m.report.Warnings, "source page server: "+derr.Error())
 	}
 	return m.removeSource(ctx)
+}
+
+// shipLazyDump sends a lazy dump's images and the root filesystem's last
+// changes, and opens the channel to the dump's page server.
+func (m *migration) shipLazyDump(ctx context.Context, ld *lazyDump) (*transport.Channel, error) {
+	var g errgroup.Group
+	g.Go(func() error { return failAt("rootfs sync (frozen)", m.syncRootfs(ChanRootfsFinal)) })
+	g.Go(func() error { return m.sendImages() })
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	lazyCh, err := m.sess.Open(ChanLazy)
+	if err != nil {
+		return nil, failAt("lazy pages", err)
+	}
+	go func() { _ = dialAndSplice(context.WithoutCancel(ctx), fmt.Sprintf("127.0.0.1:%d", ld.port), lazyCh) }()
+	return lazyCh, nil
 }
 
 // sendImages ships the images directory (all but pages already streamed).

@@ -67,7 +67,21 @@ type PrecopyOptions struct {
 	// Engine: auto (native where the kernel tracks dirty pages), native
 	// or content.
 	Engine string `json:"engine,omitempty"`
+	// Switchover, for the content engine: rebuild or dump (see below);
+	// auto picks rebuild where CRIU's lazy dump works.
+	Switchover string `json:"switchover,omitempty"`
 }
+
+// How content-based pre-copy switches over.
+const (
+	// SwitchoverRebuild: CRIU dumps without memory while ferry sends the
+	// frozen memory's changes as a last round; the destination completes
+	// the images from its copy and restores them. Needs CRIU's lazy dump.
+	SwitchoverRebuild = "rebuild"
+	// SwitchoverDump: a full CRIU dump whose page stream carries references
+	// to the pages the destination holds.
+	SwitchoverDump = "dump"
+)
 
 func (o PrecopyOptions) withDefaults() PrecopyOptions {
 	if o.MaxRounds <= 0 {
@@ -105,6 +119,14 @@ func (m *migration) precopy(ctx context.Context) error {
 		return err
 	}
 	defer rs.ch.Close()
+	if m.req.Precopy.Switchover == SwitchoverRebuild {
+		ld, err := m.dumpWithFinalRound(ctx, rs)
+		if err != nil {
+			return m.abort(ctx, err)
+		}
+		defer ld.stop()
+		return m.rebuildSwitchover(ctx, ld)
+	}
 	if err := rs.finish(false); err != nil {
 		return m.abort(ctx, failAt("pre-copy", err))
 	}
@@ -123,6 +145,20 @@ func (m *migration) precopy(ctx context.Context) error {
 	}); err != nil {
 		return m.abort(ctx, err)
 	}
+	return m.switchover(ctx)
+}
+
+// rebuildSwitchover ends pre-copy after dumpWithFinalRound: the destination
+// receives the memory-less dump's images, completes them with the pages it
+// holds (asking this host's CRIU page server, through the session, for any
+// the rounds never saw), restores them as a plain dump and commits. Until
+// the commit the container here stays resumable, as in cold.
+func (m *migration) rebuildSwitchover(ctx context.Context, ld *lazyDump) error {
+	lazyCh, err := m.shipLazyDump(ctx, ld)
+	if err != nil {
+		return m.abort(ctx, err)
+	}
+	defer lazyCh.Close()
 	return m.switchover(ctx)
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/cnet"
+	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/host"
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/rootfs"
@@ -27,6 +28,9 @@ type Source struct {
 	// DirtyTracking says the kernel tracks dirty pages (soft-dirty), so
 	// CRIU's native pre-dump works here.
 	DirtyTracking bool
+	// LazyDump says CRIU's lazy dump works here (fs.pipe-max-size large
+	// enough), which post-copy, hybrid and pre-copy's rebuild switchover use.
+	LazyDump bool
 	// Profile is this host's calibrated model profile, for mode auto.
 	Profile *model.Profile
 	// Dial opens a session to a destination agent (TLS, MPTCP: the
@@ -64,6 +68,7 @@ type migration struct {
 	// pre-copy); -1 for none.
 	parentRound   int
 	dirtyTracking bool
+	lazyDump      bool
 	dial          func(ctx context.Context, addr string) (*transport.Session, error)
 	profile       model.Profile
 	// The container's own network, when it has one (see network.go).
@@ -156,7 +161,8 @@ func (m *migration) reportProgress(ctx context.Context, interval time.Duration) 
 // fails before the destination confirms leaves the container running here.
 func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progress)) Report {
 	req.Precopy.Engine = s.precopyEngine(req.Precopy.Engine)
-	m := &migration{req: req, id: newID(), host: s.Host, rt: s.Host.Runc(), progress: progress, start: time.Now(), parentRound: -1, dirtyTracking: s.DirtyTracking, dial: s.Dial, profile: model.DefaultProfile()}
+	req.Precopy.Switchover = s.precopySwitchover(req.Precopy)
+	m := &migration{req: req, id: newID(), host: s.Host, rt: s.Host.Runc(), progress: progress, start: time.Now(), parentRound: -1, dirtyTracking: s.DirtyTracking, lazyDump: s.LazyDump, dial: s.Dial, profile: model.DefaultProfile()}
 	if s.Profile != nil {
 		m.profile = *s.Profile
 	}
@@ -291,6 +297,20 @@ func (s *Source) precopyEngine(asked string) string {
 	return asked
 }
 
+// precopySwitchover resolves "auto" (or nothing) for the content engine.
+func (s *Source) precopySwitchover(o PrecopyOptions) string {
+	if o.Engine != PrecopyContent {
+		return ""
+	}
+	if o.Switchover == "" || o.Switchover == PrecopyAuto {
+		if s.LazyDump {
+			return SwitchoverRebuild
+		}
+		return SwitchoverDump
+	}
+	return o.Switchover
+}
+
 func validateMode(mode string) error {
 	switch mode {
 	case ModeCold, ModePostcopy, ModePrecopy, ModeHybrid, ModeAuto:
@@ -311,6 +331,15 @@ func (m *migration) validatePrecopy() error {
 		}
 	default:
 		return fmt.Errorf("unknown pre-copy engine %q (auto, native, content)", o.Engine)
+	}
+	switch o.Switchover {
+	case "", SwitchoverDump:
+	case SwitchoverRebuild:
+		if !m.lazyDump {
+			return fmt.Errorf("--switchover rebuild needs CRIU's lazy dump, unavailable here (fs.pipe-max-size below %d, or no userfaultfd: see ferry check); use dump", criu.MinLazyPipeSize)
+		}
+	default:
+		return fmt.Errorf("unknown --switchover %q (auto, rebuild, dump)", o.Switchover)
 	}
 	if o.Compress != "" && o.Compress != "none" && o.Compress != "zstd" {
 		return fmt.Errorf("unknown --compress %q (none, zstd)", o.Compress)
@@ -393,6 +422,10 @@ func (m *migration) switchover(ctx context.Context) error {
 	}
 	m.report.DowntimeMs = ms(time.Since(m.frozenAt))
 	m.report.RestoreMs = rs.RestoreMs
+	if rs.PagesLocal+rs.PagesFetched > 0 {
+		m.report.PagesReferenced, m.report.PagesFetched, m.report.FillMs = rs.PagesLocal, rs.PagesFetched, rs.FillMs
+		m.report.MemoryBytes = rs.MemoryBytes
+	}
 	m.begin("commit")
 	if err := m.ctl.Send(Step{Do: "commit"}); err != nil {
 		// The destination never saw the commit: it drops its copy when the

@@ -138,3 +138,60 @@ func forwardReply(upstream io.Writer, up *bufio.Reader, out *bufio.Writer, hdr [
 	}
 	return out.Flush()
 }
+
+// LazyClient asks a lazy dump's page server for pages the way CRIU's
+// lazy-pages daemon does: GET requests answered in order, then a close.
+// Pre-copy's switchover uses it for the few pages its rounds never saw.
+type LazyClient struct {
+	conn io.ReadWriter
+	in   *bufio.Reader
+}
+
+// NewLazyClient speaks to the page server on conn.
+func NewLazyClient(conn io.ReadWriter) *LazyClient {
+	return &LazyClient{conn: conn, in: bufio.NewReaderSize(conn, 256<<10)}
+}
+
+// Get fills dst (whole pages, at most maxLazyPages) with the pages of task
+// pid from vaddr on.
+func (c *LazyClient) Get(pid uint32, vaddr uint64, dst []byte) error {
+	n := uint64(len(dst) / PageSize)
+	if n == 0 || len(dst)%PageSize != 0 || n > maxLazyPages {
+		return fmt.Errorf("pagestream: GET of %d bytes", len(dst))
+	}
+	var req [headerSize]byte
+	binary.LittleEndian.PutUint32(req[0:], psIOVGet)
+	binary.LittleEndian.PutUint64(req[8:], n)
+	binary.LittleEndian.PutUint64(req[16:], vaddr)
+	binary.LittleEndian.PutUint64(req[24:], uint64(pid))
+	if _, err := c.conn.Write(req[:]); err != nil {
+		return fmt.Errorf("source page server: %w", err)
+	}
+	reply := make([]byte, headerSize)
+	if _, err := io.ReadFull(c.in, reply); err != nil {
+		return fmt.Errorf("source page server: %w", err)
+	}
+	rh := parseHeader(reply)
+	if got := rh.payloadPages(); got != n || rh.vaddr != vaddr {
+		return fmt.Errorf("%w: asked for %d pages at %#x, the page server answered %d at %#x", ErrMalformed, n, vaddr, got, rh.vaddr)
+	}
+	if _, err := io.ReadFull(c.in, dst); err != nil {
+		return fmt.Errorf("source page server: %w", err)
+	}
+	return nil
+}
+
+// Close ends the page server's session: the dump on the source then
+// finishes.
+func (c *LazyClient) Close() error {
+	var req [headerSize]byte
+	binary.LittleEndian.PutUint32(req[0:], psIOVClose)
+	if _, err := c.conn.Write(req[:]); err != nil {
+		return fmt.Errorf("source page server: %w", err)
+	}
+	var status [4]byte
+	if _, err := io.ReadFull(c.in, status[:]); err != nil {
+		return fmt.Errorf("source page server: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,341 @@
+package images
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/checkpoint-restore/go-criu/v7/magic"
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// PageSize is the page size of the images' memory.
+const PageSize = 4096
+
+// Pagemap entry flags (criu/include/pagemap.h).
+const (
+	PageParent  = 1 << 0 // the pages are in the parent images
+	PageLazy    = 1 << 1 // left for the lazy page server: not in pages-*.img
+	PagePresent = 1 << 2 // in this directory's pages-*.img, in entry order
+)
+
+// PagemapEntry is one run of pages of a task's memory.
+type PagemapEntry struct {
+	Vaddr   uint64
+	NrPages uint32
+	Flags   uint32
+}
+
+// Pagemap is one task's pagemap-<pid>.img: which pages its dump holds and
+// where their contents are.
+type Pagemap struct {
+	PID     uint32 // the task's pid in its own namespace, as CRIU names it
+	PagesID uint32 // the contents are in pages-<PagesID>.img
+	Entries []PagemapEntry
+}
+
+// ReadPagemaps decodes every pagemap image in dir.
+func ReadPagemaps(dir string) ([]Pagemap, error) {
+	names, err := filepath.Glob(filepath.Join(dir, "pagemap-*.img"))
+	if err != nil {
+		return nil, err
+	}
+	var out []Pagemap
+	for _, path := range names {
+		pid, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(filepath.Base(path), "pagemap-"), ".img"), 10, 32)
+		if err != nil {
+			continue // pagemap-shmem-*.img and the like are not a task's
+		}
+		pm, err := readPagemap(path)
+		if err != nil {
+			return nil, err
+		}
+		pm.PID = uint32(pid)
+		out = append(out, pm)
+	}
+	return out, nil
+}
+
+// CRIU image framing: a common magic, the image's magic, then entries, each
+// a little-endian u32 length and a protobuf message. The messages are
+// decoded with protowire: CRIU 4 moved nr_pages to field 5 (uint64), which
+// the generated types in go-criu v7 predate.
+var (
+	magics       = magic.LoadMagic()
+	magicCommon  = uint32(magics.ByName["IMG_COMMON"])
+	magicPagemap = uint32(magics.ByName["PAGEMAP"])
+)
+
+// pagemap.proto field numbers.
+const (
+	fieldPagesID       = 1 // pagemap_head
+	fieldVaddr         = 1 // pagemap_entry
+	fieldCompatNrPages = 2
+	fieldInParent      = 3
+	fieldFlags         = 4
+	fieldNrPages       = 5
+)
+
+// maxEntry bounds one image entry: pagemap entries are a few bytes.
+const maxEntry = 1 << 16
+
+func readPagemap(path string) (Pagemap, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Pagemap{}, err
+	}
+	pm, err := decodePagemap(b)
+	if err != nil {
+		return Pagemap{}, fmt.Errorf("%s: %w", filepath.Base(path), err)
+	}
+	return pm, nil
+}
+
+// decodePagemap decodes a pagemap image's bytes.
+func decodePagemap(b []byte) (Pagemap, error) {
+	if len(b) < 8 || binary.LittleEndian.Uint32(b) != magicCommon || binary.LittleEndian.Uint32(b[4:]) != magicPagemap {
+		return Pagemap{}, errors.New("not a pagemap image")
+	}
+	b = b[8:]
+	var pm Pagemap
+	for first := true; len(b) > 0; first = false {
+		if len(b) < 4 {
+			return Pagemap{}, errors.New("truncated entry")
+		}
+		n := binary.LittleEndian.Uint32(b)
+		if n > maxEntry || int(n) > len(b)-4 {
+			return Pagemap{}, fmt.Errorf("entry of %d bytes", n)
+		}
+		fields, err := varintFields(b[4 : 4+n])
+		if err != nil {
+			return Pagemap{}, err
+		}
+		b = b[4+n:]
+		if first {
+			pm.PagesID = uint32(fields[fieldPagesID])
+			continue
+		}
+		e := PagemapEntry{Vaddr: fields[fieldVaddr], Flags: uint32(fields[fieldFlags])}
+		nr, ok := fields[fieldNrPages]
+		if !ok {
+			nr = fields[fieldCompatNrPages]
+		}
+		if nr > 1<<32-1 || e.Vaddr%PageSize != 0 {
+			return Pagemap{}, fmt.Errorf("bad entry: %d pages at %#x", nr, e.Vaddr)
+		}
+		e.NrPages = uint32(nr)
+		if _, ok := fields[fieldFlags]; !ok {
+			// Images older than the flags field: in_parent or present.
+			e.Flags = PagePresent
+			if fields[fieldInParent] != 0 {
+				e.Flags = PageParent
+			}
+		}
+		pm.Entries = append(pm.Entries, e)
+	}
+	return pm, nil
+}
+
+// varintFields decodes a message whose fields are all varints.
+func varintFields(b []byte) (map[protowire.Number]uint64, error) {
+	fields := map[protowire.Number]uint64{}
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		b = b[n:]
+		if typ != protowire.VarintType {
+			// Not a pagemap field ferry knows: skip it.
+			n = protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return nil, protowire.ParseError(n)
+			}
+			b = b[n:]
+			continue
+		}
+		v, n := protowire.ConsumeVarint(b)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		fields[num] = v
+		b = b[n:]
+	}
+	return fields, nil
+}
+
+// encodePagemap is decodePagemap's inverse.
+func encodePagemap(pm Pagemap) []byte {
+	var buf []byte
+	buf = binary.LittleEndian.AppendUint32(buf, magicCommon)
+	buf = binary.LittleEndian.AppendUint32(buf, magicPagemap)
+	entry := func(fields ...uint64) {
+		var m []byte
+		for i := 0; i < len(fields); i += 2 {
+			m = protowire.AppendTag(m, protowire.Number(fields[i]), protowire.VarintType)
+			m = protowire.AppendVarint(m, fields[i+1])
+		}
+		buf = binary.LittleEndian.AppendUint32(buf, uint32(len(m)))
+		buf = append(buf, m...)
+	}
+	entry(fieldPagesID, uint64(pm.PagesID))
+	for _, e := range pm.Entries {
+		entry(fieldVaddr, e.Vaddr, fieldCompatNrPages, uint64(e.NrPages), fieldFlags, uint64(e.Flags), fieldNrPages, uint64(e.NrPages))
+	}
+	return buf
+}
+
+// writePagemap replaces dir's pagemap-<pid>.img with pm.
+func writePagemap(dir string, pm Pagemap) error {
+	path := filepath.Join(dir, fmt.Sprintf("pagemap-%d.img", pm.PID))
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, encodePagemap(pm), 0o600); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// PageSource supplies the pages a lazy dump left out of its images.
+type PageSource struct {
+	// Local copies the page at addr of task pid into dst (PageSize bytes)
+	// when this host holds its current contents.
+	Local func(pid uint32, addr uint64, dst []byte) bool
+	// Fetch fills dst (a multiple of PageSize) with the pages from addr on,
+	// from the dumped task itself; called for the runs Local lacks.
+	Fetch func(pid uint32, addr uint64, dst []byte) error
+}
+
+// FillStats counts where the pages of a filled-in dump came from.
+type FillStats struct {
+	Local   uint64 // from this host's copy
+	Fetched uint64 // asked from the source
+	Dumped  uint64 // already in the dump's own pages image
+}
+
+// FillLazy turns the images of a lazy dump (memory left for a lazy page
+// server) in dir into complete images that a plain restore reads: every
+// lazy run's pages are written into the task's pages image, in pagemap
+// order, and marked present. Pre-copy's switchover uses it with the pages
+// its rounds brought: the dump itself carried no memory.
+func FillLazy(dir string, src PageSource) (FillStats, error) {
+	var st FillStats
+	pms, err := ReadPagemaps(dir)
+	if err != nil {
+		return st, err
+	}
+	for _, pm := range pms {
+		if err := fillOne(dir, pm, src, &st); err != nil {
+			return st, fmt.Errorf("task %d: %w", pm.PID, err)
+		}
+	}
+	return st, nil
+}
+
+func fillOne(dir string, pm Pagemap, src PageSource, st *FillStats) error {
+	pagesPath := filepath.Join(dir, fmt.Sprintf("pages-%d.img", pm.PagesID))
+	var old io.Reader = eofReader{}
+	if f, err := os.Open(pagesPath); err == nil {
+		defer f.Close()
+		old = bufio.NewReaderSize(f, 1<<20)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	tmp := pagesPath + ".tmp"
+	out, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp) // after the rename, a no-op
+	w := bufio.NewWriterSize(out, 1<<20)
+	if err := fillEntries(w, old, &pm, src, st); err != nil {
+		out.Close()
+		return err
+	}
+	if err := w.Flush(); err != nil {
+		out.Close()
+		return err
+	}
+	if err := out.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, pagesPath); err != nil {
+		return err
+	}
+	return writePagemap(dir, pm)
+}
+
+// maxFetchRun bounds one request for missing pages.
+const maxFetchRun = 256
+
+func fillEntries(w *bufio.Writer, old io.Reader, pm *Pagemap, src PageSource, st *FillStats) error {
+	page := make([]byte, PageSize)
+	missing := make([]byte, 0, maxFetchRun*PageSize)
+	var missingAt uint64
+	flush := func() error {
+		if len(missing) == 0 {
+			return nil
+		}
+		if src.Fetch == nil {
+			return fmt.Errorf("page %#x is neither in the dump nor held here", missingAt)
+		}
+		if err := src.Fetch(pm.PID, missingAt, missing); err != nil {
+			return fmt.Errorf("fetch %d pages at %#x: %w", len(missing)/PageSize, missingAt, err)
+		}
+		st.Fetched += uint64(len(missing) / PageSize)
+		_, err := w.Write(missing)
+		missing = missing[:0]
+		return err
+	}
+	for i := range pm.Entries {
+		e := &pm.Entries[i]
+		switch {
+		case e.Flags&PageParent != 0:
+			return fmt.Errorf("pages at %#x are in a parent image: a lazy dump has none", e.Vaddr)
+		case e.Flags&PageLazy != 0:
+			for p := uint64(0); p < uint64(e.NrPages); p++ {
+				addr := e.Vaddr + p*PageSize
+				if src.Local != nil && src.Local(pm.PID, addr, page) {
+					if err := flush(); err != nil {
+						return err
+					}
+					st.Local++
+					if _, err := w.Write(page); err != nil {
+						return err
+					}
+					continue
+				}
+				if len(missing) == 0 {
+					missingAt = addr
+				}
+				missing = missing[:len(missing)+PageSize]
+				if len(missing) == cap(missing) {
+					if err := flush(); err != nil {
+						return err
+					}
+				}
+			}
+			if err := flush(); err != nil {
+				return err
+			}
+		default:
+			n := int64(e.NrPages) * PageSize
+			if _, err := io.CopyN(w, old, n); err != nil {
+				return fmt.Errorf("pages image ends before the pages at %#x: %w", e.Vaddr, err)
+			}
+			st.Dumped += uint64(e.NrPages)
+		}
+		e.Flags = PagePresent
+	}
+	return nil
+}
+
+type eofReader struct{}
+
+func (eofReader) Read([]byte) (int, error) { return 0, io.EOF }

@@ -1,0 +1,197 @@
+package images
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// pageOf is the synthetic content of a page: its pid and address, repeated.
+func pageOf(pid uint32, addr uint64) []byte {
+	p := make([]byte, PageSize)
+	for i := 0; i < PageSize; i += 12 {
+		if i+12 > PageSize {
+			break
+		}
+		binary.LittleEndian.PutUint32(p[i:], pid)
+		binary.LittleEndian.PutUint64(p[i+4:], addr)
+	}
+	return p
+}
+
+func writeLazyDump(t *testing.T, dir string, pm Pagemap) {
+	t.Helper()
+	var pages bytes.Buffer
+	for _, e := range pm.Entries {
+		if e.Flags&PagePresent != 0 {
+			for p := uint64(0); p < uint64(e.NrPages); p++ {
+				pages.Write(pageOf(pm.PID, e.Vaddr+p*PageSize))
+			}
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "pages-1.img"), pages.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := writePagemap(dir, pm); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestFillLazy(t *testing.T) {
+	dir := t.TempDir()
+	writeLazyDump(t, dir, Pagemap{PID: 7, PagesID: 1, Entries: []PagemapEntry{
+		{Vaddr: 0x1000, NrPages: 2, Flags: PagePresent}, // e.g. a shared mapping, dumped as usual
+		{Vaddr: 0x10000, NrPages: 4, Flags: PageLazy},
+		{Vaddr: 0x20000, NrPages: 1, Flags: PagePresent},
+		{Vaddr: 0x30000, NrPages: 3, Flags: PageLazy},
+	}})
+	// The host holds every lazy page but 0x11000-0x12000 and 0x32000.
+	missing := map[uint64]bool{0x11000: true, 0x12000: true, 0x32000: true}
+	var fetches []string
+	st, err := FillLazy(dir, PageSource{
+		Local: func(pid uint32, addr uint64, dst []byte) bool {
+			if pid != 7 || missing[addr] {
+				return false
+			}
+			copy(dst, pageOf(pid, addr))
+			return true
+		},
+		Fetch: func(pid uint32, addr uint64, dst []byte) error {
+			fetches = append(fetches, fmt.Sprintf("%d@%#x", len(dst)/PageSize, addr))
+			for i := 0; i < len(dst); i += PageSize {
+				copy(dst[i:], pageOf(pid, addr+uint64(i)))
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Local != 4 || st.Fetched != 3 || st.Dumped != 3 {
+		t.Errorf("stats %+v, want 4 local, 3 fetched, 3 dumped", st)
+	}
+	// One fetch per contiguous missing run.
+	if strings.Join(fetches, " ") != "2@0x11000 1@0x32000" {
+		t.Errorf("fetches %q, want two runs", fetches)
+	}
+	pms, err := ReadPagemaps(dir)
+	if err != nil || len(pms) != 1 {
+		t.Fatalf("read back: %v %v", pms, err)
+	}
+	var want bytes.Buffer
+	for _, e := range pms[0].Entries {
+		if e.Flags != PagePresent {
+			t.Errorf("entry at %#x has flags %#x, want present", e.Vaddr, e.Flags)
+		}
+		for p := uint64(0); p < uint64(e.NrPages); p++ {
+			want.Write(pageOf(7, e.Vaddr+p*PageSize))
+		}
+	}
+	got, err := os.ReadFile(filepath.Join(dir, "pages-1.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want.Bytes()) {
+		t.Errorf("pages image: %d bytes, want %d in pagemap order", len(got), want.Len())
+	}
+}
+
+func TestFillLazyRefuses(t *testing.T) {
+	t.Run("missing page without a source", func(t *testing.T) {
+		dir := t.TempDir()
+		writeLazyDump(t, dir, Pagemap{PID: 1, PagesID: 1, Entries: []PagemapEntry{{Vaddr: 0x1000, NrPages: 1, Flags: PageLazy}}})
+		_, err := FillLazy(dir, PageSource{Local: func(uint32, uint64, []byte) bool { return false }})
+		if err == nil || !strings.Contains(err.Error(), "neither in the dump nor held here") {
+			t.Fatalf("err = %v", err)
+		}
+	})
+	t.Run("parent images", func(t *testing.T) {
+		dir := t.TempDir()
+		writeLazyDump(t, dir, Pagemap{PID: 1, PagesID: 1, Entries: []PagemapEntry{{Vaddr: 0x1000, NrPages: 1, Flags: PageParent}}})
+		if _, err := FillLazy(dir, PageSource{}); err == nil || !strings.Contains(err.Error(), "parent") {
+			t.Fatalf("err = %v", err)
+		}
+	})
+	t.Run("short pages image", func(t *testing.T) {
+		dir := t.TempDir()
+		writeLazyDump(t, dir, Pagemap{PID: 1, PagesID: 1, Entries: []PagemapEntry{{Vaddr: 0x1000, NrPages: 1, Flags: PagePresent}}})
+		if err := os.Truncate(filepath.Join(dir, "pages-1.img"), 100); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := FillLazy(dir, PageSource{}); err == nil || !strings.Contains(err.Error(), "ends before") {
+			t.Fatalf("err = %v", err)
+		}
+		// A failed fill leaves the dump as it was.
+		if b, _ := os.ReadFile(filepath.Join(dir, "pages-1.img")); len(b) != 100 {
+			t.Errorf("pages image changed to %d bytes", len(b))
+		}
+	})
+}
+
+func TestPagemapRoundTrip(t *testing.T) {
+	pm := Pagemap{PagesID: 3, Entries: []PagemapEntry{{Vaddr: 0x400000, NrPages: 1, Flags: PagePresent}, {Vaddr: 0x7f0000000000, NrPages: 1 << 20, Flags: PageLazy}}}
+	got, err := decodePagemap(encodePagemap(pm))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.PagesID != pm.PagesID || len(got.Entries) != 2 || got.Entries[0] != pm.Entries[0] || got.Entries[1] != pm.Entries[1] {
+		t.Fatalf("round trip: %+v, want %+v", got, pm)
+	}
+}
+
+// FuzzDecodePagemap: pagemap images arrive from the source host.
+func FuzzDecodePagemap(f *testing.F) {
+	f.Add(encodePagemap(Pagemap{PagesID: 1, Entries: []PagemapEntry{{Vaddr: 0x1000, NrPages: 2, Flags: PageLazy}}}))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		pm, err := decodePagemap(b)
+		if err != nil {
+			return
+		}
+		again, err := decodePagemap(encodePagemap(pm))
+		if err != nil || len(again.Entries) != len(pm.Entries) {
+			t.Fatalf("re-encoded pagemap does not decode the same: %v", err)
+		}
+	})
+}
+
+// BenchmarkFillLazy completes a 64 MiB lazy dump from memory (MB/s of pages
+// written); scratch images live on tmpfs, as ferry keeps them.
+func BenchmarkFillLazy(b *testing.B) {
+	const pages = 16384
+	held := make([]byte, pages*PageSize)
+	for i := range held {
+		held[i] = byte(i * 7)
+	}
+	pm := Pagemap{PID: 1, PagesID: 1}
+	for i := uint64(0); i < pages; i += 64 {
+		pm.Entries = append(pm.Entries, PagemapEntry{Vaddr: 0x7f0000000000 + i*PageSize, NrPages: 64, Flags: PageLazy})
+	}
+	src := PageSource{Local: func(_ uint32, addr uint64, dst []byte) bool {
+		off := addr - 0x7f0000000000
+		copy(dst, held[off:off+PageSize])
+		return true
+	}}
+	b.SetBytes(pages * PageSize)
+	for b.Loop() {
+		b.StopTimer()
+		dir, err := os.MkdirTemp("/dev/shm", "fill-bench")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := writePagemap(dir, pm); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		if _, err := FillLazy(dir, src); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		os.RemoveAll(dir)
+		b.StartTimer()
+	}
+}
