@@ -71,6 +71,8 @@ type Run struct {
 	PagesFaulted    uint64             `json:"pages_faulted,omitempty"`
 	PagesPushed     uint64             `json:"pages_pushed,omitempty"`
 	PagesReferenced uint64             `json:"pages_referenced,omitempty"`
+	PagesFetched    uint64             `json:"pages_fetched,omitempty"`
+	FillMs          float64            `json:"fill_ms,omitempty"`
 	Rounds          []engine.Round     `json:"rounds"`
 	StopReason      string             `json:"stop_reason,omitempty"`
 	ThrottlePct     int                `json:"throttle_pct,omitempty"`
@@ -276,7 +278,7 @@ func (o MigrateOptions) runOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 		PathCutAtBytes: cutAt.Load(), OutageAtBytes: outageAt.Load(),
 		SourceState: rep.SourceState,
 		RestoreMs:   rep.RestoreMs, PagesFaulted: rep.PagesFaulted, PagesPushed: rep.PagesPushed,
-		PagesReferenced: rep.PagesReferenced, Rounds: rep.Rounds, StopReason: rep.StopReason, ThrottlePct: rep.ThrottlePct}
+		PagesReferenced: rep.PagesReferenced, PagesFetched: rep.PagesFetched, FillMs: rep.FillMs, Rounds: rep.Rounds, StopReason: rep.StopReason, ThrottlePct: rep.ThrottlePct}
 	if r.Rounds == nil {
 		r.Rounds = []engine.Round{}
 	}
