@@ -190,7 +190,8 @@ func Refit(ctx context.Context, rep Report, o Options) (model.Profile, Report, e
 	if features == nil {
 		features = criu.ProbeFeatures
 	}
-	base.SoftDirty = features(ctx).DirtyTracking
+	feats := features(ctx)
+	base.SoftDirty, base.LazyDump = feats.DirtyTracking, feats.LazyPages
 	base.Source = fmt.Sprintf("ferry calibrate, %s grid, %s", rep.Grid, rep.Started.UTC().Format(time.RFC3339))
 	p, terms, warns := Fit(rep.Points, base)
 	rep.Profile, rep.Terms, rep.Warnings = p, terms, warns
@@ -265,6 +266,7 @@ func Fit(ms []Measured, base model.Profile) (model.Profile, []Term, []string) {
 	add(fitLazySetup(ms, &p))
 	add(fitLazy(ms, &p))
 	add(fitLocalFill(ms, &p))
+	add(fitImageFill(ms, &p))
 	add(fitRedirty(ms, &p))
 	add(fitLink(ms, &p))
 	add(fitOverhead(ms, &p))
@@ -348,6 +350,9 @@ func fitDump(ms []Measured, p *model.Profile, phiKnown bool) (Term, error) {
 	var cx, cy []float64
 	for _, s := range collect(ms, unshaped("cold", "precopy")) {
 		y := phaseS(s.r, "dump", "images")
+		if s.r.FillMs > 0 {
+			continue // pre-copy's rebuild switchover: no full dump
+		}
 		if s.p.Mode == "precopy" {
 			t.X, t.Y = append(t.X, s.m), append(t.Y, y-s.m/p.ReadHashBps)
 		} else {
@@ -402,10 +407,11 @@ func fitDump(ms []Measured, p *model.Profile, phiKnown bool) (Term, error) {
 }
 
 func fitRestore(ms []Measured, p *model.Profile) (Term, error) {
-	t := Term{Name: "restore", Kind: "line", From: "restore phase of cold and pre-copy (restore until the destination answers) vs memory: ψ + M/restore_bps"}
+	t := Term{Name: "restore", Kind: "line", From: "restore phase of cold and pre-copy (restore until the destination answers; pre-copy's image fill taken out) vs memory: ψ + M/restore_bps"}
 	var rx, ry, cx, cy, px, py []float64
 	for _, s := range collect(ms, unshaped("cold", "precopy")) {
-		y := phaseS(s.r, "restore")
+		// The rebuild switchover writes the pages image first (image-fill).
+		y := phaseS(s.r, "restore") - s.r.FillMs/1000
 		t.X, t.Y = append(t.X, s.m), append(t.Y, y)
 		rx, ry = append(rx, s.m), append(ry, s.r.RestoreMs/1000)
 		if s.p.Mode == "cold" {
@@ -610,6 +616,27 @@ func fitLocalFill(ms []Measured, p *model.Profile) (Term, error) {
 	t.Free = freeLine(t.X, t.Y)
 	p.LocalFillBps = 1 / f.B
 	t.Sets = map[string]float64{"local_fill_bps": p.LocalFillBps}
+	return t, nil
+}
+
+// fitImageFill fits pre-copy's rebuild switchover writing the pages image
+// from the destination's copy.
+func fitImageFill(ms []Measured, p *model.Profile) (Term, error) {
+	t := Term{Name: "image-fill", Kind: "proportional",
+		From: "pre-copy's rebuild switchover, the destination completing the pages image (fill_ms) vs memory: M/image_fill_bps"}
+	for _, s := range collect(ms, unshaped("precopy")) {
+		if s.r.FillMs > 0 {
+			t.X, t.Y = append(t.X, s.m), append(t.Y, s.r.FillMs/1000)
+		}
+	}
+	f, ok := fitThroughOrigin(t.X, t.Y)
+	if !ok || !(f.B > 0) {
+		return t, ErrNoData
+	}
+	t.Fit = f
+	t.Free = freeLine(t.X, t.Y)
+	p.ImageFillBps = 1 / f.B
+	t.Sets = map[string]float64{"image_fill_bps": p.ImageFillBps}
 	return t, nil
 }
 

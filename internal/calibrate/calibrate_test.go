@@ -25,6 +25,8 @@ func truth() model.Profile {
 	p.LazySetupS = 0.08
 	p.LazyBps = 300e6
 	p.LocalFillBps = 700e6
+	p.ImageFillBps = 1.5e9
+	p.LazyDump = false // pre-copy switches over with a full dump unless a test says otherwise
 	p.RedirtyRatio = 0.05
 	p.LinkEfficiency = 0.9
 	return p
@@ -82,9 +84,18 @@ func fakeBench(p model.Profile, noise float64) Runner {
 					{Index: 1, DurationMs: d1 * 1000, Bytes: 1 << 20, Pages: 256, RawBytes: 256 * 4096},
 					{Index: 2, DurationMs: d1 * 1000, Bytes: 1 << 10, Pages: 100, RawBytes: int64(100 * 4096 * p.RedirtyRatio)}}
 				ps.add("freeze", p.FreezeS)
-				ps.add("dump", p.DumpFixedS-0.01+m/p.DumpBps+m/p.ReadHashBps+wob)
-				ps.add("images", 0.01)
-				ps.add("restore", p.RestoreFixedS+m/p.RestoreBps)
+				if p.LazyDump {
+					// Rebuild: a memory-less dump alongside the frozen last
+					// round, the image fill, then the restore.
+					ps.add("dump", max(p.DumpFixedS-0.01, m/p.ReadHashBps))
+					ps.add("images", 0.01)
+					r.FillMs = m / p.ImageFillBps * 1000
+					ps.add("restore", m/p.ImageFillBps+p.RestoreFixedS+m/p.RestoreBps)
+				} else {
+					ps.add("dump", p.DumpFixedS-0.01+m/p.DumpBps+m/p.ReadHashBps+wob)
+					ps.add("images", 0.01)
+					ps.add("restore", p.RestoreFixedS+m/p.RestoreBps)
+				}
 				ps.add("commit", 0.005)
 			case "postcopy":
 				ps.add("freeze", p.FreezeS)
@@ -126,7 +137,15 @@ func near(t *testing.T, name string, got, want, rel float64) {
 }
 
 func TestRunRecoversProfile(t *testing.T) {
-	want := truth()
+	t.Run("rebuild switchover", func(t *testing.T) {
+		want := truth()
+		want.LazyDump = true
+		testRecovers(t, want)
+	})
+	t.Run("full-dump switchover", func(t *testing.T) { testRecovers(t, truth()) })
+}
+
+func testRecovers(t *testing.T, want model.Profile) {
 	var seen []Progress
 	p, rep, err := Run(context.Background(), Options{Run: fakeBench(want, 0), Features: noFeatures, FerryBin: "/bin/true",
 		Progress: func(pr Progress) { seen = append(seen, pr) }})
@@ -142,6 +161,11 @@ func TestRunRecoversProfile(t *testing.T) {
 	near(t, "LazySetupS", p.LazySetupS, want.LazySetupS, 1e-9)
 	near(t, "LazyBps", p.LazyBps, want.LazyBps, 1e-9)
 	near(t, "LocalFillBps", p.LocalFillBps, want.LocalFillBps, 1e-6)
+	if want.LazyDump {
+		near(t, "ImageFillBps", p.ImageFillBps, want.ImageFillBps, 1e-6)
+	} else if len(rep.Warnings) == 1 && strings.HasPrefix(rep.Warnings[0], "image-fill:") {
+		rep.Warnings = nil // no rebuild switchover measured: the default stays
+	}
 	near(t, "RedirtyRatio", p.RedirtyRatio, want.RedirtyRatio, 1e-9)
 	near(t, "LinkEfficiency", p.LinkEfficiency, want.LinkEfficiency, 1e-9)
 	if p.PAM.Beta != p.FreezeS || p.PAM.Psi != p.RestoreFixedS {

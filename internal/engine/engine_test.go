@@ -38,31 +38,41 @@ func TestFailAtKeepsTheFirstPlace(t *testing.T) {
 
 func TestStopRule(t *testing.T) {
 	o := PrecopyOptions{MaxRounds: 5}.withDefaults()
+	// The switchover's prediction: what is left over the link, plus 300 ms.
+	var asked []float64
+	predict := func(left, throughput float64) time.Duration {
+		asked = append(asked, left, throughput)
+		return seconds(left/throughput + 0.3)
+	}
 	r0 := Round{Index: 0, Bytes: 256 << 20, DurationMs: 2300}
-	if k, _ := o.stop(r0, nil, 256<<20, 0); k != keepGoing {
+	if k, _ := o.stop(r0, nil, 0, predict); k != keepGoing {
 		t.Errorf("first round stopped: %v", k)
 	}
 	small := Round{Index: 1, Bytes: 1 << 20, DurationMs: 20}
-	if k, why := o.stop(small, &r0, 256<<20, 1); k != stopSmall || !strings.Contains(why, "threshold") {
+	if k, why := o.stop(small, &r0, 1, predict); k != stopSmall || !strings.Contains(why, "threshold") {
 		t.Errorf("small round: %v %q", k, why)
 	}
 	r1 := Round{Index: 1, Bytes: 100 << 20, DurationMs: 900}
 	r2 := Round{Index: 2, Bytes: 99 << 20, DurationMs: 890}
-	if k, _ := o.stop(r2, &r1, 256<<20, 2); k != stopNotConverging {
+	if k, _ := o.stop(r2, &r1, 2, predict); k != stopNotConverging {
 		t.Errorf("flat rounds: %v", k)
 	}
-	if k, _ := o.stop(r2, &r1, 256<<20, 4); k != stopMaxRounds {
+	if k, _ := o.stop(r2, &r1, 4, predict); k != stopMaxRounds {
 		t.Errorf("last allowed round: %v", k)
 	}
 	fit := o
 	fit.MaxDowntime = 10 * time.Second
 	shrinking := Round{Index: 1, Bytes: 50 << 20, DurationMs: 450, DirtyRate: 100}
-	if k, why := fit.stop(shrinking, &r0, 256<<20, 1); k != stopFits || !strings.Contains(why, "fits") {
+	if k, why := fit.stop(shrinking, &r0, 1, predict); k != stopFits || !strings.Contains(why, "fits") {
 		t.Errorf("generous budget: %v %q", k, why)
 	}
-	fit.MaxDowntime = time.Millisecond
-	if k, _ := fit.stop(shrinking, &r0, 256<<20, 1); k != keepGoing {
-		t.Errorf("impossible budget stopped: %v", k)
+	// Left: 100 pages/s for 0.45 s; throughput: the better of the two rounds.
+	if len(asked) != 2 || asked[0] != 100*0.45*4096 || asked[1] != float64(256<<20)/2.3 {
+		t.Errorf("prediction asked for %v", asked)
+	}
+	fit.MaxDowntime = 250 * time.Millisecond
+	if k, _ := fit.stop(shrinking, &r0, 1, predict); k != keepGoing {
+		t.Errorf("budget below the prediction stopped: %v", k)
 	}
 }
 
@@ -80,6 +90,9 @@ func TestChannelsForMode(t *testing.T) {
 	}
 	if !has(ModePrecopy, ChanRounds) || !has(ModePrecopy, ChanPages) {
 		t.Error("pre-copy needs rounds and the final page stream")
+	}
+	if rebuild := ModePrecopy + "/" + SwitchoverRebuild; !has(rebuild, ChanRounds) || !has(rebuild, ChanLazy) || has(rebuild, ChanPages) {
+		t.Error("pre-copy's rebuild switchover has rounds and the lazy dump's page server, no page stream")
 	}
 	if !has(ModeCold, ChanPages) || has(ModeCold, ChanRounds) {
 		t.Error("cold has one page stream and no rounds")

@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -76,6 +77,9 @@ type lazyDump struct {
 	stopDump context.CancelFunc
 	result   error
 	finished bool
+	// conn is the tunnel's connection to CRIU's page server, once made.
+	mu   sync.Mutex
+	conn net.Conn
 }
 
 func (m *migration) startLazyDump(ctx context.Context) (*lazyDump, error) {
@@ -89,6 +93,7 @@ func (m *migration) startLazyDump(ctx context.Context) (*lazyDump, error) {
 	}
 	dumpCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	ld := &lazyDump{m: m, port: port, statusR: statusR, done: make(chan error, 1), stopDump: stop}
+	m.dump = ld
 	go func() {
 		ld.done <- m.rt.Checkpoint(dumpCtx, m.req.Container, runc.CheckpointOptions{
 			ImagePath: filepath.Join(m.work, "images"), WorkPath: m.work, PageServer: fmt.Sprintf("127.0.0.1:%d", port),
@@ -114,11 +119,68 @@ func (ld *lazyDump) wait() error {
 	return ld.result
 }
 
-// stop ends the checkpoint (and its page server) if it still runs.
+// stop ends the checkpoint (and its page server) if it still runs. It
+// ends CRIU's page-server session so that CRIU finishes by itself: killing
+// runc would leave CRIU running, and CRIU puts back the freezer state it
+// found when it ends, which would freeze again a container resumed
+// meanwhile. Only a CRIU that does not end in time is killed.
 func (ld *lazyDump) stop() {
+	if !ld.finished {
+		ld.endPageServer()
+		select {
+		case ld.result = <-ld.done:
+			ld.finished = true
+		case <-time.After(10 * time.Second):
+		}
+	}
 	ld.stopDump()
 	_ = ld.wait()
 	ld.statusR.Close()
+}
+
+// endPageServer closes the tunnel's connection to the dump's page server,
+// or, when none was made, connects and sends the page server's close
+// command (retrying while CRIU is still dumping and not yet listening).
+func (ld *lazyDump) endPageServer() {
+	ld.mu.Lock()
+	conn := ld.conn
+	ld.conn = nil
+	ld.mu.Unlock()
+	if conn != nil {
+		conn.Close()
+		return
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", ld.port)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		select {
+		case ld.result = <-ld.done:
+			ld.finished = true
+			return
+		default:
+		}
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			continue
+		}
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		_ = pagestream.NewLazyClient(c).Close()
+		c.Close()
+		return
+	}
+}
+
+// splice connects the lazy channel to the dump's page server.
+func (ld *lazyDump) splice(ctx context.Context, ch *transport.Channel) error {
+	conn, err := dialRetry(ctx, fmt.Sprintf("127.0.0.1:%d", ld.port))
+	if err != nil {
+		ch.Fail(err)
+		return err
+	}
+	ld.mu.Lock()
+	ld.conn = conn
+	ld.mu.Unlock()
+	defer conn.Close()
+	return splice(conn.(*net.TCPConn), ch)
 }
 
 // lazySwitchover ships the images and the root filesystem's last changes,
@@ -189,7 +251,7 @@ func (m *migration) shipLazyDump(ctx context.Context, ld *lazyDump) (*transport.
 	if err != nil {
 		return nil, failAt("lazy pages", err)
 	}
-	go func() { _ = dialAndSplice(context.WithoutCancel(ctx), fmt.Sprintf("127.0.0.1:%d", ld.port), lazyCh) }()
+	go func() { _ = ld.splice(context.WithoutCancel(ctx), lazyCh) }()
 	return lazyCh, nil
 }
 
@@ -225,9 +287,8 @@ func freeLoopbackPort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// dialAndSplice connects to addr (retrying briefly while CRIU starts
-// listening) and tunnels the connection through ch.
-func dialAndSplice(ctx context.Context, addr string, ch *transport.Channel) error {
+// dialRetry connects to addr, retrying briefly while CRIU starts listening.
+func dialRetry(ctx context.Context, addr string) (net.Conn, error) {
 	var conn net.Conn
 	var err error
 	for i := 0; i < 100; i++ {
@@ -238,12 +299,7 @@ func dialAndSplice(ctx context.Context, addr string, ch *transport.Channel) erro
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if err != nil {
-		ch.Fail(err)
-		return err
-	}
-	defer conn.Close()
-	return splice(conn.(*net.TCPConn), ch)
+	return conn, err
 }
 
 // lazyPages is the destination's CRIU lazy-pages daemon and its tunnel.

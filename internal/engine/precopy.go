@@ -154,6 +154,7 @@ func (m *migration) precopy(ctx context.Context) error {
 // the rounds never saw), restores them as a plain dump and commits. Until
 // the commit the container here stays resumable, as in cold.
 func (m *migration) rebuildSwitchover(ctx context.Context, ld *lazyDump) error {
+	m.begin("images")
 	lazyCh, err := m.shipLazyDump(ctx, ld)
 	if err != nil {
 		return m.abort(ctx, err)
@@ -235,7 +236,7 @@ func (m *migration) runRounds(ctx context.Context, ps *precopySource) error {
 		r.ThrottlePct = throttle.pct
 		m.report.Rounds = append(m.report.Rounds, r)
 		ps.next, ps.last = i+1, r
-		stop, why := o.stop(r, prev, m.report.MemoryEstimate, i)
+		stop, why := o.stop(r, prev, i, m.contentSwitchover)
 		if stop == stopNotConverging && o.AutoConverge && throttle.pct < 99 && i+1 < o.MaxRounds {
 			if err := throttle.step(m.initPID); err == nil {
 				m.report.ThrottlePct = throttle.pct
@@ -322,17 +323,9 @@ const (
 	stopFits
 )
 
-// Predicted cost of the switchover besides moving the remaining bytes: a
-// full local dump of the memory and a restore, at rates measured here
-// (docs/BENCHMARKS.md); the planner's calibrated model replaces these.
-const (
-	localDumpBps = 400e6 // bytes/s through CRIU to the local dedup proxy
-	restoreBps   = 1e9
-	fixedCost    = 150 * time.Millisecond
-)
-
-// stop applies the stop rule after round r.
-func (o PrecopyOptions) stop(r Round, prev *Round, memory int64, i int) (stopKind, string) {
+// stop applies the stop rule after round r. switchover predicts the
+// downtime when left bytes remain to send at throughput bytes/s.
+func (o PrecopyOptions) stop(r Round, prev *Round, i int, switchover func(left, throughput float64) time.Duration) (stopKind, string) {
 	if r.Bytes < o.MinRoundBytes && i > 0 {
 		return stopSmall, fmt.Sprintf("round %d sent %d bytes, under the %d-byte threshold", i, r.Bytes, o.MinRoundBytes)
 	}
@@ -342,8 +335,7 @@ func (o PrecopyOptions) stop(r Round, prev *Round, memory int64, i int) (stopKin
 			throughput = max(throughput, float64(prev.Bytes)/(prev.DurationMs/1000))
 		}
 		left := r.DirtyRate * (r.DurationMs / 1000) * pageSize // what the next final pass carries
-		pred := time.Duration((left/throughput+float64(memory)/localDumpBps+float64(memory)/restoreBps)*float64(time.Second)) + fixedCost
-		if pred <= o.MaxDowntime {
+		if pred := switchover(left, throughput); pred <= o.MaxDowntime {
 			return stopFits, fmt.Sprintf("predicted downtime %v fits --max-downtime %v", pred.Round(time.Millisecond), o.MaxDowntime)
 		}
 	}
@@ -355,6 +347,14 @@ func (o PrecopyOptions) stop(r Round, prev *Round, memory int64, i int) (stopKin
 	}
 	return keepGoing, ""
 }
+
+// contentSwitchover predicts content-based pre-copy's downtime with this
+// host's profile (calibrated, or the defaults).
+func (m *migration) contentSwitchover(left, throughput float64) time.Duration {
+	return seconds(m.profile.SwitchoverS(float64(m.report.MemoryEstimate), left, throughput))
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // dumpStreamingVia is dumpStreaming with the page stream passed through a
 // transform (the source half of pre-copy's deduplication).

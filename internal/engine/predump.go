@@ -58,7 +58,11 @@ func (m *migration) precopyNative(ctx context.Context) error {
 		}
 		m.report.Rounds = append(m.report.Rounds, r)
 		last = i
-		stop, why := o.stop(r, prev, m.report.MemoryEstimate, i)
+		stop, why := o.stop(r, prev, i, func(left, throughput float64) time.Duration {
+			// A dump of what is left, then a restore of all of memory.
+			p := m.profile
+			return seconds(p.FreezeS + p.DumpFixedS + left/throughput + p.RestoreFixedS + float64(m.report.MemoryEstimate)/p.RestoreBps)
+		})
 		if stop != keepGoing {
 			m.report.StopReason = why
 			break

@@ -69,6 +69,8 @@ type migration struct {
 	parentRound   int
 	dirtyTracking bool
 	lazyDump      bool
+	// dump is the lazy dump this migration started, if any.
+	dump *lazyDump
 	dial          func(ctx context.Context, addr string) (*transport.Session, error)
 	profile       model.Profile
 	// The container's own network, when it has one (see network.go).
@@ -167,6 +169,9 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 		m.profile = *s.Profile
 	}
 	m.profile.SoftDirty = s.DirtyTracking
+	// Predictions (the stop rule, mode auto) follow the switchover this
+	// migration uses.
+	m.profile.LazyDump = req.Precopy.Switchover == SwitchoverRebuild
 	if m.dial == nil {
 		m.dial = func(ctx context.Context, addr string) (*transport.Session, error) {
 			return transport.Dial(ctx, addr, transport.Hello{Name: s.Host.Name, Role: "agent"})
@@ -481,6 +486,9 @@ func (m *migration) abort(ctx context.Context, cause error) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	m.report.FrozenMs = ms(time.Since(m.frozenAt))
+	if m.dump != nil {
+		m.dump.stop() // CRIU must be gone before the container thaws
+	}
 	m.wakeSource()
 	if err := m.rt.Resume(rctx, m.req.Container); err != nil {
 		// An interrupted CRIU may have thawed the container already.

@@ -18,6 +18,8 @@ func handProfile() Profile {
 	p.LinkEfficiency, p.DedupRefBytes = 1, 0
 	p.SetupS = 0 // the technique's own times; TestSetupAddsToTotalOnly covers it
 	p.LocalFillBps = 5e8
+	p.ImageFillBps = 1e9
+	p.LazyDump = false // pre-copy's full-dump switchover; TestPrecopyRebuild covers the other
 	return p
 }
 
@@ -64,6 +66,25 @@ func TestTechniquesHandComputed(t *testing.T) {
 		approx(t, c.mode+" bytes", q.Bytes, c.bytes)
 		approx(t, c.mode+" degraded", q.DegradedMs, c.deg*1000)
 	}
+}
+
+// TestPrecopyRebuild: with CRIU's lazy dump, pre-copy's switchover is a
+// memory-less dump alongside a frozen last round, then the destination
+// writes the pages image and restores.
+func TestPrecopyRebuild(t *testing.T) {
+	p := handProfile()
+	p.LazyDump = true
+	in := Inputs{MemoryBytes: 1e9, DirtyRatePagesPerSec: 1000, BandwidthBps: 1e8}
+	d1 := 4.096e6 * 10.25 // dirtied during round 0
+	// freeze 0.01 + max(dump fixed 0.1, hash 0.25 + d1/1e8) + fill 1 s + restore 0.6.
+	down := 0.01 + 0.25 + d1/1e8 + 1 + 0.6
+	q := Predict(p, in, ModePrecopy, 1)
+	approx(t, "downtime", q.DowntimeMs, down*1000)
+	approx(t, "total", q.TotalMs, (10.25+down)*1000)
+	approx(t, "bytes", q.Bytes, 1e9+d1)
+	// No dirtying: the memory-less dump's fixed cost bounds the last round.
+	q = Predict(p, Inputs{MemoryBytes: 1e8, BandwidthBps: 1e8}, ModePrecopy, 1)
+	approx(t, "quiet downtime", q.DowntimeMs, (0.01+0.1+0.1+0.1+0.05)*1000)
 }
 
 func TestPrecopyDedupReferences(t *testing.T) {

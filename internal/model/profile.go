@@ -37,6 +37,9 @@ type Profile struct {
 	// LocalFillBps: hybrid's lazy-pages daemon served from the
 	// destination's own copy, bytes/s (no network in the way).
 	LocalFillBps float64 `json:"local_fill_bps"`
+	// ImageFillBps: pre-copy's rebuild switchover writing the lazy dump's
+	// pages image from the destination's copy, bytes/s.
+	ImageFillBps float64 `json:"image_fill_bps"`
 
 	LinkEfficiency float64 `json:"link_efficiency"` // payload throughput / link capacity
 	// SetupS is what every migration spends before its technique starts
@@ -47,8 +50,12 @@ type Profile struct {
 
 	// SoftDirty: the kernel tracks dirty pages, so CRIU's native pre-copy
 	// (PAM) is possible; Best only considers it then.
-	SoftDirty bool      `json:"soft_dirty"`
-	PAM       PAMParams `json:"pam"`
+	SoftDirty bool `json:"soft_dirty"`
+	// LazyDump: CRIU's lazy dump works here, so content-based pre-copy
+	// switches over by rebuilding (memory-less dump, frozen last round,
+	// images completed at the destination) instead of a full dump.
+	LazyDump bool      `json:"lazy_dump"`
+	PAM      PAMParams `json:"pam"`
 }
 
 // DefaultProfile returns rough values measured on the development machine
@@ -66,7 +73,9 @@ func DefaultProfile() Profile {
 		RestoreBps:     (256 << 20) / 0.2, // 0.2 s per 256 MiB
 		LazySetupS:     0.1,
 		SetupS:         0.15,
-		LocalFillBps:   0.4e9,              // hybrid runs on the development VM: 0.3-0.5 GB/s
+		LocalFillBps:   0.4e9, // hybrid runs on the development VM: 0.3-0.5 GB/s
+		ImageFillBps:   2e9,   // 256 MiB in 0.13 s
+		LazyDump:       true,
 		LazyBps:        (256 << 20) / 1.08, // every page of 256 MiB placed 1.08 s after the lazy restore
 		LinkEfficiency: 0.95,
 		DedupRefBytes:  29,
@@ -91,7 +100,7 @@ func (p Profile) Validate() error {
 		v    float64
 	}
 	for _, f := range []field{{"page_size_bytes", p.PageSize}, {"dump_bps", p.DumpBps},
-		{"read_hash_bps", p.ReadHashBps}, {"restore_bps", p.RestoreBps}, {"lazy_bps", p.LazyBps},
+		{"read_hash_bps", p.ReadHashBps}, {"restore_bps", p.RestoreBps}, {"lazy_bps", p.LazyBps}, {"image_fill_bps", p.ImageFillBps},
 		{"link_efficiency", p.LinkEfficiency}} {
 		if !(f.v > 0) {
 			return fmt.Errorf("profile: %s must be positive, got %v", f.name, f.v)

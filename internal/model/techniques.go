@@ -79,24 +79,44 @@ func (p Profile) notConverging(in Inputs) bool {
 	return in.DirtyRatePagesPerSec*p.PageSize >= p.link(in, 0) && in.MemoryBytes > 0
 }
 
-// precopy is ferry's content-based pre-copy: n live rounds, then freeze and
-// a full local CRIU dump streamed through the deduplicating proxy, which
-// hashes every page and sends only the pages dirtied during the last round
-// (each other page costs a short reference), then a normal restore.
+// precopy is ferry's content-based pre-copy: n live rounds, then the
+// switchover (SwitchoverS), then a normal restore.
 func (p Profile) precopy(in Inputs, n int) timeline {
 	m := in.MemoryBytes
 	sent, elapsed, last := p.liveRounds(in, n)
 	delta := p.dirtied(in, last)
-	refs := (m - delta) / p.PageSize * p.DedupRefBytes
-	// Dump and hashing share the source's CPUs (serial); the link carries
-	// the delta alongside (pipelined).
-	stream := math.Max(p.dumpTime(m)+m/p.ReadHashBps, xfer(delta+refs, p.link(in, n)))
-	down := p.FreezeS + p.DumpFixedS + stream + p.restore(m)
-	t := timeline{rounds: n, down: down, total: elapsed + down, bytes: sent + delta + refs}
+	var down, bytes float64
+	if p.LazyDump {
+		delta *= p.redirty(n)
+		down = p.SwitchoverS(m, delta, p.link(in, n))
+		bytes = delta
+	} else {
+		refs := (m - delta) / p.PageSize * p.DedupRefBytes
+		down = p.SwitchoverS(m, delta+refs, p.link(in, n))
+		bytes = delta + refs
+	}
+	t := timeline{rounds: n, down: down, total: elapsed + down, bytes: sent + bytes}
 	if p.notConverging(in) {
 		t.note = "dirty rate at or above link throughput: rounds do not shrink"
 	}
 	return t
+}
+
+// SwitchoverS predicts content-based pre-copy's downtime, in seconds, for
+// memory m when left bytes are still to send over a link carrying linkBps
+// bytes/s. Where CRIU's lazy dump works (LazyDump), the memory-less dump
+// runs alongside a read of the frozen memory whose changes go as a last
+// round, and the destination writes the pages image from its copy before a
+// normal restore. Otherwise a full local dump streams through the
+// deduplicating proxy, which hashes every page (dump and hashing share the
+// CPUs; the link carries what is left alongside).
+func (p Profile) SwitchoverS(m, left, linkBps float64) float64 {
+	if p.LazyDump {
+		final := math.Max(p.DumpFixedS, m/p.ReadHashBps+xfer(left, linkBps))
+		return p.FreezeS + final + m/p.ImageFillBps + p.restore(m)
+	}
+	stream := math.Max(p.dumpTime(m)+m/p.ReadHashBps, xfer(left, linkBps))
+	return p.FreezeS + p.DumpFixedS + stream + p.restore(m)
 }
 
 // postcopy: freeze, dump everything but memory, restore lazily; pages then
