@@ -28,7 +28,8 @@ func newAgentCmd() *cobra.Command {
 agents on --listen (TCP) and takes requests from the ferry CLI on --control
 (a unix socket only root can open). Each agent has its own state directory
 and runc root, so several agents on one machine behave like separate hosts.`,
-		Example: `  ferry agent --listen 0.0.0.0:7070
+		Example: `  ferry agent --listen 0.0.0.0:7070 --tls-dir /etc/ferry/tls
+  ferry agent --listen 10.0.1.5:7070,10.0.2.5:7070 --mptcp=false --streams 4 --tls-dir /etc/ferry/tls
   ferry agent --name h2 --listen 10.77.0.2:7070 --control /run/ferry/lab/h2.sock \
       --state /var/lib/ferry/lab/h2 --cgroup-parent ferry-h2 --netns /var/run/netns/ferry-h2`,
 		Args: cobra.NoArgs,
@@ -58,7 +59,7 @@ and runc root, so several agents on one machine behave like separate hosts.`,
 					return fmt.Errorf("--tls-dir: %w", err)
 				}
 				a.Security = sec
-			} else if !insecure && a.Listen != "" {
+			} else if !insecure && len(a.Listen) > 0 {
 				return fmt.Errorf("agents talk over mutual TLS: pass --tls-dir (make one with `ferry certs`), or --insecure on a network you trust")
 			}
 			return a.Run(cmd.Context())
@@ -66,7 +67,7 @@ and runc root, so several agents on one machine behave like separate hosts.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&a.Host.Name, "name", "", "host name used in reports (default: the hostname)")
-	f.StringVar(&a.Listen, "listen", "", "TCP address to receive migrations on, e.g. 0.0.0.0:7070")
+	f.StringSliceVar(&a.Listen, "listen", nil, "TCP address to receive migrations on, e.g. 0.0.0.0:7070; repeat (or comma-separate) for one address per network path: sessions striped over --streams spread over them")
 	f.StringVar(&a.Control, "control", agent.DefaultControl, "unix socket for the ferry CLI")
 	f.StringVar(&a.Host.StateDir, "state", "/var/lib/ferry", "state directory: runc root, bundles, migration scratch")
 	f.StringVar(&a.Host.CgroupParent, "cgroup-parent", "ferry", "cgroup under which restored containers live")
@@ -81,6 +82,7 @@ and runc root, so several agents on one machine behave like separate hosts.`,
 	f.DurationVar(&outage, "outage-timeout", transport.DefaultOutageTimeout, "how long a migration waits out a network outage (every path down) before it aborts; within it the transfer resumes where it stopped")
 	f.StringVar(&a.SegmentBridge, "segment-bridge", "", "bridge on this host to the L2 segment that containers with addresses of their own live on; they keep their address and TCP connections when they move here")
 	f.BoolVar(&a.Multipath, "mptcp", true, "use MPTCP between agents where the kernel has it (falls back to TCP)")
+	f.IntVar(&a.Streams, "streams", 4, "when a session does not run over MPTCP (the kernel or the peer lacks it, or --mptcp=false): stripe it over this many TCP connections, spread over the destination's --listen addresses, re-dialed when lost (1: a single connection)")
 	f.BoolVar(&a.AllowFaults, "allow-faults", false, "honour fault injection in requests (tests only)")
 	return cmd
 }

@@ -110,9 +110,10 @@ and podman (podman checkpoint --export, copy over the link, podman restore
 	f.IntVar(&o.DirtyRate, "dirty-rate", 100, "pages the workload dirties per second")
 	f.StringVar(&bandwidth, "bandwidth", "1gbit", "link rate between lab hosts (1gbit, 100mbit; empty = unshaped)")
 	f.IntVar(&o.Repeat, "repeat", 3, "migrations to run")
-	f.StringSliceVar(&o.Baselines, "baseline", nil, "baselines to measure: link, podman")
+	f.StringSliceVar(&o.Baselines, "baseline", nil, "baselines to measure: link, podman, paths (one path vs MPTCP vs striped TCP over --paths)")
 	f.BoolVar(&asJSON, "json", false, "print JSON only")
 	f.IntVar(&o.Paths, "paths", 1, "independent paths between the lab hosts; 2 or more: the agents use MPTCP over all")
+	f.IntVar(&o.Streams, "streams", 0, "agents without MPTCP: stripe each session over this many TCP connections, spread over the paths")
 	f.StringVar(&cutAt, "cut-path-at", "", "take the source's first path down once this share of the memory was sent (e.g. 30%)")
 	f.StringVar(&maxBW, "max-bandwidth", "", "cap the migration's sending rate (e.g. 500mbit)")
 	f.StringVar(&outage, "outage", "", "take every path of the source down for DURATION once SHARE of the memory was sent: DURATION@SHARE, e.g. 10s@30%")
@@ -133,7 +134,8 @@ func printBench(w io.Writer, r bench.MigrateResult) {
 		fmt.Fprintf(w, "  link baseline: %s\n", humanRate(b.ThroughputBps))
 	}
 	if b := r.Baselines.Paths; b != nil {
-		fmt.Fprintf(w, "  paths baseline: one path %s, MPTCP over %d paths %s (x%.2f)\n", humanRate(b.SinglePathBps), r.Paths, humanRate(b.MultipathBps), b.Ratio)
+		fmt.Fprintf(w, "  paths baseline: one path %s, MPTCP over %d paths %s (x%.2f), striped TCP %s (x%.2f)\n",
+			humanRate(b.SinglePathBps), r.Paths, humanRate(b.MultipathBps), b.Ratio, humanRate(b.StripedBps), b.StripedRatio)
 	}
 	if b := r.Baselines.Podman; b != nil {
 		fmt.Fprintf(w, "  podman baseline: downtime %.0f ms (checkpoint %.0f, copy %.0f, restore %.0f), client downtime %.0f ms, state_ok=%v %s\n",

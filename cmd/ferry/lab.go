@@ -86,6 +86,7 @@ It fails if a lab is already up: run 'ferry lab down' first.`,
 	f.IntVar(&o.Hosts, "hosts", 2, fmt.Sprintf("number of hosts (1-%d)", lab.MaxHosts))
 	f.StringVar(&bandwidth, "bandwidth", "", "link rate, e.g. 1gbit, 100mbit, 500M (default unshaped)")
 	f.IntVar(&o.Paths, "paths", 1, fmt.Sprintf("independent paths between hosts, each shaped to --bandwidth (1-%d); with 2 or more, agents use MPTCP over all", lab.MaxPaths))
+	f.IntVar(&o.Streams, "streams", 0, "agents without MPTCP: stripe sessions over this many TCP connections (--mptcp=false --streams N)")
 	f.BoolVar(&o.NoAgents, "no-agents", false, "create hosts and links only, start no agents")
 	return cmd
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ferry-migrate/ferry/internal/probe"
+	"github.com/ferry-migrate/ferry/internal/transport/stripe"
 )
 
 // newLabToolCmd holds the small programs the lab runs inside its hosts'
@@ -55,21 +57,27 @@ func newProbeToolCmd() *cobra.Command {
 
 func newRecvToolCmd() *cobra.Command {
 	var (
-		listen, out string
-		mptcp       bool
+		listen  []string
+		out     string
+		mptcp   bool
+		streams int
 	)
 	cmd := &cobra.Command{
 		Use: "recv",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var lc net.ListenConfig
-			lc.SetMultipathTCP(mptcp)
-			l, err := lc.Listen(cmd.Context(), "tcp", listen)
-			if err != nil {
-				return err
+			var ls []net.Listener
+			for _, a := range listen {
+				var lc net.ListenConfig
+				lc.SetMultipathTCP(mptcp)
+				l, err := lc.Listen(cmd.Context(), "tcp", a)
+				if err != nil {
+					return err
+				}
+				defer l.Close()
+				ls = append(ls, l)
 			}
-			defer l.Close()
 			fmt.Println("listening")
-			conn, err := l.Accept()
+			conn, err := acceptStreams(ls, streams)
 			if err != nil {
 				return err
 			}
@@ -85,17 +93,55 @@ func newRecvToolCmd() *cobra.Command {
 			return f.Close()
 		},
 	}
-	cmd.Flags().StringVar(&listen, "listen", "", "address to receive on")
+	cmd.Flags().StringSliceVar(&listen, "listen", nil, "address to receive on (repeat for several)")
 	cmd.Flags().StringVar(&out, "out", "", "file to write")
 	cmd.Flags().BoolVar(&mptcp, "mptcp", false, "accept MPTCP")
+	cmd.Flags().IntVar(&streams, "streams", 1, "accept this many TCP connections, striped into one stream (ferry's fallback without MPTCP)")
 	return cmd
+}
+
+// acceptStreams accepts one connection from ls[0], or, for n > 1, n
+// connections from any of ls, striped into one.
+func acceptStreams(ls []net.Listener, n int) (net.Conn, error) {
+	if n <= 1 {
+		return ls[0].Accept()
+	}
+	conns := make(chan net.Conn, n)
+	errs := make(chan error, len(ls))
+	for _, l := range ls {
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					errs <- err
+					return
+				}
+				conns <- c
+			}
+		}()
+	}
+	sc := stripe.New(stripe.Options{})
+	for range n {
+		select {
+		case c := <-conns:
+			if err := sc.Add(c); err != nil {
+				return nil, err
+			}
+		case err := <-errs:
+			sc.Close()
+			return nil, err
+		}
+	}
+	return sc, nil
 }
 
 func newSendToolCmd() *cobra.Command {
 	var (
-		to, in string
-		limit  int64
-		mptcp  bool
+		to      []string
+		in      string
+		limit   int64
+		mptcp   bool
+		streams int
 	)
 	cmd := &cobra.Command{
 		Use: "send",
@@ -105,17 +151,23 @@ func newSendToolCmd() *cobra.Command {
 				return err
 			}
 			defer f.Close()
-			d := net.Dialer{Timeout: 5 * time.Second}
-			d.SetMultipathTCP(mptcp)
-			conn, err := d.DialContext(cmd.Context(), "tcp", to)
-			if err != nil {
-				return err
+			dial := func(ctx context.Context, addr string) (net.Conn, error) {
+				d := net.Dialer{Timeout: 5 * time.Second}
+				d.SetMultipathTCP(mptcp)
+				return d.DialContext(ctx, "tcp", addr)
 			}
-			defer conn.Close()
 			var src io.Reader = f
 			if limit > 0 {
 				src = io.LimitReader(f, limit)
 			}
+			if streams > 1 {
+				return sendStriped(cmd.Context(), dial, to, streams, src)
+			}
+			conn, err := dial(cmd.Context(), to[0])
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
 			start := time.Now()
 			n, err := io.Copy(conn, src)
 			if err != nil {
@@ -131,11 +183,43 @@ func newSendToolCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&to, "to", "", "receiver address")
+	cmd.Flags().StringSliceVar(&to, "to", nil, "receiver address (repeat for several: striped streams spread over them)")
 	cmd.Flags().StringVar(&in, "in", "", "file to send")
 	cmd.Flags().Int64Var(&limit, "bytes", 0, "send at most this many bytes")
 	cmd.Flags().BoolVar(&mptcp, "mptcp", false, "connect with MPTCP")
+	cmd.Flags().IntVar(&streams, "streams", 1, "stripe over this many TCP connections, round-robin over --to")
 	return cmd
+}
+
+// sendStriped sends src over n striped connections and prints the bytes
+// and the seconds until the receiver had them all.
+func sendStriped(ctx context.Context, dial func(context.Context, string) (net.Conn, error), to []string, n int, src io.Reader) error {
+	sc := stripe.New(stripe.Options{})
+	for i := range n {
+		c, err := dial(ctx, to[i%len(to)])
+		if err != nil {
+			sc.Close()
+			return err
+		}
+		if err := sc.Add(c); err != nil {
+			return err
+		}
+	}
+	start := time.Now()
+	written, err := io.Copy(sc, src)
+	if err != nil {
+		sc.Close()
+		return err
+	}
+	// Close delivers what is left, then Done closes; Err is nil once the
+	// receiver has read everything.
+	sc.Close()
+	<-sc.Done()
+	if err := sc.Err(); err != nil {
+		return err
+	}
+	fmt.Printf("%d %f\n", written, time.Since(start).Seconds())
+	return nil
 }
 
 // streamResult is what `lab-tool stream` prints when its stdin closes.

@@ -27,9 +27,9 @@ const DefaultControl = "/run/ferry/agent.sock"
 // Agent serves one host.
 type Agent struct {
 	Host host.Config
-	// Listen is the TCP address other agents send migrations to; empty
-	// means this host only sends.
-	Listen string
+	// Listen are the TCP addresses other agents send migrations to (one
+	// per network path, say); none means this host only sends.
+	Listen []string
 	// Control is the unix socket the CLI talks to.
 	Control string
 	// AllowFaults honours fault injection in requests (tests, the lab).
@@ -49,7 +49,10 @@ type Agent struct {
 	// Multipath uses MPTCP for agent-to-agent sessions where the kernel
 	// has it (falls back to TCP otherwise).
 	Multipath bool
-	Log       *slog.Logger
+	// Streams, 2 or more, stripes a session that does not run over MPTCP
+	// over that many TCP connections, spread over the peer's addresses.
+	Streams int
+	Log     *slog.Logger
 
 	mu   sync.Mutex
 	busy map[string]bool // containers with a migration under way
@@ -104,8 +107,8 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.control(ctx, src, ch)
 		})
 	}
-	if a.Listen != "" {
-		l, server, err := a.listenPeers()
+	for _, addr := range a.Listen {
+		l, server, err := a.listenPeers(addr)
 		if err != nil {
 			return err
 		}
@@ -127,31 +130,32 @@ func (a *Agent) Run(ctx context.Context) error {
 	return nil
 }
 
-// listenPeers opens the listener other agents connect to: mutual TLS when
+// listenPeers opens a listener other agents connect to: mutual TLS when
 // the agent has a certificate, MPTCP when asked.
-func (a *Agent) listenPeers() (net.Listener, func(net.Conn, transport.Hello) (*transport.Session, error), error) {
+func (a *Agent) listenPeers(addr string) (net.Listener, func(net.Conn, transport.Hello) (*transport.Session, error), error) {
 	if a.Security != nil {
-		l, err := transport.ListenSecure(a.Listen, a.Security, a.Multipath)
+		l, err := transport.ListenSecure(addr, a.Security, a.Multipath)
 		return l, transport.ServerSecure, err
 	}
 	a.Log.Warn("agent-to-agent traffic is NOT encrypted or authenticated: start the agent with --tls-dir")
 	if a.Multipath {
 		var lc net.ListenConfig
 		lc.SetMultipathTCP(true)
-		l, err := lc.Listen(context.Background(), "tcp", a.Listen)
+		l, err := lc.Listen(context.Background(), "tcp", addr)
 		return l, transport.Server, err
 	}
-	l, err := transport.Listen(a.Listen)
+	l, err := transport.Listen(addr)
 	return l, transport.Server, err
 }
 
 // dialPeer opens a session to another agent, the same way it listens.
 func (a *Agent) dialPeer(ctx context.Context, addr string) (*transport.Session, error) {
 	hello := transport.Hello{Name: a.Host.Name, Role: "agent"}
+	po := transport.PathOptions{Multipath: a.Multipath, Streams: a.Streams}
 	if a.Security != nil {
-		return transport.DialSecure(ctx, addr, hello, a.Security, "", a.Multipath)
+		return transport.DialSecure(ctx, addr, hello, a.Security, "", po)
 	}
-	return transport.DialPlain(ctx, addr, hello, a.Multipath)
+	return transport.DialPlain(ctx, addr, hello, po)
 }
 
 func (a *Agent) accept(ctx context.Context, l net.Listener, server func(net.Conn, transport.Hello) (*transport.Session, error), handle func(*transport.Session, *transport.Router, *transport.Channel)) {
@@ -161,7 +165,10 @@ func (a *Agent) accept(ctx context.Context, l net.Listener, server func(net.Conn
 			return
 		}
 		go func() {
-			sess, err := server(conn, transport.Hello{Name: a.Host.Name, Role: "agent"})
+			sess, err := server(conn, transport.Hello{Name: a.Host.Name, Role: "agent", Addrs: a.Listen})
+			if errors.Is(err, transport.ErrJoined) {
+				return // another path of a striped session: it is served there
+			}
 			if err != nil {
 				if !errors.Is(err, io.EOF) {
 					a.Log.Warn("refused connection", "from", conn.RemoteAddr(), "err", err)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 
@@ -121,27 +122,45 @@ func sendOverLink(ctx context.Context, ferry string, from, to *lab.Host, port in
 }
 
 // measurePaths times 256 MiB from one lab host to another over plain TCP on
-// the first path, then over MPTCP across every path.
-func measurePaths(ctx context.Context, ferry string, from, to *lab.Host) (PathsBaseline, error) {
+// the first path, then over MPTCP across every path, then striped over one
+// TCP connection per path (ferry's fallback without MPTCP).
+func measurePaths(ctx context.Context, ferry string, from, to *lab.Host, paths int) (PathsBaseline, error) {
 	var b PathsBaseline
 	var err error
-	if b.SinglePathBps, err = transferRate(ctx, ferry, from, to, false); err != nil {
+	if b.SinglePathBps, err = transferRate(ctx, ferry, from, to, "--mptcp=false"); err != nil {
 		return b, err
 	}
-	if b.MultipathBps, err = transferRate(ctx, ferry, from, to, true); err != nil {
+	if b.MultipathBps, err = transferRate(ctx, ferry, from, to, "--mptcp=true"); err != nil {
+		return b, err
+	}
+	striped := []string{"--streams", fmt.Sprint(paths)}
+	for p := 1; p < paths; p++ {
+		striped = append(striped, "--to", fmt.Sprintf("%s:%d", to.PathAddr(p), pathProbePort))
+	}
+	if b.StripedBps, err = transferRate(ctx, ferry, from, to, striped...); err != nil {
 		return b, err
 	}
 	b.Ratio = b.MultipathBps / b.SinglePathBps
+	b.StripedRatio = b.StripedBps / b.SinglePathBps
 	return b, nil
 }
 
-const pathProbeBytes = 256 << 20
+const (
+	pathProbeBytes = 256 << 20
+	pathProbePort  = 7101
+)
 
 // transferRate sends pathProbeBytes from /dev/zero and returns bits/s.
-func transferRate(ctx context.Context, ferry string, from, to *lab.Host, mptcp bool) (float64, error) {
-	flag := fmt.Sprintf("--mptcp=%v", mptcp)
-	out, err := sendOverLink(ctx, ferry, from, to, 7101, "/dev/zero", "/dev/null",
-		[]string{flag}, []string{"--bytes", fmt.Sprint(pathProbeBytes), flag})
+// args go to both ends; "--to ADDR" becomes "--listen ADDR" at the receiver.
+func transferRate(ctx context.Context, ferry string, from, to *lab.Host, args ...string) (float64, error) {
+	recvArgs := slices.Clone(args)
+	for i, a := range recvArgs {
+		if a == "--to" {
+			recvArgs[i] = "--listen"
+		}
+	}
+	out, err := sendOverLink(ctx, ferry, from, to, pathProbePort, "/dev/zero", "/dev/null",
+		recvArgs, append([]string{"--bytes", fmt.Sprint(pathProbeBytes)}, args...))
 	if err != nil {
 		return 0, err
 	}

@@ -33,6 +33,9 @@ type MigrateOptions struct {
 	Baselines    []string // "link", "podman", "paths"
 	// Paths between the lab hosts (2+: MPTCP over all of them).
 	Paths int
+	// Streams, when set, has the agents stripe over that many TCP
+	// connections instead of using MPTCP.
+	Streams int
 	// CutPathAt takes the source's first path down once this fraction of
 	// the memory has been sent (0: never); it comes back after the run.
 	CutPathAt float64
@@ -97,11 +100,15 @@ type PodmanBaseline struct {
 }
 
 // PathsBaseline compares one TCP connection over one path with one MPTCP
-// connection over all the lab's paths.
+// connection over all the lab's paths, and with TCP connections striped
+// over them.
 type PathsBaseline struct {
 	SinglePathBps float64 `json:"single_path_bps"`
 	MultipathBps  float64 `json:"multipath_bps"`
 	Ratio         float64 `json:"ratio"`
+	// Striped: one TCP connection per path, striped (no MPTCP).
+	StripedBps   float64 `json:"striped_bps"`
+	StripedRatio float64 `json:"striped_ratio"`
 }
 
 // Baselines holds whichever baselines were asked for.
@@ -144,7 +151,7 @@ func Migrate(ctx context.Context, o MigrateOptions) (res MigrateResult, err erro
 	}
 	res = MigrateResult{Mode: o.Mode, MemoryBytes: o.MemoryBytes, DirtyRate: o.DirtyRate, BandwidthBps: o.BandwidthBps, Paths: max(o.Paths, 1), Runs: []Run{}}
 	o.logf("bringing up a 3-host lab (bandwidth %d bit/s, %d path(s))", o.BandwidthBps, max(o.Paths, 1))
-	l, err := lab.Up(ctx, lab.Options{Hosts: 3, BandwidthBps: o.BandwidthBps, Paths: o.Paths, OutageTimeout: o.OutageTimeout, FerryBin: o.FerryBin})
+	l, err := lab.Up(ctx, lab.Options{Hosts: 3, BandwidthBps: o.BandwidthBps, Paths: o.Paths, OutageTimeout: o.OutageTimeout, Streams: o.Streams, FerryBin: o.FerryBin})
 	if err != nil {
 		return res, err
 	}
@@ -165,7 +172,7 @@ func Migrate(ctx context.Context, o MigrateOptions) (res MigrateResult, err erro
 	}
 	if slices.Contains(o.Baselines, "paths") {
 		o.logf("measuring one path against MPTCP over %d paths", max(o.Paths, 1))
-		pb, err := measurePaths(ctx, o.FerryBin, src, dst)
+		pb, err := measurePaths(ctx, o.FerryBin, src, dst, max(o.Paths, 1))
 		if err != nil {
 			return res, fmt.Errorf("paths baseline: %w", err)
 		}

@@ -93,7 +93,7 @@ func TestAgentsRefuseUnauthenticatedPeers(t *testing.T) {
 			return transport.Dial(ctx, dst, transport.Hello{Name: "h3", Role: "agent"})
 		}, false},
 		{"certificate from another CA", func() (*transport.Session, error) {
-			return transport.DialSecure(ctx, dst, transport.Hello{Name: "h1", Role: "agent"}, foreign, "", false)
+			return transport.DialSecure(ctx, dst, transport.Hello{Name: "h1", Role: "agent"}, foreign, "", transport.PathOptions{})
 		}, false},
 		{"valid certificate, not an allowed source", func() (*transport.Session, error) {
 			return transport.DialSecure(ctx, dst, transport.Hello{Name: "h9", Role: "agent"}, notListed, "", false)

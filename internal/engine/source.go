@@ -70,9 +70,9 @@ type migration struct {
 	dirtyTracking bool
 	lazyDump      bool
 	// dump is the lazy dump this migration started, if any.
-	dump *lazyDump
-	dial          func(ctx context.Context, addr string) (*transport.Session, error)
-	profile       model.Profile
+	dump    *lazyDump
+	dial    func(ctx context.Context, addr string) (*transport.Session, error)
+	profile model.Profile
 	// The container's own network, when it has one (see network.go).
 	netnsPath string
 	network   *cnet.Spec

@@ -28,13 +28,22 @@ type agent struct {
 	exited chan error // receives cmd.Wait's result
 }
 
-// agentArgs is the agent's command line after the binary.
-func agentArgs(h *Host, allowed []string, outage time.Duration) []string {
-	args := []string{"agent", "--name", h.Name, "--listen", h.AgentAddr, "--control", h.ControlSock,
+// agentArgs is the agent's command line after the binary. It listens on
+// its address on every path; with l.Streams its sessions stripe over TCP
+// connections instead of MPTCP.
+func agentArgs(h *Host, l *Lab) []string {
+	listen := []string{h.AgentAddr}
+	for p := 1; p < l.Paths; p++ {
+		listen = append(listen, net.JoinHostPort(h.PathAddr(p), fmt.Sprint(AgentPort)))
+	}
+	args := []string{"agent", "--name", h.Name, "--listen", strings.Join(listen, ","), "--control", h.ControlSock,
 		"--state", h.StateDir, "--cgroup-parent", h.CgroupParent, "--netns", h.NetNS, "--scratch", h.ScratchDir,
-		"--tls-dir", h.TLSDir(), "--allow", strings.Join(allowed, ","), "--segment-bridge", SegmentBridge, "--allow-faults"}
-	if outage > 0 {
-		args = append(args, "--outage-timeout", outage.String())
+		"--tls-dir", h.TLSDir(), "--allow", strings.Join(l.hostNames(), ","), "--segment-bridge", SegmentBridge, "--allow-faults"}
+	if l.OutageTimeout > 0 {
+		args = append(args, "--outage-timeout", l.OutageTimeout.String())
+	}
+	if l.Streams > 0 {
+		args = append(args, "--mptcp=false", "--streams", fmt.Sprint(l.Streams))
 	}
 	return args
 }
@@ -44,7 +53,7 @@ func (h *Host) agentLog() string { return filepath.Join(h.StateDir, "agent.log")
 // startAgent starts host h's agent inside its namespace, in a session of
 // its own so that it outlives the caller. nsenter execs the agent,
 // so the PID is the agent's.
-func startAgent(ferryBin string, h *Host, allowed []string, outage time.Duration) (*agent, error) {
+func startAgent(l *Lab, h *Host) (*agent, error) {
 	if err := os.Remove(h.ControlSock); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
@@ -53,7 +62,7 @@ func startAgent(ferryBin string, h *Host, allowed []string, outage time.Duration
 		return nil, err
 	}
 	defer logf.Close()
-	args := append([]string{"--net=" + h.NetNS, "--", ferryBin}, agentArgs(h, allowed, outage)...)
+	args := append([]string{"--net=" + h.NetNS, "--", l.FerryBin}, agentArgs(h, l)...)
 	cmd := exec.Command("nsenter", args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

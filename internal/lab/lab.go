@@ -67,6 +67,9 @@ type Options struct {
 	Paths int
 	// OutageTimeout is the agents' --outage-timeout (0: their default).
 	OutageTimeout time.Duration
+	// Streams, when set, has the agents stripe sessions over that many TCP
+	// connections instead of using MPTCP (--mptcp=false --streams N).
+	Streams int
 	// FerryBin is the ferry binary agents run, and next to which the
 	// workload binaries are found; empty means this executable.
 	FerryBin string
@@ -91,6 +94,7 @@ type Lab struct {
 	BandwidthBps  int64         `json:"bandwidth_bps"`
 	Paths         int           `json:"paths,omitempty"`
 	OutageTimeout time.Duration `json:"outage_timeout,omitempty"`
+	Streams       int           `json:"streams,omitempty"`
 	FerryBin      string        `json:"ferry_bin"`
 }
 
@@ -270,7 +274,7 @@ func Up(ctx context.Context, o Options) (*Lab, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Lab{BandwidthBps: o.BandwidthBps, Paths: o.Paths, OutageTimeout: o.OutageTimeout, FerryBin: bin}
+	l := &Lab{BandwidthBps: o.BandwidthBps, Paths: o.Paths, OutageTimeout: o.OutageTimeout, Streams: o.Streams, FerryBin: bin}
 	for i := 1; i <= o.Hosts; i++ {
 		l.Hosts = append(l.Hosts, newHost(i))
 	}
@@ -319,7 +323,7 @@ func (l *Lab) up(ctx context.Context, o Options) error {
 	}
 	var agents []*agent
 	for k := range l.Hosts {
-		a, err := startAgent(l.FerryBin, &l.Hosts[k], l.hostNames(), l.OutageTimeout)
+		a, err := startAgent(l, &l.Hosts[k])
 		if err != nil {
 			return err
 		}

@@ -73,10 +73,17 @@ func TestNewHostNames(t *testing.T) {
 			t.Errorf("%s = %q, want %q", what, c[0], c[1])
 		}
 	}
-	args := strings.Join(agentArgs(&h, []string{"h1", "h2", "h3"}, 0), " ")
+	l := &Lab{Hosts: []Host{newHost(1), newHost(2), h}}
+	args := strings.Join(agentArgs(&h, l), " ")
 	want := "agent --name h3 --listen 10.77.0.3:7070 --control /run/ferry/lab/h3.sock --state /var/lib/ferry/lab/h3 --cgroup-parent ferry-h3 --netns /var/run/netns/ferry-h3 --scratch /dev/shm/ferry-lab/h3 --tls-dir /var/lib/ferry/lab/pki/h3 --allow h1,h2,h3 --segment-bridge svc0 --allow-faults"
 	if args != want {
 		t.Errorf("agent args\n got %s\nwant %s", args, want)
+	}
+	// Two paths, striped TCP: an address per path.
+	l.Paths, l.Streams = 2, 4
+	args = strings.Join(agentArgs(&h, l), " ")
+	if !strings.Contains(args, "--listen 10.77.0.3:7070,10.78.0.3:7070 ") || !strings.HasSuffix(args, "--mptcp=false --streams 4") {
+		t.Errorf("agent args with two paths and streams: %s", args)
 	}
 }
 

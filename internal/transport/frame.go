@@ -14,7 +14,7 @@ import (
 
 // ProtocolVersion is the wire version ferry speaks. A peer with another
 // version is refused at the handshake.
-const ProtocolVersion = 1
+const ProtocolVersion = 2
 
 // MaxPayload bounds one frame's payload; larger writes are split.
 const MaxPayload = 1 << 20

@@ -119,37 +119,49 @@ func (s *Security) verifyServer(cs tls.ConnectionState, want string) error {
 }
 
 // DialSecure connects to the agent at addr over TLS and starts a session.
-// peerName, when not empty, is the host the agent must prove to be.
-// multipath asks for MPTCP; where the kernel lacks it, the connection is
-// plain TCP.
-func DialSecure(ctx context.Context, addr string, local Hello, sec *Security, peerName string, multipath bool) (*Session, error) {
-	network, address := SplitAddr(addr)
-	d := net.Dialer{Timeout: 5 * time.Second}
-	if multipath && network == "tcp" {
-		d.SetMultipathTCP(true)
-	}
-	raw, err := d.DialContext(ctx, network, address)
-	if err != nil {
-		return nil, fmt.Errorf("cannot reach ferry agent at %s: %w", addr, err)
-	}
-	conn := tls.Client(raw, sec.ClientConfig(peerName))
-	hctx, cancel := context.WithTimeout(ctx, tlsHandshakeTimeout)
-	err = conn.HandshakeContext(hctx)
-	cancel()
-	if err != nil {
-		raw.Close()
-		return nil, explainRefusal(addr, sec.Name, err)
-	}
+// peerName, when not empty, is the host the agent must prove to be. po asks
+// for MPTCP (plain TCP where the kernel lacks it) or striped TCP.
+func DialSecure(ctx context.Context, addr string, local Hello, sec *Security, peerName string, po PathOptions) (*Session, error) {
 	if local.Name == "" {
 		local.Name = sec.Name
 	}
+	dial := func(ctx context.Context, addr string) (net.Conn, error) {
+		network, address := SplitAddr(addr)
+		d := net.Dialer{Timeout: 5 * time.Second}
+		if po.Multipath && network == "tcp" {
+			d.SetMultipathTCP(true)
+		}
+		raw, err := d.DialContext(ctx, network, address)
+		if err != nil {
+			return nil, fmt.Errorf("cannot reach ferry agent at %s: %w", addr, err)
+		}
+		conn := tls.Client(raw, sec.ClientConfig(peerName))
+		hctx, cancel := context.WithTimeout(ctx, tlsHandshakeTimeout)
+		err = conn.HandshakeContext(hctx)
+		cancel()
+		if err != nil {
+			raw.Close()
+			return nil, explainRefusal(addr, sec.Name, err)
+		}
+		return conn, nil
+	}
+	conn, err := dial(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
 	// In TLS 1.3 the server judges the client's certificate after the
-	// client's handshake is done: a refusal arrives on the first read, here.
-	sess, err := Client(conn, local)
+	// client's handshake is done: a refusal arrives on the first read, in
+	// the Hello exchange.
+	var sess *Session
+	if stripes(conn, po) {
+		sess, err = dialStriped(ctx, conn, addr, local, po.Streams, dial)
+	} else {
+		sess, err = Client(conn, local)
+	}
 	if err != nil {
 		return nil, explainRefusal(addr, sec.Name, err)
 	}
-	if err := checkHelloName(sess, conn); err != nil {
+	if err := checkHelloName(sess); err != nil {
 		sess.Close()
 		return nil, fmt.Errorf("agent at %s: %w", addr, err)
 	}
@@ -194,7 +206,7 @@ func ServerSecure(conn net.Conn, local Hello) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkHelloName(sess, tc); err != nil {
+	if err := checkHelloName(sess); err != nil {
 		sess.Close()
 		return nil, fmt.Errorf("refused connection from %s: %w", conn.RemoteAddr(), err)
 	}
@@ -203,8 +215,8 @@ func ServerSecure(conn net.Conn, local Hello) (*Session, error) {
 
 // checkHelloName makes the name a peer gives in its Hello match the host its
 // certificate proves, so nothing downstream trusts a claimed name.
-func checkHelloName(sess *Session, conn *tls.Conn) error {
-	cert := PeerName(conn)
+func checkHelloName(sess *Session) error {
+	cert := sess.certName
 	if sess.Peer.Name != cert {
 		return fmt.Errorf("peer introduced itself as %q but its certificate is for host %q", sess.Peer.Name, cert)
 	}
@@ -229,11 +241,11 @@ func PeerName(conn net.Conn) string {
 
 // PeerCertName is the host proved by the peer's TLS certificate, or "" when
 // the session does not run over TLS.
-func (s *Session) PeerCertName() string { return PeerName(s.conn.Conn) }
+func (s *Session) PeerCertName() string { return s.certName }
 
 // Multipath reports whether the session's connection is MPTCP (false when
 // either end or the kernel fell back to plain TCP).
-func (s *Session) Multipath() bool { return IsMultipath(s.conn.Conn) }
+func (s *Session) Multipath() bool { return s.multipath }
 
 // IsMultipath reports whether conn, or the connection under its TLS layer,
 // is an MPTCP connection.

@@ -119,7 +119,7 @@ func next(t *testing.T, c <-chan accepted) accepted {
 
 func dialSecure(tb testing.TB, addr string, sec *Security, peer string, multipath bool) (*Session, error) {
 	tb.Helper()
-	s, err := DialSecure(context.Background(), addr, Hello{Name: sec.Name, Role: "agent"}, sec, peer, multipath)
+	s, err := DialSecure(context.Background(), addr, Hello{Name: sec.Name, Role: "agent"}, sec, peer, PathOptions{Multipath: multipath})
 	if s != nil {
 		tb.Cleanup(func() { s.Close() })
 	}
@@ -287,7 +287,7 @@ func TestSecureRefusesSpoofedHello(t *testing.T) {
 	addr, srv := secureServer(t, p.sec(t, "h2", "h1"), false)
 	// h3's certificate, claiming to be h1 in its Hello.
 	sec := p.sec(t, "h3")
-	_, err := DialSecure(context.Background(), addr, Hello{Name: "h1", Role: "agent"}, sec, "h2", false)
+	_, err := DialSecure(context.Background(), addr, Hello{Name: "h1", Role: "agent"}, sec, "h2", PathOptions{})
 	if err == nil {
 		t.Fatal("spoofed name let in")
 	}
@@ -297,7 +297,7 @@ func TestSecureRefusesSpoofedHello(t *testing.T) {
 	// h1's certificate (allowed), claiming to be h3. The server sends its
 	// Hello before it can check the client's, so the client learns of the
 	// refusal when the session ends.
-	cli, err := DialSecure(context.Background(), addr, Hello{Name: "h3", Role: "agent"}, p.sec(t, "h1"), "h2", false)
+	cli, err := DialSecure(context.Background(), addr, Hello{Name: "h3", Role: "agent"}, p.sec(t, "h1"), "h2", PathOptions{})
 	if err == nil {
 		t.Cleanup(func() { cli.Close() })
 	}
@@ -485,7 +485,7 @@ func BenchmarkHandshakeTLS(b *testing.B) {
 	addr := tlsServer(b, p.sec(b, "h2", "h1"), false)
 	sec := p.sec(b, "h1")
 	benchHandshake(b, func() (*Session, error) {
-		return DialSecure(context.Background(), addr, Hello{Role: "agent"}, sec, "h2", false)
+		return DialSecure(context.Background(), addr, Hello{Role: "agent"}, sec, "h2", PathOptions{})
 	})
 }
 
@@ -521,7 +521,7 @@ func BenchmarkThroughputPlainTCP(b *testing.B) {
 func BenchmarkThroughputTLS(b *testing.B) {
 	p := newTestPKI(b)
 	addr := tlsServer(b, p.sec(b, "h2"), false)
-	s, err := DialSecure(context.Background(), addr, Hello{}, p.sec(b, "h1"), "h2", false)
+	s, err := DialSecure(context.Background(), addr, Hello{}, p.sec(b, "h1"), "h2", PathOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -534,7 +534,7 @@ func BenchmarkThroughputTLSMPTCP(b *testing.B) {
 	}
 	p := newTestPKI(b)
 	addr := tlsServer(b, p.sec(b, "h2"), true)
-	s, err := DialSecure(context.Background(), addr, Hello{}, p.sec(b, "h1"), "h2", true)
+	s, err := DialSecure(context.Background(), addr, Hello{}, p.sec(b, "h1"), "h2", PathOptions{Multipath: true})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -18,6 +19,12 @@ type Hello struct {
 	Version int    `json:"version"`
 	Name    string `json:"name"` // host name of the agent, or "cli"
 	Role    string `json:"role"` // "agent" or "cli"
+	// Addrs are the other addresses an accepting agent listens on: a
+	// striped session spreads its connections over them.
+	Addrs []string `json:"addrs,omitempty"`
+	// Stripe asks for, or joins, a session striped over several TCP
+	// connections (streams.go).
+	Stripe *StripeHello `json:"stripe,omitempty"`
 }
 
 // Session is one connection between two ferry endpoints, multiplexed into
@@ -26,6 +33,10 @@ type Session struct {
 	Peer Hello
 	mux  *yamux.Session
 	conn *countingConn
+	// certName is the host the peer's certificate proves ("" without TLS);
+	// multipath says the connection is MPTCP.
+	certName  string
+	multipath bool
 }
 
 type countingConn struct {
@@ -136,13 +147,22 @@ func handshake(conn net.Conn, local Hello) (Hello, error) {
 }
 
 func newSession(conn net.Conn, local Hello, client bool) (*Session, error) {
-	cc := &countingConn{Conn: conn}
-	peer, err := handshake(cc, local)
+	peer, err := handshake(conn, local)
 	if err != nil {
 		conn.Close()
 		return nil, err
 	}
+	if !client && peer.Stripe != nil {
+		return acceptStriped(conn, peer)
+	}
+	return startMux(conn, peer, client, PeerName(conn))
+}
+
+// startMux multiplexes channels over conn once the Hellos are exchanged.
+func startMux(conn net.Conn, peer Hello, client bool, certName string) (*Session, error) {
+	cc := &countingConn{Conn: conn}
 	var mux *yamux.Session
+	var err error
 	if client {
 		mux, err = yamux.Client(cc, muxConfig())
 	} else {
@@ -152,7 +172,7 @@ func newSession(conn net.Conn, local Hello, client bool) (*Session, error) {
 		conn.Close()
 		return nil, err
 	}
-	return &Session{Peer: peer, mux: mux, conn: cc}, nil
+	return &Session{Peer: peer, mux: mux, conn: cc, certName: certName, multipath: IsMultipath(conn)}, nil
 }
 
 // Client starts the dialing side of a session on conn.
@@ -175,21 +195,43 @@ func SplitAddr(addr string) (network, address string) {
 
 // Dial connects to a ferry agent at addr and starts a session.
 func Dial(ctx context.Context, addr string, local Hello) (*Session, error) {
-	return DialPlain(ctx, addr, local, false)
+	return DialPlain(ctx, addr, local, PathOptions{})
 }
 
-// DialPlain is Dial, over MPTCP when multipath is set and the kernel has it.
-func DialPlain(ctx context.Context, addr string, local Hello, multipath bool) (*Session, error) {
-	network, address := SplitAddr(addr)
-	d := net.Dialer{Timeout: 5 * time.Second}
-	if multipath && network == "tcp" {
-		d.SetMultipathTCP(true)
+// DialPlain is Dial over MPTCP or striped TCP as po asks, without TLS.
+func DialPlain(ctx context.Context, addr string, local Hello, po PathOptions) (*Session, error) {
+	dial := func(ctx context.Context, addr string) (net.Conn, error) {
+		network, address := SplitAddr(addr)
+		d := net.Dialer{Timeout: 5 * time.Second}
+		if po.Multipath && network == "tcp" {
+			d.SetMultipathTCP(true)
+		}
+		conn, err := d.DialContext(ctx, network, address)
+		if err != nil {
+			return nil, fmt.Errorf("cannot reach ferry agent at %s: %w", addr, err)
+		}
+		return conn, nil
 	}
-	conn, err := d.DialContext(ctx, network, address)
+	conn, err := dial(ctx, addr)
 	if err != nil {
-		return nil, fmt.Errorf("cannot reach ferry agent at %s: %w", addr, err)
+		return nil, err
+	}
+	if stripes(conn, po) {
+		return dialStriped(ctx, conn, addr, local, po.Streams, dial)
 	}
 	return Client(conn, local)
+}
+
+// stripes says whether a session on conn, just dialed, runs striped.
+func stripes(conn net.Conn, po PathOptions) bool {
+	if po.Streams < 2 || IsMultipath(conn) {
+		return false
+	}
+	if tc, ok := conn.(*tls.Conn); ok {
+		conn = tc.NetConn()
+	}
+	_, isTCP := conn.(*net.TCPConn)
+	return isTCP
 }
 
 // Listen opens a listener for Dial's address forms.
