@@ -70,6 +70,7 @@ type Run struct {
 	OutageAtBytes  int64 `json:"outage_at_bytes,omitempty"`
 	// SourceState is what became of the source copy (removed, resumed).
 	SourceState     string             `json:"source_state,omitempty"`
+	Transport       string             `json:"transport,omitempty"`
 	RestoreMs       float64            `json:"restore_ms"`
 	PagesFaulted    uint64             `json:"pages_faulted,omitempty"`
 	PagesPushed     uint64             `json:"pages_pushed,omitempty"`
@@ -283,8 +284,8 @@ func (o MigrateOptions) runOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 	r = Run{OK: rep.OK, DowntimeMs: rep.DowntimeMs, TotalMs: rep.TotalMs, FrozenMs: rep.FrozenMs,
 		BytesSent: rep.BytesSent, MemoryBytes: rep.MemoryBytes, Error: rep.Error, Phases: rep.Phases,
 		PathCutAtBytes: cutAt.Load(), OutageAtBytes: outageAt.Load(),
-		SourceState: rep.SourceState,
-		RestoreMs:   rep.RestoreMs, PagesFaulted: rep.PagesFaulted, PagesPushed: rep.PagesPushed,
+		SourceState: rep.SourceState, Transport: rep.Transport,
+		RestoreMs: rep.RestoreMs, PagesFaulted: rep.PagesFaulted, PagesPushed: rep.PagesPushed,
 		PagesReferenced: rep.PagesReferenced, PagesFetched: rep.PagesFetched, FillMs: rep.FillMs, Rounds: rep.Rounds, StopReason: rep.StopReason, ThrottlePct: rep.ThrottlePct}
 	if r.Rounds == nil {
 		r.Rounds = []engine.Round{}

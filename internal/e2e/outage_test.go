@@ -14,6 +14,12 @@ import (
 // outageRun migrates 64 MiB over a 200 Mbit/s link and takes every path of
 // the source down for outage once 30 % of the memory has moved.
 func outageRun(t *testing.T, mode string, outage, timeout time.Duration) bench.Run {
+	return outageRunStreams(t, mode, outage, timeout, 0)
+}
+
+// outageRunStreams is outageRun with the agents striping sessions over
+// streams TCP connections (0: MPTCP).
+func outageRunStreams(t *testing.T, mode string, outage, timeout time.Duration, streams int) bench.Run {
 	t.Helper()
 	requireLab(t)
 	bin := ferryBin(t)
@@ -23,7 +29,7 @@ func outageRun(t *testing.T, mode string, outage, timeout time.Duration) bench.R
 	t.Cleanup(func() { _ = lab.Down(context.Background()) })
 	res, err := bench.Migrate(context.Background(), bench.MigrateOptions{
 		Mode: mode, MemoryBytes: 64 << 20, DirtyRate: 100, BandwidthBps: 200_000_000,
-		Outage: outage, OutageAt: 0.3, OutageTimeout: timeout, Repeat: 1, FerryBin: bin,
+		Outage: outage, OutageAt: 0.3, OutageTimeout: timeout, Streams: streams, Repeat: 1, FerryBin: bin,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -39,10 +45,19 @@ func outageRun(t *testing.T, mode string, outage, timeout time.Duration) bench.R
 
 // Within the outage timeout the transfer waits and carries on where it
 // stopped.
+// Striped sessions lose their connections (a path silent for 2 s is
+// dropped) and re-dial them once the network is back.
 func TestOutageWithinTimeoutResumes(t *testing.T) {
-	for _, mode := range []string{engine.ModeCold, engine.ModePostcopy} {
-		t.Run(mode, func(t *testing.T) {
-			r := outageRun(t, mode, 5*time.Second, 30*time.Second)
+	for _, c := range []struct {
+		mode    string
+		streams int
+	}{{engine.ModeCold, 0}, {engine.ModePostcopy, 0}, {engine.ModeCold, 2}} {
+		name := c.mode
+		if c.streams > 0 {
+			name += "/striped"
+		}
+		t.Run(name, func(t *testing.T) {
+			r := outageRunStreams(t, c.mode, 5*time.Second, 30*time.Second, c.streams)
 			if !r.OK || !r.StateOK || r.SourceState != "removed" {
 				t.Fatalf("migration did not survive a 5 s outage: %+v", r)
 			}

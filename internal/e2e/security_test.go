@@ -96,10 +96,10 @@ func TestAgentsRefuseUnauthenticatedPeers(t *testing.T) {
 			return transport.DialSecure(ctx, dst, transport.Hello{Name: "h1", Role: "agent"}, foreign, "", transport.PathOptions{})
 		}, false},
 		{"valid certificate, not an allowed source", func() (*transport.Session, error) {
-			return transport.DialSecure(ctx, dst, transport.Hello{Name: "h9", Role: "agent"}, notListed, "", false)
+			return transport.DialSecure(ctx, dst, transport.Hello{Name: "h9", Role: "agent"}, notListed, "", transport.PathOptions{})
 		}, false},
 		{"allowed source", func() (*transport.Session, error) {
-			return transport.DialSecure(ctx, dst, transport.Hello{Name: "h3", Role: "agent"}, listed, "h2", false)
+			return transport.DialSecure(ctx, dst, transport.Hello{Name: "h3", Role: "agent"}, listed, "h2", transport.PathOptions{})
 		}, true},
 	}
 	for _, c := range cases {

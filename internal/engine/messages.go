@@ -138,6 +138,9 @@ type Report struct {
 	FrozenMs    float64 `json:"frozen_ms"`
 	BytesSent   int64   `json:"bytes_sent"`
 	MemoryBytes int64   `json:"memory_bytes"`
+	// Transport is what the session to the destination ran over: mptcp,
+	// tcp, or striped tcp xN.
+	Transport string `json:"transport,omitempty"`
 	// RestoreMs is the destination's runc restore, until the container ran.
 	RestoreMs float64 `json:"restore_ms"`
 	// Post-copy: pages the destination pulled on a fault and in the

@@ -247,6 +247,7 @@ func (m *migration) run(ctx context.Context) error {
 		return failAt("connect to destination", err)
 	}
 	m.sess.SetMaxBandwidth(m.req.MaxBandwidthBps)
+	m.report.Transport = m.sess.Transport()
 	m.ctl, err = m.sess.Open(ChanIncoming)
 	if err != nil {
 		return failAt("connect to destination", err)

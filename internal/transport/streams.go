@@ -187,3 +187,16 @@ func (s *Session) Streams() int {
 	}
 	return n
 }
+
+// Transport names what the session runs over: "mptcp", "tcp", "striped
+// tcp xN" (its connections when it started) or the network of another
+// kind of connection ("unix").
+func (s *Session) Transport() string {
+	if sc, ok := s.conn.Conn.(*stripe.Conn); ok {
+		return fmt.Sprintf("striped tcp x%d", len(sc.Paths()))
+	}
+	if s.multipath {
+		return "mptcp"
+	}
+	return s.conn.LocalAddr().Network()
+}

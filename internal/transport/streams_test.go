@@ -87,8 +87,8 @@ func TestStripedSecureSession(t *testing.T) {
 	if cli.Streams() != 3 || cli.PeerCertName() != "h2" || srv.PeerCertName() != "h1" || cli.Multipath() {
 		t.Fatalf("client: %d streams to %q (multipath %v); server sees %q", cli.Streams(), cli.PeerCertName(), cli.Multipath(), srv.PeerCertName())
 	}
-	if srv.Streams() != 3 {
-		t.Fatalf("server has %d streams, want 3", srv.Streams())
+	if srv.Streams() != 3 || cli.Transport() != "striped tcp x3" {
+		t.Fatalf("server has %d streams, want 3; client runs over %q", srv.Streams(), cli.Transport())
 	}
 	data := make([]byte, 8<<20)
 	_, _ = rand.Read(data)
