@@ -146,16 +146,60 @@ func handshake(conn net.Conn, local Hello) (Hello, error) {
 	return peer, nil
 }
 
-func newSession(conn net.Conn, local Hello, client bool) (*Session, error) {
-	peer, err := handshake(conn, local)
+// acceptHandshake is the accepting side's handshake: it reads the peer's
+// Hello, lets admit act on it, then answers. A striped session registers
+// itself in admit, so no connection can try to join it before it exists.
+func acceptHandshake(conn net.Conn, local Hello, admit func(Hello) error) (Hello, error) {
+	local.Version = ProtocolVersion
+	ch := newChannel(conn)
+	ch.Kind = "hello"
+	var peer Hello
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	err := ch.Recv(&peer)
+	_ = conn.SetReadDeadline(time.Time{})
 	if err != nil {
+		return peer, fmt.Errorf("handshake with %s: %w", conn.RemoteAddr(), err)
+	}
+	if peer.Version != ProtocolVersion {
+		_ = ch.Send(local) // so that the peer can say what is wrong too
+		return peer, fmt.Errorf("handshake with %s: peer speaks protocol %d, this ferry %d", conn.RemoteAddr(), peer.Version, ProtocolVersion)
+	}
+	if err := admit(peer); err != nil {
+		return peer, err
+	}
+	if err := ch.Send(local); err != nil {
+		return peer, fmt.Errorf("handshake with %s: %w", conn.RemoteAddr(), err)
+	}
+	return peer, nil
+}
+
+func newSession(conn net.Conn, local Hello, client bool) (*Session, error) {
+	if client {
+		peer, err := handshake(conn, local)
+		if err != nil {
+			conn.Close()
+			return nil, err
+		}
+		return startMux(conn, peer, true, PeerName(conn))
+	}
+	var st *stripedSession
+	peer, err := acceptHandshake(conn, local, func(peer Hello) (err error) {
+		if peer.Stripe != nil {
+			st, err = admitStriped(conn, peer.Stripe)
+		}
+		return err
+	})
+	if err != nil {
+		if st != nil && !peer.Stripe.Join {
+			st.conn.Close() // registered, never used
+		}
 		conn.Close()
 		return nil, err
 	}
-	if !client && peer.Stripe != nil {
-		return acceptStriped(conn, peer)
+	if st != nil {
+		return st.attach(conn, peer)
 	}
-	return startMux(conn, peer, client, PeerName(conn))
+	return startMux(conn, peer, false, PeerName(conn))
 }
 
 // startMux multiplexes channels over conn once the Hellos are exchanged.

@@ -56,53 +56,49 @@ func stripeOptions() stripe.Options {
 	return stripe.Options{OutageTimeout: OutageTimeout()}
 }
 
-// acceptStriped serves the accepting side of a striped session's
-// connection: a join is attached to its session, a first connection
-// starts one.
-func acceptStriped(conn net.Conn, peer Hello) (*Session, error) {
-	sh := peer.Stripe
+// admitStriped finds the striped session a joining connection names, or
+// registers the new one a first connection asks for.
+func admitStriped(conn net.Conn, sh *StripeHello) (*stripedSession, error) {
+	striped.Lock()
+	defer striped.Unlock()
+	s := striped.m[sh.ID]
 	if sh.Join {
-		striped.Lock()
-		s := striped.m[sh.ID]
-		striped.Unlock()
 		if s == nil {
-			conn.Close()
 			return nil, fmt.Errorf("connection from %s joins an unknown striped session", conn.RemoteAddr())
 		}
 		if got := PeerName(conn); got != s.peer {
-			conn.Close()
 			return nil, fmt.Errorf("connection from %s (certificate %q) joins a striped session of %q", conn.RemoteAddr(), got, s.peer)
 		}
-		if err := s.conn.Add(conn); err != nil {
-			return nil, err
-		}
-		return nil, ErrJoined
+		return s, nil
 	}
-	if sh.ID == "" {
-		conn.Close()
-		return nil, fmt.Errorf("connection from %s asks for a striped session without an id", conn.RemoteAddr())
+	if sh.ID == "" || s != nil {
+		return nil, fmt.Errorf("connection from %s asks for a striped session with a bad or used id %q", conn.RemoteAddr(), sh.ID)
 	}
 	sc := stripe.New(stripeOptions())
-	s := &stripedSession{conn: sc, peer: PeerName(conn)}
-	striped.Lock()
-	if striped.m[sh.ID] != nil {
-		striped.Unlock()
-		conn.Close()
-		return nil, fmt.Errorf("connection from %s reuses striped session id %q", conn.RemoteAddr(), sh.ID)
-	}
+	s = &stripedSession{conn: sc, peer: PeerName(conn)}
 	striped.m[sh.ID] = s
-	striped.Unlock()
 	go func() {
 		<-sc.Done()
 		striped.Lock()
 		delete(striped.m, sh.ID)
 		striped.Unlock()
 	}()
-	if err := sc.Add(conn); err != nil {
-		sc.Close()
+	return s, nil
+}
+
+// attach adds an accepted connection to the striped session: a joining one
+// is served there (ErrJoined), the first one starts the session.
+func (s *stripedSession) attach(conn net.Conn, peer Hello) (*Session, error) {
+	if err := s.conn.Add(conn); err != nil {
+		if !peer.Stripe.Join {
+			s.conn.Close()
+		}
 		return nil, err
 	}
-	return startMux(sc, peer, false, s.peer)
+	if peer.Stripe.Join {
+		return nil, ErrJoined
+	}
+	return startMux(s.conn, peer, false, s.peer)
 }
 
 // dialStriped runs the dialing side of a striped session whose first
