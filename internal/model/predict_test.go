@@ -37,11 +37,15 @@ func TestTechniquesHandComputed(t *testing.T) {
 	p := handProfile()
 	// M = 1 GB, R = 1000 pages/s (4.096 MB/s), L = 100 MB/s.
 	in := Inputs{MemoryBytes: 1e9, DirtyRatePagesPerSec: 1000, BandwidthBps: 1e8}
-	// Round 0: 1e9/1e8 + 1e9/4e9 = 10.25 s; then 4.096e6·10.25 B are dirty.
-	d1 := 4.096e6 * 10.25
-	// Round 1: d1/1e8 + 0.25 s.
-	t1 := d1/1e8 + 0.25
-	d2 := 4.096e6 * t1
+	// Round 0: 1e9/1e8 + 1e9/4e9 = 10.25 s. A switchover right after it
+	// finds the pages written in half a round on average.
+	d1 := 4.096e6 * 10.25 / 2
+	// Round 1 sends what was written between the two rounds' reads of each
+	// page, (10.25 + t1)/2 on average, t1 = v1/1e8 + 0.25:
+	// v1 = 4.096e6·(10.25 + 0.25)/(2 − 4.096e6/1e8).
+	v1 := 4.096e6 * 10.5 / (2 - 0.04096)
+	t1 := v1/1e8 + 0.25
+	d2 := 4.096e6 * t1 / 2
 	for _, c := range []struct {
 		mode                    string
 		rounds                  int
@@ -53,7 +57,7 @@ func TestTechniquesHandComputed(t *testing.T) {
 		{ModePostcopy, 0, 0.26, 10.26, 1e9, 10},
 		// Switchover: max(dump 1 + hash 0.25, delta d1/1e8) = 1.25 s.
 		{ModePrecopy, 1, 1.96, 10.25 + 1.96, 1e9 + d1, 0},
-		{ModePrecopy, 2, 1.96, 10.25 + t1 + 1.96, 1e9 + d1 + d2, 0},
+		{ModePrecopy, 2, 1.96, 10.25 + t1 + 1.96, 1e9 + v1 + d2, 0},
 		// Final: max(0.1, 0.25 + d1/1e8); fill 1e9/5e8 = 2 s.
 		{ModeHybrid, 1, 0.01 + 0.25 + d1/1e8 + 0.15, 10.25 + 0.41 + d1/1e8 + 2, 1e9 + d1, 2},
 	} {
@@ -75,7 +79,7 @@ func TestPrecopyRebuild(t *testing.T) {
 	p := handProfile()
 	p.LazyDump = true
 	in := Inputs{MemoryBytes: 1e9, DirtyRatePagesPerSec: 1000, BandwidthBps: 1e8}
-	d1 := 4.096e6 * 10.25 // dirtied during round 0
+	d1 := 4.096e6 * 10.25 / 2 // written since round 0 read the page, on average
 	// freeze 0.01 + max(dump fixed 0.1, hash 0.25 + d1/1e8) + fill 1 s + restore 0.6.
 	down := 0.01 + 0.25 + d1/1e8 + 1 + 0.6
 	q := Predict(p, in, ModePrecopy, 1)
