@@ -304,13 +304,11 @@ func fitReadHash(ms []Measured, p *model.Profile) (Term, error) {
 			}
 		}
 	}
-	f, ok := fitThroughOrigin(t.X, t.Y)
-	if !ok || !(f.B > 0) {
-		return t, ErrNoData
+	bps, err := rateThroughOrigin(&t)
+	if err != nil {
+		return t, err
 	}
-	t.Fit = f
-	t.Free = freeLine(t.X, t.Y)
-	p.ReadHashBps = 1 / f.B
+	p.ReadHashBps = bps
 	t.Sets = map[string]float64{"read_hash_bps": p.ReadHashBps}
 	if t.Free != nil {
 		t.Note = fmt.Sprintf("a free line puts %.0f ms per round outside memory (the model has no per-round fixed cost)", t.Free.A*1000)
@@ -518,13 +516,11 @@ func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
 		xy := byRate[k]
 		byRate[k] = [2][]float64{append(xy[0], s.m), append(xy[1], y)}
 	}
-	f, ok := fitThroughOrigin(t.X, t.Y)
-	if !ok || !(f.B > 0) {
-		return t, ErrNoData
+	bps, err := rateThroughOrigin(&t)
+	if err != nil {
+		return t, err
 	}
-	t.Fit = f
-	t.Free = freeLine(t.X, t.Y)
-	p.LazyBps = 1 / f.B
+	p.LazyBps = bps
 	t.Sets = map[string]float64{"lazy_bps": p.LazyBps}
 	if t.Free != nil {
 		t.Note = fmt.Sprintf("a free line has %.0f ms at M = 0 (the model has none)", t.Free.A*1000)
@@ -608,13 +604,11 @@ func fitLocalFill(ms []Measured, p *model.Profile) (Term, error) {
 	for _, s := range collect(ms, unshaped("hybrid")) {
 		t.X, t.Y = append(t.X, s.m), append(t.Y, phaseS(s.r, "commit", "lazy-pages"))
 	}
-	f, ok := fitThroughOrigin(t.X, t.Y)
-	if !ok || !(f.B > 0) {
-		return t, ErrNoData
+	bps, err := rateThroughOrigin(&t)
+	if err != nil {
+		return t, err
 	}
-	t.Fit = f
-	t.Free = freeLine(t.X, t.Y)
-	p.LocalFillBps = 1 / f.B
+	p.LocalFillBps = bps
 	t.Sets = map[string]float64{"local_fill_bps": p.LocalFillBps}
 	return t, nil
 }
@@ -629,15 +623,25 @@ func fitImageFill(ms []Measured, p *model.Profile) (Term, error) {
 			t.X, t.Y = append(t.X, s.m), append(t.Y, s.r.FillMs/1000)
 		}
 	}
+	bps, err := rateThroughOrigin(&t)
+	if err != nil {
+		return t, err
+	}
+	p.ImageFillBps = bps
+	t.Sets = map[string]float64{"image_fill_bps": p.ImageFillBps}
+	return t, nil
+}
+
+// rateThroughOrigin fits t's points (seconds vs bytes) to seconds =
+// bytes/rate and returns the rate.
+func rateThroughOrigin(t *Term) (float64, error) {
 	f, ok := fitThroughOrigin(t.X, t.Y)
 	if !ok || !(f.B > 0) {
-		return t, ErrNoData
+		return 0, ErrNoData
 	}
 	t.Fit = f
 	t.Free = freeLine(t.X, t.Y)
-	p.ImageFillBps = 1 / f.B
-	t.Sets = map[string]float64{"image_fill_bps": p.ImageFillBps}
-	return t, nil
+	return 1 / f.B, nil
 }
 
 // fitLink measures ferry's payload throughput over the shaped link: the

@@ -126,14 +126,9 @@ func DialSecure(ctx context.Context, addr string, local Hello, sec *Security, pe
 		local.Name = sec.Name
 	}
 	dial := func(ctx context.Context, addr string) (net.Conn, error) {
-		network, address := SplitAddr(addr)
-		d := net.Dialer{Timeout: 5 * time.Second}
-		if po.Multipath && network == "tcp" {
-			d.SetMultipathTCP(true)
-		}
-		raw, err := d.DialContext(ctx, network, address)
+		raw, err := dialAgent(ctx, addr, po.Multipath)
 		if err != nil {
-			return nil, fmt.Errorf("cannot reach ferry agent at %s: %w", addr, err)
+			return nil, err
 		}
 		conn := tls.Client(raw, sec.ClientConfig(peerName))
 		hctx, cancel := context.WithTimeout(ctx, tlsHandshakeTimeout)

@@ -130,18 +130,27 @@ func handshake(conn net.Conn, local Hello) (Hello, error) {
 	ch.Kind = "hello"
 	errc := make(chan error, 1)
 	go func() { errc <- ch.Send(local) }()
-	var peer Hello
-	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	err := ch.Recv(&peer)
-	_ = conn.SetReadDeadline(time.Time{})
+	peer, err := recvHello(conn, ch)
 	if err != nil {
-		return peer, fmt.Errorf("handshake with %s: %w", conn.RemoteAddr(), err)
+		return peer, err
 	}
 	if err := <-errc; err != nil {
 		return peer, fmt.Errorf("handshake with %s: %w", conn.RemoteAddr(), err)
 	}
 	if peer.Version != ProtocolVersion {
 		return peer, fmt.Errorf("handshake with %s: peer speaks protocol %d, this ferry %d", conn.RemoteAddr(), peer.Version, ProtocolVersion)
+	}
+	return peer, nil
+}
+
+// recvHello reads the peer's Hello, waiting at most 10 s.
+func recvHello(conn net.Conn, ch *Channel) (Hello, error) {
+	var peer Hello
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	err := ch.Recv(&peer)
+	_ = conn.SetReadDeadline(time.Time{})
+	if err != nil {
+		return peer, fmt.Errorf("handshake with %s: %w", conn.RemoteAddr(), err)
 	}
 	return peer, nil
 }
@@ -153,12 +162,9 @@ func acceptHandshake(conn net.Conn, local Hello, admit func(Hello) error) (Hello
 	local.Version = ProtocolVersion
 	ch := newChannel(conn)
 	ch.Kind = "hello"
-	var peer Hello
-	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	err := ch.Recv(&peer)
-	_ = conn.SetReadDeadline(time.Time{})
+	peer, err := recvHello(conn, ch)
 	if err != nil {
-		return peer, fmt.Errorf("handshake with %s: %w", conn.RemoteAddr(), err)
+		return peer, err
 	}
 	if peer.Version != ProtocolVersion {
 		_ = ch.Send(local) // so that the peer can say what is wrong too
@@ -244,18 +250,7 @@ func Dial(ctx context.Context, addr string, local Hello) (*Session, error) {
 
 // DialPlain is Dial over MPTCP or striped TCP as po asks, without TLS.
 func DialPlain(ctx context.Context, addr string, local Hello, po PathOptions) (*Session, error) {
-	dial := func(ctx context.Context, addr string) (net.Conn, error) {
-		network, address := SplitAddr(addr)
-		d := net.Dialer{Timeout: 5 * time.Second}
-		if po.Multipath && network == "tcp" {
-			d.SetMultipathTCP(true)
-		}
-		conn, err := d.DialContext(ctx, network, address)
-		if err != nil {
-			return nil, fmt.Errorf("cannot reach ferry agent at %s: %w", addr, err)
-		}
-		return conn, nil
-	}
+	dial := func(ctx context.Context, addr string) (net.Conn, error) { return dialAgent(ctx, addr, po.Multipath) }
 	conn, err := dial(ctx, addr)
 	if err != nil {
 		return nil, err
@@ -264,6 +259,21 @@ func DialPlain(ctx context.Context, addr string, local Hello, po PathOptions) (*
 		return dialStriped(ctx, conn, addr, local, po.Streams, dial)
 	}
 	return Client(conn, local)
+}
+
+// dialAgent connects to an agent's address, over MPTCP when asked (and the
+// kernel has it).
+func dialAgent(ctx context.Context, addr string, multipath bool) (net.Conn, error) {
+	network, address := SplitAddr(addr)
+	d := net.Dialer{Timeout: 5 * time.Second}
+	if multipath && network == "tcp" {
+		d.SetMultipathTCP(true)
+	}
+	conn, err := d.DialContext(ctx, network, address)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach ferry agent at %s: %w", addr, err)
+	}
+	return conn, nil
 }
 
 // stripes says whether a session on conn, just dialed, runs striped.
