@@ -55,6 +55,8 @@ type incoming struct {
 	work   string
 	images string
 	store  *pages.Store // pre-copy: the pages received in rounds
+	// parent is pre-copy's parent image (rebuild switchover), once started.
+	parent *images.ParentImage
 	// netnsPath is the container's network namespace rebuilt here.
 	netnsPath string
 }
@@ -307,8 +309,8 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 		liftThrottle(st.Pid) // auto-converge's throttle stays behind
 	}
 	if err := ctl.Send(Restored{Pid: st.Pid, WaitMs: ms(start.Sub(asked)), RestoreMs: ms(time.Since(start)),
-		FillMs: filled.ms, PagesLocal: filled.Local, PagesFetched: filled.Fetched,
-		MemoryBytes: int64(filled.Local+filled.Fetched+filled.Dumped) * pageSize}); err != nil {
+		FillMs: filled.ms, PagesLocal: filled.Local + filled.Parent, PagesFetched: filled.Fetched,
+		MemoryBytes: int64(filled.Local+filled.Parent+filled.Fetched+filled.Dumped) * pageSize}); err != nil {
 		return false, err
 	}
 	// The source owns the container until it commits.
@@ -377,13 +379,26 @@ func (in *incoming) fillImages(ctx context.Context, sess *transport.Session, rou
 		return filled{}, err
 	}
 	client := pagestream.NewLazyClient(ch)
-	st, err := images.FillLazy(in.images, images.PageSource{
+	src := images.PageSource{
 		Local: func(pid uint32, addr uint64, dst []byte) bool {
 			_, ok := in.store.ReadInto(pages.Key{PID: pid, Addr: addr}, dst)
 			return ok
 		},
 		Fetch: client.Get,
-	})
+	}
+	if in.parent != nil {
+		if err := in.parent.Wait(); err == nil {
+			src.Parent = in.parent.Has
+			rel, err := filepath.Rel(in.images, in.parent.Dir())
+			if err == nil {
+				err = os.Symlink(rel, filepath.Join(in.images, "parent"))
+			}
+			if err != nil {
+				src.Parent = nil
+			}
+		}
+	}
+	st, err := images.FillLazy(in.images, src)
 	if err != nil {
 		ch.Close()
 		return filled{}, err
@@ -494,6 +509,9 @@ func (in *incoming) cleanup(dropContainer bool) {
 			_ = os.RemoveAll(in.bundle)
 			in.dropNetwork()
 		}
+	}
+	if in.parent != nil {
+		_ = in.parent.Close()
 	}
 	if in.work != "" && !in.d.KeepWork {
 		_ = os.RemoveAll(in.work)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/zeebo/xxh3"
 
+	"github.com/ferry-migrate/ferry/internal/images"
 	"github.com/ferry-migrate/ferry/internal/pages"
 	"github.com/ferry-migrate/ferry/internal/pagestream"
 	"github.com/ferry-migrate/ferry/internal/transport"
@@ -477,8 +478,37 @@ func (in *incoming) receiveRounds(ctx context.Context, sess *transport.Session, 
 			if err := ch.Send(RoundAck{Index: round, Pages: in.store.Len()}); err != nil {
 				return err
 			}
+			if round == 0 && in.modeKey() == ModePrecopy+"/"+SwitchoverRebuild {
+				in.startParent()
+			}
 		}
 	}
+}
+
+// startParent lays the pages the first round brought out as a parent
+// image (images.ParentImage), in the background, and keeps it current with
+// every later change to the store: the switchover's completed dump then
+// refers to it instead of copying those pages while the container is down.
+// It runs on the store's writer, between rounds, so no change is missed.
+func (in *incoming) startParent() {
+	var refs []images.PageRef
+	in.store.Range(func(k pages.Key, _ xxh3.Uint128) bool {
+		refs = append(refs, images.PageRef{PID: k.PID, Addr: k.Addr})
+		return true
+	})
+	parent, err := images.StartParent(filepath.Join(in.work, "parent"), refs, func(r images.PageRef, dst []byte) bool {
+		_, ok := in.store.ReadInto(pages.Key{PID: r.PID, Addr: r.Addr}, dst)
+		return ok
+	})
+	if err != nil {
+		return // the switchover copies every page instead
+	}
+	in.store.Observe(func(k pages.Key, data []byte) {
+		if err := parent.Update(images.PageRef{PID: k.PID, Addr: k.Addr}, data); err != nil {
+			parent.Forget(images.PageRef{PID: k.PID, Addr: k.Addr})
+		}
+	}, func(k pages.Key) { parent.Forget(images.PageRef{PID: k.PID, Addr: k.Addr}) })
+	in.parent = parent
 }
 
 // runExpandingPageServer is runPageServer with pre-copy's references put

@@ -210,6 +210,9 @@ type PageSource struct {
 	// Fetch fills dst (a multiple of PageSize) with the pages from addr on,
 	// from the dumped task itself; called for the runs Local lacks.
 	Fetch func(pid uint32, addr uint64, dst []byte) error
+	// Parent, when set, says the dump's parent image holds the page's
+	// current contents: the page becomes a parent reference, no copy.
+	Parent func(pid uint32, addr uint64) bool
 }
 
 // FillStats counts where the pages of a filled-in dump came from.
@@ -217,6 +220,7 @@ type FillStats struct {
 	Local   uint64 // from this host's copy
 	Fetched uint64 // asked from the source
 	Dumped  uint64 // already in the dump's own pages image
+	Parent  uint64 // left to the parent image
 }
 
 // FillLazy turns the images of a lazy dump (memory left for a lazy page
@@ -293,14 +297,32 @@ func fillEntries(w *bufio.Writer, old io.Reader, pm *Pagemap, src PageSource, st
 		missing = missing[:0]
 		return err
 	}
-	for i := range pm.Entries {
-		e := &pm.Entries[i]
+	// The new entries: a lazy run may split into pages written here and
+	// pages left to the parent image.
+	var out []PagemapEntry
+	emit := func(addr uint64, flags uint32) {
+		if n := len(out); n > 0 && out[n-1].Flags == flags && out[n-1].Vaddr+uint64(out[n-1].NrPages)*PageSize == addr {
+			out[n-1].NrPages++
+			return
+		}
+		out = append(out, PagemapEntry{Vaddr: addr, NrPages: 1, Flags: flags})
+	}
+	for _, e := range pm.Entries {
 		switch {
 		case e.Flags&PageParent != 0:
 			return fmt.Errorf("pages at %#x are in a parent image: a lazy dump has none", e.Vaddr)
 		case e.Flags&PageLazy != 0:
 			for p := uint64(0); p < uint64(e.NrPages); p++ {
 				addr := e.Vaddr + p*PageSize
+				if src.Parent != nil && src.Parent(pm.PID, addr) {
+					if err := flush(); err != nil {
+						return err
+					}
+					st.Parent++
+					emit(addr, PageParent)
+					continue
+				}
+				emit(addr, PagePresent)
 				if src.Local != nil && src.Local(pm.PID, addr, page) {
 					if err := flush(); err != nil {
 						return err
@@ -330,9 +352,10 @@ func fillEntries(w *bufio.Writer, old io.Reader, pm *Pagemap, src PageSource, st
 				return fmt.Errorf("pages image ends before the pages at %#x: %w", e.Vaddr, err)
 			}
 			st.Dumped += uint64(e.NrPages)
+			out = append(out, PagemapEntry{Vaddr: e.Vaddr, NrPages: e.NrPages, Flags: PagePresent})
 		}
-		e.Flags = PagePresent
 	}
+	pm.Entries = out
 	return nil
 }
 

@@ -37,8 +37,9 @@ type Profile struct {
 	// LocalFillBps: hybrid's lazy-pages daemon served from the
 	// destination's own copy, bytes/s (no network in the way).
 	LocalFillBps float64 `json:"local_fill_bps"`
-	// ImageFillBps: pre-copy's rebuild switchover writing the lazy dump's
-	// pages image from the destination's copy, bytes/s.
+	// ImageFillBps: pre-copy's rebuild switchover completing the lazy
+	// dump's images at the destination, bytes of memory per second (pages
+	// its parent image holds are referenced, the few others written).
 	ImageFillBps float64 `json:"image_fill_bps"`
 
 	LinkEfficiency float64 `json:"link_efficiency"` // payload throughput / link capacity

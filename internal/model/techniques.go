@@ -127,8 +127,8 @@ func (p Profile) precopy(in Inputs, n int) timeline {
 // memory m when left bytes are still to send over a link carrying linkBps
 // bytes/s. Where CRIU's lazy dump works (LazyDump), the memory-less dump
 // runs alongside a read of the frozen memory whose changes go as a last
-// round, and the destination writes the pages image from its copy before a
-// normal restore. Otherwise a full local dump streams through the
+// round, and the destination completes the images from its copy (a parent
+// image it kept current during the rounds) before a normal restore. Otherwise a full local dump streams through the
 // deduplicating proxy, which hashes every page (dump and hashing share the
 // CPUs; the link carries what is left alongside).
 func (p Profile) SwitchoverS(m, left, linkBps float64) float64 {

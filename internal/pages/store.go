@@ -21,6 +21,18 @@ type Store struct {
 	hashes []xxh3.Uint128 // by slot
 	free   []uint32       // slots of deleted pages, reused first
 	used   uint32         // slots handed out so far
+	// Observers, called by the writer after each change (see Observe).
+	onPut    func(Key, []byte)
+	onDelete func(Key)
+}
+
+// Observe has put called after every Put (with the stored data, valid
+// during the call) and del after every Delete, by the writer, once the
+// store holds the change. Set it from the writer's goroutine.
+func (s *Store) Observe(put func(Key, []byte), del func(Key)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onPut, s.onDelete = put, del
 }
 
 // NewStore returns an empty store.
@@ -41,7 +53,6 @@ func (s *Store) Put(k Key, data []byte) (h xxh3.Uint128) {
 	}
 	h = xxh3.Hash128(data)
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	i, ok := s.index[k]
 	if !ok {
 		i = s.alloc()
@@ -49,6 +60,11 @@ func (s *Store) Put(k Key, data []byte) (h xxh3.Uint128) {
 	}
 	copy(s.slot(i), data)
 	s.hashes[i] = h
+	put := s.onPut
+	s.mu.Unlock()
+	if put != nil {
+		put(k, data)
+	}
 	return h
 }
 
@@ -107,10 +123,14 @@ func (s *Store) Hash(k Key) (h xxh3.Uint128, ok bool) {
 // Delete forgets the page under k; its room is reused by later Puts.
 func (s *Store) Delete(k Key) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if i, ok := s.index[k]; ok {
 		delete(s.index, k)
 		s.free = append(s.free, i)
+	}
+	del := s.onDelete
+	s.mu.Unlock()
+	if del != nil {
+		del(k)
 	}
 }
 
