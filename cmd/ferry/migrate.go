@@ -193,8 +193,14 @@ func printReport(w io.Writer, r engine.Report) {
 			fmt.Fprintf(w, ", %d from the destination's own copy", r.PagesReferenced)
 		}
 		fmt.Fprintln(w)
+	} else if r.FillMs > 0 {
+		fmt.Fprintf(w, "  switchover    memory-less dump; %d pages from the destination's own copy, %d fetched, images completed in %.0f ms\n",
+			r.PagesReferenced, r.PagesFetched, r.FillMs)
 	} else if r.PagesReferenced > 0 {
 		fmt.Fprintf(w, "  final dump    %d pages already at the destination, sent as references\n", r.PagesReferenced)
+	}
+	if r.Transport != "" {
+		fmt.Fprintf(w, "  transport     %s\n", r.Transport)
 	}
 	if r.Auto != nil {
 		fmt.Fprintf(w, "  auto          %s\n", r.Auto.Reason)

@@ -139,3 +139,29 @@ func BenchmarkStorePut(b *testing.B) {
 		i++
 	}
 }
+
+// TestStoreObserve: observers see every change once the store holds it.
+func TestStoreObserve(t *testing.T) {
+	s := NewStore()
+	k := Key{PID: 1, Addr: 0x1000}
+	var puts, dels []Key
+	s.Observe(func(got Key, data []byte) {
+		if b, _, ok := s.Get(got); !ok || !bytes.Equal(b, data) {
+			t.Error("observer called before the store held the page")
+		}
+		puts = append(puts, got)
+	}, func(got Key) {
+		if _, _, ok := s.Get(got); ok {
+			t.Error("observer called before the page was gone")
+		}
+		dels = append(dels, got)
+	})
+	page := make([]byte, PageSize)
+	s.Put(k, page)
+	page[0] = 1
+	s.Put(k, page)
+	s.Delete(k)
+	if len(puts) != 2 || len(dels) != 1 {
+		t.Fatalf("observed %d puts and %d deletes, want 2 and 1", len(puts), len(dels))
+	}
+}
