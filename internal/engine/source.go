@@ -455,6 +455,9 @@ func (m *migration) switchover(ctx context.Context) error {
 func (m *migration) removeSource(ctx context.Context) error {
 	m.report.TotalMs = m.since()
 	m.begin("cleanup")
+	if m.dump != nil {
+		m.dump.stop() // CRIU lets go of the container before it is deleted
+	}
 	if err := m.rt.Delete(context.WithoutCancel(ctx), m.req.Container); err != nil {
 		m.report.SourceState = "frozen"
 		return failAt("remove source copy", err)
