@@ -307,8 +307,46 @@ func testMigrationWith(t *testing.T, req engine.Request) engine.Report {
 	if (mode == engine.ModePostcopy || mode == engine.ModeHybrid) && rep.PagesFaulted+rep.PagesPushed < 64<<20/4096 {
 		t.Errorf("post-copy moved %d+%d pages, memhog alone holds %d", rep.PagesFaulted, rep.PagesPushed, 64<<20/4096)
 	}
+	// Nothing of the migration's images stays behind on either host (the
+	// destination cleans up right after it acknowledged the commit).
+	for _, h := range l.Hosts[:2] {
+		var left []string
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			left, _ = filepath.Glob(filepath.Join(h.WorkDir("*"), "*"))
+			if len(left) == 0 || time.Now().After(deadline) {
+				break
+			}
+		}
+		if len(left) > 0 {
+			t.Errorf("%s kept migration scratch files: %v", h.Name, left)
+		}
+	}
 	t.Logf("%s: downtime %.0f ms, client downtime %.0f ms, total %.0f ms, sent %d", mode, rep.DowntimeMs, pr.ClientDowntimeMs, rep.TotalMs, rep.BytesSent)
 	return rep
+}
+
+// TestMaxBandwidthCapsTheTransfer: on an unshaped lab 64 MiB move in well
+// under a second; capped at 100 Mbit/s they cannot take less than ~5.4 s.
+// (A functional check with a wide margin, not a performance target.)
+func TestMaxBandwidthCapsTheTransfer(t *testing.T) {
+	requireLab(t)
+	bin := ferryBin(t)
+	l := upLab(t, bin)
+	p := startMemhog(t, l, bin, "hog")
+	rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
+		engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold, MaxBandwidthBps: 100_000_000}, nil)
+	pr, perr := p.Stop()
+	if err != nil || !rep.OK {
+		t.Fatalf("capped migration: %v %s", err, rep.Error)
+	}
+	if perr != nil || !pr.StateOK {
+		t.Fatalf("workload state: %+v %v", pr, perr)
+	}
+	floor := float64(64<<20) * 8 / 100e6 * 1000 * 0.8
+	if rep.DowntimeMs < floor {
+		t.Errorf("64 MiB capped at 100 Mbit/s moved in %.0f ms, under %.0f ms: the cap was not applied", rep.DowntimeMs, floor)
+	}
+	t.Logf("capped cold migration: downtime %.0f ms, %d bytes", rep.DowntimeMs, rep.BytesSent)
 }
 
 // TestPostcopySourceAgentKilled kills the source agent while the

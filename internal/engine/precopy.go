@@ -475,6 +475,12 @@ func (in *incoming) receiveRounds(ctx context.Context, sess *transport.Session, 
 			return fmt.Errorf("pre-copy stream: %w", err)
 		}
 		if end {
+			if in.parent != nil {
+				// The source may switch over after this round: the parent
+				// image must be ready first, or the wait would fall in the
+				// downtime.
+				_ = in.parent.Wait()
+			}
 			if err := ch.Send(RoundAck{Index: round, Pages: in.store.Len()}); err != nil {
 				return err
 			}
