@@ -236,6 +236,9 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 	} else if in.offer.Mode == ModeHybrid || rebuild {
 		in.store = pages.NewStore()
 		defer in.store.Release()
+		if rebuild {
+			in.startParent()
+		}
 		recv.Go(func() error { return in.receiveRounds(ctx, sess, router) })
 	} else if !lazy {
 		recv.Go(func() error { return in.receiveFinalPages(ctx, sess, router, nil) })
@@ -386,16 +389,13 @@ func (in *incoming) fillImages(ctx context.Context, sess *transport.Session, rou
 		},
 		Fetch: client.Get,
 	}
-	if in.parent != nil {
-		if err := in.parent.Wait(); err == nil {
+	if in.parent != nil && in.parent.Usable() {
+		rel, err := filepath.Rel(in.images, in.parent.Dir())
+		if err == nil {
+			err = os.Symlink(rel, filepath.Join(in.images, "parent"))
+		}
+		if err == nil {
 			src.Parent = in.parent.Has
-			rel, err := filepath.Rel(in.images, in.parent.Dir())
-			if err == nil {
-				err = os.Symlink(rel, filepath.Join(in.images, "parent"))
-			}
-			if err != nil {
-				src.Parent = nil
-			}
 		}
 	}
 	st, err := images.FillLazy(in.images, src)

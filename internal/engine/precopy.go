@@ -475,45 +475,29 @@ func (in *incoming) receiveRounds(ctx context.Context, sess *transport.Session, 
 			return fmt.Errorf("pre-copy stream: %w", err)
 		}
 		if end {
-			if in.parent != nil {
-				// The source may switch over after this round: the parent
-				// image must be ready first, or the wait would fall in the
-				// downtime.
-				_ = in.parent.Wait()
+			if round == 0 && in.parent != nil {
+				_ = in.parent.Seal() // a broken image is not used
 			}
 			if err := ch.Send(RoundAck{Index: round, Pages: in.store.Len()}); err != nil {
 				return err
-			}
-			if round == 0 && in.modeKey() == ModePrecopy+"/"+SwitchoverRebuild {
-				in.startParent()
 			}
 		}
 	}
 }
 
-// startParent lays the pages the first round brought out as a parent
-// image (images.ParentImage), in the background, and keeps it current with
-// every later change to the store: the switchover's completed dump then
-// refers to it instead of copying those pages while the container is down.
-// It runs on the store's writer, between rounds, so no change is missed.
+// startParent has the store's pages laid out as a parent image as the
+// first round brings them (images.ParentImage) and kept current with every
+// later change: the switchover's completed dump then refers to it instead
+// of copying those pages while the container is down. Set before the
+// rounds start, so no change is missed.
 func (in *incoming) startParent() {
-	var refs []images.PageRef
-	in.store.Range(func(k pages.Key, _ xxh3.Uint128) bool {
-		refs = append(refs, images.PageRef{PID: k.PID, Addr: k.Addr})
-		return true
-	})
-	parent, err := images.StartParent(filepath.Join(in.work, "parent"), refs, func(r images.PageRef, dst []byte) bool {
-		_, ok := in.store.ReadInto(pages.Key{PID: r.PID, Addr: r.Addr}, dst)
-		return ok
-	})
+	parent, err := images.NewParent(filepath.Join(in.work, "parent"))
 	if err != nil {
 		return // the switchover copies every page instead
 	}
-	in.store.Observe(func(k pages.Key, data []byte) {
-		if err := parent.Update(images.PageRef{PID: k.PID, Addr: k.Addr}, data); err != nil {
-			parent.Forget(images.PageRef{PID: k.PID, Addr: k.Addr})
-		}
-	}, func(k pages.Key) { parent.Forget(images.PageRef{PID: k.PID, Addr: k.Addr}) })
+	ref := func(k pages.Key) images.PageRef { return images.PageRef{PID: k.PID, Addr: k.Addr} }
+	in.store.Observe(func(k pages.Key, data []byte) { _ = parent.Put(ref(k), data) },
+		func(k pages.Key) { parent.Forget(ref(k)) })
 	in.parent = parent
 }
 

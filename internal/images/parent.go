@@ -2,10 +2,10 @@ package images
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 )
 
@@ -16,142 +16,139 @@ type PageRef struct {
 	Addr uint64
 }
 
-// ParentImage is a page image the destination of a pre-copy keeps up to
-// date while rounds arrive: per task, a pagemap of present runs and a pages
-// image laid out from the pages it holds. The switchover's completed dump
-// names it as its parent (entries flagged PageParent), so CRIU reads those
-// pages from it and nothing has to be copied while the container is down.
-// It must hold a page's current contents for as long as Has says it has it:
-// every change to a held page goes through Update, a forgotten page through
-// Forget.
+// ParentImage is a page image the destination of a pre-copy builds from the
+// first round as its pages arrive, and keeps current with every later
+// change: per task, a pagemap of present runs and a pages image. The
+// switchover's completed dump names it as its parent (entries flagged
+// PageParent), so CRIU reads those pages from it and nothing has to be
+// copied while the container is down.
+//
+// The first round reads each task's memory in address order, so its pages
+// are laid out as they come; a page out of that order is left out (the
+// switchover then writes it itself). Put and Forget come from one goroutine
+// (the page store's writer); Has may be called from any.
 type ParentImage struct {
 	dir string
 
-	mu      sync.Mutex
-	at      map[PageRef]int64 // offset of each page in its task's pages image
-	files   map[uint32]*os.File
-	built   bool
-	pending map[PageRef]struct{} // changed while the image was being written
-	done    chan struct{}
-	err     error
+	mu     sync.Mutex
+	at     map[PageRef]int64 // offset of each page in its task's pages image
+	files  map[uint32]*os.File
+	maps   map[uint32]*Pagemap
+	sealed bool
+	broken error
+
+	// The task being laid out, while not sealed.
+	cur  uint32
+	curW *bufio.Writer
+	end  int64 // its pages image's length so far
 }
 
-// StartParent writes, in the background, a parent image in dir of the pages
-// refs names, taking their contents from read (which must see every Update
-// made meanwhile: the image re-reads those pages once written). Wait says
-// when it is ready.
-func StartParent(dir string, refs []PageRef, read func(PageRef, []byte) bool) (*ParentImage, error) {
+// NewParent starts an empty parent image in dir.
+func NewParent(dir string) (*ParentImage, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	p := &ParentImage{dir: dir, at: make(map[PageRef]int64, len(refs)), files: map[uint32]*os.File{},
-		pending: map[PageRef]struct{}{}, done: make(chan struct{})}
-	refs = slices.Clone(refs)
-	slices.SortFunc(refs, func(a, b PageRef) int {
-		if a.PID != b.PID {
-			return int(a.PID) - int(b.PID)
-		}
-		switch {
-		case a.Addr < b.Addr:
-			return -1
-		case a.Addr > b.Addr:
-			return 1
-		}
-		return 0
-	})
-	go func() {
-		err := p.write(refs, read)
-		p.mu.Lock()
-		p.err = err
-		p.mu.Unlock()
-		close(p.done)
-	}()
-	return p, nil
+	return &ParentImage{dir: dir, at: map[PageRef]int64{}, files: map[uint32]*os.File{}, maps: map[uint32]*Pagemap{}}, nil
 }
 
-// write lays out refs task by task, then rewrites the pages changed while
-// it ran.
-func (p *ParentImage) write(refs []PageRef, read func(PageRef, []byte) bool) error {
-	page := make([]byte, PageSize)
-	for start := 0; start < len(refs); {
-		pid := refs[start].PID
-		end := start
-		for end < len(refs) && refs[end].PID == pid {
-			end++
-		}
-		if err := p.writeTask(pid, refs[start:end], read, page); err != nil {
-			return err
-		}
-		start = end
-	}
+// Put records a page's contents: before Seal it lays the page out (when it
+// comes in address order); after, it rewrites a page the image holds.
+func (p *ParentImage) Put(r PageRef, data []byte) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for r := range p.pending {
-		if read(r, page) {
-			if err := p.pwrite(r, page); err != nil {
-				return err
-			}
-		} else {
-			delete(p.at, r)
-		}
+	if p.broken != nil {
+		return p.broken
 	}
-	p.pending, p.built = nil, true
-	return nil
-}
-
-func (p *ParentImage) writeTask(pid uint32, refs []PageRef, read func(PageRef, []byte) bool, page []byte) error {
-	f, err := os.OpenFile(filepath.Join(p.dir, fmt.Sprintf("pages-%d.img", pid)), os.O_CREATE|os.O_TRUNC|os.O_RDWR, 0o600)
-	if err != nil {
-		return err
+	if off, ok := p.at[r]; ok {
+		return p.fail(p.rewrite(r, off, data))
 	}
-	p.mu.Lock()
-	p.files[pid] = f
-	p.mu.Unlock()
-	w := bufio.NewWriterSize(f, 1<<20)
-	pm := Pagemap{PID: pid, PagesID: pid}
-	var off int64
-	for _, r := range refs {
-		if !read(r, page) {
-			continue // gone since the list was made
-		}
-		if n := len(pm.Entries); n > 0 && pm.Entries[n-1].Vaddr+uint64(pm.Entries[n-1].NrPages)*PageSize == r.Addr {
-			pm.Entries[n-1].NrPages++
-		} else {
-			pm.Entries = append(pm.Entries, PagemapEntry{Vaddr: r.Addr, NrPages: 1, Flags: PagePresent})
-		}
-		if _, err := w.Write(page); err != nil {
-			return err
-		}
-		p.mu.Lock()
-		p.at[r] = off
-		p.mu.Unlock()
-		off += PageSize
-	}
-	if err := w.Flush(); err != nil {
-		return err
-	}
-	return writePagemap(p.dir, pm)
-}
-
-// pwrite puts a page at its place; p.mu is held.
-func (p *ParentImage) pwrite(r PageRef, data []byte) error {
-	off, ok := p.at[r]
-	if !ok {
+	if p.sealed {
 		return nil
 	}
-	_, err := p.files[r.PID].WriteAt(data, off)
+	return p.fail(p.append(r, data))
+}
+
+// fail keeps the first error: a broken image is never offered as a parent.
+func (p *ParentImage) fail(err error) error {
+	if err != nil && p.broken == nil {
+		p.broken = err
+	}
 	return err
 }
 
-// Update records a page's new contents.
-func (p *ParentImage) Update(r PageRef, data []byte) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.built {
-		p.pending[r] = struct{}{}
+func (p *ParentImage) append(r PageRef, data []byte) error {
+	pm := p.maps[r.PID]
+	if pm == nil {
+		if err := p.flushCurrent(); err != nil {
+			return err
+		}
+		f, err := os.OpenFile(filepath.Join(p.dir, fmt.Sprintf("pages-%d.img", r.PID)), os.O_CREATE|os.O_TRUNC|os.O_RDWR, 0o600)
+		if err != nil {
+			return err
+		}
+		pm = &Pagemap{PID: r.PID, PagesID: r.PID}
+		p.maps[r.PID], p.files[r.PID] = pm, f
+		p.cur, p.curW, p.end = r.PID, bufio.NewWriterSize(f, 1<<20), 0
+	}
+	if r.PID != p.cur {
+		return nil // an earlier task again: out of order, left out
+	}
+	n := len(pm.Entries)
+	switch {
+	case n > 0 && pm.Entries[n-1].Vaddr+uint64(pm.Entries[n-1].NrPages)*PageSize == r.Addr:
+		pm.Entries[n-1].NrPages++
+	case n == 0 || r.Addr > pm.Entries[n-1].Vaddr:
+		pm.Entries = append(pm.Entries, PagemapEntry{Vaddr: r.Addr, NrPages: 1, Flags: PagePresent})
+	default:
+		return nil // out of order, left out
+	}
+	if _, err := p.curW.Write(data[:PageSize]); err != nil {
+		return err
+	}
+	p.at[r] = p.end
+	p.end += PageSize
+	return nil
+}
+
+// rewrite puts a page at its place, through the writer while it still
+// buffers the end of the current task's image.
+func (p *ParentImage) rewrite(r PageRef, off int64, data []byte) error {
+	if !p.sealed && r.PID == p.cur {
+		if err := p.curW.Flush(); err != nil {
+			return err
+		}
+	}
+	_, err := p.files[r.PID].WriteAt(data[:PageSize], off)
+	return err
+}
+
+func (p *ParentImage) flushCurrent() error {
+	if p.curW == nil {
 		return nil
 	}
-	return p.pwrite(r, data)
+	err := p.curW.Flush()
+	p.curW = nil
+	return err
+}
+
+// Seal ends the layout (the first round is in): the pagemaps are written,
+// and from now on Has answers.
+func (p *ParentImage) Seal() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.sealed {
+		return p.broken
+	}
+	p.sealed = true
+	if err := p.flushCurrent(); err != nil {
+		return p.fail(err)
+	}
+	for _, pm := range p.maps {
+		if err := writePagemap(p.dir, *pm); err != nil {
+			return p.fail(err)
+		}
+	}
+	return p.broken
 }
 
 // Forget drops a page: its copy here is no longer current.
@@ -159,40 +156,39 @@ func (p *ParentImage) Forget(r PageRef) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.at, r)
-	if !p.built {
-		p.pending[r] = struct{}{} // re-read: absent from the store, it is dropped
-	}
 }
 
-// Has reports whether the image holds the page's current contents.
+// Has reports whether the sealed, intact image holds the page's current
+// contents.
 func (p *ParentImage) Has(pid uint32, addr uint64) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if !p.sealed || p.broken != nil {
+		return false
+	}
 	_, ok := p.at[PageRef{pid, addr}]
 	return ok
 }
 
-// Wait returns once the image is written, with the error that stopped it.
-func (p *ParentImage) Wait() error {
-	<-p.done
+// Usable reports whether the image is sealed and intact.
+func (p *ParentImage) Usable() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.err
+	return p.sealed && p.broken == nil
 }
 
 // Dir is the image's directory, for a dump's parent link.
 func (p *ParentImage) Dir() string { return p.dir }
 
-// Close closes the image's files (after Wait).
+// Close closes the image's files.
 func (p *ParentImage) Close() error {
-	<-p.done
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var err error
+	var errs []error
 	for _, f := range p.files {
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
+		errs = append(errs, f.Close())
 	}
-	return err
+	p.files = map[uint32]*os.File{}
+	p.fail(errors.New("parent image closed"))
+	return errors.Join(errs...)
 }

@@ -92,8 +92,20 @@ func TestParentImage(t *testing.T) {
 	work := t.TempDir()
 	const pid = 9
 	store := &memPages{m: map[PageRef][]byte{}}
+	parent, err := NewParent(filepath.Join(work, "parent"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(r PageRef, b []byte) {
+		t.Helper()
+		store.put(r, b)
+		if err := parent.Put(r, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The first round: 0x10000-0x4f000 (64 pages) and 0x80000-0x83000 in
+	// address order, then one page out of order (left out of the layout).
 	var refs []PageRef
-	// 0x10000-0x4f000 (64 pages) and 0x80000-0x83000 held before the switchover.
 	for i := uint64(0); i < 64; i++ {
 		refs = append(refs, PageRef{pid, 0x10000 + i*PageSize})
 	}
@@ -101,41 +113,37 @@ func TestParentImage(t *testing.T) {
 		refs = append(refs, PageRef{pid, 0x80000 + i*PageSize})
 	}
 	for _, r := range refs {
-		store.put(r, pageOf(pid, r.Addr))
+		put(r, pageOf(pid, r.Addr))
 	}
-	parent, err := StartParent(filepath.Join(work, "parent"), refs, store.read)
-	if err != nil {
-		t.Fatal(err)
+	put(PageRef{pid, 0x5000}, pageOf(pid, 0x5000))
+	if parent.Has(pid, refs[0].Addr) {
+		t.Fatal("an unsealed image offers pages")
 	}
-	// Rounds go on meanwhile: a page changes (before or after the image is
-	// written, both must end up current), one is forgotten.
+	// A page changes again before the round ends (still buffered).
 	changed := bytes.Repeat([]byte{0xAB}, PageSize)
-	store.put(refs[3], changed)
-	if err := parent.Update(refs[3], changed); err != nil {
+	put(refs[3], changed)
+	if err := parent.Seal(); err != nil {
 		t.Fatal(err)
 	}
+	// Later rounds: a page changes, one is forgotten.
+	later := bytes.Repeat([]byte{0xCD}, PageSize)
+	put(refs[7], later)
 	delete(store.m, refs[5])
 	parent.Forget(refs[5])
-	if err := parent.Wait(); err != nil {
-		t.Fatal(err)
-	}
-	later := bytes.Repeat([]byte{0xCD}, PageSize)
-	store.put(refs[7], later)
-	if err := parent.Update(refs[7], later); err != nil {
-		t.Fatal(err)
-	}
-	if parent.Has(pid, refs[5].Addr) || !parent.Has(pid, refs[6].Addr) || parent.Has(pid, 0x90000) {
+	if parent.Has(pid, refs[5].Addr) || !parent.Has(pid, refs[6].Addr) || parent.Has(pid, 0x5000) || parent.Has(pid, 0x90000) {
 		t.Fatal("Has disagrees with what the image holds")
 	}
 
-	// The lazy dump: one present page (say, the vdso), the held run, a page
-	// the image forgot (fetched), and a run nobody held (fetched).
+	// The lazy dump: one present page (say, the vdso), a run from 0x5000
+	// the image left out (written from the store), the held run, and a run
+	// partly held: refs[5] and 0x84000-0x85000 are fetched.
 	dir := filepath.Join(work, "images")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
 	writeLazyDump(t, dir, Pagemap{PID: pid, PagesID: 1, Entries: []PagemapEntry{
 		{Vaddr: 0x1000, NrPages: 1, Flags: PagePresent},
+		{Vaddr: 0x5000, NrPages: 1, Flags: PageLazy},
 		{Vaddr: 0x10000, NrPages: 64, Flags: PageLazy},
 		{Vaddr: 0x80000, NrPages: 6, Flags: PageLazy},
 	}})
@@ -157,8 +165,9 @@ func TestParentImage(t *testing.T) {
 	if err := parent.Close(); err != nil {
 		t.Fatal(err)
 	}
-	// 63 + 4 pages from the parent, refs[5] and 0x84000-0x85000 fetched.
-	if st.Parent != 67 || st.Fetched != 3 || st.Dumped != 1 || st.Local != 0 {
+	// 63 + 4 pages from the parent, 0x5000 from the store, refs[5] and
+	// 0x84000-0x85000 fetched.
+	if st.Parent != 67 || st.Fetched != 3 || st.Dumped != 1 || st.Local != 1 {
 		t.Errorf("stats %+v", st)
 	}
 	got := resolve(t, dir, parent.Dir(), pid)
@@ -171,12 +180,15 @@ func TestParentImage(t *testing.T) {
 		}
 		return pageOf(pid, addr)
 	}
-	if len(got) != 1+64+6 {
-		t.Fatalf("the dump resolves to %d pages, want 71", len(got))
+	if len(got) != 1+1+64+6 {
+		t.Fatalf("the dump resolves to %d pages, want 72", len(got))
 	}
 	for addr, b := range got {
 		if !bytes.Equal(b, want(addr)) {
 			t.Errorf("page %#x does not hold its current contents", addr)
 		}
+	}
+	if parent.Put(refs[0], later) == nil {
+		t.Error("a closed image took a page")
 	}
 }
