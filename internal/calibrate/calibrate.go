@@ -505,16 +505,30 @@ func fitLazySetup(ms []Measured, p *model.Profile) (Term, error) {
 	return t, nil
 }
 
+// fitLazy fits the lazy-pages daemon's pull: its rate from the post-copy
+// runs with nothing written, then the time per fault from the others
+// (pull = M/lazy_bps × (1 + R·fault_s/2), the model's fault factor).
 func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
 	t := Term{Name: "lazy-pages", Kind: "proportional",
-		From: "post-copy's commit+lazy-pages (restored until the last page) vs memory: M/lazy_bps"}
+		From: "post-copy's commit+lazy-pages at 0 pages/s vs memory: M/lazy_bps; at other rates, (pull·lazy_bps/M − 1)·2/R: fault_s"}
 	byRate := map[string][2][]float64{}
+	var faulting []sample
 	for _, s := range collect(ms, unshaped("postcopy")) {
 		y := phaseS(s.r, "commit", "lazy-pages")
-		t.X, t.Y = append(t.X, s.m), append(t.Y, y)
 		k := fmt.Sprintf("at %d pages/s", s.p.DirtyRate)
 		xy := byRate[k]
 		byRate[k] = [2][]float64{append(xy[0], s.m), append(xy[1], y)}
+		if s.p.DirtyRate > 0 {
+			faulting = append(faulting, s)
+			continue
+		}
+		t.X, t.Y = append(t.X, s.m), append(t.Y, y)
+	}
+	if len(t.Y) == 0 { // no quiet runs: one rate for all, no fault term
+		for _, s := range faulting {
+			t.X, t.Y = append(t.X, s.m), append(t.Y, phaseS(s.r, "commit", "lazy-pages"))
+		}
+		faulting = nil
 	}
 	bps, err := rateThroughOrigin(&t)
 	if err != nil {
@@ -522,11 +536,17 @@ func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
 	}
 	p.LazyBps = bps
 	t.Sets = map[string]float64{"lazy_bps": p.LazyBps}
-	if t.Free != nil {
-		t.Note = fmt.Sprintf("a free line has %.0f ms at M = 0 (the model has none)", t.Free.A*1000)
+	var per []float64
+	for _, s := range faulting {
+		ratio := phaseS(s.r, "commit", "lazy-pages") * bps / s.m
+		per = append(per, math.Max(0, ratio-1)*2/float64(s.p.DirtyRate))
+	}
+	if len(per) > 0 {
+		p.FaultS = mean(per)
+		t.Sets["fault_s"] = p.FaultS
 	}
 	if len(byRate) > 1 {
-		t.Note = joinNotes(t.Note, "by dirty rate (the model has none here): "+subFits(byRate))
+		t.Note = "by dirty rate: " + subFits(byRate)
 	}
 	return t, nil
 }

@@ -28,7 +28,11 @@ type Profile struct {
 	RestoreBps    float64 `json:"restore_bps"`     // 1/ω: restore's memory part, bytes/s
 
 	LazySetupS float64 `json:"lazy_setup_s"` // extra fixed cost of a lazy restore (lazy-pages daemon, userfaultfd)
-	LazyBps    float64 `json:"lazy_bps"`     // pages the lazy-pages daemon places per second, bytes/s
+	LazyBps    float64 `json:"lazy_bps"`     // pages the lazy-pages daemon places per second, bytes/s, nothing faulting
+	// FaultS is the lazy-pages daemon's time per page fault: each fault is
+	// a synchronous round trip that holds up the background push, and
+	// stalls the faulting writer as long.
+	FaultS float64 `json:"fault_s"`
 	// RedirtyRatio is the share of a page a live round (from the second
 	// on) sends for a page dirtied again since it was last sent: XOR
 	// deltas make it small for sparse writes, 1 for pages rewritten whole.
@@ -78,6 +82,7 @@ func DefaultProfile() Profile {
 		ImageFillBps:   2e9,   // 256 MiB in 0.13 s
 		LazyDump:       true,
 		LazyBps:        (256 << 20) / 1.08, // every page of 256 MiB placed 1.08 s after the lazy restore
+		FaultS:         0.0015,             // post-copy pulls 1.9-2.8 x slower at 2,000 pages/s
 		LinkEfficiency: 0.95,
 		DedupRefBytes:  29,
 		PAM:            DefaultPAM(),
@@ -108,7 +113,7 @@ func (p Profile) Validate() error {
 		}
 	}
 	for _, f := range []field{{"freeze_s", p.FreezeS}, {"dump_fixed_s", p.DumpFixedS},
-		{"restore_fixed_s", p.RestoreFixedS}, {"lazy_setup_s", p.LazySetupS},
+		{"restore_fixed_s", p.RestoreFixedS}, {"lazy_setup_s", p.LazySetupS}, {"fault_s", p.FaultS},
 		{"dedup_ref_bytes", p.DedupRefBytes}} {
 		if !(f.v >= 0) {
 			return fmt.Errorf("profile: %s must not be negative, got %v", f.name, f.v)

@@ -146,8 +146,18 @@ func (p Profile) SwitchoverS(m, left, linkBps float64) float64 {
 func (p Profile) postcopy(in Inputs) timeline {
 	m := in.MemoryBytes
 	down := p.FreezeS + p.DumpFixedS + p.RestoreFixedS + p.LazySetupS
-	pull := math.Max(xfer(m, p.link(in, 0)), m/p.LazyBps)
+	pull := math.Max(xfer(m, p.link(in, 0)), m/p.LazyBps*p.faultFactor(in))
 	return timeline{down: down, total: down + pull, bytes: m, degraded: pull}
+}
+
+// faultFactor is how much the service's writes slow the lazy-pages
+// daemon's pull. A write to a page not yet there faults (half of the pages,
+// on average over the pull), and each fault takes the daemon FaultS away
+// from pushing; the faulting writer waits as long, which bounds how fast it
+// can fault. With x = R·FaultS/2 the daemon loses x/(1+x) of its time:
+// the pull takes (1 + x) times as long.
+func (p Profile) faultFactor(in Inputs) float64 {
+	return 1 + in.DirtyRatePagesPerSec*p.FaultS/2
 }
 
 // hybrid: n live rounds, then freeze; a memory-less dump runs alongside a
