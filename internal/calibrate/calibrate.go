@@ -256,6 +256,7 @@ func Fit(ms []Measured, base model.Profile) (model.Profile, []Term, []string) {
 	}
 	add(fitFreeze(ms, &p))
 	add(fitReadHash(ms, &p))
+	add(fitFrozenRead(ms, &p))
 	phi, err := fitDumpFixed(ms, &p)
 	phiKnown := err == nil
 	if phiKnown {
@@ -313,6 +314,28 @@ func fitReadHash(ms []Measured, p *model.Profile) (Term, error) {
 	if t.Free != nil {
 		t.Note = fmt.Sprintf("a free line puts %.0f ms per round outside memory (the model has no per-round fixed cost)", t.Free.A*1000)
 	}
+	return t, nil
+}
+
+// fitFrozenRead fits the last round read while the container is frozen
+// (hybrid, pre-copy's rebuild switchover): it runs beside CRIU's
+// memory-less dump with nothing else competing.
+func fitFrozenRead(ms []Measured, p *model.Profile) (Term, error) {
+	t := Term{Name: "frozen-read", Kind: "proportional",
+		From: "the frozen last round (hybrid, pre-copy rebuild) vs memory: duration = M/frozen_read_bps"}
+	for _, s := range collect(ms, unshaped("precopy", "hybrid")) {
+		for _, rd := range s.r.Rounds {
+			if rd.Final {
+				t.X, t.Y = append(t.X, s.m), append(t.Y, rd.DurationMs/1000)
+			}
+		}
+	}
+	bps, err := rateThroughOrigin(&t)
+	if err != nil {
+		return t, err
+	}
+	p.FrozenReadBps = bps
+	t.Sets = map[string]float64{"frozen_read_bps": p.FrozenReadBps}
 	return t, nil
 }
 

@@ -23,6 +23,10 @@ type Profile struct {
 	DumpBpsAbove  float64 `json:"dump_bps_above,omitempty"`
 
 	ReadHashBps float64 `json:"read_hash_bps"` // reading memory from the host and hashing it, bytes/s
+	// FrozenReadBps is the same for the last round, read while the
+	// container is frozen (hybrid, pre-copy's rebuild switchover): nothing
+	// competes for the CPUs but CRIU. 0: read_hash_bps.
+	FrozenReadBps float64 `json:"frozen_read_bps,omitempty"`
 
 	RestoreFixedS float64 `json:"restore_fixed_s"` // ψ: restore at M = 0
 	RestoreBps    float64 `json:"restore_bps"`     // 1/ω: restore's memory part, bytes/s

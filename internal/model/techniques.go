@@ -133,7 +133,7 @@ func (p Profile) precopy(in Inputs, n int) timeline {
 // CPUs; the link carries what is left alongside).
 func (p Profile) SwitchoverS(m, left, linkBps float64) float64 {
 	if p.LazyDump {
-		final := math.Max(p.DumpFixedS, m/p.ReadHashBps+xfer(left, linkBps))
+		final := math.Max(p.DumpFixedS, m/p.frozenRead()+xfer(left, linkBps))
 		return p.FreezeS + final + m/p.ImageFillBps + p.restore(m)
 	}
 	stream := math.Max(p.dumpTime(m)+m/p.ReadHashBps, xfer(left, linkBps))
@@ -167,7 +167,7 @@ func (p Profile) hybrid(in Inputs, n int) timeline {
 	m := in.MemoryBytes
 	sent, elapsed, last := p.liveRounds(in, n)
 	delta := p.switchoverDirty(in, last)
-	final := math.Max(p.DumpFixedS, m/p.ReadHashBps+xfer(delta*p.redirty(n), p.link(in, n)))
+	final := math.Max(p.DumpFixedS, m/p.frozenRead()+xfer(delta*p.redirty(n), p.link(in, n)))
 	down := p.FreezeS + final + p.RestoreFixedS + p.LazySetupS
 	fill := m / p.localFill() // placing every page from the local copy
 	t := timeline{rounds: n, down: down, total: elapsed + down + fill, bytes: sent + delta*p.redirty(n), degraded: fill}
@@ -190,6 +190,14 @@ func (p Profile) native(in Inputs, n int) timeline {
 		t.note = "needs soft-dirty tracking, which this host's kernel lacks"
 	}
 	return t
+}
+
+// frozenRead is the last round's reading rate, the container frozen.
+func (p Profile) frozenRead() float64 {
+	if p.FrozenReadBps > 0 {
+		return p.FrozenReadBps
+	}
+	return p.ReadHashBps
 }
 
 // localFill is hybrid's local fill rate; profiles from before it existed
