@@ -19,7 +19,9 @@ func handProfile() Profile {
 	p.SetupS = 0 // the technique's own times; TestSetupAddsToTotalOnly covers it
 	p.LocalFillBps = 5e8
 	p.ImageFillBps = 1e9
-	p.LazyDump = false // pre-copy's full-dump switchover; TestPrecopyRebuild covers the other
+	p.LazyDump = false  // pre-copy's full-dump switchover; TestPrecopyRebuild covers the other
+	p.FrozenReadBps = 0 // the frozen round reads at ReadHashBps
+	p.RedirtyRatio = 0  // rounds send dirty pages whole
 	return p
 }
 
@@ -251,7 +253,7 @@ func TestBestTieGoesToLowerDowntimeThenOrder(t *testing.T) {
 func TestBestPrefersLessDependenceAmongLazyModes(t *testing.T) {
 	p := DefaultProfile()
 	in := Inputs{MemoryBytes: 256 << 20, DirtyRatePagesPerSec: 1000, BandwidthBps: 125e6}
-	preds, feasible, rec, reason := Best(p, in, 400)
+	preds, feasible, rec, reason := Best(p, in, 250)
 	var post, hy Prediction
 	for _, q := range preds {
 		switch q.Mode {
@@ -263,11 +265,11 @@ func TestBestPrefersLessDependenceAmongLazyModes(t *testing.T) {
 	}
 	for _, m := range feasible {
 		if isResumable(m) {
-			t.Fatalf("a resumable mode fits 400 ms: %v", feasible)
+			t.Fatalf("a resumable mode fits 250 ms: %v", feasible)
 		}
 	}
 	want := ModePostcopy
-	if hy.DegradedMs < post.DegradedMs && hy.DowntimeMs <= 400 {
+	if hy.DegradedMs < post.DegradedMs && hy.DowntimeMs <= 250 {
 		want = ModeHybrid
 	}
 	if rec != want || !strings.Contains(reason, "depends least") {

@@ -71,23 +71,27 @@ type Profile struct {
 // (2 cores, Linux 6.18, CRIU 4.2.1, runc 1.1.5, no soft-dirty). They give
 // sensible predictions until a calibration replaces them.
 func DefaultProfile() Profile {
+	// Rounded from `ferry calibrate` on the development VM (2 cores, CRIU
+	// 4.2.1 with its probes cached, runc 1.1.5), docs/MODEL.md §8.
 	return Profile{
-		Source:         "defaults: development VM, CRIU 4.2.1 + runc 1.1.5",
+		Source:         "defaults: development VM, CRIU 4.2.1 + runc 1.1.5 (calibrated 2026-11-22)",
 		PageSize:       4096,
-		FreezeS:        0.005,
-		DumpFixedS:     0.1,
-		DumpBps:        0.4e9,
-		ReadHashBps:    4.5e9,
-		RestoreFixedS:  0.1,
-		RestoreBps:     (256 << 20) / 0.2, // 0.2 s per 256 MiB
-		LazySetupS:     0.1,
-		SetupS:         0.15,
-		LocalFillBps:   0.4e9, // hybrid runs on the development VM: 0.3-0.5 GB/s
-		ImageFillBps:   2e9,   // 256 MiB in 0.13 s
+		FreezeS:        0.0065,
+		DumpFixedS:     0.087,
+		DumpBps:        0.25e9,
+		ReadHashBps:    2.1e9,
+		FrozenReadBps:  2.6e9,
+		RestoreFixedS:  0.033,
+		RestoreBps:     1.45e9,
+		LazySetupS:     0.046,
+		LazyBps:        0.14e9,
+		FaultS:         0.0013, // post-copy pulls 1.9-2.8 x slower at 2,000 pages/s
+		RedirtyRatio:   0.59,
+		LocalFillBps:   0.62e9,
+		ImageFillBps:   24e9, // the parent image leaves ~10 ms per 256 MiB
 		LazyDump:       true,
-		LazyBps:        (256 << 20) / 1.08, // every page of 256 MiB placed 1.08 s after the lazy restore
-		FaultS:         0.0015,             // post-copy pulls 1.9-2.8 x slower at 2,000 pages/s
-		LinkEfficiency: 0.95,
+		LinkEfficiency: 0.94,
+		SetupS:         0.24,
 		DedupRefBytes:  29,
 		PAM:            DefaultPAM(),
 	}
