@@ -330,13 +330,7 @@ func fitFrozenRead(ms []Measured, p *model.Profile) (Term, error) {
 			}
 		}
 	}
-	bps, err := rateThroughOrigin(&t)
-	if err != nil {
-		return t, err
-	}
-	p.FrozenReadBps = bps
-	t.Sets = map[string]float64{"frozen_read_bps": p.FrozenReadBps}
-	return t, nil
+	return fitRate(t, "frozen_read_bps", &p.FrozenReadBps)
 }
 
 // fitDumpFixed measures φ directly: post-copy's dump is a memory-less
@@ -647,13 +641,7 @@ func fitLocalFill(ms []Measured, p *model.Profile) (Term, error) {
 	for _, s := range collect(ms, unshaped("hybrid")) {
 		t.X, t.Y = append(t.X, s.m), append(t.Y, phaseS(s.r, "commit", "lazy-pages"))
 	}
-	bps, err := rateThroughOrigin(&t)
-	if err != nil {
-		return t, err
-	}
-	p.LocalFillBps = bps
-	t.Sets = map[string]float64{"local_fill_bps": p.LocalFillBps}
-	return t, nil
+	return fitRate(t, "local_fill_bps", &p.LocalFillBps)
 }
 
 // fitImageFill fits pre-copy's rebuild switchover writing the pages image
@@ -666,12 +654,18 @@ func fitImageFill(ms []Measured, p *model.Profile) (Term, error) {
 			t.X, t.Y = append(t.X, s.m), append(t.Y, s.r.FillMs/1000)
 		}
 	}
+	return fitRate(t, "image_fill_bps", &p.ImageFillBps)
+}
+
+// fitRate finishes a term of the form seconds = bytes/rate: it fits t and
+// stores the rate in field, under its JSON name.
+func fitRate(t Term, name string, field *float64) (Term, error) {
 	bps, err := rateThroughOrigin(&t)
 	if err != nil {
 		return t, err
 	}
-	p.ImageFillBps = bps
-	t.Sets = map[string]float64{"image_fill_bps": p.ImageFillBps}
+	*field = bps
+	t.Sets = map[string]float64{name: bps}
 	return t, nil
 }
 
