@@ -47,6 +47,10 @@ type Options struct {
 	// ShapedBps is the link rate of the link-efficiency point, bits/s; 0
 	// means 300 Mbit/s (not a validation rate).
 	ShapedBps int64
+	// FaultRates are extra post-copy dirty rates, so that the pull's fault
+	// terms (fault_s, fault_wait_s) see more than one rate; default 3000
+	// pages/s, none with Quick.
+	FaultRates []int
 	// FerryBin is the ferry binary the lab runs (memhog next to it).
 	FerryBin string
 	// Progress, if set, hears of every point and bench step.
@@ -65,6 +69,7 @@ var (
 	DefaultDirtyRates = []int{0, 2000}
 	QuickMemories     = []int64{64 << 20, 256 << 20}
 	QuickDirtyRates   = []int{100}
+	DefaultFaultRates = []int{3000}
 )
 
 // DefaultShapedBps is the calibration's shaped link: 300 Mbit/s.
@@ -93,6 +98,9 @@ func (o Options) withDefaults() Options {
 	if o.ShapedBps <= 0 {
 		o.ShapedBps = DefaultShapedBps
 	}
+	if o.FaultRates == nil && !o.Quick {
+		o.FaultRates = DefaultFaultRates
+	}
 	return o
 }
 
@@ -108,6 +116,11 @@ func Grid(o Options) []Point {
 			for _, mode := range calibratedModes {
 				pts = append(pts, Point{Mode: mode, MemoryBytes: m, DirtyRate: r})
 			}
+		}
+	}
+	for _, m := range o.Memories {
+		for _, r := range o.FaultRates {
+			pts = append(pts, Point{Mode: model.ModePostcopy, MemoryBytes: m, DirtyRate: r})
 		}
 	}
 	shapedMem := o.Memories[0]
@@ -527,7 +540,7 @@ func fitLazySetup(ms []Measured, p *model.Profile) (Term, error) {
 // (pull = M/lazy_bps × (1 + R·fault_s/2), the model's fault factor).
 func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
 	t := Term{Name: "lazy-pages", Kind: "proportional",
-		From: "post-copy's commit+lazy-pages at 0 pages/s vs memory: M/lazy_bps; at other rates, (pull·lazy_bps/M − 1)·2/R: fault_s"}
+		From: "post-copy's commit+lazy-pages at 0 pages/s vs memory: M/lazy_bps; at other rates, the fault terms (fitFaults)"}
 	byRate := map[string][2][]float64{}
 	var faulting []sample
 	for _, s := range collect(ms, unshaped("postcopy")) {
@@ -553,19 +566,50 @@ func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
 	}
 	p.LazyBps = bps
 	t.Sets = map[string]float64{"lazy_bps": p.LazyBps}
-	var per []float64
-	for _, s := range faulting {
-		ratio := phaseS(s.r, "commit", "lazy-pages") * bps / s.m
-		per = append(per, math.Max(0, ratio-1)*2/float64(s.p.DirtyRate))
-	}
-	if len(per) > 0 {
-		p.FaultS = mean(per)
-		t.Sets["fault_s"] = p.FaultS
-	}
+	fitFaults(faulting, p, &t)
 	if len(byRate) > 1 {
-		t.Note = "by dirty rate: " + subFits(byRate)
+		t.Note = joinNotes(t.Note, "by dirty rate: "+subFits(byRate))
 	}
 	return t, nil
+}
+
+// fitFaults fits the pull's fault terms from runs that wrote while the
+// daemon pulled. The model's pull is M/lazy_bps / (1 − busy) with busy =
+// fault_s·x/(1 + x·fault_wait_s), x = R/2, so 1/busy = (1/fault_s)·(1/x) +
+// fault_wait_s/fault_s: a line in 1/x. With one rate only, fault_wait_s is
+// taken equal to fault_s.
+func fitFaults(runs []sample, p *model.Profile, t *Term) {
+	var xs, ys []float64
+	for _, s := range runs {
+		busy := 1 - s.m/p.LazyBps/phaseS(s.r, "commit", "lazy-pages")
+		if busy <= 0.01 {
+			continue // no slower than a quiet pull: nothing to fit
+		}
+		xs, ys = append(xs, 2/float64(s.p.DirtyRate)), append(ys, 1/busy)
+	}
+	if len(xs) == 0 {
+		return
+	}
+	if distinct(xs) >= 2 {
+		if f, err := model.FitLinear(xs, ys); err == nil && f.B > 0 && f.A >= 0 {
+			p.FaultS, p.FaultWaitS = 1/f.B, f.A/f.B
+			t.Sets["fault_s"], t.Sets["fault_wait_s"] = p.FaultS, p.FaultWaitS
+			t.Note = fmt.Sprintf("fault terms: 1/busy against 2/R, R² %.3f over %d runs", f.R2, len(xs))
+			return
+		}
+	}
+	// One rate (or no usable line): fault_wait_s = fault_s, so 1/busy =
+	// 1 + 1/(x·fault_s).
+	var per []float64
+	for i := range xs {
+		if ys[i] > 1 {
+			per = append(per, xs[i]/(ys[i]-1))
+		}
+	}
+	if len(per) > 0 {
+		p.FaultS, p.FaultWaitS = mean(per), 0
+		t.Sets["fault_s"] = p.FaultS
+	}
 }
 
 // twoRates fits y = x·below up to a knee and knee·below + (x−knee)·above

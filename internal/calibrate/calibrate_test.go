@@ -272,7 +272,9 @@ func TestSweepStopsOnBenchError(t *testing.T) {
 
 func TestGrids(t *testing.T) {
 	modes := len(calibratedModes)
-	if n := len(Grid(Options{})); n != 4*2*modes+1 {
+	// Every mode at 4 sizes x 2 rates, post-copy at 3000 pages/s too, the
+	// shaped pre-copy.
+	if n := len(Grid(Options{})); n != 4*2*modes+4+1 {
 		t.Errorf("default grid: %d points", n)
 	}
 	q := Grid(Options{Quick: true})
@@ -283,7 +285,7 @@ func TestGrids(t *testing.T) {
 	if last.BandwidthBps != DefaultShapedBps || last.MemoryBytes != 64<<20 || len(last.Baselines) != 1 {
 		t.Errorf("shaped point: %+v", last)
 	}
-	if last := Grid(Options{})[4*2*modes]; last.MemoryBytes != 128<<20 || last.DirtyRate != 0 {
+	if last := Grid(Options{})[4*2*modes+4]; last.MemoryBytes != 128<<20 || last.DirtyRate != 0 || last.BandwidthBps == 0 {
 		t.Errorf("default shaped point: %+v", last)
 	}
 	if n := len(ValidationGrid(ValidateOptions{})); n != 24 {

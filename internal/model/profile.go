@@ -34,9 +34,11 @@ type Profile struct {
 	LazySetupS float64 `json:"lazy_setup_s"` // extra fixed cost of a lazy restore (lazy-pages daemon, userfaultfd)
 	LazyBps    float64 `json:"lazy_bps"`     // pages the lazy-pages daemon places per second, bytes/s, nothing faulting
 	// FaultS is the lazy-pages daemon's time per page fault: each fault is
-	// a synchronous round trip that holds up the background push, and
-	// stalls the faulting writer as long.
+	// a synchronous round trip that holds up the background push.
 	FaultS float64 `json:"fault_s"`
+	// FaultWaitS is how long a fault stalls the writer, which bounds how
+	// fast it can fault (0: FaultS).
+	FaultWaitS float64 `json:"fault_wait_s,omitempty"`
 	// RedirtyRatio is the share of a page a live round (from the second
 	// on) sends for a page dirtied again since it was last sent: XOR
 	// deltas make it small for sparse writes, 1 for pages rewritten whole.

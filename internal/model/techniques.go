@@ -151,13 +151,18 @@ func (p Profile) postcopy(in Inputs) timeline {
 }
 
 // faultFactor is how much the service's writes slow the lazy-pages
-// daemon's pull. A write to a page not yet there faults (half of the pages,
-// on average over the pull), and each fault takes the daemon FaultS away
-// from pushing; the faulting writer waits as long, which bounds how fast it
-// can fault. With x = R·FaultS/2 the daemon loses x/(1+x) of its time:
-// the pull takes (1 + x) times as long.
+// daemon's pull. A write to a page not there yet faults (half of the pages,
+// on average over the pull): R/2 faults a second, fewer as each stalls the
+// writer FaultWaitS, f = (R/2)/(1 + (R/2)·FaultWaitS). Each takes the daemon
+// FaultS away from pushing, so it pushes 1 − f·FaultS of the time.
 func (p Profile) faultFactor(in Inputs) float64 {
-	return 1 + in.DirtyRatePagesPerSec*p.FaultS/2
+	wait := p.FaultWaitS
+	if wait <= 0 {
+		wait = p.FaultS
+	}
+	x := in.DirtyRatePagesPerSec / 2
+	busy := p.FaultS * x / (1 + x*wait)
+	return 1 / math.Max(1-busy, 0.05)
 }
 
 // hybrid: n live rounds, then freeze; a memory-less dump runs alongside a
