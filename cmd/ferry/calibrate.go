@@ -41,13 +41,16 @@ the phase the model says it governs:
 
   freeze_s                       the freeze phase (mean)
   read_hash_bps                  pre-copy rounds after the first vs memory
+  frozen_read_bps                the frozen last round (hybrid, pre-copy) vs memory
   dump_fixed_s                   post-copy's dump: a memory-less CRIU dump
-  dump_bps                       pre-copy's deduplicating dump, less its
-                                 hashing and dump_fixed_s, vs memory
+  dump_bps                       a full dump (pre-copy's deduplicating one, or
+                                 cold's), less dump_fixed_s, vs memory
   restore_fixed_s, restore_bps   the restore phase vs memory
   lazy_setup_s                   post-copy's downtime beyond those fixed costs
-  lazy_bps                       post-copy's lazy-pages phase vs memory
+  lazy_bps                       post-copy's lazy-pages phase vs memory, nothing written
+  fault_s, fault_wait_s          post-copy's lazy-pages phase at 2000 and 3000 pages/s
   local_fill_bps                 hybrid's lazy-pages phase (served locally) vs memory
+  image_fill_bps                 pre-copy's rebuild switchover completing the images
   redirty_ratio                  bytes per re-dirtied page in later rounds / page size
   link_efficiency                pre-copy's first round on the shaped link
 
@@ -60,9 +63,9 @@ The rest (page size, dedup reference size, the PAM constants other than
 β, ψ and ω) keep their defaults; soft_dirty says whether this kernel tracks
 dirty pages.
 
-Grid: 64M, 128M, 256M and 512M at 0 and 2000 pages/s, two runs each
-(about 4 minutes here); --quick: 64M and 256M at 100 pages/s (under a
-minute). Every point brings
+Grid: 64M, 128M, 256M and 512M at 0 and 2000 pages/s, post-copy at 3000
+pages/s too, two runs each (about 5 minutes here); --quick: 64M and 256M at
+100 pages/s (about a minute). Every point brings
 up a lab of its own, so it needs root, the binaries from 'make build'
 (memhog next to ferry) and no lab already up.
 
