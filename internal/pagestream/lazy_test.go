@@ -3,7 +3,9 @@ package pagestream
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"io"
+	"net"
 	"testing"
 )
 
@@ -91,4 +93,58 @@ func FuzzServeLazy(f *testing.F) {
 		up.out.Write(upstream)
 		ServeLazy(duplex{bytes.NewReader(daemon), &out}, up, fakeStore)
 	})
+}
+
+// TestLazyClient asks ServeLazy (standing in for a lazy dump's page server:
+// it answers GETs the same way) for pages, then closes.
+func TestLazyClient(t *testing.T) {
+	cli, srv := net.Pipe()
+	defer cli.Close()
+	done := make(chan error, 1)
+	up := &fakeUpstream{}
+	up.out.Write(make([]byte, 4)) // the CLOSE's status, forwarded upstream
+	go func() {
+		_, err := ServeLazy(srv, up, fakeStore)
+		srv.Close()
+		done <- err
+	}()
+	c := NewLazyClient(cli)
+	buf := make([]byte, 2*PageSize)
+	if err := c.Get(7, 0x1000, buf); err != nil {
+		t.Fatal(err)
+	}
+	if buf[0] != 1 || buf[PageSize] != 2 {
+		t.Fatalf("pages hold %d and %d, want 1 and 2", buf[0], buf[PageSize])
+	}
+	if err := c.Get(7, 0x1000, make([]byte, 100)); err == nil {
+		t.Error("a GET of a partial page went out")
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLazyClientRefusesAWrongReply: a reply for other pages is an error,
+// not data.
+func TestLazyClientRefusesAWrongReply(t *testing.T) {
+	cli, srv := net.Pipe()
+	defer cli.Close()
+	go func() {
+		defer srv.Close()
+		req := make([]byte, headerSize)
+		if _, err := io.ReadFull(srv, req); err != nil {
+			return
+		}
+		reply := make([]byte, headerSize)
+		binary.LittleEndian.PutUint32(reply[0:], pePresent<<psCmdBits|psIOVAddF)
+		binary.LittleEndian.PutUint64(reply[8:], 1)
+		binary.LittleEndian.PutUint64(reply[16:], 0x9000) // not what was asked
+		_, _ = srv.Write(append(reply, make([]byte, PageSize)...))
+	}()
+	if err := NewLazyClient(cli).Get(7, 0x1000, make([]byte, PageSize)); err == nil || !errors.Is(err, ErrMalformed) {
+		t.Fatalf("err = %v, want ErrMalformed", err)
+	}
 }
