@@ -97,7 +97,7 @@ held.`,
 	addPrecopyFlags(cmd, &req.Precopy)
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON, no progress line")
 	f.StringVar(&maxBW, "max-bandwidth", "", "cap the migration's sending rate (e.g. 500mbit) to leave room for other traffic")
-	f.StringSliceVar(&req.Faults, "inject-fault", nil, "inject a failure for testing (agents with --allow-faults only): restore")
+	f.StringSliceVar(&req.Faults, "inject-fault", nil, "inject a failure for testing (agents with --allow-faults only): restore, forget-pages")
 	_ = f.MarkHidden("inject-fault")
 	_ = cmd.MarkFlagRequired("to")
 	return cmd

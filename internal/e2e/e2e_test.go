@@ -143,6 +143,16 @@ func TestPrecopyMigration(t *testing.T) {
 			t.Errorf("images completed with %d pages held, %d fetched, in %.0f ms", rep.PagesReferenced, rep.PagesFetched, rep.FillMs)
 		}
 	})
+	// Pages the destination lacks at the switchover come from the source's
+	// CRIU page server, through the session (a test fault drops every 16th
+	// page the rounds brought).
+	t.Run("rebuild fetching", func(t *testing.T) {
+		rep := testMigrationWith(t, engine.Request{Mode: engine.ModePrecopy, Faults: []string{"forget-pages"},
+			Precopy: engine.PrecopyOptions{Switchover: engine.SwitchoverRebuild}})
+		if rep.PagesFetched < 64<<20/4096/20 {
+			t.Errorf("only %d pages fetched from the source", rep.PagesFetched)
+		}
+	})
 	t.Run("dump", func(t *testing.T) {
 		rep := testMigrationWith(t, engine.Request{Mode: engine.ModePrecopy, Precopy: engine.PrecopyOptions{Switchover: engine.SwitchoverDump}})
 		if len(rep.Rounds) < 2 || rep.PagesReferenced < 64<<20/4096 {

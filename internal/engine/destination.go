@@ -13,6 +13,7 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/zeebo/xxh3"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-migrate/ferry/internal/host"
@@ -382,6 +383,9 @@ func (in *incoming) fillImages(ctx context.Context, sess *transport.Session, rou
 		return filled{}, err
 	}
 	client := pagestream.NewLazyClient(ch)
+	if in.d.AllowFaults && slices.Contains(in.offer.Faults, "forget-pages") {
+		in.forgetPages() // tests: make the source's page server answer
+	}
 	src := images.PageSource{
 		Local: func(pid uint32, addr uint64, dst []byte) bool {
 			_, ok := in.store.ReadInto(pages.Key{PID: pid, Addr: addr}, dst)
@@ -410,6 +414,24 @@ func (in *incoming) fillImages(ctx context.Context, sess *transport.Session, rou
 		}
 	}()
 	return filled{st, ms(time.Since(start))}, nil
+}
+
+// forgetPages drops every 16th page the rounds brought (from the store and
+// the parent image): the switchover must fetch those from the source's
+// CRIU page server. A test fault, to exercise that path.
+func (in *incoming) forgetPages() {
+	var drop []pages.Key
+	i := 0
+	in.store.Range(func(k pages.Key, _ xxh3.Uint128) bool {
+		if i%16 == 0 {
+			drop = append(drop, k)
+		}
+		i++
+		return true
+	})
+	for _, k := range drop {
+		in.store.Delete(k) // the observer forgets it in the parent image too
+	}
 }
 
 // receiveFinalPages runs CRIU's page server for the final dump, linked to
