@@ -14,7 +14,9 @@ import (
 	"time"
 )
 
-const counterLoop = `i=0; while true; do i=$((i+1)); echo $i > /tmp/c; sleep 0.05; done`
+// counterLoop counts in /tmp/c, replacing the file whole (a reader never
+// sees it truncated).
+const counterLoop = `i=0; while true; do i=$((i+1)); echo $i > /tmp/c.new; mv /tmp/c.new /tmp/c; sleep 0.05; done`
 
 func requireTools(t *testing.T) {
 	t.Helper()
