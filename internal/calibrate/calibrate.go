@@ -298,14 +298,7 @@ func fitFreeze(ms []Measured, p *model.Profile) (Term, error) {
 			t.X, t.Y = append(t.X, s.m), append(t.Y, phaseS(s.r, "freeze"))
 		}
 	}
-	if len(t.Y) == 0 {
-		return t, ErrNoData
-	}
-	t.Fit = constantFit(t.Y)
-	t.Free = freeLine(t.X, t.Y)
-	p.FreezeS = math.Max(0, t.Fit.A)
-	t.Sets = map[string]float64{"freeze_s": p.FreezeS}
-	return t, nil
+	return fitConstant(t, "freeze_s", &p.FreezeS)
 }
 
 func fitReadHash(ms []Measured, p *model.Profile) (Term, error) {
@@ -318,16 +311,11 @@ func fitReadHash(ms []Measured, p *model.Profile) (Term, error) {
 			}
 		}
 	}
-	bps, err := rateThroughOrigin(&t)
-	if err != nil {
-		return t, err
-	}
-	p.ReadHashBps = bps
-	t.Sets = map[string]float64{"read_hash_bps": p.ReadHashBps}
-	if t.Free != nil {
+	t, err := fitRate(t, "read_hash_bps", &p.ReadHashBps)
+	if err == nil && t.Free != nil {
 		t.Note = fmt.Sprintf("a free line puts %.0f ms per round outside memory (the model has no per-round fixed cost)", t.Free.A*1000)
 	}
-	return t, nil
+	return t, err
 }
 
 // fitFrozenRead fits the last round read while the container is frozen
@@ -355,14 +343,7 @@ func fitDumpFixed(ms []Measured, p *model.Profile) (Term, error) {
 	for _, s := range collect(ms, unshaped("postcopy")) {
 		t.X, t.Y = append(t.X, s.m), append(t.Y, phaseS(s.r, "dump", "images"))
 	}
-	if len(t.Y) == 0 {
-		return t, ErrNoData
-	}
-	t.Fit = constantFit(t.Y)
-	t.Free = freeLine(t.X, t.Y)
-	p.DumpFixedS = math.Max(0, t.Fit.A)
-	t.Sets = map[string]float64{"dump_fixed_s": p.DumpFixedS}
-	return t, nil
+	return fitConstant(t, "dump_fixed_s", &p.DumpFixedS)
 }
 
 // fitDump fits the switchover dump's memory part on pre-copy's
@@ -522,17 +503,11 @@ func fitLazySetup(ms []Measured, p *model.Profile) (Term, error) {
 		t.X = append(t.X, s.m)
 		t.Y = append(t.Y, phaseS(s.r, "dump", "images", "restore")-p.DumpFixedS-p.RestoreFixedS)
 	}
-	if len(t.Y) == 0 {
-		return t, ErrNoData
-	}
-	t.Fit = constantFit(t.Y)
-	t.Free = freeLine(t.X, t.Y)
-	p.LazySetupS = math.Max(0, t.Fit.A)
-	t.Sets = map[string]float64{"lazy_setup_s": p.LazySetupS}
-	if t.Free != nil {
+	t, err := fitConstant(t, "lazy_setup_s", &p.LazySetupS)
+	if err == nil && t.Free != nil {
 		t.Note = fmt.Sprintf("post-copy downtime grows by %.0f ms per 100 MiB (the model says 0)", t.Free.B*100*(1<<20)*1000)
 	}
-	return t, nil
+	return t, err
 }
 
 // fitLazy fits the lazy-pages daemon's pull: its rate from the post-copy
@@ -560,12 +535,10 @@ func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
 		}
 		faulting = nil
 	}
-	bps, err := rateThroughOrigin(&t)
+	t, err := fitRate(t, "lazy_bps", &p.LazyBps)
 	if err != nil {
 		return t, err
 	}
-	p.LazyBps = bps
-	t.Sets = map[string]float64{"lazy_bps": p.LazyBps}
 	fitFaults(faulting, p, &t)
 	if len(byRate) > 1 {
 		t.Note = joinNotes(t.Note, "by dirty rate: "+subFits(byRate))
@@ -701,28 +674,32 @@ func fitImageFill(ms []Measured, p *model.Profile) (Term, error) {
 	return fitRate(t, "image_fill_bps", &p.ImageFillBps)
 }
 
-// fitRate finishes a term of the form seconds = bytes/rate: it fits t and
-// stores the rate in field, under its JSON name.
-func fitRate(t Term, name string, field *float64) (Term, error) {
-	bps, err := rateThroughOrigin(&t)
-	if err != nil {
-		return t, err
+// fitConstant finishes a term that is one constant: the mean of t's
+// points, never below zero, stored in field under its JSON name.
+func fitConstant(t Term, name string, field *float64) (Term, error) {
+	if len(t.Y) == 0 {
+		return t, ErrNoData
 	}
-	*field = bps
-	t.Sets = map[string]float64{name: bps}
+	t.Fit = constantFit(t.Y)
+	t.Free = freeLine(t.X, t.Y)
+	*field = math.Max(0, t.Fit.A)
+	t.Sets = map[string]float64{name: *field}
 	return t, nil
 }
 
-// rateThroughOrigin fits t's points (seconds vs bytes) to seconds =
-// bytes/rate and returns the rate.
-func rateThroughOrigin(t *Term) (float64, error) {
+// fitRate finishes a term of the form seconds = bytes/rate: it fits t's
+// points through the origin and stores the rate in field, under its JSON
+// name.
+func fitRate(t Term, name string, field *float64) (Term, error) {
 	f, ok := fitThroughOrigin(t.X, t.Y)
 	if !ok || !(f.B > 0) {
-		return 0, ErrNoData
+		return t, ErrNoData
 	}
 	t.Fit = f
 	t.Free = freeLine(t.X, t.Y)
-	return 1 / f.B, nil
+	*field = 1 / f.B
+	t.Sets = map[string]float64{name: *field}
+	return t, nil
 }
 
 // fitLink measures ferry's payload throughput over the shaped link: the
@@ -787,14 +764,7 @@ func fitOverhead(ms []Measured, p *model.Profile) (Term, error) {
 		}
 		t.X, t.Y = append(t.X, s.m), append(t.Y, y)
 	}
-	if len(t.Y) == 0 {
-		return t, ErrNoData
-	}
-	t.Fit = constantFit(t.Y)
-	t.Free = freeLine(t.X, t.Y)
-	p.SetupS = t.Fit.A
-	t.Sets = map[string]float64{"setup_s": p.SetupS}
-	return t, nil
+	return fitConstant(t, "setup_s", &p.SetupS)
 }
 
 // freeLine is FitLinear when the points allow one, else nil.
