@@ -46,6 +46,16 @@ func parseHeader(b []byte) header {
 	}
 }
 
+// encode is parseHeader's inverse (the padding after cmd stays zero).
+func (h header) encode() [headerSize]byte {
+	var b [headerSize]byte
+	binary.LittleEndian.PutUint32(b[0:], h.cmd)
+	binary.LittleEndian.PutUint64(b[8:], h.nrPages)
+	binary.LittleEndian.PutUint64(b[16:], h.vaddr)
+	binary.LittleEndian.PutUint64(b[24:], h.dstID)
+	return b
+}
+
 // check rejects commands the page server does not know: their payload
 // length cannot be known.
 func (h header) check() error {

@@ -2,7 +2,6 @@ package pagestream
 
 import (
 	"bufio"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -84,11 +83,7 @@ func serveLocal(out *bufio.Writer, h header, have Source) (bool, error) {
 			return false, nil
 		}
 	}
-	var rh [headerSize]byte
-	binary.LittleEndian.PutUint32(rh[0:], pePresent<<psCmdBits|psIOVAddF)
-	binary.LittleEndian.PutUint64(rh[8:], h.nrPages)
-	binary.LittleEndian.PutUint64(rh[16:], h.vaddr)
-	binary.LittleEndian.PutUint64(rh[24:], h.dstID)
+	rh := header{cmd: pePresent<<psCmdBits | psIOVAddF, nrPages: h.nrPages, vaddr: h.vaddr, dstID: h.dstID}.encode()
 	if _, err := out.Write(rh[:]); err != nil {
 		return false, err
 	}
@@ -159,11 +154,7 @@ func (c *LazyClient) Get(pid uint32, vaddr uint64, dst []byte) error {
 	if n == 0 || len(dst)%PageSize != 0 || n > maxLazyPages {
 		return fmt.Errorf("pagestream: GET of %d bytes", len(dst))
 	}
-	var req [headerSize]byte
-	binary.LittleEndian.PutUint32(req[0:], psIOVGet)
-	binary.LittleEndian.PutUint64(req[8:], n)
-	binary.LittleEndian.PutUint64(req[16:], vaddr)
-	binary.LittleEndian.PutUint64(req[24:], uint64(pid))
+	req := header{cmd: psIOVGet, nrPages: n, vaddr: vaddr, dstID: uint64(pid)}.encode()
 	if _, err := c.conn.Write(req[:]); err != nil {
 		return fmt.Errorf("source page server: %w", err)
 	}
@@ -184,8 +175,7 @@ func (c *LazyClient) Get(pid uint32, vaddr uint64, dst []byte) error {
 // Close ends the page server's session: the dump on the source then
 // finishes.
 func (c *LazyClient) Close() error {
-	var req [headerSize]byte
-	binary.LittleEndian.PutUint32(req[0:], psIOVClose)
+	req := header{cmd: psIOVClose}.encode()
 	if _, err := c.conn.Write(req[:]); err != nil {
 		return fmt.Errorf("source page server: %w", err)
 	}
