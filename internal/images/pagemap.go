@@ -2,6 +2,7 @@ package images
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -244,7 +245,7 @@ func FillLazy(dir string, src PageSource) (FillStats, error) {
 
 func fillOne(dir string, pm Pagemap, src PageSource, st *FillStats) error {
 	pagesPath := filepath.Join(dir, fmt.Sprintf("pages-%d.img", pm.PagesID))
-	var old io.Reader = eofReader{}
+	var old io.Reader = bytes.NewReader(nil) // no pages image: every page was lazy
 	if f, err := os.Open(pagesPath); err == nil {
 		defer f.Close()
 		old = bufio.NewReaderSize(f, 1<<20)
@@ -358,7 +359,3 @@ func fillEntries(w *bufio.Writer, old io.Reader, pm *Pagemap, src PageSource, st
 	pm.Entries = out
 	return nil
 }
-
-type eofReader struct{}
-
-func (eofReader) Read([]byte) (int, error) { return 0, io.EOF }
