@@ -86,6 +86,24 @@ func upShapedLab(t *testing.T, bin string, bps int64) *lab.Lab {
 	return l
 }
 
+// benchMigrate runs `ferry bench migrate` (which brings up a lab of its
+// own) with this build's binaries, clearing an old lab first and the lab
+// afterwards, pass or fail.
+func benchMigrate(t *testing.T, o bench.MigrateOptions) bench.MigrateResult {
+	t.Helper()
+	requireLab(t)
+	o.FerryBin = ferryBin(t)
+	if err := lab.Down(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lab.Down(context.Background()) })
+	res, err := bench.Migrate(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
 // startMemhog runs memhog on h1 and a probe on h3, returning the probe once
 // the memory is filled.
 func startMemhog(t *testing.T, l *lab.Lab, bin, name string) *bench.ProbeProc {

@@ -1,12 +1,10 @@
 package e2e
 
 import (
-	"context"
 	"testing"
 
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/engine"
-	"github.com/ferry-migrate/ferry/internal/lab"
 )
 
 // TestMultipathSurvivesPathCut migrates over two shaped paths and takes
@@ -20,19 +18,10 @@ func TestMultipathSurvivesPathCut(t *testing.T) {
 		streams int
 	}{{"mptcp", 0}, {"striped", 2}} {
 		t.Run(c.name, func(t *testing.T) {
-			requireLab(t)
-			bin := ferryBin(t)
-			if err := lab.Down(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = lab.Down(context.Background()) })
-			res, err := bench.Migrate(context.Background(), bench.MigrateOptions{
+			res := benchMigrate(t, bench.MigrateOptions{
 				Mode: engine.ModeCold, MemoryBytes: 64 << 20, DirtyRate: 100, BandwidthBps: 200_000_000,
-				Paths: 2, Streams: c.streams, CutPathAt: 0.3, Repeat: 1, Baselines: []string{"paths"}, FerryBin: bin,
+				Paths: 2, Streams: c.streams, CutPathAt: 0.3, Repeat: 1, Baselines: []string{"paths"},
 			})
-			if err != nil {
-				t.Fatal(err)
-			}
 			r := res.Runs[0]
 			if !r.OK || !r.StateOK {
 				t.Fatalf("migration with a cut path: ok=%v state_ok=%v %s %s", r.OK, r.StateOK, r.Error, r.ProbeReason)

@@ -1,14 +1,12 @@
 package e2e
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/engine"
-	"github.com/ferry-migrate/ferry/internal/lab"
 )
 
 // outageRun migrates 64 MiB over a 200 Mbit/s link and takes every path of
@@ -21,19 +19,10 @@ func outageRun(t *testing.T, mode string, outage, timeout time.Duration) bench.R
 // streams TCP connections (0: MPTCP).
 func outageRunStreams(t *testing.T, mode string, outage, timeout time.Duration, streams int) bench.Run {
 	t.Helper()
-	requireLab(t)
-	bin := ferryBin(t)
-	if err := lab.Down(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = lab.Down(context.Background()) })
-	res, err := bench.Migrate(context.Background(), bench.MigrateOptions{
+	res := benchMigrate(t, bench.MigrateOptions{
 		Mode: mode, MemoryBytes: 64 << 20, DirtyRate: 100, BandwidthBps: 200_000_000,
-		Outage: outage, OutageAt: 0.3, OutageTimeout: timeout, Streams: streams, Repeat: 1, FerryBin: bin,
+		Outage: outage, OutageAt: 0.3, OutageTimeout: timeout, Streams: streams, Repeat: 1,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	r := res.Runs[0]
 	if r.OutageAtBytes == 0 {
 		t.Fatal("the outage never happened")
