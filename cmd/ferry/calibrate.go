@@ -47,8 +47,8 @@ the phase the model says it governs:
                                  cold's), less dump_fixed_s, vs memory
   restore_fixed_s, restore_bps   the restore phase vs memory
   lazy_setup_s                   post-copy's downtime beyond those fixed costs
-  lazy_bps                       post-copy's lazy-pages phase vs memory, nothing written
-  fault_s, fault_wait_s          post-copy's lazy-pages phase at 2000 and 3000 pages/s
+  lazy_request_s, lazy_bps,      post-copy's lazy-pages phase vs memory and dirty rate,
+  fault_s                        request by request as CRIU's lazy-pages daemon pulls
   local_fill_bps                 hybrid's lazy-pages phase (served locally) vs memory
   image_fill_bps                 pre-copy's rebuild switchover completing the images
   redirty_ratio                  bytes per re-dirtied page in later rounds / page size

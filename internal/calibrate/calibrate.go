@@ -48,8 +48,8 @@ type Options struct {
 	// means 300 Mbit/s (not a validation rate).
 	ShapedBps int64
 	// FaultRates are extra post-copy dirty rates, so that the pull's fault
-	// terms (fault_s, fault_wait_s) see more than one rate; default 3000
-	// pages/s, none with Quick.
+	// term (fault_s) sees more than one rate; default 3000 pages/s, none
+	// with Quick.
 	FaultRates []int
 	// FerryBin is the ferry binary the lab runs (memhog next to it).
 	FerryBin string
@@ -510,79 +510,137 @@ func fitLazySetup(ms []Measured, p *model.Profile) (Term, error) {
 	return t, err
 }
 
-// fitLazy fits the lazy-pages daemon's pull: its rate from the post-copy
-// runs with nothing written, then the time per fault from the others
-// (pull = M/lazy_bps × (1 + R·fault_s/2), the model's fault factor).
+// fitLazy fits the lazy-pages daemon's pull (model.LazyPull) to post-copy's
+// commit+lazy-pages phases on unshaped links: lazy_request_s on a log grid,
+// refined; for each, lazy_bps in closed form from the runs with nothing
+// written (pull = requests(M)·lazy_request_s + M/lazy_bps) and fault_s by a
+// one-dimensional search over the others; the best by relative squared
+// error over every run. Without quiet runs (the quick grid) lazy_bps is
+// searched instead and fault_s keeps its value.
 func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
-	t := Term{Name: "lazy-pages", Kind: "proportional",
-		From: "post-copy's commit+lazy-pages at 0 pages/s vs memory: M/lazy_bps; at other rates, the fault terms (fitFaults)"}
+	t := Term{Name: "lazy-pages", Kind: "model",
+		From: "post-copy's commit+lazy-pages vs memory and dirty rate: requests(M, R)·lazy_request_s + M/lazy_bps + faults·fault_s (model.LazyPull)"}
+	var quiet, faulting []pullRun
 	byRate := map[string][2][]float64{}
-	var faulting []sample
 	for _, s := range collect(ms, unshaped("postcopy")) {
-		y := phaseS(s.r, "commit", "lazy-pages")
-		k := fmt.Sprintf("at %d pages/s", s.p.DirtyRate)
-		xy := byRate[k]
-		byRate[k] = [2][]float64{append(xy[0], s.m), append(xy[1], y)}
-		if s.p.DirtyRate > 0 {
-			faulting = append(faulting, s)
+		r := pullRun{m: s.m, rate: float64(s.p.DirtyRate), y: phaseS(s.r, "commit", "lazy-pages")}
+		if r.y <= 0 {
 			continue
 		}
-		t.X, t.Y = append(t.X, s.m), append(t.Y, y)
-	}
-	if len(t.Y) == 0 { // no quiet runs: one rate for all, no fault term
-		for _, s := range faulting {
-			t.X, t.Y = append(t.X, s.m), append(t.Y, phaseS(s.r, "commit", "lazy-pages"))
+		k := fmt.Sprintf("at %d pages/s", s.p.DirtyRate)
+		xy := byRate[k]
+		byRate[k] = [2][]float64{append(xy[0], r.m), append(xy[1], r.y)}
+		if r.rate == 0 {
+			quiet = append(quiet, r)
+		} else {
+			faulting = append(faulting, r)
 		}
-		faulting = nil
 	}
-	t, err := fitRate(t, "lazy_bps", &p.LazyBps)
-	if err != nil {
-		return t, err
+	if len(quiet)+len(faulting) == 0 {
+		return t, ErrNoData
 	}
-	fitFaults(faulting, p, &t)
+	all := append(append([]pullRun(nil), quiet...), faulting...)
+	fitFor := func(c float64) (model.Profile, float64) {
+		q := *p
+		q.LazyRequestS = c
+		if len(quiet) > 0 {
+			q.LazyBps = quietRate(quiet, c)
+			if len(faulting) > 0 {
+				q.FaultS = minimize1D(func(f float64) float64 { q.FaultS = f; return pullError(q, faulting) }, 0, 0.02, 40)
+			}
+		} else {
+			logPerByte := minimize1D(func(l float64) float64 { q.LazyBps = math.Exp(-l); return pullError(q, all) }, math.Log(1e-10), math.Log(1e-6), 40)
+			q.LazyBps = math.Exp(-logPerByte)
+		}
+		return q, pullError(q, all)
+	}
+	best, bestErr, bestC := *p, math.Inf(1), 0.0
+	for c := 1e-5; c <= 0.02; c *= 1.5 {
+		if q, e := fitFor(c); e < bestErr && q.LazyBps > 0 {
+			best, bestErr, bestC = q, e, c
+		}
+	}
+	c := math.Exp(minimize1D(func(lc float64) float64 { _, e := fitFor(math.Exp(lc)); return e }, math.Log(bestC/1.5), math.Log(bestC*1.5), 30))
+	if q, e := fitFor(c); e < bestErr && q.LazyBps > 0 {
+		best = q
+	}
+	if !(best.LazyBps > 0) {
+		return t, ErrNoData
+	}
+	p.LazyRequestS, p.LazyBps, p.FaultS = best.LazyRequestS, best.LazyBps, best.FaultS
+	t.Sets = map[string]float64{"lazy_request_s": p.LazyRequestS, "lazy_bps": p.LazyBps}
+	if len(quiet) > 0 && len(faulting) > 0 {
+		t.Sets["fault_s"] = p.FaultS
+	}
+	pred := make([]float64, len(all))
+	for i, r := range all {
+		t.X, t.Y = append(t.X, r.m), append(t.Y, r.y)
+		pred[i] = p.LazyPull(r.m, 0, r.rate)
+	}
+	t.Fit = residualFit(t.Y, pred)
 	if len(byRate) > 1 {
-		t.Note = joinNotes(t.Note, "by dirty rate: "+subFits(byRate))
+		t.Note = "by dirty rate: " + subFits(byRate)
 	}
 	return t, nil
 }
 
-// fitFaults fits the pull's fault terms from runs that wrote while the
-// daemon pulled. The model's pull is M/lazy_bps / (1 − busy) with busy =
-// fault_s·x/(1 + x·fault_wait_s), x = R/2, so 1/busy = (1/fault_s)·(1/x) +
-// fault_wait_s/fault_s: a line in 1/x. With one rate only, fault_wait_s is
-// taken equal to fault_s.
-func fitFaults(runs []sample, p *model.Profile, t *Term) {
-	var xs, ys []float64
-	for _, s := range runs {
-		busy := 1 - s.m/p.LazyBps/phaseS(s.r, "commit", "lazy-pages")
-		if busy <= 0.01 {
-			continue // no slower than a quiet pull: nothing to fit
+// pullRun is one measured post-copy pull: memory, dirty rate, seconds.
+type pullRun struct{ m, rate, y float64 }
+
+// pullError is the relative squared error of p's pulls against runs
+// (each memory and rate predicted once: the search calls this thousands
+// of times).
+func pullError(p model.Profile, runs []pullRun) float64 {
+	var e float64
+	pred := map[[2]float64]float64{}
+	for _, r := range runs {
+		k := [2]float64{r.m, r.rate}
+		v, ok := pred[k]
+		if !ok {
+			v = p.LazyPull(r.m, 0, r.rate)
+			pred[k] = v
 		}
-		xs, ys = append(xs, 2/float64(s.p.DirtyRate)), append(ys, 1/busy)
+		d := (v - r.y) / r.y
+		e += d * d
 	}
-	if len(xs) == 0 {
-		return
+	return e
+}
+
+// quietRate is lazy_bps for a given lazy_request_s from pulls with nothing
+// written, y = n(M)·c + M·k with k = 1/lazy_bps, least squares in relative
+// error (0 when the round trips alone exceed the pulls).
+func quietRate(runs []pullRun, c float64) float64 {
+	var num, den float64
+	for _, r := range runs {
+		a := r.m / r.y
+		num += a * (1 - model.LazyRequests(r.m)*c/r.y)
+		den += a * a
 	}
-	if distinct(xs) >= 2 {
-		if f, err := model.FitLinear(xs, ys); err == nil && f.B > 0 && f.A >= 0 {
-			p.FaultS, p.FaultWaitS = 1/f.B, f.A/f.B
-			t.Sets["fault_s"], t.Sets["fault_wait_s"] = p.FaultS, p.FaultWaitS
-			t.Note = fmt.Sprintf("fault terms: 1/busy against 2/R, R² %.3f over %d runs", f.R2, len(xs))
-			return
+	if den == 0 || num <= 0 {
+		return 0
+	}
+	return den / num
+}
+
+// minimize1D is a golden-section search for the minimum of f on [lo, hi],
+// in steps iterations (each shrinks the interval by 0.618).
+func minimize1D(f func(float64) float64, lo, hi float64, steps int) float64 {
+	const g = 0.6180339887498949
+	a, b := lo, hi
+	x1, x2 := b-g*(b-a), a+g*(b-a)
+	f1, f2 := f(x1), f(x2)
+	for range steps {
+		if f1 <= f2 {
+			b, x2, f2 = x2, x1, f1
+			x1 = b - g*(b-a)
+			f1 = f(x1)
+		} else {
+			a, x1, f1 = x1, x2, f2
+			x2 = a + g*(b-a)
+			f2 = f(x2)
 		}
 	}
-	// One rate (or no usable line): fault_wait_s = fault_s, so 1/busy =
-	// 1 + 1/(x·fault_s).
-	var per []float64
-	for i := range xs {
-		if ys[i] > 1 {
-			per = append(per, xs[i]/(ys[i]-1))
-		}
-	}
-	if len(per) > 0 {
-		p.FaultS, p.FaultWaitS = mean(per), 0
-		t.Sets["fault_s"] = p.FaultS
-	}
+	return (a + b) / 2
 }
 
 // twoRates fits y = x·below up to a knee and knee·below + (x−knee)·above

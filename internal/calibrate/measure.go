@@ -112,18 +112,32 @@ func fitThroughOrigin(x, y []float64) (model.LinearFit, bool) {
 	if len(x) == 0 || sxx == 0 {
 		return model.LinearFit{}, false
 	}
-	f := model.LinearFit{B: sxy / sxx, N: len(x), Residuals: make([]float64, len(x))}
+	b := sxy / sxx
+	pred := make([]float64, len(x))
+	for i := range x {
+		pred[i] = b * x[i]
+	}
+	f := residualFit(y, pred)
+	f.B = b
+	return f, true
+}
+
+// residualFit describes how well pred matches y: residuals, RMSE and R².
+func residualFit(y, pred []float64) model.LinearFit {
+	f := model.LinearFit{N: len(y), Residuals: make([]float64, len(y))}
 	var my, ssTot, ssRes float64
 	for _, v := range y {
 		my += v
 	}
-	my /= float64(len(y))
-	for i := range x {
-		f.Residuals[i] = y[i] - f.B*x[i]
+	my /= float64(max(len(y), 1))
+	for i := range y {
+		f.Residuals[i] = y[i] - pred[i]
 		ssRes += f.Residuals[i] * f.Residuals[i]
 		ssTot += (y[i] - my) * (y[i] - my)
 	}
-	f.RMSE = math.Sqrt(ssRes / float64(len(x)))
+	if len(y) > 0 {
+		f.RMSE = math.Sqrt(ssRes / float64(len(y)))
+	}
 	switch {
 	case ssRes == 0:
 		f.R2 = 1
@@ -132,7 +146,7 @@ func fitThroughOrigin(x, y []float64) (model.LinearFit, bool) {
 	default:
 		f.R2 = 1 - ssRes/ssTot
 	}
-	return f, true
+	return f
 }
 
 // constantFit describes y by its mean, for constant model terms: the

@@ -15,6 +15,7 @@ func handProfile() Profile {
 	p.ReadHashBps = 4e9
 	p.RestoreFixedS, p.RestoreBps = 0.1, 2e9
 	p.LazySetupS, p.LazyBps = 0.05, 5e8
+	p.LazyRequestS, p.FaultS = 0, 0 // the pull is bytes only; TestLazyPull* cover the rest
 	p.LinkEfficiency, p.DedupRefBytes = 1, 0
 	p.SetupS = 0 // the technique's own times; TestSetupAddsToTotalOnly covers it
 	p.LocalFillBps = 5e8
@@ -55,8 +56,9 @@ func TestTechniquesHandComputed(t *testing.T) {
 	}{
 		// freeze + dump fixed + max(dump 1 s, link 10 s) + restore 0.1 + 0.5.
 		{ModeCold, 0, 10.71, 10.71, 1e9, 0},
-		// freeze + dump fixed + restore fixed + lazy setup; pull max(10 s, 2 s).
-		{ModePostcopy, 0, 0.26, 10.26, 1e9, 10},
+		// freeze + dump fixed + restore fixed + lazy setup; pull 10 s on
+		// the link + 2 s in the daemon (one request in flight: they add).
+		{ModePostcopy, 0, 0.26, 12.26, 1e9, 12},
 		// Switchover: max(dump 1 + hash 0.25, delta d1/1e8) = 1.25 s.
 		{ModePrecopy, 1, 1.96, 10.25 + 1.96, 1e9 + d1, 0},
 		{ModePrecopy, 2, 1.96, 10.25 + t1 + 1.96, 1e9 + v1 + d2, 0},
@@ -357,16 +359,39 @@ func TestDumpTimeTwoRates(t *testing.T) {
 	approx(t, "past the knee", p.dumpTime(2e9)*1000, 1000+2000)
 }
 
-// TestPostcopyPullSlowsWithFaults: writes to pages not there yet fault, and
-// each fault costs the daemon FaultS.
-func TestPostcopyPullSlowsWithFaults(t *testing.T) {
+// TestLazyPullRequests: with nothing faulting, the daemon's requests grow
+// by 64 KiB each (64, 128, 192 KiB for 384 KiB), each paying the round
+// trip, and the link's time adds to the daemon's.
+func TestLazyPullRequests(t *testing.T) {
 	p := handProfile()
-	p.FaultS = 0.001
-	in := Inputs{MemoryBytes: 1e9, DirtyRatePagesPerSec: 2000, BandwidthBps: 1e12} // a fast link
-	q := Predict(p, in, ModePostcopy, 0)
-	// freeze + dump fixed + restore fixed + lazy setup, then 1e9/5e8 = 2 s
-	// times 1 + 2000·0.001/2.
-	approx(t, "total", q.TotalMs, (0.26+2*2)*1000)
-	in.BandwidthBps = 1e7 // a slow link hides the faults: 100 s on the wire
-	approx(t, "total on a slow link", Predict(p, in, ModePostcopy, 0).TotalMs, (0.26+100)*1000)
+	p.LazyRequestS, p.LazyBps = 0.001, 1e8
+	m := float64(384 << 10)
+	approx(t, "three requests, unshaped", p.LazyPull(m, 0, 0)*1000, (3*0.001+m/1e8)*1000)
+	approx(t, "three requests over 50 MB/s", p.LazyPull(m, 5e7, 0)*1000, (3*0.001+m/1e8+m/5e7)*1000)
+	// Past 64 requests (130 MiB) every request is 4 MiB: 1 GiB is 64 + 222.5.
+	g := float64(1 << 30)
+	n := 64 + (g-float64(2080*lazyRequestStep))/lazyRequestMax
+	approx(t, "1 GiB", p.LazyPull(g, 0, 0)*1000, (math.Ceil(n)*0.001+g/1e8)*1000)
+}
+
+// TestLazyPullFaults: faults cost FaultS each and keep the requests small,
+// so writing slows the pull most where round trips, not bytes, dominate.
+func TestLazyPullFaults(t *testing.T) {
+	p := handProfile()
+	p.LazyRequestS, p.LazyBps, p.FaultS = 0.0005, 1e9, 0.001
+	m := 256e6
+	quiet := p.LazyPull(m, 0, 0)
+	busy := p.LazyPull(m, 0, 2000)
+	if busy < 1.5*quiet {
+		t.Errorf("unshaped: 2000 pages/s slows the pull only %.2f x (%.3f s -> %.3f s)", busy/quiet, quiet, busy)
+	}
+	slowQuiet, slowBusy := p.LazyPull(m, 1e7, 0), p.LazyPull(m, 1e7, 2000)
+	if slowBusy/slowQuiet >= busy/quiet || slowBusy < slowQuiet {
+		t.Errorf("a slow link should hide part of the faults: %.2f x there, %.2f x unshaped", slowBusy/slowQuiet, busy/quiet)
+	}
+	// The expected faults: R × the share missing, over the pull; about
+	// R·T/2 when the pull is close to linear.
+	if q := Predict(p, Inputs{MemoryBytes: m, DirtyRatePagesPerSec: 2000, BandwidthBps: 1e12}, ModePostcopy, 0); q.TotalMs <= busy*1000 {
+		t.Errorf("post-copy total %.0f ms should be the downtime plus the pull %.0f ms", q.TotalMs, busy*1000)
+	}
 }

@@ -32,13 +32,15 @@ type Profile struct {
 	RestoreBps    float64 `json:"restore_bps"`     // 1/ω: restore's memory part, bytes/s
 
 	LazySetupS float64 `json:"lazy_setup_s"` // extra fixed cost of a lazy restore (lazy-pages daemon, userfaultfd)
-	LazyBps    float64 `json:"lazy_bps"`     // pages the lazy-pages daemon places per second, bytes/s, nothing faulting
-	// FaultS is the lazy-pages daemon's time per page fault: each fault is
-	// a synchronous round trip that holds up the background push.
+	// The lazy-pages daemon's pull (LazyPull): each request costs
+	// LazyRequestS (the round trip through both agents and CRIU's page
+	// server) plus its bytes at LazyBps (the daemon and the page server
+	// handling them) on top of the link's time.
+	LazyBps      float64 `json:"lazy_bps"`
+	LazyRequestS float64 `json:"lazy_request_s"`
+	// FaultS is the daemon's time per page fault: a one-page request ahead
+	// of the background ones.
 	FaultS float64 `json:"fault_s"`
-	// FaultWaitS is how long a fault stalls the writer, which bounds how
-	// fast it can fault (0: FaultS).
-	FaultWaitS float64 `json:"fault_wait_s,omitempty"`
 	// RedirtyRatio is the share of a page a live round (from the second
 	// on) sends for a page dirtied again since it was last sent: XOR
 	// deltas make it small for sparse writes, 1 for pages rewritten whole.
@@ -123,7 +125,7 @@ func (p Profile) Validate() error {
 		}
 	}
 	for _, f := range []field{{"freeze_s", p.FreezeS}, {"dump_fixed_s", p.DumpFixedS},
-		{"restore_fixed_s", p.RestoreFixedS}, {"lazy_setup_s", p.LazySetupS}, {"fault_s", p.FaultS},
+		{"restore_fixed_s", p.RestoreFixedS}, {"lazy_setup_s", p.LazySetupS}, {"lazy_request_s", p.LazyRequestS}, {"fault_s", p.FaultS},
 		{"dedup_ref_bytes", p.DedupRefBytes}} {
 		if !(f.v >= 0) {
 			return fmt.Errorf("profile: %s must not be negative, got %v", f.name, f.v)

@@ -146,23 +146,57 @@ func (p Profile) SwitchoverS(m, left, linkBps float64) float64 {
 func (p Profile) postcopy(in Inputs) timeline {
 	m := in.MemoryBytes
 	down := p.FreezeS + p.DumpFixedS + p.RestoreFixedS + p.LazySetupS
-	pull := math.Max(xfer(m, p.link(in, 0)), m/p.LazyBps*p.faultFactor(in))
+	pull := p.LazyPull(m, p.link(in, 0), in.DirtyRatePagesPerSec)
 	return timeline{down: down, total: down + pull, bytes: m, degraded: pull}
 }
 
-// faultFactor is how much the service's writes slow the lazy-pages
-// daemon's pull. A write to a page not there yet faults (half of the pages,
-// on average over the pull): R/2 faults a second, fewer as each stalls the
-// writer FaultWaitS, f = (R/2)/(1 + (R/2)·FaultWaitS). Each takes the daemon
-// FaultS away from pushing, so it pushes 1 − f·FaultS of the time.
-func (p Profile) faultFactor(in Inputs) float64 {
-	wait := p.FaultWaitS
-	if wait <= 0 {
-		wait = p.FaultS
+// The lengths of CRIU's background requests (criu/uffd.c): the lazy-pages
+// daemon asks for 64 KiB, 64 KiB more each request after, up to 4 MiB, and
+// back to 64 KiB after a page fault.
+const (
+	lazyRequestStep = 64 << 10
+	lazyRequestMax  = 4 << 20
+)
+
+// LazyRequests is how many background requests the daemon makes for m
+// bytes when nothing faults (64 KiB, 128 KiB, ... up to 4 MiB each).
+func LazyRequests(m float64) float64 {
+	return Profile{LazyRequestS: 1, LazyBps: math.Inf(1)}.LazyPull(m, 0, 0)
+}
+
+// LazyPull is post-copy's pull of m bytes in seconds, request by request
+// the way CRIU's lazy-pages daemon makes them: one background request in
+// flight, so each costs LazyRequestS (the round trip through both agents)
+// plus its bytes on the link and through the daemon in turn (they add, not
+// overlap). The service writes rate pages a second; a write to a page not
+// there yet faults (with probability the share still missing): a one-page
+// request costing FaultS besides its bytes, which also sends the next
+// background request back to 64 KiB. At a few
+// thousand pages a second the pull runs in small requests, each paying the
+// round trip, unless the link is slow enough that the bytes dominate
+// anyway. The recursion follows expected values (a fault resets the length
+// with probability 1 − e^(−faults expected during the request)). linkBps
+// 0 means the link does not limit (unshaped).
+func (p Profile) LazyPull(m, linkBps, rate float64) float64 {
+	perByte := 1 / p.LazyBps
+	if linkBps > 0 {
+		perByte += 1 / linkBps
 	}
-	x := in.DirtyRatePagesPerSec / 2
-	busy := p.FaultS * x / (1 + x*wait)
-	return 1 / math.Max(1-busy, 0.05)
+	var t, got float64
+	length := float64(lazyRequestStep)
+	for got < m {
+		s := math.Min(length, m-got)
+		dt := p.LazyRequestS + s*perByte
+		var faults float64
+		if rate > 0 {
+			faults = math.Min(rate*(m-got)/m*dt, (m-got-s)/p.PageSize)
+		}
+		t += dt + faults*(p.FaultS+p.PageSize*perByte)
+		got += s + faults*p.PageSize
+		reset := 1 - math.Exp(-faults)
+		length = reset*lazyRequestStep + (1-reset)*math.Min(length+lazyRequestStep, lazyRequestMax)
+	}
+	return t
 }
 
 // hybrid: n live rounds, then freeze; a memory-less dump runs alongside a
