@@ -26,6 +26,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -133,8 +134,14 @@ func Grid(o Options) []Point {
 	for _, r := range o.DirtyRates {
 		lowRate = min(lowRate, r)
 	}
-	return append(pts, Point{Mode: model.ModePrecopy, MemoryBytes: shapedMem, DirtyRate: lowRate,
+	pts = append(pts, Point{Mode: model.ModePrecopy, MemoryBytes: shapedMem, DirtyRate: lowRate,
 		BandwidthBps: o.ShapedBps, Baselines: []string{"link"}})
+	// Post-copy over the same link: how far its requests' time on the link
+	// and on the hosts overlap (lazy_serial_share), quiet and faulting.
+	for _, r := range slices.Compact(slices.Sorted(slices.Values(append([]int{lowRate}, o.FaultRates...)))) {
+		pts = append(pts, Point{Mode: model.ModePostcopy, MemoryBytes: shapedMem, DirtyRate: r, BandwidthBps: o.ShapedBps})
+	}
+	return pts
 }
 
 // Term is how one group of profile parameters was fitted.
@@ -283,6 +290,7 @@ func Fit(ms []Measured, base model.Profile) (model.Profile, []Term, []string) {
 	add(fitImageFill(ms, &p))
 	add(fitRedirty(ms, &p))
 	add(fitLink(ms, &p))
+	add(fitLazyOverlap(ms, &p))
 	add(fitOverhead(ms, &p))
 	// PAM's constants that are the same quantities as the profile's.
 	p.PAM.Beta = p.FreezeS
@@ -523,7 +531,7 @@ func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
 	var quiet, faulting []pullRun
 	byRate := map[string][2][]float64{}
 	for _, s := range collect(ms, unshaped("postcopy")) {
-		r := pullRun{m: s.m, rate: float64(s.p.DirtyRate), y: phaseS(s.r, "commit", "lazy-pages")}
+		r := pullRun{m: s.m, rate: float64(s.p.DirtyRate), y: phaseS(s.r, "commit", "lazy-pages"), faults: float64(s.r.PagesFaulted)}
 		if r.y <= 0 {
 			continue
 		}
@@ -540,6 +548,9 @@ func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
 		return t, ErrNoData
 	}
 	all := append(append([]pullRun(nil), quiet...), faulting...)
+	if w, ok := fitFaultWait(faulting); ok {
+		p.FaultWaitS = w
+	}
 	fitFor := func(c float64) (model.Profile, float64) {
 		q := *p
 		q.LazyRequestS = c
@@ -572,6 +583,9 @@ func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
 	if len(quiet) > 0 && len(faulting) > 0 {
 		t.Sets["fault_s"] = p.FaultS
 	}
+	if len(faulting) > 0 {
+		t.Sets["fault_wait_s"] = p.FaultWaitS
+	}
 	pred := make([]float64, len(all))
 	for i, r := range all {
 		t.X, t.Y = append(t.X, r.m), append(t.Y, r.y)
@@ -584,20 +598,79 @@ func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
 	return t, nil
 }
 
-// pullRun is one measured post-copy pull: memory, dirty rate, seconds.
-type pullRun struct{ m, rate, y float64 }
+// fitLazyOverlap fits lazy_serial_share to post-copy's pulls over the
+// shaped link (after link_efficiency and the unshaped pull terms): the
+// share of the faster side's time, link or hosts, that adds to the slower.
+func fitLazyOverlap(ms []Measured, p *model.Profile) (Term, error) {
+	t := Term{Name: "lazy-overlap", Kind: "model",
+		From: "post-copy's commit+lazy-pages on the shaped link against model.LazyPull: lazy_serial_share"}
+	var runs []pullRun
+	for _, s := range collect(ms, func(pt Point) bool { return pt.Mode == model.ModePostcopy && pt.BandwidthBps > 0 }) {
+		if y := phaseS(s.r, "commit", "lazy-pages"); y > 0 {
+			runs = append(runs, pullRun{m: s.m, rate: float64(s.p.DirtyRate), y: y, link: p.LinkEfficiency * float64(s.p.BandwidthBps) / 8})
+		}
+	}
+	if len(runs) == 0 {
+		return t, ErrNoData
+	}
+	q := *p
+	p.LazySerialShare = minimize1D(func(k float64) float64 { q.LazySerialShare = k; return pullError(q, runs) }, 0, 1, 40)
+	t.Sets = map[string]float64{"lazy_serial_share": p.LazySerialShare}
+	pred := make([]float64, len(runs))
+	for i, r := range runs {
+		t.X, t.Y = append(t.X, r.m), append(t.Y, r.y)
+		pred[i] = p.LazyPull(r.m, r.link, r.rate)
+	}
+	t.Fit = residualFit(t.Y, pred)
+	return t, nil
+}
+
+// pullRun is one measured post-copy pull: memory, dirty rate, seconds, the
+// pages that faulted meanwhile, and the link's payload rate (0: unshaped).
+type pullRun struct{ m, rate, y, faults, link float64 }
+
+// fitFaultWait fits fault_wait_s to the faults the runs counted: over a pull
+// of T seconds the missing share falls from 1 to 0 about linearly, so a
+// writer at R pages/s faults ∫ min(R·(1 − t/T), 1/w) dt = c·t1 + R·(T −
+// t1)²/(2T) times, c = 1/w, t1 = T·(1 − c/R) (0 when c ≥ R). It returns
+// false when no run faulted less than unbounded writes would (no bound seen).
+func fitFaultWait(runs []pullRun) (float64, bool) {
+	faults := func(r pullRun, w float64) float64 {
+		c := 1 / w
+		t1 := math.Max(r.y*(1-c/r.rate), 0)
+		return c*t1 + r.rate*(r.y-t1)*(r.y-t1)/(2*r.y)
+	}
+	var bounded []pullRun
+	for _, r := range runs {
+		if r.faults > 0 && r.faults < 0.9*r.rate*r.y/2 {
+			bounded = append(bounded, r)
+		}
+	}
+	if len(bounded) == 0 {
+		return 0, false
+	}
+	logW := minimize1D(func(l float64) float64 {
+		var e float64
+		for _, r := range bounded {
+			d := (faults(r, math.Exp(l)) - r.faults) / r.faults
+			e += d * d
+		}
+		return e
+	}, math.Log(1e-5), math.Log(0.1), 50)
+	return math.Exp(logW), true
+}
 
 // pullError is the relative squared error of p's pulls against runs
 // (each memory and rate predicted once: the search calls this thousands
 // of times).
 func pullError(p model.Profile, runs []pullRun) float64 {
 	var e float64
-	pred := map[[2]float64]float64{}
+	pred := map[[3]float64]float64{}
 	for _, r := range runs {
-		k := [2]float64{r.m, r.rate}
+		k := [3]float64{r.m, r.rate, r.link}
 		v, ok := pred[k]
 		if !ok {
-			v = p.LazyPull(r.m, 0, r.rate)
+			v = p.LazyPull(r.m, r.link, r.rate)
 			pred[k] = v
 		}
 		d := (v - r.y) / r.y

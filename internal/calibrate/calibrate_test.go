@@ -25,7 +25,8 @@ func truth() model.Profile {
 	p.LazySetupS = 0.08
 	p.LazyBps = 300e6
 	p.LazyRequestS = 0.0004
-	p.FaultS = 0.001
+	p.LazySerialShare = 0.3
+	p.FaultS = 0.0005
 	p.LocalFillBps = 700e6
 	p.ImageFillBps = 1.5e9
 	p.FrozenReadBps = 4e9
@@ -106,7 +107,9 @@ func fakeBench(p model.Profile, noise float64) Runner {
 				ps.add("dump", p.DumpFixedS)
 				ps.add("restore", p.RestoreFixedS+p.LazySetupS)
 				ps.add("commit", 0.005)
-				ps.add("lazy-pages", p.LazyPull(m, 0, float64(o.DirtyRate))-0.005+wob)
+				link := p.LinkEfficiency * float64(o.BandwidthBps) / 8 // 0: unshaped
+				ps.add("lazy-pages", p.LazyPull(m, link, float64(o.DirtyRate))-0.005+wob)
+				r.PagesFaulted = uint64(p.FaultRate(float64(o.DirtyRate), 0.5) * p.LazyPull(m, link, float64(o.DirtyRate)))
 			case "hybrid":
 				d0 := m/p.ReadHashBps + wire + wob
 				ps.add("round-0", d0)
@@ -168,6 +171,7 @@ func testRecovers(t *testing.T, want model.Profile) {
 	near(t, "LazyBps", p.LazyBps, want.LazyBps, 1e-3)
 	near(t, "LazyRequestS", p.LazyRequestS, want.LazyRequestS, 1e-3)
 	near(t, "FaultS", p.FaultS, want.FaultS, 1e-3)
+	near(t, "LazySerialShare", p.LazySerialShare, want.LazySerialShare, 1e-3)
 	near(t, "LocalFillBps", p.LocalFillBps, want.LocalFillBps, 1e-6)
 	if want.LazyDump {
 		near(t, "ImageFillBps", p.ImageFillBps, want.ImageFillBps, 1e-6)
@@ -275,20 +279,27 @@ func TestSweepStopsOnBenchError(t *testing.T) {
 func TestGrids(t *testing.T) {
 	modes := len(calibratedModes)
 	// Every mode at 4 sizes x 2 rates, post-copy at 3000 pages/s too, the
-	// shaped pre-copy.
-	if n := len(Grid(Options{})); n != 4*2*modes+4+1 {
+	// shaped pre-copy, the shaped post-copy at the lowest rate and 3000.
+	if n := len(Grid(Options{})); n != 4*2*modes+4+1+2 {
 		t.Errorf("default grid: %d points", n)
 	}
 	q := Grid(Options{Quick: true})
-	if len(q) != 2*1*modes+1 {
+	if len(q) != 2*1*modes+1+1 {
 		t.Errorf("quick grid: %d points", len(q))
 	}
-	last := q[len(q)-1]
-	if last.BandwidthBps != DefaultShapedBps || last.MemoryBytes != 64<<20 || len(last.Baselines) != 1 {
-		t.Errorf("shaped point: %+v", last)
+	shaped := q[len(q)-2]
+	if shaped.BandwidthBps != DefaultShapedBps || shaped.MemoryBytes != 64<<20 || len(shaped.Baselines) != 1 {
+		t.Errorf("shaped point: %+v", shaped)
 	}
-	if last := Grid(Options{})[4*2*modes+4]; last.MemoryBytes != 128<<20 || last.DirtyRate != 0 || last.BandwidthBps == 0 {
-		t.Errorf("default shaped point: %+v", last)
+	if last := q[len(q)-1]; last.Mode != model.ModePostcopy || last.BandwidthBps != DefaultShapedBps || last.DirtyRate != 100 {
+		t.Errorf("shaped post-copy point: %+v", last)
+	}
+	g := Grid(Options{})
+	if sp := g[4*2*modes+4]; sp.MemoryBytes != 128<<20 || sp.DirtyRate != 0 || sp.BandwidthBps == 0 {
+		t.Errorf("default shaped point: %+v", sp)
+	}
+	if last := g[len(g)-1]; last.Mode != model.ModePostcopy || last.DirtyRate != 3000 || last.BandwidthBps == 0 {
+		t.Errorf("default shaped post-copy points end with: %+v", last)
 	}
 	if n := len(ValidationGrid(ValidateOptions{})); n != 24 {
 		t.Errorf("validation grid: %d points", n)
@@ -421,5 +432,26 @@ func TestTwoRatesRecoversABend(t *testing.T) {
 	knee, below, above, rmse, ok := twoRates(x, y)
 	if !ok || knee != 128*mib || math.Abs(1/below-2e9) > 1 || math.Abs(1/above-0.3e9) > 1 || rmse > 1e-9 {
 		t.Fatalf("knee %v below %v above %v rmse %v ok %v", knee, 1/below, 1/above, rmse, ok)
+	}
+}
+
+// TestFitFaultWait: a writer that can fault at most 1/w times a second
+// counts c·t1 + R·(T − t1)²/(2T) faults over a pull of T seconds; the fit
+// finds w back, and finds no bound in runs that faulted freely.
+func TestFitFaultWait(t *testing.T) {
+	const w = 0.0008
+	var runs []pullRun
+	for _, r := range []struct{ rate, T float64 }{{2000, 3}, {3000, 4}, {4000, 8}} {
+		c := 1 / w
+		t1 := math.Max(r.T*(1-c/r.rate), 0)
+		runs = append(runs, pullRun{rate: r.rate, y: r.T, faults: c*t1 + r.rate*(r.T-t1)*(r.T-t1)/(2*r.T)})
+	}
+	got, ok := fitFaultWait(runs)
+	if !ok {
+		t.Fatal("no bound found")
+	}
+	near(t, "fault_wait_s", got, w, 1e-3)
+	if _, ok := fitFaultWait([]pullRun{{rate: 500, y: 2, faults: 500}}); ok {
+		t.Error("a run that faulted R·T/2 times shows no bound")
 	}
 }

@@ -56,9 +56,9 @@ func TestTechniquesHandComputed(t *testing.T) {
 	}{
 		// freeze + dump fixed + max(dump 1 s, link 10 s) + restore 0.1 + 0.5.
 		{ModeCold, 0, 10.71, 10.71, 1e9, 0},
-		// freeze + dump fixed + restore fixed + lazy setup; pull 10 s on
-		// the link + 2 s in the daemon (one request in flight: they add).
-		{ModePostcopy, 0, 0.26, 12.26, 1e9, 12},
+		// freeze + dump fixed + restore fixed + lazy setup; pull at the
+		// slower of link and daemon: max(10 s, 2 s).
+		{ModePostcopy, 0, 0.26, 10.26, 1e9, 10},
 		// Switchover: max(dump 1 + hash 0.25, delta d1/1e8) = 1.25 s.
 		{ModePrecopy, 1, 1.96, 10.25 + 1.96, 1e9 + d1, 0},
 		{ModePrecopy, 2, 1.96, 10.25 + t1 + 1.96, 1e9 + v1 + d2, 0},
@@ -361,13 +361,14 @@ func TestDumpTimeTwoRates(t *testing.T) {
 
 // TestLazyPullRequests: with nothing faulting, the daemon's requests grow
 // by 64 KiB each (64, 128, 192 KiB for 384 KiB), each paying the round
-// trip, and the link's time adds to the daemon's.
+// trip, their bytes at the slower of the link and the daemon.
 func TestLazyPullRequests(t *testing.T) {
 	p := handProfile()
 	p.LazyRequestS, p.LazyBps = 0.001, 1e8
 	m := float64(384 << 10)
 	approx(t, "three requests, unshaped", p.LazyPull(m, 0, 0)*1000, (3*0.001+m/1e8)*1000)
-	approx(t, "three requests over 50 MB/s", p.LazyPull(m, 5e7, 0)*1000, (3*0.001+m/1e8+m/5e7)*1000)
+	approx(t, "three requests over 50 MB/s", p.LazyPull(m, 5e7, 0)*1000, (3*0.001+m/5e7)*1000)
+	approx(t, "three requests over 1 GB/s", p.LazyPull(m, 1e9, 0)*1000, (3*0.001+m/1e8)*1000)
 	// Past 64 requests (130 MiB) every request is 4 MiB: 1 GiB is 64 + 222.5.
 	g := float64(1 << 30)
 	n := 64 + (g-float64(2080*lazyRequestStep))/lazyRequestMax

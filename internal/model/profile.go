@@ -38,9 +38,16 @@ type Profile struct {
 	// handling them) on top of the link's time.
 	LazyBps      float64 `json:"lazy_bps"`
 	LazyRequestS float64 `json:"lazy_request_s"`
+	// LazySerialShare is the share of a request's time on the faster of
+	// link and hosts that does not overlap the slower's (0: fully
+	// overlapped, 1: they add).
+	LazySerialShare float64 `json:"lazy_serial_share"`
 	// FaultS is the daemon's time per page fault: a one-page request ahead
 	// of the background ones.
 	FaultS float64 `json:"fault_s"`
+	// FaultWaitS: a writer waits for each fault's page about this long, so
+	// it faults at most 1/FaultWaitS times a second (0: no bound).
+	FaultWaitS float64 `json:"fault_wait_s,omitempty"`
 	// RedirtyRatio is the share of a page a live round (from the second
 	// on) sends for a page dirtied again since it was last sent: XOR
 	// deltas make it small for sparse writes, 1 for pages rewritten whole.
@@ -125,11 +132,14 @@ func (p Profile) Validate() error {
 		}
 	}
 	for _, f := range []field{{"freeze_s", p.FreezeS}, {"dump_fixed_s", p.DumpFixedS},
-		{"restore_fixed_s", p.RestoreFixedS}, {"lazy_setup_s", p.LazySetupS}, {"lazy_request_s", p.LazyRequestS}, {"fault_s", p.FaultS},
+		{"restore_fixed_s", p.RestoreFixedS}, {"lazy_setup_s", p.LazySetupS}, {"lazy_request_s", p.LazyRequestS}, {"fault_s", p.FaultS}, {"fault_wait_s", p.FaultWaitS}, {"lazy_serial_share", p.LazySerialShare},
 		{"dedup_ref_bytes", p.DedupRefBytes}} {
 		if !(f.v >= 0) {
 			return fmt.Errorf("profile: %s must not be negative, got %v", f.name, f.v)
 		}
+	}
+	if p.LazySerialShare < 0 || p.LazySerialShare > 1 {
+		return fmt.Errorf("profile: lazy_serial_share %v is not between 0 and 1", p.LazySerialShare)
 	}
 	if p.LinkEfficiency > 1 {
 		return fmt.Errorf("profile: link_efficiency %v is above 1", p.LinkEfficiency)

@@ -158,6 +158,18 @@ const (
 	lazyRequestMax  = 4 << 20
 )
 
+// FaultRate is how many faults a second a service writing rate pages a
+// second causes while the share missing of its memory is not there yet:
+// every write to a missing page faults, but a writer waiting for a fault's
+// page cannot fault again meanwhile, so at most 1/FaultWaitS a second.
+func (p Profile) FaultRate(rate, missing float64) float64 {
+	f := rate * missing
+	if p.FaultWaitS > 0 {
+		f = math.Min(f, 1/p.FaultWaitS)
+	}
+	return f
+}
+
 // LazyRequests is how many background requests the daemon makes for m
 // bytes when nothing faults (64 KiB, 128 KiB, ... up to 4 MiB each).
 func LazyRequests(m float64) float64 {
@@ -166,32 +178,42 @@ func LazyRequests(m float64) float64 {
 
 // LazyPull is post-copy's pull of m bytes in seconds, request by request
 // the way CRIU's lazy-pages daemon makes them: one background request in
-// flight, so each costs LazyRequestS (the round trip through both agents)
-// plus its bytes on the link and through the daemon in turn (they add, not
-// overlap). The service writes rate pages a second; a write to a page not
-// there yet faults (with probability the share still missing): a one-page
-// request costing FaultS besides its bytes, which also sends the next
-// background request back to 64 KiB. At a few
-// thousand pages a second the pull runs in small requests, each paying the
-// round trip, unless the link is slow enough that the bytes dominate
-// anyway. The recursion follows expected values (a fault resets the length
-// with probability 1 − e^(−faults expected during the request)). linkBps
-// 0 means the link does not limit (unshaped).
+// flight, so every request pays LazyRequestS (the round trip through both
+// agents and CRIU's page server) in turn. A request's bytes cross the link
+// while the hosts handle them (LazyBps: the page server, both agents and
+// the daemon placing pages); the slower side sets the pace and
+// LazySerialShare of the faster side's time adds to it (0: they overlap
+// fully). The service writes rate pages a second; a write to a page not
+// there yet faults (FaultRate): a one-page request taking the hosts FaultS,
+// which also sends the next background request back to 64 KiB. At a few
+// thousand pages a second the pull therefore runs in small requests, each
+// paying the round trip, with the hosts' time stretched by the faults. The
+// recursion follows expected values (a fault resets the length with
+// probability 1 − e^(−faults expected during the request)). linkBps 0
+// means the link does not limit (unshaped).
 func (p Profile) LazyPull(m, linkBps, rate float64) float64 {
-	perByte := 1 / p.LazyBps
+	daemon := 1 / p.LazyBps
+	var wire float64
 	if linkBps > 0 {
-		perByte += 1 / linkBps
+		wire = 1 / linkBps
 	}
 	var t, got float64
 	length := float64(lazyRequestStep)
 	for got < m {
 		s := math.Min(length, m-got)
-		dt := p.LazyRequestS + s*perByte
-		var faults float64
+		var fr float64
 		if rate > 0 {
-			faults = math.Min(rate*(m-got)/m*dt, (m-got-s)/p.PageSize)
+			fr = p.FaultRate(rate, (m-got)/m)
 		}
-		t += dt + faults*(p.FaultS+p.PageSize*perByte)
+		// Faults take this share of the hosts' time meanwhile.
+		load := math.Min(fr*p.FaultS, 0.9)
+		onLink, onHosts := s*wire, s*daemon/(1-load)
+		dt := p.LazyRequestS + math.Max(onLink, onHosts) + p.LazySerialShare*math.Min(onLink, onHosts)
+		var faults float64
+		if fr > 0 {
+			faults = math.Min(fr*dt, (m-got-s)/p.PageSize)
+		}
+		t += dt + faults*p.PageSize*math.Max(wire, daemon)
 		got += s + faults*p.PageSize
 		reset := 1 - math.Exp(-faults)
 		length = reset*lazyRequestStep + (1-reset)*math.Min(length+lazyRequestStep, lazyRequestMax)
