@@ -360,14 +360,24 @@ func TestDumpTimeTwoRates(t *testing.T) {
 }
 
 // TestLazyPullRequests: with nothing faulting, the daemon's requests grow
-// by 64 KiB each (64, 128, 192 KiB for 384 KiB), each paying the round
-// trip, their bytes at the slower of the link and the daemon.
+// by 64 KiB each (64, 128, 192 KiB for 384 KiB); each takes the hosts a
+// round trip plus its bytes, the link its bytes, and the slower side sets
+// the pace, LazySerialShare of the faster adding to it.
 func TestLazyPullRequests(t *testing.T) {
 	p := handProfile()
 	p.LazyRequestS, p.LazyBps = 0.001, 1e8
 	m := float64(384 << 10)
 	approx(t, "three requests, unshaped", p.LazyPull(m, 0, 0)*1000, (3*0.001+m/1e8)*1000)
-	approx(t, "three requests over 50 MB/s", p.LazyPull(m, 5e7, 0)*1000, (3*0.001+m/5e7)*1000)
+	// Over 50 MB/s, 64 KiB: hosts 1 + 0.655 ms, link 1.311 ms; 128 KiB:
+	// hosts 2.311, link 2.621; 192 KiB: hosts 2.966, link 3.932.
+	k := float64(64 << 10)
+	hosts := []float64{0.001 + k/1e8, 0.001 + 2*k/1e8, 0.001 + 3*k/1e8}
+	link := []float64{k / 5e7, 2 * k / 5e7, 3 * k / 5e7}
+	approx(t, "three requests over 50 MB/s", p.LazyPull(m, 5e7, 0)*1000, (hosts[0]+link[1]+link[2])*1000)
+	p.LazySerialShare = 0.5
+	approx(t, "half the faster side adding", p.LazyPull(m, 5e7, 0)*1000,
+		(hosts[0]+link[0]/2+link[1]+hosts[1]/2+link[2]+hosts[2]/2)*1000)
+	p.LazySerialShare = 0
 	approx(t, "three requests over 1 GB/s", p.LazyPull(m, 1e9, 0)*1000, (3*0.001+m/1e8)*1000)
 	// Past 64 requests (130 MiB) every request is 4 MiB: 1 GiB is 64 + 222.5.
 	g := float64(1 << 30)

@@ -32,10 +32,9 @@ type Profile struct {
 	RestoreBps    float64 `json:"restore_bps"`     // 1/ω: restore's memory part, bytes/s
 
 	LazySetupS float64 `json:"lazy_setup_s"` // extra fixed cost of a lazy restore (lazy-pages daemon, userfaultfd)
-	// The lazy-pages daemon's pull (LazyPull): each request costs
-	// LazyRequestS (the round trip through both agents and CRIU's page
-	// server) plus its bytes at LazyBps (the daemon and the page server
-	// handling them) on top of the link's time.
+	// The lazy-pages daemon's pull (LazyPull): each request takes the
+	// hosts LazyRequestS (its round trip through both agents and CRIU's
+	// page server) plus its bytes at LazyBps, while the link carries them.
 	LazyBps      float64 `json:"lazy_bps"`
 	LazyRequestS float64 `json:"lazy_request_s"`
 	// LazySerialShare is the share of a request's time on the faster of

@@ -177,19 +177,19 @@ func LazyRequests(m float64) float64 {
 }
 
 // LazyPull is post-copy's pull of m bytes in seconds, request by request
-// the way CRIU's lazy-pages daemon makes them: one background request in
-// flight, so every request pays LazyRequestS (the round trip through both
-// agents and CRIU's page server) in turn. A request's bytes cross the link
-// while the hosts handle them (LazyBps: the page server, both agents and
-// the daemon placing pages); the slower side sets the pace and
+// the way CRIU's lazy-pages daemon makes them (one background request in
+// flight). A request takes the hosts LazyRequestS (its round trip through
+// both agents and CRIU's page server) plus its bytes at LazyBps (the page
+// server reading the frozen task, both agents' TLS, the daemon placing the
+// pages), and the link its bytes; the slower side sets the pace and
 // LazySerialShare of the faster side's time adds to it (0: they overlap
 // fully). The service writes rate pages a second; a write to a page not
 // there yet faults (FaultRate): a one-page request taking the hosts FaultS,
-// which also sends the next background request back to 64 KiB. At a few
-// thousand pages a second the pull therefore runs in small requests, each
-// paying the round trip, with the hosts' time stretched by the faults. The
-// recursion follows expected values (a fault resets the length with
-// probability 1 − e^(−faults expected during the request)). linkBps 0
+// which stretches their time and sends the next background request back to
+// 64 KiB. At a few thousand pages a second the pull therefore runs in small
+// requests, and unless the link is slow the hosts' round trips set its
+// pace. The recursion follows expected values (a fault resets the length
+// with probability 1 − e^(−faults expected during the request)). linkBps 0
 // means the link does not limit (unshaped).
 func (p Profile) LazyPull(m, linkBps, rate float64) float64 {
 	daemon := 1 / p.LazyBps
@@ -207,8 +207,8 @@ func (p Profile) LazyPull(m, linkBps, rate float64) float64 {
 		}
 		// Faults take this share of the hosts' time meanwhile.
 		load := math.Min(fr*p.FaultS, 0.9)
-		onLink, onHosts := s*wire, s*daemon/(1-load)
-		dt := p.LazyRequestS + math.Max(onLink, onHosts) + p.LazySerialShare*math.Min(onLink, onHosts)
+		onLink, onHosts := s*wire, (p.LazyRequestS+s*daemon)/(1-load)
+		dt := math.Max(onLink, onHosts) + p.LazySerialShare*math.Min(onLink, onHosts)
 		var faults float64
 		if fr > 0 {
 			faults = math.Min(fr*dt, (m-got-s)/p.PageSize)
