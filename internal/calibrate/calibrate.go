@@ -73,6 +73,10 @@ var (
 	DefaultFaultRates = []int{3000}
 )
 
+// shapedFaultRate is a post-copy dirty rate on the shaped link between
+// quiet and FaultRates (the validation grid's are 500 and 4000 pages/s).
+const shapedFaultRate = 1000
+
 // DefaultShapedBps is the calibration's shaped link: 300 Mbit/s.
 const DefaultShapedBps = 300_000_000
 
@@ -137,8 +141,13 @@ func Grid(o Options) []Point {
 	pts = append(pts, Point{Mode: model.ModePrecopy, MemoryBytes: shapedMem, DirtyRate: lowRate,
 		BandwidthBps: o.ShapedBps, Baselines: []string{"link"}})
 	// Post-copy over the same link: how far its requests' time on the link
-	// and on the hosts overlap (lazy_serial_share), quiet and faulting.
-	for _, r := range slices.Compact(slices.Sorted(slices.Values(append([]int{lowRate}, o.FaultRates...)))) {
+	// and on the hosts overlap (lazy_serial_share), and how round trips and
+	// faults share the cost of small requests, quiet to faulting.
+	rates := append([]int{lowRate}, o.FaultRates...)
+	if !o.Quick {
+		rates = append(rates, shapedFaultRate)
+	}
+	for _, r := range slices.Compact(slices.Sorted(slices.Values(rates))) {
 		pts = append(pts, Point{Mode: model.ModePostcopy, MemoryBytes: shapedMem, DirtyRate: r, BandwidthBps: o.ShapedBps})
 	}
 	return pts
@@ -285,12 +294,11 @@ func Fit(ms []Measured, base model.Profile) (model.Profile, []Term, []string) {
 	add(fitDump(ms, &p, phiKnown))
 	add(fitRestore(ms, &p))
 	add(fitLazySetup(ms, &p))
+	add(fitLink(ms, &p)) // the shaped post-copy runs in fitLazy need it
 	add(fitLazy(ms, &p))
 	add(fitLocalFill(ms, &p))
 	add(fitImageFill(ms, &p))
 	add(fitRedirty(ms, &p))
-	add(fitLink(ms, &p))
-	add(fitLazyOverlap(ms, &p))
 	add(fitOverhead(ms, &p))
 	// PAM's constants that are the same quantities as the profile's.
 	p.PAM.Beta = p.FreezeS
@@ -519,36 +527,44 @@ func fitLazySetup(ms []Measured, p *model.Profile) (Term, error) {
 }
 
 // fitLazy fits the lazy-pages daemon's pull (model.LazyPull) to post-copy's
-// commit+lazy-pages phases on unshaped links: lazy_request_s on a log grid,
-// refined; for each, lazy_bps in closed form from the runs with nothing
-// written (pull = requests(M)·lazy_request_s + M/lazy_bps) and fault_s by a
-// one-dimensional search over the others; the best by relative squared
-// error over every run. Without quiet runs (the quick grid) lazy_bps is
+// commit+lazy-pages phases. fault_wait_s comes from the faults the runs
+// counted; lazy_request_s is searched (a log grid, then golden section);
+// for each, lazy_bps follows in closed form from the unshaped runs with
+// nothing written (pull = requests(M)·lazy_request_s + M/lazy_bps),
+// fault_s by golden section over the other unshaped runs, and
+// lazy_serial_share the same way over the runs on the shaped link (which
+// is why link_efficiency comes first); the least relative squared error
+// over every run wins. Without quiet runs (the quick grid) lazy_bps is
 // searched instead and fault_s keeps its value.
 func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
 	t := Term{Name: "lazy-pages", Kind: "model",
-		From: "post-copy's commit+lazy-pages vs memory and dirty rate: requests(M, R)·lazy_request_s + M/lazy_bps + faults·fault_s (model.LazyPull)"}
-	var quiet, faulting []pullRun
+		From: "post-copy's commit+lazy-pages vs memory, dirty rate and link (model.LazyPull)"}
+	var quiet, faulting, shaped []pullRun
 	byRate := map[string][2][]float64{}
-	for _, s := range collect(ms, unshaped("postcopy")) {
-		r := pullRun{m: s.m, rate: float64(s.p.DirtyRate), y: phaseS(s.r, "commit", "lazy-pages"), faults: float64(s.r.PagesFaulted)}
-		if r.y <= 0 {
-			continue
-		}
-		k := fmt.Sprintf("at %d pages/s", s.p.DirtyRate)
-		xy := byRate[k]
-		byRate[k] = [2][]float64{append(xy[0], r.m), append(xy[1], r.y)}
-		if r.rate == 0 {
+	for _, s := range collect(ms, func(pt Point) bool { return pt.Mode == model.ModePostcopy }) {
+		r := pullRun{m: s.m, rate: float64(s.p.DirtyRate), y: phaseS(s.r, "commit", "lazy-pages"), faults: float64(s.r.PagesFaulted),
+			link: p.LinkEfficiency * float64(s.p.BandwidthBps) / 8}
+		switch {
+		case r.y <= 0:
+		case r.link > 0:
+			shaped = append(shaped, r)
+		case r.rate == 0:
 			quiet = append(quiet, r)
-		} else {
+		default:
 			faulting = append(faulting, r)
+		}
+		if r.y > 0 && r.link == 0 {
+			k := fmt.Sprintf("at %d pages/s", s.p.DirtyRate)
+			xy := byRate[k]
+			byRate[k] = [2][]float64{append(xy[0], r.m), append(xy[1], r.y)}
 		}
 	}
 	if len(quiet)+len(faulting) == 0 {
 		return t, ErrNoData
 	}
-	all := append(append([]pullRun(nil), quiet...), faulting...)
-	if w, ok := fitFaultWait(faulting); ok {
+	unshapedRuns := append(append([]pullRun(nil), quiet...), faulting...)
+	all := append(append([]pullRun(nil), unshapedRuns...), shaped...)
+	if w, ok := fitFaultWait(append(append([]pullRun(nil), faulting...), shaped...)); ok {
 		p.FaultWaitS = w
 	}
 	fitFor := func(c float64) (model.Profile, float64) {
@@ -560,8 +576,11 @@ func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
 				q.FaultS = minimize1D(func(f float64) float64 { q.FaultS = f; return pullError(q, faulting) }, 0, 0.02, 40)
 			}
 		} else {
-			logPerByte := minimize1D(func(l float64) float64 { q.LazyBps = math.Exp(-l); return pullError(q, all) }, math.Log(1e-10), math.Log(1e-6), 40)
+			logPerByte := minimize1D(func(l float64) float64 { q.LazyBps = math.Exp(-l); return pullError(q, unshapedRuns) }, math.Log(1e-10), math.Log(1e-6), 40)
 			q.LazyBps = math.Exp(-logPerByte)
+		}
+		if len(shaped) > 0 && q.LazyBps > 0 {
+			q.LazySerialShare = minimize1D(func(k float64) float64 { q.LazySerialShare = k; return pullError(q, shaped) }, 0, 1, 30)
 		}
 		return q, pullError(q, all)
 	}
@@ -578,50 +597,26 @@ func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
 	if !(best.LazyBps > 0) {
 		return t, ErrNoData
 	}
-	p.LazyRequestS, p.LazyBps, p.FaultS = best.LazyRequestS, best.LazyBps, best.FaultS
+	p.LazyRequestS, p.LazyBps, p.FaultS, p.LazySerialShare = best.LazyRequestS, best.LazyBps, best.FaultS, best.LazySerialShare
 	t.Sets = map[string]float64{"lazy_request_s": p.LazyRequestS, "lazy_bps": p.LazyBps}
 	if len(quiet) > 0 && len(faulting) > 0 {
 		t.Sets["fault_s"] = p.FaultS
 	}
-	if len(faulting) > 0 {
+	if len(faulting)+len(shaped) > 0 {
 		t.Sets["fault_wait_s"] = p.FaultWaitS
+	}
+	if len(shaped) > 0 {
+		t.Sets["lazy_serial_share"] = p.LazySerialShare
 	}
 	pred := make([]float64, len(all))
 	for i, r := range all {
 		t.X, t.Y = append(t.X, r.m), append(t.Y, r.y)
-		pred[i] = p.LazyPull(r.m, 0, r.rate)
-	}
-	t.Fit = residualFit(t.Y, pred)
-	if len(byRate) > 1 {
-		t.Note = "by dirty rate: " + subFits(byRate)
-	}
-	return t, nil
-}
-
-// fitLazyOverlap fits lazy_serial_share to post-copy's pulls over the
-// shaped link (after link_efficiency and the unshaped pull terms): the
-// share of the faster side's time, link or hosts, that adds to the slower.
-func fitLazyOverlap(ms []Measured, p *model.Profile) (Term, error) {
-	t := Term{Name: "lazy-overlap", Kind: "model",
-		From: "post-copy's commit+lazy-pages on the shaped link against model.LazyPull: lazy_serial_share"}
-	var runs []pullRun
-	for _, s := range collect(ms, func(pt Point) bool { return pt.Mode == model.ModePostcopy && pt.BandwidthBps > 0 }) {
-		if y := phaseS(s.r, "commit", "lazy-pages"); y > 0 {
-			runs = append(runs, pullRun{m: s.m, rate: float64(s.p.DirtyRate), y: y, link: p.LinkEfficiency * float64(s.p.BandwidthBps) / 8})
-		}
-	}
-	if len(runs) == 0 {
-		return t, ErrNoData
-	}
-	q := *p
-	p.LazySerialShare = minimize1D(func(k float64) float64 { q.LazySerialShare = k; return pullError(q, runs) }, 0, 1, 40)
-	t.Sets = map[string]float64{"lazy_serial_share": p.LazySerialShare}
-	pred := make([]float64, len(runs))
-	for i, r := range runs {
-		t.X, t.Y = append(t.X, r.m), append(t.Y, r.y)
 		pred[i] = p.LazyPull(r.m, r.link, r.rate)
 	}
 	t.Fit = residualFit(t.Y, pred)
+	if len(byRate) > 1 {
+		t.Note = "unshaped, by dirty rate: " + subFits(byRate)
+	}
 	return t, nil
 }
 

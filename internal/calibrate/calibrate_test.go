@@ -279,8 +279,8 @@ func TestSweepStopsOnBenchError(t *testing.T) {
 func TestGrids(t *testing.T) {
 	modes := len(calibratedModes)
 	// Every mode at 4 sizes x 2 rates, post-copy at 3000 pages/s too, the
-	// shaped pre-copy, the shaped post-copy at the lowest rate and 3000.
-	if n := len(Grid(Options{})); n != 4*2*modes+4+1+2 {
+	// shaped pre-copy, the shaped post-copy at the lowest rate, 1000 and 3000.
+	if n := len(Grid(Options{})); n != 4*2*modes+4+1+3 {
 		t.Errorf("default grid: %d points", n)
 	}
 	q := Grid(Options{Quick: true})
