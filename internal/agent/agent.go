@@ -139,8 +139,7 @@ func (a *Agent) listenPeers(addr string) (net.Listener, func(net.Conn, transport
 	}
 	a.Log.Warn("agent-to-agent traffic is NOT encrypted or authenticated: start the agent with --tls-dir")
 	if a.Multipath {
-		var lc net.ListenConfig
-		lc.SetMultipathTCP(true)
+		lc := transport.MultipathListenConfig()
 		l, err := lc.Listen(context.Background(), "tcp", addr)
 		return l, transport.Server, err
 	}

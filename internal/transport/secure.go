@@ -169,9 +169,9 @@ func DialSecure(ctx context.Context, addr string, local Hello, sec *Security, pe
 // (or on first use): Accept itself never blocks on a slow client.
 func ListenSecure(addr string, sec *Security, multipath bool) (net.Listener, error) {
 	network, address := SplitAddr(addr)
-	var lc net.ListenConfig
+	lc := net.ListenConfig{}
 	if multipath && network == "tcp" {
-		lc.SetMultipathTCP(true)
+		lc = MultipathListenConfig()
 	}
 	l, err := lc.Listen(context.Background(), network, address)
 	if err != nil {

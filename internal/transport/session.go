@@ -268,6 +268,7 @@ func dialAgent(ctx context.Context, addr string, multipath bool) (net.Conn, erro
 	d := net.Dialer{Timeout: 5 * time.Second}
 	if multipath && network == "tcp" {
 		d.SetMultipathTCP(true)
+		d.Control = fixedReceiveBuffer
 	}
 	conn, err := d.DialContext(ctx, network, address)
 	if err != nil {
