@@ -35,9 +35,10 @@ ferry bench validate-model --profile; docs/MODEL.md).
 
 It migrates memhog with cold, pre-copy, post-copy and hybrid over unshaped links, at
 each memory size and dirty rate of the grid, so that the host's own costs
-show, then one pre-copy over a 300 Mbit/s link to measure how much of a link
-ferry's stream gets. Each profile parameter is fitted by least squares to
-the phase the model says it governs:
+show, then pre-copy and post-copy over a 300 Mbit/s link to measure how
+much of a link ferry's stream gets and how post-copy's requests share it.
+Each profile parameter is fitted by least squares to the phase the model
+says it governs:
 
   freeze_s                       the freeze phase (mean)
   read_hash_bps                  pre-copy rounds after the first vs memory
@@ -47,8 +48,9 @@ the phase the model says it governs:
                                  cold's), less dump_fixed_s, vs memory
   restore_fixed_s, restore_bps   the restore phase vs memory
   lazy_setup_s                   post-copy's downtime beyond those fixed costs
-  lazy_request_s, lazy_bps,      post-copy's lazy-pages phase vs memory and dirty rate,
-  fault_s                        request by request as CRIU's lazy-pages daemon pulls
+  lazy_request_s, lazy_bps,      post-copy's lazy-pages phase vs memory, dirty rate and
+  fault_s, lazy_serial_share     link, request by request as CRIU's lazy-pages daemon pulls
+  fault_wait_s                   the faults post-copy counted while writing fast
   local_fill_bps                 hybrid's lazy-pages phase (served locally) vs memory
   image_fill_bps                 pre-copy's rebuild switchover completing the images
   redirty_ratio                  bytes per re-dirtied page in later rounds / page size
@@ -64,8 +66,9 @@ The rest (page size, dedup reference size, the PAM constants other than
 dirty pages.
 
 Grid: 64M, 128M, 256M and 512M at 0 and 2000 pages/s, post-copy at 3000
-pages/s too, two runs each (about 5 minutes here); --quick: 64M and 256M at
-100 pages/s (about a minute). Every point brings
+pages/s too, then the shaped points (128M: pre-copy at 0 pages/s,
+post-copy at 0, 1000 and 3000), two runs each (about 6 minutes here);
+--quick: 64M and 256M at 100 pages/s (about a minute). Every point brings
 up a lab of its own, so it needs root, the binaries from 'make build'
 (memhog next to ferry) and no lab already up.
 
