@@ -564,9 +564,8 @@ func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
 	}
 	unshapedRuns := append(append([]pullRun(nil), quiet...), faulting...)
 	all := append(append([]pullRun(nil), unshapedRuns...), shaped...)
-	if w, ok := fitFaultWait(append(append([]pullRun(nil), faulting...), shaped...)); ok {
-		p.FaultWaitS = w
-	}
+	// No run that faulted less than free writes would: no bound (0).
+	p.FaultWaitS, _ = fitFaultWait(append(append([]pullRun(nil), faulting...), shaped...))
 	fitFor := func(c float64) (model.Profile, float64) {
 		q := *p
 		q.LazyRequestS = c

@@ -27,6 +27,7 @@ func truth() model.Profile {
 	p.LazyRequestS = 0.0004
 	p.LazySerialShare = 0.3
 	p.FaultS = 0.0005
+	p.FaultWaitS = 0 // writes fault freely; TestFitFaultWait covers the bound
 	p.LocalFillBps = 700e6
 	p.ImageFillBps = 1.5e9
 	p.FrozenReadBps = 4e9

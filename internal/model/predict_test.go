@@ -16,6 +16,7 @@ func handProfile() Profile {
 	p.RestoreFixedS, p.RestoreBps = 0.1, 2e9
 	p.LazySetupS, p.LazyBps = 0.05, 5e8
 	p.LazyRequestS, p.FaultS = 0, 0 // the pull is bytes only; TestLazyPull* cover the rest
+	p.LazySerialShare, p.FaultWaitS = 0, 0
 	p.LinkEfficiency, p.DedupRefBytes = 1, 0
 	p.SetupS = 0 // the technique's own times; TestSetupAddsToTotalOnly covers it
 	p.LocalFillBps = 5e8

@@ -82,28 +82,32 @@ type Profile struct {
 // sensible predictions until a calibration replaces them.
 func DefaultProfile() Profile {
 	// Rounded from `ferry calibrate` on the development VM (2 cores, CRIU
-	// 4.2.1 with its probes cached, runc 1.1.5), docs/MODEL.md §8.
+	// 4.2.1 with ferry's patches and its probes cached, runc 1.1.5),
+	// docs/MODEL.md §8, eighth run.
 	return Profile{
-		Source:         "defaults: development VM, CRIU 4.2.1 + runc 1.1.5 (calibrated 2026-11-22)",
-		PageSize:       4096,
-		FreezeS:        0.0065,
-		DumpFixedS:     0.087,
-		DumpBps:        0.25e9,
-		ReadHashBps:    2.1e9,
-		FrozenReadBps:  2.6e9,
-		RestoreFixedS:  0.033,
-		RestoreBps:     1.45e9,
-		LazySetupS:     0.046,
-		LazyBps:        0.14e9,
-		FaultS:         0.0013, // post-copy pulls 1.9-2.8 x slower at 2,000 pages/s
-		RedirtyRatio:   0.59,
-		LocalFillBps:   0.62e9,
-		ImageFillBps:   24e9, // the parent image leaves ~10 ms per 256 MiB
-		LazyDump:       true,
-		LinkEfficiency: 0.94,
-		SetupS:         0.24,
-		DedupRefBytes:  29,
-		PAM:            DefaultPAM(),
+		Source:          "defaults: development VM, CRIU 4.2.1 + runc 1.1.5 (calibrated 2026-11-22)",
+		PageSize:        4096,
+		FreezeS:         0.006,
+		DumpFixedS:      0.079,
+		DumpBps:         0.245e9,
+		ReadHashBps:     2.17e9,
+		FrozenReadBps:   2.8e9,
+		RestoreFixedS:   0.066,
+		RestoreBps:      2.05e9,
+		LazySetupS:      0.0056,
+		LazyBps:         0.174e9,
+		LazyRequestS:    0,      // small requests cost through their faults here (fault_s)
+		LazySerialShare: 0.27,   // over 300 Mbit/s the pull took 4.2 s quiet and faulting alike
+		FaultS:          0.0006, // each fault's one-page request
+		FaultWaitS:      0.00094,
+		RedirtyRatio:    0.59,
+		LocalFillBps:    0.63e9,
+		ImageFillBps:    26e9, // the parent image leaves ~10 ms per 256 MiB
+		LazyDump:        true,
+		LinkEfficiency:  0.94,
+		SetupS:          0.155,
+		DedupRefBytes:   29,
+		PAM:             DefaultPAM(),
 	}
 }
 
