@@ -103,35 +103,9 @@ func plugPath(h *Host, p int, bps int64) error {
 	}
 	defer hn.Close()
 
-	hostNS, err := netns.GetFromPath(netnsPath(h.NetNSName))
-	if err != nil {
-		return fmt.Errorf("open netns %s: %w", h.NetNSName, err)
-	}
 	portName := switchPort(h, p)
-	veth := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: portName},
-		PeerName:      hostIfName,
-		PeerNamespace: netlink.NsFd(hostNS),
-	}
-	err = sw.LinkAdd(veth) // created in the switch netns, peer straight into the host's
-	hostNS.Close()
-	if err != nil {
-		return fmt.Errorf("add veth %s/%s: %w", portName, hostIfName, err)
-	}
-
-	br, err := sw.LinkByName(bridgeName(p))
-	if err != nil {
-		return fmt.Errorf("switch: %w", err)
-	}
-	port, err := sw.LinkByName(portName)
-	if err != nil {
-		return fmt.Errorf("switch port %s: %w", portName, err)
-	}
-	if err := sw.LinkSetMaster(port, br); err != nil {
-		return fmt.Errorf("enslave %s to %s: %w", portName, bridgeName(p), err)
-	}
-	if err := sw.LinkSetUp(port); err != nil {
-		return fmt.Errorf("switch port %s up: %w", portName, err)
+	if err := plugSwitchPort(sw, h, portName, hostIfName, bridgeName(p)); err != nil {
+		return err
 	}
 
 	eth, err := hn.LinkByName(hostIfName)
@@ -151,6 +125,10 @@ func plugPath(h *Host, p int, bps int64) error {
 		// switch port's egress what the host receives.
 		if err := shape(hn, eth, bps); err != nil {
 			return fmt.Errorf("%s: shape %s: %w", h.Name, hostIfName, err)
+		}
+		port, err := sw.LinkByName(portName)
+		if err != nil {
+			return fmt.Errorf("switch port %s: %w", portName, err)
 		}
 		if err := shape(sw, port, bps); err != nil {
 			return fmt.Errorf("switch: shape %s: %w", portName, err)
@@ -248,6 +226,36 @@ func buildSegment() error {
 	return sw.LinkSetUp(br)
 }
 
+// plugSwitchPort adds a veth pair: port on the switch's bridge, up; peer in
+// host h's namespace, for the caller to configure.
+func plugSwitchPort(sw *netlink.Handle, h *Host, port, peer, bridge string) error {
+	hostNS, err := netns.GetFromPath(netnsPath(h.NetNSName))
+	if err != nil {
+		return fmt.Errorf("open netns %s: %w", h.NetNSName, err)
+	}
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: port}, PeerName: peer, PeerNamespace: netlink.NsFd(hostNS)}
+	err = sw.LinkAdd(veth) // created in the switch netns, peer straight into the host's
+	hostNS.Close()
+	if err != nil {
+		return fmt.Errorf("add veth %s/%s: %w", port, peer, err)
+	}
+	br, err := sw.LinkByName(bridge)
+	if err != nil {
+		return fmt.Errorf("switch: %w", err)
+	}
+	link, err := sw.LinkByName(port)
+	if err != nil {
+		return fmt.Errorf("switch port %s: %w", port, err)
+	}
+	if err := sw.LinkSetMaster(link, br); err != nil {
+		return fmt.Errorf("enslave %s to %s: %w", port, bridge, err)
+	}
+	if err := sw.LinkSetUp(link); err != nil {
+		return fmt.Errorf("switch port %s up: %w", port, err)
+	}
+	return nil
+}
+
 // plugSegment gives host h its segment bridge, uplinked to the switch.
 func plugSegment(h *Host) error {
 	sw, err := handleAt(SwitchNetNS)
@@ -264,28 +272,7 @@ func plugSegment(h *Host) error {
 	if err := hn.LinkAdd(hbr); err != nil {
 		return fmt.Errorf("%s: add bridge %s: %w", h.Name, SegmentBridge, err)
 	}
-	hostNS, err := netns.GetFromPath(netnsPath(h.NetNSName))
-	if err != nil {
-		return err
-	}
-	port := h.Name + "svc"
-	err = sw.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: port}, PeerName: segmentUplink, PeerNamespace: netlink.NsFd(hostNS)})
-	hostNS.Close()
-	if err != nil {
-		return fmt.Errorf("add veth %s/%s: %w", port, segmentUplink, err)
-	}
-	sbr, err := sw.LinkByName(segmentSwitchBr)
-	if err != nil {
-		return err
-	}
-	sp, err := sw.LinkByName(port)
-	if err != nil {
-		return err
-	}
-	if err := sw.LinkSetMaster(sp, sbr); err != nil {
-		return err
-	}
-	if err := sw.LinkSetUp(sp); err != nil {
+	if err := plugSwitchPort(sw, h, h.Name+"svc", segmentUplink, segmentSwitchBr); err != nil {
 		return err
 	}
 	hb, err := hn.LinkByName(SegmentBridge)

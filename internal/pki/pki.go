@@ -81,27 +81,15 @@ func NewCA(dir, name string) error {
 	if err := privateDir(dir); err != nil {
 		return err
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	key, tmpl, err := newKeyAndTemplate(name)
 	if err != nil {
 		return err
 	}
-	serial, err := newSerial()
-	if err != nil {
-		return err
-	}
-	now := time.Now()
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial,
-		Subject:               pkix.Name{CommonName: name, Organization: []string{"ferry"}},
-		NotBefore:             now.Add(-clockSkew),
-		NotAfter:              now.Add(CAValidity),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-		// Hosts get certificates straight from the CA, never from an intermediate.
-		MaxPathLen:     0,
-		MaxPathLenZero: true,
-	}
+	tmpl.NotAfter = tmpl.NotBefore.Add(clockSkew + CAValidity)
+	tmpl.KeyUsage = x509.KeyUsageCertSign | x509.KeyUsageCRLSign
+	tmpl.IsCA = true
+	// Hosts get certificates straight from the CA, never from an intermediate.
+	tmpl.MaxPathLen, tmpl.MaxPathLenZero = 0, true
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
 	if err != nil {
 		return err
@@ -147,30 +135,17 @@ func Issue(caDir, outDir, host string, ips []net.IP, dnsNames []string, validFor
 			dns = append(dns, d)
 		}
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	key, tmpl, err := newKeyAndTemplate(host)
 	if err != nil {
 		return err
 	}
-	serial, err := newSerial()
-	if err != nil {
-		return err
+	tmpl.NotAfter = tmpl.NotBefore.Add(clockSkew + validFor)
+	if tmpl.NotAfter.After(caCert.NotAfter) {
+		tmpl.NotAfter = caCert.NotAfter
 	}
-	now := time.Now()
-	notAfter := now.Add(validFor)
-	if notAfter.After(caCert.NotAfter) {
-		notAfter = caCert.NotAfter
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial,
-		Subject:               pkix.Name{CommonName: host, Organization: []string{"ferry"}},
-		NotBefore:             now.Add(-clockSkew),
-		NotAfter:              notAfter,
-		KeyUsage:              x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		BasicConstraintsValid: true,
-		IPAddresses:           ips,
-		DNSNames:              dns,
-	}
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
+	tmpl.IPAddresses, tmpl.DNSNames = ips, dns
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, key.Public(), caKey)
 	if err != nil {
 		return err
@@ -364,6 +339,26 @@ func writeNew(path string, data []byte) error {
 		os.Remove(path)
 	}
 	return err
+}
+
+// newKeyAndTemplate makes a P-256 key and the template fields every ferry
+// certificate shares: a random serial, cn in the ferry organisation, valid
+// from a little before now (clock skew between hosts).
+func newKeyAndTemplate(cn string) (*ecdsa.PrivateKey, *x509.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	serial, err := newSerial()
+	if err != nil {
+		return nil, nil, err
+	}
+	return key, &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{CommonName: cn, Organization: []string{"ferry"}},
+		NotBefore:             time.Now().Add(-clockSkew),
+		BasicConstraintsValid: true,
+	}, nil
 }
 
 // newSerial returns a random positive 127-bit serial number.

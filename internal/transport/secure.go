@@ -245,15 +245,20 @@ func (s *Session) Multipath() bool { return s.multipath }
 // IsMultipath reports whether conn, or the connection under its TLS layer,
 // is an MPTCP connection.
 func IsMultipath(conn net.Conn) bool {
-	if tc, ok := conn.(*tls.Conn); ok {
-		conn = tc.NetConn()
-	}
-	tcp, ok := conn.(*net.TCPConn)
+	tcp, ok := underTLS(conn).(*net.TCPConn)
 	if !ok {
 		return false
 	}
 	mp, err := tcp.MultipathTCP()
 	return err == nil && mp
+}
+
+// underTLS is the connection under conn's TLS layer, or conn itself.
+func underTLS(conn net.Conn) net.Conn {
+	if tc, ok := conn.(*tls.Conn); ok {
+		return tc.NetConn()
+	}
+	return conn
 }
 
 // explainRefusal turns the TLS alert a server sends when it refuses this

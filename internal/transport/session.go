@@ -2,7 +2,6 @@ package transport
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -282,10 +281,7 @@ func stripes(conn net.Conn, po PathOptions) bool {
 	if po.Streams < 2 || IsMultipath(conn) {
 		return false
 	}
-	if tc, ok := conn.(*tls.Conn); ok {
-		conn = tc.NetConn()
-	}
-	_, isTCP := conn.(*net.TCPConn)
+	_, isTCP := underTLS(conn).(*net.TCPConn)
 	return isTCP
 }
 
