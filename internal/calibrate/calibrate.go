@@ -534,8 +534,9 @@ func fitLazySetup(ms []Measured, p *model.Profile) (Term, error) {
 // fault_s by golden section over the other unshaped runs, and
 // lazy_serial_share the same way over the runs on the shaped link (which
 // is why link_efficiency comes first); the least relative squared error
-// over every run wins. Without quiet runs (the quick grid) lazy_bps is
-// searched instead and fault_s keeps its value.
+// over every run wins. Without quiet runs (the quick grid: one dirty rate)
+// round trips cannot be told from bytes: lazy_request_s and fault_s keep
+// their values and lazy_bps is searched.
 func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
 	t := Term{Name: "lazy-pages", Kind: "model",
 		From: "post-copy's commit+lazy-pages vs memory, dirty rate and link (model.LazyPull)"}
@@ -583,21 +584,29 @@ func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
 		}
 		return q, pullError(q, all)
 	}
-	best, bestErr, bestC := *p, math.Inf(1), 0.0
-	for c := 1e-5; c <= 0.02; c *= 1.5 {
-		if q, e := fitFor(c); e < bestErr && q.LazyBps > 0 {
-			best, bestErr, bestC = q, e, c
+	best, bestErr := fitFor(p.LazyRequestS)
+	if len(quiet) > 0 { // else one dirty rate cannot tell round trips from bytes: keep lazy_request_s
+		bestC := 0.0
+		for c := 1e-5; c <= 0.02; c *= 1.5 {
+			if q, e := fitFor(c); e < bestErr && q.LazyBps > 0 {
+				best, bestErr, bestC = q, e, c
+			}
 		}
-	}
-	c := math.Exp(minimize1D(func(lc float64) float64 { _, e := fitFor(math.Exp(lc)); return e }, math.Log(bestC/1.5), math.Log(bestC*1.5), 30))
-	if q, e := fitFor(c); e < bestErr && q.LazyBps > 0 {
-		best = q
+		if bestC > 0 {
+			c := math.Exp(minimize1D(func(lc float64) float64 { _, e := fitFor(math.Exp(lc)); return e }, math.Log(bestC/1.5), math.Log(bestC*1.5), 30))
+			if q, e := fitFor(c); e < bestErr && q.LazyBps > 0 {
+				best = q
+			}
+		}
 	}
 	if !(best.LazyBps > 0) {
 		return t, ErrNoData
 	}
 	p.LazyRequestS, p.LazyBps, p.FaultS, p.LazySerialShare = best.LazyRequestS, best.LazyBps, best.FaultS, best.LazySerialShare
-	t.Sets = map[string]float64{"lazy_request_s": p.LazyRequestS, "lazy_bps": p.LazyBps}
+	t.Sets = map[string]float64{"lazy_bps": p.LazyBps}
+	if len(quiet) > 0 {
+		t.Sets["lazy_request_s"] = p.LazyRequestS
+	}
 	if len(quiet) > 0 && len(faulting) > 0 {
 		t.Sets["fault_s"] = p.FaultS
 	}
