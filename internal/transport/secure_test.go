@@ -63,6 +63,13 @@ func secureServer(tb testing.TB, sec *Security, multipath bool) (string, <-chan 
 	if err != nil {
 		tb.Fatal(err)
 	}
+	return l.Addr().String(), serveSecure(tb, []net.Listener{l}, Hello{Name: sec.Name, Role: "agent"})
+}
+
+// serveSecure accepts on every listener, answers each connection with
+// hello, and reports its outcome (a session, a join, a refusal); cleanup
+// closes the listeners and every session.
+func serveSecure(tb testing.TB, ls []net.Listener, hello Hello) <-chan accepted {
 	out := make(chan accepted, 16)
 	stop := make(chan struct{})
 	var (
@@ -70,32 +77,36 @@ func secureServer(tb testing.TB, sec *Security, multipath bool) (string, <-chan 
 		sessions []*Session
 		stopped  bool
 	)
-	go func() {
-		for {
-			conn, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				s, err := ServerSecure(conn, Hello{Name: sec.Name, Role: "agent"})
-				if s != nil {
-					mu.Lock()
-					if stopped {
-						s.Close()
+	for _, l := range ls {
+		go func() {
+			for {
+				conn, err := l.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					s, err := ServerSecure(conn, hello)
+					if s != nil {
+						mu.Lock()
+						if stopped {
+							s.Close()
+						}
+						sessions = append(sessions, s)
+						mu.Unlock()
 					}
-					sessions = append(sessions, s)
-					mu.Unlock()
-				}
-				select {
-				case out <- accepted{s, err}:
-				case <-stop:
-				}
-			}()
-		}
-	}()
+					select {
+					case out <- accepted{s, err}:
+					case <-stop:
+					}
+				}()
+			}
+		}()
+	}
 	tb.Cleanup(func() {
 		close(stop)
-		l.Close()
+		for _, l := range ls {
+			l.Close()
+		}
 		mu.Lock()
 		stopped = true
 		for _, s := range sessions {
@@ -103,7 +114,7 @@ func secureServer(tb testing.TB, sec *Security, multipath bool) (string, <-chan 
 		}
 		mu.Unlock()
 	})
-	return l.Addr().String(), out
+	return out
 }
 
 func next(t *testing.T, c <-chan accepted) accepted {

@@ -28,31 +28,7 @@ func stripedServer(t *testing.T, p testPKI) ([]string, <-chan accepted) {
 		ls = append(ls, l)
 		addrs = append(addrs, l.Addr().String())
 	}
-	out := make(chan accepted, 16)
-	var sessions []*Session
-	for _, l := range ls {
-		go func() {
-			for {
-				conn, err := l.Accept()
-				if err != nil {
-					return
-				}
-				go func() {
-					s, err := ServerSecure(conn, Hello{Name: "h2", Role: "agent", Addrs: addrs})
-					out <- accepted{s, err}
-				}()
-			}
-		}()
-	}
-	t.Cleanup(func() {
-		for _, l := range ls {
-			l.Close()
-		}
-		for _, s := range sessions {
-			s.Close()
-		}
-	})
-	return addrs, out
+	return addrs, serveSecure(t, ls, Hello{Name: "h2", Role: "agent", Addrs: addrs})
 }
 
 // nextSession returns the session accepted next, once streams-1
