@@ -700,46 +700,43 @@ func BenchmarkStripe(b *testing.B) {
 		}
 	}
 	b.Run("tcp", func(b *testing.B) {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer ln.Close()
-		c, err := net.Dial("tcp", ln.Addr().String())
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer c.Close()
-		s, err := ln.Accept()
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer s.Close()
-		run(b, c, s)
+		c, s := tcpPairs(b, 1)
+		run(b, c[0], s[0])
 	})
 	for _, n := range []int{1, 2, 4} {
 		b.Run(fmt.Sprintf("paths=%d", n), func(b *testing.B) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer ln.Close()
 			client, server := New(Options{}), New(Options{})
 			defer client.Close()
 			defer server.Close()
-			for range n {
-				c, err := net.Dial("tcp", ln.Addr().String())
-				if err != nil {
-					b.Fatal(err)
-				}
-				s, err := ln.Accept()
-				if err != nil {
-					b.Fatal(err)
-				}
-				client.Add(c)
-				server.Add(s)
+			c, s := tcpPairs(b, n)
+			for i := range n {
+				client.Add(c[i])
+				server.Add(s[i])
 			}
 			run(b, client, server)
 		})
 	}
+}
+
+// tcpPairs connects n loopback TCP connections, closed at cleanup.
+func tcpPairs(b *testing.B, n int) (clients, servers []net.Conn) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	for range n {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			b.Fatal(err)
+		}
+		s, err := ln.Accept()
+		if err != nil {
+			c.Close()
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { c.Close(); s.Close() })
+		clients, servers = append(clients, c), append(servers, s)
+	}
+	return clients, servers
 }
