@@ -550,6 +550,7 @@ func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
 		case r.link > 0:
 			shaped = append(shaped, r)
 		case r.rate == 0:
+			r.requests = model.LazyRequests(r.m) // once, not per searched lazy_request_s
 			quiet = append(quiet, r)
 		default:
 			faulting = append(faulting, r)
@@ -629,8 +630,9 @@ func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
 }
 
 // pullRun is one measured post-copy pull: memory, dirty rate, seconds, the
-// pages that faulted meanwhile, and the link's payload rate (0: unshaped).
-type pullRun struct{ m, rate, y, faults, link float64 }
+// pages that faulted meanwhile, the link's payload rate (0: unshaped), and
+// for quiet runs the daemon's request count (model.LazyRequests).
+type pullRun struct{ m, rate, y, faults, link, requests float64 }
 
 // fitFaultWait fits fault_wait_s to the faults the runs counted: over a pull
 // of T seconds the missing share falls from 1 to 0 about linearly, so a
@@ -689,7 +691,7 @@ func quietRate(runs []pullRun, c float64) float64 {
 	var num, den float64
 	for _, r := range runs {
 		a := r.m / r.y
-		num += a * (1 - model.LazyRequests(r.m)*c/r.y)
+		num += a * (1 - r.requests*c/r.y)
 		den += a * a
 	}
 	if den == 0 || num <= 0 {

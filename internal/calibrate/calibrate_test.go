@@ -109,8 +109,9 @@ func fakeBench(p model.Profile, noise float64) Runner {
 				ps.add("restore", p.RestoreFixedS+p.LazySetupS)
 				ps.add("commit", 0.005)
 				link := p.LinkEfficiency * float64(o.BandwidthBps) / 8 // 0: unshaped
-				ps.add("lazy-pages", p.LazyPull(m, link, float64(o.DirtyRate))-0.005+wob)
-				r.PagesFaulted = uint64(p.FaultRate(float64(o.DirtyRate), 0.5) * p.LazyPull(m, link, float64(o.DirtyRate)))
+				pull := p.LazyPull(m, link, float64(o.DirtyRate))
+				ps.add("lazy-pages", pull-0.005+wob)
+				r.PagesFaulted = uint64(p.FaultRate(float64(o.DirtyRate), 0.5) * pull)
 			case "hybrid":
 				d0 := m/p.ReadHashBps + wire + wob
 				ps.add("round-0", d0)
