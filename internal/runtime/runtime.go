@@ -1,0 +1,212 @@
+// Package runtime is the narrow interface between ferry's migration engine
+// and the container runtimes whose containers it moves (runc, Podman, LXC).
+// A technique never knows which runtime it drives: it inspects, freezes,
+// checkpoints with typed options, and at the destination prepares a target
+// and restores into it. Each runtime is one adapter package below this one.
+//
+// Memory always travels through ferry's page server, never through a
+// runtime's own archive: every adapter passes CheckpointOptions.PageServer
+// to CRIU (as a flag, or through a CRIU configuration file where the
+// runtime has no flag for it).
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// ErrNotFound is returned when a runtime does not know the container.
+var ErrNotFound = errors.New("container not found")
+
+// Caps is what a runtime can do for a migration on this host. The engine
+// refuses a technique whose needs are missing before anything is frozen.
+type Caps struct {
+	// Freeze: the runtime can freeze the container without dumping it and
+	// then dump it frozen, leaving it frozen (runc pause, lxc-freeze). The
+	// source is then resumable until the commit by thawing it. Without it
+	// the dump itself freezes and Dump.Release decides the source's fate.
+	Freeze bool
+	// LazyPages: a dump can leave the memory in the frozen source for a
+	// lazy-pages daemon (post-copy, hybrid, pre-copy's rebuild switchover).
+	LazyPages bool
+	// PreDump: CRIU's native pre-dump (also needs soft-dirty tracking).
+	PreDump bool
+}
+
+// Container is what a runtime says about one of its containers, at the
+// source, and what the destination's runtime needs to re-create it.
+type Container struct {
+	// Runtime is the adapter's Kind.
+	Runtime string `json:"runtime"`
+	// Name is the name users know the container by; ID the runtime's own
+	// (the same for runc and LXC).
+	Name string `json:"name"`
+	ID   string `json:"id"`
+	// PID is the container's init process, as this host sees it (pre-copy
+	// reads its memory). Not meaningful at another host.
+	PID int `json:"-"`
+	// Status is running, paused or stopped.
+	Status string `json:"status"`
+	// Rootfs is the directory whose contents move: a runc bundle's root,
+	// Podman's writable layer, an LXC rootfs. Source-local.
+	Rootfs string `json:"-"`
+	// Spec is the container's OCI config.json, where the runtime has one.
+	Spec []byte `json:"spec,omitempty"`
+	// Image names the image the writable layer sits on (by ID); the
+	// destination must hold it. Empty: the rootfs moves whole.
+	Image string `json:"image,omitempty"`
+	// Meta carries the runtime's own records of the container (Podman's
+	// configuration, an LXC config file), opaque to the engine.
+	Meta map[string][]byte `json:"meta,omitempty"`
+}
+
+// CheckpointOptions are what a technique asks of a dump.
+type CheckpointOptions struct {
+	// ImagesDir receives CRIU's images (all but the memory, which goes to
+	// PageServer); WorkDir its logs and statistics.
+	ImagesDir, WorkDir string
+	// ParentDir is a previous pre-dump the dump builds on, relative to
+	// ImagesDir (native pre-copy).
+	ParentDir string
+	// PageServer is the loopback ADDR:PORT that receives the pages.
+	PageServer string
+	// Lazy leaves the memory in the source for a lazy-pages daemon; the
+	// dump's page server serves it until the last page is pulled.
+	Lazy bool
+	// PreDump dumps memory only, the container running on (native pre-copy).
+	PreDump bool
+	// TCPEstablished carries established TCP connections.
+	TCPEstablished bool
+}
+
+// Dump is a checkpoint under way or done. Checkpoint returns it once the
+// images are written (for a lazy dump: once CRIU's page server listens).
+type Dump interface {
+	// Wait returns the dump's outcome once CRIU has exited. A lazy dump
+	// exits when its page server is closed (see internal/criu).
+	Wait() error
+	// Release ends a dump that still holds the container: after a commit
+	// (kill) the source's processes end, otherwise they run on. A no-op
+	// where the runtime froze the container itself (Caps.Freeze): thawing
+	// or removing it is the engine's next step then.
+	Release(ctx context.Context, kill bool) error
+}
+
+// RestoreOptions are what a technique asks of a restore.
+type RestoreOptions struct {
+	ImagesDir, WorkDir string
+	// Lazy restores with a lazy-pages daemon serving the memory.
+	Lazy           bool
+	TCPEstablished bool
+}
+
+// PrepareOptions say how the container is to sit on this host.
+type PrepareOptions struct {
+	// WorkDir is the migration's scratch directory here.
+	WorkDir string
+	// NetNS is the network namespace the container joins here, when it
+	// had one of its own at the source and ferry rebuilt it ("": none).
+	NetNS string
+}
+
+// Target is a container being received: prepared before the source
+// freezes (so the destination refuses early), restored at the switchover.
+type Target interface {
+	// RootfsDir is where the source's root filesystem changes are applied.
+	RootfsDir() string
+	// Restore restores from images and returns once the runtime reports
+	// the container running, with its init process.
+	Restore(ctx context.Context, o RestoreOptions) (pid int, err error)
+	// Discard removes everything Prepare and Restore made: the migration
+	// did not commit.
+	Discard(ctx context.Context) error
+}
+
+// Runtime drives one container runtime on this host.
+type Runtime interface {
+	// Kind names the runtime: runc, podman, lxc.
+	Kind() string
+	// Caps says what it can do here.
+	Caps() Caps
+	// Inspect describes a container, or returns ErrNotFound.
+	Inspect(ctx context.Context, name string) (*Container, error)
+	// Freeze and Thaw stop and restart every process of the container
+	// (only where Caps.Freeze).
+	Freeze(ctx context.Context, c *Container) error
+	Thaw(ctx context.Context, c *Container) error
+	// Checkpoint dumps the container; see Dump.
+	Checkpoint(ctx context.Context, c *Container, o CheckpointOptions) (Dump, error)
+	// Remove deletes the source's copy after a commit: the runtime no
+	// longer lists it.
+	Remove(ctx context.Context, c *Container) error
+	// Prepare readies this host to receive c (config, records, an empty
+	// rootfs to sync into). It refuses what cannot work here (the name is
+	// taken, the image is missing) before the source freezes anything.
+	Prepare(ctx context.Context, c *Container, o PrepareOptions) (Target, error)
+}
+
+// State reports whether a container is running, read from its runtime.
+// The engine checks this before it reports a state.
+func State(ctx context.Context, r Runtime, name string) (string, error) {
+	c, err := r.Inspect(ctx, name)
+	if err != nil {
+		return "", err
+	}
+	return c.Status, nil
+}
+
+// Set is the runtimes present on a host, by kind.
+type Set map[string]Runtime
+
+// Get returns the runtime of a kind, or an error naming those present.
+func (s Set) Get(kind string) (Runtime, error) {
+	if r, ok := s[kind]; ok {
+		return r, nil
+	}
+	return nil, fmt.Errorf("runtime %q is not available on this host (present: %s)", kind, s.kinds())
+}
+
+// Find looks a container up by name in every runtime present, in a fixed
+// order, and fails when none or more than one has it.
+func (s Set) Find(ctx context.Context, name string) (Runtime, *Container, error) {
+	var found []string
+	var rt Runtime
+	var c *Container
+	for _, k := range s.sorted() {
+		got, err := s[k].Inspect(ctx, name)
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", k, err)
+		}
+		found = append(found, k)
+		rt, c = s[k], got
+	}
+	switch len(found) {
+	case 0:
+		return nil, nil, fmt.Errorf("no container %q in any runtime here (%s): %w", name, s.kinds(), ErrNotFound)
+	case 1:
+		return rt, c, nil
+	}
+	return nil, nil, fmt.Errorf("container %q exists in several runtimes (%s): name one with --runtime", name, strings.Join(found, ", "))
+}
+
+func (s Set) sorted() []string {
+	ks := make([]string, 0, len(s))
+	for k := range s {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+func (s Set) kinds() string {
+	if len(s) == 0 {
+		return "none"
+	}
+	return strings.Join(s.sorted(), ", ")
+}
