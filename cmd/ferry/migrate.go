@@ -40,6 +40,14 @@ Techniques (--mode):
   auto      measure memory, dirty rate and link, plan (ferry plan), run the
             recommended technique, or refuse when none fits --max-downtime
 
+Runtimes (--runtime): the container is found by name in the runtimes the
+source host has (auto, the default; the report says which) or in the one
+named: runc (under the agent's --runc-root, default /run/runc, or
+--runc-root here), podman, lxc. It is restored at the destination into the
+same kind of runtime, under the same name, and that runtime manages it
+afterwards. A technique the runtime cannot do is refused before anything
+is frozen; ferry check lists what each runtime supports on a host.
+
 DEST is an agent address (10.0.0.2:7070) or a lab host name (h2); --from is
 the source agent's control socket or a lab host name.
 
@@ -50,7 +58,8 @@ frozen), bytes_sent (on the wire), memory_bytes (memory moved), phases, and
 per technique: rounds, pages faulted/pushed, pages the destination already
 held.`,
 		Example: `  ferry migrate memhog --from h1 --to h2
-  ferry migrate web --to 192.0.2.10:7070 --json`,
+  ferry migrate web --to 192.0.2.10:7070 --json
+  ferry migrate db --runtime runc --runc-root /run/myapp/runc --to 192.0.2.10:7070`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req.Container = args[0]
@@ -96,6 +105,8 @@ held.`,
 	f.StringVar(&req.Mode, "mode", engine.ModeCold, "technique: cold, precopy, postcopy, hybrid, or auto (measure, plan with the host profile, run the recommended one)")
 	addPrecopyFlags(cmd, &req.Precopy)
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON, no progress line")
+	f.StringVar(&req.Runtime, "runtime", engine.RuntimeAuto, "the container's runtime: auto (find it by name), runc, podman or lxc")
+	f.StringVar(&req.RuncRoot, "runc-root", "", "runc root the container lives under (default: the source agent's --runc-root)")
 	f.StringVar(&maxBW, "max-bandwidth", "", "cap the migration's sending rate (e.g. 500mbit) to leave room for other traffic")
 	f.StringSliceVar(&req.Faults, "inject-fault", nil, "inject a failure for testing (agents with --allow-faults only): restore, forget-pages")
 	_ = f.MarkHidden("inject-fault")
@@ -158,7 +169,11 @@ func printReport(w io.Writer, r engine.Report) {
 	if !r.OK {
 		status = "FAILED"
 	}
-	fmt.Fprintf(w, "%s: %s -> %s (%s) %s\n", r.Container, r.From, r.To, r.Mode, status)
+	rt := ""
+	if r.Runtime != "" {
+		rt = ", " + r.Runtime
+	}
+	fmt.Fprintf(w, "%s: %s -> %s (%s%s) %s\n", r.Container, r.From, r.To, r.Mode, rt, status)
 	if !r.OK {
 		fmt.Fprintf(w, "  error         %s\n", r.Error)
 		if r.FailedAt != "" {

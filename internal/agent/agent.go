@@ -18,6 +18,8 @@ import (
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/host"
 	"github.com/ferry-migrate/ferry/internal/model"
+	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 	"github.com/ferry-migrate/ferry/internal/transport"
 )
 
@@ -54,8 +56,21 @@ type Agent struct {
 	Streams int
 	Log     *slog.Logger
 
-	mu   sync.Mutex
-	busy map[string]bool // containers with a migration under way
+	mu    sync.Mutex
+	busy  map[string]bool // containers with a migration under way
+	feats criu.Features
+}
+
+// runtimes returns the container runtimes this host offers, runc's under
+// runcRoot when one is given (a request's --runc-root) or the host's.
+func (a *Agent) runtimes(runcRoot string) runtime.Set {
+	if runcRoot == "" {
+		runcRoot = a.Host.RuncRoot()
+	}
+	return runtime.Set{
+		"runc": &runc.Runtime{Host: runc.Host{Root: runcRoot}, BundleRoot: filepath.Join(a.Host.StateDir, "bundles"),
+			CgroupParent: a.Host.CgroupParent, NetNS: a.Host.NetNS, Lazy: a.feats.LazyPages, DirtyTracking: a.feats.DirtyTracking},
+	}
 }
 
 // Run serves until ctx ends.
@@ -81,7 +96,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.Log.Warn("this host cannot receive migrations", "reason", dst.CRIUError)
 	}
 	feats := criu.ProbeFeatures(ctx)
-	src := &engine.Source{Host: a.Host, KeepWork: a.KeepWork, DirtyTracking: feats.DirtyTracking,
+	a.feats = feats
+	dst.Runtimes = a.runtimes("")
+	src := &engine.Source{Host: a.Host, Runtimes: dst.Runtimes, KeepWork: a.KeepWork, DirtyTracking: feats.DirtyTracking,
 		LazyDump: feats.LazyPages, Dial: a.dialPeer, Profile: a.Profile}
 
 	var ls []net.Listener
@@ -196,6 +213,11 @@ func (a *Agent) control(ctx context.Context, src *engine.Source, ch *transport.C
 		}
 		defer a.release(req.Container)
 		a.Log.Info("migration started", "container", req.Container, "to", req.To, "mode", req.Mode)
+		if req.RuncRoot != "" {
+			s := *src
+			s.Runtimes = a.runtimes(req.RuncRoot)
+			src = &s
+		}
 		rep := src.Migrate(ctx, req, func(p engine.Progress) { _ = ch.Send(engine.Event{Progress: &p}) })
 		a.Log.Info("migration ended", "container", req.Container, "ok", rep.OK, "downtime_ms", rep.DowntimeMs, "error", rep.Error)
 		_ = ch.Send(engine.Event{Report: &rep})

@@ -8,7 +8,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-migrate/ferry/internal/criu"
-	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+	"github.com/ferry-migrate/ferry/internal/runtime"
 )
 
 // cold is stop-and-copy: freeze, dump with the pages streaming straight to
@@ -49,12 +49,13 @@ func (m *migration) dumpStreaming(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return failAt("rootfs sync (frozen)", m.syncRootfs(ChanRootfsFinal)) })
 	g.Go(func() error {
-		opts := runc.CheckpointOptions{ImagePath: imgDir, WorkPath: m.work, PageServer: addr, LeaveRunning: true,
+		opts := runtime.CheckpointOptions{ImagesDir: imgDir, WorkDir: m.work, PageServer: addr,
 			TCPEstablished: m.network != nil}
 		if m.parentRound >= 0 {
-			opts.ParentPath = filepath.Join("..", predumpDir(m.parentRound))
+			opts.ParentDir = filepath.Join("..", predumpDir(m.parentRound))
 		}
-		err := m.rt.Checkpoint(gctx, m.req.Container, opts)
+		d, err := m.rt.Checkpoint(gctx, m.ctr, opts)
+		m.dumped = d
 		if err != nil {
 			pages.Close() // unblock the tunnel
 			return failAt("dump on "+m.host.Name, err)

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/zeebo/xxh3"
 	"golang.org/x/sync/errgroup"
 
@@ -21,7 +19,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/pages"
 	"github.com/ferry-migrate/ferry/internal/pagestream"
 	"github.com/ferry-migrate/ferry/internal/rootfs"
-	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
 )
 
@@ -32,6 +30,9 @@ const CommitWindow = 10 * time.Second
 // Destination receives migrations into this host.
 type Destination struct {
 	Host host.Config
+	// Runtimes are the container runtimes on this host, by kind; an
+	// incoming container is restored into the one its source named.
+	Runtimes runtime.Set
 	// CRIUVersion is what this host's CRIU reports; CRIUError, when set,
 	// says why CRIU cannot restore here, and every offer is refused with it.
 	CRIUVersion string
@@ -51,8 +52,10 @@ type Destination struct {
 type incoming struct {
 	d      *Destination
 	offer  Offer
-	rt     runc.Host
-	bundle string
+	key    string // the technique (see techniques.go)
+	tech   technique
+	rt     runtime.Runtime
+	target runtime.Target // the container being received, once prepared
 	work   string
 	images string
 	store  *pages.Store // pre-copy: the pages received in rounds
@@ -66,7 +69,7 @@ type incoming struct {
 // everything it creates is removed again when anything fails.
 func (d *Destination) Receive(ctx context.Context, sess *transport.Session, router *transport.Router, ctl *transport.Channel) {
 	defer ctl.Close()
-	in := &incoming{d: d, rt: d.Host.Runc()}
+	in := &incoming{d: d}
 	if err := ctl.Recv(&in.offer); err != nil {
 		return
 	}
@@ -102,6 +105,11 @@ func (d *Destination) Receive(ctx context.Context, sess *transport.Session, rout
 		if step.Precopy != nil {
 			in.offer.Precopy = *step.Precopy
 		}
+		if err := in.settleTechnique(); err != nil {
+			_ = ctl.Fail(err)
+			in.cleanup(true)
+			return
+		}
 		// The source opens no channel before this reply.
 		in.expect(router)
 		if err := ctl.Send(Accept{Host: d.Host.Name, CRIUVersion: d.CRIUVersion}); err != nil {
@@ -127,85 +135,57 @@ func (in *incoming) prepare(ctx context.Context) error {
 	if o.Container == "" || filepath.Base(o.Container) != o.Container || o.Container == "." || o.Container == ".." {
 		return fmt.Errorf("bad container name %q", o.Container)
 	}
-	if _, err := in.rt.State(ctx, o.Container); err == nil {
-		return fmt.Errorf("%s already runs a container named %q", in.d.Host.Name, o.Container)
-	} else if !errors.Is(err, runc.ErrNotFound) {
-		return err
+	kind := o.Runtime
+	if kind == "" {
+		kind = "runc" // sources before the runtime interface
 	}
-	in.bundle = in.d.Host.BundleDir(o.Container)
-	in.work = in.d.Host.WorkDir(o.ID)
-	in.images = filepath.Join(in.work, "images")
-	if err := os.RemoveAll(in.bundle); err != nil {
-		return err
+	rt, err := in.d.Runtimes.Get(kind)
+	if err != nil {
+		return fmt.Errorf("%s cannot receive this container: %w", in.d.Host.Name, err)
 	}
-	for _, dir := range []string{filepath.Join(in.bundle, "rootfs"), in.images} {
-		if err := os.MkdirAll(dir, 0o700); err != nil {
+	in.rt = rt
+	if o.Mode != ModeAuto {
+		if err := in.settleTechnique(); err != nil {
 			return err
 		}
+	}
+	in.work = in.d.Host.WorkDir(o.ID)
+	in.images = filepath.Join(in.work, "images")
+	if err := os.MkdirAll(in.images, 0o700); err != nil {
+		return err
 	}
 	if err := in.prepareNetwork(); err != nil {
 		return err
 	}
-	return in.writeSpec()
+	c := &runtime.Container{Runtime: kind, Name: o.Container, ID: o.Container, Spec: o.Spec, Image: o.Image, Meta: o.Meta}
+	t, err := rt.Prepare(ctx, c, runtime.PrepareOptions{WorkDir: in.work, NetNS: in.netnsPath})
+	if err != nil {
+		return fmt.Errorf("%s on %s: %w", kind, in.d.Host.Name, err)
+	}
+	in.target = t
+	return nil
 }
 
-// writeSpec adapts the source's config.json to this host: its cgroup parent
-// and its network namespace.
-func (in *incoming) writeSpec() error {
-	var s specs.Spec
-	if err := json.Unmarshal(in.offer.Spec, &s); err != nil {
-		return fmt.Errorf("source sent a bad config.json: %w", err)
-	}
-	if s.Root == nil {
-		return errors.New("source config.json has no root")
-	}
-	s.Root.Path = "rootfs"
-	if s.Linux == nil {
-		s.Linux = &specs.Linux{}
-	}
-	s.Linux.CgroupsPath = in.d.Host.CgroupsPath(in.offer.Container)
-	for i, ns := range s.Linux.Namespaces {
-		if ns.Type == specs.NetworkNamespace && ns.Path != "" && in.netnsPath != "" {
-			s.Linux.Namespaces[i].Path = in.netnsPath
-		} else if ns.Type == specs.NetworkNamespace && ns.Path != "" {
-			if in.d.Host.NetNS == "" {
-				return fmt.Errorf("the container joins a network namespace at the source, but %s has none configured (agent --netns)", in.d.Host.Name)
-			}
-			s.Linux.Namespaces[i].Path = in.d.Host.NetNS
-		}
-	}
-	b, err := json.MarshalIndent(&s, "", "  ")
+// settleTechnique finds the offer's technique and checks this host's
+// runtime can receive it.
+func (in *incoming) settleTechnique() error {
+	in.key = techniqueKey(in.offer.Mode, in.offer.Precopy)
+	t, err := lookupTechnique(in.key)
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(in.bundle, "config.json"), b, 0o600)
-}
-
-// channelsFor lists the channels a source opens for a mode.
-func channelsFor(mode string, maxRounds int) []string {
-	switch mode {
-	case ModePostcopy:
-		return []string{ChanRootfsLive, ChanRootfsFinal, ChanImages, ChanLazy}
-	case ModePrecopy:
-		return []string{ChanRootfsLive, ChanRootfsFinal, ChanRounds, ChanPages, ChanImages}
-	case ModePrecopy + "/" + PrecopyNative:
-		chans := []string{ChanRootfsLive, ChanRootfsFinal, ChanPages, ChanImages}
-		for i := 0; i < maxRounds; i++ {
-			chans = append(chans, predumpChan(i))
-		}
-		return chans
-	case ModeHybrid, ModePrecopy + "/" + SwitchoverRebuild:
-		return []string{ChanRootfsLive, ChanRootfsFinal, ChanRounds, ChanImages, ChanLazy}
+	if err := t.allows(in.key, in.rt.Kind(), in.rt.Caps()); err != nil {
+		return fmt.Errorf("%s: %w", in.d.Host.Name, err)
 	}
-	return []string{ChanRootfsLive, ChanRootfsFinal, ChanPages, ChanImages}
+	in.tech = t
+	return nil
 }
 
 // run receives the state, restores on request and waits for the commit.
 func (in *incoming) run(ctx context.Context, sess *transport.Session, router *transport.Router, ctl *transport.Channel, cancel func()) (committed bool, err error) {
 	var recv errgroup.Group
 	warm := make(chan func(), 1)
-	lazy := in.offer.Mode == ModePostcopy || in.offer.Mode == ModeHybrid
-	rebuild := in.modeKey() == ModePrecopy+"/"+SwitchoverRebuild
+	lazy, rebuild := in.tech.lazy, in.tech.rebuild
 	if in.d.NoPrewarm || lazy {
 		warm <- func() {} // a lazy restore fills memory page by page
 	} else {
@@ -219,31 +199,7 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 	defer release()
 	recv.Go(func() error { return in.receiveRootfs(ctx, sess, router, ChanRootfsLive) })
 	recv.Go(func() error { return in.receiveRootfs(ctx, sess, router, ChanRootfsFinal) })
-	if in.modeKey() == ModePrecopy+"/"+PrecopyNative {
-		in.receivePredumps(ctx, sess, router, in.offer.Precopy.withDefaults().MaxRounds)
-		recv.Go(func() error { return in.receiveFinalPages(ctx, sess, router, nil) })
-	} else if in.offer.Mode == ModePrecopy && !rebuild {
-		in.store = pages.NewStore()
-		defer in.store.Release()
-		// Rounds must be stored before the final dump's references arrive.
-		rounds := make(chan error, 1)
-		go func() { rounds <- in.receiveRounds(ctx, sess, router) }()
-		recv.Go(func() error {
-			if err := <-rounds; err != nil {
-				return err
-			}
-			return in.receiveFinalPages(ctx, sess, router, in.store)
-		})
-	} else if in.offer.Mode == ModeHybrid || rebuild {
-		in.store = pages.NewStore()
-		defer in.store.Release()
-		if rebuild {
-			in.startParent()
-		}
-		recv.Go(func() error { return in.receiveRounds(ctx, sess, router) })
-	} else if !lazy {
-		recv.Go(func() error { return in.receiveFinalPages(ctx, sess, router, nil) })
-	}
+	in.tech.receive(in, ctx, receivers{sess: sess, router: router, g: &recv})
 	imagesIn := make(chan error, 1)
 	recv.Go(func() error {
 		err := in.receiveImages(ctx, sess, router)
@@ -302,17 +258,14 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 		}
 	}
 	start := time.Now()
-	if err := in.restore(ctx, lazy); err != nil {
+	pid, err := in.restore(ctx, lazy)
+	if err != nil {
 		return false, err
 	}
-	st, err := in.rt.WaitStatus(ctx, in.offer.Container, "running", 10*time.Second)
-	if err != nil {
-		return false, fmt.Errorf("restored container on %s is not running: %w", in.d.Host.Name, err)
-	}
 	if in.offer.Precopy.AutoConverge {
-		liftThrottle(st.Pid) // auto-converge's throttle stays behind
+		liftThrottle(pid) // auto-converge's throttle stays behind
 	}
-	if err := ctl.Send(Restored{Pid: st.Pid, WaitMs: ms(start.Sub(asked)), RestoreMs: ms(time.Since(start)),
+	if err := ctl.Send(Restored{Pid: pid, WaitMs: ms(start.Sub(asked)), RestoreMs: ms(time.Since(start)),
 		FillMs: filled.ms, PagesLocal: filled.Local + filled.Parent, PagesFetched: filled.Fetched,
 		MemoryBytes: int64(filled.Local+filled.Parent+filled.Fetched+filled.Dumped) * pageSize}); err != nil {
 		return false, err
@@ -340,7 +293,7 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 		done := lp.wait()
 		if done.Error != "" {
 			// Without its memory the restored container cannot go on.
-			_ = in.rt.Delete(context.WithoutCancel(ctx), in.offer.Container)
+			_ = in.target.Discard(context.WithoutCancel(ctx))
 		}
 		return done.Error == "", ctl.Send(done)
 	}
@@ -349,20 +302,9 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 
 // expect registers the channels the offer's technique uses.
 func (in *incoming) expect(router *transport.Router) {
-	for _, k := range channelsFor(in.modeKey(), in.offer.Precopy.withDefaults().MaxRounds) {
+	for _, k := range channelsFor(in.key, in.offer.Precopy) {
 		router.Expect(k)
 	}
-}
-
-// modeKey names the mode and, for native pre-copy, its engine.
-func (in *incoming) modeKey() string {
-	if in.offer.Mode == ModePrecopy && in.offer.Precopy.Engine == PrecopyNative {
-		return ModePrecopy + "/" + PrecopyNative
-	}
-	if in.offer.Mode == ModePrecopy && in.offer.Precopy.Switchover == SwitchoverRebuild {
-		return ModePrecopy + "/" + SwitchoverRebuild
-	}
-	return in.offer.Mode
 }
 
 // filled is what completing a lazy dump's images took.
@@ -472,7 +414,7 @@ func (in *incoming) receiveRootfs(ctx context.Context, sess *transport.Session, 
 		return err
 	}
 	defer ch.Close()
-	root := filepath.Join(in.bundle, "rootfs")
+	root := in.target.RootfsDir()
 	have, err := rootfs.Scan(root)
 	if err != nil {
 		return err
@@ -498,26 +440,23 @@ func (in *incoming) receiveRootfs(ctx context.Context, sess *transport.Session, 
 	return ch.Send(RootfsDone{Files: st.Files, Bytes: st.Bytes})
 }
 
-func (in *incoming) restore(ctx context.Context, lazy bool) error {
+func (in *incoming) restore(ctx context.Context, lazy bool) (int, error) {
 	if in.d.AllowFaults && slices.Contains(in.offer.Faults, "restore") {
 		// A real failure, not a simulated one: CRIU cannot restore without
 		// the process tree image.
 		_ = os.Remove(filepath.Join(in.images, "pstree.img"))
 	}
-	err := in.rt.Restore(ctx, in.offer.Container, runc.RestoreOptions{
-		ImagePath: in.images, WorkPath: in.work, Bundle: in.bundle,
-		LogPath: in.d.Host.LogPath(in.offer.Container), LazyPages: lazy,
-		TCPEstablished: in.offer.Network != nil,
-	})
+	pid, err := in.target.Restore(ctx, runtime.RestoreOptions{ImagesDir: in.images, WorkDir: in.work,
+		Lazy: lazy, TCPEstablished: in.offer.Network != nil})
 	if err != nil {
-		return err
+		return 0, fmt.Errorf("restore on %s: %w", in.d.Host.Name, err)
 	}
 	// Only now: up earlier, this host's kernel would have answered the
 	// container's peers with resets before its sockets were back.
 	if err := in.bringUpNetwork(); err != nil {
-		return fmt.Errorf("network on %s: %w", in.d.Host.Name, err)
+		return 0, fmt.Errorf("network on %s: %w", in.d.Host.Name, err)
 	}
-	return nil
+	return pid, nil
 }
 
 // cleanup removes the migration's scratch space and, when the migration did
@@ -525,12 +464,12 @@ func (in *incoming) restore(ctx context.Context, lazy bool) error {
 func (in *incoming) cleanup(dropContainer bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if dropContainer {
-		if in.offer.Container != "" && in.bundle != "" {
-			_ = in.rt.Delete(ctx, in.offer.Container)
-			_ = os.RemoveAll(in.bundle)
-			in.dropNetwork()
-		}
+	if dropContainer && in.target != nil {
+		_ = in.target.Discard(ctx)
+		in.dropNetwork()
+	}
+	if in.store != nil {
+		in.store.Release()
 	}
 	if in.parent != nil {
 		_ = in.parent.Close()

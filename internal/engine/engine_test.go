@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -9,9 +8,7 @@ import (
 	"testing"
 	"time"
 
-	specs "github.com/opencontainers/runtime-spec/specs-go"
-
-	"github.com/ferry-migrate/ferry/internal/host"
+	"github.com/ferry-migrate/ferry/internal/runtime"
 )
 
 func TestValidateMode(t *testing.T) {
@@ -78,7 +75,7 @@ func TestStopRule(t *testing.T) {
 
 func TestChannelsForMode(t *testing.T) {
 	has := func(mode, kind string) bool {
-		for _, k := range channelsFor(mode, 8) {
+		for _, k := range channelsFor(mode, PrecopyOptions{MaxRounds: 8}) {
 			if k == kind {
 				return true
 			}
@@ -99,29 +96,47 @@ func TestChannelsForMode(t *testing.T) {
 	}
 }
 
-func TestWriteSpecRebasesForTheDestination(t *testing.T) {
-	dir := t.TempDir()
-	src := specs.Spec{Root: &specs.Root{Path: "/var/lib/ferry/h1/bundles/app/rootfs"}, Linux: &specs.Linux{
-		CgroupsPath: "/ferry-h1/app",
-		Namespaces:  []specs.LinuxNamespace{{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace, Path: "/var/run/netns/h1"}},
-	}}
-	b, _ := json.Marshal(src)
-	in := &incoming{d: &Destination{Host: host.Config{Name: "h2", CgroupParent: "ferry-h2", NetNS: "/var/run/netns/h2"}},
-		offer: Offer{Container: "app", Spec: b}, bundle: dir}
-	if err := in.writeSpec(); err != nil {
-		t.Fatal(err)
+func TestTechniquesRefuseWhatTheRuntimeCannotDo(t *testing.T) {
+	all := runtime.Caps{Freeze: true, LazyPages: true, PreDump: true}
+	if got := Modes(all); len(got) != len(techniques) {
+		t.Errorf("a runtime that can do everything runs %v, want all %d techniques", got, len(techniques))
 	}
-	var got specs.Spec
-	out, _ := os.ReadFile(filepath.Join(dir, "config.json"))
-	if err := json.Unmarshal(out, &got); err != nil {
-		t.Fatal(err)
+	// A runtime whose dump freezes (Podman): cold and pre-copy's dump
+	// switchover only.
+	if got := strings.Join(Modes(runtime.Caps{}), ","); got != "cold,precopy" {
+		t.Errorf("no caps: %s", got)
 	}
-	if got.Root.Path != "rootfs" || got.Linux.CgroupsPath != "/ferry-h2/app" || got.Linux.Namespaces[1].Path != "/var/run/netns/h2" {
-		t.Errorf("rebased spec: root %q cgroups %q netns %q", got.Root.Path, got.Linux.CgroupsPath, got.Linux.Namespaces[1].Path)
+	for _, key := range []string{ModePostcopy, ModeHybrid, keyPrecopyRebuild} {
+		err := techniques[key].allows(key, "podman", runtime.Caps{})
+		if err == nil || !strings.Contains(err.Error(), "podman") || !strings.Contains(err.Error(), "lazy") {
+			t.Errorf("%s without lazy pages: %v", key, err)
+		}
 	}
-	in.d.Host.NetNS = ""
-	if err := in.writeSpec(); err == nil {
-		t.Error("a destination without a netns accepted a container that joins one")
+	if err := techniques[keyPrecopyNative].allows(keyPrecopyNative, "runc", runtime.Caps{Freeze: true}); err == nil || !strings.Contains(err.Error(), "soft-dirty") {
+		t.Errorf("native pre-copy without pre-dump: %v", err)
+	}
+	// Keys follow the mode and pre-copy's options.
+	for _, c := range []struct {
+		mode string
+		o    PrecopyOptions
+		want string
+	}{
+		{ModeCold, PrecopyOptions{}, ModeCold},
+		{ModePrecopy, PrecopyOptions{Engine: PrecopyContent, Switchover: SwitchoverDump}, ModePrecopy},
+		{ModePrecopy, PrecopyOptions{Engine: PrecopyContent, Switchover: SwitchoverRebuild}, keyPrecopyRebuild},
+		{ModePrecopy, PrecopyOptions{Engine: PrecopyNative}, keyPrecopyNative},
+		{ModeHybrid, PrecopyOptions{Switchover: SwitchoverRebuild}, ModeHybrid},
+	} {
+		if got := techniqueKey(c.mode, c.o); got != c.want {
+			t.Errorf("techniqueKey(%s, %+v) = %s, want %s", c.mode, c.o, got, c.want)
+		}
+	}
+	// auto resolves against the runtime.
+	if e := precopyEngine(PrecopyAuto, runtime.Caps{PreDump: true}); e != PrecopyNative {
+		t.Errorf("auto with pre-dump: %s", e)
+	}
+	if sw := precopySwitchover(PrecopyOptions{Engine: PrecopyContent}, runtime.Caps{LazyPages: true}); sw != SwitchoverDump {
+		t.Errorf("a runtime that cannot freeze without dumping got switchover %s", sw)
 	}
 }
 

@@ -41,12 +41,12 @@ func (m *migration) dumpWithFinalRound(ctx context.Context, rs *precopySource) (
 		return nil, err
 	}
 	m.begin("dump")
-	ld, err := m.startLazyDump(ctx)
-	if err != nil {
-		return nil, err
-	}
+	var ld *lazyDump
 	var g errgroup.Group
-	g.Go(ld.ready)
+	g.Go(func() (err error) {
+		ld, err = m.startLazyDump(ctx)
+		return err
+	})
 	g.Go(func() error {
 		prev := rs.last
 		r, err := m.precopyRound(ctx, rs, rs.next, &prev)
@@ -59,7 +59,9 @@ func (m *migration) dumpWithFinalRound(ctx context.Context, rs *precopySource) (
 		return failAt("final round", rs.finish(true))
 	})
 	if err := g.Wait(); err != nil {
-		ld.stop()
+		if ld != nil {
+			ld.stop()
+		}
 		return nil, err
 	}
 	return ld, nil

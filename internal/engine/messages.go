@@ -25,6 +25,9 @@ const (
 	ChanStatus  = "status"  // CLI asks what the agent runs
 )
 
+// RuntimeAuto finds a container by name in every runtime present.
+const RuntimeAuto = "auto"
+
 // Modes.
 const (
 	ModeCold     = "cold"
@@ -35,11 +38,18 @@ const (
 
 // Offer opens a migration at the destination.
 type Offer struct {
-	ID         string          `json:"id"`
-	Container  string          `json:"container"`
-	Mode       string          `json:"mode"`
-	SourceHost string          `json:"source_host"`
-	Spec       json.RawMessage `json:"spec"` // the source bundle's config.json
+	ID         string `json:"id"`
+	Container  string `json:"container"`
+	Mode       string `json:"mode"`
+	SourceHost string `json:"source_host"`
+	// Runtime is the kind of runtime the container runs under; the
+	// destination restores it into its own runtime of that kind.
+	Runtime string          `json:"runtime"`
+	Spec    json.RawMessage `json:"spec,omitempty"` // the container's OCI config.json
+	// Image is the image the container's writable layer sits on, which
+	// the destination must hold; Meta the runtime's own records.
+	Image string            `json:"image,omitempty"`
+	Meta  map[string][]byte `json:"meta,omitempty"`
 	// MemoryBytes is the container's resident memory when offered, so the
 	// destination can prepare for it.
 	MemoryBytes int64          `json:"memory_bytes"`
@@ -97,6 +107,12 @@ type Request struct {
 	Container string `json:"container"`
 	To        string `json:"to"`
 	Mode      string `json:"mode"`
+	// Runtime names the container's runtime (runc, podman, lxc); auto
+	// (or empty) finds it by name in the runtimes this host has.
+	Runtime string `json:"runtime,omitempty"`
+	// RuncRoot is the runc root a runc container lives under, when not
+	// the agent's own.
+	RuncRoot string `json:"runc_root,omitempty"`
 	// Faults to inject, for tests; honoured only by agents started with
 	// --allow-faults. "restore" makes the destination's restore fail.
 	Faults []string `json:"faults,omitempty"`
@@ -128,7 +144,9 @@ type PhaseSpan struct {
 
 // Report is the outcome of one migration.
 type Report struct {
-	Container   string  `json:"container"`
+	Container string `json:"container"`
+	// Runtime is the runtime the container was found in.
+	Runtime     string  `json:"runtime,omitempty"`
 	Mode        string  `json:"mode"`
 	From        string  `json:"from"`
 	To          string  `json:"to"`

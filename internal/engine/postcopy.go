@@ -20,7 +20,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/images"
 	"github.com/ferry-migrate/ferry/internal/pagestream"
-	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
 )
 
@@ -60,82 +60,73 @@ func (m *migration) postcopy(ctx context.Context) error {
 		return m.abort(ctx, err)
 	}
 	defer ld.stop()
-	if err := ld.ready(); err != nil {
-		return m.abort(ctx, err)
-	}
 	return m.lazySwitchover(ctx, ld)
 }
 
-// lazyDump is a running `runc checkpoint --lazy-pages`: the images are
-// written once it is ready, and its page server serves the frozen memory
-// until the destination has pulled every page.
+// lazyDump is the runtime's lazy dump of the frozen container: its images
+// are written, and CRIU's page server serves the frozen memory until the
+// destination has pulled every page.
 type lazyDump struct {
 	m        *migration
 	port     int
-	statusR  *os.File
-	done     chan error
+	dump     runtime.Dump
 	stopDump context.CancelFunc
+	exited   chan struct{}
 	result   error
-	finished bool
 	// conn is the tunnel's connection to CRIU's page server, once made.
 	mu   sync.Mutex
 	conn net.Conn
 }
 
+// startLazyDump dumps the frozen container without its memory and returns
+// once CRIU's page server listens.
 func (m *migration) startLazyDump(ctx context.Context) (*lazyDump, error) {
 	port, err := freeLoopbackPort()
 	if err != nil {
 		return nil, failAt("dump", err)
 	}
-	statusR, statusW, err := os.Pipe()
-	if err != nil {
-		return nil, failAt("dump", err)
-	}
+	// The dump outlives this call: it ends when its page server is closed.
 	dumpCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	ld := &lazyDump{m: m, port: port, statusR: statusR, done: make(chan error, 1), stopDump: stop}
-	m.dump = ld
+	d, err := m.rt.Checkpoint(dumpCtx, m.ctr, runtime.CheckpointOptions{
+		ImagesDir: filepath.Join(m.work, "images"), WorkDir: m.work, PageServer: fmt.Sprintf("127.0.0.1:%d", port),
+		Lazy: true, TCPEstablished: m.network != nil,
+	})
+	if err != nil {
+		stop()
+		return nil, failAt("dump on "+m.host.Name, err)
+	}
+	ld := &lazyDump{m: m, port: port, dump: d, stopDump: stop, exited: make(chan struct{})}
 	go func() {
-		ld.done <- m.rt.Checkpoint(dumpCtx, m.req.Container, runc.CheckpointOptions{
-			ImagePath: filepath.Join(m.work, "images"), WorkPath: m.work, PageServer: fmt.Sprintf("127.0.0.1:%d", port),
-			LeaveRunning: true, LazyPages: true, StatusFD: statusW, TCPEstablished: m.network != nil,
-		})
+		ld.result = d.Wait()
+		close(ld.exited)
 	}()
+	m.dump, m.dumped = ld, d
 	return ld, nil
 }
 
-// ready waits until the images are written and the page server listens.
-func (ld *lazyDump) ready() error {
-	if err := waitStatusFD(ld.statusR); err != nil {
-		return failAt("dump on "+ld.m.host.Name, errors.Join(ld.wait(), err))
-	}
-	return nil
-}
-
-// wait returns the checkpoint's outcome once it ended.
+// wait returns the dump's outcome once CRIU exited.
 func (ld *lazyDump) wait() error {
-	if !ld.finished {
-		ld.result, ld.finished = <-ld.done, true
-	}
+	<-ld.exited
 	return ld.result
 }
 
-// stop ends the checkpoint (and its page server) if it still runs. It
-// ends CRIU's page-server session so that CRIU finishes by itself: killing
-// runc would leave CRIU running, and CRIU puts back the freezer state it
-// found when it ends, which would freeze again a container resumed
-// meanwhile. Only a CRIU that does not end in time is killed.
+// stop ends the dump (and its page server) if it still runs. It ends
+// CRIU's page-server session so that CRIU finishes by itself: killing
+// the runtime would leave CRIU running, and CRIU puts back the freezer
+// state it found when it ends, which would freeze again a container
+// resumed meanwhile. Only a CRIU that does not end in time is killed.
 func (ld *lazyDump) stop() {
-	if !ld.finished {
+	select {
+	case <-ld.exited:
+	default:
 		ld.endPageServer()
 		select {
-		case ld.result = <-ld.done:
-			ld.finished = true
+		case <-ld.exited:
 		case <-time.After(10 * time.Second):
 		}
 	}
 	ld.stopDump()
 	_ = ld.wait()
-	ld.statusR.Close()
 }
 
 // endPageServer closes the tunnel's connection to the dump's page server,
@@ -153,8 +144,7 @@ func (ld *lazyDump) endPageServer() {
 	addr := fmt.Sprintf("127.0.0.1:%d", ld.port)
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		select {
-		case ld.result = <-ld.done:
-			ld.finished = true
+		case <-ld.exited:
 			return
 		default:
 		}

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/criu"
-	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
 )
 
@@ -102,11 +102,11 @@ func (m *migration) predumpRound(ctx context.Context, i, parent int) (Round, err
 	if err != nil {
 		return r, err
 	}
-	opts := runc.CheckpointOptions{ImagePath: dir, WorkPath: dir, PageServer: addr, PreDump: true, TCPEstablished: m.network != nil}
+	opts := runtime.CheckpointOptions{ImagesDir: dir, WorkDir: dir, PageServer: addr, PreDump: true, TCPEstablished: m.network != nil}
 	if parent >= 0 {
-		opts.ParentPath = filepath.Join("..", predumpDir(parent))
+		opts.ParentDir = filepath.Join("..", predumpDir(parent))
 	}
-	if err := m.rt.Checkpoint(ctx, m.req.Container, opts); err != nil {
+	if _, err := m.rt.Checkpoint(ctx, m.ctr, opts); err != nil {
 		ch.Close()
 		return r, err
 	}

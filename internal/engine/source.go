@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -18,13 +17,15 @@ import (
 	"github.com/ferry-migrate/ferry/internal/host"
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/rootfs"
-	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
 )
 
 // Source runs migrations of this host's containers to other hosts.
 type Source struct {
 	Host host.Config
+	// Runtimes are the container runtimes on this host, by kind.
+	Runtimes runtime.Set
 	// DirtyTracking says the kernel tracks dirty pages (soft-dirty), so
 	// CRIU's native pre-dump works here.
 	DirtyTracking bool
@@ -42,13 +43,17 @@ type Source struct {
 
 // migration is the source side's state for one run.
 type migration struct {
-	req      Request
-	id       string
-	host     host.Config
-	rt       runc.Host
+	req  Request
+	id   string
+	host host.Config
+	rts  runtime.Set
+	rt   runtime.Runtime
+	ctr  *runtime.Container
+	// key names the technique (see techniques.go).
+	key      string
 	sess     *transport.Session
 	ctl      *transport.Channel
-	bundle   string
+	rootfs   string // the directory whose contents move
 	work     string
 	progress func(Progress)
 
@@ -69,8 +74,10 @@ type migration struct {
 	parentRound   int
 	dirtyTracking bool
 	lazyDump      bool
-	// dump is the lazy dump this migration started, if any.
+	// dump is the lazy dump this migration started, if any; dumped the
+	// runtime's handle on the last dump, which may still hold the container.
 	dump    *lazyDump
+	dumped  runtime.Dump
 	dial    func(ctx context.Context, addr string) (*transport.Session, error)
 	profile model.Profile
 	// The container's own network, when it has one (see network.go).
@@ -162,16 +169,10 @@ func (m *migration) reportProgress(ctx context.Context, interval time.Duration) 
 // Migrate moves req.Container to req.To and reports how it went. Whatever
 // fails before the destination confirms leaves the container running here.
 func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progress)) Report {
-	req.Precopy.Engine = s.precopyEngine(req.Precopy.Engine)
-	req.Precopy.Switchover = s.precopySwitchover(req.Precopy)
-	m := &migration{req: req, id: newID(), host: s.Host, rt: s.Host.Runc(), progress: progress, start: time.Now(), parentRound: -1, dirtyTracking: s.DirtyTracking, lazyDump: s.LazyDump, dial: s.Dial, profile: model.DefaultProfile()}
+	m := &migration{req: req, id: newID(), host: s.Host, rts: s.Runtimes, progress: progress, start: time.Now(), parentRound: -1, dirtyTracking: s.DirtyTracking, lazyDump: s.LazyDump, dial: s.Dial, profile: model.DefaultProfile()}
 	if s.Profile != nil {
 		m.profile = *s.Profile
 	}
-	m.profile.SoftDirty = s.DirtyTracking
-	// Predictions (the stop rule, mode auto) follow the switchover this
-	// migration uses.
-	m.profile.LazyDump = req.Precopy.Switchover == SwitchoverRebuild
 	if m.dial == nil {
 		m.dial = func(ctx context.Context, addr string) (*transport.Session, error) {
 			return transport.Dial(ctx, addr, transport.Hello{Name: s.Host.Name, Role: "agent"})
@@ -213,39 +214,18 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 
 func (m *migration) run(ctx context.Context) error {
 	m.begin("prepare")
-	if err := validateMode(m.req.Mode); err != nil {
-		return failAt("prepare on "+m.host.Name, err)
-	}
-	if err := m.validatePrecopy(); err != nil {
-		return failAt("prepare on "+m.host.Name, err)
-	}
-	st, err := m.rt.State(ctx, m.req.Container)
-	if errors.Is(err, runc.ErrNotFound) {
-		return failAt("prepare on "+m.host.Name, fmt.Errorf("no container %q on this host", m.req.Container))
-	}
-	if err != nil {
-		return failAt("prepare on "+m.host.Name, err)
-	}
-	if st.Status != "running" {
-		return failAt("prepare on "+m.host.Name, fmt.Errorf("container %q is %s, only running containers migrate", m.req.Container, st.Status))
-	}
-	m.bundle = st.Bundle
-	m.initPID = st.Pid
-	spec, err := os.ReadFile(filepath.Join(st.Bundle, "config.json"))
-	if err != nil {
-		return failAt("prepare on "+m.host.Name, fmt.Errorf("read the container's bundle: %w", err))
-	}
-	if err := m.prepareNetwork(spec); err != nil {
+	if err := m.prepare(ctx); err != nil {
 		return failAt("prepare on "+m.host.Name, err)
 	}
 	m.work = m.host.WorkDir(m.id)
 	if err := os.MkdirAll(m.work, 0o700); err != nil {
 		return failAt("prepare on "+m.host.Name, err)
 	}
-	m.sess, err = m.dial(ctx, m.req.To)
+	sess, err := m.dial(ctx, m.req.To)
 	if err != nil {
 		return failAt("connect to destination", err)
 	}
+	m.sess = sess
 	m.sess.SetMaxBandwidth(m.req.MaxBandwidthBps)
 	m.report.Transport = m.sess.Transport()
 	m.ctl, err = m.sess.Open(ChanIncoming)
@@ -253,7 +233,8 @@ func (m *migration) run(ctx context.Context) error {
 		return failAt("connect to destination", err)
 	}
 	offer := Offer{ID: m.id, Container: m.req.Container, Mode: m.req.Mode, SourceHost: m.host.Name,
-		Spec: json.RawMessage(spec), Faults: m.req.Faults, Precopy: m.req.Precopy, MemoryBytes: residentBytes(st.Pid), Network: m.network}
+		Runtime: m.ctr.Runtime, Spec: json.RawMessage(m.ctr.Spec), Image: m.ctr.Image, Meta: m.ctr.Meta,
+		Faults: m.req.Faults, Precopy: m.req.Precopy, MemoryBytes: residentBytes(m.initPID), Network: m.network}
 	if err := m.ctl.Send(offer); err != nil {
 		return failAt("offer to destination", err)
 	}
@@ -268,6 +249,14 @@ func (m *migration) run(ctx context.Context) error {
 			return failAt("plan", err)
 		}
 		m.req.Mode, m.report.Mode = mode, mode
+		m.key = techniqueKey(mode, m.req.Precopy)
+		t, err := lookupTechnique(m.key)
+		if err == nil {
+			err = t.allows(m.key, m.rt.Kind(), m.rt.Caps())
+		}
+		if err != nil {
+			return m.abort(ctx, failAt("plan", err))
+		}
 		if err := m.ctl.Send(Step{Do: "mode", Mode: mode, Precopy: &m.req.Precopy}); err != nil {
 			return failAt("plan", err)
 		}
@@ -276,26 +265,70 @@ func (m *migration) run(ctx context.Context) error {
 			return failAt("destination "+m.sess.Peer.Name+" refused", err)
 		}
 	}
-	switch m.req.Mode {
-	case ModeCold:
-		return m.cold(ctx)
-	case ModePostcopy:
-		return m.postcopy(ctx)
-	case ModePrecopy:
-		if m.req.Precopy.Engine == PrecopyNative {
-			return m.precopyNative(ctx)
-		}
-		return m.precopy(ctx)
-	case ModeHybrid:
-		return m.hybrid(ctx)
+	t, err := lookupTechnique(m.key)
+	if err != nil {
+		return m.abort(ctx, failAt("prepare", err))
 	}
-	return failAt("prepare", fmt.Errorf("mode %q has no engine", m.req.Mode))
+	return t.source(m, ctx)
 }
 
-// precopyEngine resolves "auto" against what this kernel can do.
-func (s *Source) precopyEngine(asked string) string {
+// prepare finds the container in its runtime, settles the technique and
+// refuses what this host or the runtime cannot do, before anything is
+// frozen or sent.
+func (m *migration) prepare(ctx context.Context) error {
+	if err := validateMode(m.req.Mode); err != nil {
+		return err
+	}
+	var err error
+	switch kind := m.req.Runtime; kind {
+	case "", RuntimeAuto:
+		m.rt, m.ctr, err = m.rts.Find(ctx, m.req.Container)
+	default:
+		if m.rt, err = m.rts.Get(kind); err == nil {
+			m.ctr, err = m.rt.Inspect(ctx, m.req.Container)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	m.report.Runtime = m.rt.Kind()
+	if m.ctr.Status != "running" {
+		return fmt.Errorf("%s container %q is %s, only running containers migrate", m.rt.Kind(), m.req.Container, m.ctr.Status)
+	}
+	caps := m.rt.Caps()
+	m.req.Precopy.Engine = precopyEngine(m.req.Precopy.Engine, caps)
+	m.req.Precopy.Switchover = precopySwitchover(m.req.Precopy, caps)
+	// Predictions (the stop rule, mode auto) follow what this migration
+	// can use.
+	m.profile.SoftDirty = caps.PreDump
+	m.profile.LazyDump = m.req.Precopy.Switchover == SwitchoverRebuild
+	if err := m.validatePrecopy(caps); err != nil {
+		return err
+	}
+	if m.req.Mode != ModeAuto {
+		m.key = techniqueKey(m.req.Mode, m.req.Precopy)
+		t, err := lookupTechnique(m.key)
+		if err != nil {
+			return err
+		}
+		if err := t.allows(m.key, m.rt.Kind(), caps); err != nil {
+			return err
+		}
+	}
+	m.initPID = m.ctr.PID
+	m.rootfs = m.ctr.Rootfs
+	if m.ctr.Spec != nil {
+		if err := m.prepareNetwork(m.ctr.Spec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// precopyEngine resolves "auto" against what the runtime can do here.
+func precopyEngine(asked string, c runtime.Caps) string {
 	if asked == "" || asked == PrecopyAuto {
-		if s.DirtyTracking {
+		if c.PreDump {
 			return PrecopyNative
 		}
 		return PrecopyContent
@@ -304,12 +337,12 @@ func (s *Source) precopyEngine(asked string) string {
 }
 
 // precopySwitchover resolves "auto" (or nothing) for the content engine.
-func (s *Source) precopySwitchover(o PrecopyOptions) string {
+func precopySwitchover(o PrecopyOptions, c runtime.Caps) string {
 	if o.Engine != PrecopyContent {
 		return ""
 	}
 	if o.Switchover == "" || o.Switchover == PrecopyAuto {
-		if s.LazyDump {
+		if c.Freeze && c.LazyPages {
 			return SwitchoverRebuild
 		}
 		return SwitchoverDump
@@ -327,13 +360,13 @@ func validateMode(mode string) error {
 
 // validatePrecopy refuses pre-copy options this host cannot honour, before
 // anything is frozen.
-func (m *migration) validatePrecopy() error {
+func (m *migration) validatePrecopy(c runtime.Caps) error {
 	o := m.req.Precopy
 	switch o.Engine {
 	case PrecopyContent:
 	case PrecopyNative:
-		if !m.dirtyTracking {
-			return fmt.Errorf("--precopy-engine native needs soft-dirty page tracking, which this kernel lacks (CONFIG_MEM_SOFT_DIRTY); use content")
+		if !c.PreDump {
+			return fmt.Errorf("--precopy-engine native needs CRIU's pre-dump with soft-dirty page tracking, which this kernel (CONFIG_MEM_SOFT_DIRTY) or the %s runtime lacks; use content", m.rt.Kind())
 		}
 	default:
 		return fmt.Errorf("unknown pre-copy engine %q (auto, native, content)", o.Engine)
@@ -341,8 +374,8 @@ func (m *migration) validatePrecopy() error {
 	switch o.Switchover {
 	case "", SwitchoverDump:
 	case SwitchoverRebuild:
-		if !m.lazyDump {
-			return fmt.Errorf("--switchover rebuild needs CRIU's lazy dump, unavailable here (fs.pipe-max-size below %d, or no userfaultfd: see ferry check); use dump", criu.MinLazyPipeSize)
+		if !c.LazyPages || !c.Freeze {
+			return fmt.Errorf("--switchover rebuild needs CRIU's lazy dump of a frozen container, which the %s runtime cannot do here (fs.pipe-max-size below %d, or no userfaultfd: see ferry check); use dump", m.rt.Kind(), criu.MinLazyPipeSize)
 		}
 	default:
 		return fmt.Errorf("unknown --switchover %q (auto, rebuild, dump)", o.Switchover)
@@ -377,7 +410,7 @@ func (m *migration) syncRootfs(kind string) error {
 	if err := ch.Recv(&have); err != nil {
 		return err
 	}
-	root := filepath.Join(m.bundle, "rootfs")
+	root := m.rootfs
 	want, err := rootfs.Scan(root)
 	if err != nil {
 		return err
@@ -403,9 +436,13 @@ func (m *migration) syncRootfs(kind string) error {
 func (m *migration) freeze(ctx context.Context) error {
 	m.begin("freeze")
 	m.frozenAt = time.Now()
-	if err := m.rt.Pause(ctx, m.req.Container); err != nil {
-		m.frozenAt = time.Time{}
-		return failAt("freeze on "+m.host.Name, err)
+	// A runtime that cannot freeze without dumping has the dump freeze the
+	// container; the source is resumable through the dump then (Release).
+	if m.rt.Caps().Freeze {
+		if err := m.rt.Freeze(ctx, m.ctr); err != nil {
+			m.frozenAt = time.Time{}
+			return failAt("freeze on "+m.host.Name, err)
+		}
 	}
 	// Frozen, the container's kernel sockets would still acknowledge data
 	// the dump no longer sees: take its own network quiet first.
@@ -443,7 +480,7 @@ func (m *migration) switchover(ctx context.Context) error {
 	if err := m.ctl.Recv(&c); err != nil {
 		m.report.SourceState = "frozen"
 		m.report.FrozenMs = ms(time.Since(m.frozenAt))
-		return failAt("commit", fmt.Errorf("%v: the destination may or may not run the container; the source copy stays frozen (runc --root %s resume %s to take it back)", err, m.host.RuncRoot(), m.req.Container))
+		return failAt("commit", fmt.Errorf("%v: the destination may or may not run the container; the source copy stays frozen (%s)", err, m.thawHint()))
 	}
 	m.report.FrozenMs = ms(time.Since(m.frozenAt))
 	return m.removeSource(ctx)
@@ -458,7 +495,13 @@ func (m *migration) removeSource(ctx context.Context) error {
 	if m.dump != nil {
 		m.dump.stop() // CRIU lets go of the container before it is deleted
 	}
-	if err := m.rt.Delete(context.WithoutCancel(ctx), m.req.Container); err != nil {
+	rctx := context.WithoutCancel(ctx)
+	if m.dumped != nil {
+		if err := m.dumped.Release(rctx, true); err != nil {
+			m.report.Warnings = append(m.report.Warnings, "ending the source's dump: "+err.Error())
+		}
+	}
+	if err := m.rt.Remove(rctx, m.ctr); err != nil {
 		m.report.SourceState = "frozen"
 		return failAt("remove source copy", err)
 	}
@@ -494,15 +537,28 @@ func (m *migration) abort(ctx context.Context, cause error) error {
 		m.dump.stop() // CRIU must be gone before the container thaws
 	}
 	m.wakeSource()
-	if err := m.rt.Resume(rctx, m.req.Container); err != nil {
-		// An interrupted CRIU may have thawed the container already.
-		if st, serr := m.rt.State(rctx, m.req.Container); serr == nil && st.Status == "running" {
-			m.report.SourceState = "resumed"
-			return cause
-		}
-		m.report.SourceState = "frozen"
-		return errors.Join(cause, fmt.Errorf("resume at source failed too: %w", err))
+	var rerr error
+	if m.dumped != nil {
+		rerr = m.dumped.Release(rctx, false)
 	}
-	m.report.SourceState = "resumed"
-	return cause
+	if m.rt.Caps().Freeze {
+		rerr = errors.Join(rerr, m.rt.Thaw(rctx, m.ctr))
+	}
+	// Report what is true: an interrupted CRIU may have thawed the
+	// container already, and a thaw that "worked" may not have.
+	st, serr := runtime.State(rctx, m.rt, m.ctr.Name)
+	if serr == nil && st == "running" {
+		m.report.SourceState = "resumed"
+		return cause
+	}
+	m.report.SourceState = "frozen"
+	if serr != nil {
+		st = serr.Error()
+	}
+	return errors.Join(cause, fmt.Errorf("the source copy did not resume (%s; %v): %s", st, rerr, m.thawHint()))
+}
+
+// thawHint tells an operator how to take a frozen source copy back.
+func (m *migration) thawHint() string {
+	return fmt.Sprintf("thaw the %s container %q with its runtime to take it back", m.rt.Kind(), m.ctr.Name)
 }

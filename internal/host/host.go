@@ -14,8 +14,12 @@ import (
 type Config struct {
 	// Name identifies the host in reports and logs (e.g. "h1").
 	Name string `json:"name"`
-	// StateDir holds the runc root, bundles and migration work directories.
+	// StateDir holds bundles, migration work directories and, unless
+	// RuncRootDir says otherwise, the runc root.
 	StateDir string `json:"state_dir"`
+	// RuncRootDir is the runc root whose containers this host moves and
+	// restores ("": StateDir/runc, as the lab's hosts use).
+	RuncRootDir string `json:"runc_root,omitempty"`
 	// CgroupParent is the cgroup under which this host's containers live;
 	// two emulated hosts on one machine must not share it.
 	CgroupParent string `json:"cgroup_parent"`
@@ -29,7 +33,12 @@ type Config struct {
 }
 
 // RuncRoot is runc's --root for this host.
-func (c Config) RuncRoot() string { return filepath.Join(c.StateDir, "runc") }
+func (c Config) RuncRoot() string {
+	if c.RuncRootDir != "" {
+		return c.RuncRootDir
+	}
+	return filepath.Join(c.StateDir, "runc")
+}
 
 // Runc returns the runc driver for this host.
 func (c Config) Runc() runc.Host { return runc.Host{Root: c.RuncRoot()} }

@@ -1,0 +1,186 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/ferry-migrate/ferry/internal/pages"
+	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/transport"
+)
+
+// technique is one way to move a container, its source and destination
+// halves side by side (QEMU's per-device handlers, go-criu's phaul
+// Local/Remote): what it needs of the runtime, the channels its source
+// opens, and what each end runs.
+type technique struct {
+	// needs is what the container's runtime must be able to do; a
+	// technique it cannot do is refused before anything is frozen.
+	needs runtime.Caps
+	// lazy: the destination restores with a lazy-pages daemon serving the
+	// memory; rebuild: it completes a memory-less dump's images first.
+	lazy, rebuild bool
+	// channels lists the channels the source opens, besides the rootfs
+	// and images channels every technique uses.
+	channels func(o PrecopyOptions) []string
+	// source runs the source half, from the live rootfs sync to the commit.
+	source func(m *migration, ctx context.Context) error
+	// receive starts the destination's receivers for those channels.
+	receive func(in *incoming, ctx context.Context, rx receivers)
+}
+
+// receivers is what a destination half needs to take its channels: the
+// session and router they arrive on, and the group whose end means every
+// piece of state has arrived.
+type receivers struct {
+	sess   *transport.Session
+	router *transport.Router
+	g      *errgroup.Group
+}
+
+// Technique keys: a mode, and for pre-copy its engine or switchover.
+const (
+	keyPrecopyRebuild = ModePrecopy + "/" + SwitchoverRebuild
+	keyPrecopyNative  = ModePrecopy + "/" + PrecopyNative
+)
+
+func fixed(chans ...string) func(PrecopyOptions) []string {
+	return func(PrecopyOptions) []string { return chans }
+}
+
+// techniques is every technique ferry runs, by key.
+var techniques = map[string]technique{
+	ModeCold: {
+		channels: fixed(ChanPages),
+		source:   (*migration).cold,
+		receive: func(in *incoming, ctx context.Context, rx receivers) {
+			rx.g.Go(func() error { return in.receiveFinalPages(ctx, rx.sess, rx.router, nil) })
+		},
+	},
+	// Content pre-copy, dump switchover: rounds, then a full dump whose
+	// pages the destination holds travel as references.
+	ModePrecopy: {
+		channels: fixed(ChanRounds, ChanPages),
+		source:   (*migration).precopy,
+		receive: func(in *incoming, ctx context.Context, rx receivers) {
+			in.store = pages.NewStore()
+			// Rounds must be stored before the final dump's references arrive.
+			rounds := make(chan error, 1)
+			go func() { rounds <- in.receiveRounds(ctx, rx.sess, rx.router) }()
+			rx.g.Go(func() error {
+				if err := <-rounds; err != nil {
+					return err
+				}
+				return in.receiveFinalPages(ctx, rx.sess, rx.router, in.store)
+			})
+		},
+	},
+	keyPrecopyRebuild: {
+		needs:    runtime.Caps{Freeze: true, LazyPages: true},
+		rebuild:  true,
+		channels: fixed(ChanRounds, ChanLazy),
+		source:   (*migration).precopy,
+		receive: func(in *incoming, ctx context.Context, rx receivers) {
+			in.store = pages.NewStore()
+			in.startParent()
+			rx.g.Go(func() error { return in.receiveRounds(ctx, rx.sess, rx.router) })
+		},
+	},
+	keyPrecopyNative: {
+		needs: runtime.Caps{PreDump: true},
+		channels: func(o PrecopyOptions) []string {
+			chans := []string{ChanPages}
+			for i := 0; i < o.withDefaults().MaxRounds; i++ {
+				chans = append(chans, predumpChan(i))
+			}
+			return chans
+		},
+		source: (*migration).precopyNative,
+		receive: func(in *incoming, ctx context.Context, rx receivers) {
+			in.receivePredumps(ctx, rx.sess, rx.router, in.offer.Precopy.withDefaults().MaxRounds)
+			rx.g.Go(func() error { return in.receiveFinalPages(ctx, rx.sess, rx.router, nil) })
+		},
+	},
+	ModePostcopy: {
+		needs:    runtime.Caps{Freeze: true, LazyPages: true},
+		lazy:     true,
+		channels: fixed(ChanLazy),
+		source:   (*migration).postcopy,
+		receive:  func(*incoming, context.Context, receivers) {}, // the daemon pulls the memory
+	},
+	ModeHybrid: {
+		needs:    runtime.Caps{Freeze: true, LazyPages: true},
+		lazy:     true,
+		channels: fixed(ChanRounds, ChanLazy),
+		source:   (*migration).hybrid,
+		receive: func(in *incoming, ctx context.Context, rx receivers) {
+			in.store = pages.NewStore()
+			rx.g.Go(func() error { return in.receiveRounds(ctx, rx.sess, rx.router) })
+		},
+	},
+}
+
+// techniqueKey names the technique a mode and its pre-copy options select.
+func techniqueKey(mode string, o PrecopyOptions) string {
+	if mode != ModePrecopy {
+		return mode
+	}
+	switch {
+	case o.Engine == PrecopyNative:
+		return keyPrecopyNative
+	case o.Switchover == SwitchoverRebuild:
+		return keyPrecopyRebuild
+	}
+	return ModePrecopy
+}
+
+// lookupTechnique finds the technique for a key.
+func lookupTechnique(key string) (technique, error) {
+	t, ok := techniques[key]
+	if !ok {
+		return technique{}, fmt.Errorf("technique %q has no engine", key)
+	}
+	return t, nil
+}
+
+// allows says why a runtime cannot do a technique, or nil.
+func (t technique) allows(key string, kind string, c runtime.Caps) error {
+	var missing []string
+	if t.needs.Freeze && !c.Freeze {
+		missing = append(missing, "freezing a container without dumping it")
+	}
+	if t.needs.LazyPages && !c.LazyPages {
+		missing = append(missing, "CRIU's lazy pages (post-copy; see ferry check)")
+	}
+	if t.needs.PreDump && !c.PreDump {
+		missing = append(missing, "CRIU's pre-dump (soft-dirty page tracking)")
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s cannot move %s containers on this host: it needs %s", key, kind, strings.Join(missing, " and "))
+}
+
+// Modes lists the techniques a runtime with caps can run here, for ferry
+// check and error messages.
+func Modes(c runtime.Caps) []string {
+	var out []string
+	for _, k := range []string{ModeCold, ModePrecopy, keyPrecopyRebuild, keyPrecopyNative, ModePostcopy, ModeHybrid} {
+		if techniques[k].allows(k, "", c) == nil {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// channelsFor lists every channel a technique's source opens.
+func channelsFor(key string, o PrecopyOptions) []string {
+	chans := []string{ChanRootfsLive, ChanRootfsFinal, ChanImages}
+	if t, ok := techniques[key]; ok {
+		chans = append(chans, t.channels(o)...)
+	}
+	return chans
+}

@@ -1,0 +1,227 @@
+package runc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/ferry-migrate/ferry/internal/runtime"
+)
+
+// Runtime is runc as a ferry runtime: containers under one runc root, at
+// the source wherever their bundles are, at the destination in bundles
+// under BundleRoot.
+type Runtime struct {
+	Host
+	// BundleRoot holds the bundles of containers restored here, one
+	// directory per container, and runc's log for each (NAME.log).
+	BundleRoot string
+	// CgroupParent is the cgroup restored containers live under; two
+	// emulated hosts on one machine must not share it.
+	CgroupParent string
+	// NetNS is the network namespace a restored container joins when its
+	// source joined one that ferry does not rebuild ("": refuse those).
+	NetNS string
+	// Lazy says CRIU's lazy dump works here (fs.pipe-max-size, uffd);
+	// DirtyTracking that CRIU's pre-dump does (soft-dirty).
+	Lazy, DirtyTracking bool
+}
+
+var _ runtime.Runtime = (*Runtime)(nil)
+
+// Kind is "runc".
+func (r *Runtime) Kind() string { return "runc" }
+
+// Caps: runc pauses without dumping and leaves a paused container paused
+// through a dump, so the source is resumable until the commit.
+func (r *Runtime) Caps() runtime.Caps {
+	return runtime.Caps{Freeze: true, LazyPages: r.Lazy, PreDump: r.DirtyTracking}
+}
+
+// Inspect reads `runc state` and the bundle's config.json. The rootfs is
+// where the spec's root.path points, relative to the bundle or absolute.
+func (r *Runtime) Inspect(ctx context.Context, name string) (*runtime.Container, error) {
+	st, err := r.State(ctx, name)
+	if errors.Is(err, ErrNotFound) {
+		return nil, fmt.Errorf("runc --root %s: no container %q: %w", r.Root, name, runtime.ErrNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	spec, err := os.ReadFile(filepath.Join(st.Bundle, "config.json"))
+	if err != nil {
+		return nil, fmt.Errorf("read the container's bundle: %w", err)
+	}
+	var s specs.Spec
+	if err := json.Unmarshal(spec, &s); err != nil {
+		return nil, fmt.Errorf("%s/config.json: %w", st.Bundle, err)
+	}
+	if s.Root == nil || s.Root.Path == "" {
+		return nil, fmt.Errorf("%s/config.json names no root filesystem", st.Bundle)
+	}
+	root := s.Root.Path
+	if !filepath.IsAbs(root) {
+		root = filepath.Join(st.Bundle, root)
+	}
+	if s.Process != nil && s.Process.Terminal {
+		return nil, fmt.Errorf("container %q has a terminal: CRIU can restore it only as a shell job, which ferry does not move", name)
+	}
+	return &runtime.Container{Runtime: r.Kind(), Name: name, ID: name, PID: st.Pid, Status: st.Status, Rootfs: root, Spec: spec}, nil
+}
+
+// Freeze is runc pause (the cgroup freezer).
+func (r *Runtime) Freeze(ctx context.Context, c *runtime.Container) error { return r.Pause(ctx, c.ID) }
+
+// Thaw is runc resume.
+func (r *Runtime) Thaw(ctx context.Context, c *runtime.Container) error { return r.Resume(ctx, c.ID) }
+
+// Remove deletes the container; a deleted one counts as removed.
+func (r *Runtime) Remove(ctx context.Context, c *runtime.Container) error { return r.Delete(ctx, c.ID) }
+
+// Checkpoint runs `runc checkpoint --leave-running`: the container, paused
+// before, stays paused. A lazy dump returns once CRIU's page server listens
+// and runs on until that page server is closed.
+func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtime.CheckpointOptions) (runtime.Dump, error) {
+	opts := CheckpointOptions{ImagePath: o.ImagesDir, WorkPath: o.WorkDir, ParentPath: o.ParentDir, PageServer: o.PageServer,
+		LeaveRunning: !o.PreDump, TCPEstablished: o.TCPEstablished, PreDump: o.PreDump, LazyPages: o.Lazy}
+	if !o.Lazy {
+		return doneDump{}, r.Host.Checkpoint(ctx, c.ID, opts)
+	}
+	statusR, statusW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer statusR.Close()
+	opts.StatusFD = statusW
+	d := &lazyDump{done: make(chan struct{})}
+	go func() {
+		// The dump outlives the caller's context: it ends when its page
+		// server is closed, or its caller kills it through ctx.
+		d.err = r.Host.Checkpoint(ctx, c.ID, opts)
+		close(d.done)
+	}()
+	var b [1]byte
+	if n, rerr := statusR.Read(b[:]); n != 1 {
+		werr := d.Wait()
+		return nil, errors.Join(werr, fmt.Errorf("CRIU never signalled that the lazy page server is ready: %v", rerr))
+	}
+	return d, nil
+}
+
+// doneDump is a dump that had finished when Checkpoint returned.
+type doneDump struct{}
+
+func (doneDump) Wait() error                         { return nil }
+func (doneDump) Release(context.Context, bool) error { return nil }
+
+// lazyDump is a `runc checkpoint --lazy-pages` whose page server serves.
+type lazyDump struct {
+	done chan struct{}
+	err  error
+}
+
+func (d *lazyDump) Wait() error                         { <-d.done; return d.err }
+func (d *lazyDump) Release(context.Context, bool) error { return nil }
+
+// Prepare makes the container's bundle here: an empty rootfs and the
+// source's config.json adapted to this host.
+func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.PrepareOptions) (runtime.Target, error) {
+	if c.Name == "" || filepath.Base(c.Name) != c.Name || c.Name == "." || c.Name == ".." {
+		return nil, fmt.Errorf("bad container name %q", c.Name)
+	}
+	if _, err := r.State(ctx, c.Name); err == nil {
+		return nil, fmt.Errorf("runc --root %s already has a container named %q", r.Root, c.Name)
+	} else if !errors.Is(err, ErrNotFound) {
+		return nil, err
+	}
+	t := &target{r: r, name: c.Name, bundle: filepath.Join(r.BundleRoot, c.Name)}
+	spec, err := r.adaptSpec(c, o.NetNS)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.RemoveAll(t.bundle); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(t.RootfsDir(), 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(t.bundle, "config.json"), spec, 0o600); err != nil {
+		_ = os.RemoveAll(t.bundle)
+		return nil, err
+	}
+	return t, nil
+}
+
+// adaptSpec rewrites the source's config.json for this host: the rootfs
+// in the bundle, this host's cgroup parent, the network namespace the
+// container joins here.
+func (r *Runtime) adaptSpec(c *runtime.Container, netns string) ([]byte, error) {
+	var s specs.Spec
+	if err := json.Unmarshal(c.Spec, &s); err != nil {
+		return nil, fmt.Errorf("source sent a bad config.json: %w", err)
+	}
+	if s.Root == nil {
+		return nil, errors.New("source config.json has no root")
+	}
+	s.Root.Path = "rootfs"
+	if s.Linux == nil {
+		s.Linux = &specs.Linux{}
+	}
+	s.Linux.CgroupsPath = "/" + r.CgroupParent + "/" + c.Name
+	for i, ns := range s.Linux.Namespaces {
+		if ns.Type != specs.NetworkNamespace || ns.Path == "" {
+			continue
+		}
+		switch {
+		case netns != "":
+			s.Linux.Namespaces[i].Path = netns
+		case r.NetNS != "":
+			s.Linux.Namespaces[i].Path = r.NetNS
+		default:
+			return nil, errors.New("the container joins a network namespace at the source, but this host has none configured for it (agent --netns)")
+		}
+	}
+	// A CRIU configuration file named by the runtime would change how
+	// ferry's own restore runs (runc reads /etc/criu/runc.conf otherwise).
+	if s.Annotations == nil {
+		s.Annotations = map[string]string{}
+	}
+	s.Annotations["org.criu.config"] = ""
+	return json.MarshalIndent(&s, "", "  ")
+}
+
+// target is a bundle waiting for its restore.
+type target struct {
+	r      *Runtime
+	name   string
+	bundle string
+}
+
+func (t *target) RootfsDir() string { return filepath.Join(t.bundle, "rootfs") }
+
+func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, error) {
+	err := t.r.Host.Restore(ctx, t.name, RestoreOptions{ImagePath: o.ImagesDir, WorkPath: o.WorkDir, Bundle: t.bundle,
+		LogPath: t.bundle + ".log", TCPEstablished: o.TCPEstablished, LazyPages: o.Lazy})
+	if err != nil {
+		return 0, err
+	}
+	st, err := t.r.WaitStatus(ctx, t.name, "running", 10*time.Second)
+	if err != nil {
+		return 0, fmt.Errorf("restored container is not running: %w", err)
+	}
+	return st.Pid, nil
+}
+
+func (t *target) Discard(ctx context.Context) error {
+	err := t.r.Delete(ctx, t.name)
+	if lerr := os.Remove(t.bundle + ".log"); lerr != nil && !errors.Is(lerr, os.ErrNotExist) {
+		err = errors.Join(err, lerr)
+	}
+	return errors.Join(err, os.RemoveAll(t.bundle))
+}
