@@ -114,8 +114,9 @@ does nothing when no lab is up.`,
 
 func newLabRunCmd() *cobra.Command {
 	var (
-		ip    string
-		progs []string
+		ip     string
+		progs  []string
+		rootfs string
 	)
 	cmd := &cobra.Command{
 		Use:   "run HOST NAME -- PROGRAM [ARGS...]",
@@ -127,11 +128,16 @@ is reachable at the host's address) and lives under the host's cgroup parent.
 With --ip it gets a network namespace of its own on the lab's L2 service
 segment instead, with that address, which it keeps when it migrates (and
 with it its TCP connections).
+--rootfs debian gives it a Debian 12 minbase root filesystem instead, with
+redis-server, redis-cli, python3 and ferry's workloads (in /usr/local/bin),
+built once with mmdebstrap from the mirror apt uses and cached in
+/var/cache/ferry/rootfs (the first time takes about a minute).
 runc's messages about it go to /var/lib/ferry/lab/HOST/bundles/NAME.log.`,
 		Example: `  ferry lab run h1 app -- memhog --memory 64M
   ferry lab run h1 web --ip 10.79.0.10 -- memhog --memory 64M --echo-port 7001
   ferry lab run h1 db --ip 10.79.0.11 --with /usr/bin/redis-server -- redis-server --protected-mode no --save ""
-  ferry lab run h2 idle -- sleep 1000`,
+  ferry lab run h2 idle -- sleep 1000
+  ferry lab run h1 kv --rootfs debian --ip 10.79.0.12 -- redis-server --protected-mode no --save ""`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if dash := cmd.ArgsLenAtDash(); dash >= 0 && dash != 2 {
 				return fmt.Errorf("want HOST NAME -- PROGRAM [ARGS...], got %d arguments before --", dash)
@@ -151,12 +157,17 @@ runc's messages about it go to /var/lib/ferry/lab/HOST/bundles/NAME.log.`,
 				return err
 			}
 			addr := h.Addr
+			o := lab.RunOptions{IP: ip, Rootfs: rootfs}
 			if ip != "" {
-				err, addr = l.RunOnSegment(cmd.Context(), args[0], args[1], ip, progs, args[2:]), ip
-			} else {
-				err = l.Run(cmd.Context(), args[0], args[1], args[2:])
+				o.HostPrograms, addr = progs, ip
 			}
-			if err != nil {
+			if rootfs == lab.RootfsDebian {
+				// Built here, not inside RunWith, to show the first build's progress.
+				if _, err := lab.EnsureDebianRootfs(cmd.Context(), lab.DebianOptions{Log: os.Stderr}); err != nil {
+					return err
+				}
+			}
+			if err = l.RunWith(cmd.Context(), args[0], args[1], o, args[2:]); err != nil {
 				return err
 			}
 			fmt.Printf("%s running on %s (%s), log %s\n", args[1], h.Name, addr, h.LogPath(args[1]))
@@ -164,6 +175,7 @@ runc's messages about it go to /var/lib/ferry/lab/HOST/bundles/NAME.log.`,
 		},
 	}
 	cmd.Flags().StringSliceVar(&progs, "with", nil, "with --ip: programs of this machine to copy in with their libraries (e.g. /usr/bin/redis-server)")
+	cmd.Flags().StringVar(&rootfs, "rootfs", lab.RootfsBusybox, "root filesystem: "+lab.RootfsBusybox+" (small, static) or "+lab.RootfsDebian+" (Debian 12 minbase with redis-server, cached)")
 	cmd.Flags().StringVar(&ip, "ip", "", "an address of its own on the service segment ("+lab.SegmentSubnet+"1-199), kept across migrations")
 	return cmd
 }

@@ -75,6 +75,16 @@ func buildRootfs(dir, binDir string) error {
 		}
 	}
 
+	return installWorkloads(dir, binDir, "bin")
+}
+
+// installWorkloads copies ferry's static workload binaries (memhog,
+// ferry-workload-*) from binDir into the directory sub of the root
+// filesystem dir.
+func installWorkloads(dir, binDir, sub string) error {
+	if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
+		return err
+	}
 	workloads, _ := filepath.Glob(filepath.Join(binDir, "ferry-workload-*"))
 	memhog := filepath.Join(binDir, "memhog")
 	if _, err := os.Stat(memhog); err != nil {
@@ -85,7 +95,7 @@ func buildRootfs(dir, binDir string) error {
 			return err
 		}
 		// Workloads replace a same-named applet.
-		dst := filepath.Join(dir, "bin", filepath.Base(src))
+		dst := filepath.Join(dir, sub, filepath.Base(src))
 		if err := os.Remove(dst); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}

@@ -21,7 +21,7 @@ var containerIDRe = regexp.MustCompile(`^[A-Za-z0-9_+.-]+$`)
 // Run starts a container on a lab host: a fresh busybox bundle whose
 // process runs args, in the host's network namespace and cgroup parent.
 func (l *Lab) Run(ctx context.Context, hostName, container string, args []string) error {
-	return l.run(ctx, hostName, container, "", nil, args)
+	return l.run(ctx, hostName, container, "", "", nil, args)
 }
 
 // RunOnSegment starts a container in a network namespace of its own, with
@@ -30,14 +30,38 @@ func (l *Lab) Run(ctx context.Context, hostName, container string, args []string
 // (e.g. /usr/bin/redis-server) copied into the container's root filesystem
 // with the shared libraries they load.
 func (l *Lab) RunOnSegment(ctx context.Context, hostName, container, ip string, hostPrograms []string, args []string) error {
-	addr := net.ParseIP(ip).To4()
-	if addr == nil || !strings.HasPrefix(ip, SegmentSubnet) || addr[3] == 0 || addr[3] >= 200 {
-		return fmt.Errorf("container address %q: pick one of %s1 to %s199", ip, SegmentSubnet, SegmentSubnet)
-	}
-	return l.run(ctx, hostName, container, ip, hostPrograms, args)
+	return l.RunWith(ctx, hostName, container, RunOptions{IP: ip, HostPrograms: hostPrograms}, args)
 }
 
-func (l *Lab) run(ctx context.Context, hostName, container, ip string, hostPrograms, args []string) error {
+// RunOptions are a lab container's choices beyond its program.
+type RunOptions struct {
+	// IP, when set, gives the container a network namespace of its own
+	// on the service segment with this address (see RunOnSegment).
+	IP string
+	// HostPrograms are copied in with their libraries (see RunOnSegment).
+	HostPrograms []string
+	// Rootfs is RootfsBusybox (the default when empty) or RootfsDebian.
+	Rootfs string
+}
+
+// RunWith starts a container on a lab host like Run and RunOnSegment, with
+// the root filesystem o.Rootfs.
+func (l *Lab) RunWith(ctx context.Context, hostName, container string, o RunOptions, args []string) error {
+	if o.IP != "" {
+		addr := net.ParseIP(o.IP).To4()
+		if addr == nil || !strings.HasPrefix(o.IP, SegmentSubnet) || addr[3] == 0 || addr[3] >= 200 {
+			return fmt.Errorf("container address %q: pick one of %s1 to %s199", o.IP, SegmentSubnet, SegmentSubnet)
+		}
+	}
+	switch o.Rootfs {
+	case "", RootfsBusybox, RootfsDebian:
+	default:
+		return fmt.Errorf("unknown root filesystem %q: want %s or %s", o.Rootfs, RootfsBusybox, RootfsDebian)
+	}
+	return l.run(ctx, hostName, container, o.IP, o.Rootfs, o.HostPrograms, args)
+}
+
+func (l *Lab) run(ctx context.Context, hostName, container, ip, rootfsKind string, hostPrograms, args []string) error {
 	h, err := l.Host(hostName)
 	if err != nil {
 		return err
@@ -70,7 +94,7 @@ func (l *Lab) run(ctx context.Context, hostName, container, ip string, hostProgr
 	}
 	nsName := ""
 	err = func() error {
-		if err := buildRootfs(filepath.Join(bundle, "rootfs"), filepath.Dir(bin)); err != nil {
+		if err := layRootfs(ctx, rootfsKind, filepath.Join(bundle, "rootfs"), filepath.Dir(bin)); err != nil {
 			return err
 		}
 		for _, p := range hostPrograms {

@@ -1,0 +1,603 @@
+package lab
+
+// A real distribution's root filesystem for lab and bench containers: a
+// minbase Debian 12 (bookworm) with redis-server and a few more packages,
+// built once with mmdebstrap (or debootstrap) from the mirror this
+// machine's apt uses, and cached as a tarball. The same tarball serves as a
+// runc bundle's rootfs (LayDebianRootfs), a Podman image
+// (ImportDebianImage) and an LXC rootfs (the directory LayDebianRootfs
+// fills; LXC needs nothing more).
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/ferry-migrate/ferry/internal/runtime/podman"
+)
+
+// Root filesystem kinds of a lab container (RunOptions.Rootfs).
+const (
+	// RootfsBusybox is the default: busybox and ferry's static workloads.
+	RootfsBusybox = "busybox"
+	// RootfsDebian is the cached Debian minbase (EnsureDebianRootfs) with
+	// ferry's workloads in /usr/local/bin.
+	RootfsDebian = "debian"
+)
+
+// DebianRecipeVersion is part of the cache key: bump it whenever the way
+// the root filesystem is built changes (not the package list, which is in
+// the key already), so that caches built the old way are not reused.
+const DebianRecipeVersion = 1
+
+// DebianSuite is the Debian release the root filesystem is built from.
+const DebianSuite = "bookworm"
+
+// DebianPackages are installed on top of minbase. redis-server (with
+// redis-cli from redis-tools) is the real server; python3 gives a second
+// one (python3 -m http.server) and, with procps and iproute2, brings the
+// root filesystem past 10,000 files (minbase with redis alone has ~8,850),
+// the size of a real distribution's image that the migration must handle.
+var DebianPackages = []string{"redis-server", "redis-tools", "python3", "procps", "iproute2"}
+
+// DebianOptions say how the Debian root filesystem is built and where it
+// is cached. The zero value is the lab's default.
+type DebianOptions struct {
+	// CacheDir holds the built tarballs; empty means DefaultRootfsCache().
+	CacheDir string
+	// Packages replace DebianPackages when set.
+	Packages []string
+	// Mirror and SecurityMirror are the archive URLs; empty means the
+	// ones this machine's apt uses (DebianMirrors).
+	Mirror, SecurityMirror string
+	// Tool is "mmdebstrap", "debootstrap", or empty: mmdebstrap, and
+	// debootstrap when mmdebstrap is missing or fails.
+	Tool string
+	// Log receives the builder's output while a build runs; nil discards
+	// it (errors still quote its end).
+	Log io.Writer
+}
+
+// DebianRootfs is a built, cached root filesystem.
+type DebianRootfs struct {
+	// Tarball is the cached root filesystem (numeric owners, xattrs).
+	Tarball string
+	// Key identifies the recipe and package list (the hash in the name).
+	Key string
+	// Built is true when this call built it, false when it was cached.
+	Built bool
+	// Tool built it (only when Built).
+	Tool string
+}
+
+// DefaultRootfsCache is where built root filesystems are kept:
+// $FERRY_CACHE/rootfs, by default /var/cache/ferry/rootfs (setup.sh keeps
+// its downloads in the same $FERRY_CACHE).
+func DefaultRootfsCache() string {
+	base := os.Getenv("FERRY_CACHE")
+	if base == "" {
+		base = "/var/cache/ferry"
+	}
+	return filepath.Join(base, "rootfs")
+}
+
+func (o DebianOptions) cacheDir() string {
+	if o.CacheDir != "" {
+		return o.CacheDir
+	}
+	return DefaultRootfsCache()
+}
+
+func (o DebianOptions) packages() []string {
+	p := DebianPackages
+	if len(o.Packages) > 0 {
+		p = o.Packages
+	}
+	p = slices.Clone(p)
+	slices.Sort(p)
+	return slices.Compact(p)
+}
+
+// Key is the cache key: a hash of the recipe version, suite, variant and
+// package list (in any order). The mirror is not part of it: any mirror
+// serves the same release.
+func (o DebianOptions) Key() string {
+	sum := sha256.Sum256(fmt.Appendf(nil, "ferry debian rootfs recipe %d\nsuite %s\nvariant minbase\npackages %s\n",
+		DebianRecipeVersion, DebianSuite, strings.Join(o.packages(), ",")))
+	return hex.EncodeToString(sum[:])[:12]
+}
+
+// name is the cached tarball's base name without extension.
+func (o DebianOptions) name() string { return "debian-" + DebianSuite + "-" + o.Key() }
+
+// Path is where the cached tarball is (or will be).
+func (o DebianOptions) Path() string { return filepath.Join(o.cacheDir(), o.name()+".tar") }
+
+// ImageName is the Podman image ImportDebianImage makes.
+func (o DebianOptions) ImageName() string { return "localhost/ferry-debian:" + o.Key() }
+
+// EnsureDebianRootfs returns the cached root filesystem, building it first
+// when it is not cached. The build happens in a temporary directory of
+// the cache and is renamed into place only when complete; a lock file
+// keeps concurrent callers from building it twice.
+func EnsureDebianRootfs(ctx context.Context, o DebianOptions) (DebianRootfs, error) {
+	r := DebianRootfs{Tarball: o.Path(), Key: o.Key()}
+	if st, err := os.Stat(r.Tarball); err == nil && st.Mode().IsRegular() {
+		return r, nil
+	}
+	dir := o.cacheDir()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return r, err
+	}
+	unlock, err := lockFile(ctx, filepath.Join(dir, o.name()+".lock"))
+	if err != nil {
+		return r, err
+	}
+	defer unlock()
+	// Someone else may have built it while we waited.
+	if _, err := os.Stat(r.Tarball); err == nil {
+		return r, nil
+	}
+	// Leftovers of a build that was killed (we hold the lock, so no build
+	// of this key is running).
+	stale, _ := filepath.Glob(filepath.Join(dir, ".build-"+o.name()+"-*"))
+	for _, s := range stale {
+		if err := removeTree(s); err != nil {
+			return r, fmt.Errorf("remove the leftover build %s: %w", s, err)
+		}
+	}
+	tmp, err := os.MkdirTemp(dir, ".build-"+o.name()+"-")
+	if err != nil {
+		return r, err
+	}
+	defer func() { _ = removeTree(tmp) }()
+
+	mirror, security := o.Mirror, o.SecurityMirror
+	if mirror == "" || security == "" {
+		m, s := DebianMirrors()
+		mirror, security = orDefault(mirror, m), orDefault(security, s)
+	}
+	out := filepath.Join(tmp, "rootfs.tar")
+	var errs []error
+	for _, tool := range o.tools() {
+		if _, err := exec.LookPath(tool); err != nil {
+			errs = append(errs, fmt.Errorf("%s: not installed (scripts/setup.sh installs it)", tool))
+			continue
+		}
+		build := buildMmdebstrap
+		if tool == "debootstrap" {
+			build = buildDebootstrap
+		}
+		if o.Log != nil {
+			fmt.Fprintf(o.Log, "building the Debian %s root filesystem with %s from %s (once; cached as %s)\n", DebianSuite, tool, mirror, r.Tarball)
+		}
+		if err := build(ctx, o, tmp, out, mirror, security); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", tool, err))
+			_ = os.Remove(out)
+			continue
+		}
+		if err := os.Chmod(out, 0o644); err != nil {
+			return r, err
+		}
+		if err := os.Rename(out, r.Tarball); err != nil {
+			return r, err
+		}
+		r.Built, r.Tool = true, tool
+		return r, nil
+	}
+	return r, fmt.Errorf("build the Debian root filesystem: %w", errors.Join(errs...))
+}
+
+func orDefault(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func (o DebianOptions) tools() []string {
+	if o.Tool != "" {
+		return []string{o.Tool}
+	}
+	return []string{"mmdebstrap", "debootstrap"}
+}
+
+// sourcesLines are the apt sources of the root filesystem.
+func sourcesLines(mirror, security string) []string {
+	return []string{
+		fmt.Sprintf("deb %s %s main", mirror, DebianSuite),
+		fmt.Sprintf("deb %s %s-updates main", mirror, DebianSuite),
+		fmt.Sprintf("deb %s %s-security main", security, DebianSuite),
+	}
+}
+
+// buildMmdebstrap writes the root filesystem as the tarball out. mmdebstrap
+// cleans apt's package lists and caches itself.
+func buildMmdebstrap(ctx context.Context, o DebianOptions, tmp, out, mirror, security string) error {
+	args := []string{"--variant=minbase", "--components=main",
+		"--include=" + strings.Join(o.packages(), ","),
+		"--aptopt=Acquire::Retries \"3\"",
+		DebianSuite, out}
+	args = append(args, sourcesLines(mirror, security)...)
+	c := exec.CommandContext(ctx, "mmdebstrap", args...)
+	// Its scratch directory goes to the cache's file system, not /tmp.
+	c.Env = append(os.Environ(), "TMPDIR="+tmp)
+	return runLogged(c, o.Log)
+}
+
+// buildDebootstrap installs into a directory and tars it. debootstrap
+// takes one mirror, so the result lacks the updates mmdebstrap gets from
+// bookworm-updates and -security; its apt sources list all three.
+func buildDebootstrap(ctx context.Context, o DebianOptions, tmp, out, mirror, security string) error {
+	root := filepath.Join(tmp, "root")
+	c := exec.CommandContext(ctx, "debootstrap", "--variant=minbase", "--components=main",
+		"--include="+strings.Join(o.packages(), ","), DebianSuite, root, mirror)
+	err := runLogged(c, o.Log)
+	// debootstrap mounts proc and sys inside (and /dev in some setups);
+	// none may stay, or removing the directory would reach into them.
+	if uerr := unmountUnder(root); uerr != nil {
+		return errors.Join(err, uerr)
+	}
+	if err != nil {
+		return err
+	}
+	sources := strings.Join(sourcesLines(mirror, security), "\n") + "\n"
+	if err := os.WriteFile(filepath.Join(root, "etc/apt/sources.list"), []byte(sources), 0o644); err != nil {
+		return err
+	}
+	for _, pattern := range []string{"var/cache/apt/archives/*.deb", "var/cache/apt/*.bin", "var/lib/apt/lists/*_*"} {
+		files, _ := filepath.Glob(filepath.Join(root, pattern))
+		for _, f := range files {
+			if err := os.Remove(f); err != nil {
+				return err
+			}
+		}
+	}
+	c = exec.CommandContext(ctx, "tar", "--numeric-owner", "--xattrs", "--xattrs-include=*", "--sort=name",
+		"-C", root, "-cf", out, ".")
+	return runLogged(c, o.Log)
+}
+
+// runLogged runs c with its output going to log (if any) and kept for the
+// error message.
+func runLogged(c *exec.Cmd, log io.Writer) error {
+	var buf bytes.Buffer
+	w := io.Writer(&buf)
+	if log != nil {
+		w = io.MultiWriter(&buf, log)
+	}
+	c.Stdout, c.Stderr = w, w
+	if err := c.Run(); err != nil {
+		return fmt.Errorf("%s: %v: %s", filepath.Base(c.Path), err, lastLines(buf.String(), 8))
+	}
+	return nil
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// lockFile takes an exclusive flock on path, waiting (until ctx ends) while
+// another process holds it.
+func lockFile(ctx context.Context, path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("waiting for another build of %s: %w", path, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// mountsUnder lists the mount points at or below dir, deepest last.
+func mountsUnder(dir string) ([]string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var mounts []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		// Octal escapes (\040 for a space) do not occur in ferry's paths.
+		mp := fields[4]
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			mounts = append(mounts, mp)
+		}
+	}
+	return mounts, sc.Err()
+}
+
+// unmountUnder detaches every mount at or below dir, deepest first, and
+// fails if any is left.
+func unmountUnder(dir string) error {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	mounts, err := mountsUnder(dir)
+	if err != nil {
+		return err
+	}
+	for i := len(mounts) - 1; i >= 0; i-- {
+		_ = syscall.Unmount(mounts[i], syscall.MNT_DETACH)
+	}
+	if left, err := mountsUnder(dir); err != nil || len(left) > 0 {
+		return errors.Join(err, fmt.Errorf("still mounted: %v", left))
+	}
+	return nil
+}
+
+// removeTree removes dir unless something is still mounted below it.
+func removeTree(dir string) error {
+	if err := unmountUnder(dir); err != nil {
+		return err
+	}
+	return os.RemoveAll(dir)
+}
+
+// DebianMirrors returns the Debian archive and security archive URLs this
+// machine's apt uses (deb822 .sources files, then sources.list), or
+// deb.debian.org's.
+func DebianMirrors() (mirror, security string) {
+	var stanzas []aptSource
+	files, _ := filepath.Glob("/etc/apt/sources.list.d/*.sources")
+	// debian.sources first: it is the system's own.
+	slices.SortStableFunc(files, func(a, b string) int {
+		return boolInt(filepath.Base(b) == "debian.sources") - boolInt(filepath.Base(a) == "debian.sources")
+	})
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err == nil {
+			stanzas = append(stanzas, parseDeb822Sources(string(b))...)
+		}
+	}
+	if b, err := os.ReadFile("/etc/apt/sources.list"); err == nil {
+		stanzas = append(stanzas, parseOneLineSources(string(b))...)
+	}
+	return pickMirrors(stanzas)
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// aptSource is one source of binary packages.
+type aptSource struct {
+	URIs   []string
+	Suites []string
+}
+
+// parseDeb822Sources reads the stanzas of a .sources file that give
+// binary packages ("Types: deb").
+func parseDeb822Sources(text string) []aptSource {
+	var out []aptSource
+	for _, stanza := range strings.Split(strings.ReplaceAll(text, "\r", ""), "\n\n") {
+		fields := map[string]string{}
+		key := ""
+		for _, line := range strings.Split(stanza, "\n") {
+			if strings.HasPrefix(line, "#") || strings.TrimSpace(line) == "" {
+				continue
+			}
+			if (line[0] == ' ' || line[0] == '\t') && key != "" {
+				fields[key] += " " + strings.TrimSpace(line)
+				continue
+			}
+			k, v, ok := strings.Cut(line, ":")
+			if !ok {
+				continue
+			}
+			key = strings.ToLower(strings.TrimSpace(k))
+			fields[key] = strings.TrimSpace(v)
+		}
+		if !slices.Contains(strings.Fields(fields["types"]), "deb") || strings.EqualFold(fields["enabled"], "no") {
+			continue
+		}
+		out = append(out, aptSource{URIs: strings.Fields(fields["uris"]), Suites: strings.Fields(fields["suites"])})
+	}
+	return out
+}
+
+// parseOneLineSources reads "deb [options] URI SUITE COMPONENTS..." lines.
+func parseOneLineSources(text string) []aptSource {
+	var out []aptSource
+	for _, line := range strings.Split(text, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 || f[0] != "deb" {
+			continue
+		}
+		f = f[1:]
+		if strings.HasPrefix(f[0], "[") {
+			for len(f) > 0 && !strings.HasSuffix(f[0], "]") {
+				f = f[1:]
+			}
+			if len(f) > 0 {
+				f = f[1:]
+			}
+		}
+		if len(f) >= 2 {
+			out = append(out, aptSource{URIs: f[:1], Suites: f[1:2]})
+		}
+	}
+	return out
+}
+
+// pickMirrors takes the first source of a -security suite as the security
+// archive and the first other one as the main archive.
+func pickMirrors(sources []aptSource) (mirror, security string) {
+	for _, s := range sources {
+		if len(s.URIs) == 0 || len(s.Suites) == 0 {
+			continue
+		}
+		uri := strings.TrimRight(s.URIs[0], "/")
+		if !strings.HasPrefix(uri, "http://") && !strings.HasPrefix(uri, "https://") {
+			continue
+		}
+		isSecurity := slices.ContainsFunc(s.Suites, func(x string) bool { return strings.HasSuffix(x, "-security") })
+		if isSecurity && security == "" {
+			security = uri
+		} else if !isSecurity && mirror == "" {
+			mirror = uri
+		}
+	}
+	if mirror == "" {
+		mirror = "http://deb.debian.org/debian"
+	}
+	if security == "" {
+		security = "http://deb.debian.org/debian-security"
+	}
+	return mirror, security
+}
+
+// DebianMirrorReachable asks the mirror for the suite's release file,
+// within timeout.
+func DebianMirrorReachable(ctx context.Context, o DebianOptions, timeout time.Duration) error {
+	mirror := o.Mirror
+	if mirror == "" {
+		mirror, _ = DebianMirrors()
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	url := mirror + "/dists/" + DebianSuite + "/InRelease"
+	req, err := http.NewRequestWithContext(ctx, http.MethodHead, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return nil
+}
+
+// LayDebianRootfs fills dir (a runc bundle's rootfs, or an LXC container's
+// rootfs directory) with the Debian root filesystem, building and caching
+// it first if needed, and adds ferry's workload binaries from the ferry
+// binary's directory to /usr/local/bin.
+func LayDebianRootfs(ctx context.Context, dir string, o DebianOptions) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	r, err := EnsureDebianRootfs(ctx, o)
+	if err != nil {
+		return err
+	}
+	return layDebianRootfs(ctx, r.Tarball, dir, filepath.Dir(exe))
+}
+
+// layDebianRootfs extracts tarball into dir, keeping numeric owners, modes
+// and xattrs but no device files (the runtime makes /dev), writes the basic
+// /etc files the lab's own rootfs has where Debian lacks them, and installs
+// the workloads from binDir in /usr/local/bin (a real directory: /bin is a
+// symlink in a merged-/usr Debian).
+func layDebianRootfs(ctx context.Context, tarball, dir, binDir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	c := exec.CommandContext(ctx, "tar", "--numeric-owner", "--same-owner", "--same-permissions",
+		"--xattrs", "--xattrs-include=*", "--exclude=./dev/*", "-C", dir, "-xf", tarball)
+	if out, err := c.CombinedOutput(); err != nil {
+		return fmt.Errorf("extract %s: %v: %s", tarball, err, lastLines(string(out), 6))
+	}
+	for name, content := range rootfsFiles {
+		p := filepath.Join(dir, name)
+		if _, err := os.Lstat(p); errors.Is(err, fs.ErrNotExist) {
+			if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+				return err
+			}
+		}
+	}
+	return installWorkloads(dir, binDir, "usr/local/bin")
+}
+
+// layRootfs fills a lab container's rootfs dir with the kind of root
+// filesystem asked for.
+func layRootfs(ctx context.Context, kind, dir, binDir string) error {
+	switch kind {
+	case "", RootfsBusybox:
+		return buildRootfs(dir, binDir)
+	case RootfsDebian:
+		r, err := EnsureDebianRootfs(ctx, DebianOptions{})
+		if err != nil {
+			return err
+		}
+		return layDebianRootfs(ctx, r.Tarball, dir, binDir)
+	}
+	return fmt.Errorf("unknown root filesystem %q: want %s or %s", kind, RootfsBusybox, RootfsDebian)
+}
+
+// ImportDebianImage makes the Debian root filesystem (with ferry's
+// workloads from binDir; empty means the ferry binary's directory) an
+// image of the Podman host h, named o.ImageName(), and returns that name.
+// It goes through podman.Host.ImportRootfs, which gives the same
+// directory the same image ID on every host (what `podman container
+// restore --import` needs), unlike `podman import`.
+func ImportDebianImage(ctx context.Context, h podman.Host, o DebianOptions, binDir string) (string, error) {
+	if binDir == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return "", err
+		}
+		binDir = filepath.Dir(exe)
+	}
+	r, err := EnsureDebianRootfs(ctx, o)
+	if err != nil {
+		return "", err
+	}
+	tmp, err := os.MkdirTemp("", "ferry-debian-image-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp)
+	dir := filepath.Join(tmp, "rootfs")
+	if err := layDebianRootfs(ctx, r.Tarball, dir, binDir); err != nil {
+		return "", err
+	}
+	image := o.ImageName()
+	if err := h.ImportRootfs(ctx, dir, image); err != nil {
+		return "", err
+	}
+	return image, nil
+}
