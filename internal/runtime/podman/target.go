@@ -1,0 +1,363 @@
+package podman
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/ferry-migrate/ferry/internal/runtime"
+)
+
+// placeholderDiff stands in for rootfs-diff.tar in the archive Prepare
+// imports: not a tar, so Podman stops there, after it created the
+// container and wrote its config.json, before it starts anything.
+var placeholderDiff = bytes.Repeat([]byte("ferry: placeholder, not a tar archive; the writable layer is synced into the container's upper dir\n"), 12)
+
+// failedOnPlaceholder is how Podman reports the placeholder.
+const failedOnPlaceholder = "failed to apply root file-system diff file"
+
+// Prepare has this host's Podman create the container from the source's
+// records, under the same name and a new ID, created but not started (see
+// the package comment). It refuses first, with nothing created, what
+// cannot work here: another runtime's container, a container the adapter
+// cannot move, an OCI runtime other than runc, a missing image, a taken
+// name.
+func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.PrepareOptions) (runtime.Target, error) {
+	if c.Runtime != r.Kind() {
+		return nil, fmt.Errorf("podman cannot receive a %s container", c.Runtime)
+	}
+	if o.NetNS != "" {
+		return nil, errors.New("podman: the container had a network namespace of its own that ferry rebuilt; Podman sets up its containers' networks itself: not supported")
+	}
+	cfg, err := parseConfig(c.Meta[MetaConfig])
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.movable(); err != nil {
+		return nil, err
+	}
+	spec := c.Meta[MetaSpec]
+	if !json.Valid(spec) {
+		return nil, errors.New("podman: the container's description carries no valid OCI spec (spec.dump)")
+	}
+	if c.Image != "" && c.Image != cfg.ImageID {
+		return nil, fmt.Errorf("podman: the container's image %s differs from its configuration's %s", c.Image, cfg.ImageID)
+	}
+	if err := r.requireRunc(ctx); err != nil {
+		return nil, err
+	}
+	if err := r.requireImage(ctx, cfg); err != nil {
+		return nil, err
+	}
+	if taken, err := r.exists(ctx, cfg.Name); err != nil {
+		return nil, err
+	} else if taken {
+		return nil, fmt.Errorf("podman (%s) already has a container named %q: remove it or rename it before moving this one here", r.Host.Dir, cfg.Name)
+	}
+	config, err := adaptConfig(c.Meta[MetaConfig])
+	if err != nil {
+		return nil, err
+	}
+	workDir := o.WorkDir
+	if workDir == "" {
+		workDir = r.Host.path("ferry")
+	}
+	if err := os.MkdirAll(workDir, 0o700); err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp(workDir, "podman-create-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	t := &target{r: r, name: cfg.Name}
+	archive := filepath.Join(dir, "create.tar")
+	if err := writeCreateArchive(archive, config, spec); err != nil {
+		return nil, err
+	}
+	_, ierr := r.Host.podman(ctx, "container", "restore", "--import", archive, "--name", cfg.Name)
+	if ierr == nil || !strings.Contains(ierr.Error(), failedOnPlaceholder) {
+		if ierr == nil {
+			ierr = errors.New("podman started a container from a placeholder checkpoint")
+		}
+		// Whatever Podman made under the name is ours: it was free (unless
+		// someone took it in between).
+		if !strings.Contains(ierr.Error(), "already in use") {
+			_ = t.Discard(ctx)
+		}
+		return nil, fmt.Errorf("podman could not create %s from the source's configuration: %w", cfg.Name, ierr)
+	}
+	d, err := r.inspect(ctx, cfg.Name)
+	if err == nil && (d.StaticDir == "" || d.GraphDriver.Data.UpperDir == "") {
+		err = fmt.Errorf("podman created %s without a bundle or writable layer", cfg.Name)
+	}
+	if err == nil && d.State.Status != "created" && d.State.Status != "configured" {
+		err = fmt.Errorf("podman created %s in state %s", cfg.Name, d.State.Status)
+	}
+	if err != nil {
+		_ = t.Discard(ctx)
+		return nil, err
+	}
+	t.id, t.bundle, t.upper = d.ID, d.StaticDir, d.GraphDriver.Data.UpperDir
+	// The placeholders have done their work; the checkpoint directory
+	// becomes a link to the images at the restore.
+	for _, f := range []string{"rootfs-diff.tar", "checkpoint", "restore.log"} {
+		if err := os.RemoveAll(filepath.Join(t.bundle, f)); err != nil {
+			_ = t.Discard(ctx)
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// requireRunc checks that Podman here uses runc: an imported container
+// gets the host's default OCI runtime, and only runc's checkpoints work
+// (Debian 12's crun has no CRIU).
+func (r *Runtime) requireRunc(ctx context.Context) error {
+	r.mu.Lock()
+	name := r.ociName
+	r.mu.Unlock()
+	if name == "" {
+		out, err := r.Host.podman(ctx, "info", "--format", "{{.Host.OCIRuntime.Name}}")
+		if err != nil {
+			return err
+		}
+		name = strings.TrimSpace(out)
+		r.mu.Lock()
+		r.ociName = name
+		r.mu.Unlock()
+	}
+	if name != "runc" {
+		return fmt.Errorf("podman (%s) runs containers with %q: ferry restores Podman containers only under runc (containers.conf [engine] runtime)", r.Host.Dir, name)
+	}
+	return nil
+}
+
+// requireImage checks that the container's image is here, by ID: only the
+// writable layer moves.
+func (r *Runtime) requireImage(ctx context.Context, cfg *podmanConfig) error {
+	out, err := r.Host.podman(ctx, "image", "inspect", "--format", "{{.Id}}", cfg.ImageID)
+	if err != nil {
+		if strings.Contains(err.Error(), "image not known") {
+			return fmt.Errorf("podman (%s) does not have the image of %s, %s (ID %s): ferry moves only the container's writable layer; load the same image here first",
+				r.Host.Dir, cfg.Name, cfg.ImageName, cfg.ImageID)
+		}
+		return err
+	}
+	if got := strings.TrimSpace(out); got != cfg.ImageID {
+		return fmt.Errorf("podman (%s) found image %s for %s, not %s", r.Host.Dir, got, cfg.ImageName, cfg.ImageID)
+	}
+	return nil
+}
+
+// exists reports whether a container of that name or ID exists here.
+func (r *Runtime) exists(ctx context.Context, name string) (bool, error) {
+	cmd := r.Host.Command(ctx, "container", "exists", name)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.As(err, &exit) && exit.ExitCode() == 1:
+		return false, nil
+	}
+	return false, fmt.Errorf("podman container exists %s: %v: %s", name, err, tail(stderr.String(), 4))
+}
+
+// adaptConfig readies the source's libpod configuration for this host:
+// paths inside the source container's own directories (its conmon and
+// container PID files, its /dev/shm mount) would name the source's files
+// here. Podman regenerates what is left empty. Everything else is kept as
+// the source had it.
+func adaptConfig(b []byte) ([]byte, error) {
+	cfg, err := parseConfig(b)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	own := "/overlay-containers/" + cfg.ID + "/"
+	for k, v := range m {
+		var s string
+		if json.Unmarshal(v, &s) == nil {
+			if strings.Contains(s, own) {
+				m[k] = json.RawMessage(`""`)
+			}
+			continue
+		}
+		var list []string
+		if json.Unmarshal(v, &list) != nil || list == nil {
+			continue
+		}
+		kept := []string{}
+		for _, e := range list {
+			if !strings.Contains(e, own) {
+				kept = append(kept, e)
+			}
+		}
+		if len(kept) != len(list) && k != "CreateCommand" {
+			nv, err := json.Marshal(kept)
+			if err != nil {
+				return nil, err
+			}
+			m[k] = nv
+		}
+	}
+	return json.Marshal(m)
+}
+
+// writeCreateArchive writes what `podman container restore --import`
+// needs to create the container: the records, a checkpoint directory with
+// an inventory to find, and the placeholder diff.
+func writeCreateArchive(path string, config, spec []byte) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	tw := tar.NewWriter(f)
+	for _, e := range []struct {
+		name string
+		data []byte
+	}{{"config.dump", config}, {"spec.dump", spec}, {"checkpoint/", nil}, {"checkpoint/inventory.img", []byte{}}, {"rootfs-diff.tar", placeholderDiff}} {
+		h := &tar.Header{Name: e.name, Mode: 0o600, Size: int64(len(e.data)), Typeflag: tar.TypeReg}
+		if strings.HasSuffix(e.name, "/") {
+			h.Typeflag, h.Mode = tar.TypeDir, 0o700
+		}
+		if err = tw.WriteHeader(h); err != nil {
+			break
+		}
+		if _, err = tw.Write(e.data); err != nil {
+			break
+		}
+	}
+	if err == nil {
+		err = tw.Close()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// target is a container Podman created here, waiting for its restore.
+type target struct {
+	r      *Runtime
+	name   string
+	id     string // Podman's ID here (not the source's)
+	bundle string // Podman's directory for it (config.json, checkpoint)
+	upper  string // its writable layer
+}
+
+func (t *target) RootfsDir() string { return t.upper }
+
+// Restore links the images in as the container's checkpoint and has
+// Podman restore it, then reads the running container's PID back.
+func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, error) {
+	if o.Lazy {
+		return 0, errors.New("podman: lazy restores are not supported")
+	}
+	images, err := filepath.Abs(o.ImagesDir)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := os.Stat(filepath.Join(images, "inventory.img")); err != nil {
+		return 0, fmt.Errorf("podman: no CRIU images to restore %s from: %w", t.name, err)
+	}
+	links := []string{filepath.Join(t.bundle, "checkpoint")}
+	if err := relink(images, links[0]); err != nil {
+		return 0, err
+	}
+	if _, err := os.Stat(filepath.Join(images, devShmTar)); err == nil {
+		links = append(links, filepath.Join(t.bundle, devShmTar))
+		if err := relink(filepath.Join(images, devShmTar), links[1]); err != nil {
+			return 0, err
+		}
+	}
+	args := []string{"container", "restore", "--file-locks"}
+	if o.TCPEstablished {
+		args = append(args, "--tcp-established")
+	}
+	_, err = t.r.Host.podman(ctx, append(args, t.id)...)
+	if err != nil {
+		// Podman keeps CRIU's log in the bundle when a restore fails.
+		logPath := filepath.Join(t.bundle, "restore.log")
+		if o.WorkDir != "" {
+			if b, rerr := os.ReadFile(logPath); rerr == nil && os.WriteFile(filepath.Join(o.WorkDir, "restore.log"), b, 0o600) == nil {
+				logPath = filepath.Join(o.WorkDir, "restore.log")
+			}
+		}
+		for _, l := range links {
+			_ = os.Remove(l)
+		}
+		return 0, fmt.Errorf("%w%s", err, criuErrors(logPath))
+	}
+	d, err := t.r.inspect(ctx, t.id)
+	if err != nil {
+		return 0, err
+	}
+	if d.State.Status != "running" || d.State.Pid <= 0 {
+		return 0, fmt.Errorf("podman restored %s, which is %s (pid %d), not running", t.name, d.State.Status, d.State.Pid)
+	}
+	return d.State.Pid, nil
+}
+
+// relink makes link a symbolic link to dst, replacing whatever was there.
+func relink(dst, link string) error {
+	if err := os.RemoveAll(link); err != nil {
+		return err
+	}
+	return os.Symlink(dst, link)
+}
+
+// Discard removes the container Prepare created (restored or not); one
+// already gone counts as removed.
+func (t *target) Discard(ctx context.Context) error {
+	ref := t.id
+	if ref == "" {
+		ref = t.name
+	}
+	_, err := t.r.Host.podman(ctx, "rm", "--force", "--ignore", "--time", "0", ref)
+	return err
+}
+
+// criuErrors quotes a CRIU log's error lines, and the lines just before
+// its "FAILED", where CRIU often says why without calling it an error.
+func criuErrors(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(string(b), "\n")
+	var errs []string
+	for i, l := range lines {
+		// Reported on every run where the hard limit is low; harmless.
+		if strings.Contains(l, "Can't setup RLIMIT_NOFILE") {
+			continue
+		}
+		if strings.Contains(l, "FAILED") {
+			for _, before := range lines[max(0, i-2):i] {
+				if !strings.Contains(before, "Error") {
+					errs = append(errs, strings.TrimSpace(before))
+				}
+			}
+		}
+		if strings.Contains(l, "Error") || strings.Contains(l, "BUG") {
+			errs = append(errs, strings.TrimSpace(l))
+		}
+	}
+	if len(errs) == 0 {
+		return ""
+	}
+	return "\nCRIU " + path + ": " + tail(strings.Join(errs, "\n"), 5)
+}
