@@ -1,0 +1,253 @@
+package lxc
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// An LXC configuration file is a list of "key = value" lines; "#" starts a
+// comment line. Keys may repeat (lxc.mount.entry, lxc.include). liblxc
+// strips one pair of double quotes around a value.
+
+// configLine is one line of a config file: a comment or blank line keeps
+// Key empty and is written back unchanged.
+type configLine struct {
+	Raw   string
+	Key   string
+	Value string
+}
+
+func parseConfig(b []byte) []configLine {
+	var lines []configLine
+	for _, raw := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
+		l := configLine{Raw: raw}
+		t := strings.TrimSpace(raw)
+		if t != "" && !strings.HasPrefix(t, "#") {
+			if k, v, ok := strings.Cut(t, "="); ok {
+				l.Key = strings.TrimSpace(k)
+				v = strings.TrimSpace(v)
+				if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+					v = v[1 : len(v)-1]
+				}
+				l.Value = v
+			}
+		}
+		lines = append(lines, l)
+	}
+	return lines
+}
+
+func formatConfig(lines []configLine) []byte {
+	var b bytes.Buffer
+	for _, l := range lines {
+		b.WriteString(l.Raw)
+		b.WriteByte('\n')
+	}
+	return b.Bytes()
+}
+
+// lookup returns the last value of key (liblxc keeps the last one).
+func lookup(lines []configLine, key string) (string, bool) {
+	v, ok := "", false
+	for _, l := range lines {
+		if l.Key == key {
+			v, ok = l.Value, true
+		}
+	}
+	return v, ok
+}
+
+// rootfsDir is the directory an lxc.rootfs.path value names. Only the
+// "dir" backend (a plain directory) can move: ferry syncs the rootfs as a
+// directory tree, and a block device, LVM, ZFS or overlay rootfs would need
+// its own storage at the destination.
+func rootfsDir(value string) (string, error) {
+	if value == "" {
+		return "", errors.New("lxc.rootfs.path is not set (the container runs in the host's root filesystem, which cannot move)")
+	}
+	p := value
+	if backend, rest, ok := strings.Cut(value, ":"); ok && !strings.HasPrefix(value, "/") {
+		if backend != "dir" {
+			return "", fmt.Errorf("lxc.rootfs.path %q: storage backend %q cannot move (ferry moves directory rootfs only: \"dir:/path\" or \"/path\")", value, backend)
+		}
+		p = rest
+	}
+	if !filepath.IsAbs(p) {
+		return "", fmt.Errorf("lxc.rootfs.path %q is not an absolute directory", value)
+	}
+	return filepath.Clean(p), nil
+}
+
+// netIndex returns N and the rest of an "lxc.net.N.rest" key.
+func netIndex(key string) (int, string, bool) {
+	rest, ok := strings.CutPrefix(key, "lxc.net.")
+	if !ok {
+		return 0, "", false
+	}
+	n, sub, ok := strings.Cut(rest, ".")
+	if !ok {
+		return 0, "", false
+	}
+	i, err := strconv.Atoi(n)
+	if err != nil {
+		return 0, "", false
+	}
+	return i, sub, true
+}
+
+// checkMovable refuses, before anything is frozen, what a dump or a
+// restore of this configuration cannot handle.
+func checkMovable(lines []configLine) error {
+	if v, ok := lookup(lines, "lxc.tty.max"); ok && v != "" && v != "0" {
+		// liblxc bind-mounts a host pty over /dev/ttyN; CRIU finds no
+		// master for it in the container and the dump fails ("tty: Unable
+		// to find a master for /3").
+		return fmt.Errorf("lxc.tty.max = %s: CRIU cannot dump the container's ttys (host ptys bind-mounted over /dev/ttyN); set lxc.tty.max = 0", v)
+	}
+	root, _ := lookup(lines, "lxc.rootfs.path")
+	if _, err := rootfsDir(root); err != nil {
+		return err
+	}
+	types := map[int]string{}
+	for _, l := range lines {
+		if i, sub, ok := netIndex(l.Key); ok && sub == "type" {
+			types[i] = l.Value
+		}
+	}
+	for i, t := range types {
+		switch t {
+		case "", "none", "empty", "veth", "macvlan", "phys":
+		default:
+			return fmt.Errorf("lxc.net.%d.type = %s: liblxc checkpoints only veth, macvlan, phys, empty and none networks", i, t)
+		}
+	}
+	return nil
+}
+
+// hostEnv is what the destination host offers, for the config rewrite.
+type hostEnv struct {
+	// linkExists says whether a network interface of that name exists.
+	linkExists func(name string) bool
+	// pathExists says whether a host path exists (bind mount sources,
+	// included files).
+	pathExists func(path string) bool
+	// apparmor, selinux: the LSM is enabled here.
+	apparmor, selinux bool
+}
+
+func defaultHostEnv() hostEnv {
+	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
+	aa, _ := os.ReadFile("/sys/module/apparmor/parameters/enabled")
+	return hostEnv{
+		linkExists: func(name string) bool { return exists(filepath.Join("/sys/class/net", name)) },
+		pathExists: exists,
+		apparmor:   strings.TrimSpace(string(aa)) == "Y",
+		selinux:    exists("/sys/fs/selinux/enforce"),
+	}
+}
+
+// rewriteConfig adapts a source's config to this host: every path under
+// the source's container directory moves under this one's (the rootfs,
+// log files, an fstab), the rootfs becomes dir:<dst>/rootfs, LSM lines for
+// an LSM this kernel lacks go (liblxc would pass them to CRIU's restore,
+// which refuses them), and what must exist here (network links, bind mount
+// sources, included files) is checked.
+func rewriteConfig(cfg []byte, srcDir, dstDir string, env hostEnv) ([]byte, []string, error) {
+	lines := parseConfig(cfg)
+	if err := checkMovable(lines); err != nil {
+		return nil, nil, err
+	}
+	var notes []string
+	netTypes := map[int]string{}
+	for _, l := range lines {
+		if i, sub, ok := netIndex(l.Key); ok && sub == "type" {
+			netTypes[i] = l.Value
+		}
+	}
+	var out []configLine
+	for _, l := range lines {
+		if l.Key == "" {
+			out = append(out, l)
+			continue
+		}
+		v := l.Value
+		if srcDir != "" && (v == srcDir || strings.HasPrefix(v, srcDir+"/")) {
+			v = dstDir + strings.TrimPrefix(v, srcDir)
+		}
+		switch {
+		case l.Key == "lxc.rootfs.path":
+			v = "dir:" + filepath.Join(dstDir, "rootfs")
+		case strings.HasPrefix(l.Key, "lxc.apparmor."):
+			if !env.apparmor {
+				notes = append(notes, "dropped "+l.Key+" (no AppArmor here)")
+				continue
+			}
+		case strings.HasPrefix(l.Key, "lxc.selinux."):
+			if !env.selinux {
+				notes = append(notes, "dropped "+l.Key+" (no SELinux here)")
+				continue
+			}
+		case l.Key == "lxc.include":
+			if !env.pathExists(v) {
+				return nil, nil, fmt.Errorf("lxc.include = %s: no such file or directory on this host", v)
+			}
+		case l.Key == "lxc.mount.entry":
+			if err := checkMountEntry(v, env); err != nil {
+				return nil, nil, err
+			}
+		}
+		if i, sub, ok := netIndex(l.Key); ok {
+			t := netTypes[i]
+			switch sub {
+			case "link":
+				if v != "" && (t == "veth" || t == "macvlan" || t == "phys") && !env.linkExists(v) {
+					return nil, nil, fmt.Errorf("lxc.net.%d.link = %s: no network interface %q on this host (a %s network needs it; create the bridge first)", i, v, v, t)
+				}
+			case "veth.pair":
+				if v != "" && env.linkExists(v) {
+					return nil, nil, fmt.Errorf("lxc.net.%d.veth.pair = %s: an interface of that name already exists on this host", i, v)
+				}
+			}
+		}
+		if v != l.Value {
+			l.Raw = l.Key + " = " + v
+			l.Value = v
+		}
+		out = append(out, l)
+	}
+	if _, ok := lookup(out, "lxc.rootfs.path"); !ok {
+		return nil, nil, errors.New("config has no lxc.rootfs.path")
+	}
+	return formatConfig(out), notes, nil
+}
+
+// checkMountEntry checks that the source of a bind mount exists here:
+// "/lib lib none ro,bind 0 0" needs /lib (unless "optional").
+func checkMountEntry(entry string, env hostEnv) error {
+	f := strings.Fields(entry)
+	if len(f) < 4 {
+		return nil
+	}
+	opts := strings.Split(f[3], ",")
+	bind, optional := false, false
+	for _, o := range opts {
+		switch o {
+		case "bind", "rbind":
+			bind = true
+		case "optional":
+			optional = true
+		}
+	}
+	if !bind || optional || !filepath.IsAbs(f[0]) {
+		return nil
+	}
+	if !env.pathExists(f[0]) {
+		return fmt.Errorf("lxc.mount.entry = %s: the bind mount's source %s does not exist on this host", entry, f[0])
+	}
+	return nil
+}

@@ -1,0 +1,657 @@
+// Package lxc moves LXC containers: it implements runtime.Runtime for
+// liblxc 5 (Debian 12's lxc 5.0.2) by driving the lxc-* commands, without
+// cgo.
+//
+// The source stays resumable until the commit through the cgroup freezer:
+// Freeze is lxc-freeze, and Checkpoint runs `lxc-checkpoint` without -s,
+// so liblxc passes CRIU --leave-running; CRIU finds the freezer cgroup
+// FROZEN and writes FROZEN back before it lets go of the tasks. The
+// container stays frozen, lxc-unfreeze (Thaw) resumes it after a failure,
+// and Remove stops and destroys it after the commit.
+//
+// liblxc has no flag for CRIU's page server (only for pre-dumps'), so the
+// memory goes to ferry's page server through a CRIU configuration file
+// named by CRIU_CONFIG_FILE: liblxc execs criu with its own environment.
+// The same file carries mntns-compat-mode into the restore (see Restore).
+//
+// liblxc looks "criu" up in PATH. Every lxc-* command runs with PATH
+// starting at the directory of Runtime.CRIU, so the CRIU ferry checked is
+// the one that runs (Debian's own criu 3.17 does not work on new kernels).
+package lxc
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/ferry-migrate/ferry/internal/runtime"
+)
+
+const (
+	// DefaultLXCPath is liblxc's own default lxcpath.
+	DefaultLXCPath = "/var/lib/lxc"
+	// DefaultCRIU is the CRIU ferry's setup installs.
+	DefaultCRIU = "/usr/local/sbin/criu"
+	// systemPath follows the CRIU's directory in the PATH lxc-* runs with.
+	systemPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+)
+
+// minCRIU is the oldest CRIU that works on the kernels ferry runs on
+// (4.1 cannot dump TCP sockets on Linux >= 6.16; 3.17 fails on the vDSO).
+var minCRIU = [3]int{4, 2, 0}
+
+// Runtime is LXC as a ferry runtime: the containers under one lxcpath.
+// Two emulated hosts on one machine use two lxcpaths.
+type Runtime struct {
+	// LXCPath holds the containers, one directory each (lxc-* -P);
+	// empty means DefaultLXCPath.
+	LXCPath string
+	// CRIU is the criu binary liblxc runs; empty means DefaultCRIU. Its
+	// file name must be "criu" (liblxc looks that name up in PATH).
+	CRIU string
+
+	checkOnce sync.Once
+	checkErr  error
+}
+
+var _ runtime.Runtime = (*Runtime)(nil)
+
+// New returns the runtime for the containers under lxcpath ("" for
+// DefaultLXCPath).
+func New(lxcpath string) *Runtime { return &Runtime{LXCPath: lxcpath} }
+
+func (r *Runtime) path() string {
+	if r.LXCPath != "" {
+		return r.LXCPath
+	}
+	return DefaultLXCPath
+}
+
+func (r *Runtime) criu() string {
+	if r.CRIU != "" {
+		return r.CRIU
+	}
+	return DefaultCRIU
+}
+
+// dir is a container's directory: its config, and its rootfs when ferry
+// made it.
+func (r *Runtime) dir(name string) string { return filepath.Join(r.path(), name) }
+
+// Kind is "lxc".
+func (r *Runtime) Kind() string { return "lxc" }
+
+// Caps: the freezer keeps the source resumable (see the package comment).
+// liblxc never passes CRIU --lazy-pages, and its pre-dump needs soft-dirty
+// tracking and is not wired here: neither is offered.
+func (r *Runtime) Caps() runtime.Caps { return runtime.Caps{Freeze: true} }
+
+// env is the environment of every lxc-* command: PATH finds r.criu()
+// first, and CRIU_CONFIG_FILE is conf or nothing (never one inherited).
+func (r *Runtime) env(conf string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "PATH=") || strings.HasPrefix(kv, "CRIU_CONFIG_FILE=") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	env = append(env, "PATH="+filepath.Dir(r.criu())+":"+systemPath)
+	if conf != "" {
+		env = append(env, "CRIU_CONFIG_FILE="+conf)
+	}
+	return env
+}
+
+// command builds an lxc-* command for this lxcpath in its own process
+// group: cancelling ctx kills the group, so a criu that lxc-checkpoint
+// forked does not outlive it.
+func (r *Runtime) command(ctx context.Context, conf, tool string, args ...string) *exec.Cmd {
+	c := exec.CommandContext(ctx, tool, append([]string{"-P", r.path()}, args...)...)
+	c.Env = r.env(conf)
+	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
+	c.WaitDelay = 5 * time.Second
+	return c
+}
+
+// run runs an lxc-* command that leaves no process behind and returns its
+// standard output; an error quotes the tail of its standard error.
+func (r *Runtime) run(ctx context.Context, conf, tool string, args ...string) (string, error) {
+	c := r.command(ctx, conf, tool, args...)
+	var out, errb bytes.Buffer
+	c.Stdout, c.Stderr = &out, &errb
+	if err := c.Run(); err != nil {
+		return out.String(), fmt.Errorf("%s -P %s %s: %v: %s", tool, r.path(), strings.Join(args, " "), err, lastLines(strings.TrimSpace(errb.String()), 6))
+	}
+	return out.String(), nil
+}
+
+// check says, once, whether this host can checkpoint and restore LXC
+// containers: the lxc-* tools and a recent enough CRIU.
+func (r *Runtime) check() error {
+	r.checkOnce.Do(func() { r.checkErr = r.doCheck() })
+	return r.checkErr
+}
+
+func (r *Runtime) doCheck() error {
+	for _, tool := range []string{"lxc-checkpoint", "lxc-info", "lxc-freeze", "lxc-unfreeze", "lxc-cgroup", "lxc-stop", "lxc-destroy"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("LXC is not installed (%s not found; apt-get install lxc)", tool)
+		}
+	}
+	bin := r.criu()
+	if filepath.Base(bin) != "criu" {
+		return fmt.Errorf("CRIU binary %s: liblxc runs \"criu\" from PATH, so the file must be named criu", bin)
+	}
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil {
+		return fmt.Errorf("%s --version: %v (CRIU >= %d.%d is needed)", bin, err, minCRIU[0], minCRIU[1])
+	}
+	v, err := criuVersion(string(out))
+	if err != nil {
+		return fmt.Errorf("%s --version: %w", bin, err)
+	}
+	for i := range v {
+		if v[i] != minCRIU[i] {
+			if v[i] < minCRIU[i] {
+				return fmt.Errorf("%s is CRIU %d.%d.%d: LXC migration needs CRIU >= %d.%d", bin, v[0], v[1], v[2], minCRIU[0], minCRIU[1])
+			}
+			break
+		}
+	}
+	return nil
+}
+
+// criuVersion reads "Version: 4.2.1" from `criu --version`.
+func criuVersion(out string) ([3]int, error) {
+	var v [3]int
+	for _, l := range strings.Split(out, "\n") {
+		s, ok := strings.CutPrefix(strings.TrimSpace(l), "Version:")
+		if !ok {
+			continue
+		}
+		for i, p := range strings.SplitN(strings.TrimSpace(s), ".", 3) {
+			n, err := strconv.Atoi(strings.TrimFunc(p, func(r rune) bool { return r < '0' || r > '9' }))
+			if err != nil {
+				return v, fmt.Errorf("cannot read version %q", s)
+			}
+			v[i] = n
+		}
+		return v, nil
+	}
+	return v, fmt.Errorf("no version in %q", strings.TrimSpace(out))
+}
+
+func validName(name string) error {
+	if name == "" || name == "." || name == ".." || filepath.Base(name) != name || strings.ContainsAny(name, " \t\n") {
+		return fmt.Errorf("bad LXC container name %q", name)
+	}
+	return nil
+}
+
+// info reads the container's state (RUNNING, FROZEN, STOPPED, ...) and,
+// when it runs, its init PID from lxc-info.
+func (r *Runtime) info(ctx context.Context, name string) (string, int, error) {
+	out, err := r.run(ctx, "", "lxc-info", "-n", name, "-s", "-p")
+	if err != nil {
+		return "", 0, err
+	}
+	var state string
+	var pid int
+	for _, l := range strings.Split(out, "\n") {
+		k, v, ok := strings.Cut(l, ":")
+		if !ok {
+			continue
+		}
+		switch strings.TrimSpace(k) {
+		case "State":
+			state = strings.TrimSpace(v)
+		case "PID":
+			pid, _ = strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	if state == "" {
+		return "", 0, fmt.Errorf("lxc-info -P %s -n %s printed no state: %q", r.path(), name, out)
+	}
+	return state, pid, nil
+}
+
+// status maps liblxc's states onto ferry's running, paused and stopped.
+func status(state string) string {
+	switch state {
+	case "RUNNING", "THAWED":
+		return "running"
+	case "FROZEN", "FREEZING":
+		return "paused"
+	case "STOPPED":
+		return "stopped"
+	}
+	return strings.ToLower(state)
+}
+
+// Inspect reads the container's config and lxc-info. Meta carries the
+// config ("config"), the source's lxcpath ("lxcpath", to rewrite paths
+// under it) and the files under the container's directory that the config
+// names ("file:<path relative to it>": an fstab, hook scripts).
+func (r *Runtime) Inspect(ctx context.Context, name string) (*runtime.Container, error) {
+	if err := validName(name); err != nil {
+		return nil, err
+	}
+	dir := r.dir(name)
+	cfg, err := os.ReadFile(filepath.Join(dir, "config"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("lxc -P %s: no container %q: %w", r.path(), name, runtime.ErrNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	lines := parseConfig(cfg)
+	rv, _ := lookup(lines, "lxc.rootfs.path")
+	root, err := rootfsDir(rv)
+	if err != nil {
+		return nil, fmt.Errorf("container %q: %w", name, err)
+	}
+	state, pid, err := r.info(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	meta := map[string][]byte{"config": cfg, "lxcpath": []byte(r.path())}
+	for _, l := range lines {
+		if !strings.HasPrefix(l.Value, dir+"/") || l.Key == "lxc.rootfs.path" || l.Key == "lxc.log.file" || l.Key == "lxc.console.logfile" {
+			continue
+		}
+		st, err := os.Stat(l.Value)
+		if err != nil || !st.Mode().IsRegular() {
+			continue
+		}
+		if st.Size() > 1<<20 {
+			return nil, fmt.Errorf("container %q: %s (%s) is over 1 MiB, too large to carry with the config", name, l.Value, l.Key)
+		}
+		b, err := os.ReadFile(l.Value)
+		if err != nil {
+			return nil, err
+		}
+		meta["file:"+strings.TrimPrefix(l.Value, dir+"/")] = b
+	}
+	return &runtime.Container{Runtime: r.Kind(), Name: name, ID: name, PID: pid, Status: status(state), Rootfs: root, Meta: meta}, nil
+}
+
+// Freeze stops the container with the cgroup freezer and tells liblxc's
+// monitor (lxc-freeze), which then reports FROZEN.
+//
+// With cgroup v1, lxc-freeze alone often costs a second: it writes FROZEN,
+// reads the state back at once, and on FREEZING (tasks not yet in the
+// refrigerator) sleeps a whole second before it looks again. So the
+// freezer is set through lxc-cgroup and polled here first; lxc-freeze
+// then finds it FROZEN on its first look.
+func (r *Runtime) Freeze(ctx context.Context, c *runtime.Container) error {
+	if file, _ := freezer(); file == "freezer.state" {
+		if _, err := r.run(ctx, "", "lxc-cgroup", "-n", c.ID, file, "FROZEN"); err != nil {
+			return err
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			out, err := r.run(ctx, "", "lxc-cgroup", "-n", c.ID, file)
+			if err != nil {
+				return err
+			}
+			if strings.TrimSpace(out) == "FROZEN" {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("lxc: container %q did not freeze in 10 s (freezer %s)", c.ID, strings.TrimSpace(out))
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	_, err := r.run(ctx, "", "lxc-freeze", "-n", c.ID)
+	return err
+}
+
+// Thaw is lxc-unfreeze. liblxc thaws only a container its monitor knows
+// as FROZEN; a freezer cgroup frozen behind its back (CRIU restores the
+// freezer state it dumped) is thawed through lxc-cgroup as well.
+func (r *Runtime) Thaw(ctx context.Context, c *runtime.Container) error {
+	if _, err := r.run(ctx, "", "lxc-unfreeze", "-n", c.ID); err != nil {
+		return err
+	}
+	return r.thawCgroup(ctx, c.ID)
+}
+
+// freezer names the freezer's control file and its thawed value: cgroup
+// v1's freezer.state where the v1 freezer is mounted, else v2's
+// cgroup.freeze.
+func freezer() (file, thawed string) {
+	if st, err := os.Stat("/sys/fs/cgroup/freezer"); err == nil && st.IsDir() {
+		return "freezer.state", "THAWED"
+	}
+	return "cgroup.freeze", "0"
+}
+
+// thawCgroup thaws the container's freezer cgroup unless it is thawed.
+func (r *Runtime) thawCgroup(ctx context.Context, name string) error {
+	file, thawed := freezer()
+	out, err := r.run(ctx, "", "lxc-cgroup", "-n", name, file)
+	if err == nil && strings.TrimSpace(out) == thawed {
+		return nil
+	}
+	_, err = r.run(ctx, "", "lxc-cgroup", "-n", name, file, thawed)
+	return err
+}
+
+// Checkpoint dumps the frozen container with `lxc-checkpoint -D ImagesDir`
+// (no -s: it stays, frozen), its memory going to o.PageServer. liblxc
+// writes CRIU's log to ImagesDir/dump.log; it is moved to WorkDir, where
+// CRIU also writes stats-dump.
+func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtime.CheckpointOptions) (runtime.Dump, error) {
+	switch {
+	case o.PreDump || o.ParentDir != "":
+		return nil, errors.New("lxc: CRIU pre-dumps are not supported by ferry's LXC runtime")
+	case o.Lazy:
+		return nil, errors.New("lxc: lazy dumps are not supported (liblxc never passes CRIU --lazy-pages)")
+	case o.ImagesDir == "" || o.WorkDir == "":
+		return nil, errors.New("lxc: a checkpoint needs an images and a work directory")
+	}
+	if err := r.check(); err != nil {
+		return nil, err
+	}
+	cfg, err := os.ReadFile(filepath.Join(r.dir(c.ID), "config"))
+	if err != nil {
+		return nil, fmt.Errorf("lxc: container %q: %w", c.ID, err)
+	}
+	if err := checkMovable(parseConfig(cfg)); err != nil {
+		return nil, fmt.Errorf("lxc: container %q: %w", c.ID, err)
+	}
+	for _, d := range []string{o.ImagesDir, o.WorkDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	// A running container is frozen first, so that a dump always leaves
+	// it frozen (resumable by Thaw, gone after Remove).
+	state, _, err := r.info(ctx, c.ID)
+	if err != nil {
+		return nil, err
+	}
+	switch state {
+	case "FROZEN":
+	case "RUNNING":
+		if err := r.Freeze(ctx, c); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, fmt.Errorf("lxc: container %q is %s, not running", c.ID, state)
+	}
+	conf := []string{"work-dir " + quote(o.WorkDir), "verbosity=4"}
+	if o.PageServer != "" {
+		host, port, err := net.SplitHostPort(o.PageServer)
+		if err != nil {
+			return nil, fmt.Errorf("lxc: page server %q: %w", o.PageServer, err)
+		}
+		conf = append(conf, "page-server", "address "+host, "port "+port)
+	}
+	confPath := filepath.Join(o.WorkDir, "criu-dump.conf")
+	if err := writeCRIUConfig(confPath, conf); err != nil {
+		return nil, err
+	}
+	_, err = r.run(ctx, confPath, "lxc-checkpoint", "-n", c.ID, "-D", o.ImagesDir)
+	log := filepath.Join(o.WorkDir, "dump.log")
+	if rerr := os.Rename(filepath.Join(o.ImagesDir, "dump.log"), log); rerr != nil {
+		log = filepath.Join(o.ImagesDir, "dump.log")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w%s", err, criuLogTail(log))
+	}
+	return doneDump{}, nil
+}
+
+// writeCRIUConfig writes a CRIU configuration file, one option a line.
+func writeCRIUConfig(path string, lines []string) error {
+	return os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o600)
+}
+
+// quote makes a path one value in a CRIU configuration file.
+func quote(s string) string {
+	return `"` + strings.ReplaceAll(s, `"`, `\"`) + `"`
+}
+
+// doneDump is a dump that had finished when Checkpoint returned; the
+// container it leaves frozen is thawed (Thaw) or removed (Remove).
+type doneDump struct{}
+
+func (doneDump) Wait() error                         { return nil }
+func (doneDump) Release(context.Context, bool) error { return nil }
+
+// Remove stops (kills) the container and destroys it: its config, and its
+// rootfs as lxc-destroy does. A container already gone counts as removed.
+func (r *Runtime) Remove(ctx context.Context, c *runtime.Container) error {
+	return r.destroy(ctx, c.ID)
+}
+
+func (r *Runtime) destroy(ctx context.Context, name string) error {
+	if _, err := os.Stat(filepath.Join(r.dir(name), "config")); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	state, _, err := r.info(ctx, name)
+	if err != nil {
+		return err
+	}
+	if state != "STOPPED" {
+		// liblxc's stop kills init and thaws a frozen container, then
+		// waits for it to stop.
+		if _, err := r.run(ctx, "", "lxc-stop", "-n", name, "-k"); err != nil {
+			if st, _, ierr := r.info(ctx, name); ierr != nil || st != "STOPPED" {
+				return err
+			}
+		}
+	}
+	_, err = r.run(ctx, "", "lxc-destroy", "-n", name)
+	return err
+}
+
+// Prepare makes the container here: its directory under this lxcpath, the
+// source's config rewritten for it (see rewriteConfig), the files the
+// config names, and an empty rootfs for the engine to sync into. It
+// refuses a name taken here and what cannot work on this host.
+func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.PrepareOptions) (runtime.Target, error) {
+	if err := validName(c.Name); err != nil {
+		return nil, err
+	}
+	if err := r.check(); err != nil {
+		return nil, err
+	}
+	cfg := c.Meta["config"]
+	if len(cfg) == 0 {
+		return nil, fmt.Errorf("lxc: the source sent no LXC config for %q", c.Name)
+	}
+	if o.NetNS != "" {
+		return nil, errors.New("lxc: containers cannot join a network namespace ferry rebuilt; LXC makes its own from the config")
+	}
+	dir := r.dir(c.Name)
+	if _, err := os.Lstat(dir); err == nil {
+		if _, err := os.Stat(filepath.Join(dir, "config")); err == nil {
+			return nil, fmt.Errorf("lxc -P %s already has a container named %q", r.path(), c.Name)
+		}
+		return nil, fmt.Errorf("lxc -P %s: %s already exists (left over? remove it first)", r.path(), dir)
+	}
+	files := map[string][]byte{}
+	for k, v := range c.Meta {
+		if rel, ok := strings.CutPrefix(k, "file:"); ok {
+			p := filepath.Join(dir, rel)
+			if !strings.HasPrefix(p, dir+"/") {
+				return nil, fmt.Errorf("lxc: bad file %q from the source", rel)
+			}
+			files[p] = v
+		}
+	}
+	env := defaultHostEnv()
+	hostPath := env.pathExists
+	env.pathExists = func(p string) bool { _, carried := files[p]; return carried || hostPath(p) }
+	srcDir := ""
+	if p := string(c.Meta["lxcpath"]); p != "" {
+		srcDir = filepath.Join(p, c.Name)
+	}
+	newCfg, _, err := rewriteConfig(cfg, srcDir, dir, env)
+	if err != nil {
+		return nil, fmt.Errorf("lxc: container %q cannot run here: %w", c.Name, err)
+	}
+	if err := os.MkdirAll(r.path(), 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.Mkdir(dir, 0o770); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("lxc -P %s already has a container named %q", r.path(), c.Name)
+		}
+		return nil, err
+	}
+	t := &target{r: r, name: c.Name, dir: dir}
+	err = os.Mkdir(t.RootfsDir(), 0o755)
+	for p, b := range files {
+		if err != nil {
+			break
+		}
+		if err = os.MkdirAll(filepath.Dir(p), 0o755); err == nil {
+			err = os.WriteFile(p, b, 0o644)
+		}
+	}
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, "config"), newCfg, 0o640)
+	}
+	if err != nil {
+		return nil, errors.Join(err, os.RemoveAll(dir))
+	}
+	return t, nil
+}
+
+// target is a container defined here, waiting for its rootfs and restore.
+type target struct {
+	r    *Runtime
+	name string
+	dir  string
+}
+
+func (t *target) RootfsDir() string { return filepath.Join(t.dir, "rootfs") }
+
+// Restore runs `lxc-checkpoint -r -d` from ImagesDir (every image, the
+// pages too, and liblxc's tty.info where the container has a console).
+//
+// Its CRIU config file adds mntns-compat-mode: CRIU's newer mount engine
+// fails on liblxc's bind mounts of host directories ("mnt-v2: Failed to
+// move_mount"). The container comes back frozen (CRIU restores the freezer
+// state it dumped, and liblxc does not know), so Restore thaws its cgroup,
+// then waits until lxc-info reports it RUNNING with an init PID.
+func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, error) {
+	r := t.r
+	if o.Lazy {
+		return 0, errors.New("lxc: lazy restores are not supported (liblxc never passes CRIU --lazy-pages)")
+	}
+	if o.ImagesDir == "" || o.WorkDir == "" {
+		return 0, errors.New("lxc: a restore needs an images and a work directory")
+	}
+	if err := r.check(); err != nil {
+		return 0, err
+	}
+	if err := os.MkdirAll(o.WorkDir, 0o700); err != nil {
+		return 0, err
+	}
+	confPath := filepath.Join(o.WorkDir, "criu-restore.conf")
+	if err := writeCRIUConfig(confPath, []string{"mntns-compat-mode", "work-dir " + quote(o.WorkDir), "verbosity=4"}); err != nil {
+		return 0, err
+	}
+	// The container's monitor is lxc-checkpoint's grandchild and keeps its
+	// standard error open as long as the container runs: a file, not a
+	// pipe that Wait would wait on.
+	errPath := filepath.Join(o.WorkDir, "lxc-restore.err")
+	errf, err := os.Create(errPath)
+	if err != nil {
+		return 0, err
+	}
+	cmd := r.command(ctx, confPath, "lxc-checkpoint", "-n", t.name, "-r", "-D", o.ImagesDir, "-d")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd.Stderr = errf
+	err = cmd.Run()
+	errf.Close()
+	log := filepath.Join(o.WorkDir, "restore.log")
+	if rerr := os.Rename(filepath.Join(o.ImagesDir, "restore.log"), log); rerr != nil {
+		log = filepath.Join(o.ImagesDir, "restore.log")
+	}
+	if err != nil {
+		msg, _ := os.ReadFile(errPath)
+		return 0, fmt.Errorf("lxc-checkpoint -P %s -n %s -r -D %s: %v: %s%s", r.path(), t.name, o.ImagesDir, err,
+			lastLines(strings.TrimSpace(string(msg)), 6), criuLogTail(log))
+	}
+	if err := r.thawCgroup(ctx, t.name); err != nil {
+		return 0, fmt.Errorf("restored container stays frozen: %w", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		state, pid, err := r.info(ctx, t.name)
+		if err == nil && state == "RUNNING" && pid > 0 {
+			return pid, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			if err == nil {
+				err = fmt.Errorf("lxc-info says %s", state)
+			}
+			return 0, fmt.Errorf("restored container %q is not running: %w", t.name, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Discard stops and destroys whatever Prepare and Restore made.
+func (t *target) Discard(ctx context.Context) error {
+	err := t.r.destroy(ctx, t.name)
+	return errors.Join(err, os.RemoveAll(t.dir))
+}
+
+// lastLines keeps the tail of a long tool output for error messages.
+func lastLines(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// criuLogTail quotes the errors at the end of a CRIU log.
+func criuLogTail(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	var errs []string
+	sc := bufio.NewScanner(io.LimitReader(f, 64<<20))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		l := sc.Text()
+		// CRIU cannot raise RLIMIT_NOFILE above the hard limit here and
+		// says so as an error on every run; it is never the cause.
+		if strings.Contains(l, "Can't setup RLIMIT_NOFILE") {
+			continue
+		}
+		// "Can't connect to server" (the page server) is not logged as an
+		// error, but is the cause when it appears.
+		if strings.Contains(l, "Error") || strings.Contains(l, "BUG") || strings.Contains(l, "Can't ") {
+			errs = append(errs, strings.TrimSpace(l))
+		}
+	}
+	if len(errs) == 0 {
+		return ""
+	}
+	return "\nCRIU " + filepath.Base(path) + ": " + lastLines(strings.Join(errs, "\n"), 4)
+}
