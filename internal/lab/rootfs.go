@@ -188,3 +188,7 @@ func copyHostFile(src, dst string) error {
 	}
 	return out.Close()
 }
+
+// BuildRootfsFrom is BuildRootfs with the workloads taken from binDir (a
+// test's ferry build), for containers started outside the lab's own runc.
+func BuildRootfsFrom(dir, binDir string) error { return buildRootfs(dir, binDir) }
