@@ -71,6 +71,8 @@ and runc root, so several agents on one machine behave like separate hosts.`,
 	f.StringVar(&a.Control, "control", agent.DefaultControl, "unix socket for the ferry CLI")
 	f.StringVar(&a.Host.StateDir, "state", "/var/lib/ferry", "state directory: runc root, bundles, migration scratch")
 	f.StringVar(&a.Host.RuncRootDir, "runc-root", "/run/runc", "runc root whose containers this agent moves (`runc --root`), and where it restores runc containers")
+	f.StringVar(&a.PodmanDir, "podman-dir", "", "a Podman instance of this agent's own under this directory (storage, run, network config); empty: the machine's Podman")
+	f.StringVar(&a.LXCPath, "lxc-path", "", "where LXC containers live (lxc-* -P); empty: LXC's default, /var/lib/lxc")
 	f.StringVar(&a.Host.CgroupParent, "cgroup-parent", "ferry", "cgroup under which restored containers live")
 	f.StringVar(&a.Host.NetNS, "netns", "", "network namespace path that restored containers join when their source joined one")
 	f.StringVar(&a.Host.ScratchDir, "scratch", "/dev/shm/ferry", "where migrations keep CRIU images while they run; a tmpfs makes restores fast")

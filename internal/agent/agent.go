@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync"
 
@@ -19,6 +20,8 @@ import (
 	"github.com/ferry-migrate/ferry/internal/host"
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/runtime/lxc"
+	"github.com/ferry-migrate/ferry/internal/runtime/podman"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 	"github.com/ferry-migrate/ferry/internal/transport"
 )
@@ -45,6 +48,10 @@ type Agent struct {
 	Security *transport.Security
 	// Profile is the host's calibrated model profile (nil: defaults).
 	Profile *model.Profile
+	// PodmanDir keeps a Podman instance of this host's own (the lab's
+	// hosts); empty means the machine's Podman. LXCPath is where LXC
+	// containers live (lxc-* -P; empty: LXC's default).
+	PodmanDir, LXCPath string
 	// SegmentBridge is the host's bridge to the shared L2 segment, for
 	// containers that keep their address.
 	SegmentBridge string
@@ -67,10 +74,18 @@ func (a *Agent) runtimes(runcRoot string) runtime.Set {
 	if runcRoot == "" {
 		runcRoot = a.Host.RuncRoot()
 	}
-	return runtime.Set{
+	set := runtime.Set{
 		"runc": &runc.Runtime{Host: runc.Host{Root: runcRoot}, BundleRoot: filepath.Join(a.Host.StateDir, "bundles"),
 			CgroupParent: a.Host.CgroupParent, NetNS: a.Host.NetNS, Lazy: a.feats.LazyPages, DirtyTracking: a.feats.DirtyTracking},
 	}
+	// Other runtimes where their tools are installed.
+	if _, err := exec.LookPath("podman"); err == nil {
+		set["podman"] = podman.New(podman.Host{Dir: a.PodmanDir, NetNS: a.Host.NetNS})
+	}
+	if _, err := exec.LookPath("lxc-checkpoint"); err == nil {
+		set["lxc"] = lxc.New(a.LXCPath)
+	}
+	return set
 }
 
 // Run serves until ctx ends.

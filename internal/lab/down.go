@@ -1,6 +1,10 @@
 package lab
 
 import (
+	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/runtime/lxc"
+	"github.com/ferry-migrate/ferry/internal/runtime/podman"
+
 	"context"
 	"errors"
 	"fmt"
@@ -88,6 +92,9 @@ func Down(ctx context.Context) error {
 	}
 	for _, h := range hosts {
 		if err := deleteContainers(ctx, h); err != nil {
+			errs = append(errs, err)
+		}
+		if err := deleteOtherRuntimes(ctx, h); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -255,4 +262,26 @@ func removeAllSettled(dir string) error {
 		return nil
 	})
 	return fmt.Errorf("%w (still there: %s)", err, strings.Join(left, ", "))
+}
+
+// deleteOtherRuntimes removes the host's LXC containers and its Podman
+// instance (containers, storage mounts, directory).
+func deleteOtherRuntimes(ctx context.Context, h *Host) error {
+	var errs []error
+	if ents, err := os.ReadDir(h.LXCPath()); err == nil {
+		rt := lxc.New(h.LXCPath())
+		for _, e := range ents {
+			if e.IsDir() {
+				errs = append(errs, rt.Remove(ctx, &runtime.Container{Name: e.Name(), ID: e.Name()}))
+			}
+		}
+	}
+	if _, err := os.Stat(h.PodmanDir()); err == nil {
+		ph := podman.Host{Dir: h.PodmanDir(), NetNS: h.NetNS}
+		if _, err := os.Stat(h.NetNS); err != nil {
+			ph.NetNS = "" // a half-removed lab: its namespace is gone already
+		}
+		errs = append(errs, ph.Cleanup(ctx))
+	}
+	return errors.Join(errs...)
 }

@@ -88,6 +88,12 @@ type Host struct {
 	AgentPID    int    `json:"agent_pid"`    // 0 without an agent
 }
 
+// PodmanDir holds the host's own Podman instance (storage, run, network).
+func (h *Host) PodmanDir() string { return filepath.Join(h.StateDir, "podman") }
+
+// LXCPath holds the host's LXC containers.
+func (h *Host) LXCPath() string { return filepath.Join(h.StateDir, "lxc") }
+
 // Lab is a running lab, as recorded in StateFile.
 type Lab struct {
 	Hosts         []Host        `json:"hosts"`

@@ -50,8 +50,12 @@ func (h Host) netnsPath() string {
 	return filepath.Join("/var/run/netns", h.NetNS)
 }
 
-// globalFlags keep this instance apart from every other one on the machine.
+// globalFlags keep this instance apart from every other one on the machine;
+// a Host without a Dir is the machine's own Podman, with its own settings.
 func (h Host) globalFlags() []string {
+	if h.Dir == "" {
+		return nil
+	}
 	return []string{
 		"--root", h.path("storage"),
 		"--runroot", h.path("run"),
@@ -66,6 +70,9 @@ func (h Host) globalFlags() []string {
 // prepare creates the directories and config file the podman command line
 // refers to. Errors surface when podman runs.
 func (h Host) prepare() {
+	if h.Dir == "" {
+		return
+	}
 	_ = os.MkdirAll(h.path("tmp"), 0o700)
 	conf := h.path("containers.conf")
 	if _, err := os.Stat(conf); err != nil {
@@ -88,7 +95,9 @@ func (h Host) Command(ctx context.Context, args ...string) *exec.Cmd {
 		c = exec.CommandContext(ctx, "podman", full...)
 	}
 	// TMPDIR is where image import and load stage their data.
-	c.Env = append(os.Environ(), "TMPDIR="+h.path("tmp"), "CONTAINERS_CONF="+h.path("containers.conf"))
+	if h.Dir != "" {
+		c.Env = append(os.Environ(), "TMPDIR="+h.path("tmp"), "CONTAINERS_CONF="+h.path("containers.conf"))
+	}
 	return c
 }
 
