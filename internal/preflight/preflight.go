@@ -14,6 +14,10 @@ import (
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/criu"
+	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/runtime/lxc"
+	"github.com/ferry-migrate/ferry/internal/runtime/podman"
 )
 
 // Report is the result of a check. Its JSON form is a public contract.
@@ -26,6 +30,9 @@ type Report struct {
 	Features    Features `json:"features"`
 	PipeMaxSize int64    `json:"pipe_max_size"`
 	Runtimes    Runtimes `json:"runtimes"`
+	// Modes lists, per runtime installed, the techniques ferry can run
+	// with it on this host (a runtime's own limits and the kernel's).
+	Modes map[string][]string `json:"modes"`
 	Cgroup      Cgroup   `json:"cgroup"`
 	Root        bool     `json:"root"`
 	// Problems prevent any migration; Warnings only rule out a strategy.
@@ -132,6 +139,16 @@ func (p Probes) Run(ctx context.Context) Report {
 		MPTCP:         feat.MPTCP,
 	}
 	r.PipeMaxSize = feat.PipeMaxSize
+	r.Modes = map[string][]string{}
+	for i, caps := range []runtime.Caps{
+		{Freeze: true, LazyPages: feat.LazyPages, PreDump: feat.DirtyTracking}, // runc
+		(&podman.Runtime{}).Caps(),
+		(&lxc.Runtime{}).Caps(),
+	} {
+		if rt[i] != nil {
+			r.Modes[[]string{"runc", "podman", "lxc"}[i]] = engine.Modes(caps)
+		}
+	}
 	if criuErr == nil && verErr == nil {
 		r.CriuVersion = version.String()
 	}
@@ -299,9 +316,15 @@ func (r Report) Text() string {
 	min := criu.MinVersion
 	line(need(err == nil && v.AtLeast(min.Major, min.Minor, min.Sublevel)), "criu", criuVal)
 	line(need(r.CriuCheck == "ok"), "criu check", firstLine(r.CriuCheck))
-	line(need(r.Runtimes.Runc != nil), "runc", deref(r.Runtimes.Runc))
-	line(pick(r.Runtimes.Podman != nil, "✓", "-"), "podman", deref(r.Runtimes.Podman))
-	line(pick(r.Runtimes.LXC != nil, "✓", "-"), "lxc", deref(r.Runtimes.LXC))
+	modes := func(kind string) string {
+		if m, ok := r.Modes[kind]; ok {
+			return "  modes: " + strings.Join(m, ", ")
+		}
+		return ""
+	}
+	line(need(r.Runtimes.Runc != nil), "runc", deref(r.Runtimes.Runc)+modes("runc"))
+	line(pick(r.Runtimes.Podman != nil, "✓", "-"), "podman", deref(r.Runtimes.Podman)+modes("podman"))
+	line(pick(r.Runtimes.LXC != nil, "✓", "-"), "lxc", deref(r.Runtimes.LXC)+modes("lxc"))
 	cg := []string{}
 	if r.Cgroup.V1 {
 		cg = append(cg, "v1")

@@ -281,3 +281,29 @@ func TestRunHost(t *testing.T) {
 		t.Error("no cgroup hierarchy found")
 	}
 }
+
+// Modes follow each runtime's limits and the kernel's features, and list
+// only runtimes that are installed.
+func TestModesPerRuntime(t *testing.T) {
+	r := goodHost().Run(context.Background())
+	join := func(k string) string { return strings.Join(r.Modes[k], ",") }
+	if got := join("runc"); got != "cold,precopy,precopy/rebuild,precopy/native,postcopy,hybrid" {
+		t.Errorf("runc on a fully equipped host: %s", got)
+	}
+	if join("podman") != "cold,precopy" || join("lxc") != "cold,precopy" {
+		t.Errorf("podman %s, lxc %s: neither does lazy pages or pre-dump", join("podman"), join("lxc"))
+	}
+	p := goodHost()
+	p.Features = func(context.Context) criu.Features { return criu.Features{PipeMaxSize: 1 << 20} }
+	p.RuntimeVersion = func(_ context.Context, name string) (string, bool) { return "1.1.5", name == "runc" }
+	r = p.Run(context.Background())
+	if got := join("runc"); got != "cold,precopy" {
+		t.Errorf("runc without lazy pages or soft-dirty: %s", got)
+	}
+	if _, ok := r.Modes["podman"]; ok {
+		t.Error("modes listed for a runtime that is not installed")
+	}
+	if !strings.Contains(r.Text(), "modes: cold, precopy") {
+		t.Errorf("text lacks the modes:\n%s", r.Text())
+	}
+}
