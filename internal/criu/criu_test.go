@@ -288,3 +288,19 @@ func TestDumpRestoreStats(t *testing.T) {
 		t.Errorf("restore stats look empty: %+v", rs)
 	}
 }
+
+func TestLazyCounts(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "lazy-pages.log")
+	if err := os.WriteFile(log, []byte(`(00.1) uffd: 7-5: #PF at 0x7f0000001000
+(00.2) uffd: 7-5: #PF at 0x7f0000002000
+(00.9) uffd: 7-5: UFFD transferred pages: (100/100)
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if f, p := LazyCounts(log); f != 2 || p != 98 {
+		t.Errorf("faulted %d pushed %d, want 2 and 98", f, p)
+	}
+	if f, p := LazyCounts(filepath.Join(t.TempDir(), "none")); f != 0 || p != 0 {
+		t.Errorf("a missing log counted %d/%d", f, p)
+	}
+}

@@ -2,8 +2,6 @@ package engine
 
 import (
 	"errors"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -137,17 +135,5 @@ func TestTechniquesRefuseWhatTheRuntimeCannotDo(t *testing.T) {
 	}
 	if sw := precopySwitchover(PrecopyOptions{Engine: PrecopyContent}, runtime.Caps{LazyPages: true}); sw != SwitchoverDump {
 		t.Errorf("a runtime that cannot freeze without dumping got switchover %s", sw)
-	}
-}
-
-func TestLazyCounts(t *testing.T) {
-	log := filepath.Join(t.TempDir(), "lazy-pages.log")
-	os.WriteFile(log, []byte(`(00.1) uffd: 7-5: #PF at 0x7f0000001000
-(00.2) uffd: 7-5: #PF at 0x7f0000002000
-(00.9) uffd: 7-5: UFFD transferred pages: (100/100)
-`), 0o600)
-	f, p := lazyCounts(log)
-	if f != 2 || p != 98 {
-		t.Errorf("faulted %d pushed %d, want 2 and 98", f, p)
 	}
 }

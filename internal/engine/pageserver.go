@@ -6,13 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/transport"
 )
 
@@ -99,48 +94,5 @@ func pageClientTunnel(ctx context.Context, ch *transport.Channel, transform func
 // runPageServer runs CRIU's page server at the destination, fed from ch,
 // writing pages into imagesDir. It returns when CRIU's session ends.
 func runPageServer(ctx context.Context, ch *transport.Channel, imagesDir, workDir string) error {
-	return runPageServerWith(ctx, imagesDir, workDir, func(conn *net.UnixConn) error { return splice(conn, ch) })
-}
-
-// runPageServerWith starts CRIU's page server on one end of a socketpair
-// and lets feed drive the other end.
-func runPageServerWith(ctx context.Context, imagesDir, workDir string, feed func(*net.UnixConn) error) error {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	criuEnd := os.NewFile(uintptr(fds[0]), "criu-ps")
-	ourEnd := os.NewFile(uintptr(fds[1]), "ferry-ps")
-	defer ourEnd.Close()
-	conn, err := net.FileConn(ourEnd)
-	if err != nil {
-		criuEnd.Close()
-		return err
-	}
-	defer conn.Close()
-	logName := "page-server.log"
-	cmd := exec.CommandContext(ctx, "criu", "page-server", "--images-dir", imagesDir,
-		"--work-dir", workDir, "--ps-socket", "3", "-o", logName, "-v2")
-	cmd.ExtraFiles = []*os.File{criuEnd}
-	if err := cmd.Start(); err != nil {
-		criuEnd.Close()
-		return fmt.Errorf("start criu page-server: %w", err)
-	}
-	criuEnd.Close()
-	serr := feed(conn.(*net.UnixConn))
-	werr := cmd.Wait()
-	if werr != nil {
-		b, _ := os.ReadFile(filepath.Join(workDir, logName))
-		return errors.Join(serr, fmt.Errorf("criu page-server: %v: %s", werr, tail(string(b), 3)))
-	}
-	return serr
-}
-
-// tail keeps the last n lines of a tool's log for an error message.
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return criu.PageServer(ctx, imagesDir, workDir, func(conn *net.UnixConn) error { return splice(conn, ch) })
 }

@@ -1,23 +1,19 @@
 package engine
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/images"
 	"github.com/ferry-migrate/ferry/internal/pagestream"
 	"github.com/ferry-migrate/ferry/internal/runtime"
@@ -294,13 +290,10 @@ func dialRetry(ctx context.Context, addr string) (net.Conn, error) {
 
 // lazyPages is the destination's CRIU lazy-pages daemon and its tunnel.
 type lazyPages struct {
-	cmd     *exec.Cmd
-	logPath string
-	started time.Time
-	exited  chan error
-	tunnel  func() error
-	ch      *transport.Channel
-	local   atomic.Uint64 // pages supplied from the destination's copy
+	daemon *criu.LazyPages
+	tunnel func() error
+	ch     *transport.Channel
+	local  atomic.Uint64 // pages supplied from the destination's copy
 }
 
 // startLazyPages waits for the source's lazy channel, starts `criu
@@ -311,7 +304,7 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 	if err != nil {
 		return nil, err
 	}
-	lp := &lazyPages{logPath: filepath.Join(in.work, "lazy-pages.log"), exited: make(chan error, 1), ch: ch}
+	lp := &lazyPages{ch: ch}
 	serve := func(conn halfCloser) error { return splice(conn, ch) }
 	if in.store != nil {
 		// Hybrid: answer from the pages the rounds brought.
@@ -329,41 +322,18 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 		ch.Close()
 		return nil, err
 	}
-	host, port, _ := net.SplitHostPort(addr)
 	lp.tunnel = tunnel
-	lp.cmd = exec.Command("criu", "lazy-pages", "--page-server", "--address", host, "--port", port,
-		"--images-dir", in.images, "--work-dir", in.work, "-o", "lazy-pages.log", "-v4")
-	if err := lp.cmd.Start(); err != nil {
+	if lp.daemon, err = criu.StartLazyPages(in.images, in.work, addr); err != nil {
 		ch.Close()
-		return nil, fmt.Errorf("start criu lazy-pages: %w", err)
+		return nil, err
 	}
-	lp.started = time.Now()
-	go func() { lp.exited <- lp.cmd.Wait() }()
-	sock := filepath.Join(in.work, "lazy-pages.socket")
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if _, err := os.Stat(sock); err == nil {
-			return lp, nil
-		}
-		select {
-		case err := <-lp.exited:
-			lp.exited <- err
-			return nil, fmt.Errorf("criu lazy-pages exited early: %v: %s", err, tail(readFile(lp.logPath), 3))
-		default:
-		}
-		if time.Now().After(deadline) {
-			lp.stop()
-			return nil, errors.New("criu lazy-pages did not start in 10 s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	return lp, nil
 }
 
 // wait returns once the daemon has transferred every page or failed.
 func (lp *lazyPages) wait() LazyDone {
-	err := <-lp.exited
-	lp.exited <- err
-	d := LazyDone{Ms: ms(time.Since(lp.started))}
-	d.Faulted, d.Pushed = lazyCounts(lp.logPath)
+	r := lp.daemon.Wait()
+	d := LazyDone{Ms: ms(r.Elapsed), Faulted: r.Faulted, Pushed: r.Pushed}
 	// The tunnel ends right after the daemon's last request.
 	tunnelDone := make(chan struct{})
 	go func() { _ = lp.tunnel(); close(tunnelDone) }()
@@ -372,53 +342,13 @@ func (lp *lazyPages) wait() LazyDone {
 	case <-time.After(2 * time.Second):
 	}
 	d.Local = lp.local.Load()
-	if err != nil {
-		d.Error = fmt.Sprintf("criu lazy-pages: %v: %s", err, tail(readFile(lp.logPath), 3))
+	if r.Err != nil {
+		d.Error = r.Err.Error()
 	}
 	return d
 }
 
 func (lp *lazyPages) stop() {
-	if lp.cmd.Process != nil {
-		select {
-		case err := <-lp.exited:
-			lp.exited <- err
-		default:
-			_ = lp.cmd.Process.Kill()
-		}
-	}
+	lp.daemon.Stop()
 	lp.ch.Close()
-}
-
-var transferredRE = regexp.MustCompile(`UFFD transferred pages: \((\d+)/(\d+)\)`)
-
-// lazyCounts reads how many pages the daemon served on a fault and how many
-// it copied in all, from its log.
-func lazyCounts(logPath string) (faulted, pushed uint64) {
-	f, err := os.Open(logPath)
-	if err != nil {
-		return 0, 0
-	}
-	defer f.Close()
-	var copied uint64
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.Contains(line, "#PF at") {
-			faulted++
-		} else if m := transferredRE.FindStringSubmatch(line); m != nil {
-			n, _ := strconv.ParseUint(m[1], 10, 64)
-			copied += n
-		}
-	}
-	if copied > faulted {
-		pushed = copied - faulted
-	}
-	return faulted, pushed
-}
-
-func readFile(p string) string {
-	b, _ := os.ReadFile(p)
-	return string(b)
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/zeebo/xxh3"
 
+	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/images"
 	"github.com/ferry-migrate/ferry/internal/pages"
 	"github.com/ferry-migrate/ferry/internal/pagestream"
@@ -510,7 +511,7 @@ func runExpandingPageServer(ctx context.Context, ch *transport.Channel, store *p
 		})
 		return err
 	}
-	return runPageServerWith(ctx, imagesDir, workDir, func(conn *net.UnixConn) error {
+	return criu.PageServer(ctx, imagesDir, workDir, func(conn *net.UnixConn) error {
 		return spliceVia(conn, ch, plainCopy, expand)
 	})
 }

@@ -1,0 +1,176 @@
+package criu
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The CRIU processes ferry starts itself, where no runtime has a verb for
+// them: the destination's page server (fed through a socketpair, so no
+// CRIU port is ever open) and the lazy-pages daemon of a post-copy restore.
+
+// PageServer runs `criu page-server` writing pages into imagesDir, on one
+// end of a socketpair, while feed drives the other end. It returns once
+// feed is done and CRIU has exited.
+func PageServer(ctx context.Context, imagesDir, workDir string, feed func(*net.UnixConn) error) error {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	criuEnd := os.NewFile(uintptr(fds[0]), "criu-ps")
+	ourEnd := os.NewFile(uintptr(fds[1]), "ferry-ps")
+	defer ourEnd.Close()
+	conn, err := net.FileConn(ourEnd)
+	if err != nil {
+		criuEnd.Close()
+		return err
+	}
+	defer conn.Close()
+	const logName = "page-server.log"
+	cmd := exec.CommandContext(ctx, "criu", "page-server", "--images-dir", imagesDir,
+		"--work-dir", workDir, "--ps-socket", "3", "-o", logName, "-v2")
+	cmd.ExtraFiles = []*os.File{criuEnd}
+	if err := cmd.Start(); err != nil {
+		criuEnd.Close()
+		return fmt.Errorf("start criu page-server: %w", err)
+	}
+	criuEnd.Close()
+	serr := feed(conn.(*net.UnixConn))
+	if serr != nil {
+		// CRIU may wait for more of a stream that broke: it must not
+		// outlive the migration.
+		conn.Close()
+	}
+	if werr := cmd.Wait(); werr != nil {
+		return errors.Join(serr, fmt.Errorf("criu page-server: %v: %s", werr, LogTail(filepath.Join(workDir, logName), 3)))
+	}
+	return serr
+}
+
+// LazyPages is a running `criu lazy-pages` daemon: it serves a lazy
+// restore's page faults and pushes the rest, fetching pages from a page
+// server at an address.
+type LazyPages struct {
+	cmd     *exec.Cmd
+	logPath string
+	started time.Time
+	exited  chan error
+}
+
+// StartLazyPages starts the daemon for the images in imagesDir, fetching
+// from the page server at addr (HOST:PORT), and returns once its socket
+// exists, so that a restore can connect to it.
+func StartLazyPages(imagesDir, workDir, addr string) (*LazyPages, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	lp := &LazyPages{logPath: filepath.Join(workDir, "lazy-pages.log"), exited: make(chan error, 1)}
+	lp.cmd = exec.Command("criu", "lazy-pages", "--page-server", "--address", host, "--port", port,
+		"--images-dir", imagesDir, "--work-dir", workDir, "-o", "lazy-pages.log", "-v4")
+	if err := lp.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start criu lazy-pages: %w", err)
+	}
+	lp.started = time.Now()
+	go func() { lp.exited <- lp.cmd.Wait() }()
+	sock := filepath.Join(workDir, "lazy-pages.socket")
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if _, err := os.Stat(sock); err == nil {
+			return lp, nil
+		}
+		select {
+		case err := <-lp.exited:
+			lp.exited <- err
+			return nil, fmt.Errorf("criu lazy-pages exited early: %v: %s", err, LogTail(lp.logPath, 3))
+		default:
+		}
+		if time.Now().After(deadline) {
+			lp.Stop()
+			return nil, errors.New("criu lazy-pages did not start in 10 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// LazyResult is what a lazy-pages daemon did.
+type LazyResult struct {
+	Elapsed         time.Duration // from its start until it exited
+	Faulted, Pushed uint64        // pages served on a fault, pushed in the background
+	Err             error
+}
+
+// Wait returns once the daemon has transferred every page or failed.
+func (lp *LazyPages) Wait() LazyResult {
+	err := <-lp.exited
+	lp.exited <- err
+	r := LazyResult{Elapsed: time.Since(lp.started)}
+	r.Faulted, r.Pushed = LazyCounts(lp.logPath)
+	if err != nil {
+		r.Err = fmt.Errorf("criu lazy-pages: %v: %s", err, LogTail(lp.logPath, 3))
+	}
+	return r
+}
+
+// Stop kills the daemon if it still runs.
+func (lp *LazyPages) Stop() {
+	if lp.cmd.Process == nil {
+		return
+	}
+	select {
+	case err := <-lp.exited:
+		lp.exited <- err
+	default:
+		_ = lp.cmd.Process.Kill()
+		lp.exited <- <-lp.exited
+	}
+}
+
+var transferredRE = regexp.MustCompile(`UFFD transferred pages: \((\d+)/(\d+)\)`)
+
+// LazyCounts reads from a lazy-pages daemon's log how many pages it served
+// on a fault and how many more it copied.
+func LazyCounts(logPath string) (faulted, pushed uint64) {
+	f, err := os.Open(logPath)
+	if err != nil {
+		return 0, 0
+	}
+	defer f.Close()
+	var copied uint64
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.Contains(line, "#PF at") {
+			faulted++
+		} else if m := transferredRE.FindStringSubmatch(line); m != nil {
+			n, _ := strconv.ParseUint(m[1], 10, 64)
+			copied += n
+		}
+	}
+	if copied > faulted {
+		pushed = copied - faulted
+	}
+	return faulted, pushed
+}
+
+// LogTail is the last n lines of a CRIU log, for error messages.
+func LogTail(path string, n int) string {
+	b, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
