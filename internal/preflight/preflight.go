@@ -32,9 +32,9 @@ type Report struct {
 	Runtimes    Runtimes `json:"runtimes"`
 	// Modes lists, per runtime installed, the techniques ferry can run
 	// with it on this host (a runtime's own limits and the kernel's).
-	Modes map[string][]string `json:"modes"`
-	Cgroup      Cgroup   `json:"cgroup"`
-	Root        bool     `json:"root"`
+	Modes  map[string][]string `json:"modes"`
+	Cgroup Cgroup              `json:"cgroup"`
+	Root   bool                `json:"root"`
 	// Problems prevent any migration; Warnings only rule out a strategy.
 	Problems []Problem `json:"problems"`
 	Warnings []Problem `json:"warnings"`
