@@ -11,7 +11,10 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
@@ -42,36 +45,105 @@ type Manifest map[string]Entry
 // maxDepth bounds how deep Scan descends; each level holds one descriptor.
 const maxDepth = 4096
 
+// scanWorkers is how many goroutines Scan walks with. Most of a scan is
+// fstatat, which scales with the CPUs; more walkers than CPUs help when the
+// inodes have to come from disk.
+var scanWorkers = min(max(runtime.GOMAXPROCS(0), 4), 16)
+
 // Scan walks root with lstat semantics: symlinks are recorded, never
 // followed. A directory on another filesystem than root (a mount point, such
 // as proc or sys inside a container's root) is recorded but not entered.
 // Objects that vanish while the walk runs are left out, so scanning the root
 // of a running container is fine.
+//
+// Several goroutines walk at once: one that finds a subdirectory while
+// another waits for work hands it the subdirectory's descriptor, opened
+// beneath its parent's like every other, and otherwise descends itself.
 func Scan(root string) (Manifest, error) {
 	fd, err := openat(unix.AT_FDCWD, root, dirFlags)
 	if err != nil {
 		return nil, &fs.PathError{Op: "open", Path: root, Err: err}
 	}
 	d := os.NewFile(uintptr(fd), root)
-	defer d.Close()
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
+		d.Close()
 		return nil, &fs.PathError{Op: "fstat", Path: root, Err: err}
 	}
-	s := scanner{m: Manifest{}, dev: st.Dev, buf: make([]byte, unix.PathMax)}
-	if err := s.dir(d, "", 0); err != nil {
-		return nil, err
+	s := &scanner{dev: st.Dev, tasks: make(chan scanTask)}
+	walkers := make([]*walker, scanWorkers)
+	for i := range walkers {
+		walkers[i] = &walker{s: s, buf: make([]byte, unix.PathMax)}
 	}
-	return s.m, nil
+	// The calling goroutine walks the root, then serves like the others.
+	s.pending.Store(1)
+	var wg sync.WaitGroup
+	for _, w := range walkers[1:] {
+		wg.Go(w.serve)
+	}
+	walkers[0].run(scanTask{d: d})
+	walkers[0].serve()
+	wg.Wait()
+	if err := s.err.Load(); err != nil {
+		return nil, *err
+	}
+	n := 0
+	for _, w := range walkers {
+		n += len(w.entries)
+	}
+	m := make(Manifest, n)
+	for _, w := range walkers {
+		for _, e := range w.entries {
+			m[e.Path] = e
+		}
+	}
+	return m, nil
 }
 
 type scanner struct {
-	m   Manifest
 	dev uint64
-	buf []byte
+	// tasks is unbuffered: a directory is handed over only to a walker
+	// that waits for one, so descriptors never pile up in a queue.
+	tasks chan scanTask
+	// pending counts directories handed over or being walked; the walker
+	// that brings it to zero closes tasks, which ends the scan.
+	pending atomic.Int64
+	err     atomic.Pointer[error] // the first failure
 }
 
-func (s *scanner) dir(d *os.File, rel string, depth int) error {
+type scanTask struct {
+	d     *os.File
+	rel   string
+	depth int
+}
+
+// walker is one goroutine of a scan, with its own share of the entries.
+type walker struct {
+	s       *scanner
+	entries []Entry
+	buf     []byte
+}
+
+func (w *walker) serve() {
+	for t := range w.s.tasks {
+		w.run(t)
+	}
+}
+
+// run walks a directory handed over, then closes it.
+func (w *walker) run(t scanTask) {
+	if w.s.err.Load() == nil {
+		if err := w.dir(t.d, t.rel, t.depth); err != nil {
+			w.s.err.CompareAndSwap(nil, &err)
+		}
+	}
+	t.d.Close()
+	if w.s.pending.Add(-1) == 0 {
+		close(w.s.tasks)
+	}
+}
+
+func (w *walker) dir(d *os.File, rel string, depth int) error {
 	if depth > maxDepth {
 		return fmt.Errorf("rootfs: scan: %s: deeper than %d levels", rel, maxDepth)
 	}
@@ -82,6 +154,9 @@ func (s *scanner) dir(d *os.File, rel string, depth int) error {
 	dfd := int(d.Fd())
 	var st unix.Stat_t
 	for _, name := range names {
+		if w.s.err.Load() != nil {
+			return nil // another walker failed: the scan is over
+		}
 		p := name
 		if rel != "" {
 			p = rel + "/" + name
@@ -94,18 +169,18 @@ func (s *scanner) dir(d *os.File, rel string, depth int) error {
 		}
 		e := entryFromStat(p, &st)
 		if e.Mode&fs.ModeSymlink != 0 {
-			n, err := unix.Readlinkat(dfd, name, s.buf)
+			n, err := unix.Readlinkat(dfd, name, w.buf)
 			if err != nil {
 				if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EINVAL) {
 					continue // gone or replaced since the stat
 				}
 				return &fs.PathError{Op: "readlink", Path: p, Err: err}
 			}
-			e.Link = string(s.buf[:n])
+			e.Link = string(w.buf[:n])
 			e.Size = int64(n)
 		}
-		s.m[p] = e
-		if !e.Mode.IsDir() || st.Dev != s.dev {
+		w.entries = append(w.entries, e)
+		if !e.Mode.IsDir() || st.Dev != w.s.dev {
 			continue
 		}
 		cfd, err := openat(dfd, name, dirFlags)
@@ -116,7 +191,14 @@ func (s *scanner) dir(d *os.File, rel string, depth int) error {
 			return &fs.PathError{Op: "open", Path: p, Err: err}
 		}
 		child := os.NewFile(uintptr(cfd), p)
-		err = s.dir(child, p, depth+1)
+		w.s.pending.Add(1)
+		select {
+		case w.s.tasks <- scanTask{d: child, rel: p, depth: depth + 1}:
+			continue
+		default:
+			w.s.pending.Add(-1) // this walker's own directory still counts
+		}
+		err = w.dir(child, p, depth+1)
 		child.Close()
 		if err != nil {
 			return err

@@ -33,6 +33,11 @@ type Channel struct {
 	pending []byte
 	rerr    error
 	eof     bool // the peer ended its byte stream; control messages may follow
+
+	// maxControl bounds one control message Recv reassembles; 0 means
+	// MaxControlMessage. A channel whose peer is not yet trusted (the
+	// handshake's) may lower it.
+	maxControl int
 }
 
 func newChannel(rwc io.ReadWriteCloser) *Channel { return &Channel{rwc: rwc} }
@@ -40,6 +45,11 @@ func newChannel(rwc io.ReadWriteCloser) *Channel { return &Channel{rwc: rwc} }
 func (c *Channel) writeFrame(t FrameType, p []byte) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	return c.writeFrameLocked(t, p)
+}
+
+// writeFrameLocked writes one frame; c.wmu is held.
+func (c *Channel) writeFrameLocked(t FrameType, p []byte) error {
 	n := headerSize + len(p)
 	if cap(c.wbuf) < n {
 		c.wbuf = make([]byte, n)
@@ -75,29 +85,102 @@ func (c *Channel) readFrame() (Frame, error) {
 	return f, nil
 }
 
-// Send writes one control message, JSON-encoded.
+// Send writes one control message, JSON-encoded. A message larger than
+// MaxPayload goes out as FrameControlMore frames of MaxPayload bytes and a
+// last FrameControl frame, all under the write lock, so that no other
+// goroutine's frames land between them. A message larger than
+// MaxControlMessage is refused here, as the peer would refuse it.
 func (c *Channel) Send(v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	return c.writeFrame(FrameControl, b)
+	if len(b) > MaxControlMessage {
+		return fmt.Errorf("transport: control message of %d bytes on %q exceeds %d", len(b), c.Kind, MaxControlMessage)
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	for len(b) > MaxPayload {
+		if err := c.writeFrameLocked(FrameControlMore, b[:MaxPayload]); err != nil {
+			return err
+		}
+		b = b[MaxPayload:]
+	}
+	return c.writeFrameLocked(FrameControl, b)
 }
 
-// Recv reads the next control message into v. A data frame in its place is
-// a protocol error.
+// Recv reads the next control message into v, reassembling it when it
+// spans several frames. A data or end frame in its place, or in the middle
+// of it, is a protocol error; an error frame is the peer's RemoteError.
 func (c *Channel) Recv(v any) error {
 	f, err := c.readFrame()
 	if err != nil {
 		return err
 	}
-	if f.Type != FrameControl {
+	msg := f.Payload
+	switch f.Type {
+	case FrameControl:
+	case FrameControlMore:
+		if msg, err = c.reassemble(f.Payload); err != nil {
+			return err
+		}
+	default:
 		return fmt.Errorf("transport: expected a control message on %q, got a %s frame", c.Kind, f.Type)
 	}
-	if err := json.Unmarshal(f.Payload, v); err != nil {
+	if err := json.Unmarshal(msg, v); err != nil {
 		return fmt.Errorf("transport: bad control message on %q: %w", c.Kind, err)
 	}
 	return nil
+}
+
+// reassemble reads the rest of a control message whose first piece came in
+// a FrameControlMore frame, up to and including its FrameControl frame. The
+// message grows with what actually arrives, never beyond the channel's
+// bound. Any failure leaves the channel broken (c.rerr), since its next
+// frame would be in the middle of a message.
+func (c *Channel) reassemble(first []byte) ([]byte, error) {
+	limit := c.maxControl
+	if limit <= 0 {
+		limit = MaxControlMessage
+	}
+	var msg []byte
+	piece, last := first, false
+	for {
+		if len(piece) == 0 && !last {
+			c.rerr = fmt.Errorf("transport: empty control-continues frame on %q", c.Kind)
+			return nil, c.rerr
+		}
+		if len(piece) > limit-len(msg) {
+			c.rerr = fmt.Errorf("transport: control message on %q exceeds %d bytes", c.Kind, limit)
+			return nil, c.rerr
+		}
+		if len(msg)+len(piece) > cap(msg) {
+			grown := make([]byte, len(msg), min(limit, max(2*cap(msg), len(msg)+len(piece), 4*MaxPayload)))
+			copy(grown, msg)
+			msg = grown
+		}
+		msg = append(msg, piece...)
+		if last {
+			return msg, nil
+		}
+		f, err := c.readFrame()
+		if err != nil {
+			if err == io.EOF {
+				c.rerr = fmt.Errorf("transport: control message on %q cut short after %d bytes: %w", c.Kind, len(msg), io.ErrUnexpectedEOF)
+				return nil, c.rerr
+			}
+			return nil, err // the peer's RemoteError among them
+		}
+		switch f.Type {
+		case FrameControlMore:
+		case FrameControl:
+			last = true
+		default:
+			c.rerr = fmt.Errorf("transport: %s frame in the middle of a control message on %q", f.Type, c.Kind)
+			return nil, c.rerr
+		}
+		piece = f.Payload
+	}
 }
 
 // Write sends p as data frames.

@@ -13,11 +13,22 @@ import (
 )
 
 // ProtocolVersion is the wire version ferry speaks. A peer with another
-// version is refused at the handshake.
-const ProtocolVersion = 2
+// version is refused at the handshake (every frame header carries it, so the
+// peer's Hello frame already fails to decode, with both versions named).
+//
+// Version 3 added FrameControlMore: a control message larger than MaxPayload
+// travels as FrameControlMore frames followed by one FrameControl frame.
+// Version 2 capped a control message at one frame.
+const ProtocolVersion = 3
 
-// MaxPayload bounds one frame's payload; larger writes are split.
+// MaxPayload bounds one frame's payload; larger writes and larger control
+// messages are split.
 const MaxPayload = 1 << 20
+
+// MaxControlMessage bounds one control message once reassembled from its
+// frames, so that a peer cannot make Recv allocate without limit. A
+// manifest of a root filesystem with a million files is about 100 MiB.
+const MaxControlMessage = 256 << 20
 
 // headerSize: magic(3) version(1) type(1) flags(1) reserved(2) seq(8) len(4) crc(4).
 const headerSize = 24
@@ -37,6 +48,13 @@ const (
 	// FrameError carries a UTF-8 error message from the peer; it ends the
 	// stream in that direction.
 	FrameError FrameType = 4
+	// FrameControlMore carries a non-empty piece of a control message that
+	// continues in the next frame of the channel; the message's last piece
+	// is a FrameControl frame. Only a FrameControlMore or a FrameControl
+	// frame may follow one (a FrameError ends the channel as always).
+	FrameControlMore FrameType = 5
+
+	maxFrameType = FrameControlMore
 )
 
 func (t FrameType) String() string {
@@ -49,6 +67,8 @@ func (t FrameType) String() string {
 		return "end"
 	case FrameError:
 		return "error"
+	case FrameControlMore:
+		return "control-continues"
 	}
 	return fmt.Sprintf("frame(%d)", uint8(t))
 }
@@ -107,7 +127,7 @@ func ReadFrame(r io.Reader, buf []byte) (Frame, error) {
 		return Frame{}, fmt.Errorf("transport: frame uses flags %#x this version does not know", h[5:8])
 	}
 	t := FrameType(h[4])
-	if t < FrameControl || t > FrameError {
+	if t < FrameControl || t > maxFrameType {
 		return Frame{}, fmt.Errorf("transport: unknown frame type %d", h[4])
 	}
 	n := binary.BigEndian.Uint32(h[16:20])

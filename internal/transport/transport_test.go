@@ -152,6 +152,10 @@ func FuzzReadFrame(f *testing.F) {
 	_ = WriteFrame(&buf, Frame{Type: FrameControl, Seq: 1, Payload: []byte(`{"kind":"x"}`)})
 	f.Add(buf.Bytes())
 	f.Add([]byte("FRY\x01\x02\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\xff\xff\xff\xff\x00\x00\x00\x00"))
+	f.Add([]byte("FRY" + string(rune(ProtocolVersion)) + "\x02\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\xff\xff\xff\xff\x00\x00\x00\x00"))
+	var more bytes.Buffer // not buf: f.Add keeps the slice it is given
+	_ = WriteFrame(&more, Frame{Type: FrameControlMore, Seq: 2, Payload: []byte(`{"kind":`)})
+	f.Add(more.Bytes())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		fr, err := ReadFrame(bytes.NewReader(b), nil)
 		if err != nil {
