@@ -46,15 +46,26 @@ func (m *migration) dumpStreaming(ctx context.Context) error {
 	if err != nil {
 		return failAt("dump", err)
 	}
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return failAt("rootfs sync (frozen)", m.syncRootfs(ChanRootfsFinal)) })
+	// The dump is never cancelled from here: a killed runtime leaves CRIU
+	// running, and CRIU puts back the freezer state it found when it ends,
+	// freezing again a container resumed meanwhile. A failed rootfs sync
+	// closes the page stream instead, so CRIU fails by itself, and the
+	// source resumes only after the dump has ended.
+	var g errgroup.Group
+	g.Go(func() error {
+		err := m.syncRootfs(ChanRootfsFinal)
+		if err != nil {
+			pages.Close()
+		}
+		return failAt("rootfs sync (frozen)", err)
+	})
 	g.Go(func() error {
 		opts := runtime.CheckpointOptions{ImagesDir: imgDir, WorkDir: m.work, PageServer: addr,
 			TCPEstablished: m.network != nil}
 		if m.parentRound >= 0 {
 			opts.ParentDir = filepath.Join("..", predumpDir(m.parentRound))
 		}
-		d, err := m.rt.Checkpoint(gctx, m.ctr, opts)
+		d, err := m.rt.Checkpoint(ctx, m.ctr, opts)
 		m.dumped = d
 		if err != nil {
 			pages.Close() // unblock the tunnel

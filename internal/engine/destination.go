@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/zeebo/xxh3"
@@ -61,6 +62,8 @@ type incoming struct {
 	store  *pages.Store // pre-copy: the pages received in rounds
 	// parent is pre-copy's parent image (rebuild switchover), once started.
 	parent *images.ParentImage
+	// liveSynced: the live rootfs sync was applied whole.
+	liveSynced atomic.Bool
 	// netnsPath is the container's network namespace rebuilt here.
 	netnsPath string
 }
@@ -414,10 +417,22 @@ func (in *incoming) receiveRootfs(ctx context.Context, sess *transport.Session, 
 		return err
 	}
 	defer ch.Close()
-	root := in.target.RootfsDir()
-	have, err := rootfs.Scan(root)
-	if err != nil {
+	if kind == ChanRootfsFinal && in.d.AllowFaults && slices.Contains(in.offer.Faults, "rootfs-final") {
+		// Tests: the frozen rootfs sync fails while the dump runs beside it.
+		err := errors.New("injected fault: frozen rootfs sync refused")
+		_ = ch.Fail(err)
 		return err
+	}
+	root := in.target.RootfsDir()
+	// After a complete live sync the source knows what this copy holds:
+	// the frozen sync then spends no time scanning or describing it here.
+	have := RootfsHave{AsLive: kind == ChanRootfsFinal && in.liveSynced.Load()}
+	if !have.AsLive {
+		m, err := rootfs.Scan(root)
+		if err != nil {
+			return err
+		}
+		have.Manifest = m
 	}
 	if err := ch.Send(have); err != nil {
 		return err
@@ -437,7 +452,13 @@ func (in *incoming) receiveRootfs(ctx context.Context, sess *transport.Session, 
 	if err := attrs.Apply(root); err != nil {
 		return err
 	}
-	return ch.Send(RootfsDone{Files: st.Files, Bytes: st.Bytes})
+	if err := ch.Send(RootfsDone{Files: st.Files, Bytes: st.Bytes}); err != nil {
+		return err
+	}
+	if kind == ChanRootfsLive {
+		in.liveSynced.Store(true)
+	}
+	return nil
 }
 
 func (in *incoming) restore(ctx context.Context, lazy bool) (int, error) {
@@ -449,7 +470,8 @@ func (in *incoming) restore(ctx context.Context, lazy bool) (int, error) {
 	pid, err := in.target.Restore(ctx, runtime.RestoreOptions{ImagesDir: in.images, WorkDir: in.work,
 		Lazy: lazy, TCPEstablished: in.offer.Network != nil})
 	if err != nil {
-		return 0, fmt.Errorf("restore on %s: %w", in.d.Host.Name, err)
+		// The source reports it as "restore on <this host>: ..." already.
+		return 0, err
 	}
 	// Only now: up earlier, this host's kernel would have answered the
 	// container's peers with resets before its sockets were back.

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 
 	"github.com/ferry-migrate/ferry/internal/cnet"
+	"github.com/ferry-migrate/ferry/internal/rootfs"
 )
 
 // Channel kinds on a session between a source and a destination agent.
@@ -95,6 +96,14 @@ type Restored struct {
 
 // Committed acknowledges a commit: the destination owns the container.
 type Committed struct{}
+
+// RootfsHave opens a rootfs sync: the destination's copy, described in
+// full, or AsLive: exactly as the live sync left it, which the source
+// knows (the frozen sync then scans only the source).
+type RootfsHave struct {
+	AsLive   bool            `json:"as_live,omitempty"`
+	Manifest rootfs.Manifest `json:"manifest,omitempty"`
+}
 
 // RootfsDone is the destination's summary of an applied rootfs delta.
 type RootfsDone struct {

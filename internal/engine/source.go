@@ -54,6 +54,9 @@ type migration struct {
 	sess     *transport.Session
 	ctl      *transport.Channel
 	rootfs   string // the directory whose contents move
+	// rootfsBase is what the destination's copy holds after the live
+	// sync, so the frozen sync scans only this side.
+	rootfsBase rootfs.Manifest
 	work     string
 	progress func(Progress)
 
@@ -406,17 +409,48 @@ func (m *migration) syncRootfs(kind string) error {
 		return err
 	}
 	defer ch.Close()
-	var have rootfs.Manifest
-	if err := ch.Recv(&have); err != nil {
-		return err
-	}
 	root := m.rootfs
-	want, err := rootfs.Scan(root)
+	// This side's scan runs while the destination describes its copy.
+	type scanned struct {
+		m   rootfs.Manifest
+		err error
+	}
+	sc := make(chan scanned, 1)
+	go func() {
+		m, err := rootfs.Scan(root)
+		sc <- scanned{m, err}
+	}()
+	var have RootfsHave
+	rerr := ch.Recv(&have)
+	s := <-sc
+	if rerr != nil {
+		return rerr
+	}
+	if s.err != nil {
+		return s.err
+	}
+	base := have.Manifest
+	if have.AsLive {
+		if m.rootfsBase == nil {
+			return errors.New("the destination's copy is as after the live sync, which this side never finished")
+		}
+		base = m.rootfsBase
+	}
+	want := s.m
+	sent, err := rootfs.SendDelta(ch, root, rootfs.Diff(base, want))
 	if err != nil {
 		return err
 	}
-	if _, err := rootfs.WriteDelta(ch, root, rootfs.Diff(have, want)); err != nil {
-		return err
+	if kind == ChanRootfsLive {
+		// The destination now holds what was scanned, but for entries
+		// that vanished before they were sent: it keeps its own of those.
+		for _, p := range sent.Skipped {
+			if e, ok := base[p]; ok {
+				want[p] = e
+			} else {
+				delete(want, p)
+			}
+		}
 	}
 	if err := ch.CloseWrite(); err != nil {
 		return err
@@ -429,7 +463,13 @@ func (m *migration) syncRootfs(kind string) error {
 		return err
 	}
 	var done RootfsDone
-	return ch.Recv(&done)
+	if err := ch.Recv(&done); err != nil {
+		return err
+	}
+	if kind == ChanRootfsLive {
+		m.rootfsBase = want
+	}
+	return nil
 }
 
 // freeze stops the container's processes; until commit, resume undoes it.

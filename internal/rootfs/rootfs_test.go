@@ -647,3 +647,36 @@ func BenchmarkScan(b *testing.B) {
 		}
 	}
 }
+
+// Entries that vanish between the scan and the send are left out, and
+// SendDelta names them: the receiver keeps its own version of each.
+func TestSendDeltaNamesWhatItSkipped(t *testing.T) {
+	src := t.TempDir()
+	for _, n := range []string{"a", "b", "c"} {
+		if err := os.WriteFile(filepath.Join(src, n), []byte(n), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := Scan(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(src, "b")); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	sent, err := SendDelta(&buf, src, Diff(Manifest{}, want))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sent.Skipped) != 1 || sent.Skipped[0] != "b" || sent.Bytes != int64(buf.Len()) {
+		t.Errorf("sent %+v (%d bytes written)", sent, buf.Len())
+	}
+	dst := t.TempDir()
+	if _, err := ApplyDelta(&buf, dst); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dst, "b")); !os.IsNotExist(err) {
+		t.Errorf("a skipped entry arrived: %v", err)
+	}
+}

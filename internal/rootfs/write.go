@@ -27,30 +27,45 @@ const (
 // entries that vanished since the scan are left out (the next sync sees
 // them). It returns the number of bytes written to w.
 func WriteDelta(w io.Writer, root string, d Delta) (int64, error) {
+	st, err := SendDelta(w, root, d)
+	return st.Bytes, err
+}
+
+// Sent is what SendDelta wrote.
+type Sent struct {
+	Bytes int64
+	// Skipped lists the changed entries left out because they vanished
+	// (or became unsafe) since the scan: the receiver still has its own
+	// version of each, or none.
+	Skipped []string
+}
+
+// SendDelta is WriteDelta, also saying which entries it left out.
+func SendDelta(w io.Writer, root string, d Delta) (Sent, error) {
 	cw := &countWriter{w: w}
 	bw := bufio.NewWriterSize(cw, copyBufSize)
 	tw := tar.NewWriter(bw)
 	b, err := openBeneath(root)
 	if err != nil {
-		return 0, err
+		return Sent{}, err
 	}
 	defer b.close()
 	s := sender{b: b, tw: tw, buf: make([]byte, copyBufSize)}
 	for _, p := range d.Removed {
 		if err := s.removal(p); err != nil {
-			return cw.n, err
+			return Sent{Bytes: cw.n, Skipped: s.skipped}, err
 		}
 	}
 	for _, e := range d.Changed {
 		if err := s.entry(e.Path); err != nil {
-			return cw.n, err
+			return Sent{Bytes: cw.n, Skipped: s.skipped}, err
 		}
 	}
 	if err := tw.Close(); err != nil {
-		return cw.n, err
+		return Sent{Bytes: cw.n, Skipped: s.skipped}, err
 	}
 	err = bw.Flush()
-	return cw.n, err
+	return Sent{Bytes: cw.n, Skipped: s.skipped}, err
 }
 
 type countWriter struct {
@@ -65,9 +80,16 @@ func (c *countWriter) Write(p []byte) (int, error) {
 }
 
 type sender struct {
-	b   *beneath
-	tw  *tar.Writer
-	buf []byte
+	b       *beneath
+	tw      *tar.Writer
+	buf     []byte
+	skipped []string
+}
+
+// skip records an entry left out of the stream.
+func (s *sender) skip(p string) error {
+	s.skipped = append(s.skipped, p)
+	return nil
 }
 
 func (s *sender) removal(p string) error {
@@ -99,14 +121,14 @@ func (s *sender) entry(p string) error {
 	dfd, err := s.b.openDir(dir)
 	if err != nil {
 		if gone(err) {
-			return nil
+			return s.skip(p)
 		}
 		return err
 	}
 	var st unix.Stat_t
 	if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		if gone(err) {
-			return nil
+			return s.skip(p)
 		}
 		return &fs.PathError{Op: "lstat", Path: p, Err: err}
 	}
@@ -117,7 +139,7 @@ func (s *sender) entry(p string) error {
 		fd, err := openat(dfd, name, dirFlags)
 		if err != nil {
 			if gone(err) {
-				return nil
+				return s.skip(p)
 			}
 			return &fs.PathError{Op: "open", Path: p, Err: err}
 		}
@@ -135,7 +157,7 @@ func (s *sender) entry(p string) error {
 		n, err := unix.Readlinkat(dfd, name, s.buf)
 		if err != nil {
 			if gone(err) || errors.Is(err, unix.EINVAL) {
-				return nil
+				return s.skip(p)
 			}
 			return &fs.PathError{Op: "readlink", Path: p, Err: err}
 		}
@@ -172,7 +194,7 @@ func (s *sender) file(dfd int, name, p string) error {
 	fd, err := openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC)
 	if err != nil {
 		if gone(err) {
-			return nil
+			return s.skip(p)
 		}
 		return &fs.PathError{Op: "open", Path: p, Err: err}
 	}

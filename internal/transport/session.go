@@ -126,6 +126,7 @@ func muxConfig() *yamux.Config {
 func handshake(conn net.Conn, local Hello) (Hello, error) {
 	local.Version = ProtocolVersion
 	ch := newChannel(conn)
+	ch.maxControl = MaxPayload // a Hello is small; the peer is not verified yet
 	ch.Kind = "hello"
 	errc := make(chan error, 1)
 	go func() { errc <- ch.Send(local) }()
@@ -160,6 +161,7 @@ func recvHello(conn net.Conn, ch *Channel) (Hello, error) {
 func acceptHandshake(conn net.Conn, local Hello, admit func(Hello) error) (Hello, error) {
 	local.Version = ProtocolVersion
 	ch := newChannel(conn)
+	ch.maxControl = MaxPayload // a Hello is small; the peer is not verified yet
 	ch.Kind = "hello"
 	peer, err := recvHello(conn, ch)
 	if err != nil {
