@@ -50,15 +50,15 @@ type migration struct {
 	rt   runtime.Runtime
 	ctr  *runtime.Container
 	// key names the technique (see techniques.go).
-	key      string
-	sess     *transport.Session
-	ctl      *transport.Channel
-	rootfs   string // the directory whose contents move
+	key    string
+	sess   *transport.Session
+	ctl    *transport.Channel
+	rootfs string // the directory whose contents move
 	// rootfsBase is what the destination's copy holds after the live
 	// sync, so the frozen sync scans only this side.
 	rootfsBase rootfs.Manifest
-	work     string
-	progress func(Progress)
+	work       string
+	progress   func(Progress)
 
 	start    time.Time
 	mu       sync.Mutex

@@ -339,6 +339,28 @@ func BenchmarkLargeTree(b *testing.B) {
 		}
 	})
 
+	// What ferry's frozen sync does since the source keeps the manifest of
+	// its live sync: only the source scans, nothing crosses but the delta.
+	base, err := Scan(src)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("frozen-sync-as-live", func(b *testing.B) {
+		for b.Loop() {
+			want, err := Scan(src)
+			if err != nil {
+				b.Fatal(err)
+			}
+			d := Diff(base, want)
+			if !d.Empty() {
+				b.Fatalf("nothing changed, yet the delta holds %d changes", len(d.Changed))
+			}
+			if _, err := SendDelta(io.Discard, src, d); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+
 	one := filepath.Join(src, "p000/d00/f00007")
 	b.Run("frozen-sync-one-change", func(b *testing.B) {
 		for i := 0; b.Loop(); i++ {
