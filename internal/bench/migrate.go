@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
@@ -24,6 +23,9 @@ import (
 
 // MigrateOptions describe one `ferry bench migrate`.
 type MigrateOptions struct {
+	// Runtime runs the workload: runc (the lab's own bundles), podman or
+	// lxc (each lab host's own instance).
+	Runtime      string
 	Mode         string
 	Precopy      engine.PrecopyOptions
 	MemoryBytes  int64
@@ -121,6 +123,7 @@ type Baselines struct {
 
 // MigrateResult is what `ferry bench migrate --json` prints.
 type MigrateResult struct {
+	Runtime                string    `json:"runtime,omitempty"`
 	Mode                   string    `json:"mode"`
 	MemoryBytes            int64     `json:"memory_bytes"`
 	DirtyRate              int       `json:"dirty_rate"`
@@ -150,7 +153,7 @@ func Migrate(ctx context.Context, o MigrateOptions) (res MigrateResult, err erro
 	if o.CutPathAt > 0 && o.Paths < 2 {
 		return res, fmt.Errorf("--cut-path-at needs --paths 2 or more: with one path the migration has nothing to go on with")
 	}
-	res = MigrateResult{Mode: o.Mode, MemoryBytes: o.MemoryBytes, DirtyRate: o.DirtyRate, BandwidthBps: o.BandwidthBps, Paths: max(o.Paths, 1), Runs: []Run{}}
+	res = MigrateResult{Runtime: o.Runtime, Mode: o.Mode, MemoryBytes: o.MemoryBytes, DirtyRate: o.DirtyRate, BandwidthBps: o.BandwidthBps, Paths: max(o.Paths, 1), Runs: []Run{}}
 	o.logf("bringing up a 3-host lab (bandwidth %d bit/s, %d path(s))", o.BandwidthBps, max(o.Paths, 1))
 	l, err := lab.Up(ctx, lab.Options{Hosts: 3, BandwidthBps: o.BandwidthBps, Paths: o.Paths, OutageTimeout: o.OutageTimeout, Streams: o.Streams, FerryBin: o.FerryBin})
 	if err != nil {
@@ -162,6 +165,12 @@ func Migrate(ctx context.Context, o MigrateOptions) (res MigrateResult, err erro
 		}
 	}()
 	src, dst, client := &l.Hosts[0], &l.Hosts[1], &l.Hosts[2]
+	if o.Runtime == "podman" {
+		o.logf("importing the workload image into h1's and h2's Podman")
+		if err := l.ImportWorkloadImage(ctx, src.Name, dst.Name); err != nil {
+			return res, err
+		}
+	}
 
 	if slices.Contains(o.Baselines, "link") {
 		o.logf("measuring the link h1 -> h2")
@@ -232,12 +241,10 @@ func (o MigrateOptions) readyTimeout() time.Duration {
 func (o MigrateOptions) runOnce(ctx context.Context, l *lab.Lab, src, dst, client *lab.Host, name string) (r Run) {
 	defer func() {
 		cctx := context.WithoutCancel(ctx)
-		_ = src.Runc().Delete(cctx, name)
-		_ = dst.Runc().Delete(cctx, name)
-		_ = os.RemoveAll(src.BundleDir(name))
-		_ = os.RemoveAll(dst.BundleDir(name))
+		_ = l.RemoveFrom(cctx, o.Runtime, src.Name, name)
+		_ = l.RemoveFrom(cctx, o.Runtime, dst.Name, name)
 	}()
-	if err := l.Run(ctx, src.Name, name, o.workloadArgs()); err != nil {
+	if err := l.RunIn(ctx, o.Runtime, src.Name, name, o.workloadArgs()); err != nil {
 		r.Error = err.Error()
 		return r
 	}
@@ -271,7 +278,7 @@ func (o MigrateOptions) runOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 		outageDone.Wait()
 		setAllPaths(l, src.Name, true)
 	}()
-	rep, err := agent.Migrate(ctx, src.ControlSock, engine.Request{Container: name, To: dst.AgentAddr, Mode: o.Mode,
+	rep, err := agent.Migrate(ctx, src.ControlSock, engine.Request{Container: name, To: dst.AgentAddr, Mode: o.Mode, Runtime: o.Runtime,
 		Precopy: o.Precopy, MaxBandwidthBps: o.MaxBandwidthBps}, progress)
 	outageDone.Wait() // the probe's verdict includes the network's return
 	setAllPaths(l, src.Name, true)
@@ -302,8 +309,7 @@ func (o MigrateOptions) runOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 
 func (o MigrateOptions) podmanOnce(ctx context.Context, src, dst, client *lab.Host) (pb PodmanBaseline) {
 	const name, image = "memhog-podman", "localhost/ferry-memhog:latest"
-	ps := podman.Host{Dir: filepath.Join(src.StateDir, "podman"), NetNS: src.NetNSName}
-	pd := podman.Host{Dir: filepath.Join(dst.StateDir, "podman"), NetNS: dst.NetNSName}
+	ps, pd := src.Podman(), dst.Podman()
 	defer func() {
 		cctx := context.WithoutCancel(ctx)
 		_ = ps.Cleanup(cctx)

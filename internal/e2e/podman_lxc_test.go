@@ -405,11 +405,9 @@ func lxcRunning(t *testing.T, h *lab.Host) []string {
 // h2's (it does not dump the namespace it shares with CRIU itself).
 // lxc.signal.halt = SIGTERM is what memhog, as init, ends on (lxc-stop).
 // Removed from both hosts when the test ends.
-func lxcRun(t *testing.T, l *lab.Lab, bin, name string, args []string) {
+func lxcRun(t *testing.T, l *lab.Lab, name string, args []string) {
 	t.Helper()
 	h := &l.Hosts[0]
-	dir := filepath.Join(h.LXCPath(), name)
-	root := filepath.Join(dir, "rootfs")
 	t.Cleanup(func() {
 		for _, h := range l.Hosts[:2] {
 			if _, err := os.Stat(filepath.Join(h.LXCPath(), name)); err != nil {
@@ -422,28 +420,8 @@ func lxcRun(t *testing.T, l *lab.Lab, bin, name string, args []string) {
 			_ = os.RemoveAll(filepath.Join(h.LXCPath(), name))
 		}
 	})
-	if err := lab.BuildRootfsFrom(root, filepath.Dir(bin)); err != nil {
+	if err := l.RunLXC(context.Background(), h.Name, name, args); err != nil {
 		t.Fatal(err)
-	}
-	cfg := fmt.Sprintf(`# ferry e2e container
-lxc.uts.name = %s
-lxc.rootfs.path = dir:%s
-lxc.net.0.type = none
-lxc.tty.max = 0
-lxc.pty.max = 1
-lxc.autodev = 1
-lxc.mount.auto = proc:mixed sys:ro
-lxc.init.cmd = %s
-lxc.signal.halt = SIGTERM
-lxc.log.file = %s/lxc.log
-lxc.log.level = INFO
-`, name, root, strings.Join(args, " "), dir)
-	if err := os.WriteFile(filepath.Join(dir, "config"), []byte(cfg), 0o640); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := lxcIn(h, "lxc-start", "-n", name); err != nil {
-		b, _ := os.ReadFile(filepath.Join(dir, "lxc.log"))
-		t.Fatalf("%v\n%s", err, b)
 	}
 }
 
@@ -463,7 +441,7 @@ func TestLXCThroughAgents(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			name := "lx-" + c.name
-			lxcRun(t, l, bin, name, memhogArgs("64M", "200"))
+			lxcRun(t, l, name, memhogArgs("64M", "200"))
 			p := startProbe(t, l, bin, "64M")
 			rep, pr, perr := migrate(t, l, p, engine.Request{Container: name, Mode: c.mode, Runtime: c.runtime})
 			if !rep.OK {
@@ -510,7 +488,7 @@ func TestLXCThroughAgents(t *testing.T) {
 
 	t.Run("failed restore", func(t *testing.T) {
 		name := "lx-fail"
-		lxcRun(t, l, bin, name, memhogArgs("64M", "200"))
+		lxcRun(t, l, name, memhogArgs("64M", "200"))
 		p := startProbe(t, l, bin, "64M")
 		rep, pr, perr := migrate(t, l, p, engine.Request{Container: name, Mode: engine.ModeCold, Runtime: "lxc", Faults: []string{"restore"}})
 		if rep.OK {
@@ -546,7 +524,7 @@ func TestLXCThroughAgents(t *testing.T) {
 
 	t.Run("bad input", func(t *testing.T) {
 		name := "lx-bad"
-		lxcRun(t, l, bin, name, memhogArgs("16M", "100"))
+		lxcRun(t, l, name, memhogArgs("16M", "100"))
 		cases := []struct {
 			req  engine.Request
 			want string
@@ -621,7 +599,7 @@ func TestMeasurePodmanLXC(t *testing.T) {
 			case "podman":
 				podmanRun(t, l, name, podmanImage, memhogArgs(memory, rate))
 			case "lxc":
-				lxcRun(t, l, bin, name, memhogArgs(memory, rate))
+				lxcRun(t, l, name, memhogArgs(memory, rate))
 			}
 			p := startProbe(t, l, bin, memory)
 			rep, pr, perr := migrate(t, l, p, engine.Request{Container: name, Mode: mode, Runtime: rt,

@@ -2,8 +2,6 @@ package lab
 
 import (
 	"github.com/ferry-migrate/ferry/internal/runtime"
-	"github.com/ferry-migrate/ferry/internal/runtime/lxc"
-	"github.com/ferry-migrate/ferry/internal/runtime/podman"
 
 	"context"
 	"errors"
@@ -268,8 +266,13 @@ func removeAllSettled(dir string) error {
 // instance (containers, storage mounts, directory).
 func deleteOtherRuntimes(ctx context.Context, h *Host) error {
 	var errs []error
+	// A half-removed lab: its namespace may be gone already.
+	_, nsErr := os.Stat(h.NetNS)
 	if ents, err := os.ReadDir(h.LXCPath()); err == nil {
-		rt := lxc.New(h.LXCPath())
+		rt := h.LXC()
+		if nsErr != nil {
+			rt.NetNS = ""
+		}
 		for _, e := range ents {
 			if e.IsDir() {
 				errs = append(errs, rt.Remove(ctx, &runtime.Container{Name: e.Name(), ID: e.Name()}))
@@ -277,9 +280,9 @@ func deleteOtherRuntimes(ctx context.Context, h *Host) error {
 		}
 	}
 	if _, err := os.Stat(h.PodmanDir()); err == nil {
-		ph := podman.Host{Dir: h.PodmanDir(), NetNS: h.NetNS}
-		if _, err := os.Stat(h.NetNS); err != nil {
-			ph.NetNS = "" // a half-removed lab: its namespace is gone already
+		ph := h.Podman()
+		if nsErr != nil {
+			ph.NetNS = ""
 		}
 		errs = append(errs, ph.Cleanup(ctx))
 	}

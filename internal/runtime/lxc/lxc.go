@@ -58,6 +58,10 @@ type Runtime struct {
 	// LXCPath holds the containers, one directory each (lxc-* -P);
 	// empty means DefaultLXCPath.
 	LXCPath string
+	// NetNS, when set, is the network namespace (a path) the lxc-* tools
+	// run in: the one the containers' monitors run in (a lab host's), for
+	// callers outside it. The agent runs there already and leaves it empty.
+	NetNS string
 	// CRIU is the criu binary liblxc runs; empty means DefaultCRIU. Its
 	// file name must be "criu" (liblxc looks that name up in PATH).
 	CRIU string
@@ -119,7 +123,13 @@ func (r *Runtime) env(conf string) []string {
 // group: cancelling ctx kills the group, so a criu that lxc-checkpoint
 // forked does not outlive it.
 func (r *Runtime) command(ctx context.Context, conf, tool string, args ...string) *exec.Cmd {
-	c := exec.CommandContext(ctx, tool, append([]string{"-P", r.path()}, args...)...)
+	argv := append([]string{tool, "-P", r.path()}, args...)
+	if r.NetNS != "" {
+		// liblxc's command socket answers only inside the network
+		// namespace its monitor runs in.
+		argv = append([]string{"nsenter", "--net=" + r.NetNS, "--"}, argv...)
+	}
+	c := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	c.Env = r.env(conf)
 	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
