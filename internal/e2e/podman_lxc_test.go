@@ -197,6 +197,24 @@ func noScratch(t *testing.T, h *lab.Host) {
 	}
 }
 
+// checkMoved checks a migration's report and the workload's state after it.
+func checkMoved(t *testing.T, runtime, mode string, rep engine.Report, pr probe.Result, perr error) {
+	t.Helper()
+	if !rep.OK {
+		t.Fatalf("migration failed: %s (at %s)", rep.Error, rep.FailedAt)
+	}
+	if rep.Runtime != runtime || rep.SourceState != "removed" || rep.Mode != mode {
+		t.Errorf("report: runtime %q, mode %q, source %q", rep.Runtime, rep.Mode, rep.SourceState)
+	}
+	if perr != nil || !pr.StateOK {
+		t.Fatalf("workload state lost: %+v %v", pr, perr)
+	}
+	if mode == engine.ModePrecopy && (len(rep.Rounds) < 1 || rep.PagesReferenced < 64<<20/4096/2) {
+		t.Errorf("pre-copy ran %d rounds, the final dump reused %d pages", len(rep.Rounds), rep.PagesReferenced)
+	}
+	t.Logf("%s %s: downtime %.0f ms, client downtime %.0f ms, total %.0f ms, sent %d", runtime, mode, rep.DowntimeMs, pr.ClientDowntimeMs, rep.TotalMs, rep.BytesSent)
+}
+
 // TestPodmanThroughAgents moves Podman containers from h1's Podman to
 // h2's through the agents: cold and pre-copy by --runtime podman, cold by
 // --runtime auto; a failing restore; bad input.
@@ -217,19 +235,7 @@ func TestPodmanThroughAgents(t *testing.T) {
 			podmanRun(t, l, name, podmanImage, memhogArgs("64M", "200"))
 			p := startProbe(t, l, bin, "64M")
 			rep, pr, perr := migrate(t, l, p, engine.Request{Container: name, Mode: c.mode, Runtime: c.runtime})
-			if !rep.OK {
-				t.Fatalf("migration failed: %s (at %s)", rep.Error, rep.FailedAt)
-			}
-			if rep.Runtime != "podman" || rep.SourceState != "removed" || rep.Mode != c.mode {
-				t.Errorf("report: runtime %q, mode %q, source %q", rep.Runtime, rep.Mode, rep.SourceState)
-			}
-			if perr != nil || !pr.StateOK {
-				t.Fatalf("workload state lost: %+v %v", pr, perr)
-			}
-			if c.mode == engine.ModePrecopy && (len(rep.Rounds) < 1 || rep.PagesReferenced < 64<<20/4096/2) {
-				t.Errorf("pre-copy ran %d rounds, the final dump reused %d pages", len(rep.Rounds), rep.PagesReferenced)
-			}
-			t.Logf("%s: downtime %.0f ms, client downtime %.0f ms, total %.0f ms, sent %d", c.name, rep.DowntimeMs, pr.ClientDowntimeMs, rep.TotalMs, rep.BytesSent)
+			checkMoved(t, "podman", c.mode, rep, pr, perr)
 			// h2's Podman runs it under the same name; h1's has forgotten it.
 			if got := podmanPs(t, h2, false); !slices.Equal(got, []string{name + ":running"}) {
 				t.Errorf("podman ps on h2: %v, want %s running", got, name)
@@ -444,19 +450,7 @@ func TestLXCThroughAgents(t *testing.T) {
 			lxcRun(t, l, name, memhogArgs("64M", "200"))
 			p := startProbe(t, l, bin, "64M")
 			rep, pr, perr := migrate(t, l, p, engine.Request{Container: name, Mode: c.mode, Runtime: c.runtime})
-			if !rep.OK {
-				t.Fatalf("migration failed: %s (at %s)", rep.Error, rep.FailedAt)
-			}
-			if rep.Runtime != "lxc" || rep.SourceState != "removed" || rep.Mode != c.mode {
-				t.Errorf("report: runtime %q, mode %q, source %q", rep.Runtime, rep.Mode, rep.SourceState)
-			}
-			if perr != nil || !pr.StateOK {
-				t.Fatalf("workload state lost: %+v %v", pr, perr)
-			}
-			if c.mode == engine.ModePrecopy && (len(rep.Rounds) < 1 || rep.PagesReferenced < 64<<20/4096/2) {
-				t.Errorf("pre-copy ran %d rounds, the final dump reused %d pages", len(rep.Rounds), rep.PagesReferenced)
-			}
-			t.Logf("%s: downtime %.0f ms, client downtime %.0f ms, total %.0f ms, sent %d", c.name, rep.DowntimeMs, pr.ClientDowntimeMs, rep.TotalMs, rep.BytesSent)
+			checkMoved(t, "lxc", c.mode, rep, pr, perr)
 			if got := lxcRunning(t, h2); !slices.Contains(got, name) {
 				t.Errorf("lxc-ls --running -P %s: %v, no %s", h2.LXCPath(), got, name)
 			}
