@@ -80,7 +80,9 @@ func (a *Agent) runtimes(runcRoot string) runtime.Set {
 	}
 	// Other runtimes where their tools are installed.
 	if _, err := exec.LookPath("podman"); err == nil {
-		set["podman"] = podman.New(podman.Host{Dir: a.PodmanDir, NetNS: a.Host.NetNS})
+		pm := podman.New(podman.Host{Dir: a.PodmanDir, NetNS: a.Host.NetNS})
+		pm.LazyDump = a.feats.LazyPages
+		set["podman"] = pm
 	}
 	if _, err := exec.LookPath("lxc-checkpoint"); err == nil {
 		set["lxc"] = lxc.New(a.LXCPath)

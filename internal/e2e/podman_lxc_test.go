@@ -15,6 +15,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/bench"
+	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/probe"
@@ -225,16 +226,24 @@ func TestPodmanThroughAgents(t *testing.T) {
 	h1, h2 := &l.Hosts[0], &l.Hosts[1]
 	podmanImport(t, bin, podmanImage, "", h1, h2)
 
-	for _, c := range []struct{ name, mode, runtime string }{
-		{"cold", engine.ModeCold, "podman"},
-		{"precopy", engine.ModePrecopy, "podman"},
-		{"auto", engine.ModeCold, ""}, // --runtime auto (the default)
+	// Pre-copy's rebuild switchover needs only a lazy dump at the source
+	// (ferry's runc dump) and a plain restore: Podman gets it where CRIU's
+	// lazy dump works; the dump switchover everywhere.
+	for _, c := range []struct{ name, mode, runtime, switchover string }{
+		{"cold", engine.ModeCold, "podman", ""},
+		{"precopy-rebuild", engine.ModePrecopy, "podman", engine.SwitchoverRebuild},
+		{"precopy-dump", engine.ModePrecopy, "podman", engine.SwitchoverDump},
+		{"auto", engine.ModeCold, "", ""}, // --runtime auto (the default)
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			if c.switchover == engine.SwitchoverRebuild && !criu.ProbeFeatures(context.Background()).LazyPages {
+				t.Skip("CRIU's lazy dump is unavailable here (see ferry check): no rebuild switchover")
+			}
 			name := "pm-" + c.name
 			podmanRun(t, l, name, podmanImage, memhogArgs("64M", "200"))
 			p := startProbe(t, l, bin, "64M")
-			rep, pr, perr := migrate(t, l, p, engine.Request{Container: name, Mode: c.mode, Runtime: c.runtime})
+			rep, pr, perr := migrate(t, l, p, engine.Request{Container: name, Mode: c.mode, Runtime: c.runtime,
+				Precopy: engine.PrecopyOptions{Switchover: c.switchover}})
 			checkMoved(t, "podman", c.mode, rep, pr, perr)
 			// h2's Podman runs it under the same name; h1's has forgotten it.
 			if got := podmanPs(t, h2, false); !slices.Equal(got, []string{name + ":running"}) {

@@ -95,11 +95,11 @@ func TestChannelsForMode(t *testing.T) {
 }
 
 func TestTechniquesRefuseWhatTheRuntimeCannotDo(t *testing.T) {
-	all := runtime.Caps{Freeze: true, LazyPages: true, PreDump: true}
+	all := runtime.Caps{Freeze: true, LazyDump: true, LazyRestore: true, PreDump: true}
 	if got := Modes(all); len(got) != len(techniques) {
 		t.Errorf("a runtime that can do everything runs %v, want all %d techniques", got, len(techniques))
 	}
-	// A runtime whose dump freezes (Podman): cold and pre-copy's dump
+	// A runtime with no freeze of its own: cold and pre-copy's dump
 	// switchover only.
 	if got := strings.Join(Modes(runtime.Caps{}), ","); got != "cold,precopy" {
 		t.Errorf("no caps: %s", got)
@@ -129,11 +129,20 @@ func TestTechniquesRefuseWhatTheRuntimeCannotDo(t *testing.T) {
 			t.Errorf("techniqueKey(%s, %+v) = %s, want %s", c.mode, c.o, got, c.want)
 		}
 	}
+	// Podman: a lazy dump at the source but no lazy restore: the rebuild
+	// switchover (a plain restore) but no post-copy or hybrid.
+	podman := runtime.Caps{Freeze: true, LazyDump: true}
+	if got := strings.Join(Modes(podman), ","); got != "cold,precopy,precopy/rebuild" {
+		t.Errorf("lazy dump without lazy restore: %s", got)
+	}
+	if err := techniques[ModePostcopy].allows(ModePostcopy, "podman", podman); err == nil || !strings.Contains(err.Error(), "lazy restore") {
+		t.Errorf("post-copy without a lazy restore: %v", err)
+	}
 	// auto resolves against the runtime.
 	if e := precopyEngine(PrecopyAuto, runtime.Caps{PreDump: true}); e != PrecopyNative {
 		t.Errorf("auto with pre-dump: %s", e)
 	}
-	if sw := precopySwitchover(PrecopyOptions{Engine: PrecopyContent}, runtime.Caps{LazyPages: true}); sw != SwitchoverDump {
+	if sw := precopySwitchover(PrecopyOptions{Engine: PrecopyContent}, runtime.Caps{LazyDump: true}); sw != SwitchoverDump {
 		t.Errorf("a runtime that cannot freeze without dumping got switchover %s", sw)
 	}
 }

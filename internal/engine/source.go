@@ -345,7 +345,7 @@ func precopySwitchover(o PrecopyOptions, c runtime.Caps) string {
 		return ""
 	}
 	if o.Switchover == "" || o.Switchover == PrecopyAuto {
-		if c.Freeze && c.LazyPages {
+		if c.Freeze && c.LazyDump {
 			return SwitchoverRebuild
 		}
 		return SwitchoverDump
@@ -377,7 +377,7 @@ func (m *migration) validatePrecopy(c runtime.Caps) error {
 	switch o.Switchover {
 	case "", SwitchoverDump:
 	case SwitchoverRebuild:
-		if !c.LazyPages || !c.Freeze {
+		if !c.LazyDump || !c.Freeze {
 			return fmt.Errorf("--switchover rebuild needs CRIU's lazy dump of a frozen container, which the %s runtime cannot do here (fs.pipe-max-size below %d, or no userfaultfd: see ferry check); use dump", m.rt.Kind(), criu.MinLazyPipeSize)
 		}
 	default:

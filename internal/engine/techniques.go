@@ -79,7 +79,7 @@ var techniques = map[string]technique{
 		},
 	},
 	keyPrecopyRebuild: {
-		needs:    runtime.Caps{Freeze: true, LazyPages: true},
+		needs:    runtime.Caps{Freeze: true, LazyDump: true},
 		rebuild:  true,
 		channels: fixed(ChanRounds, ChanLazy),
 		source:   (*migration).precopy,
@@ -105,14 +105,14 @@ var techniques = map[string]technique{
 		},
 	},
 	ModePostcopy: {
-		needs:    runtime.Caps{Freeze: true, LazyPages: true},
+		needs:    runtime.Caps{Freeze: true, LazyDump: true, LazyRestore: true},
 		lazy:     true,
 		channels: fixed(ChanLazy),
 		source:   (*migration).postcopy,
 		receive:  func(*incoming, context.Context, receivers) {}, // the daemon pulls the memory
 	},
 	ModeHybrid: {
-		needs:    runtime.Caps{Freeze: true, LazyPages: true},
+		needs:    runtime.Caps{Freeze: true, LazyDump: true, LazyRestore: true},
 		lazy:     true,
 		channels: fixed(ChanRounds, ChanLazy),
 		source:   (*migration).hybrid,
@@ -152,8 +152,11 @@ func (t technique) allows(key string, kind string, c runtime.Caps) error {
 	if t.needs.Freeze && !c.Freeze {
 		missing = append(missing, "freezing a container without dumping it")
 	}
-	if t.needs.LazyPages && !c.LazyPages {
-		missing = append(missing, "CRIU's lazy pages (post-copy; see ferry check)")
+	if t.needs.LazyDump && !c.LazyDump {
+		missing = append(missing, "a lazy dump (CRIU's lazy pages; see ferry check)")
+	}
+	if t.needs.LazyRestore && !c.LazyRestore {
+		missing = append(missing, "a lazy restore (memory filled on demand)")
 	}
 	if t.needs.PreDump && !c.PreDump {
 		missing = append(missing, "CRIU's pre-dump (soft-dirty page tracking)")

@@ -141,8 +141,8 @@ func (p Probes) Run(ctx context.Context) Report {
 	r.PipeMaxSize = feat.PipeMaxSize
 	r.Modes = map[string][]string{}
 	for i, caps := range []runtime.Caps{
-		{Freeze: true, LazyPages: feat.LazyPages, PreDump: feat.DirtyTracking}, // runc
-		(&podman.Runtime{}).Caps(),
+		{Freeze: true, LazyDump: feat.LazyPages, LazyRestore: feat.LazyPages, PreDump: feat.DirtyTracking}, // runc
+		(&podman.Runtime{LazyDump: feat.LazyPages}).Caps(),
 		(&lxc.Runtime{}).Caps(),
 	} {
 		if rt[i] != nil {

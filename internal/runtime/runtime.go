@@ -29,9 +29,13 @@ type Caps struct {
 	// source is then resumable until the commit by thawing it. Without it
 	// the dump itself freezes and Dump.Release decides the source's fate.
 	Freeze bool
-	// LazyPages: a dump can leave the memory in the frozen source for a
-	// lazy-pages daemon (post-copy, hybrid, pre-copy's rebuild switchover).
-	LazyPages bool
+	// LazyDump: a dump can leave the memory in the frozen source, served
+	// by CRIU's page server (pre-copy's rebuild switchover; the source of
+	// post-copy and hybrid).
+	LazyDump bool
+	// LazyRestore: a restore can run with a lazy-pages daemon filling the
+	// memory on demand (post-copy, hybrid).
+	LazyRestore bool
 	// PreDump: CRIU's native pre-dump (also needs soft-dirty tracking).
 	PreDump bool
 }

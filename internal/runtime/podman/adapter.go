@@ -87,6 +87,10 @@ type Runtime struct {
 	// runc's default, /run/runc, unless Podman runs with
 	// --runtime-flag root=DIR. Empty means /run/runc.
 	RuncRoot string
+	// LazyDump says CRIU's lazy dump works on this host (ferry check):
+	// the source side of pre-copy's rebuild switchover, whose
+	// destination restores a plain dump.
+	LazyDump bool
 
 	mu       sync.Mutex
 	recs     map[string]records // by container ID
@@ -107,11 +111,12 @@ func New(h Host) *Runtime { return &Runtime{Host: h} }
 func (r *Runtime) Kind() string { return "podman" }
 
 // Caps: Podman pauses a container without dumping it (cgroup freezer) and
-// a paused container stays paused through ferry's runc dump. Lazy pages:
-// no, Podman's restore has no way to start CRIU in lazy mode. CRIU's
-// pre-dump: not offered (needs soft-dirty tracking, absent on the
-// machines this was built on, so never tried).
-func (r *Runtime) Caps() runtime.Caps { return runtime.Caps{Freeze: true} }
+// a paused container stays paused through ferry's runc dump, which can be
+// lazy where CRIU's lazy dump works (pre-copy's rebuild switchover). A
+// lazy restore: no, Podman's restore cannot start CRIU in lazy mode, so no
+// post-copy or hybrid. CRIU's pre-dump: not offered (needs soft-dirty
+// tracking, absent on the machines this was built on, so never tried).
+func (r *Runtime) Caps() runtime.Caps { return runtime.Caps{Freeze: true, LazyDump: r.LazyDump} }
 
 // inspectData is the part of `podman container inspect` the adapter uses.
 type inspectData struct {
@@ -299,8 +304,8 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''
 // as Podman's own checkpoints carry them.
 func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtime.CheckpointOptions) (runtime.Dump, error) {
 	switch {
-	case o.Lazy:
-		return nil, errors.New("podman: lazy dumps are not supported (Podman cannot restore lazily)")
+	case o.Lazy && !r.LazyDump:
+		return nil, errors.New("podman: lazy dumps are not available on this host (see ferry check)")
 	case o.PreDump || o.ParentDir != "":
 		return nil, errors.New("podman: CRIU pre-dumps are not supported")
 	}
@@ -331,20 +336,10 @@ func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtim
 	if err := tarShm(cfg.ShmDir, filepath.Join(o.ImagesDir, devShmTar)); err != nil {
 		return nil, fmt.Errorf("save /dev/shm of %s: %w", c.Name, err)
 	}
-	err = rc.Checkpoint(ctx, c.ID, runc.CheckpointOptions{ImagePath: o.ImagesDir, WorkPath: o.WorkDir,
-		PageServer: o.PageServer, LeaveRunning: true, TCPEstablished: o.TCPEstablished})
-	if err != nil {
-		return nil, err
-	}
-	return doneDump{}, nil
+	// runc's own dump: the container, paused, stays paused; a lazy one
+	// leaves the memory to CRIU's page server.
+	return rc.Dump(ctx, c.ID, o)
 }
-
-// doneDump is a dump that had finished when Checkpoint returned; the
-// container is paused, and the engine thaws or removes it.
-type doneDump struct{}
-
-func (doneDump) Wait() error                         { return nil }
-func (doneDump) Release(context.Context, bool) error { return nil }
 
 // podmanConfig is the part of libpod's container configuration
 // (config.dump) the adapter reads.

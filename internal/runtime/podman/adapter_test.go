@@ -817,9 +817,14 @@ func TestCheckpointNeedsRunc(t *testing.T) {
 			t.Errorf("%+v accepted", o)
 		}
 	}
-	if caps := r.Caps(); !caps.Freeze || caps.LazyPages || caps.PreDump {
+	if caps := r.Caps(); !caps.Freeze || caps.LazyDump || caps.LazyRestore || caps.PreDump {
 		t.Errorf("caps %+v", caps)
 	}
+	r.LazyDump = true
+	if caps := r.Caps(); !caps.LazyDump || caps.LazyRestore {
+		t.Errorf("caps where CRIU's lazy dump works: %+v (Podman cannot restore lazily)", caps)
+	}
+	r.LazyDump = false
 	// A destination whose Podman runs crun refuses before it creates
 	// anything (its runtime name is cached: no podman runs here).
 	r.ociName = "crun"

@@ -41,7 +41,7 @@ func (r *Runtime) Kind() string { return "runc" }
 // Caps: runc pauses without dumping and leaves a paused container paused
 // through a dump, so the source is resumable until the commit.
 func (r *Runtime) Caps() runtime.Caps {
-	return runtime.Caps{Freeze: true, LazyPages: r.Lazy, PreDump: r.DirtyTracking}
+	return runtime.Caps{Freeze: true, LazyDump: r.Lazy, LazyRestore: r.Lazy, PreDump: r.DirtyTracking}
 }
 
 // Inspect reads `runc state` and the bundle's config.json. The rootfs is
@@ -88,10 +88,16 @@ func (r *Runtime) Remove(ctx context.Context, c *runtime.Container) error { retu
 // before, stays paused. A lazy dump returns once CRIU's page server listens
 // and runs on until that page server is closed.
 func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtime.CheckpointOptions) (runtime.Dump, error) {
+	return r.Dump(ctx, c.ID, o)
+}
+
+// Dump is Checkpoint for a container under this runc root, for runtimes
+// whose containers runc runs (Podman).
+func (h Host) Dump(ctx context.Context, id string, o runtime.CheckpointOptions) (runtime.Dump, error) {
 	opts := CheckpointOptions{ImagePath: o.ImagesDir, WorkPath: o.WorkDir, ParentPath: o.ParentDir, PageServer: o.PageServer,
 		LeaveRunning: !o.PreDump, TCPEstablished: o.TCPEstablished, PreDump: o.PreDump, LazyPages: o.Lazy}
 	if !o.Lazy {
-		return doneDump{}, r.Host.Checkpoint(ctx, c.ID, opts)
+		return doneDump{}, h.Checkpoint(ctx, id, opts)
 	}
 	statusR, statusW, err := os.Pipe()
 	if err != nil {
@@ -103,7 +109,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtim
 	go func() {
 		// The dump outlives the caller's context: it ends when its page
 		// server is closed, or its caller kills it through ctx.
-		d.err = r.Host.Checkpoint(ctx, c.ID, opts)
+		d.err = h.Checkpoint(ctx, id, opts)
 		close(d.done)
 	}()
 	var b [1]byte
