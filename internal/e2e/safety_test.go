@@ -56,3 +56,40 @@ func TestFrozenRootfsFailureResumesSource(t *testing.T) {
 		})
 	}
 }
+
+// TestDestinationAgentDiesAfterRestore: the destination agent is killed
+// with the container restored there, before it could say so. The source
+// cannot know whether the container runs at the destination: it must not
+// resume its copy (that ran the container twice), and the report must say
+// the source copy stays frozen.
+func TestDestinationAgentDiesAfterRestore(t *testing.T) {
+	requireLab(t)
+	bin := ferryBin(t)
+	l := upLab(t, bin)
+	const name = "hog-dies"
+	p := startMemhog(t, l, bin, name)
+	defer p.Stop()
+	t.Cleanup(func() {
+		for _, h := range l.Hosts[:2] {
+			_ = h.Runc().Delete(context.Background(), name)
+		}
+	})
+	rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
+		engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold, Faults: []string{"kill-agent-after-restore"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.OK || rep.SourceState != "frozen" || !strings.Contains(rep.Error, "may run the container") {
+		t.Errorf("report: ok=%v source %q at %q: %s", rep.OK, rep.SourceState, rep.FailedAt, rep.Error)
+	}
+	for i := 0; i < 3; i++ {
+		src, dst := status(t, &l.Hosts[0], name), status(t, &l.Hosts[1], name)
+		if src == "running" && dst == "running" {
+			t.Fatalf("the container runs on both hosts")
+		}
+		if src != "paused" {
+			t.Errorf("source copy is %s, want paused (frozen, in doubt)", src)
+		}
+		time.Sleep(time.Second)
+	}
+}

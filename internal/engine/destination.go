@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/zeebo/xxh3"
@@ -24,9 +26,17 @@ import (
 	"github.com/ferry-migrate/ferry/internal/transport"
 )
 
-// CommitWindow is how long a destination keeps a restored, uncommitted
-// container waiting for the source's commit before it drops it.
+// CommitWindow is the shortest time a destination keeps a restored,
+// uncommitted container waiting for the source's commit before it drops
+// it; commitWindow lengthens it to outlast the outage timeout.
 const CommitWindow = 10 * time.Second
+
+// commitWindow is the destination's commit window: past the outage
+// timeout, so that a cut the session survives cannot drop the copy while
+// the commit is on its way.
+func commitWindow() time.Duration {
+	return max(CommitWindow, transport.OutageTimeout()+5*time.Second)
+}
 
 // Destination receives migrations into this host.
 type Destination struct {
@@ -88,7 +98,7 @@ func (d *Destination) Receive(ctx context.Context, sess *transport.Session, rout
 	} else {
 		in.expect(router)
 	}
-	if err := ctl.Send(Accept{Host: d.Host.Name, CRIUVersion: d.CRIUVersion}); err != nil {
+	if err := ctl.Send(Accept{Host: d.Host.Name, CRIUVersion: d.CRIUVersion, CommitWindowMs: commitWindow().Milliseconds()}); err != nil {
 		in.cleanup(true)
 		return
 	}
@@ -115,16 +125,22 @@ func (d *Destination) Receive(ctx context.Context, sess *transport.Session, rout
 		}
 		// The source opens no channel before this reply.
 		in.expect(router)
-		if err := ctl.Send(Accept{Host: d.Host.Name, CRIUVersion: d.CRIUVersion}); err != nil {
+		if err := ctl.Send(Accept{Host: d.Host.Name, CRIUVersion: d.CRIUVersion, CommitWindowMs: commitWindow().Milliseconds()}); err != nil {
 			in.cleanup(true)
 			return
 		}
 	}
 	committed, err := in.run(ctx, sess, router, ctl, cancel)
+	// Discard first: the source resumes its copy as soon as it hears of
+	// the failure. A copy that could not be discarded may run: then the
+	// source hears nothing it could take for a yes to resume.
+	if derr := in.cleanup(!committed); derr != nil && !committed {
+		slog.Error("a failed migration's container could not be discarded; the source stays frozen", "container", in.offer.Container, "error", derr)
+		return
+	}
 	if err != nil {
 		_ = ctl.Fail(err)
 	}
-	in.cleanup(!committed)
 }
 
 func (in *incoming) prepare(ctx context.Context) error {
@@ -278,7 +294,7 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 	go func() { stepc <- ctl.Recv(&step) }()
 	select {
 	case err = <-stepc:
-	case <-time.After(CommitWindow):
+	case <-time.After(commitWindow()):
 		err = errors.New("no commit from the source in time")
 	}
 	if err != nil || step.Do != "commit" {
@@ -473,6 +489,11 @@ func (in *incoming) restore(ctx context.Context, lazy bool) (int, error) {
 		// The source reports it as "restore on <this host>: ..." already.
 		return 0, err
 	}
+	if in.d.AllowFaults && slices.Contains(in.offer.Faults, "kill-agent-after-restore") {
+		// Tests: this agent dies with the container restored, before it
+		// could tell the source.
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	}
 	// Only now: up earlier, this host's kernel would have answered the
 	// container's peers with resets before its sockets were back.
 	if err := in.bringUpNetwork(); err != nil {
@@ -483,11 +504,13 @@ func (in *incoming) restore(ctx context.Context, lazy bool) (int, error) {
 
 // cleanup removes the migration's scratch space and, when the migration did
 // not commit, every trace of the container here.
-func (in *incoming) cleanup(dropContainer bool) {
+// It returns the error of a container it could not drop.
+func (in *incoming) cleanup(dropContainer bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	var err error
 	if dropContainer && in.target != nil {
-		_ = in.target.Discard(ctx)
+		err = in.target.Discard(ctx)
 		in.dropNetwork()
 	}
 	if in.store != nil {
@@ -499,4 +522,5 @@ func (in *incoming) cleanup(dropContainer bool) {
 	if in.work != "" && !in.d.KeepWork {
 		_ = os.RemoveAll(in.work)
 	}
+	return err
 }

@@ -179,17 +179,9 @@ func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
 	}
 	defer lazyCh.Close()
 
-	m.begin("restore")
-	if err := m.ctl.Send(Step{Do: "restore"}); err != nil {
-		return m.abort(ctx, failAt("restore", err))
+	if _, err := m.requestRestore(ctx); err != nil {
+		return err
 	}
-	var rs Restored
-	if err := m.ctl.Recv(&rs); err != nil {
-		ld.stop()
-		return m.abort(ctx, failAt("restore on "+m.sess.Peer.Name, err))
-	}
-	m.report.DowntimeMs = ms(time.Since(m.frozenAt))
-	m.report.RestoreMs = rs.RestoreMs
 	// From here the destination's copy runs and changes: resuming the
 	// source would fork the container's state, so the migration commits.
 	m.begin("commit")

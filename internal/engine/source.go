@@ -83,6 +83,8 @@ type migration struct {
 	dumped  runtime.Dump
 	dial    func(ctx context.Context, addr string) (*transport.Session, error)
 	profile model.Profile
+	// commitWindow is how long the destination keeps an uncommitted copy.
+	commitWindow time.Duration
 	// The container's own network, when it has one (see network.go).
 	netnsPath string
 	network   *cnet.Spec
@@ -246,6 +248,10 @@ func (m *migration) run(ctx context.Context) error {
 		return failAt("destination "+m.sess.Peer.Name+" refused", err)
 	}
 	m.report.To = acc.Host
+	m.commitWindow = time.Duration(acc.CommitWindowMs) * time.Millisecond
+	if m.commitWindow < CommitWindow {
+		m.commitWindow = CommitWindow // a destination that does not say
+	}
 	if m.req.Mode == ModeAuto {
 		mode, err := m.chooseMode(ctx)
 		if err != nil {
@@ -495,35 +501,62 @@ func (m *migration) freeze(ctx context.Context) error {
 // switchover asks the destination to restore, then commits: the source copy
 // is removed only once the destination acknowledged the commit.
 func (m *migration) switchover(ctx context.Context) error {
-	m.begin("restore")
-	if err := m.ctl.Send(Step{Do: "restore"}); err != nil {
-		return m.abort(ctx, failAt("restore", err))
+	rs, err := m.requestRestore(ctx)
+	if err != nil {
+		return err
 	}
-	var rs Restored
-	if err := m.ctl.Recv(&rs); err != nil {
-		return m.abort(ctx, failAt("restore on "+m.sess.Peer.Name, err))
-	}
-	m.report.DowntimeMs = ms(time.Since(m.frozenAt))
-	m.report.RestoreMs = rs.RestoreMs
 	if rs.PagesLocal+rs.PagesFetched > 0 {
 		m.report.PagesReferenced, m.report.PagesFetched, m.report.FillMs = rs.PagesLocal, rs.PagesFetched, rs.FillMs
 		m.report.MemoryBytes = rs.MemoryBytes
 	}
 	m.begin("commit")
 	if err := m.ctl.Send(Step{Do: "commit"}); err != nil {
-		// The destination never saw the commit: it drops its copy when the
+		// The destination never saw the commit: it drops its copy when its
 		// commit window passes, after which resuming here is safe.
-		time.Sleep(CommitWindow + time.Second)
+		time.Sleep(m.commitWindow + time.Second)
 		return m.abort(ctx, failAt("commit", err))
 	}
 	var c Committed
 	if err := m.ctl.Recv(&c); err != nil {
-		m.report.SourceState = "frozen"
-		m.report.FrozenMs = ms(time.Since(m.frozenAt))
-		return failAt("commit", fmt.Errorf("%v: the destination may or may not run the container; the source copy stays frozen (%s)", err, m.thawHint()))
+		return m.inDoubt(failAt("commit", fmt.Errorf("%w: the destination may or may not run the container", err)))
 	}
 	m.report.FrozenMs = ms(time.Since(m.frozenAt))
 	return m.removeSource(ctx)
+}
+
+// requestRestore asks the destination to restore and waits until it says
+// the container runs; downtime ends there. The destination reports a
+// failure of its own only after it discarded what it made, so the source
+// resumes then; when the destination goes silent instead (its agent or
+// the link gone), it may have restored the container before, and resuming
+// here could run it twice: the source copy stays frozen, in doubt.
+func (m *migration) requestRestore(ctx context.Context) (Restored, error) {
+	m.begin("restore")
+	var rs Restored
+	if err := m.ctl.Send(Step{Do: "restore"}); err != nil {
+		return rs, m.abort(ctx, failAt("restore", err))
+	}
+	if err := m.ctl.Recv(&rs); err != nil {
+		where := "restore on " + m.sess.Peer.Name
+		if transport.IsRemote(err) {
+			return rs, m.abort(ctx, failAt(where, err))
+		}
+		return rs, m.inDoubt(failAt(where, fmt.Errorf("%w (the destination went silent after it was asked to restore, so it may run the container)", err)))
+	}
+	m.report.DowntimeMs = ms(time.Since(m.frozenAt))
+	m.report.RestoreMs = rs.RestoreMs
+	return rs, nil
+}
+
+// inDoubt ends a migration whose outcome this side cannot know: the
+// source copy stays frozen, and the report says so.
+func (m *migration) inDoubt(cause error) error {
+	if m.dump != nil {
+		m.dump.stop() // CRIU ends; the container stays frozen
+	}
+	m.report.SourceState = "frozen"
+	m.report.FrozenMs = ms(time.Since(m.frozenAt))
+	return fmt.Errorf("%w; the source copy stays frozen until the outcome is known (%s)", cause, m.thawHint())
 }
 
 // removeSource deletes the frozen source copy once the destination owns the
