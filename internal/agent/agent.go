@@ -18,6 +18,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/host"
+	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/runtime/lxc"
@@ -63,9 +64,10 @@ type Agent struct {
 	Streams int
 	Log     *slog.Logger
 
-	mu    sync.Mutex
-	busy  map[string]bool // containers with a migration under way
-	feats criu.Features
+	mu      sync.Mutex
+	busy    map[string]bool // containers with a migration under way
+	feats   criu.Features
+	journal *journal.Journal
 }
 
 // runtimes returns the container runtimes this host offers, runc's under
@@ -114,9 +116,17 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	feats := criu.ProbeFeatures(ctx)
 	a.feats = feats
-	dst.Runtimes = a.runtimes("")
+	j, err := journal.Open(filepath.Join(a.Host.StateDir, "journal"))
+	if err != nil {
+		return err
+	}
+	a.journal = j
+	dst.Runtimes, dst.Journal = a.runtimes(""), j
 	src := &engine.Source{Host: a.Host, Runtimes: dst.Runtimes, KeepWork: a.KeepWork, DirtyTracking: feats.DirtyTracking,
-		LazyDump: feats.LazyPages, Dial: a.dialPeer, Profile: a.Profile}
+		LazyDump: feats.LazyPages, Dial: a.dialPeer, Profile: a.Profile, Journal: j, AllowFaults: a.AllowFaults}
+	// Before anyone is answered: copies restored here and never committed
+	// go, so sources asking afterwards resume theirs.
+	a.recoverDestination(ctx)
 
 	var ls []net.Listener
 	defer func() {
@@ -148,18 +158,22 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		ls = append(ls, l)
 		go a.accept(ctx, l, server, func(sess *transport.Session, r *transport.Router, ch *transport.Channel) {
-			if ch.Kind != engine.ChanIncoming {
-				_ = ch.Fail(fmt.Errorf("peers may only offer migrations, not %q", ch.Kind))
+			switch ch.Kind {
+			case engine.ChanIncoming:
+				dst.Receive(ctx, sess, r, ch)
+			case engine.ChanQuery:
+				dst.Answer(ch, sess.Peer.Name)
+			default:
+				_ = ch.Fail(fmt.Errorf("peers may only offer migrations or ask about theirs, not %q", ch.Kind))
 				ch.Close()
-				return
 			}
-			dst.Receive(ctx, sess, r, ch)
 		})
 	}
 	if len(ls) == 0 {
 		return errors.New("agent needs --listen or --control")
 	}
 	a.Log.Info("agent ready", "host", a.Host.Name, "listen", a.Listen, "control", a.Control, "criu", dst.CRIUVersion)
+	a.resolveSources(ctx)
 	<-ctx.Done()
 	return nil
 }
@@ -237,6 +251,9 @@ func (a *Agent) control(ctx context.Context, src *engine.Source, ch *transport.C
 		}
 		rep := src.Migrate(ctx, req, func(p engine.Progress) { _ = ch.Send(engine.Event{Progress: &p}) })
 		a.Log.Info("migration ended", "container", req.Container, "ok", rep.OK, "downtime_ms", rep.DowntimeMs, "error", rep.Error)
+		if rep.InDoubtID != "" {
+			go a.resolveSource(ctx, rep.InDoubtID)
+		}
 		_ = ch.Send(engine.Event{Report: &rep})
 	case engine.ChanStatus:
 		st, err := a.status(ctx)

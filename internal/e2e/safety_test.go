@@ -9,6 +9,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/lab"
 )
 
 // TestFrozenRootfsFailureResumesSource: the frozen rootfs sync fails while
@@ -57,18 +58,35 @@ func TestFrozenRootfsFailureResumesSource(t *testing.T) {
 	}
 }
 
+// waitStates polls both hosts until the container is as wanted there.
+func waitStates(t *testing.T, l *lab.Lab, name, src, dst string, within time.Duration) {
+	t.Helper()
+	var s, d string
+	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
+		s, d = status(t, &l.Hosts[0], name), status(t, &l.Hosts[1], name)
+		if s == "running" && d == "running" {
+			t.Fatalf("the container runs on both hosts")
+		}
+		if s == src && d == dst {
+			return
+		}
+	}
+	t.Fatalf("after %v the container is %s at the source and %s at the destination, want %s and %s", within, s, d, src, dst)
+}
+
 // TestDestinationAgentDiesAfterRestore: the destination agent is killed
 // with the container restored there, before it could say so. The source
 // cannot know whether the container runs at the destination: it must not
-// resume its copy (that ran the container twice), and the report must say
-// the source copy stays frozen.
+// resume its copy (that ran the container twice) and the report says the
+// source copy stays frozen. Once the destination's agent is back, it drops
+// its uncommitted copy (its journal says it never committed), and the
+// source, which kept asking, resumes its own.
 func TestDestinationAgentDiesAfterRestore(t *testing.T) {
 	requireLab(t)
 	bin := ferryBin(t)
 	l := upLab(t, bin)
 	const name = "hog-dies"
 	p := startMemhog(t, l, bin, name)
-	defer p.Stop()
 	t.Cleanup(func() {
 		for _, h := range l.Hosts[:2] {
 			_ = h.Runc().Delete(context.Background(), name)
@@ -82,14 +100,48 @@ func TestDestinationAgentDiesAfterRestore(t *testing.T) {
 	if rep.OK || rep.SourceState != "frozen" || !strings.Contains(rep.Error, "may run the container") {
 		t.Errorf("report: ok=%v source %q at %q: %s", rep.OK, rep.SourceState, rep.FailedAt, rep.Error)
 	}
+	// The destination's agent is gone: nothing can be known, nothing runs twice.
 	for i := 0; i < 3; i++ {
-		src, dst := status(t, &l.Hosts[0], name), status(t, &l.Hosts[1], name)
-		if src == "running" && dst == "running" {
-			t.Fatalf("the container runs on both hosts")
-		}
-		if src != "paused" {
-			t.Errorf("source copy is %s, want paused (frozen, in doubt)", src)
-		}
+		waitStates(t, l, name, "paused", "running", 2*time.Second)
 		time.Sleep(time.Second)
+	}
+	if err := l.RestartAgent(context.Background(), "h2"); err != nil {
+		t.Fatal(err)
+	}
+	waitStates(t, l, name, "running", "absent", 30*time.Second)
+	pr, perr := p.Stop()
+	if perr != nil || !pr.StateOK {
+		t.Fatalf("workload after recovery: %+v %v", pr, perr)
+	}
+}
+
+// TestSourceAgentDiesAfterFreeze: the source agent is killed with the
+// container frozen. The destination drops what it received when the
+// session ends; the restarted source agent finds the frozen copy in its
+// journal, asks the destination, and resumes it.
+func TestSourceAgentDiesAfterFreeze(t *testing.T) {
+	requireLab(t)
+	bin := ferryBin(t)
+	l := upLab(t, bin)
+	const name = "hog-src-dies"
+	p := startMemhog(t, l, bin, name)
+	t.Cleanup(func() {
+		for _, h := range l.Hosts[:2] {
+			_ = h.Runc().Delete(context.Background(), name)
+		}
+	})
+	_, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
+		engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold, Faults: []string{"kill-source-agent-after-freeze"}}, nil)
+	if err == nil {
+		t.Fatal("the migration reported back although its agent was killed")
+	}
+	waitStates(t, l, name, "paused", "absent", 5*time.Second)
+	if err := l.RestartAgent(context.Background(), "h1"); err != nil {
+		t.Fatal(err)
+	}
+	waitStates(t, l, name, "running", "absent", 30*time.Second)
+	pr, perr := p.Stop()
+	if perr != nil || !pr.StateOK {
+		t.Fatalf("workload after recovery: %+v %v", pr, perr)
 	}
 }

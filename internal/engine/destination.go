@@ -19,6 +19,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/host"
 	"github.com/ferry-migrate/ferry/internal/images"
+	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/pages"
 	"github.com/ferry-migrate/ferry/internal/pagestream"
 	"github.com/ferry-migrate/ferry/internal/rootfs"
@@ -57,6 +58,53 @@ type Destination struct {
 	// SegmentBridge is this host's bridge to the L2 segment containers with
 	// addresses of their own live on ("" : such containers are refused).
 	SegmentBridge string
+	// Journal records each restored copy's state before acting on it
+	// (nil: none, tests only).
+	Journal *journal.Journal
+}
+
+// record writes this migration's state to the journal; peer is the
+// source's host name as its certificate says.
+func (in *incoming) record(peer, state string) error {
+	if in.d.Journal == nil {
+		return nil
+	}
+	return in.d.Journal.Record(journal.Entry{ID: in.offer.ID, Role: journal.Destination, Peer: peer,
+		Container: in.offer.Container, Runtime: in.rt.Kind(), State: state})
+}
+
+// recordFinal records a final state; a failure leaves the restarted
+// agent to drop a copy that is gone already.
+func (in *incoming) recordFinal(peer, state string) {
+	if err := in.record(peer, state); err != nil {
+		slog.Warn("journal", "migration", in.offer.ID, "error", err)
+	}
+}
+
+// Answer tells a source what became of one of its migrations here: the
+// journal's state, "unknown" when nothing of it was ever restored here.
+// Only the host that sent a migration may ask about it.
+func (d *Destination) Answer(ch *transport.Channel, peer string) {
+	defer ch.Close()
+	var q Query
+	if err := ch.Recv(&q); err != nil {
+		return
+	}
+	if d.Journal == nil {
+		_ = ch.Fail(errors.New("this agent keeps no journal"))
+		return
+	}
+	e, ok, err := d.Journal.Get(q.ID)
+	switch {
+	case err != nil:
+		_ = ch.Fail(err)
+	case !ok || e.Role != journal.Destination:
+		_ = ch.Send(QueryAnswer{State: "unknown"})
+	case e.Peer != peer:
+		_ = ch.Fail(fmt.Errorf("migration %s came from another host", q.ID))
+	default:
+		_ = ch.Send(QueryAnswer{State: e.State})
+	}
 }
 
 // incoming is the destination side's state for one migration.
@@ -72,6 +120,10 @@ type incoming struct {
 	store  *pages.Store // pre-copy: the pages received in rounds
 	// parent is pre-copy's parent image (rebuild switchover), once started.
 	parent *images.ParentImage
+	// restoring: a copy may have been restored here (journaled); peer is
+	// the source as its session names it.
+	restoring bool
+	peer      string
 	// liveSynced: the live rootfs sync was applied whole.
 	liveSynced atomic.Bool
 	// netnsPath is the container's network namespace rebuilt here.
@@ -277,6 +329,13 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 		}
 	}
 	start := time.Now()
+	// Recorded first: an agent that dies with a copy restored here drops
+	// it when it starts again, unless the journal says it was committed.
+	in.peer = sess.Peer.Name
+	if err := in.record(in.peer, journal.Restoring); err != nil {
+		return false, err
+	}
+	in.restoring = true
 	pid, err := in.restore(ctx, lazy)
 	if err != nil {
 		return false, err
@@ -303,6 +362,9 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 		}
 		return false, fmt.Errorf("migration not committed, restored copy dropped: %w", err)
 	}
+	if err := in.record(sess.Peer.Name, journal.Committed); err != nil {
+		return false, fmt.Errorf("migration not committed, restored copy dropped: %w", err)
+	}
 	if err := ctl.Send(Committed{}); err != nil {
 		return true, err
 	}
@@ -311,8 +373,13 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 		// lazy-pages daemon has pulled every page.
 		done := lp.wait()
 		if done.Error != "" {
-			// Without its memory the restored container cannot go on.
-			_ = in.target.Discard(context.WithoutCancel(ctx))
+			// Without its memory the restored container cannot go on. The
+			// source resumes its copy on hearing this: only once this one
+			// is gone.
+			if err := in.target.Discard(context.WithoutCancel(ctx)); err != nil {
+				return true, fmt.Errorf("%s, and the restored copy could not be discarded: %w", done.Error, err)
+			}
+			in.recordFinal(sess.Peer.Name, journal.Dropped)
 		}
 		return done.Error == "", ctl.Send(done)
 	}
@@ -512,6 +579,9 @@ func (in *incoming) cleanup(dropContainer bool) error {
 	if dropContainer && in.target != nil {
 		err = in.target.Discard(ctx)
 		in.dropNetwork()
+		if err == nil && in.restoring {
+			in.recordFinal(in.peer, journal.Dropped)
+		}
 	}
 	if in.store != nil {
 		in.store.Release()

@@ -20,6 +20,19 @@ const (
 	ChanImages      = "images"       // the rest of the CRIU images, as a tar
 )
 
+// ChanQuery is how a source asks a destination what became of a migration
+// (journal.Entry's state), to resolve one in doubt.
+const ChanQuery = "query"
+
+// Query asks about one migration; QueryAnswer is the destination's
+// journal state for it ("unknown": it never restored anything of it).
+type Query struct {
+	ID string `json:"id"`
+}
+type QueryAnswer struct {
+	State string `json:"state"`
+}
+
 // Channel kinds on a session between the CLI and an agent.
 const (
 	ChanMigrate = "migrate" // CLI asks the agent to migrate one of its containers
@@ -200,6 +213,9 @@ type Report struct {
 	// SourceState says what became of the source copy: "removed" after a
 	// commit, "resumed" after a failure, "frozen" when the outcome is in doubt.
 	SourceState string `json:"source_state,omitempty"`
+	// InDoubtID names a migration whose outcome the source could not know
+	// (its copy stays frozen); the agent resolves it with the destination.
+	InDoubtID string `json:"in_doubt_id,omitempty"`
 	// FailedAt names the phase and host where a failed migration stopped.
 	FailedAt string `json:"failed_at,omitempty"`
 }

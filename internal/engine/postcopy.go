@@ -15,6 +15,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/images"
+	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/pagestream"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
@@ -185,13 +186,15 @@ func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
 	// From here the destination's copy runs and changes: resuming the
 	// source would fork the container's state, so the migration commits.
 	m.begin("commit")
+	if err := m.record(journal.CommitSent); err != nil {
+		return m.abort(ctx, failAt("commit", err))
+	}
 	if err := m.ctl.Send(Step{Do: "commit"}); err != nil {
-		return failAt("commit", err)
+		return m.inDoubt(failAt("commit", err))
 	}
 	var c Committed
 	if err := m.ctl.Recv(&c); err != nil {
-		m.report.SourceState = "frozen"
-		return failAt("commit", err)
+		return m.inDoubt(failAt("commit", err))
 	}
 	m.begin("lazy-pages")
 	var done LazyDone
@@ -202,12 +205,12 @@ func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
 	m.report.PagesReferenced = done.Local
 	m.report.MemoryBytes = int64(done.Faulted+done.Pushed) * pageSize
 	if err != nil {
-		m.report.SourceState = "frozen"
-		return failAt("lazy pages", fmt.Errorf("lost the destination while it pulled memory: %w", err))
+		return m.inDoubt(failAt("lazy pages", fmt.Errorf("lost the destination while it pulled memory: %w", err)))
 	}
 	if done.Error != "" {
-		m.report.SourceState = "frozen"
-		return failAt("lazy pages on "+m.sess.Peer.Name, fmt.Errorf("%s (the destination dropped the container; the source copy stays frozen: runc --root %s resume %s)", done.Error, m.host.RuncRoot(), m.req.Container))
+		// The destination dropped its copy before it said so: the source's,
+		// complete but as it was at the freeze, is the one left.
+		return m.abort(ctx, failAt("lazy pages on "+m.sess.Peer.Name, fmt.Errorf("%s: the destination dropped the container; the source copy resumes as it was at the freeze", done.Error)))
 	}
 	if derr != nil {
 		// Every page arrived; the dump's own exit status is only advisory.

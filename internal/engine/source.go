@@ -9,12 +9,15 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/host"
+	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/rootfs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
@@ -39,6 +42,11 @@ type Source struct {
 	Dial func(ctx context.Context, addr string) (*transport.Session, error)
 	// KeepWork keeps each migration's local images and CRIU logs.
 	KeepWork bool
+	// Journal records each migration's state before it acts on it, so a
+	// restarted agent can finish or roll back (nil: none, tests only).
+	Journal *journal.Journal
+	// AllowFaults honours a request's injected faults (tests).
+	AllowFaults bool
 }
 
 // migration is the source side's state for one run.
@@ -85,6 +93,7 @@ type migration struct {
 	profile model.Profile
 	// commitWindow is how long the destination keeps an uncommitted copy.
 	commitWindow time.Duration
+	journal      *journal.Journal
 	// The container's own network, when it has one (see network.go).
 	netnsPath string
 	network   *cnet.Spec
@@ -174,7 +183,10 @@ func (m *migration) reportProgress(ctx context.Context, interval time.Duration) 
 // Migrate moves req.Container to req.To and reports how it went. Whatever
 // fails before the destination confirms leaves the container running here.
 func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progress)) Report {
-	m := &migration{req: req, id: newID(), host: s.Host, rts: s.Runtimes, progress: progress, start: time.Now(), parentRound: -1, dirtyTracking: s.DirtyTracking, lazyDump: s.LazyDump, dial: s.Dial, profile: model.DefaultProfile()}
+	if !s.AllowFaults {
+		req.Faults = nil // they reach the destination, which decides for itself
+	}
+	m := &migration{req: req, id: newID(), host: s.Host, journal: s.Journal, rts: s.Runtimes, progress: progress, start: time.Now(), parentRound: -1, dirtyTracking: s.DirtyTracking, lazyDump: s.LazyDump, dial: s.Dial, profile: model.DefaultProfile()}
 	if s.Profile != nil {
 		m.profile = *s.Profile
 	}
@@ -481,6 +493,11 @@ func (m *migration) syncRootfs(kind string) error {
 // freeze stops the container's processes; until commit, resume undoes it.
 func (m *migration) freeze(ctx context.Context) error {
 	m.begin("freeze")
+	// Recorded first: an agent that dies with the container frozen finds
+	// it in its journal when it starts again.
+	if err := m.record(journal.Frozen); err != nil {
+		return failAt("freeze on "+m.host.Name, err)
+	}
 	m.frozenAt = time.Now()
 	// A runtime that cannot freeze without dumping has the dump freeze the
 	// container; the source is resumable through the dump then (Release).
@@ -489,6 +506,10 @@ func (m *migration) freeze(ctx context.Context) error {
 			m.frozenAt = time.Time{}
 			return failAt("freeze on "+m.host.Name, err)
 		}
+	}
+	if slices.Contains(m.req.Faults, "kill-source-agent-after-freeze") {
+		// Tests: this agent dies with the container frozen.
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	}
 	// Frozen, the container's kernel sockets would still acknowledge data
 	// the dump no longer sees: take its own network quiet first.
@@ -510,6 +531,9 @@ func (m *migration) switchover(ctx context.Context) error {
 		m.report.MemoryBytes = rs.MemoryBytes
 	}
 	m.begin("commit")
+	if err := m.record(journal.CommitSent); err != nil {
+		return m.abort(ctx, failAt("commit", err))
+	}
 	if err := m.ctl.Send(Step{Do: "commit"}); err != nil {
 		// The destination never saw the commit: it drops its copy when its
 		// commit window passes, after which resuming here is safe.
@@ -556,7 +580,29 @@ func (m *migration) inDoubt(cause error) error {
 	}
 	m.report.SourceState = "frozen"
 	m.report.FrozenMs = ms(time.Since(m.frozenAt))
-	return fmt.Errorf("%w; the source copy stays frozen until the outcome is known (%s)", cause, m.thawHint())
+	if err := m.record(journal.InDoubt); err != nil {
+		cause = errors.Join(cause, err)
+	}
+	m.report.InDoubtID = m.id
+	return fmt.Errorf("%w; the source copy stays frozen until the destination says what became of its copy (the agent asks it until then; or %s)", cause, m.thawHint())
+}
+
+// record writes the migration's state to the journal before the source
+// acts on it.
+func (m *migration) record(state string) error {
+	if m.journal == nil {
+		return nil
+	}
+	return m.journal.Record(journal.Entry{ID: m.id, Role: journal.Source, Peer: m.req.To,
+		Container: m.ctr.Name, Runtime: m.rt.Kind(), Root: m.req.RuncRoot, State: state})
+}
+
+// recordFinal records a final state; one that cannot be written only
+// leaves the agent to check the container again when it restarts.
+func (m *migration) recordFinal(state string) {
+	if err := m.record(state); err != nil {
+		m.report.Warnings = append(m.report.Warnings, err.Error())
+	}
 }
 
 // removeSource deletes the frozen source copy once the destination owns the
@@ -579,6 +625,7 @@ func (m *migration) removeSource(ctx context.Context) error {
 		return failAt("remove source copy", err)
 	}
 	m.report.SourceState = "removed"
+	m.recordFinal(journal.Removed)
 	m.dropSourceNetwork()
 	return nil
 }
@@ -622,6 +669,7 @@ func (m *migration) abort(ctx context.Context, cause error) error {
 	st, serr := runtime.State(rctx, m.rt, m.ctr.Name)
 	if serr == nil && st == "running" {
 		m.report.SourceState = "resumed"
+		m.recordFinal(journal.Resumed)
 		return cause
 	}
 	m.report.SourceState = "frozen"

@@ -178,3 +178,24 @@ func waitGone(pids []int, d time.Duration) []int {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// RestartAgent starts a lab host's agent again after it died (a test's
+// crash fault), and waits until it serves.
+func (l *Lab) RestartAgent(ctx context.Context, hostName string) error {
+	h, err := l.Host(hostName)
+	if err != nil {
+		return err
+	}
+	if h.AgentPID > 0 && alive(h.AgentPID) && isAgentOf(h.AgentPID, h) {
+		return fmt.Errorf("the agent of %s still runs (pid %d)", h.Name, h.AgentPID)
+	}
+	a, err := startAgent(l, h)
+	if err != nil {
+		return err
+	}
+	if err := a.waitReady(ctx, 30*time.Second); err != nil {
+		return err
+	}
+	h.AgentPID = a.pid
+	return l.save()
+}

@@ -1,0 +1,147 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/journal"
+	"github.com/ferry-migrate/ferry/internal/runtime"
+)
+
+// What a restarted agent does with the migrations its journal holds, and
+// how a source settles one it left in doubt. The invariant: a container
+// runs at most once, and somewhere as long as either host holds a
+// complete copy.
+
+// resolveRetry is how often a source asks again while its destination
+// cannot say what became of a migration.
+const resolveRetry = 3 * time.Second
+
+// recoverDestination drops every copy a previous run of this agent
+// restored and never committed. It runs before the agent answers anyone,
+// so a source that asks afterwards hears "dropped" and resumes its own.
+func (a *Agent) recoverDestination(ctx context.Context) {
+	pend, err := a.journal.Pending()
+	if err != nil {
+		a.Log.Error("journal unreadable: restored copies of earlier migrations are not checked", "error", err)
+		return
+	}
+	for _, e := range pend {
+		if e.Role != journal.Destination {
+			continue
+		}
+		rt, err := a.runtimes(e.Root).Get(e.Runtime)
+		if err == nil {
+			err = rt.Remove(ctx, &runtime.Container{Runtime: e.Runtime, Name: e.Container, ID: e.Container})
+		}
+		if err != nil {
+			a.Log.Error("an uncommitted copy from before a restart could not be dropped", "migration", e.ID, "container", e.Container, "error", err)
+			continue
+		}
+		if err := a.journal.Set(e.ID, journal.Dropped); err != nil {
+			a.Log.Error("journal", "migration", e.ID, "error", err)
+		}
+		a.Log.Info("dropped an uncommitted copy restored before a restart", "migration", e.ID, "container", e.Container)
+	}
+}
+
+// resolveSources settles, in the background, every migration this host
+// left frozen as a source (before a restart, or in doubt).
+func (a *Agent) resolveSources(ctx context.Context) {
+	pend, err := a.journal.Pending()
+	if err != nil {
+		a.Log.Error("journal unreadable: frozen source copies of earlier migrations are not checked", "error", err)
+		return
+	}
+	for _, e := range pend {
+		if e.Role == journal.Source {
+			go a.resolveSource(ctx, e.ID)
+		}
+	}
+}
+
+// resolveSource asks the destination what became of its copy of a
+// migration, until it can say, then removes the source copy (the
+// destination committed) or resumes it (the destination has none).
+func (a *Agent) resolveSource(ctx context.Context, id string) {
+	for {
+		e, ok, err := a.journal.Get(id)
+		if err != nil || !ok || journal.Final(e.State) {
+			return
+		}
+		state, err := a.ask(ctx, e.Peer, id)
+		if err == nil {
+			done, err := a.settle(ctx, e, state)
+			if done {
+				return
+			}
+			if err != nil {
+				a.Log.Warn("settling a frozen source copy", "migration", id, "container", e.Container, "error", err)
+			}
+		} else {
+			a.Log.Info("a frozen source copy waits for its destination", "migration", id, "container", e.Container, "destination", e.Peer, "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(resolveRetry):
+		}
+	}
+}
+
+// settle acts on the destination's answer; done says nothing is left.
+func (a *Agent) settle(ctx context.Context, e journal.Entry, state string) (done bool, err error) {
+	rt, err := a.runtimes(e.Root).Get(e.Runtime)
+	if err != nil {
+		return false, err
+	}
+	c := &runtime.Container{Runtime: e.Runtime, Name: e.Container, ID: e.Container}
+	switch state {
+	case journal.Committed:
+		if err := rt.Remove(ctx, c); err != nil {
+			return false, err
+		}
+		a.Log.Info("the destination owns the container: source copy removed", "migration", e.ID, "container", e.Container)
+		return true, a.journal.Set(e.ID, journal.Removed)
+	case journal.Dropped, "unknown":
+		if rt.Caps().Freeze {
+			_ = rt.Thaw(ctx, c) // a container the freeze never reached runs already
+		}
+		st, err := runtime.State(ctx, rt, e.Container)
+		if err != nil {
+			return false, err
+		}
+		if st != "running" {
+			return false, fmt.Errorf("thawed, yet the runtime says %s", st)
+		}
+		a.Log.Info("the destination has no copy: source copy resumed", "migration", e.ID, "container", e.Container)
+		return true, a.journal.Set(e.ID, journal.Resumed)
+	}
+	return false, nil // the destination is still deciding (restoring)
+}
+
+// ask opens a session to the destination and asks about one migration.
+func (a *Agent) ask(ctx context.Context, addr, id string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	sess, err := a.dialPeer(ctx, addr)
+	if err != nil {
+		return "", err
+	}
+	defer sess.Close()
+	ch, err := sess.Open(engine.ChanQuery)
+	if err != nil {
+		return "", err
+	}
+	defer ch.Close()
+	if err := ch.Send(engine.Query{ID: id}); err != nil {
+		return "", err
+	}
+	var ans engine.QueryAnswer
+	if err := ch.Recv(&ans); err != nil {
+		return "", err
+	}
+	return ans.State, nil
+}

@@ -1,0 +1,193 @@
+// Package journal records each migration's state on one host durably: a
+// state is written and synced before the agent acts on it, so an agent
+// restarted after a crash or a reboot knows what it was doing and can
+// finish or roll back (see agent/recover.go). One small file per
+// migration, replaced atomically at each transition.
+package journal
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"time"
+)
+
+// Roles.
+const (
+	Source      = "source"
+	Destination = "destination"
+)
+
+// States. A source goes frozen -> commit-sent -> removed, or -> resumed,
+// or stays in-doubt until its destination says what became of its copy. A
+// destination goes restoring -> committed, or -> dropped.
+const (
+	// Source states.
+	Frozen     = "frozen"      // the container is (about to be) frozen here
+	CommitSent = "commit-sent" // the destination may own the container now
+	InDoubt    = "in-doubt"    // frozen; the outcome is the destination's to say
+	Removed    = "removed"     // final: the destination owns it
+	Resumed    = "resumed"     // final: it runs here again
+	// Destination states.
+	Restoring = "restoring" // a copy may run here, not yet committed
+	Committed = "committed" // final: this host owns the container
+	Dropped   = "dropped"   // final: this host's copy is gone
+)
+
+// Final reports whether nothing is left to do for a migration in state s.
+func Final(s string) bool {
+	switch s {
+	case Removed, Resumed, Committed, Dropped:
+		return true
+	}
+	return false
+}
+
+// Entry is one migration as this host knows it.
+type Entry struct {
+	ID   string `json:"id"`
+	Role string `json:"role"`
+	// Peer is the other host: for a source the destination's address, for
+	// a destination the source's host name (as its certificate says).
+	Peer      string `json:"peer"`
+	Container string `json:"container"`
+	Runtime   string `json:"runtime"`
+	// Root is where the runtime keeps the container when not the agent's
+	// own place (a runc root given with the request).
+	Root    string    `json:"root,omitempty"`
+	State   string    `json:"state"`
+	Updated time.Time `json:"updated"`
+}
+
+// Journal is one host's records, in a directory.
+type Journal struct{ dir string }
+
+// Open opens (creating) the journal in dir.
+func Open(dir string) (*Journal, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	return &Journal{dir: dir}, nil
+}
+
+// validID keeps a peer-supplied ID a plain file name.
+var validID = regexp.MustCompile(`^[0-9a-f]{1,64}$`)
+
+func (j *Journal) path(id string) (string, error) {
+	if !validID.MatchString(id) {
+		return "", fmt.Errorf("journal: bad migration ID %q", id)
+	}
+	return filepath.Join(j.dir, id+".json"), nil
+}
+
+// Record writes e (stamped now) and syncs it to disk before returning.
+func (j *Journal) Record(e Entry) error {
+	p, err := j.path(e.ID)
+	if err != nil {
+		return err
+	}
+	e.Updated = time.Now().UTC()
+	b, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	tmp := p + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, p)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("journal: %w", err)
+	}
+	// The rename is durable only once the directory is.
+	d, err := os.Open(j.dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// Set records a new state for a known migration.
+func (j *Journal) Set(id, state string) error {
+	e, ok, err := j.Get(id)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("journal: no migration %s", id)
+	}
+	e.State = state
+	return j.Record(e)
+}
+
+// Get returns the entry of a migration, if recorded.
+func (j *Journal) Get(id string) (Entry, bool, error) {
+	p, err := j.path(id)
+	if err != nil {
+		return Entry{}, false, err
+	}
+	b, err := os.ReadFile(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return Entry{}, false, nil
+	}
+	if err != nil {
+		return Entry{}, false, err
+	}
+	var e Entry
+	if err := json.Unmarshal(b, &e); err != nil {
+		return Entry{}, false, fmt.Errorf("journal: %s: %w", p, err)
+	}
+	return e, true, nil
+}
+
+// Pending lists the migrations not in a final state, oldest first.
+func (j *Journal) Pending() ([]Entry, error) {
+	all, err := j.All()
+	if err != nil {
+		return nil, err
+	}
+	var out []Entry
+	for _, e := range all {
+		if !Final(e.State) {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+// All lists every recorded migration, oldest first.
+func (j *Journal) All() ([]Entry, error) {
+	names, err := filepath.Glob(filepath.Join(j.dir, "*.json"))
+	if err != nil {
+		return nil, err
+	}
+	var out []Entry
+	for _, n := range names {
+		id := filepath.Base(n)
+		id = id[:len(id)-len(".json")]
+		e, ok, err := j.Get(id)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			out = append(out, e)
+		}
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].Updated.Before(out[b].Updated) })
+	return out, nil
+}
