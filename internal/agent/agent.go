@@ -68,11 +68,16 @@ type Agent struct {
 	busy    map[string]bool // containers with a migration under way
 	feats   criu.Features
 	journal *journal.Journal
+	// runtimeSet replaces runtimes() in unit tests.
+	runtimeSet func(runcRoot string) runtime.Set
 }
 
 // runtimes returns the container runtimes this host offers, runc's under
 // runcRoot when one is given (a request's --runc-root) or the host's.
 func (a *Agent) runtimes(runcRoot string) runtime.Set {
+	if a.runtimeSet != nil {
+		return a.runtimeSet(runcRoot)
+	}
 	if runcRoot == "" {
 		runcRoot = a.Host.RuncRoot()
 	}

@@ -1,0 +1,117 @@
+package agent
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+
+	"github.com/ferry-migrate/ferry/internal/journal"
+	"github.com/ferry-migrate/ferry/internal/runtime"
+)
+
+// fakeRuntime keeps container states in a map; recovery's logic only.
+type fakeRuntime struct {
+	state   map[string]string
+	removed []string
+}
+
+func (f *fakeRuntime) Kind() string       { return "fake" }
+func (f *fakeRuntime) Caps() runtime.Caps { return runtime.Caps{Freeze: true} }
+func (f *fakeRuntime) Inspect(_ context.Context, name string) (*runtime.Container, error) {
+	st, ok := f.state[name]
+	if !ok {
+		return nil, runtime.ErrNotFound
+	}
+	return &runtime.Container{Name: name, ID: name, Status: st}, nil
+}
+func (f *fakeRuntime) Freeze(_ context.Context, c *runtime.Container) error {
+	f.state[c.Name] = "paused"
+	return nil
+}
+func (f *fakeRuntime) Thaw(_ context.Context, c *runtime.Container) error {
+	f.state[c.Name] = "running"
+	return nil
+}
+func (f *fakeRuntime) Checkpoint(context.Context, *runtime.Container, runtime.CheckpointOptions) (runtime.Dump, error) {
+	panic("not in recovery")
+}
+func (f *fakeRuntime) Remove(_ context.Context, c *runtime.Container) error {
+	delete(f.state, c.Name)
+	f.removed = append(f.removed, c.Name)
+	return nil
+}
+func (f *fakeRuntime) Prepare(context.Context, *runtime.Container, runtime.PrepareOptions) (runtime.Target, error) {
+	panic("not in recovery")
+}
+
+func testAgent(t *testing.T) (*Agent, *fakeRuntime) {
+	t.Helper()
+	j, err := journal.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := &fakeRuntime{state: map[string]string{}}
+	a := &Agent{journal: j, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		runtimeSet: func(string) runtime.Set { return runtime.Set{"fake": rt} }}
+	return a, rt
+}
+
+func TestRecoverDestinationDropsUncommittedCopies(t *testing.T) {
+	a, rt := testAgent(t)
+	rt.state["a"], rt.state["b"] = "running", "running"
+	for _, e := range []journal.Entry{
+		{ID: "a1", Role: journal.Destination, Container: "a", Runtime: "fake", State: journal.Restoring},
+		{ID: "b1", Role: journal.Destination, Container: "b", Runtime: "fake", State: journal.Committed},
+		{ID: "c1", Role: journal.Source, Container: "c", Runtime: "fake", State: journal.Frozen},
+	} {
+		if err := a.journal.Record(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.recoverDestination(context.Background())
+	if len(rt.removed) != 1 || rt.removed[0] != "a" || rt.state["b"] != "running" {
+		t.Errorf("removed %v, states %v: only the uncommitted copy goes", rt.removed, rt.state)
+	}
+	if e, _, _ := a.journal.Get("a1"); e.State != journal.Dropped {
+		t.Errorf("a1 is %s", e.State)
+	}
+	if e, _, _ := a.journal.Get("c1"); e.State != journal.Frozen {
+		t.Errorf("a source entry was touched: %s", e.State)
+	}
+}
+
+func TestSettleFollowsTheDestination(t *testing.T) {
+	for _, c := range []struct {
+		answer, wantState, wantJournal string
+		done                           bool
+	}{
+		{journal.Committed, "absent", journal.Removed, true},
+		{journal.Dropped, "running", journal.Resumed, true},
+		{"unknown", "running", journal.Resumed, true},
+		{journal.Restoring, "paused", journal.InDoubt, false}, // still deciding: ask again
+	} {
+		t.Run(c.answer, func(t *testing.T) {
+			a, rt := testAgent(t)
+			rt.state["web"] = "paused"
+			e := journal.Entry{ID: "abc", Role: journal.Source, Container: "web", Runtime: "fake", State: journal.InDoubt}
+			if err := a.journal.Record(e); err != nil {
+				t.Fatal(err)
+			}
+			done, err := a.settle(context.Background(), e, c.answer)
+			if err != nil || done != c.done {
+				t.Fatalf("settle: done=%v err=%v", done, err)
+			}
+			st, ok := rt.state["web"]
+			if !ok {
+				st = "absent"
+			}
+			if st != c.wantState {
+				t.Errorf("container %s, want %s", st, c.wantState)
+			}
+			if got, _, _ := a.journal.Get("abc"); got.State != c.wantJournal {
+				t.Errorf("journal %s, want %s", got.State, c.wantJournal)
+			}
+		})
+	}
+}
