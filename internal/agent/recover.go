@@ -19,9 +19,13 @@ import (
 // cannot say what became of a migration.
 const resolveRetry = 3 * time.Second
 
-// recoverDestination drops every copy a previous run of this agent
-// restored and never committed. It runs before the agent answers anyone,
-// so a source that asks afterwards hears "dropped" and resumes its own.
+// recoverDestination settles every copy a previous run of this agent
+// restored and never committed. A copy that still runs has run on since
+// (its clients saw it change): dropping it would take them back in time,
+// and its source, which never resumes without this host's word, is
+// frozen; so it is kept and committed, and the source removes its own
+// when it asks. A copy that no longer runs is removed. This runs before
+// the agent answers anyone.
 func (a *Agent) recoverDestination(ctx context.Context) {
 	pend, err := a.journal.Pending()
 	if err != nil {
@@ -33,9 +37,19 @@ func (a *Agent) recoverDestination(ctx context.Context) {
 			continue
 		}
 		rt, err := a.runtimes(e.Root).Get(e.Runtime)
-		if err == nil {
-			err = rt.Remove(ctx, &runtime.Container{Runtime: e.Runtime, Name: e.Container, ID: e.Container})
+		if err != nil {
+			a.Log.Error("an uncommitted copy from before a restart cannot be checked", "migration", e.ID, "container", e.Container, "error", err)
+			continue
 		}
+		if st, serr := runtime.State(ctx, rt, e.Container); serr == nil && st == "running" {
+			if err := a.journal.Set(e.ID, journal.Committed); err != nil {
+				a.Log.Error("journal", "migration", e.ID, "error", err)
+				continue
+			}
+			a.Log.Info("kept a restored copy that ran on across a restart; its source removes its own", "migration", e.ID, "container", e.Container)
+			continue
+		}
+		err = rt.Remove(ctx, &runtime.Container{Runtime: e.Runtime, Name: e.Container, ID: e.Container})
 		if err != nil {
 			a.Log.Error("an uncommitted copy from before a restart could not be dropped", "migration", e.ID, "container", e.Container, "error", err)
 			continue

@@ -57,11 +57,13 @@ func testAgent(t *testing.T) (*Agent, *fakeRuntime) {
 	return a, rt
 }
 
-func TestRecoverDestinationDropsUncommittedCopies(t *testing.T) {
+func TestRecoverDestinationSettlesUncommittedCopies(t *testing.T) {
 	a, rt := testAgent(t)
-	rt.state["a"], rt.state["b"] = "running", "running"
+	// a: restored, then died; k: restored and ran on; b: committed.
+	rt.state["a"], rt.state["k"], rt.state["b"] = "stopped", "running", "running"
 	for _, e := range []journal.Entry{
 		{ID: "a1", Role: journal.Destination, Container: "a", Runtime: "fake", State: journal.Restoring},
+		{ID: "a2", Role: journal.Destination, Container: "k", Runtime: "fake", State: journal.Restoring},
 		{ID: "b1", Role: journal.Destination, Container: "b", Runtime: "fake", State: journal.Committed},
 		{ID: "c1", Role: journal.Source, Container: "c", Runtime: "fake", State: journal.Frozen},
 	} {
@@ -70,11 +72,14 @@ func TestRecoverDestinationDropsUncommittedCopies(t *testing.T) {
 		}
 	}
 	a.recoverDestination(context.Background())
-	if len(rt.removed) != 1 || rt.removed[0] != "a" || rt.state["b"] != "running" {
-		t.Errorf("removed %v, states %v: only the uncommitted copy goes", rt.removed, rt.state)
+	if len(rt.removed) != 1 || rt.removed[0] != "a" || rt.state["b"] != "running" || rt.state["k"] != "running" {
+		t.Errorf("removed %v, states %v: only the copy that no longer runs goes", rt.removed, rt.state)
 	}
 	if e, _, _ := a.journal.Get("a1"); e.State != journal.Dropped {
 		t.Errorf("a1 is %s", e.State)
+	}
+	if e, _, _ := a.journal.Get("a2"); e.State != journal.Committed {
+		t.Errorf("a copy that ran on is %s, want committed (its source removes its own)", e.State)
 	}
 	if e, _, _ := a.journal.Get("c1"); e.State != journal.Frozen {
 		t.Errorf("a source entry was touched: %s", e.State)

@@ -150,7 +150,7 @@ func (d *Destination) Receive(ctx context.Context, sess *transport.Session, rout
 	} else {
 		in.expect(router)
 	}
-	if err := ctl.Send(Accept{Host: d.Host.Name, CRIUVersion: d.CRIUVersion, CommitWindowMs: commitWindow().Milliseconds()}); err != nil {
+	if err := ctl.Send(Accept{Host: d.Host.Name, CRIUVersion: d.CRIUVersion}); err != nil {
 		in.cleanup(true)
 		return
 	}
@@ -177,7 +177,7 @@ func (d *Destination) Receive(ctx context.Context, sess *transport.Session, rout
 		}
 		// The source opens no channel before this reply.
 		in.expect(router)
-		if err := ctl.Send(Accept{Host: d.Host.Name, CRIUVersion: d.CRIUVersion, CommitWindowMs: commitWindow().Milliseconds()}); err != nil {
+		if err := ctl.Send(Accept{Host: d.Host.Name, CRIUVersion: d.CRIUVersion}); err != nil {
 			in.cleanup(true)
 			return
 		}

@@ -78,10 +78,6 @@ type Offer struct {
 type Accept struct {
 	Host        string `json:"host"`
 	CRIUVersion string `json:"criu_version"`
-	// CommitWindowMs is how long the destination keeps a restored copy
-	// waiting for the commit: no shorter than its outage timeout, so a
-	// network cut the session survives never costs the container.
-	CommitWindowMs int64 `json:"commit_window_ms,omitempty"`
 	// PrecopyEngine is the pre-copy engine both ends agreed on.
 	PrecopyEngine string `json:"precopy_engine,omitempty"`
 }

@@ -91,9 +91,7 @@ type migration struct {
 	dumped  runtime.Dump
 	dial    func(ctx context.Context, addr string) (*transport.Session, error)
 	profile model.Profile
-	// commitWindow is how long the destination keeps an uncommitted copy.
-	commitWindow time.Duration
-	journal      *journal.Journal
+	journal *journal.Journal
 	// The container's own network, when it has one (see network.go).
 	netnsPath string
 	network   *cnet.Spec
@@ -260,10 +258,6 @@ func (m *migration) run(ctx context.Context) error {
 		return failAt("destination "+m.sess.Peer.Name+" refused", err)
 	}
 	m.report.To = acc.Host
-	m.commitWindow = time.Duration(acc.CommitWindowMs) * time.Millisecond
-	if m.commitWindow < CommitWindow {
-		m.commitWindow = CommitWindow // a destination that does not say
-	}
 	if m.req.Mode == ModeAuto {
 		mode, err := m.chooseMode(ctx)
 		if err != nil {
@@ -535,10 +529,9 @@ func (m *migration) switchover(ctx context.Context) error {
 		return m.abort(ctx, failAt("commit", err))
 	}
 	if err := m.ctl.Send(Step{Do: "commit"}); err != nil {
-		// The destination never saw the commit: it drops its copy when its
-		// commit window passes, after which resuming here is safe.
-		time.Sleep(m.commitWindow + time.Second)
-		return m.abort(ctx, failAt("commit", err))
+		// The destination's copy runs; whether it is dropped (its commit
+		// window passing) or kept (its agent restarted) is its to say.
+		return m.inDoubt(failAt("commit", err))
 	}
 	var c Committed
 	if err := m.ctl.Recv(&c); err != nil {
@@ -558,7 +551,8 @@ func (m *migration) requestRestore(ctx context.Context) (Restored, error) {
 	m.begin("restore")
 	var rs Restored
 	if err := m.ctl.Send(Step{Do: "restore"}); err != nil {
-		return rs, m.abort(ctx, failAt("restore", err))
+		// Part of it may have arrived: the destination may be restoring.
+		return rs, m.inDoubt(failAt("restore", fmt.Errorf("%w (the request may have reached the destination, so it may run the container)", err)))
 	}
 	if err := m.ctl.Recv(&rs); err != nil {
 		where := "restore on " + m.sess.Peer.Name
