@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/ferry-migrate/ferry/internal/admission"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/host"
@@ -25,6 +26,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 	"github.com/ferry-migrate/ferry/internal/transport"
+	"golang.org/x/sys/unix"
 )
 
 // DefaultControl is the CLI's socket when the agent is not told otherwise.
@@ -49,6 +51,8 @@ type Agent struct {
 	Security *transport.Security
 	// Profile is the host's calibrated model profile (nil: defaults).
 	Profile *model.Profile
+	// Admission is what this host accepts of incoming containers.
+	Admission admission.Policy
 	// PodmanDir keeps a Podman instance of this host's own (the lab's
 	// hosts); empty means the machine's Podman. LXCPath is where LXC
 	// containers live (lxc-* -P; empty: LXC's default).
@@ -82,7 +86,7 @@ func (a *Agent) runtimes(runcRoot string) runtime.Set {
 		runcRoot = a.Host.RuncRoot()
 	}
 	set := runtime.Set{
-		"runc": &runc.Runtime{Host: runc.Host{Root: runcRoot}, BundleRoot: filepath.Join(a.Host.StateDir, "bundles"),
+		"runc": &runc.Runtime{Host: runc.Host{Root: runcRoot}, BundleRoot: filepath.Join(a.Host.StateDir, "bundles"), Admission: a.Admission,
 			CgroupParent: a.Host.CgroupParent, NetNS: a.Host.NetNS, Lazy: a.feats.LazyPages, DirtyTracking: a.feats.DirtyTracking},
 	}
 	// Other runtimes where their tools are installed.
@@ -121,12 +125,18 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	feats := criu.ProbeFeatures(ctx)
 	a.feats = feats
+	if a.Admission.MaxMemoryBytes == 0 {
+		var si unix.Sysinfo_t
+		if err := unix.Sysinfo(&si); err == nil {
+			a.Admission.MaxMemoryBytes = int64(si.Totalram) * int64(si.Unit)
+		}
+	}
 	j, err := journal.Open(filepath.Join(a.Host.StateDir, "journal"))
 	if err != nil {
 		return err
 	}
 	a.journal = j
-	dst.Runtimes, dst.Journal = a.runtimes(""), j
+	dst.Runtimes, dst.Journal, dst.Admission = a.runtimes(""), j, a.Admission
 	src := &engine.Source{Host: a.Host, Runtimes: dst.Runtimes, KeepWork: a.KeepWork, DirtyTracking: feats.DirtyTracking,
 		LazyDump: feats.LazyPages, Dial: a.dialPeer, Profile: a.Profile, Journal: j, AllowFaults: a.AllowFaults}
 	// Before anyone is answered: copies restored here and never committed

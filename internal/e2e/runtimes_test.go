@@ -16,6 +16,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+	"github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // plainRunc is a container started with plain `runc run -d`, as a user
@@ -31,7 +32,7 @@ type plainRunc struct {
 // temp dir and its rootfs at rootPath (relative to the bundle or
 // absolute); stdout is a pipe this test holds when pipe is set, else
 // /dev/null.
-func startPlainRunc(t *testing.T, l *lab.Lab, bin, root, name, rootPath string, pipe bool) *plainRunc {
+func startPlainRunc(t *testing.T, l *lab.Lab, bin, root, name, rootPath string, pipe bool, edits ...func(*specs.Spec)) *plainRunc {
 	t.Helper()
 	h := &l.Hosts[0]
 	bundle := t.TempDir()
@@ -47,6 +48,9 @@ func startPlainRunc(t *testing.T, l *lab.Lab, bin, root, name, rootPath string, 
 		Hostname: name, CgroupsPath: "/plain-runc/" + name, NetNS: h.NetNS,
 	})
 	spec.Root.Path = rootPath
+	for _, e := range edits {
+		e(spec)
+	}
 	if err := runc.WriteSpec(bundle, spec); err != nil {
 		t.Fatal(err)
 	}
@@ -164,6 +168,12 @@ func TestPlainRuncBadInput(t *testing.T) {
 		{engine.Request{Container: p.name, Mode: engine.ModeCold, Runtime: "rkt"}, `runtime "rkt" is not available`},
 		{engine.Request{Container: p.name, Mode: engine.ModeCold, Runtime: "runc"}, "no container"}, // not under the agent's root
 	}
+	// A config.json whose hook would run as root on the destination.
+	hooked := startPlainRunc(t, l, bin, root, "plain-hooked", "rootfs", false, func(s *specs.Spec) {
+		s.Hooks = &specs.Hooks{Prestart: []specs.Hook{{Path: "/bin/true"}}}
+		s.Process.Args = []string{"/bin/memhog", "--memory", "16M", "--port", "7001"} // beside plain-bad's
+	})
+	cases = append(cases, badCase{engine.Request{Container: hooked.name, Mode: engine.ModeCold, RuncRoot: root}, "OCI hooks"})
 	if !criu.ProbeFeatures(context.Background()).DirtyTracking {
 		cases = append(cases, badCase{engine.Request{Container: p.name, Mode: engine.ModePrecopy, RuncRoot: root,
 			Precopy: engine.PrecopyOptions{Engine: engine.PrecopyNative}}, "soft-dirty"})
@@ -174,11 +184,16 @@ func TestPlainRuncBadInput(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rep.OK || !strings.Contains(rep.Error, c.want) || !strings.HasPrefix(rep.FailedAt, "prepare") {
-			t.Errorf("%+v: ok=%v at %q: %s (want %q)", c.req, rep.OK, rep.FailedAt, rep.Error, c.want)
+		// Refused by the source while it prepares, or by the destination
+		// on the offer: either way before anything froze.
+		if rep.OK || !strings.Contains(rep.Error, c.want) ||
+			!(strings.HasPrefix(rep.FailedAt, "prepare") || strings.HasPrefix(rep.FailedAt, "destination")) || rep.SourceState != "" {
+			t.Errorf("%+v: ok=%v at %q, source %q: %s (want %q)", c.req, rep.OK, rep.FailedAt, rep.SourceState, rep.Error, c.want)
 		}
-		if got := p.status(t); got != "running" {
-			t.Fatalf("after a refused request the container is %s", got)
+		for _, q := range []*plainRunc{p, hooked} {
+			if got := q.status(t); got != "running" {
+				t.Fatalf("after a refused request %s is %s", q.name, got)
+			}
 		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/zeebo/xxh3"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/ferry-migrate/ferry/internal/admission"
 	"github.com/ferry-migrate/ferry/internal/host"
 	"github.com/ferry-migrate/ferry/internal/images"
 	"github.com/ferry-migrate/ferry/internal/journal"
@@ -61,6 +62,9 @@ type Destination struct {
 	// Journal records each restored copy's state before acting on it
 	// (nil: none, tests only).
 	Journal *journal.Journal
+	// Admission bounds what an offer may ask this host to prepare (the
+	// runtimes check the container's own configuration).
+	Admission admission.Policy
 }
 
 // record writes this migration's state to the journal; peer is the
@@ -170,6 +174,11 @@ func (d *Destination) Receive(ctx context.Context, sess *transport.Session, rout
 		if step.Precopy != nil {
 			in.offer.Precopy = *step.Precopy
 		}
+		if err := in.d.Admission.CheckOffer(admission.Offer{MemoryBytes: in.offer.MemoryBytes, MaxRounds: in.offer.Precopy.MaxRounds}); err != nil {
+			_ = ctl.Fail(err)
+			in.cleanup(true)
+			return
+		}
 		if err := in.settleTechnique(); err != nil {
 			_ = ctl.Fail(err)
 			in.cleanup(true)
@@ -205,6 +214,9 @@ func (in *incoming) prepare(ctx context.Context) error {
 	}
 	if o.Container == "" || filepath.Base(o.Container) != o.Container || o.Container == "." || o.Container == ".." {
 		return fmt.Errorf("bad container name %q", o.Container)
+	}
+	if err := in.d.Admission.CheckOffer(admission.Offer{MemoryBytes: o.MemoryBytes, MaxRounds: o.Precopy.MaxRounds}); err != nil {
+		return err
 	}
 	kind := o.Runtime
 	if kind == "" {

@@ -11,6 +11,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/ferry-migrate/ferry/internal/admission"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 )
 
@@ -28,6 +29,9 @@ type Runtime struct {
 	// NetNS is the network namespace a restored container joins when its
 	// source joined one that ferry does not rebuild ("": refuse those).
 	NetNS string
+	// Admission is what this host accepts of an incoming config.json,
+	// which runc runs as it is.
+	Admission admission.Policy
 	// Lazy says CRIU's lazy dump works here (fs.pipe-max-size, uffd);
 	// DirtyTracking that CRIU's pre-dump does (soft-dirty).
 	Lazy, DirtyTracking bool
@@ -140,6 +144,9 @@ func (d *lazyDump) Release(context.Context, bool) error { return nil }
 func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.PrepareOptions) (runtime.Target, error) {
 	if c.Name == "" || filepath.Base(c.Name) != c.Name || c.Name == "." || c.Name == ".." {
 		return nil, fmt.Errorf("bad container name %q", c.Name)
+	}
+	if err := r.Admission.CheckSpec(c.Spec); err != nil {
+		return nil, err
 	}
 	if _, err := r.State(ctx, c.Name); err == nil {
 		return nil, fmt.Errorf("runc --root %s already has a container named %q", r.Root, c.Name)

@@ -1,0 +1,198 @@
+// Package admission decides what a destination accepts of an incoming
+// container before it creates anything. A source sends the container's
+// OCI config.json and runc runs it as root here: its hooks would run on
+// this host, its host namespaces, bind mounts, capabilities and devices
+// would reach into this host. By default none of that passes; an agent's
+// operator allows it explicitly.
+package admission
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// Policy is what an agent accepts.
+type Policy struct {
+	// Privileged accepts everything a config.json may ask for.
+	Privileged bool
+	// HostNetwork accepts a container without a network namespace of its
+	// own (it would share this host's).
+	HostNetwork bool
+	// BindSources are the host directories bind mounts may come from
+	// (each with what lies beneath it).
+	BindSources []string
+	// MaxCaps is the set of capabilities a container may hold; empty
+	// means DefaultCaps.
+	MaxCaps []string
+	// MaxMemoryBytes bounds the memory an offer announces (the destination
+	// prepares that much); 0: no bound.
+	MaxMemoryBytes int64
+	// MaxRounds bounds pre-copy rounds an offer asks for; 0: DefaultMaxRounds.
+	MaxRounds int
+}
+
+// DefaultCaps are the capabilities container engines grant by default
+// (runc's and Podman's defaults): no administrative powers.
+var DefaultCaps = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
+	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+}
+
+// DefaultMaxRounds bounds pre-copy rounds when the policy does not.
+const DefaultMaxRounds = 64
+
+// Refused is a container the policy does not admit, with every reason.
+type Refused struct{ Reasons []string }
+
+func (r *Refused) Error() string {
+	return "refused by this host's admission policy: " + strings.Join(r.Reasons, "; ") +
+		" (an agent started with --allow-privileged, --allow-host-network or --allow-bind accepts more)"
+}
+
+// Offer is the part of an incoming migration the policy bounds.
+type Offer struct {
+	MemoryBytes int64
+	MaxRounds   int
+}
+
+// CheckOffer bounds what the source asks this host to prepare.
+func (p Policy) CheckOffer(o Offer) error {
+	var why []string
+	if o.MemoryBytes < 0 || (p.MaxMemoryBytes > 0 && o.MemoryBytes > p.MaxMemoryBytes) {
+		why = append(why, fmt.Sprintf("announced memory %d bytes exceeds %d", o.MemoryBytes, p.MaxMemoryBytes))
+	}
+	maxRounds := p.MaxRounds
+	if maxRounds <= 0 {
+		maxRounds = DefaultMaxRounds
+	}
+	if o.MaxRounds < 0 || o.MaxRounds > maxRounds {
+		why = append(why, fmt.Sprintf("%d pre-copy rounds asked, at most %d", o.MaxRounds, maxRounds))
+	}
+	return refused(why)
+}
+
+// CheckSpec checks an OCI config.json.
+func (p Policy) CheckSpec(b []byte) error {
+	var s specs.Spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("bad config.json: %w", err)
+	}
+	if p.Privileged {
+		return nil
+	}
+	var why []string
+	if h := s.Hooks; h != nil && (len(h.Prestart)+len(h.CreateRuntime)+len(h.CreateContainer)+
+		len(h.StartContainer)+len(h.Poststart)+len(h.Poststop) > 0) {
+		why = append(why, "OCI hooks (they would run as root on this host)")
+	}
+	if s.Linux == nil {
+		return refused(append(why, "no linux section (the container would share every namespace of this host)"))
+	}
+	why = append(why, p.namespaces(s.Linux.Namespaces)...)
+	for _, m := range s.Mounts {
+		if !isBind(m) {
+			continue
+		}
+		if !p.bindAllowed(m.Source) {
+			why = append(why, fmt.Sprintf("bind mount of host path %s", m.Source))
+		}
+	}
+	if len(s.Linux.Devices) > 0 {
+		why = append(why, fmt.Sprintf("%d host devices", len(s.Linux.Devices)))
+	}
+	if r := s.Linux.Resources; r != nil {
+		for _, d := range r.Devices {
+			if d.Allow && (d.Type == "" || d.Type == "a" || d.Major == nil || d.Minor == nil) {
+				why = append(why, "access to every device")
+				break
+			}
+		}
+	}
+	if pr := s.Process; pr != nil && pr.Capabilities != nil {
+		maxCaps := p.MaxCaps
+		if len(maxCaps) == 0 {
+			maxCaps = DefaultCaps
+		}
+		c := pr.Capabilities
+		var extra []string
+		for _, set := range [][]string{c.Bounding, c.Effective, c.Permitted, c.Inheritable, c.Ambient} {
+			for _, cp := range set {
+				if !slices.Contains(maxCaps, cp) && !slices.Contains(extra, cp) {
+					extra = append(extra, cp)
+				}
+			}
+		}
+		if len(extra) > 0 {
+			why = append(why, "capabilities "+strings.Join(extra, ", "))
+		}
+	}
+	return refused(why)
+}
+
+// namespaces refuses a namespace joined by path (another container's or
+// this host's) and a missing one (shared with this host). The network
+// namespace's path is the destination's to rewrite (its own, or one ferry
+// rebuilt), so a path there is fine; its absence is host networking.
+func (p Policy) namespaces(nss []specs.LinuxNamespace) []string {
+	var why []string
+	have := map[specs.LinuxNamespaceType]bool{}
+	for _, ns := range nss {
+		have[ns.Type] = true
+		if ns.Path != "" && ns.Type != specs.NetworkNamespace {
+			why = append(why, fmt.Sprintf("joins the %s namespace at %s", ns.Type, ns.Path))
+		}
+	}
+	for _, t := range []specs.LinuxNamespaceType{specs.PIDNamespace, specs.MountNamespace, specs.IPCNamespace, specs.UTSNamespace} {
+		if !have[t] {
+			why = append(why, fmt.Sprintf("shares this host's %s namespace", t))
+		}
+	}
+	if !have[specs.NetworkNamespace] && !p.HostNetwork {
+		why = append(why, "shares this host's network namespace")
+	}
+	return why
+}
+
+func isBind(m specs.Mount) bool {
+	if m.Type == "bind" || m.Type == "rbind" {
+		return true
+	}
+	return slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
+}
+
+// bindAllowed says whether a bind mount's source lies under an allowed
+// directory, compared as clean absolute paths (no "..", no prefix tricks:
+// /srv/data2 is not under /srv/data).
+func (p Policy) bindAllowed(src string) bool {
+	if !filepath.IsAbs(src) {
+		return false
+	}
+	src = filepath.Clean(src)
+	for _, dir := range p.BindSources {
+		dir = filepath.Clean(dir)
+		if src == dir || strings.HasPrefix(src, dir+"/") || dir == "/" {
+			return true
+		}
+	}
+	return false
+}
+
+func refused(why []string) error {
+	if len(why) == 0 {
+		return nil
+	}
+	return &Refused{Reasons: why}
+}
+
+// IsRefused reports whether err is a policy refusal.
+func IsRefused(err error) bool {
+	var r *Refused
+	return errors.As(err, &r)
+}

@@ -1,0 +1,140 @@
+package admission
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+)
+
+// ordinary is what ferry's lab and `runc spec` make: admitted as it is.
+func ordinary() *specs.Spec {
+	return runc.NewSpec(runc.SpecOptions{Args: []string{"/bin/sh"}, NetNS: "/var/run/netns/h1"})
+}
+
+func encode(t *testing.T, s *specs.Spec) []byte {
+	t.Helper()
+	b, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestOrdinaryContainersAreAdmitted(t *testing.T) {
+	if err := (Policy{}).CheckSpec(encode(t, ordinary())); err != nil {
+		t.Fatalf("runc's ordinary spec refused: %v", err)
+	}
+	private := ordinary()
+	private.Linux.Namespaces = append(private.Linux.Namespaces[:0:0], private.Linux.Namespaces...)
+	for i, ns := range private.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace {
+			private.Linux.Namespaces[i].Path = "" // a network namespace of its own
+		}
+	}
+	if err := (Policy{}).CheckSpec(encode(t, private)); err != nil {
+		t.Fatalf("a private network namespace refused: %v", err)
+	}
+}
+
+// Every malicious offer is refused, and says why; the operator's
+// allowances admit what they name and nothing more.
+func TestMaliciousSpecsAreRefused(t *testing.T) {
+	hook := []specs.Hook{{Path: "/bin/sh", Args: []string{"sh", "-c", "id > /tmp/owned"}}}
+	major := int64(8)
+	for _, c := range []struct {
+		name   string
+		edit   func(*specs.Spec)
+		want   string
+		allows Policy // a policy under which the same spec is admitted
+	}{
+		{"prestart hook", func(s *specs.Spec) { s.Hooks = &specs.Hooks{Prestart: hook} }, "OCI hooks", Policy{Privileged: true}},
+		{"createRuntime hook", func(s *specs.Spec) { s.Hooks = &specs.Hooks{CreateRuntime: hook} }, "OCI hooks", Policy{Privileged: true}},
+		{"poststop hook", func(s *specs.Spec) { s.Hooks = &specs.Hooks{Poststop: hook} }, "OCI hooks", Policy{Privileged: true}},
+		{"host pid namespace", func(s *specs.Spec) { s.Linux.Namespaces = without(s.Linux.Namespaces, specs.PIDNamespace) }, "pid namespace", Policy{Privileged: true}},
+		{"host mount namespace", func(s *specs.Spec) { s.Linux.Namespaces = without(s.Linux.Namespaces, specs.MountNamespace) }, "mount namespace", Policy{Privileged: true}},
+		{"joins a pid namespace", func(s *specs.Spec) {
+			s.Linux.Namespaces = append(without(s.Linux.Namespaces, specs.PIDNamespace), specs.LinuxNamespace{Type: specs.PIDNamespace, Path: "/proc/1/ns/pid"})
+		}, "joins the pid namespace at /proc/1/ns/pid", Policy{Privileged: true}},
+		{"host network", func(s *specs.Spec) { s.Linux.Namespaces = without(s.Linux.Namespaces, specs.NetworkNamespace) }, "network namespace", Policy{HostNetwork: true}},
+		{"bind of /", func(s *specs.Spec) {
+			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/host", Type: "bind", Source: "/", Options: []string{"rbind"}})
+		}, "bind mount of host path /", Policy{BindSources: []string{"/"}}},
+		{"bind by option", func(s *specs.Spec) {
+			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/etc/x", Type: "none", Source: "/etc/shadow", Options: []string{"bind", "ro"}})
+		}, "/etc/shadow", Policy{BindSources: []string{"/etc"}}},
+		{"bind beside an allowed dir", func(s *specs.Spec) {
+			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/d", Type: "bind", Source: "/srv/data2"})
+		}, "/srv/data2", Policy{BindSources: []string{"/srv/data2"}}},
+		{"bind escaping an allowed dir", func(s *specs.Spec) {
+			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/d", Type: "bind", Source: "/srv/data/../../etc"})
+		}, "/srv/data/../../etc", Policy{BindSources: []string{"/etc"}}},
+		{"relative bind source", func(s *specs.Spec) {
+			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/d", Type: "bind", Source: "etc"})
+		}, "host path etc", Policy{Privileged: true}},
+		{"CAP_SYS_ADMIN", func(s *specs.Spec) {
+			s.Process.Capabilities.Bounding = append(s.Process.Capabilities.Bounding, "CAP_SYS_ADMIN")
+		}, "CAP_SYS_ADMIN", Policy{MaxCaps: append(append([]string{}, DefaultCaps...), "CAP_SYS_ADMIN")}},
+		{"ambient CAP_NET_ADMIN", func(s *specs.Spec) { s.Process.Capabilities.Ambient = []string{"CAP_NET_ADMIN"} }, "CAP_NET_ADMIN", Policy{Privileged: true}},
+		{"a host device", func(s *specs.Spec) {
+			s.Linux.Devices = []specs.LinuxDevice{{Path: "/dev/sda", Type: "b", Major: 8}}
+		}, "host devices", Policy{Privileged: true}},
+		{"every device allowed", func(s *specs.Spec) {
+			s.Linux.Resources = &specs.LinuxResources{Devices: []specs.LinuxDeviceCgroup{{Allow: true, Access: "rwm"}}}
+		}, "every device", Policy{Privileged: true}},
+		{"block devices by major", func(s *specs.Spec) {
+			s.Linux.Resources = &specs.LinuxResources{Devices: []specs.LinuxDeviceCgroup{{Allow: true, Type: "b", Major: &major, Access: "rwm"}}}
+		}, "every device", Policy{Privileged: true}},
+		{"no linux section", func(s *specs.Spec) { s.Linux = nil }, "no linux section", Policy{Privileged: true}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := ordinary()
+			c.edit(s)
+			b := encode(t, s)
+			err := (Policy{}).CheckSpec(b)
+			if err == nil || !IsRefused(err) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("refusal %v, want one naming %q", err, c.want)
+			}
+			if err := c.allows.CheckSpec(b); err != nil {
+				t.Errorf("the allowance %+v still refuses: %v", c.allows, err)
+			}
+		})
+	}
+	if err := (Policy{}).CheckSpec([]byte("{")); err == nil || IsRefused(err) {
+		t.Errorf("a bad config.json: %v", err)
+	}
+}
+
+func without(nss []specs.LinuxNamespace, t specs.LinuxNamespaceType) []specs.LinuxNamespace {
+	var out []specs.LinuxNamespace
+	for _, ns := range nss {
+		if ns.Type != t {
+			out = append(out, ns)
+		}
+	}
+	return out
+}
+
+func TestOfferBounds(t *testing.T) {
+	p := Policy{MaxMemoryBytes: 1 << 30}
+	for _, c := range []struct {
+		o  Offer
+		ok bool
+	}{
+		{Offer{MemoryBytes: 256 << 20, MaxRounds: 8}, true},
+		{Offer{MemoryBytes: 2 << 30, MaxRounds: 8}, false},
+		{Offer{MemoryBytes: -1}, false},
+		{Offer{MaxRounds: DefaultMaxRounds + 1}, false},
+		{Offer{MaxRounds: -1}, false},
+	} {
+		if err := p.CheckOffer(c.o); (err == nil) != c.ok {
+			t.Errorf("%+v: %v", c.o, err)
+		}
+	}
+	if err := (Policy{}).CheckOffer(Offer{MemoryBytes: 1 << 40}); err != nil {
+		t.Errorf("no memory bound set, yet refused: %v", err)
+	}
+}
