@@ -1,4 +1,4 @@
-package admission
+package admission_test
 
 import (
 	"encoding/json"
@@ -7,6 +7,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/ferry-migrate/ferry/internal/admission"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 )
 
@@ -25,7 +26,7 @@ func encode(t *testing.T, s *specs.Spec) []byte {
 }
 
 func TestOrdinaryContainersAreAdmitted(t *testing.T) {
-	if err := (Policy{}).CheckSpec(encode(t, ordinary())); err != nil {
+	if err := (admission.Policy{}).CheckSpec(encode(t, ordinary())); err != nil {
 		t.Fatalf("runc's ordinary spec refused: %v", err)
 	}
 	private := ordinary()
@@ -35,7 +36,7 @@ func TestOrdinaryContainersAreAdmitted(t *testing.T) {
 			private.Linux.Namespaces[i].Path = "" // a network namespace of its own
 		}
 	}
-	if err := (Policy{}).CheckSpec(encode(t, private)); err != nil {
+	if err := (admission.Policy{}).CheckSpec(encode(t, private)); err != nil {
 		t.Fatalf("a private network namespace refused: %v", err)
 	}
 }
@@ -49,53 +50,53 @@ func TestMaliciousSpecsAreRefused(t *testing.T) {
 		name   string
 		edit   func(*specs.Spec)
 		want   string
-		allows Policy // a policy under which the same spec is admitted
+		allows admission.Policy // a policy under which the same spec is admitted
 	}{
-		{"prestart hook", func(s *specs.Spec) { s.Hooks = &specs.Hooks{Prestart: hook} }, "OCI hooks", Policy{Privileged: true}},
-		{"createRuntime hook", func(s *specs.Spec) { s.Hooks = &specs.Hooks{CreateRuntime: hook} }, "OCI hooks", Policy{Privileged: true}},
-		{"poststop hook", func(s *specs.Spec) { s.Hooks = &specs.Hooks{Poststop: hook} }, "OCI hooks", Policy{Privileged: true}},
-		{"host pid namespace", func(s *specs.Spec) { s.Linux.Namespaces = without(s.Linux.Namespaces, specs.PIDNamespace) }, "pid namespace", Policy{Privileged: true}},
-		{"host mount namespace", func(s *specs.Spec) { s.Linux.Namespaces = without(s.Linux.Namespaces, specs.MountNamespace) }, "mount namespace", Policy{Privileged: true}},
+		{"prestart hook", func(s *specs.Spec) { s.Hooks = &specs.Hooks{Prestart: hook} }, "OCI hooks", admission.Policy{Privileged: true}},
+		{"createRuntime hook", func(s *specs.Spec) { s.Hooks = &specs.Hooks{CreateRuntime: hook} }, "OCI hooks", admission.Policy{Privileged: true}},
+		{"poststop hook", func(s *specs.Spec) { s.Hooks = &specs.Hooks{Poststop: hook} }, "OCI hooks", admission.Policy{Privileged: true}},
+		{"host pid namespace", func(s *specs.Spec) { s.Linux.Namespaces = without(s.Linux.Namespaces, specs.PIDNamespace) }, "pid namespace", admission.Policy{Privileged: true}},
+		{"host mount namespace", func(s *specs.Spec) { s.Linux.Namespaces = without(s.Linux.Namespaces, specs.MountNamespace) }, "mount namespace", admission.Policy{Privileged: true}},
 		{"joins a pid namespace", func(s *specs.Spec) {
 			s.Linux.Namespaces = append(without(s.Linux.Namespaces, specs.PIDNamespace), specs.LinuxNamespace{Type: specs.PIDNamespace, Path: "/proc/1/ns/pid"})
-		}, "joins the pid namespace at /proc/1/ns/pid", Policy{Privileged: true}},
-		{"host network", func(s *specs.Spec) { s.Linux.Namespaces = without(s.Linux.Namespaces, specs.NetworkNamespace) }, "network namespace", Policy{HostNetwork: true}},
+		}, "joins the pid namespace at /proc/1/ns/pid", admission.Policy{Privileged: true}},
+		{"host network", func(s *specs.Spec) { s.Linux.Namespaces = without(s.Linux.Namespaces, specs.NetworkNamespace) }, "network namespace", admission.Policy{HostNetwork: true}},
 		{"bind of /", func(s *specs.Spec) {
 			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/host", Type: "bind", Source: "/", Options: []string{"rbind"}})
-		}, "bind mount of host path /", Policy{BindSources: []string{"/"}}},
+		}, "bind mount of host path /", admission.Policy{BindSources: []string{"/"}}},
 		{"bind by option", func(s *specs.Spec) {
 			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/etc/x", Type: "none", Source: "/etc/shadow", Options: []string{"bind", "ro"}})
-		}, "/etc/shadow", Policy{BindSources: []string{"/etc"}}},
+		}, "/etc/shadow", admission.Policy{BindSources: []string{"/etc"}}},
 		{"bind beside an allowed dir", func(s *specs.Spec) {
 			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/d", Type: "bind", Source: "/srv/data2"})
-		}, "/srv/data2", Policy{BindSources: []string{"/srv/data2"}}},
+		}, "/srv/data2", admission.Policy{BindSources: []string{"/srv/data2"}}},
 		{"bind escaping an allowed dir", func(s *specs.Spec) {
 			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/d", Type: "bind", Source: "/srv/data/../../etc"})
-		}, "/srv/data/../../etc", Policy{BindSources: []string{"/etc"}}},
+		}, "/srv/data/../../etc", admission.Policy{BindSources: []string{"/etc"}}},
 		{"relative bind source", func(s *specs.Spec) {
 			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/d", Type: "bind", Source: "etc"})
-		}, "host path etc", Policy{Privileged: true}},
+		}, "host path etc", admission.Policy{Privileged: true}},
 		{"CAP_SYS_ADMIN", func(s *specs.Spec) {
 			s.Process.Capabilities.Bounding = append(s.Process.Capabilities.Bounding, "CAP_SYS_ADMIN")
-		}, "CAP_SYS_ADMIN", Policy{MaxCaps: append(append([]string{}, DefaultCaps...), "CAP_SYS_ADMIN")}},
-		{"ambient CAP_NET_ADMIN", func(s *specs.Spec) { s.Process.Capabilities.Ambient = []string{"CAP_NET_ADMIN"} }, "CAP_NET_ADMIN", Policy{Privileged: true}},
+		}, "CAP_SYS_ADMIN", admission.Policy{MaxCaps: append(append([]string{}, admission.DefaultCaps...), "CAP_SYS_ADMIN")}},
+		{"ambient CAP_NET_ADMIN", func(s *specs.Spec) { s.Process.Capabilities.Ambient = []string{"CAP_NET_ADMIN"} }, "CAP_NET_ADMIN", admission.Policy{Privileged: true}},
 		{"a host device", func(s *specs.Spec) {
 			s.Linux.Devices = []specs.LinuxDevice{{Path: "/dev/sda", Type: "b", Major: 8}}
-		}, "host devices", Policy{Privileged: true}},
+		}, "host devices", admission.Policy{Privileged: true}},
 		{"every device allowed", func(s *specs.Spec) {
 			s.Linux.Resources = &specs.LinuxResources{Devices: []specs.LinuxDeviceCgroup{{Allow: true, Access: "rwm"}}}
-		}, "every device", Policy{Privileged: true}},
+		}, "every device", admission.Policy{Privileged: true}},
 		{"block devices by major", func(s *specs.Spec) {
 			s.Linux.Resources = &specs.LinuxResources{Devices: []specs.LinuxDeviceCgroup{{Allow: true, Type: "b", Major: &major, Access: "rwm"}}}
-		}, "every device", Policy{Privileged: true}},
-		{"no linux section", func(s *specs.Spec) { s.Linux = nil }, "no linux section", Policy{Privileged: true}},
+		}, "every device", admission.Policy{Privileged: true}},
+		{"no linux section", func(s *specs.Spec) { s.Linux = nil }, "no linux section", admission.Policy{Privileged: true}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s := ordinary()
 			c.edit(s)
 			b := encode(t, s)
-			err := (Policy{}).CheckSpec(b)
-			if err == nil || !IsRefused(err) || !strings.Contains(err.Error(), c.want) {
+			err := (admission.Policy{}).CheckSpec(b)
+			if err == nil || !admission.IsRefused(err) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("refusal %v, want one naming %q", err, c.want)
 			}
 			if err := c.allows.CheckSpec(b); err != nil {
@@ -103,7 +104,7 @@ func TestMaliciousSpecsAreRefused(t *testing.T) {
 			}
 		})
 	}
-	if err := (Policy{}).CheckSpec([]byte("{")); err == nil || IsRefused(err) {
+	if err := (admission.Policy{}).CheckSpec([]byte("{")); err == nil || admission.IsRefused(err) {
 		t.Errorf("a bad config.json: %v", err)
 	}
 }
@@ -119,22 +120,22 @@ func without(nss []specs.LinuxNamespace, t specs.LinuxNamespaceType) []specs.Lin
 }
 
 func TestOfferBounds(t *testing.T) {
-	p := Policy{MaxMemoryBytes: 1 << 30}
+	p := admission.Policy{MaxMemoryBytes: 1 << 30}
 	for _, c := range []struct {
-		o  Offer
+		o  admission.Offer
 		ok bool
 	}{
-		{Offer{MemoryBytes: 256 << 20, MaxRounds: 8}, true},
-		{Offer{MemoryBytes: 2 << 30, MaxRounds: 8}, false},
-		{Offer{MemoryBytes: -1}, false},
-		{Offer{MaxRounds: DefaultMaxRounds + 1}, false},
-		{Offer{MaxRounds: -1}, false},
+		{admission.Offer{MemoryBytes: 256 << 20, MaxRounds: 8}, true},
+		{admission.Offer{MemoryBytes: 2 << 30, MaxRounds: 8}, false},
+		{admission.Offer{MemoryBytes: -1}, false},
+		{admission.Offer{MaxRounds: admission.DefaultMaxRounds + 1}, false},
+		{admission.Offer{MaxRounds: -1}, false},
 	} {
 		if err := p.CheckOffer(c.o); (err == nil) != c.ok {
 			t.Errorf("%+v: %v", c.o, err)
 		}
 	}
-	if err := (Policy{}).CheckOffer(Offer{MemoryBytes: 1 << 40}); err != nil {
+	if err := (admission.Policy{}).CheckOffer(admission.Offer{MemoryBytes: 1 << 40}); err != nil {
 		t.Errorf("no memory bound set, yet refused: %v", err)
 	}
 }
