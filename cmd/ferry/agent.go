@@ -59,7 +59,7 @@ and runc root, so several agents on one machine behave like separate hosts.`,
 					return fmt.Errorf("--tls-dir: %w", err)
 				}
 				a.Security = sec
-			} else if !insecure && len(a.Listen) > 0 {
+			} else if !insecure {
 				return fmt.Errorf("agents talk over mutual TLS: pass --tls-dir (make one with `ferry certs`), or --insecure on a network you trust")
 			}
 			return a.Run(cmd.Context())

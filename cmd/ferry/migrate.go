@@ -100,7 +100,7 @@ held.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&req.To, "to", "", "destination agent address or lab host name (required)")
+	f.StringVar(&req.To, "to", "", "destination agent: NAME@ADDR (the agent must prove, by its certificate, that it is host NAME), ADDR, or a lab host name (required)")
 	f.StringVar(&from, "from", agent.DefaultControl, "source agent's control socket or lab host name")
 	f.StringVar(&req.Mode, "mode", engine.ModeCold, "technique: cold, precopy, postcopy, hybrid, or auto (measure, plan with the host profile, run the recommended one)")
 	addPrecopyFlags(cmd, &req.Precopy)
@@ -150,7 +150,7 @@ func resolveEndpoints(from, to string) (control, dest string, err error) {
 		if err != nil {
 			return "", "", err
 		}
-		dest = h.AgentAddr
+		dest = h.Name + "@" + h.AgentAddr // the destination must prove it is h
 	}
 	return control, dest, nil
 }

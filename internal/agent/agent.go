@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"github.com/ferry-migrate/ferry/internal/admission"
@@ -211,13 +212,24 @@ func (a *Agent) listenPeers(addr string) (net.Listener, func(net.Conn, transport
 }
 
 // dialPeer opens a session to another agent, the same way it listens.
-func (a *Agent) dialPeer(ctx context.Context, addr string) (*transport.Session, error) {
+// dialPeer opens a session to another agent at to: ADDR, or NAME@ADDR,
+// and then the agent must prove it is host NAME (its certificate's name).
+func (a *Agent) dialPeer(ctx context.Context, to string) (*transport.Session, error) {
+	name, addr, named := strings.Cut(to, "@")
+	if !named {
+		name, addr = "", to
+	}
 	hello := transport.Hello{Name: a.Host.Name, Role: "agent"}
 	po := transport.PathOptions{Multipath: a.Multipath, Streams: a.Streams}
 	if a.Security != nil {
-		return transport.DialSecure(ctx, addr, hello, a.Security, "", po)
+		return transport.DialSecure(ctx, addr, hello, a.Security, name, po)
 	}
-	return transport.DialPlain(ctx, addr, hello, po)
+	sess, err := transport.DialPlain(ctx, addr, hello, po)
+	if err == nil && name != "" && sess.Peer.Name != name {
+		sess.Close()
+		return nil, fmt.Errorf("the agent at %s says it is %q, not %q (plaintext: nothing proves either)", addr, sess.Peer.Name, name)
+	}
+	return sess, err
 }
 
 func (a *Agent) accept(ctx context.Context, l net.Listener, server func(net.Conn, transport.Hello) (*transport.Session, error), handle func(*transport.Session, *transport.Router, *transport.Channel)) {

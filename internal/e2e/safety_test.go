@@ -146,3 +146,38 @@ func TestSourceAgentDiesAfterFreeze(t *testing.T) {
 		t.Fatalf("workload after recovery: %+v %v", pr, perr)
 	}
 }
+
+// TestSourceChecksTheDestinationsName: --to NAME@ADDR reaches the agent at
+// ADDR only if its certificate names NAME; anything else is refused before
+// a byte of the container moves, and the container runs on here.
+func TestSourceChecksTheDestinationsName(t *testing.T) {
+	requireLab(t)
+	bin := ferryBin(t)
+	l := upLab(t, bin)
+	const name = "hog-named"
+	p := startMemhog(t, l, bin, name)
+	defer p.Stop()
+	t.Cleanup(func() { _ = l.Hosts[0].Runc().Delete(context.Background(), name) })
+	rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
+		engine.Request{Container: name, To: "h3@" + l.Hosts[1].AgentAddr, Mode: engine.ModeCold}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.OK || !strings.Contains(rep.FailedAt, "connect") || !strings.Contains(rep.Error, `"h3"`) || rep.SourceState != "" {
+		t.Errorf("report: ok=%v at %q source %q: %s", rep.OK, rep.FailedAt, rep.SourceState, rep.Error)
+	}
+	if got := status(t, &l.Hosts[0], name); got != "running" {
+		t.Errorf("source container is %s", got)
+	}
+	rep, err = agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
+		engine.Request{Container: name, To: "h2@" + l.Hosts[1].AgentAddr, Mode: engine.ModeCold}, nil)
+	if err != nil || !rep.OK {
+		t.Fatalf("the right name refused: %v %s", err, rep.Error)
+	}
+	for _, w := range rep.Warnings {
+		if strings.Contains(w, "not named") {
+			t.Errorf("a named destination still warned: %s", w)
+		}
+	}
+	t.Cleanup(func() { _ = l.Hosts[1].Runc().Delete(context.Background(), name) })
+}

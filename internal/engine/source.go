@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -241,6 +242,9 @@ func (m *migration) run(ctx context.Context) error {
 		return failAt("connect to destination", err)
 	}
 	m.sess = sess
+	if !strings.Contains(m.req.To, "@") {
+		m.report.Warnings = append(m.report.Warnings, fmt.Sprintf("the destination was not named: any agent the CA vouches for was accepted at %s (name it: --to NAME@ADDR)", m.req.To))
+	}
 	m.sess.SetMaxBandwidth(m.req.MaxBandwidthBps)
 	m.report.Transport = m.sess.Transport()
 	m.ctl, err = m.sess.Open(ChanIncoming)
