@@ -15,6 +15,8 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/ferry-migrate/ferry/internal/admission"
 	"github.com/ferry-migrate/ferry/internal/criu"
@@ -73,6 +75,9 @@ type Agent struct {
 	busy    map[string]bool // containers with a migration under way
 	feats   criu.Features
 	journal *journal.Journal
+	// inflight counts migrations under way; draining refuses new ones.
+	inflight sync.WaitGroup
+	draining atomic.Bool
 	// runtimeSet replaces runtimes() in unit tests.
 	runtimeSet func(runcRoot string) runtime.Set
 }
@@ -176,6 +181,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		go a.accept(ctx, l, server, func(sess *transport.Session, r *transport.Router, ch *transport.Channel) {
 			switch ch.Kind {
 			case engine.ChanIncoming:
+				if err := a.begin(); err != nil {
+					_ = ch.Fail(err)
+					ch.Close()
+					return
+				}
+				defer a.inflight.Done()
 				dst.Receive(ctx, sess, r, ch)
 			case engine.ChanQuery:
 				dst.Answer(ch, sess.Peer.Name)
@@ -191,6 +202,44 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.Log.Info("agent ready", "host", a.Host.Name, "listen", a.Listen, "control", a.Control, "criu", dst.CRIUVersion)
 	a.resolveSources(ctx)
 	<-ctx.Done()
+	return a.drain(ls)
+}
+
+// drainTimeout bounds how long a stopping agent waits for migrations under
+// way (a post-copy pull that cannot be abandoned, say).
+const drainTimeout = 5 * time.Minute
+
+// drain stops an agent the way SIGTERM asks: no new migrations; those under
+// way were cancelled with the agent's context, so a source that can still
+// resume does (its resume does not depend on that context); what cannot
+// be abandoned is waited out, so the process never ends mid-migration.
+func (a *Agent) drain(ls []net.Listener) error {
+	a.mu.Lock() // begin checks and counts under it: no Add after the Wait
+	a.draining.Store(true)
+	a.mu.Unlock()
+	for _, l := range ls {
+		l.Close()
+	}
+	a.Log.Info("draining: no new migrations; waiting for those under way")
+	done := make(chan struct{})
+	go func() { a.inflight.Wait(); close(done) }()
+	select {
+	case <-done:
+		a.Log.Info("drained")
+		return nil
+	case <-time.After(drainTimeout):
+		return fmt.Errorf("migrations still under way after %v: stopping anyway (the journal settles them at the next start)", drainTimeout)
+	}
+}
+
+// begin admits a migration unless the agent is draining; end must follow.
+func (a *Agent) begin() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.draining.Load() {
+		return errors.New("this agent is stopping: no new migrations")
+	}
+	a.inflight.Add(1)
 	return nil
 }
 
@@ -265,6 +314,11 @@ func (a *Agent) control(ctx context.Context, src *engine.Source, ch *transport.C
 		if err := ch.Recv(&req); err != nil {
 			return
 		}
+		if err := a.begin(); err != nil {
+			_ = ch.Fail(err)
+			return
+		}
+		defer a.inflight.Done()
 		if !a.claim(req.Container) {
 			_ = ch.Fail(fmt.Errorf("container %q is already being migrated", req.Container))
 			return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -180,4 +181,40 @@ func TestSourceChecksTheDestinationsName(t *testing.T) {
 		}
 	}
 	t.Cleanup(func() { _ = l.Hosts[1].Runc().Delete(context.Background(), name) })
+}
+
+// TestSIGTERMDrains: SIGTERM to the source agent during pre-copy's rounds
+// cancels the migration before anything is frozen, the report reaches the
+// CLI, and the agent exits with the container running where it was.
+func TestSIGTERMDrains(t *testing.T) {
+	requireLab(t)
+	bin := ferryBin(t)
+	l := upShapedLab(t, bin, 100_000_000) // 64 MiB take ~5 s a round
+	const name = "hog-term"
+	p := startMemhog(t, l, bin, name)
+	t.Cleanup(func() { _ = l.Hosts[0].Runc().Delete(context.Background(), name) })
+	pid := l.Hosts[0].AgentPID
+	go func() {
+		time.Sleep(time.Second)
+		_ = syscall.Kill(pid, syscall.SIGTERM)
+	}()
+	rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
+		engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: engine.ModePrecopy}, nil)
+	if err != nil {
+		t.Fatalf("the stopping agent sent no report: %v", err)
+	}
+	// Cancelled in the rounds (never frozen) or after the freeze (resumed).
+	if rep.OK || !strings.Contains(rep.Error, "cancelled") || (rep.SourceState != "" && rep.SourceState != "resumed") {
+		t.Errorf("report: ok=%v source %q at %q: %s", rep.OK, rep.SourceState, rep.FailedAt, rep.Error)
+	}
+	for deadline := time.Now().Add(10 * time.Second); syscall.Kill(pid, 0) == nil; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the agent did not exit after SIGTERM")
+		}
+	}
+	waitStates(t, l, name, "running", "absent", 5*time.Second)
+	pr, perr := p.Stop()
+	if perr != nil || !pr.StateOK {
+		t.Fatalf("workload after the drain: %+v %v", pr, perr)
+	}
 }

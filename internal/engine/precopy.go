@@ -230,6 +230,9 @@ func (m *migration) runRounds(ctx context.Context, ps *precopySource) error {
 	m.liftThrottle = throttle.lift
 	var prev *Round
 	for i := 0; ; i++ {
+		if err := ctx.Err(); err != nil {
+			return failAt(fmt.Sprintf("pre-copy round %d", i), fmt.Errorf("cancelled (the agent is stopping, or the request was withdrawn): %w", err))
+		}
 		m.begin(fmt.Sprintf("round-%d", i))
 		r, err := m.precopyRound(ctx, ps, i, prev)
 		if err != nil {

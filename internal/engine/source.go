@@ -491,6 +491,9 @@ func (m *migration) syncRootfs(kind string) error {
 // freeze stops the container's processes; until commit, resume undoes it.
 func (m *migration) freeze(ctx context.Context) error {
 	m.begin("freeze")
+	if err := ctx.Err(); err != nil {
+		return failAt("freeze on "+m.host.Name, fmt.Errorf("cancelled before the freeze (the agent is stopping, or the request was withdrawn): %w", err))
+	}
 	// Recorded first: an agent that dies with the container frozen finds
 	// it in its journal when it starts again.
 	if err := m.record(journal.Frozen); err != nil {
