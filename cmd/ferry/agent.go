@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
@@ -20,6 +21,7 @@ func newAgentCmd() *cobra.Command {
 		allow           []string
 		insecure        bool
 		outage          time.Duration
+		segmentRanges   []string
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -43,6 +45,13 @@ and runc root, so several agents on one machine behave like separate hosts.`,
 			}
 			if !filepath.IsAbs(a.Host.StateDir) {
 				return fmt.Errorf("--state must be an absolute path, got %q", a.Host.StateDir)
+			}
+			for _, r := range segmentRanges {
+				p, err := netip.ParsePrefix(r)
+				if err != nil {
+					return fmt.Errorf("--segment-range %q: %w", r, err)
+				}
+				a.Admission.Addresses = append(a.Admission.Addresses, p.Masked())
 			}
 			a.Log = slog.New(slog.NewTextHandler(os.Stderr, nil)).With("host", a.Host.Name)
 			transport.SetOutageTimeout(outage)
@@ -75,6 +84,7 @@ and runc root, so several agents on one machine behave like separate hosts.`,
 	f.BoolVar(&a.Admission.HostNetwork, "allow-host-network", false, "accept incoming containers that share the host's network namespace")
 	f.StringSliceVar(&a.Admission.BindSources, "allow-bind", nil, "host directories incoming containers may bind-mount from (repeatable)")
 	f.Int64Var(&a.Admission.MaxMemoryBytes, "max-incoming-memory", 0, "refuse offers announcing more memory than this many bytes (0: this host's RAM)")
+	f.StringSliceVar(&segmentRanges, "segment-range", nil, "address ranges (CIDR) containers keeping their address may claim on --segment-bridge (repeatable); none: such containers are refused")
 	f.StringVar(&a.PodmanDir, "podman-dir", "", "a Podman instance of this agent's own under this directory (storage, run, network config); empty: the machine's Podman")
 	f.StringVar(&a.LXCPath, "lxc-path", "", "where LXC containers live (lxc-* -P); empty: LXC's default, /var/lib/lxc")
 	f.StringVar(&a.Host.CgroupParent, "cgroup-parent", "ferry", "cgroup under which restored containers live")

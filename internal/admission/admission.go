@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -35,6 +36,32 @@ type Policy struct {
 	MaxMemoryBytes int64
 	// MaxRounds bounds pre-copy rounds an offer asks for; 0: DefaultMaxRounds.
 	MaxRounds int
+	// Addresses are the ranges a container keeping its address may claim
+	// on this host's segment (it is announced there); none: no address.
+	Addresses []netip.Prefix
+}
+
+// CheckAddresses refuses an address (CIDR notation) outside the ranges
+// this host lets containers claim on its segment.
+func (p Policy) CheckAddresses(addrs []string) error {
+	var why []string
+	for _, a := range addrs {
+		pfx, err := netip.ParsePrefix(a)
+		if err != nil {
+			why = append(why, fmt.Sprintf("bad address %q", a))
+			continue
+		}
+		ok := false
+		for _, r := range p.Addresses {
+			if r.Contains(pfx.Addr()) && pfx.Bits() >= r.Bits() {
+				ok = true
+			}
+		}
+		if !ok {
+			why = append(why, fmt.Sprintf("address %s is outside this segment's ranges %v (agent --segment-range)", a, p.Addresses))
+		}
+	}
+	return refused(why)
 }
 
 // DefaultCaps are the capabilities container engines grant by default

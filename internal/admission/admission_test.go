@@ -2,6 +2,7 @@ package admission_test
 
 import (
 	"encoding/json"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -137,5 +138,29 @@ func TestOfferBounds(t *testing.T) {
 	}
 	if err := (admission.Policy{}).CheckOffer(admission.Offer{MemoryBytes: 1 << 40}); err != nil {
 		t.Errorf("no memory bound set, yet refused: %v", err)
+	}
+}
+
+func TestAddressesWithinTheSegmentsRanges(t *testing.T) {
+	p := admission.Policy{Addresses: []netip.Prefix{netip.MustParsePrefix("10.79.0.0/24"), netip.MustParsePrefix("fd00:79::/64")}}
+	for _, c := range []struct {
+		addrs []string
+		ok    bool
+	}{
+		{[]string{"10.79.0.12/24"}, true},
+		{[]string{"10.79.0.12/24", "fd00:79::12/64"}, true},
+		{[]string{"10.79.1.12/24"}, false},  // another subnet
+		{[]string{"10.79.0.12/16"}, false},  // claims a wider net than the range
+		{[]string{"192.168.0.1/24"}, false}, // e.g. a router's address on another segment
+		{[]string{"10.79.0.12/24", "8.8.8.8/32"}, false},
+		{[]string{"not-an-address"}, false},
+		{nil, true},
+	} {
+		if err := p.CheckAddresses(c.addrs); (err == nil) != c.ok {
+			t.Errorf("%v: %v", c.addrs, err)
+		}
+	}
+	if err := (admission.Policy{}).CheckAddresses([]string{"10.79.0.12/24"}); err == nil || !strings.Contains(err.Error(), "--segment-range") {
+		t.Errorf("no ranges configured: %v", err)
 	}
 }

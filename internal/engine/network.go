@@ -88,6 +88,15 @@ func (in *incoming) prepareNetwork() error {
 	if in.d.SegmentBridge == "" {
 		return fmt.Errorf("the container has an address of its own, but %s has no bridge to the shared segment (agent --segment-bridge)", in.d.Host.Name)
 	}
+	// The address is announced on the segment: a source may claim only
+	// what this host lets containers have.
+	var addrs []string
+	for _, ifc := range in.offer.Network.Ifaces {
+		addrs = append(addrs, ifc.Addrs...)
+	}
+	if err := in.d.Admission.CheckAddresses(addrs); err != nil {
+		return err
+	}
 	name := cnet.Name(in.d.Host.Name, in.offer.Container)
 	_ = cnet.Delete(name) // a leftover of an earlier failed attempt
 	path, err := cnet.Create(name, "", in.d.SegmentBridge, *in.offer.Network)
