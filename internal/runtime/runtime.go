@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 )
 
 // ErrNotFound is returned when a runtime does not know the container.
@@ -173,22 +174,36 @@ func (s Set) Get(kind string) (Runtime, error) {
 	return nil, fmt.Errorf("runtime %q is not available on this host (present: %s)", kind, s.kinds())
 }
 
-// Find looks a container up by name in every runtime present, in a fixed
-// order, and fails when none or more than one has it.
+// Find looks a container up by name in every runtime present (at once:
+// each asks its own tool) and fails when none or more than one has it.
 func (s Set) Find(ctx context.Context, name string) (Runtime, *Container, error) {
+	kinds := s.sorted()
+	type answer struct {
+		c   *Container
+		err error
+	}
+	answers := make([]answer, len(kinds))
+	var wg sync.WaitGroup
+	for i, k := range kinds {
+		wg.Go(func() {
+			c, err := s[k].Inspect(ctx, name)
+			answers[i] = answer{c, err}
+		})
+	}
+	wg.Wait()
 	var found []string
 	var rt Runtime
 	var c *Container
-	for _, k := range s.sorted() {
-		got, err := s[k].Inspect(ctx, name)
-		if errors.Is(err, ErrNotFound) {
+	for i, k := range kinds {
+		a := answers[i]
+		if errors.Is(a.err, ErrNotFound) {
 			continue
 		}
-		if err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", k, err)
+		if a.err != nil {
+			return nil, nil, fmt.Errorf("looking for %q in %s: %w (name the container's runtime with --runtime to skip the others)", name, k, a.err)
 		}
 		found = append(found, k)
-		rt, c = s[k], got
+		rt, c = s[k], a.c
 	}
 	switch len(found) {
 	case 0:

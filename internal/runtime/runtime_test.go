@@ -1,0 +1,58 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+)
+
+// listed is a runtime that knows some containers by name; Find's logic only.
+type listed struct {
+	kind  string
+	names map[string]bool
+	err   error
+	Runtime
+}
+
+func (l listed) Kind() string { return l.kind }
+func (l listed) Inspect(_ context.Context, name string) (*Container, error) {
+	if l.err != nil {
+		return nil, l.err
+	}
+	if !l.names[name] {
+		return nil, ErrNotFound
+	}
+	return &Container{Runtime: l.kind, Name: name}, nil
+}
+
+func TestSetFind(t *testing.T) {
+	s := Set{
+		"runc":   listed{kind: "runc", names: map[string]bool{"web": true, "both": true}},
+		"podman": listed{kind: "podman", names: map[string]bool{"db": true, "both": true}},
+		"lxc":    listed{kind: "lxc", names: map[string]bool{}},
+	}
+	ctx := context.Background()
+	for name, kind := range map[string]string{"web": "runc", "db": "podman"} {
+		rt, c, err := s.Find(ctx, name)
+		if err != nil || rt.Kind() != kind || c.Name != name {
+			t.Errorf("Find(%s): %v %v %v", name, rt, c, err)
+		}
+	}
+	if _, _, err := s.Find(ctx, "nobody"); !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "lxc, podman, runc") {
+		t.Errorf("missing: %v", err)
+	}
+	if _, _, err := s.Find(ctx, "both"); err == nil || !strings.Contains(err.Error(), "several runtimes (podman, runc)") {
+		t.Errorf("ambiguous: %v", err)
+	}
+	s["lxc"] = listed{kind: "lxc", err: errors.New("lxc-info: permission denied")}
+	if _, _, err := s.Find(ctx, "web"); err == nil || !strings.Contains(err.Error(), "--runtime") {
+		t.Errorf("a broken runtime must be named, with the way around it: %v", err)
+	}
+	if _, err := s.Get("rkt"); err == nil || !strings.Contains(err.Error(), `"rkt" is not available`) {
+		t.Errorf("Get: %v", err)
+	}
+	if _, err := (Set{}).Get("runc"); err == nil || !strings.Contains(err.Error(), "present: none") {
+		t.Errorf("empty set: %v", err)
+	}
+}
