@@ -20,28 +20,45 @@ import (
 const resolveRetry = 3 * time.Second
 
 // recoverDestination settles every copy a previous run of this agent
-// restored and never committed. A copy that still runs has run on since
-// (its clients saw it change): dropping it would take them back in time,
-// and its source, which never resumes without this host's word, is
-// frozen; so it is kept and committed, and the source removes its own
-// when it asks. A copy that no longer runs is removed. This runs before
-// the agent answers anyone.
+// restored and never committed, and starts those committed but maybe not
+// started. A copy restored stopped (runc) never ran: it is removed, and
+// its source resumes its own. A copy whose runtime let it run at once
+// (Podman, LXC) and that still runs has run on since, its clients saw it
+// change: dropping it would take them back in time, and its source, which
+// never resumes without this host's word, is frozen; so it is kept and
+// committed, and the source removes its own when it asks. A copy that no
+// longer runs is removed. This runs before the agent answers anyone.
 func (a *Agent) recoverDestination(ctx context.Context) {
-	pend, err := a.journal.Pending()
+	all, err := a.journal.All()
 	if err != nil {
 		a.Log.Error("journal unreadable: restored copies of earlier migrations are not checked", "error", err)
 		return
 	}
-	for _, e := range pend {
-		if e.Role != journal.Destination {
+	for _, e := range all {
+		if e.Role != journal.Destination || (e.State != journal.Restoring && e.State != journal.Committed) {
 			continue
 		}
 		rt, err := a.runtimes(e.Root).Get(e.Runtime)
 		if err != nil {
-			a.Log.Error("an uncommitted copy from before a restart cannot be checked", "migration", e.ID, "container", e.Container, "error", err)
+			a.Log.Error("a copy from before a restart cannot be checked", "migration", e.ID, "container", e.Container, "error", err)
 			continue
 		}
-		if st, serr := runtime.State(ctx, rt, e.Container); serr == nil && st == "running" {
+		c := &runtime.Container{Runtime: e.Runtime, Name: e.Container, ID: e.Container}
+		if e.State == journal.Committed {
+			// Committed, but the restart may have come before its start.
+			if cont, ok := rt.(runtime.Continuer); ok {
+				if err := cont.Continue(ctx, c); err != nil {
+					a.Log.Error("a committed copy could not be started", "migration", e.ID, "container", e.Container, "error", err)
+					continue
+				}
+			}
+			if err := a.journal.Set(e.ID, journal.Started); err != nil {
+				a.Log.Error("journal", "migration", e.ID, "error", err)
+			}
+			continue
+		}
+		// A copy restored stopped never ran: it goes.
+		if st, serr := runtime.State(ctx, rt, e.Container); serr == nil && st == "running" && !rt.Caps().RestoreStopped {
 			if err := a.journal.Set(e.ID, journal.Committed); err != nil {
 				a.Log.Error("journal", "migration", e.ID, "error", err)
 				continue
@@ -49,7 +66,7 @@ func (a *Agent) recoverDestination(ctx context.Context) {
 			a.Log.Info("kept a restored copy that ran on across a restart; its source removes its own", "migration", e.ID, "container", e.Container)
 			continue
 		}
-		err = rt.Remove(ctx, &runtime.Container{Runtime: e.Runtime, Name: e.Container, ID: e.Container})
+		err = rt.Remove(ctx, c)
 		if err != nil {
 			a.Log.Error("an uncommitted copy from before a restart could not be dropped", "migration", e.ID, "container", e.Container, "error", err)
 			continue

@@ -12,12 +12,19 @@ import (
 
 // fakeRuntime keeps container states in a map; recovery's logic only.
 type fakeRuntime struct {
-	state   map[string]string
-	removed []string
+	state     map[string]string
+	removed   []string
+	stopped   bool // restores stopped until Start (as runc does here)
+	continued []string
+}
+
+func (f *fakeRuntime) Continue(_ context.Context, c *runtime.Container) error {
+	f.continued = append(f.continued, c.Name)
+	return nil
 }
 
 func (f *fakeRuntime) Kind() string       { return "fake" }
-func (f *fakeRuntime) Caps() runtime.Caps { return runtime.Caps{Freeze: true} }
+func (f *fakeRuntime) Caps() runtime.Caps { return runtime.Caps{Freeze: true, RestoreStopped: f.stopped} }
 func (f *fakeRuntime) Inspect(_ context.Context, name string) (*runtime.Container, error) {
 	st, ok := f.state[name]
 	if !ok {
@@ -118,5 +125,35 @@ func TestSettleFollowsTheDestination(t *testing.T) {
 				t.Errorf("journal %s, want %s", got.State, c.wantJournal)
 			}
 		})
+	}
+}
+
+// With a runtime that restores stopped, an uncommitted copy never ran:
+// it goes even though its runtime lists it as running; a committed one
+// is started (the agent may have died before it could).
+func TestRecoverDestinationWithStoppedRestores(t *testing.T) {
+	a, rt := testAgent(t)
+	rt.stopped = true
+	rt.state["u"], rt.state["c"] = "running", "running"
+	for _, e := range []journal.Entry{
+		{ID: "a1", Role: journal.Destination, Container: "u", Runtime: "fake", State: journal.Restoring},
+		{ID: "a2", Role: journal.Destination, Container: "c", Runtime: "fake", State: journal.Committed},
+		{ID: "a3", Role: journal.Destination, Container: "s", Runtime: "fake", State: journal.Started},
+	} {
+		if err := a.journal.Record(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.recoverDestination(context.Background())
+	if len(rt.removed) != 1 || rt.removed[0] != "u" {
+		t.Errorf("removed %v, want the uncommitted copy only", rt.removed)
+	}
+	if len(rt.continued) != 1 || rt.continued[0] != "c" {
+		t.Errorf("continued %v, want the committed copy only", rt.continued)
+	}
+	for id, want := range map[string]string{"a1": journal.Dropped, "a2": journal.Started, "a3": journal.Started} {
+		if e, _, _ := a.journal.Get(id); e.State != want {
+			t.Errorf("%s is %s, want %s", id, e.State, want)
+		}
 	}
 }

@@ -79,10 +79,11 @@ func waitStates(t *testing.T, l *lab.Lab, name, src, dst string, within time.Dur
 // with the container restored there, before it could say so. The source
 // cannot know whether the container runs at the destination: it must not
 // resume its copy (that ran the container twice) and the report says the
-// source copy stays frozen. Once the destination's agent is back, it finds
-// the uncommitted copy still running (its clients have seen it change
-// since) and keeps it; the source, which kept asking, removes its own.
-// Nothing is rolled back: memhog's counter never goes backwards.
+// source copy stays frozen. The destination's copy was restored stopped
+// (runc: CRIU's leave-stopped, until the commit), so it never ran: once
+// the destination's agent is back it removes it, and the source, which
+// kept asking, resumes its own. Nothing is rolled back: memhog's counter
+// never goes backwards.
 func TestDestinationAgentDiesAfterRestore(t *testing.T) {
 	requireLab(t)
 	bin := ferryBin(t)
@@ -110,7 +111,7 @@ func TestDestinationAgentDiesAfterRestore(t *testing.T) {
 	if err := l.RestartAgent(context.Background(), "h2"); err != nil {
 		t.Fatal(err)
 	}
-	waitStates(t, l, name, "absent", "running", 30*time.Second)
+	waitStates(t, l, name, "running", "absent", 30*time.Second)
 	pr, perr := p.Stop()
 	if perr != nil || !pr.StateOK {
 		t.Fatalf("workload after recovery: %+v %v", pr, perr)

@@ -104,6 +104,8 @@ func (d *Destination) Answer(ch *transport.Channel, peer string) {
 		_ = ch.Fail(err)
 	case !ok || e.Role != journal.Destination:
 		_ = ch.Send(QueryAnswer{State: "unknown"})
+	case e.State == journal.Started && e.Peer == peer:
+		_ = ch.Send(QueryAnswer{State: journal.Committed}) // the source needs no more
 	case e.Peer != peer:
 		_ = ch.Fail(fmt.Errorf("migration %s came from another host", q.ID))
 	default:
@@ -377,6 +379,12 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 	if err := in.record(sess.Peer.Name, journal.Committed); err != nil {
 		return false, fmt.Errorf("migration not committed, restored copy dropped: %w", err)
 	}
+	// Only now does the copy run (where the runtime restored it stopped):
+	// a copy dropped before the commit never ran.
+	if err := in.target.Start(ctx); err != nil {
+		return true, fmt.Errorf("start the committed copy on %s: %w", in.d.Host.Name, err)
+	}
+	in.recordFinal(in.peer, journal.Started)
 	if err := ctl.Send(Committed{}); err != nil {
 		return true, err
 	}

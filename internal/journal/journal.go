@@ -35,13 +35,14 @@ const (
 	// Destination states.
 	Restoring = "restoring" // a copy may run here, not yet committed
 	Committed = "committed" // final: this host owns the container
+	Started   = "started"   // final: and runs it (after a stopped restore)
 	Dropped   = "dropped"   // final: this host's copy is gone
 )
 
 // Final reports whether nothing is left to do for a migration in state s.
 func Final(s string) bool {
 	switch s {
-	case Removed, Resumed, Committed, Dropped:
+	case Removed, Resumed, Committed, Started, Dropped:
 		return true
 	}
 	return false

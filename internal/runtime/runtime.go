@@ -39,6 +39,9 @@ type Caps struct {
 	LazyRestore bool
 	// PreDump: CRIU's native pre-dump (also needs soft-dirty tracking).
 	PreDump bool
+	// RestoreStopped: a restored copy can stay stopped until the commit
+	// (CRIU's leave-stopped), so an uncommitted copy never runs.
+	RestoreStopped bool
 }
 
 // Container is what a runtime says about one of its containers, at the
@@ -123,8 +126,13 @@ type Target interface {
 	// RootfsDir is where the source's root filesystem changes are applied.
 	RootfsDir() string
 	// Restore restores from images and returns once the runtime reports
-	// the container running, with its init process.
+	// the container running, with its init process. Where Caps says
+	// RestoreStopped, its processes stay stopped until Start: a copy that
+	// is never committed never runs.
 	Restore(ctx context.Context, o RestoreOptions) (pid int, err error)
+	// Start lets a copy restored stopped run (a no-op otherwise); it may
+	// be called again, also on a container that runs.
+	Start(ctx context.Context) error
 	// Discard removes everything Prepare and Restore made: the migration
 	// did not commit.
 	Discard(ctx context.Context) error
@@ -151,6 +159,12 @@ type Runtime interface {
 	// rootfs to sync into). It refuses what cannot work here (the name is
 	// taken, the image is missing) before the source freezes anything.
 	Prepare(ctx context.Context, c *Container, o PrepareOptions) (Target, error)
+}
+
+// Continuer is a runtime that can let a container restored stopped run,
+// by name (an agent restarted between the commit and the start).
+type Continuer interface {
+	Continue(ctx context.Context, c *Container) error
 }
 
 // State reports whether a container is running, read from its runtime.

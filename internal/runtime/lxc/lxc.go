@@ -622,6 +622,9 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	}
 }
 
+// Start is a no-op: liblxc's restore lets the processes run at once.
+func (t *target) Start(context.Context) error { return nil }
+
 // Discard stops and destroys whatever Prepare and Restore made.
 func (t *target) Discard(ctx context.Context) error {
 	err := t.r.destroy(ctx, t.name)

@@ -320,6 +320,9 @@ func relink(dst, link string) error {
 	return os.Symlink(dst, link)
 }
 
+// Start is a no-op: Podman's restore lets the processes run at once.
+func (t *target) Start(context.Context) error { return nil }
+
 // Discard removes the container Prepare created (restored or not); one
 // already gone counts as removed.
 func (t *target) Discard(ctx context.Context) error {

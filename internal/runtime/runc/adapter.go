@@ -45,7 +45,7 @@ func (r *Runtime) Kind() string { return "runc" }
 // Caps: runc pauses without dumping and leaves a paused container paused
 // through a dump, so the source is resumable until the commit.
 func (r *Runtime) Caps() runtime.Caps {
-	return runtime.Caps{Freeze: true, LazyDump: r.Lazy, LazyRestore: r.Lazy, PreDump: r.DirtyTracking}
+	return runtime.Caps{Freeze: true, LazyDump: r.Lazy, LazyRestore: r.Lazy, PreDump: r.DirtyTracking, RestoreStopped: true}
 }
 
 // Inspect reads `runc state` and the bundle's config.json. The rootfs is
@@ -154,7 +154,7 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 		return nil, err
 	}
 	t := &target{r: r, name: c.Name, bundle: filepath.Join(r.BundleRoot, c.Name)}
-	spec, err := r.adaptSpec(c, o.NetNS)
+	spec, err := r.adaptSpec(c, o.NetNS, t.criuConf())
 	if err != nil {
 		return nil, err
 	}
@@ -162,6 +162,13 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 		return nil, err
 	}
 	if err := os.MkdirAll(t.RootfsDir(), 0o700); err != nil {
+		return nil, err
+	}
+	// CRIU leaves the restored processes stopped until the commit (Start);
+	// the file is emptied once the restore has read it, so that a later
+	// dump of this container is not left stopped too.
+	if err := os.WriteFile(t.criuConf(), []byte("leave-stopped\n"), 0o600); err != nil {
+		_ = os.RemoveAll(t.bundle)
 		return nil, err
 	}
 	if err := os.WriteFile(filepath.Join(t.bundle, "config.json"), spec, 0o600); err != nil {
@@ -174,7 +181,7 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 // adaptSpec rewrites the source's config.json for this host: the rootfs
 // in the bundle, this host's cgroup parent, the network namespace the
 // container joins here.
-func (r *Runtime) adaptSpec(c *runtime.Container, netns string) ([]byte, error) {
+func (r *Runtime) adaptSpec(c *runtime.Container, netns, criuConf string) ([]byte, error) {
 	var s specs.Spec
 	if err := json.Unmarshal(c.Spec, &s); err != nil {
 		return nil, fmt.Errorf("source sent a bad config.json: %w", err)
@@ -200,12 +207,12 @@ func (r *Runtime) adaptSpec(c *runtime.Container, netns string) ([]byte, error) 
 			return nil, errors.New("the container joins a network namespace at the source, but this host has none configured for it (agent --netns)")
 		}
 	}
-	// A CRIU configuration file named by the runtime would change how
-	// ferry's own restore runs (runc reads /etc/criu/runc.conf otherwise).
+	// ferry's own CRIU configuration file, instead of one the source named
+	// (runc reads /etc/criu/runc.conf when none is named).
 	if s.Annotations == nil {
 		s.Annotations = map[string]string{}
 	}
-	s.Annotations["org.criu.config"] = ""
+	s.Annotations["org.criu.config"] = criuConf
 	return json.MarshalIndent(&s, "", "  ")
 }
 
@@ -218,9 +225,26 @@ type target struct {
 
 func (t *target) RootfsDir() string { return filepath.Join(t.bundle, "rootfs") }
 
+// criuConf is the CRIU configuration file runc passes CRIU for this
+// container (its org.criu.config annotation).
+func (t *target) criuConf() string { return filepath.Join(t.bundle, "criu.conf") }
+
+// Start continues the processes CRIU left stopped.
+func (t *target) Start(ctx context.Context) error {
+	return t.r.Continue(ctx, &runtime.Container{Name: t.name, ID: t.name})
+}
+
+// Continue sends every process of the container SIGCONT: a container
+// restored stopped runs (one that runs already is unaffected).
+func (r *Runtime) Continue(ctx context.Context, c *runtime.Container) error {
+	return r.run(ctx, nil, "kill", "--all", c.ID, "CONT")
+}
+
 func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, error) {
 	err := t.r.Host.Restore(ctx, t.name, RestoreOptions{ImagePath: o.ImagesDir, WorkPath: o.WorkDir, Bundle: t.bundle,
 		LogPath: t.bundle + ".log", TCPEstablished: o.TCPEstablished, LazyPages: o.Lazy})
+	// Read by now: later dumps of this container must not leave it stopped.
+	_ = os.WriteFile(t.criuConf(), nil, 0o600)
 	if err != nil {
 		return 0, err
 	}

@@ -19,7 +19,7 @@ func TestAdaptSpecRebasesForTheDestination(t *testing.T) {
 	c := &runtime.Container{Name: "app", Spec: b}
 	adapt := func(netns string) specs.Spec {
 		t.Helper()
-		out, err := r.adaptSpec(c, netns)
+		out, err := r.adaptSpec(c, netns, "/b/app/criu.conf")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -33,17 +33,17 @@ func TestAdaptSpecRebasesForTheDestination(t *testing.T) {
 	if got.Root.Path != "rootfs" || got.Linux.CgroupsPath != "/ferry-h2/app" || got.Linux.Namespaces[1].Path != "/var/run/netns/h2" {
 		t.Errorf("rebased spec: root %q cgroups %q netns %q", got.Root.Path, got.Linux.CgroupsPath, got.Linux.Namespaces[1].Path)
 	}
-	if got.Annotations["org.criu.config"] != "" || got.Annotations["keep"] != "me" {
-		t.Errorf("annotations: %v (a CRIU config file must not change ferry's restore)", got.Annotations)
+	if got.Annotations["org.criu.config"] != "/b/app/criu.conf" || got.Annotations["keep"] != "me" {
+		t.Errorf("annotations: %v (the source's CRIU config file must give way to ferry's)", got.Annotations)
 	}
 	if got := adapt("/var/run/netns/ferry-c-h2-app"); got.Linux.Namespaces[1].Path != "/var/run/netns/ferry-c-h2-app" {
 		t.Errorf("the rebuilt namespace was not used: %q", got.Linux.Namespaces[1].Path)
 	}
 	r.NetNS = ""
-	if _, err := r.adaptSpec(c, ""); err == nil {
+	if _, err := r.adaptSpec(c, "", ""); err == nil {
 		t.Error("a destination without a netns accepted a container that joins one")
 	}
-	if _, err := r.adaptSpec(&runtime.Container{Name: "x", Spec: []byte("{")}, ""); err == nil {
+	if _, err := r.adaptSpec(&runtime.Container{Name: "x", Spec: []byte("{")}, "", ""); err == nil {
 		t.Error("a bad config.json was accepted")
 	}
 }
