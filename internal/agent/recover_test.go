@@ -23,8 +23,10 @@ func (f *fakeRuntime) Continue(_ context.Context, c *runtime.Container) error {
 	return nil
 }
 
-func (f *fakeRuntime) Kind() string       { return "fake" }
-func (f *fakeRuntime) Caps() runtime.Caps { return runtime.Caps{Freeze: true, RestoreStopped: f.stopped} }
+func (f *fakeRuntime) Kind() string { return "fake" }
+func (f *fakeRuntime) Caps() runtime.Caps {
+	return runtime.Caps{Freeze: true, RestoreStopped: f.stopped}
+}
 func (f *fakeRuntime) Inspect(_ context.Context, name string) (*runtime.Container, error) {
 	st, ok := f.state[name]
 	if !ok {
