@@ -320,7 +320,7 @@ func fitFreeze(ms []Measured, p *model.Profile) (Term, error) {
 func fitReadHash(ms []Measured, p *model.Profile) (Term, error) {
 	t := Term{Name: "read-hash", Kind: "proportional",
 		From: "pre-copy rounds after the first (little to send) vs memory: duration = M/read_hash_bps"}
-	for _, s := range collect(ms, unshaped("precopy")) {
+	for _, s := range collect(ms, unshaped(model.ModePrecopy)) {
 		for _, rd := range s.r.Rounds {
 			if rd.Index >= 1 && !rd.Final {
 				t.X, t.Y = append(t.X, s.m), append(t.Y, rd.DurationMs/1000)
@@ -340,7 +340,7 @@ func fitReadHash(ms []Measured, p *model.Profile) (Term, error) {
 func fitFrozenRead(ms []Measured, p *model.Profile) (Term, error) {
 	t := Term{Name: "frozen-read", Kind: "proportional",
 		From: "the frozen last round (hybrid, pre-copy rebuild) vs memory: duration = M/frozen_read_bps"}
-	for _, s := range collect(ms, unshaped("precopy", "hybrid")) {
+	for _, s := range collect(ms, unshaped(model.ModePrecopy, model.ModeHybrid)) {
 		for _, rd := range s.r.Rounds {
 			if rd.Final {
 				t.X, t.Y = append(t.X, s.m), append(t.Y, rd.DurationMs/1000)
@@ -356,7 +356,7 @@ func fitFrozenRead(ms []Measured, p *model.Profile) (Term, error) {
 func fitDumpFixed(ms []Measured, p *model.Profile) (Term, error) {
 	t := Term{Name: "dump-fixed", Kind: "constant",
 		From: "post-copy's dump (+ images): a memory-less CRIU dump, the model's φ"}
-	for _, s := range collect(ms, unshaped("postcopy")) {
+	for _, s := range collect(ms, unshaped(model.ModePostcopy)) {
 		t.X, t.Y = append(t.X, s.m), append(t.Y, phaseS(s.r, "dump", "images"))
 	}
 	return fitConstant(t, "dump_fixed_s", &p.DumpFixedS)
@@ -373,12 +373,12 @@ func fitDump(ms []Measured, p *model.Profile, phiKnown bool) (Term, error) {
 	t := Term{Name: "dump", Kind: "line",
 		From: "pre-copy's dedup dump+images minus M/read_hash_bps, vs memory: φ + M/dump_bps"}
 	var cx, cy []float64
-	for _, s := range collect(ms, unshaped("cold", "precopy")) {
+	for _, s := range collect(ms, unshaped(model.ModeCold, model.ModePrecopy)) {
 		y := phaseS(s.r, "dump", "images")
 		if s.r.FillMs > 0 {
 			continue // pre-copy's rebuild switchover: no full dump
 		}
-		if s.p.Mode == "precopy" {
+		if s.p.Mode == model.ModePrecopy {
 			t.X, t.Y = append(t.X, s.m), append(t.Y, y-s.m/p.ReadHashBps)
 		} else {
 			cx, cy = append(cx, s.m), append(cy, y)
@@ -434,12 +434,12 @@ func fitDump(ms []Measured, p *model.Profile, phiKnown bool) (Term, error) {
 func fitRestore(ms []Measured, p *model.Profile) (Term, error) {
 	t := Term{Name: "restore", Kind: "line", From: "restore phase of cold and pre-copy (restore until the destination answers; pre-copy's image fill taken out) vs memory: ψ + M/restore_bps"}
 	var rx, ry, cx, cy, px, py []float64
-	for _, s := range collect(ms, unshaped("cold", "precopy")) {
+	for _, s := range collect(ms, unshaped(model.ModeCold, model.ModePrecopy)) {
 		// The rebuild switchover writes the pages image first (image-fill).
 		y := phaseS(s.r, "restore") - s.r.FillMs/1000
 		t.X, t.Y = append(t.X, s.m), append(t.Y, y)
 		rx, ry = append(rx, s.m), append(ry, s.r.RestoreMs/1000)
-		if s.p.Mode == "cold" {
+		if s.p.Mode == model.ModeCold {
 			cx, cy = append(cx, s.m), append(cy, y)
 		} else {
 			px, py = append(px, s.m), append(py, y)
@@ -515,7 +515,7 @@ func joinNotes(a, b string) string {
 func fitLazySetup(ms []Measured, p *model.Profile) (Term, error) {
 	t := Term{Name: "lazy-setup", Kind: "constant",
 		From: "post-copy's dump+images+restore minus dump_fixed_s and restore_fixed_s (the model's lazy downtime is constant in M)"}
-	for _, s := range collect(ms, unshaped("postcopy")) {
+	for _, s := range collect(ms, unshaped(model.ModePostcopy)) {
 		t.X = append(t.X, s.m)
 		t.Y = append(t.Y, phaseS(s.r, "dump", "images", "restore")-p.DumpFixedS-p.RestoreFixedS)
 	}
@@ -769,7 +769,7 @@ func twoRates(x, y []float64) (knee, below, above, rmse float64, ok bool) {
 func fitRedirty(ms []Measured, p *model.Profile) (Term, error) {
 	t := Term{Name: "redirty", Kind: "ratio",
 		From: "pre-copy and hybrid rounds from the third on (index >= 2; earlier ones send pages whole): raw bytes / (pages x page size)"}
-	for _, s := range collect(ms, unshaped("precopy", "hybrid")) {
+	for _, s := range collect(ms, unshaped(model.ModePrecopy, model.ModeHybrid)) {
 		for _, rd := range s.r.Rounds {
 			if rd.Index < 2 || rd.Pages == 0 || rd.Final {
 				continue
@@ -791,7 +791,7 @@ func fitRedirty(ms []Measured, p *model.Profile) (Term, error) {
 func fitLocalFill(ms []Measured, p *model.Profile) (Term, error) {
 	t := Term{Name: "local-fill", Kind: "proportional",
 		From: "hybrid's commit+lazy-pages (pages placed from the destination's copy) vs memory: M/local_fill_bps"}
-	for _, s := range collect(ms, unshaped("hybrid")) {
+	for _, s := range collect(ms, unshaped(model.ModeHybrid)) {
 		t.X, t.Y = append(t.X, s.m), append(t.Y, phaseS(s.r, "commit", "lazy-pages"))
 	}
 	return fitRate(t, "local_fill_bps", &p.LocalFillBps)
@@ -802,7 +802,7 @@ func fitLocalFill(ms []Measured, p *model.Profile) (Term, error) {
 func fitImageFill(ms []Measured, p *model.Profile) (Term, error) {
 	t := Term{Name: "image-fill", Kind: "proportional",
 		From: "pre-copy's rebuild switchover, the destination completing the pages image (fill_ms) vs memory: M/image_fill_bps"}
-	for _, s := range collect(ms, unshaped("precopy")) {
+	for _, s := range collect(ms, unshaped(model.ModePrecopy)) {
 		if s.r.FillMs > 0 {
 			t.X, t.Y = append(t.X, s.m), append(t.Y, s.r.FillMs/1000)
 		}

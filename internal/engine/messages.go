@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 
 	"github.com/ferry-migrate/ferry/internal/cnet"
+	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/rootfs"
 )
 
@@ -42,12 +43,12 @@ const (
 // RuntimeAuto finds a container by name in every runtime present.
 const RuntimeAuto = "auto"
 
-// Modes.
+// Modes: the model's names, one definition.
 const (
-	ModeCold     = "cold"
-	ModePrecopy  = "precopy"
-	ModePostcopy = "postcopy"
-	ModeHybrid   = "hybrid"
+	ModeCold     = model.ModeCold
+	ModePrecopy  = model.ModePrecopy
+	ModePostcopy = model.ModePostcopy
+	ModeHybrid   = model.ModeHybrid
 )
 
 // Offer opens a migration at the destination.
