@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -74,6 +75,7 @@ type Agent struct {
 	mu      sync.Mutex
 	busy    map[string]bool // containers with a migration under way
 	feats   criu.Features
+	set     runtime.Set // the runtimes this host has (newRuntimes)
 	journal *journal.Journal
 	// inflight counts migrations under way; draining refuses new ones.
 	inflight sync.WaitGroup
@@ -88,11 +90,20 @@ func (a *Agent) runtimes(runcRoot string) runtime.Set {
 	if a.runtimeSet != nil {
 		return a.runtimeSet(runcRoot)
 	}
-	if runcRoot == "" {
-		runcRoot = a.Host.RuncRoot()
+	if runcRoot == "" || runcRoot == a.Host.RuncRoot() {
+		return a.set
 	}
+	set := maps.Clone(a.set)
+	rc := *a.set["runc"].(*runc.Runtime)
+	rc.Root = runcRoot
+	set["runc"] = &rc
+	return set
+}
+
+// newRuntimes makes the runtimes this host has, once at start.
+func (a *Agent) newRuntimes() runtime.Set {
 	set := runtime.Set{
-		"runc": &runc.Runtime{Host: runc.Host{Root: runcRoot}, BundleRoot: filepath.Join(a.Host.StateDir, "bundles"), Admission: a.Admission,
+		"runc": &runc.Runtime{Host: runc.Host{Root: a.Host.RuncRoot()}, BundleRoot: filepath.Join(a.Host.StateDir, "bundles"), Admission: a.Admission,
 			CgroupParent: a.Host.CgroupParent, NetNS: a.Host.NetNS, Lazy: a.feats.LazyPages, DirtyTracking: a.feats.DirtyTracking},
 	}
 	// Other runtimes where their tools are installed.
@@ -142,9 +153,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	a.journal = j
-	dst.Runtimes, dst.Journal, dst.Admission = a.runtimes(""), j, a.Admission
-	src := &engine.Source{Host: a.Host, Runtimes: dst.Runtimes, KeepWork: a.KeepWork, DirtyTracking: feats.DirtyTracking,
-		LazyDump: feats.LazyPages, Dial: a.dialPeer, Profile: a.Profile, Journal: j, AllowFaults: a.AllowFaults}
+	a.set = a.newRuntimes()
+	dst.Runtimes, dst.Journal, dst.Admission = a.set, j, a.Admission
+	src := &engine.Source{Host: a.Host, Runtimes: dst.Runtimes, KeepWork: a.KeepWork,
+		Dial: a.dialPeer, Profile: a.Profile, Journal: j, AllowFaults: a.AllowFaults}
 	// Before anyone is answered: copies restored here and never committed
 	// go, so sources asking afterwards resume theirs.
 	a.recoverDestination(ctx)
@@ -260,9 +272,9 @@ func (a *Agent) listenPeers(addr string) (net.Listener, func(net.Conn, transport
 	return l, transport.Server, err
 }
 
-// dialPeer opens a session to another agent, the same way it listens.
-// dialPeer opens a session to another agent at to: ADDR, or NAME@ADDR,
-// and then the agent must prove it is host NAME (its certificate's name).
+// dialPeer opens a session to another agent the same way it listens, at
+// to: ADDR, or NAME@ADDR, and then the agent must prove it is host NAME
+// (its certificate's name).
 func (a *Agent) dialPeer(ctx context.Context, to string) (*transport.Session, error) {
 	name, addr, named := strings.Cut(to, "@")
 	if !named {

@@ -38,12 +38,11 @@ func (a *Agent) recoverDestination(ctx context.Context) {
 		if e.Role != journal.Destination || (e.State != journal.Restoring && e.State != journal.Committed) {
 			continue
 		}
-		rt, err := a.runtimes(e.Root).Get(e.Runtime)
+		rt, c, err := a.journaled(e)
 		if err != nil {
 			a.Log.Error("a copy from before a restart cannot be checked", "migration", e.ID, "container", e.Container, "error", err)
 			continue
 		}
-		c := &runtime.Container{Runtime: e.Runtime, Name: e.Container, ID: e.Container}
 		if e.State == journal.Committed {
 			// Committed, but the restart may have come before its start.
 			if cont, ok := rt.(runtime.Continuer); ok {
@@ -124,11 +123,10 @@ func (a *Agent) resolveSource(ctx context.Context, id string) {
 
 // settle acts on the destination's answer; done says nothing is left.
 func (a *Agent) settle(ctx context.Context, e journal.Entry, state string) (done bool, err error) {
-	rt, err := a.runtimes(e.Root).Get(e.Runtime)
+	rt, c, err := a.journaled(e)
 	if err != nil {
 		return false, err
 	}
-	c := &runtime.Container{Runtime: e.Runtime, Name: e.Container, ID: e.Container}
 	switch state {
 	case journal.Committed:
 		if err := rt.Remove(ctx, c); err != nil {
@@ -151,6 +149,15 @@ func (a *Agent) settle(ctx context.Context, e journal.Entry, state string) (done
 		return true, a.journal.Set(e.ID, journal.Resumed)
 	}
 	return false, nil // the destination is still deciding (restoring)
+}
+
+// journaled finds the runtime and container a journal entry names.
+func (a *Agent) journaled(e journal.Entry) (runtime.Runtime, *runtime.Container, error) {
+	rt, err := a.runtimes(e.Root).Get(e.Runtime)
+	if err != nil {
+		return nil, nil, err
+	}
+	return rt, &runtime.Container{Runtime: e.Runtime, Name: e.Container, ID: e.Container}, nil
 }
 
 // ask opens a session to the destination and asks about one migration.

@@ -37,7 +37,7 @@ type AutoChoice struct {
 // chooseMode measures and plans; it returns the mode to run.
 func (m *migration) chooseMode(ctx context.Context) (string, error) {
 	m.begin("measure")
-	mem, rate, err := measureMemory(m.initPID, time.Second)
+	mem, rate, err := measureMemory(m.ctr.PID, time.Second)
 	if err != nil {
 		return "", fmt.Errorf("measuring the container: %w", err)
 	}

@@ -254,15 +254,10 @@ func (in *incoming) prepare(ctx context.Context) error {
 // settleTechnique finds the offer's technique and checks this host's
 // runtime can receive it.
 func (in *incoming) settleTechnique() error {
-	in.key = techniqueKey(in.offer.Mode, in.offer.Precopy)
-	t, err := lookupTechnique(in.key)
-	if err != nil {
-		return err
-	}
-	if err := t.allows(in.key, in.rt.Kind(), in.rt.Caps()); err != nil {
+	var err error
+	if in.key, in.tech, err = techniqueFor(in.offer.Mode, in.offer.Precopy, in.rt); err != nil {
 		return fmt.Errorf("%s: %w", in.d.Host.Name, err)
 	}
-	in.tech = t
 	return nil
 }
 

@@ -243,7 +243,7 @@ func (m *migration) runRounds(ctx context.Context, ps *precopySource) error {
 		ps.next, ps.last = i+1, r
 		stop, why := o.stop(r, prev, i, m.contentSwitchover)
 		if stop == stopNotConverging && o.AutoConverge && throttle.pct < 99 && i+1 < o.MaxRounds {
-			if err := throttle.step(m.initPID); err == nil {
+			if err := throttle.step(m.ctr.PID); err == nil {
 				m.report.ThrottlePct = throttle.pct
 				prev = &r
 				continue
@@ -263,7 +263,7 @@ func (m *migration) precopyRound(ctx context.Context, ps *precopySource, i int, 
 	start := time.Now()
 	wire0 := m.sess.BytesSent()
 	raw0 := ps.enc.RawBytes()
-	pids, err := pages.ContainerPIDs(m.initPID)
+	pids, err := pages.ContainerPIDs(m.ctr.PID)
 	if err != nil {
 		return r, err
 	}

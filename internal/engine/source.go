@@ -30,12 +30,6 @@ type Source struct {
 	Host host.Config
 	// Runtimes are the container runtimes on this host, by kind.
 	Runtimes runtime.Set
-	// DirtyTracking says the kernel tracks dirty pages (soft-dirty), so
-	// CRIU's native pre-dump works here.
-	DirtyTracking bool
-	// LazyDump says CRIU's lazy dump works here (fs.pipe-max-size large
-	// enough), which post-copy, hybrid and pre-copy's rebuild switchover use.
-	LazyDump bool
 	// Profile is this host's calibrated model profile, for mode auto.
 	Profile *model.Profile
 	// Dial opens a session to a destination agent (TLS, MPTCP: the
@@ -58,11 +52,11 @@ type migration struct {
 	rts  runtime.Set
 	rt   runtime.Runtime
 	ctr  *runtime.Container
-	// key names the technique (see techniques.go).
-	key    string
-	sess   *transport.Session
-	ctl    *transport.Channel
-	rootfs string // the directory whose contents move
+	// key names the technique (see techniques.go), tech is it.
+	key  string
+	tech technique
+	sess *transport.Session
+	ctl  *transport.Channel
 	// rootfsBase is what the destination's copy holds after the live
 	// sync, so the frozen sync scans only this side.
 	rootfsBase rootfs.Manifest
@@ -75,7 +69,6 @@ type migration struct {
 	phase    string
 	frozenAt time.Time
 	report   Report
-	initPID  int
 	// pageTransform, when set, carries the final dump's page stream to the
 	// destination (pre-copy's deduplication).
 	pageTransform func(dst io.Writer, src io.Reader) error
@@ -83,9 +76,7 @@ type migration struct {
 	liftThrottle func()
 	// parentRound is the pre-dump the final dump builds on (native
 	// pre-copy); -1 for none.
-	parentRound   int
-	dirtyTracking bool
-	lazyDump      bool
+	parentRound int
 	// dump is the lazy dump this migration started, if any; dumped the
 	// runtime's handle on the last dump, which may still hold the container.
 	dump    *lazyDump
@@ -185,7 +176,7 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 	if !s.AllowFaults {
 		req.Faults = nil // they reach the destination, which decides for itself
 	}
-	m := &migration{req: req, id: newID(), host: s.Host, journal: s.Journal, rts: s.Runtimes, progress: progress, start: time.Now(), parentRound: -1, dirtyTracking: s.DirtyTracking, lazyDump: s.LazyDump, dial: s.Dial, profile: model.DefaultProfile()}
+	m := &migration{req: req, id: newID(), host: s.Host, journal: s.Journal, rts: s.Runtimes, progress: progress, start: time.Now(), parentRound: -1, dial: s.Dial, profile: model.DefaultProfile()}
 	if s.Profile != nil {
 		m.profile = *s.Profile
 	}
@@ -253,7 +244,7 @@ func (m *migration) run(ctx context.Context) error {
 	}
 	offer := Offer{ID: m.id, Container: m.req.Container, Mode: m.req.Mode, SourceHost: m.host.Name,
 		Runtime: m.ctr.Runtime, Spec: json.RawMessage(m.ctr.Spec), Image: m.ctr.Image, Meta: m.ctr.Meta,
-		Faults: m.req.Faults, Precopy: m.req.Precopy, MemoryBytes: residentBytes(m.initPID), Network: m.network}
+		Faults: m.req.Faults, Precopy: m.req.Precopy, MemoryBytes: residentBytes(m.ctr.PID), Network: m.network}
 	if err := m.ctl.Send(offer); err != nil {
 		return failAt("offer to destination", err)
 	}
@@ -268,12 +259,7 @@ func (m *migration) run(ctx context.Context) error {
 			return failAt("plan", err)
 		}
 		m.req.Mode, m.report.Mode = mode, mode
-		m.key = techniqueKey(mode, m.req.Precopy)
-		t, err := lookupTechnique(m.key)
-		if err == nil {
-			err = t.allows(m.key, m.rt.Kind(), m.rt.Caps())
-		}
-		if err != nil {
+		if m.key, m.tech, err = techniqueFor(mode, m.req.Precopy, m.rt); err != nil {
 			return m.abort(ctx, failAt("plan", err))
 		}
 		if err := m.ctl.Send(Step{Do: "mode", Mode: mode, Precopy: &m.req.Precopy}); err != nil {
@@ -284,11 +270,7 @@ func (m *migration) run(ctx context.Context) error {
 			return failAt("destination "+m.sess.Peer.Name+" refused", err)
 		}
 	}
-	t, err := lookupTechnique(m.key)
-	if err != nil {
-		return m.abort(ctx, failAt("prepare", err))
-	}
-	return t.source(m, ctx)
+	return m.tech.source(m, ctx)
 }
 
 // prepare finds the container in its runtime, settles the technique and
@@ -325,17 +307,10 @@ func (m *migration) prepare(ctx context.Context) error {
 		return err
 	}
 	if m.req.Mode != ModeAuto {
-		m.key = techniqueKey(m.req.Mode, m.req.Precopy)
-		t, err := lookupTechnique(m.key)
-		if err != nil {
-			return err
-		}
-		if err := t.allows(m.key, m.rt.Kind(), caps); err != nil {
+		if m.key, m.tech, err = techniqueFor(m.req.Mode, m.req.Precopy, m.rt); err != nil {
 			return err
 		}
 	}
-	m.initPID = m.ctr.PID
-	m.rootfs = m.ctr.Rootfs
 	if m.ctr.Spec != nil {
 		if err := m.prepareNetwork(m.ctr.Spec); err != nil {
 			return err
@@ -425,7 +400,7 @@ func (m *migration) syncRootfs(kind string) error {
 		return err
 	}
 	defer ch.Close()
-	root := m.rootfs
+	root := m.ctr.Rootfs
 	// This side's scan runs while the destination describes its copy.
 	type scanned struct {
 		m   rootfs.Manifest

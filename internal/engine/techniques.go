@@ -137,13 +137,15 @@ func techniqueKey(mode string, o PrecopyOptions) string {
 	return ModePrecopy
 }
 
-// lookupTechnique finds the technique for a key.
-func lookupTechnique(key string) (technique, error) {
+// techniqueFor finds the technique a mode and its pre-copy options select
+// and checks that rt can run it here, returning its key.
+func techniqueFor(mode string, o PrecopyOptions, rt runtime.Runtime) (string, technique, error) {
+	key := techniqueKey(mode, o)
 	t, ok := techniques[key]
 	if !ok {
-		return technique{}, fmt.Errorf("technique %q has no engine", key)
+		return key, technique{}, fmt.Errorf("technique %q has no engine", key)
 	}
-	return t, nil
+	return key, t, t.allows(key, rt.Kind(), rt.Caps())
 }
 
 // allows says why a runtime cannot do a technique, or nil.
