@@ -304,3 +304,31 @@ func TestLazyCounts(t *testing.T) {
 		t.Errorf("a missing log counted %d/%d", f, p)
 	}
 }
+
+// LogErrors quotes the lines that say why CRIU failed: its errors, the
+// lines before "FAILED", what it "Can't" do, never the RLIMIT noise.
+func TestLogErrors(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "restore.log")
+	if err := os.WriteFile(log, []byte(`(00.002369) Error (criu/util.c:1534): rlimit: Can't setup RLIMIT_NOFILE for self: Operation not permitted
+(00.062028)      1:  `+"`"+`- type 1 ID 0x11
+(00.062402)      1: No pagemap-1.img image
+(00.063465) mnt: Switching to new ns to clean ghosts
+(00.064382) Error (criu/cr-restore.c:2331): Restoring FAILED.
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got := LogErrors(log)
+	if !strings.Contains(got, "No pagemap-1.img image") || !strings.Contains(got, "Restoring FAILED") || strings.Contains(got, "RLIMIT") || !strings.HasPrefix(got, "\nCRIU restore.log: ") {
+		t.Fatalf("LogErrors: %q", got)
+	}
+	dump := filepath.Join(t.TempDir(), "dump.log")
+	if err := os.WriteFile(dump, []byte("(00.1) page-xfer: Can't connect to server: Connection refused\n(00.2) Dumping finished successfully\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := LogErrors(dump); !strings.Contains(got, "Can't connect to server") {
+		t.Errorf("a page server out of reach is not quoted: %q", got)
+	}
+	if LogErrors(filepath.Join(t.TempDir(), "none")) != "" {
+		t.Fatal("a missing log quoted")
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/tail"
 	"golang.org/x/sys/unix"
 )
 
@@ -54,7 +55,7 @@ func PageServer(ctx context.Context, imagesDir, workDir string, feed func(*net.U
 		conn.Close()
 	}
 	if werr := cmd.Wait(); werr != nil {
-		return errors.Join(serr, fmt.Errorf("criu page-server: %v: %s", werr, LogTail(filepath.Join(workDir, logName), 3)))
+		return errors.Join(serr, fmt.Errorf("criu page-server: %v: %s", werr, tail.File(filepath.Join(workDir, logName), 3)))
 	}
 	return serr
 }
@@ -93,7 +94,7 @@ func StartLazyPages(imagesDir, workDir, addr string) (*LazyPages, error) {
 		select {
 		case err := <-lp.exited:
 			lp.exited <- err
-			return nil, fmt.Errorf("criu lazy-pages exited early: %v: %s", err, LogTail(lp.logPath, 3))
+			return nil, fmt.Errorf("criu lazy-pages exited early: %v: %s", err, tail.File(lp.logPath, 3))
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -118,7 +119,7 @@ func (lp *LazyPages) Wait() LazyResult {
 	r := LazyResult{Elapsed: time.Since(lp.started)}
 	r.Faulted, r.Pushed = LazyCounts(lp.logPath)
 	if err != nil {
-		r.Err = fmt.Errorf("criu lazy-pages: %v: %s", err, LogTail(lp.logPath, 3))
+		r.Err = fmt.Errorf("criu lazy-pages: %v: %s", err, tail.File(lp.logPath, 3))
 	}
 	return r
 }
@@ -165,12 +166,42 @@ func LazyCounts(logPath string) (faulted, pushed uint64) {
 	return faulted, pushed
 }
 
-// LogTail is the last n lines of a CRIU log, for error messages.
-func LogTail(path string, n int) string {
-	b, _ := os.ReadFile(path)
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
+// LogErrors quotes what a CRIU log says went wrong, for an error
+// message: its error lines, lines saying it "Can't" do something (a page
+// server it cannot reach is not logged as an error), and the two lines
+// before its "FAILED", where it often says why without calling it an
+// error. "" when the log is missing or says nothing.
+func LogErrors(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
 	}
-	return strings.Join(lines, "\n")
+	lines := strings.Split(string(b), "\n")
+	var errs []string
+	for i, l := range lines {
+		// CRIU cannot raise RLIMIT_NOFILE above the hard limit here and
+		// says so as an error on every run: never the cause.
+		if strings.Contains(l, "Can't setup RLIMIT_NOFILE") {
+			continue
+		}
+		if strings.Contains(l, "FAILED") {
+			for _, before := range lines[max(0, i-2):i] {
+				if !isCRIUError(before) {
+					errs = append(errs, strings.TrimSpace(before))
+				}
+			}
+		}
+		if isCRIUError(l) {
+			errs = append(errs, strings.TrimSpace(l))
+		}
+	}
+	if len(errs) == 0 {
+		return ""
+	}
+	return "\nCRIU " + filepath.Base(path) + ": " + tail.Lines(strings.Join(errs, "\n"), 5)
+}
+
+func isCRIUError(l string) bool {
+	return strings.Contains(l, "Error") || strings.Contains(l, "BUG") ||
+		(strings.Contains(l, "Can't ") && !strings.Contains(l, "Can't setup RLIMIT_NOFILE"))
 }

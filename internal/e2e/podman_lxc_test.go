@@ -19,7 +19,6 @@ import (
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/probe"
-	"github.com/ferry-migrate/ferry/internal/runtime/podman"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
 
@@ -76,14 +75,9 @@ func requirePodman(t *testing.T) {
 	}
 }
 
-// podmanHost is the lab host's own Podman instance, as its agent sees it.
-func podmanHost(h *lab.Host) podman.Host {
-	return podman.Host{Dir: h.PodmanDir(), NetNS: h.NetNS}
-}
-
 // pm runs podman in a lab host's instance and returns its stdout.
 func pm(ctx context.Context, h *lab.Host, args ...string) (string, error) {
-	c := podmanHost(h).Command(ctx, args...)
+	c := h.Podman().Command(ctx, args...)
 	var stdout, stderr strings.Builder
 	c.Stdout, c.Stderr = &stdout, &stderr
 	if err := c.Run(); err != nil {
@@ -108,7 +102,7 @@ func podmanImport(t *testing.T, bin string, image string, extra string, hosts ..
 	ctx := context.Background()
 	var ids []string
 	for _, h := range hosts {
-		if err := podmanHost(h).ImportRootfs(ctx, dir, image); err != nil {
+		if err := h.Podman().ImportRootfs(ctx, dir, image); err != nil {
 			t.Fatal(err)
 		}
 		id, err := pm(ctx, h, "image", "inspect", "--format", "{{.Id}}", "localhost/"+image+":latest")

@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
+	"github.com/ferry-migrate/ferry/internal/tail"
 )
 
 // Root filesystem kinds of a lab container (RunOptions.Rootfs).
@@ -282,17 +283,9 @@ func runLogged(c *exec.Cmd, log io.Writer) error {
 	}
 	c.Stdout, c.Stderr = w, w
 	if err := c.Run(); err != nil {
-		return fmt.Errorf("%s: %v: %s", filepath.Base(c.Path), err, lastLines(buf.String(), 8))
+		return fmt.Errorf("%s: %v: %s", filepath.Base(c.Path), err, tail.Lines(buf.String(), 8))
 	}
 	return nil
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }
 
 // lockFile takes an exclusive flock on path, waiting (until ctx ends) while
@@ -539,7 +532,7 @@ func layDebianRootfs(ctx context.Context, tarball, dir, binDir string) error {
 	c := exec.CommandContext(ctx, "tar", "--numeric-owner", "--same-owner", "--same-permissions",
 		"--xattrs", "--xattrs-include=*", "--exclude=./dev/*", "-C", dir, "-xf", tarball)
 	if out, err := c.CombinedOutput(); err != nil {
-		return fmt.Errorf("extract %s: %v: %s", tarball, err, lastLines(string(out), 6))
+		return fmt.Errorf("extract %s: %v: %s", tarball, err, tail.Lines(string(out), 6))
 	}
 	for name, content := range rootfsFiles {
 		p := filepath.Join(dir, name)

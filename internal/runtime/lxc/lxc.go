@@ -20,12 +20,10 @@
 package lxc
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -36,7 +34,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/tail"
 )
 
 const (
@@ -144,7 +144,7 @@ func (r *Runtime) run(ctx context.Context, conf, tool string, args ...string) (s
 	var out, errb bytes.Buffer
 	c.Stdout, c.Stderr = &out, &errb
 	if err := c.Run(); err != nil {
-		return out.String(), fmt.Errorf("%s -P %s %s: %v: %s", tool, r.path(), strings.Join(args, " "), err, lastLines(strings.TrimSpace(errb.String()), 6))
+		return out.String(), fmt.Errorf("%s -P %s %s: %v: %s", tool, r.path(), strings.Join(args, " "), err, tail.Lines(strings.TrimSpace(errb.String()), 6))
 	}
 	return out.String(), nil
 }
@@ -423,7 +423,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtim
 		log = filepath.Join(o.ImagesDir, "dump.log")
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w%s", err, criuLogTail(log))
+		return nil, fmt.Errorf("%w%s", err, criu.LogErrors(log))
 	}
 	return doneDump{}, nil
 }
@@ -601,7 +601,7 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	if err != nil {
 		msg, _ := os.ReadFile(errPath)
 		return 0, fmt.Errorf("lxc-checkpoint -P %s -n %s -r -D %s: %v: %s%s", r.path(), t.name, o.ImagesDir, err,
-			lastLines(strings.TrimSpace(string(msg)), 6), criuLogTail(log))
+			tail.Lines(strings.TrimSpace(string(msg)), 6), criu.LogErrors(log))
 	}
 	if err := r.thawCgroup(ctx, t.name); err != nil {
 		return 0, fmt.Errorf("restored container stays frozen: %w", err)
@@ -629,42 +629,4 @@ func (t *target) Start(context.Context) error { return nil }
 func (t *target) Discard(ctx context.Context) error {
 	err := t.r.destroy(ctx, t.name)
 	return errors.Join(err, os.RemoveAll(t.dir))
-}
-
-// lastLines keeps the tail of a long tool output for error messages.
-func lastLines(s string, n int) string {
-	lines := strings.Split(s, "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-// criuLogTail quotes the errors at the end of a CRIU log.
-func criuLogTail(path string) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	var errs []string
-	sc := bufio.NewScanner(io.LimitReader(f, 64<<20))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		l := sc.Text()
-		// CRIU cannot raise RLIMIT_NOFILE above the hard limit here and
-		// says so as an error on every run; it is never the cause.
-		if strings.Contains(l, "Can't setup RLIMIT_NOFILE") {
-			continue
-		}
-		// "Can't connect to server" (the page server) is not logged as an
-		// error, but is the cause when it appears.
-		if strings.Contains(l, "Error") || strings.Contains(l, "BUG") || strings.Contains(l, "Can't ") {
-			errs = append(errs, strings.TrimSpace(l))
-		}
-	}
-	if len(errs) == 0 {
-		return ""
-	}
-	return "\nCRIU " + filepath.Base(path) + ": " + lastLines(strings.Join(errs, "\n"), 4)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/tail"
 )
 
 // The container's init counts in a shell variable and publishes the count
@@ -170,7 +171,7 @@ lxc.log.level = INFO
 	t.Cleanup(func() { destroyContainer(t, lxcpath, name) })
 	if out, err := lxcCmd(t, "lxc-start", "-P", lxcpath, "-n", name); err != nil {
 		b, _ := os.ReadFile(filepath.Join(dir, "lxc.log"))
-		t.Fatalf("lxc-start: %v: %s\n%s", err, out, lastLines(string(b), 10))
+		t.Fatalf("lxc-start: %v: %s\n%s", err, out, tail.Lines(string(b), 10))
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -489,7 +490,7 @@ func TestMigrateBetweenLXCPaths(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !strings.Contains(string(dumpLog), "Version: 4.2") {
-		t.Fatalf("dump.log names another CRIU: %s", lastLines(string(dumpLog[:min(len(dumpLog), 400)]), 3))
+		t.Fatalf("dump.log names another CRIU: %s", tail.Lines(string(dumpLog[:min(len(dumpLog), 400)]), 3))
 	}
 	if _, err := os.Stat(filepath.Join(srcWork, "stats-dump")); err != nil {
 		t.Errorf("no stats-dump in the work directory: %v", err)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+	"github.com/ferry-migrate/ferry/internal/tail"
 )
 
 // Meta keys of a Podman container's records.
@@ -229,7 +230,7 @@ func (r *Runtime) exportRecords(ctx context.Context, d *inspectData) (records, e
 		rec.spec, err = os.ReadFile(specPath)
 	}
 	if err != nil {
-		return rec, fmt.Errorf("podman did not export the configuration of %s: %v: %s", d.Name, err, tail(stderr.String(), 4))
+		return rec, fmt.Errorf("podman did not export the configuration of %s: %v: %s", d.Name, err, tail.Lines(stderr.String(), 4))
 	}
 	if !json.Valid(rec.config) || !json.Valid(rec.spec) {
 		return rec, fmt.Errorf("podman exported a malformed configuration for %s", d.Name)

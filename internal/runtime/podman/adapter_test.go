@@ -913,22 +913,3 @@ func TestTarShm(t *testing.T) {
 		t.Fatalf("tar holds %q", got)
 	}
 }
-
-func TestCRIUErrors(t *testing.T) {
-	log := filepath.Join(t.TempDir(), "restore.log")
-	if err := os.WriteFile(log, []byte(`(00.002369) Error (criu/util.c:1534): rlimit: Can't setup RLIMIT_NOFILE for self: Operation not permitted
-(00.062028)      1:  `+"`"+`- type 1 ID 0x11
-(00.062402)      1: No pagemap-1.img image
-(00.063465) mnt: Switching to new ns to clean ghosts
-(00.064382) Error (criu/cr-restore.c:2331): Restoring FAILED.
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	got := criuErrors(log)
-	if !strings.Contains(got, "No pagemap-1.img image") || !strings.Contains(got, "Restoring FAILED") || strings.Contains(got, "RLIMIT") {
-		t.Fatalf("criuErrors: %q", got)
-	}
-	if criuErrors(filepath.Join(t.TempDir(), "none")) != "" {
-		t.Fatal("a missing log quoted")
-	}
-}

@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+
+	"github.com/ferry-migrate/ferry/internal/tail"
 )
 
 // ImportRootfs packs rootfsDir as a one-layer image and loads it into the
@@ -36,7 +38,7 @@ func (h Host) ImportRootfs(ctx context.Context, rootfsDir, image string) error {
 	out, err := exec.CommandContext(ctx, "tar", "--sort=name", "--numeric-owner", "--format=gnu",
 		"-C", rootfsDir, "-cf", layer, ".").CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("tar %s: %v: %s", rootfsDir, err, tail(string(out), 6))
+		return fmt.Errorf("tar %s: %v: %s", rootfsDir, err, tail.Lines(string(out), 6))
 	}
 	archive := filepath.Join(tmp, "image.tar")
 	if _, err := writeDockerArchive(archive, layer, qualify(image)); err != nil {

@@ -19,6 +19,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/ferry-migrate/ferry/internal/tail"
 )
 
 // Host is one emulated host's Podman instance.
@@ -108,17 +110,9 @@ func (h Host) podman(ctx context.Context, args ...string) (string, error) {
 	var stdout, stderr bytes.Buffer
 	c.Stdout, c.Stderr = &stdout, &stderr
 	if err := c.Run(); err != nil {
-		return stdout.String(), fmt.Errorf("podman %s: %v: %s", strings.Join(args[:min(len(args), 2)], " "), err, tail(stderr.String(), 6))
+		return stdout.String(), fmt.Errorf("podman %s: %v: %s", strings.Join(args[:min(len(args), 2)], " "), err, tail.Lines(stderr.String(), 6))
 	}
 	return stdout.String(), nil
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }
 
 // Run starts a detached container on the host network. Logging and health

@@ -12,7 +12,9 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/tail"
 )
 
 // placeholderDiff stands in for rootfs-diff.tar in the archive Prepare
@@ -170,7 +172,7 @@ func (r *Runtime) exists(ctx context.Context, name string) (bool, error) {
 	case errors.As(err, &exit) && exit.ExitCode() == 1:
 		return false, nil
 	}
-	return false, fmt.Errorf("podman container exists %s: %v: %s", name, err, tail(stderr.String(), 4))
+	return false, fmt.Errorf("podman container exists %s: %v: %s", name, err, tail.Lines(stderr.String(), 4))
 }
 
 // adaptConfig readies the source's libpod configuration for this host:
@@ -300,7 +302,7 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 		for _, l := range links {
 			_ = os.Remove(l)
 		}
-		return 0, fmt.Errorf("%w%s", err, criuErrors(logPath))
+		return 0, fmt.Errorf("%w%s", err, criu.LogErrors(logPath))
 	}
 	d, err := t.r.inspect(ctx, t.id)
 	if err != nil {
@@ -332,35 +334,4 @@ func (t *target) Discard(ctx context.Context) error {
 	}
 	_, err := t.r.Host.podman(ctx, "rm", "--force", "--ignore", "--time", "0", ref)
 	return err
-}
-
-// criuErrors quotes a CRIU log's error lines, and the lines just before
-// its "FAILED", where CRIU often says why without calling it an error.
-func criuErrors(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	lines := strings.Split(string(b), "\n")
-	var errs []string
-	for i, l := range lines {
-		// Reported on every run where the hard limit is low; harmless.
-		if strings.Contains(l, "Can't setup RLIMIT_NOFILE") {
-			continue
-		}
-		if strings.Contains(l, "FAILED") {
-			for _, before := range lines[max(0, i-2):i] {
-				if !strings.Contains(before, "Error") {
-					errs = append(errs, strings.TrimSpace(before))
-				}
-			}
-		}
-		if strings.Contains(l, "Error") || strings.Contains(l, "BUG") {
-			errs = append(errs, strings.TrimSpace(l))
-		}
-	}
-	if len(errs) == 0 {
-		return ""
-	}
-	return "\nCRIU " + path + ": " + tail(strings.Join(errs, "\n"), 5)
 }

@@ -19,6 +19,9 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/ferry-migrate/ferry/internal/criu"
+	"github.com/ferry-migrate/ferry/internal/tail"
 )
 
 // Host is one host's view of runc: where its state lives and which cgroup
@@ -64,18 +67,9 @@ func (h Host) run(ctx context.Context, stdout *bytes.Buffer, args ...string) err
 		if strings.Contains(msg, "does not exist") || strings.Contains(msg, "container not found") {
 			return fmt.Errorf("runc %s: %w", args[0], ErrNotFound)
 		}
-		return fmt.Errorf("runc %s: %v: %s", args[0], err, lastLines(msg, 6))
+		return fmt.Errorf("runc %s: %v: %s", args[0], err, tail.Lines(msg, 6))
 	}
 	return nil
-}
-
-// lastLines keeps the tail of a long tool output for error messages.
-func lastLines(s string, n int) string {
-	lines := strings.Split(s, "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }
 
 // State returns the container's state, or ErrNotFound.
@@ -132,7 +126,7 @@ func (h Host) detached(ctx context.Context, logPath string, args ...string) erro
 		if int64(len(b)) >= start {
 			b = b[start:]
 		}
-		return fmt.Errorf("runc %s %s: %v: %s", args[0], args[len(args)-1], err, lastLines(strings.TrimSpace(string(b)), 4))
+		return fmt.Errorf("runc %s %s: %v: %s", args[0], args[len(args)-1], err, tail.Lines(strings.TrimSpace(string(b)), 4))
 	}
 	return nil
 }
@@ -212,7 +206,7 @@ func (h Host) Checkpoint(ctx context.Context, id string, o CheckpointOptions) er
 		err = c.Wait()
 	}
 	if err != nil {
-		return fmt.Errorf("runc checkpoint %s: %v: %s%s", id, err, lastLines(strings.TrimSpace(stderr.String()), 4), criuLogTail(o.WorkPath, "dump.log"))
+		return fmt.Errorf("runc checkpoint %s: %v: %s%s", id, err, tail.Lines(strings.TrimSpace(stderr.String()), 4), criuErrors(o.WorkPath, "dump.log"))
 	}
 	return nil
 }
@@ -244,35 +238,17 @@ func (h Host) Restore(ctx context.Context, id string, o RestoreOptions) error {
 	err := h.detached(ctx, o.LogPath, args...)
 	if err != nil && o.WorkPath != "" {
 		// CRIU's log is written during the restore: quote it now.
-		err = fmt.Errorf("%w%s", err, criuLogTail(o.WorkPath, "restore.log"))
+		err = fmt.Errorf("%w%s", err, criuErrors(o.WorkPath, "restore.log"))
 	}
 	return err
 }
 
-// criuLogTail quotes the end of a CRIU log, where CRIU says why it failed.
-func criuLogTail(dir, name string) string {
+// criuErrors quotes what CRIU's log in dir says went wrong.
+func criuErrors(dir, name string) string {
 	if dir == "" {
 		return ""
 	}
-	b, err := os.ReadFile(filepath.Join(dir, name))
-	if err != nil {
-		return ""
-	}
-	var errs []string
-	for _, l := range strings.Split(string(b), "\n") {
-		// CRIU cannot raise RLIMIT_NOFILE above a hard limit and says so
-		// as an error, then carries on: not the reason for any failure.
-		if strings.Contains(l, "Can't setup RLIMIT_NOFILE") {
-			continue
-		}
-		if strings.Contains(l, "Error") || strings.Contains(l, "BUG") {
-			errs = append(errs, strings.TrimSpace(l))
-		}
-	}
-	if len(errs) == 0 {
-		return ""
-	}
-	return "\nCRIU " + name + ": " + lastLines(strings.Join(errs, "\n"), 4)
+	return criu.LogErrors(filepath.Join(dir, name))
 }
 
 // WaitStatus polls until the container reaches want or the timeout passes.
