@@ -108,7 +108,7 @@ held.`,
 	f.StringVar(&req.Runtime, "runtime", engine.RuntimeAuto, "the container's runtime: auto (find it by name), runc, podman or lxc")
 	f.StringVar(&req.RuncRoot, "runc-root", "", "runc root the container lives under (default: the source agent's --runc-root)")
 	f.StringVar(&maxBW, "max-bandwidth", "", "cap the migration's sending rate (e.g. 500mbit) to leave room for other traffic")
-	f.StringSliceVar(&req.Faults, "inject-fault", nil, "inject a failure for testing (agents with --allow-faults only): restore, forget-pages")
+	f.StringSliceVar(&req.Faults, "inject-fault", nil, "inject a failure for testing (agents with --allow-faults only): ACTION@PHASE, e.g. kill-destination@restore (see ferry bench faults --help)")
 	_ = f.MarkHidden("inject-fault")
 	_ = cmd.MarkFlagRequired("to")
 	return cmd

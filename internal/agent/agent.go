@@ -70,7 +70,9 @@ type Agent struct {
 	// Streams, 2 or more, stripes a session that does not run over MPTCP
 	// over that many TCP connections, spread over the peer's addresses.
 	Streams int
-	Log     *slog.Logger
+	// Limits is what peers may hold of this agent at once.
+	Limits Limits
+	Log    *slog.Logger
 
 	mu      sync.Mutex
 	busy    map[string]bool // containers with a migration under way
@@ -80,6 +82,9 @@ type Agent struct {
 	// inflight counts migrations under way; draining refuses new ones.
 	inflight sync.WaitGroup
 	draining atomic.Bool
+	// peerSessions and incoming count peers' sessions and migrations
+	// coming in, against Limits.
+	peerSessions, incoming atomic.Int64
 	// runtimeSet replaces runtimes() in unit tests.
 	runtimeSet func(runcRoot string) runtime.Set
 }
@@ -159,6 +164,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		Dial: a.dialPeer, Profile: a.Profile, Journal: j, AllowFaults: a.AllowFaults}
 	// Before anyone is answered: copies restored here and never committed
 	// go, so sources asking afterwards resume theirs.
+	a.clearScratch()
 	a.recoverDestination(ctx)
 
 	var ls []net.Listener
@@ -180,7 +186,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 		ls = append(ls, l)
-		go a.accept(ctx, l, transport.Server, func(sess *transport.Session, r *transport.Router, ch *transport.Channel) {
+		go a.accept(ctx, l, transport.Server, false, func(sess *transport.Session, r *transport.Router, ch *transport.Channel) {
 			a.control(ctx, src, ch)
 		})
 	}
@@ -190,7 +196,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 		ls = append(ls, l)
-		go a.accept(ctx, l, server, func(sess *transport.Session, r *transport.Router, ch *transport.Channel) {
+		go a.accept(ctx, l, server, true, func(sess *transport.Session, r *transport.Router, ch *transport.Channel) {
 			switch ch.Kind {
 			case engine.ChanIncoming:
 				if err := a.begin(); err != nil {
@@ -199,6 +205,13 @@ func (a *Agent) Run(ctx context.Context) error {
 					return
 				}
 				defer a.inflight.Done()
+				if n := a.incoming.Add(1); n > int64(a.Limits.withDefaults().MaxIncoming) {
+					a.incoming.Add(-1)
+					_ = ch.Fail(fmt.Errorf("%s is busy: %d migrations are coming in already (--max-incoming)", a.Host.Name, n-1))
+					ch.Close()
+					return
+				}
+				defer a.incoming.Add(-1)
 				dst.Receive(ctx, sess, r, ch)
 			case engine.ChanQuery:
 				dst.Answer(ch, sess.Peer.Name)
@@ -293,7 +306,10 @@ func (a *Agent) dialPeer(ctx context.Context, to string) (*transport.Session, er
 	return sess, err
 }
 
-func (a *Agent) accept(ctx context.Context, l net.Listener, server func(net.Conn, transport.Hello) (*transport.Session, error), handle func(*transport.Session, *transport.Router, *transport.Channel)) {
+// accept serves the sessions of one listener; a peer listener's
+// sessions count against Limits and close when idle.
+func (a *Agent) accept(ctx context.Context, l net.Listener, server func(net.Conn, transport.Hello) (*transport.Session, error), peers bool, handle func(*transport.Session, *transport.Router, *transport.Channel)) {
+	lim := a.Limits.withDefaults()
 	for {
 		conn, err := l.Accept()
 		if err != nil {
@@ -311,8 +327,25 @@ func (a *Agent) accept(ctx context.Context, l net.Listener, server func(net.Conn
 				return
 			}
 			defer sess.Close()
+			if !peers {
+				r := transport.NewRouter()
+				r.Serve(sess, func(ch *transport.Channel) { handle(sess, r, ch) })
+				return
+			}
+			if n := a.peerSessions.Add(1); n > int64(lim.MaxPeerSessions) {
+				a.peerSessions.Add(-1)
+				a.Log.Warn("refused a session: too many open (--max-peer-sessions)", "peer", sess.Peer.Name, "open", n-1)
+				return
+			}
+			defer a.peerSessions.Add(-1)
+			idle := newIdleWatch(sess, lim.IdleTimeout)
+			defer idle.stop()
 			r := transport.NewRouter()
-			r.Serve(sess, func(ch *transport.Channel) { handle(sess, r, ch) })
+			r.Serve(sess, func(ch *transport.Channel) {
+				idle.busy()
+				defer idle.done()
+				handle(sess, r, ch)
+			})
 		}()
 	}
 }

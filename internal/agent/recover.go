@@ -2,11 +2,15 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/journal"
+	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 )
 
@@ -18,6 +22,29 @@ import (
 // resolveRetry is how often a source asks again while its destination
 // cannot say what became of a migration.
 const resolveRetry = 3 * time.Second
+
+// clearScratch removes the scratch directories of migrations a previous
+// run of this agent left (it was killed mid-migration): none is under way
+// yet, and recovery needs none of them (a frozen source copy resumes or
+// goes without its images; a restored copy is kept or dropped). Only
+// directories named like a migration ID go.
+func (a *Agent) clearScratch() {
+	if a.KeepWork {
+		return
+	}
+	root := a.Host.WorkRoot()
+	ents, err := os.ReadDir(root)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if e.IsDir() && engine.ValidID(e.Name()) {
+			if err := mounts.RemoveAll(filepath.Join(root, e.Name())); err != nil {
+				a.Log.Warn("scratch left by an earlier run", "dir", filepath.Join(root, e.Name()), "error", err)
+			}
+		}
+	}
+}
 
 // recoverDestination settles every copy a previous run of this agent
 // restored and never committed, and starts those committed but maybe not
@@ -35,7 +62,7 @@ func (a *Agent) recoverDestination(ctx context.Context) {
 		return
 	}
 	for _, e := range all {
-		if e.Role != journal.Destination || (e.State != journal.Restoring && e.State != journal.Committed) {
+		if e.Role != journal.Destination || (e.State != journal.Restoring && e.State != journal.Committed && e.State != journal.Pulling) {
 			continue
 		}
 		rt, c, err := a.journaled(e)
@@ -56,6 +83,16 @@ func (a *Agent) recoverDestination(ctx context.Context) {
 			}
 			continue
 		}
+		if e.State == journal.Pulling {
+			// Its memory came through this agent, which died: the pull
+			// cannot go on, and the copy must not run on pages that are
+			// not the source's. It goes; its source resumes its own,
+			// complete as it was at the freeze.
+			if err := a.drop(ctx, rt, c, e); err == nil {
+				a.Log.Warn("dropped a post-copy copy whose memory was still arriving when this agent stopped; its source resumes its own, as it was at the freeze", "migration", e.ID, "container", e.Container)
+			}
+			continue
+		}
 		// A copy restored stopped never ran: it goes.
 		if st, serr := runtime.State(ctx, rt, e.Container); serr == nil && st == "running" && !rt.Caps().RestoreStopped {
 			if err := a.journal.Set(e.ID, journal.Committed); err != nil {
@@ -65,16 +102,23 @@ func (a *Agent) recoverDestination(ctx context.Context) {
 			a.Log.Info("kept a restored copy that ran on across a restart; its source removes its own", "migration", e.ID, "container", e.Container)
 			continue
 		}
-		err = rt.Remove(ctx, c)
-		if err != nil {
-			a.Log.Error("an uncommitted copy from before a restart could not be dropped", "migration", e.ID, "container", e.Container, "error", err)
-			continue
+		if err := a.drop(ctx, rt, c, e); err == nil {
+			a.Log.Info("dropped an uncommitted copy restored before a restart", "migration", e.ID, "container", e.Container)
 		}
-		if err := a.journal.Set(e.ID, journal.Dropped); err != nil {
-			a.Log.Error("journal", "migration", e.ID, "error", err)
-		}
-		a.Log.Info("dropped an uncommitted copy restored before a restart", "migration", e.ID, "container", e.Container)
 	}
+}
+
+// drop removes a restored copy and records it gone.
+func (a *Agent) drop(ctx context.Context, rt runtime.Runtime, c *runtime.Container, e journal.Entry) error {
+	if err := rt.Remove(ctx, c); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+		a.Log.Error("a copy from before a restart could not be dropped", "migration", e.ID, "container", e.Container, "error", err)
+		return err
+	}
+	if err := a.journal.Set(e.ID, journal.Dropped); err != nil {
+		a.Log.Error("journal", "migration", e.ID, "error", err)
+		return err
+	}
+	return nil
 }
 
 // resolveSources settles, in the background, every migration this host

@@ -4,6 +4,9 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/ferry-migrate/ferry/internal/journal"
@@ -157,5 +160,64 @@ func TestRecoverDestinationWithStoppedRestores(t *testing.T) {
 		if e, _, _ := a.journal.Get(id); e.State != want {
 			t.Errorf("%s is %s, want %s", id, e.State, want)
 		}
+	}
+}
+
+// A restarted agent removes the scratch its killed predecessor left, and
+// nothing else there.
+func TestClearScratch(t *testing.T) {
+	a, _ := testAgent(t)
+	a.Host.ScratchDir = t.TempDir()
+	for _, d := range []string{"0123456789ab", "mine", "0123456789AB"} {
+		if err := os.MkdirAll(filepath.Join(a.Host.ScratchDir, d, "images"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(a.Host.ScratchDir, "abcdefabcdef"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a.clearScratch()
+	var left []string
+	ents, _ := os.ReadDir(a.Host.ScratchDir)
+	for _, e := range ents {
+		left = append(left, e.Name())
+	}
+	if want := []string{"0123456789AB", "abcdefabcdef", "mine"}; !slices.Equal(left, want) {
+		t.Fatalf("left %v, want %v", left, want)
+	}
+}
+
+// A post-copy copy whose memory was still arriving when the agent died
+// cannot go on (its pages came through the dead agent): it goes, running
+// or not, and its source, asking, hears "dropped" and resumes its own. A
+// source asking meanwhile hears "pulling" and waits.
+func TestRecoverDestinationDropsAnUnfinishedPull(t *testing.T) {
+	a, rt := testAgent(t)
+	rt.state["p"] = "running"
+	for _, e := range []journal.Entry{
+		{ID: "a1", Role: journal.Destination, Container: "p", Runtime: "fake", State: journal.Pulling},
+		{ID: "a2", Role: journal.Destination, Container: "gone", Runtime: "fake", State: journal.Pulling},
+	} {
+		if err := a.journal.Record(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.recoverDestination(context.Background())
+	if _, ok := rt.state["p"]; ok {
+		t.Errorf("the unfinished copy still runs: %v", rt.state)
+	}
+	for _, id := range []string{"a1", "a2"} {
+		if e, _, _ := a.journal.Get(id); e.State != journal.Dropped {
+			t.Errorf("%s is %s, want dropped", id, e.State)
+		}
+	}
+	// While it pulls, a source must not take "pulling" for an answer.
+	rt.state["web"] = "paused"
+	e := journal.Entry{ID: "abc", Role: journal.Source, Container: "web", Runtime: "fake", State: journal.InDoubt}
+	if err := a.journal.Record(e); err != nil {
+		t.Fatal(err)
+	}
+	if done, err := a.settle(context.Background(), e, journal.Pulling); done || err != nil || rt.state["web"] != "paused" {
+		t.Errorf("settle(pulling): done=%v err=%v state %s", done, err, rt.state["web"])
 	}
 }

@@ -452,7 +452,7 @@ func TestFailedRestoreResumesSource(t *testing.T) {
 				_ = os.RemoveAll(l.Hosts[0].BundleDir(name))
 			})
 			rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
-				engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: mode, Faults: []string{"restore"}}, nil)
+				engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: mode, Faults: []string{"restore-fails@restore"}}, nil)
 			time.Sleep(200 * time.Millisecond)
 			pr, perr := p.Stop()
 			if err != nil {

@@ -272,7 +272,7 @@ func TestPodmanThroughAgents(t *testing.T) {
 		podmanRun(t, l, name, podmanImage, memhogArgs("64M", "200"))
 		p := startProbe(t, l, bin, "64M")
 		pidBefore, _ := pm(context.Background(), h1, "container", "inspect", "--format", "{{.State.Pid}}", name)
-		rep, pr, perr := migrate(t, l, p, engine.Request{Container: name, Mode: engine.ModeCold, Runtime: "podman", Faults: []string{"restore"}})
+		rep, pr, perr := migrate(t, l, p, engine.Request{Container: name, Mode: engine.ModeCold, Runtime: "podman", Faults: []string{"restore-fails@restore"}})
 		if rep.OK {
 			t.Fatal("migration with a failing restore reported ok")
 		}
@@ -487,7 +487,7 @@ func TestLXCThroughAgents(t *testing.T) {
 		name := "lx-fail"
 		lxcRun(t, l, name, memhogArgs("64M", "200"))
 		p := startProbe(t, l, bin, "64M")
-		rep, pr, perr := migrate(t, l, p, engine.Request{Container: name, Mode: engine.ModeCold, Runtime: "lxc", Faults: []string{"restore"}})
+		rep, pr, perr := migrate(t, l, p, engine.Request{Container: name, Mode: engine.ModeCold, Runtime: "lxc", Faults: []string{"restore-fails@restore"}})
 		if rep.OK {
 			t.Fatal("migration with a failing restore reported ok")
 		}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"strings"
 
@@ -9,6 +10,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/transport"
 )
 
 // cold is stop-and-copy: freeze, dump with the pages streaming straight to
@@ -29,6 +31,24 @@ func (m *migration) cold(ctx context.Context) error {
 	return m.switchover(ctx)
 }
 
+// checkpoint runs the runtime's checkpoint to its end whatever becomes of
+// ctx: a killed runtime leaves CRIU running, and CRIU puts back the
+// freezer state it found when it ends, freezing again a container resumed
+// meanwhile. Cancelling ctx (the agent stopping) closes the page stream
+// instead, so that CRIU fails by itself.
+func (m *migration) checkpoint(ctx context.Context, pages *transport.Channel, opts runtime.CheckpointOptions) (runtime.Dump, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("cancelled before the dump (the agent is stopping, or the request was withdrawn): %w", err)
+	}
+	stop := context.AfterFunc(ctx, func() { pages.Close() })
+	defer stop()
+	d, err := m.rt.Checkpoint(context.WithoutCancel(ctx), m.ctr, opts)
+	if err != nil && ctx.Err() != nil {
+		err = fmt.Errorf("cancelled during the dump (the agent is stopping, or the request was withdrawn): %w", err)
+	}
+	return d, err
+}
+
 // dumpStreaming checkpoints the frozen container with its pages going
 // through the session, syncs the root filesystem's last changes alongside,
 // then sends the rest of the images.
@@ -46,11 +66,9 @@ func (m *migration) dumpStreaming(ctx context.Context) error {
 	if err != nil {
 		return failAt("dump", err)
 	}
-	// The dump is never cancelled from here: a killed runtime leaves CRIU
-	// running, and CRIU puts back the freezer state it found when it ends,
-	// freezing again a container resumed meanwhile. A failed rootfs sync
-	// closes the page stream instead, so CRIU fails by itself, and the
-	// source resumes only after the dump has ended.
+	// A failed rootfs sync closes the page stream (see checkpoint), so
+	// CRIU fails by itself, and the source resumes only after the dump
+	// has ended.
 	var g errgroup.Group
 	g.Go(func() error {
 		err := m.syncRootfs(ChanRootfsFinal)
@@ -65,7 +83,7 @@ func (m *migration) dumpStreaming(ctx context.Context) error {
 		if m.parentRound >= 0 {
 			opts.ParentDir = filepath.Join("..", predumpDir(m.parentRound))
 		}
-		d, err := m.rt.Checkpoint(ctx, m.ctr, opts)
+		d, err := m.checkpoint(ctx, pages, opts)
 		m.dumped = d
 		if err != nil {
 			pages.Close() // unblock the tunnel

@@ -8,19 +8,19 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/zeebo/xxh3"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-migrate/ferry/internal/admission"
+	"github.com/ferry-migrate/ferry/internal/fault"
 	"github.com/ferry-migrate/ferry/internal/host"
 	"github.com/ferry-migrate/ferry/internal/images"
 	"github.com/ferry-migrate/ferry/internal/journal"
+	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/pages"
 	"github.com/ferry-migrate/ferry/internal/pagestream"
 	"github.com/ferry-migrate/ferry/internal/rootfs"
@@ -134,6 +134,13 @@ type incoming struct {
 	liveSynced atomic.Bool
 	// netnsPath is the container's network namespace rebuilt here.
 	netnsPath string
+	// faults are the failures the offer injects here (tests).
+	faults fault.Set
+	// asked is closed once the source asked for the restore.
+	asked chan struct{}
+	// breakSession: receiving failed while the source may still be
+	// sending; only closing the session stops it.
+	breakSession bool
 }
 
 // Receive serves one migration offered on ctl. Until the source commits,
@@ -149,6 +156,20 @@ func (d *Destination) Receive(ctx context.Context, sess *transport.Session, rout
 		in.cleanup(true)
 		return
 	}
+	// A stopping agent abandons what the source can still take back: until
+	// the source asks for the restore, cancelling ctx closes the session,
+	// so every transfer fails at both ends and the source resumes. From
+	// the restore on, the migration runs to its end (see run).
+	in.asked = make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		select {
+		case <-in.asked:
+		default:
+			_ = ctl.Fail(fmt.Errorf("%s is stopping: the migration was abandoned before the restore", d.Host.Name))
+			sess.Close()
+		}
+	})
+	defer stop()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if in.offer.Mode == ModeAuto {
@@ -204,6 +225,9 @@ func (d *Destination) Receive(ctx context.Context, sess *transport.Session, rout
 	if err != nil {
 		_ = ctl.Fail(err)
 	}
+	if in.breakSession {
+		sess.Close()
+	}
 }
 
 func (in *incoming) prepare(ctx context.Context) error {
@@ -213,6 +237,12 @@ func (in *incoming) prepare(ctx context.Context) error {
 	}
 	if err := validateMode(o.Mode); err != nil {
 		return err
+	}
+	if in.d.AllowFaults {
+		var err error
+		if in.faults, err = fault.ParseSet(o.Faults); err != nil {
+			return err
+		}
 	}
 	if o.Container == "" || filepath.Base(o.Container) != o.Container || o.Container == "." || o.Container == ".." {
 		return fmt.Errorf("bad container name %q", o.Container)
@@ -303,8 +333,7 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 			lazyReady <- started{lp, err}
 		}()
 	}
-	var step Step
-	if err := ctl.Recv(&step); err != nil || step.Do != "restore" {
+	abandon := func() {
 		cancel()
 		_ = recv.Wait()
 		if lazy {
@@ -312,12 +341,36 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 				st.lp.stop()
 			}
 		}
+	}
+	var step Step
+	stepc, recvc := make(chan error, 1), make(chan error, 1)
+	go func() { stepc <- ctl.Recv(&step) }()
+	go func() { recvc <- recv.Wait() }()
+	select {
+	case err = <-stepc:
+	case err = <-recvc:
+		if err != nil {
+			// The source may be stuck sending what this side no longer
+			// reads (a page server that died, a full disk): the session
+			// closes once the source was told why (see Receive).
+			in.breakSession = true
+			abandon()
+			return false, fmt.Errorf("receiving state on %s: %w", in.d.Host.Name, err)
+		}
+		err = <-stepc
+	}
+	if err != nil || step.Do != "restore" {
+		abandon()
 		if err == nil {
 			err = fmt.Errorf("source asked to %q before restore", step.Do)
 		}
 		return false, fmt.Errorf("migration abandoned by the source: %w", err)
 	}
 	asked := time.Now()
+	close(in.asked)
+	// From here the source cannot resume on its own: what follows runs to
+	// its end even if this agent is asked to stop (it drains).
+	ctx = context.WithoutCancel(ctx)
 	if err := recv.Wait(); err != nil {
 		return false, fmt.Errorf("receiving state on %s: %w", in.d.Host.Name, err)
 	}
@@ -358,7 +411,7 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 		return false, err
 	}
 	// The source owns the container until it commits.
-	stepc := make(chan error, 1)
+	stepc = make(chan error, 1)
 	go func() { stepc <- ctl.Recv(&step) }()
 	select {
 	case err = <-stepc:
@@ -371,19 +424,28 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 		}
 		return false, fmt.Errorf("migration not committed, restored copy dropped: %w", err)
 	}
-	if err := in.record(sess.Peer.Name, journal.Committed); err != nil {
+	// A lazy copy is not this host's alone until its memory is here.
+	owns := journal.Committed
+	if lp != nil {
+		owns = journal.Pulling
+	}
+	if err := in.record(sess.Peer.Name, owns); err != nil {
 		return false, fmt.Errorf("migration not committed, restored copy dropped: %w", err)
 	}
+	in.faults.At(fault.Destination, fault.Commit)
 	// Only now does the copy run (where the runtime restored it stopped):
 	// a copy dropped before the commit never ran.
 	if err := in.target.Start(ctx); err != nil {
 		return true, fmt.Errorf("start the committed copy on %s: %w", in.d.Host.Name, err)
 	}
-	in.recordFinal(in.peer, journal.Started)
+	if lp == nil {
+		in.recordFinal(in.peer, journal.Started)
+	}
 	if err := ctl.Send(Committed{}); err != nil {
 		return true, err
 	}
 	if lp != nil {
+		in.faults.At(fault.Destination, fault.LazyPages)
 		// The container runs here now; its memory keeps arriving until the
 		// lazy-pages daemon has pulled every page.
 		done := lp.wait()
@@ -395,9 +457,14 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 				return true, fmt.Errorf("%s, and the restored copy could not be discarded: %w", done.Error, err)
 			}
 			in.recordFinal(sess.Peer.Name, journal.Dropped)
+		} else {
+			in.recordFinal(in.peer, journal.Started)
 		}
-		return done.Error == "", ctl.Send(done)
+		err := ctl.Send(done)
+		in.faults.At(fault.Destination, fault.Cleanup)
+		return done.Error == "", err
 	}
+	in.faults.At(fault.Destination, fault.Cleanup)
 	return true, nil
 }
 
@@ -426,7 +493,7 @@ func (in *incoming) fillImages(ctx context.Context, sess *transport.Session, rou
 		return filled{}, err
 	}
 	client := pagestream.NewLazyClient(ch)
-	if in.d.AllowFaults && slices.Contains(in.offer.Faults, "forget-pages") {
+	if in.faults.Knob(fault.ForgetPages) {
 		in.forgetPages() // tests: make the source's page server answer
 	}
 	src := images.PageSource{
@@ -485,6 +552,7 @@ func (in *incoming) receiveFinalPages(ctx context.Context, sess *transport.Sessi
 	if err != nil {
 		return err
 	}
+	in.faults.At(fault.Destination, fault.Dump)
 	defer ch.Close()
 	var info PageStreamInfo
 	if err := ch.Recv(&info); err != nil {
@@ -505,6 +573,9 @@ func (in *incoming) receiveImages(ctx context.Context, sess *transport.Session, 
 		return err
 	}
 	defer ch.Close()
+	if in.tech.lazy {
+		in.faults.At(fault.Destination, fault.Dump) // a lazy dump sends no pages first
+	}
 	_, err = images.ReceiveDir(ch, in.images)
 	return err
 }
@@ -515,7 +586,7 @@ func (in *incoming) receiveRootfs(ctx context.Context, sess *transport.Session, 
 		return err
 	}
 	defer ch.Close()
-	if kind == ChanRootfsFinal && in.d.AllowFaults && slices.Contains(in.offer.Faults, "rootfs-final") {
+	if kind == ChanRootfsFinal && in.faults.Knob(fault.RootfsFinal) {
 		// Tests: the frozen rootfs sync fails while the dump runs beside it.
 		err := errors.New("injected fault: frozen rootfs sync refused")
 		_ = ch.Fail(err)
@@ -560,22 +631,21 @@ func (in *incoming) receiveRootfs(ctx context.Context, sess *transport.Session, 
 }
 
 func (in *incoming) restore(ctx context.Context, lazy bool) (int, error) {
-	if in.d.AllowFaults && slices.Contains(in.offer.Faults, "restore") {
+	if in.faults.Has(fault.RestoreFails, fault.Restore) {
 		// A real failure, not a simulated one: CRIU cannot restore without
 		// the process tree image.
 		_ = os.Remove(filepath.Join(in.images, "pstree.img"))
 	}
+	in.faults.CRIU(fault.Destination, fault.Restore)
 	pid, err := in.target.Restore(ctx, runtime.RestoreOptions{ImagesDir: in.images, WorkDir: in.work,
 		Lazy: lazy, TCPEstablished: in.offer.Network != nil})
 	if err != nil {
 		// The source reports it as "restore on <this host>: ..." already.
 		return 0, err
 	}
-	if in.d.AllowFaults && slices.Contains(in.offer.Faults, "kill-agent-after-restore") {
-		// Tests: this agent dies with the container restored, before it
-		// could tell the source.
-		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-	}
+	// The agent dies (or stops) with the container restored, before it
+	// could tell the source.
+	in.faults.Agent(fault.Destination, fault.Restore)
 	// Only now: up earlier, this host's kernel would have answered the
 	// container's peers with resets before its sockets were back.
 	if err := in.bringUpNetwork(); err != nil {
@@ -605,7 +675,10 @@ func (in *incoming) cleanup(dropContainer bool) error {
 		_ = in.parent.Close()
 	}
 	if in.work != "" && !in.d.KeepWork {
-		_ = os.RemoveAll(in.work)
+		// A CRIU killed mid-restore leaves its cgroup yard mounted here.
+		if err := mounts.RemoveAll(in.work); err != nil {
+			slog.Warn("scratch left behind", "dir", in.work, "error", err)
+		}
 	}
 	return err
 }

@@ -136,8 +136,8 @@ type Request struct {
 	// RuncRoot is the runc root a runc container lives under, when not
 	// the agent's own.
 	RuncRoot string `json:"runc_root,omitempty"`
-	// Faults to inject, for tests; honoured only by agents started with
-	// --allow-faults. "restore" makes the destination's restore fail.
+	// Faults to inject, for tests (see package fault: ACTION@PHASE);
+	// honoured only by agents started with --allow-faults.
 	Faults []string `json:"faults,omitempty"`
 	// Precopy shapes pre-copy and hybrid rounds.
 	Precopy PrecopyOptions `json:"precopy,omitempty"`

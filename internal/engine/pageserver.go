@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/transport"
@@ -24,7 +25,32 @@ type halfCloser interface {
 
 // splice copies conn<->ch in both directions until both ends finish.
 func splice(conn halfCloser, ch *transport.Channel) error {
-	return spliceVia(conn, ch, plainCopy, plainCopy)
+	return spliceVia(conn, ch, plainCopy, plainCopy, nil)
+}
+
+// channelError is a failure of the channel's side of a splice (the
+// session), as opposed to CRIU's.
+type channelError struct{ error }
+
+func (e channelError) Unwrap() error { return e.error }
+
+// taggedChannel marks the channel's errors as channelErrors.
+type taggedChannel struct{ ch *transport.Channel }
+
+func (t taggedChannel) Read(p []byte) (int, error) {
+	n, err := t.ch.Read(p)
+	if err != nil && err != io.EOF {
+		err = channelError{err}
+	}
+	return n, err
+}
+
+func (t taggedChannel) Write(p []byte) (int, error) {
+	n, err := t.ch.Write(p)
+	if err != nil {
+		err = channelError{err}
+	}
+	return n, err
 }
 
 // plainCopy is a stream transform that changes nothing.
@@ -35,22 +61,39 @@ func plainCopy(dst io.Writer, src io.Reader) error {
 
 // spliceVia moves conn's bytes to ch through up and ch's bytes to conn
 // through down, each side's write end closed when its stream ends, and
-// returns once both directions are done.
-func spliceVia(conn halfCloser, ch *transport.Channel, up, down func(dst io.Writer, src io.Reader) error) error {
+// returns once both directions are done. When either direction fails,
+// conn is closed: CRIU, waiting for an answer that cannot come, fails
+// instead of waiting forever; when the channel failed (not CRIU), broke
+// (if set) runs first.
+func spliceVia(conn halfCloser, ch *transport.Channel, up, down func(dst io.Writer, src io.Reader) error, broke func()) error {
+	var once sync.Once
+	failed := func(err error) error {
+		if err != nil {
+			once.Do(func() {
+				var ce channelError
+				if broke != nil && errors.As(err, &ce) {
+					broke()
+				}
+				conn.Close()
+			})
+		}
+		return err
+	}
+	tch := taggedChannel{ch}
 	errc := make(chan error, 2)
 	go func() {
-		err := up(ch, conn)
+		err := up(tch, conn)
 		if err == nil {
 			err = ch.CloseWrite()
 		}
-		errc <- err
+		errc <- failed(err)
 	}()
 	go func() {
-		err := down(conn, ch)
+		err := down(conn, tch)
 		if err == nil {
 			err = conn.CloseWrite()
 		}
-		errc <- err
+		errc <- failed(err)
 	}()
 	return errors.Join(<-errc, <-errc)
 }
@@ -87,7 +130,7 @@ func pageClientTunnel(ctx context.Context, ch *transport.Channel, transform func
 		if transform == nil {
 			return splice(conn, ch)
 		}
-		return spliceVia(conn, ch, transform, plainCopy)
+		return spliceVia(conn, ch, transform, plainCopy, nil)
 	})
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-migrate/ferry/internal/criu"
+	"github.com/ferry-migrate/ferry/internal/fault"
 	"github.com/ferry-migrate/ferry/internal/images"
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/pagestream"
@@ -192,6 +194,7 @@ func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
 	if err := m.ctl.Send(Step{Do: "commit"}); err != nil {
 		return m.inDoubt(failAt("commit", err))
 	}
+	m.faults.At(fault.Source, fault.Commit)
 	var c Committed
 	if err := m.ctl.Recv(&c); err != nil {
 		return m.inDoubt(failAt("commit", err))
@@ -301,7 +304,16 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 		return nil, err
 	}
 	lp := &lazyPages{ch: ch}
-	serve := func(conn halfCloser) error { return splice(conn, ch) }
+	// Pages that will not come: the copy freezes before CRIU's daemon lets
+	// go of it, or the kernel would fill the holes with zeros and the
+	// container run on memory that was never the source's.
+	freeze := func() {
+		c := &runtime.Container{Runtime: in.rt.Kind(), Name: in.offer.Container, ID: in.offer.Container}
+		if err := in.rt.Freeze(context.Background(), c); err != nil {
+			slog.Error("post-copy: the page stream broke and the copy could not be frozen", "container", c.Name, "error", err)
+		}
+	}
+	serve := func(conn halfCloser) error { return spliceVia(conn, ch, plainCopy, plainCopy, freeze) }
 	if in.store != nil {
 		// Hybrid: answer from the pages the rounds brought.
 		serve = func(conn halfCloser) error {
@@ -309,6 +321,9 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 				return in.store.Get(k)
 			})
 			lp.local.Store(st.LocalPages)
+			if err != nil {
+				freeze()
+			}
 			_ = conn.CloseWrite()
 			return errors.Join(err, ch.CloseWrite())
 		}

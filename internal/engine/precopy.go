@@ -14,6 +14,7 @@ import (
 	"github.com/zeebo/xxh3"
 
 	"github.com/ferry-migrate/ferry/internal/criu"
+	"github.com/ferry-migrate/ferry/internal/fault"
 	"github.com/ferry-migrate/ferry/internal/images"
 	"github.com/ferry-migrate/ferry/internal/pages"
 	"github.com/ferry-migrate/ferry/internal/pagestream"
@@ -479,6 +480,9 @@ func (in *incoming) receiveRounds(ctx context.Context, sess *transport.Session, 
 			return fmt.Errorf("pre-copy stream: %w", err)
 		}
 		if end {
+			if round == 1 {
+				in.faults.At(fault.Destination, fault.Rounds)
+			}
 			if round == 0 && in.parent != nil {
 				_ = in.parent.Seal() // a broken image is not used
 			}
@@ -515,6 +519,6 @@ func runExpandingPageServer(ctx context.Context, ch *transport.Channel, store *p
 		return err
 	}
 	return criu.PageServer(ctx, imagesDir, workDir, func(conn *net.UnixConn) error {
-		return spliceVia(conn, ch, plainCopy, expand)
+		return spliceVia(conn, ch, plainCopy, expand, nil)
 	})
 }

@@ -106,7 +106,7 @@ func (m *migration) predumpRound(ctx context.Context, i, parent int) (Round, err
 	if parent >= 0 {
 		opts.ParentDir = filepath.Join("..", predumpDir(parent))
 	}
-	if _, err := m.rt.Checkpoint(ctx, m.ctr, opts); err != nil {
+	if _, err := m.checkpoint(ctx, ch, opts); err != nil {
 		ch.Close()
 		return r, err
 	}

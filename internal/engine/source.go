@@ -9,17 +9,17 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/criu"
+	"github.com/ferry-migrate/ferry/internal/fault"
 	"github.com/ferry-migrate/ferry/internal/host"
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/model"
+	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/rootfs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
@@ -62,6 +62,8 @@ type migration struct {
 	rootfsBase rootfs.Manifest
 	work       string
 	progress   func(Progress)
+	// phaseBegun wakes the progress reporter when a phase begins.
+	phaseBegun chan struct{}
 
 	start    time.Time
 	mu       sync.Mutex
@@ -86,7 +88,9 @@ type migration struct {
 	journal *journal.Journal
 	// The container's own network, when it has one (see network.go).
 	netnsPath string
-	network   *cnet.Spec
+	// faults are the failures this migration injects here (tests).
+	faults  fault.Set
+	network *cnet.Spec
 }
 
 // failure is an error with the phase and host where it happened.
@@ -115,6 +119,15 @@ func newID() string {
 	return hex.EncodeToString(b[:])
 }
 
+// ValidID says whether s looks like a migration ID newID made.
+func ValidID(s string) bool {
+	if len(s) != 12 {
+		return false
+	}
+	_, err := hex.DecodeString(s)
+	return err == nil && strings.ToLower(s) == s
+}
+
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 func (m *migration) since() float64 { return ms(time.Since(m.start)) }
@@ -129,6 +142,15 @@ func (m *migration) begin(name string) {
 	}
 	m.phases = append(m.phases, PhaseSpan{Name: name, StartMs: now})
 	m.phase = name
+	select {
+	case m.phaseBegun <- struct{}{}:
+	default:
+	}
+	// Injected faults strike as a phase begins; the freeze's once the
+	// container is frozen, the commit's once the commit is sent.
+	if p := fault.PhaseOf(name); p != fault.Freeze && p != fault.Commit {
+		m.faults.At(fault.Source, p)
+	}
 }
 
 func (m *migration) endPhases() {
@@ -154,19 +176,25 @@ func (m *migration) reportProgress(ctx context.Context, interval time.Duration) 
 	defer t.Stop()
 	var last int64
 	lastAt := time.Now()
+	var rate float64
 	for {
+		tick := false
 		select {
 		case <-ctx.Done():
 			return
-		case now := <-t.C:
-			var b int64
-			if m.sess != nil {
-				b = m.sess.BytesSent()
-			}
-			rate := float64(b-last) * 8 / now.Sub(lastAt).Seconds()
-			last, lastAt = b, now
-			m.progress(Progress{Phase: m.currentPhase(), Bytes: b, RateBps: rate})
+		case <-t.C:
+			tick = true
+		case <-m.phaseBegun: // a new phase is told at once
 		}
+		var b int64
+		if m.sess != nil {
+			b = m.sess.BytesSent()
+		}
+		if now := time.Now(); tick {
+			rate = float64(b-last) * 8 / now.Sub(lastAt).Seconds()
+			last, lastAt = b, now
+		}
+		m.progress(Progress{Phase: m.currentPhase(), Bytes: b, RateBps: rate})
 	}
 }
 
@@ -176,7 +204,12 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 	if !s.AllowFaults {
 		req.Faults = nil // they reach the destination, which decides for itself
 	}
-	m := &migration{req: req, id: newID(), host: s.Host, journal: s.Journal, rts: s.Runtimes, progress: progress, start: time.Now(), parentRound: -1, dial: s.Dial, profile: model.DefaultProfile()}
+	m := &migration{req: req, id: newID(), host: s.Host, journal: s.Journal, rts: s.Runtimes, progress: progress, start: time.Now(), parentRound: -1, dial: s.Dial, profile: model.DefaultProfile(),
+		phaseBegun: make(chan struct{}, 1)}
+	var ferr error
+	if m.faults, ferr = fault.ParseSet(req.Faults); ferr != nil {
+		return Report{Container: req.Container, Mode: req.Mode, From: s.Host.Name, To: req.To, FailedAt: "prepare on " + s.Host.Name, Error: ferr.Error()}
+	}
 	if s.Profile != nil {
 		m.profile = *s.Profile
 	}
@@ -204,7 +237,9 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 		m.sess.Close()
 	}
 	if m.work != "" && !s.KeepWork {
-		os.RemoveAll(m.work)
+		if err := mounts.RemoveAll(m.work); err != nil { // a killed CRIU's cgroup yard
+			r.Warnings = append(r.Warnings, "scratch left behind: "+err.Error())
+		}
 	}
 	if err != nil {
 		r.OK = false
@@ -483,10 +518,7 @@ func (m *migration) freeze(ctx context.Context) error {
 			return failAt("freeze on "+m.host.Name, err)
 		}
 	}
-	if slices.Contains(m.req.Faults, "kill-source-agent-after-freeze") {
-		// Tests: this agent dies with the container frozen.
-		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-	}
+	m.faults.At(fault.Source, fault.Freeze)
 	// Frozen, the container's kernel sockets would still acknowledge data
 	// the dump no longer sees: take its own network quiet first.
 	if err := m.silenceSource(); err != nil {
@@ -515,6 +547,7 @@ func (m *migration) switchover(ctx context.Context) error {
 		// window passing) or kept (its agent restarted) is its to say.
 		return m.inDoubt(failAt("commit", err))
 	}
+	m.faults.At(fault.Source, fault.Commit)
 	var c Committed
 	if err := m.ctl.Recv(&c); err != nil {
 		return m.inDoubt(failAt("commit", fmt.Errorf("%w: the destination may or may not run the container", err)))
@@ -534,6 +567,9 @@ func (m *migration) switchover(ctx context.Context) error {
 func (m *migration) requestRestore(ctx context.Context) (Restored, error) {
 	m.begin("restore")
 	var rs Restored
+	if err := ctx.Err(); err != nil {
+		return rs, m.abort(ctx, failAt("restore", fmt.Errorf("cancelled before the restore (the agent is stopping, or the request was withdrawn): %w", err)))
+	}
 	if err := m.ctl.Send(Step{Do: "restore"}); err != nil {
 		// Part of it may have arrived: the destination may be restoring.
 		return rs, m.inDoubt(failAt("restore", fmt.Errorf("%w (the request may have reached the destination, so it may run the container)", err)))

@@ -56,10 +56,15 @@ func (c Config) LogPath(container string) string {
 
 // WorkDir is a migration's scratch directory (images, CRIU logs).
 func (c Config) WorkDir(migrationID string) string {
+	return filepath.Join(c.WorkRoot(), migrationID)
+}
+
+// WorkRoot holds the migrations' scratch directories.
+func (c Config) WorkRoot() string {
 	if c.ScratchDir != "" {
-		return filepath.Join(c.ScratchDir, migrationID)
+		return c.ScratchDir
 	}
-	return filepath.Join(c.StateDir, "work", migrationID)
+	return filepath.Join(c.StateDir, "work")
 }
 
 // CgroupsPath is the OCI cgroupsPath for a container on this host.

@@ -24,7 +24,8 @@ const (
 
 // States. A source goes frozen -> commit-sent -> removed, or -> resumed,
 // or stays in-doubt until its destination says what became of its copy. A
-// destination goes restoring -> committed, or -> dropped.
+// destination goes restoring -> committed -> started, or -> dropped; a
+// lazy (post-copy) one restoring -> pulling -> started, or -> dropped.
 const (
 	// Source states.
 	Frozen     = "frozen"      // the container is (about to be) frozen here
@@ -35,6 +36,7 @@ const (
 	// Destination states.
 	Restoring = "restoring" // a copy may run here, not yet committed
 	Committed = "committed" // final: this host owns the container
+	Pulling   = "pulling"   // runs here, its memory still coming from the source
 	Started   = "started"   // final: and runs it (after a stopped restore)
 	Dropped   = "dropped"   // final: this host's copy is gone
 )

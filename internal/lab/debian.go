@@ -9,7 +9,6 @@ package lab
 // fills; LXC needs nothing more).
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -27,6 +26,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
 	"github.com/ferry-migrate/ferry/internal/tail"
 )
@@ -157,7 +157,7 @@ func EnsureDebianRootfs(ctx context.Context, o DebianOptions) (DebianRootfs, err
 	// of this key is running).
 	stale, _ := filepath.Glob(filepath.Join(dir, ".build-"+o.name()+"-*"))
 	for _, s := range stale {
-		if err := removeTree(s); err != nil {
+		if err := mounts.RemoveAll(s); err != nil {
 			return r, fmt.Errorf("remove the leftover build %s: %w", s, err)
 		}
 	}
@@ -165,7 +165,7 @@ func EnsureDebianRootfs(ctx context.Context, o DebianOptions) (DebianRootfs, err
 	if err != nil {
 		return r, err
 	}
-	defer func() { _ = removeTree(tmp) }()
+	defer func() { _ = mounts.RemoveAll(tmp) }()
 
 	mirror, security := o.Mirror, o.SecurityMirror
 	if mirror == "" || security == "" {
@@ -250,7 +250,7 @@ func buildDebootstrap(ctx context.Context, o DebianOptions, tmp, out, mirror, se
 	err := runLogged(c, o.Log)
 	// debootstrap mounts proc and sys inside (and /dev in some setups);
 	// none may stay, or removing the directory would reach into them.
-	if uerr := unmountUnder(root); uerr != nil {
+	if uerr := mounts.UnmountUnder(root); uerr != nil {
 		return errors.Join(err, uerr)
 	}
 	if err != nil {
@@ -311,57 +311,6 @@ func lockFile(ctx context.Context, path string) (func(), error) {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-}
-
-// mountsUnder lists the mount points at or below dir, deepest last.
-func mountsUnder(dir string) ([]string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var mounts []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		// Octal escapes (\040 for a space) do not occur in ferry's paths.
-		mp := fields[4]
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			mounts = append(mounts, mp)
-		}
-	}
-	return mounts, sc.Err()
-}
-
-// unmountUnder detaches every mount at or below dir, deepest first, and
-// fails if any is left.
-func unmountUnder(dir string) error {
-	dir, err := filepath.Abs(dir)
-	if err != nil {
-		return err
-	}
-	mounts, err := mountsUnder(dir)
-	if err != nil {
-		return err
-	}
-	for i := len(mounts) - 1; i >= 0; i-- {
-		_ = syscall.Unmount(mounts[i], syscall.MNT_DETACH)
-	}
-	if left, err := mountsUnder(dir); err != nil || len(left) > 0 {
-		return errors.Join(err, fmt.Errorf("still mounted: %v", left))
-	}
-	return nil
-}
-
-// removeTree removes dir unless something is still mounted below it.
-func removeTree(dir string) error {
-	if err := unmountUnder(dir); err != nil {
-		return err
-	}
-	return os.RemoveAll(dir)
 }
 
 // DebianMirrors returns the Debian archive and security archive URLs this

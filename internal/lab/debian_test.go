@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 )
@@ -463,7 +464,7 @@ func TestDebianDebootstrap(t *testing.T) {
 	if out, err := exec.Command("chroot", rootfs, "redis-server", "--version").CombinedOutput(); err != nil {
 		t.Errorf("chroot redis-server --version: %v: %s", err, out)
 	}
-	if mounts, _ := mountsUnder(o.CacheDir); len(mounts) > 0 {
-		t.Errorf("mounts left: %v", mounts)
+	if left, _ := mounts.Under(o.CacheDir); len(left) > 0 {
+		t.Errorf("mounts left: %v", left)
 	}
 }

@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 
 	"context"
@@ -247,7 +248,8 @@ func cgroupProcs(dir string) string {
 func removeAllSettled(dir string) error {
 	var err error
 	for i := 0; i < 5; i++ {
-		if err = os.RemoveAll(dir); err == nil {
+		// A CRIU killed mid-restore leaves its cgroup yard mounted.
+		if err = mounts.RemoveAll(dir); err == nil {
 			return nil
 		}
 		time.Sleep(time.Duration(i+1) * 50 * time.Millisecond)

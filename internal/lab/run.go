@@ -7,10 +7,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/ferry-migrate/ferry/internal/cnet"
 	"os"
 	"path/filepath"
 	"regexp"
+
+	"github.com/ferry-migrate/ferry/internal/cnet"
 
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 )

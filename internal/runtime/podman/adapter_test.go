@@ -22,6 +22,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/probe"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 )
@@ -127,7 +128,7 @@ func newPair(t *testing.T, tag string, onlyA bool) *pair {
 			t.Fatal(err)
 		}
 		defer f.Close()
-		if left, _ := mountsUnder(f, base); len(left) > 0 {
+		if left, _ := mounts.Parse(f, base); len(left) > 0 {
 			t.Errorf("mounts left behind: %v", left)
 		}
 	})

@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/tail"
 )
 
@@ -187,7 +188,7 @@ func (h Host) Cleanup(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	if err := unmountUnder(h.Dir); err != nil {
+	if err := mounts.UnmountUnder(h.Dir); err != nil {
 		errs = append(errs, err)
 	}
 	if err := os.RemoveAll(h.Dir); err != nil {

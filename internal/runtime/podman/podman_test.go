@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ferry-migrate/ferry/internal/mounts"
 )
 
 // counterLoop counts in /tmp/c, replacing the file whole (a reader never
@@ -175,7 +177,7 @@ func TestBaselineAcrossNetns(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer f.Close()
-		if left, _ := mountsUnder(f, base); len(left) > 0 {
+		if left, _ := mounts.Parse(f, base); len(left) > 0 {
 			t.Errorf("mounts left behind: %v", left)
 		}
 		if restoredPid > 0 {

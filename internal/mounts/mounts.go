@@ -1,7 +1,12 @@
-package podman
+// Package mounts finds and removes the mounts below a directory (CRIU's
+// cgroup yard in a work directory, Podman's storage, a root filesystem
+// being built), so that removing the directory neither fails nor reaches
+// through a mount.
+package mounts
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -13,9 +18,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// mountsUnder lists the mount points in a mountinfo table that are dir or
+// Parse lists the mount points in a mountinfo table that are dir or
 // below it, deepest first so they can be unmounted in order.
-func mountsUnder(mountinfo io.Reader, dir string) ([]string, error) {
+func Parse(mountinfo io.Reader, dir string) ([]string, error) {
 	dir = filepath.Clean(dir)
 	var found []string
 	sc := bufio.NewScanner(mountinfo)
@@ -58,19 +63,25 @@ func unescapeMount(s string) string {
 	return b.String()
 }
 
-// unmountUnder detaches every mount at or below dir, so that removing dir
-// never leaves a mount (or deletes files through one) behind.
-func unmountUnder(dir string) error {
+// Under lists this mount namespace's mount points at or below dir,
+// deepest first.
+func Under(dir string) ([]string, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer f.Close()
-	mps, err := mountsUnder(f, abs)
+	return Parse(f, abs)
+}
+
+// UnmountUnder detaches every mount at or below dir, so that removing dir
+// never leaves a mount (or deletes files through one) behind.
+func UnmountUnder(dir string) error {
+	mps, err := Under(dir)
 	if err != nil {
 		return err
 	}
@@ -82,4 +93,15 @@ func unmountUnder(dir string) error {
 		}
 	}
 	return nil
+}
+
+// RemoveAll removes dir and everything below it, mounts detached first.
+func RemoveAll(dir string) error {
+	if err := UnmountUnder(dir); err != nil {
+		return err
+	}
+	if left, err := Under(dir); err != nil || len(left) > 0 {
+		return errors.Join(err, fmt.Errorf("still mounted below %s: %v", dir, left))
+	}
+	return os.RemoveAll(dir)
 }

@@ -1,0 +1,470 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/fault"
+	"github.com/ferry-migrate/ferry/internal/journal"
+	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+)
+
+// Outcomes of a fault case, once recovery is over.
+const (
+	RunningAtSource      = "running-at-source"
+	RunningAtDestination = "running-at-destination"
+	RunningTwice         = "running-twice"
+	Lost                 = "lost"
+	FrozenInDoubt        = "frozen-in-doubt"
+)
+
+// FaultsOptions describe one `ferry bench faults`.
+type FaultsOptions struct {
+	// Modes, Phases and Actions narrow the matrix (empty: all of each).
+	Modes, Phases, Actions []string
+	// Cases, when set, is the matrix (Modes, Phases and Actions are then
+	// ignored).
+	Cases       []FaultCase
+	MemoryBytes int64
+	DirtyRate   int
+	// OutageTimeout is the lab agents' --outage-timeout; cut-link keeps
+	// the source's paths down for this long plus 3 s.
+	OutageTimeout time.Duration
+	// Settle bounds the wait for recovery after each case.
+	Settle   time.Duration
+	FerryBin string
+	Log      io.Writer
+}
+
+// FaultCase is one cell of the matrix and what became of it.
+type FaultCase struct {
+	Mode  string `json:"mode"`
+	Phase string `json:"phase"`
+	Fault string `json:"fault"`
+	// Outcome is where the container runs once recovery is over.
+	Outcome string `json:"outcome"`
+	// StateOK: the workload's client saw its state intact throughout.
+	StateOK bool     `json:"state_ok"`
+	Leaks   []string `json:"leaks"`
+	// RecoveredMs: from the migration's end (its report, or its agent's
+	// death) until the container ran in exactly one place again.
+	RecoveredMs float64 `json:"recovered_ms"`
+	// What the source's report said (none when the source agent died).
+	Report string `json:"report,omitempty"`
+	// Hung: the migration had not ended after caseTimeout.
+	Hung bool   `json:"hung,omitempty"`
+	Note string `json:"note,omitempty"`
+}
+
+// FaultsSummary counts the matrix's bad outcomes.
+type FaultsSummary struct {
+	Cases         int `json:"cases"`
+	RunningTwice  int `json:"running_twice"`
+	Lost          int `json:"lost"`
+	FrozenInDoubt int `json:"frozen_in_doubt"`
+	StateBad      int `json:"state_bad"`
+	Hung          int `json:"hung"`
+	Leaks         int `json:"leaks"`
+}
+
+// FaultsResult is the whole matrix.
+type FaultsResult struct {
+	Cases   []FaultCase   `json:"cases"`
+	Summary FaultsSummary `json:"summary"`
+}
+
+// FaultMatrix lists the cases worth running: each mode's phases, each
+// fault where its side has something to break at that phase.
+func FaultMatrix(modes, phases, actions []string) []FaultCase {
+	if len(modes) == 0 {
+		modes = []string{engine.ModeCold, engine.ModePrecopy, engine.ModePostcopy, engine.ModeHybrid}
+	}
+	var out []FaultCase
+	for _, m := range modes {
+		for _, p := range fault.Phases {
+			if len(phases) > 0 && !slices.Contains(phases, p) {
+				continue
+			}
+			for _, a := range fault.Actions {
+				if len(actions) > 0 && !slices.Contains(actions, a) {
+					continue
+				}
+				if applies(m, p, a) {
+					out = append(out, FaultCase{Mode: m, Phase: p, Fault: a})
+				}
+			}
+		}
+	}
+	return out
+}
+
+// applies says whether fault a at phase p of mode m breaks something.
+func applies(m, p, a string) bool {
+	lazy := m == engine.ModePostcopy || m == engine.ModeHybrid
+	switch p {
+	case fault.Rounds:
+		if m != engine.ModePrecopy && m != engine.ModeHybrid {
+			return false
+		}
+	case fault.LazyPages:
+		if !lazy {
+			return false
+		}
+	}
+	switch a {
+	case fault.KillSource, fault.TermSource:
+		return true
+	case fault.KillDestination, fault.TermDestination:
+		return p != fault.Freeze // the destination takes no part in it
+	case fault.KillSourceCRIU: // the dump, and a lazy dump's page server
+		return p == fault.Dump || (lazy && p == fault.LazyPages)
+	case fault.KillDestinationCRIU: // the page server, the restore, the lazy-pages daemon
+		return (p == fault.Dump && !lazy) || p == fault.Restore || (lazy && p == fault.LazyPages)
+	case fault.RestoreFails:
+		return p == fault.Restore
+	case fault.CutLink:
+		return p == fault.Rounds || p == fault.Dump || p == fault.Restore || p == fault.Commit || p == fault.LazyPages
+	case fault.ScratchFull:
+		return p == fault.Dump
+	}
+	return false
+}
+
+// Faults runs the matrix in a 3-host lab (h1 source, h2 destination, h3
+// the workload's client) and reports each case's outcome and leaks.
+func Faults(ctx context.Context, o FaultsOptions) (res FaultsResult, err error) {
+	if o.MemoryBytes == 0 {
+		o.MemoryBytes = 64 << 20
+	}
+	if o.DirtyRate == 0 {
+		o.DirtyRate = 200
+	}
+	if o.OutageTimeout == 0 {
+		o.OutageTimeout = 3 * time.Second
+	}
+	if o.Settle == 0 {
+		o.Settle = 60 * time.Second
+	}
+	cases := o.Cases
+	if len(cases) == 0 {
+		for _, a := range o.Actions {
+			if !slices.Contains(fault.Actions, a) {
+				return res, fmt.Errorf("unknown fault %q (one of %s)", a, strings.Join(fault.Actions, ", "))
+			}
+		}
+		for _, p := range o.Phases {
+			if !slices.Contains(fault.Phases, p) {
+				return res, fmt.Errorf("unknown phase %q (one of %s)", p, strings.Join(fault.Phases, ", "))
+			}
+		}
+		cases = FaultMatrix(o.Modes, o.Phases, o.Actions)
+	}
+	if len(cases) == 0 {
+		return res, errors.New("no fault case matches: see `ferry bench faults --help` for which faults apply to which phases")
+	}
+	l, err := lab.Up(ctx, lab.Options{Hosts: 3, OutageTimeout: o.OutageTimeout, FerryBin: o.FerryBin})
+	if err != nil {
+		return res, err
+	}
+	defer func() {
+		if derr := lab.Down(context.WithoutCancel(ctx)); derr != nil && err == nil {
+			err = fmt.Errorf("the matrix ran, but the lab did not go down: %w", derr)
+		}
+	}()
+	res.Cases = []FaultCase{}
+	for i, c := range cases {
+		o.logf("case %d/%d: %s, %s at %s", i+1, len(cases), c.Mode, c.Fault, c.Phase)
+		c = o.runCase(ctx, l, c, fmt.Sprintf("fault-%d", i+1))
+		o.logf("case %d/%d: %s (state_ok=%v, recovered in %.0f ms) leaks %v %s", i+1, len(cases), c.Outcome, c.StateOK, c.RecoveredMs, c.Leaks, c.Note)
+		res.Cases = append(res.Cases, c)
+		res.Summary.add(c)
+		if ctx.Err() != nil {
+			return res, ctx.Err()
+		}
+	}
+	return res, nil
+}
+
+func (s *FaultsSummary) add(c FaultCase) {
+	s.Cases++
+	switch c.Outcome {
+	case RunningTwice:
+		s.RunningTwice++
+	case Lost:
+		s.Lost++
+	case FrozenInDoubt:
+		s.FrozenInDoubt++
+	}
+	if !c.StateOK && (c.Outcome == RunningAtSource || c.Outcome == RunningAtDestination) {
+		s.StateBad++
+	}
+	s.Leaks += len(c.Leaks)
+	if c.Hung {
+		s.Hung++
+	}
+}
+
+func (o FaultsOptions) logf(format string, args ...any) {
+	if o.Log != nil {
+		fmt.Fprintf(o.Log, "bench: "+format+"\n", args...)
+	}
+}
+
+// runCase runs one migration with one fault, brings killed or stopped
+// agents back, waits for recovery and looks for what was left behind.
+func (o FaultsOptions) runCase(ctx context.Context, l *lab.Lab, c FaultCase, name string) FaultCase {
+	src, dst, client := &l.Hosts[0], &l.Hosts[1], &l.Hosts[2]
+	c.Leaks = []string{}
+	before := snapshot(l)
+	mo := MigrateOptions{MemoryBytes: o.MemoryBytes}
+	args := []string{"/bin/memhog", "--memory", strconv.FormatInt(o.MemoryBytes, 10), "--dirty-rate", strconv.Itoa(o.DirtyRate), "--port", strconv.Itoa(workloadPort)}
+	if err := l.Run(ctx, src.Name, name, args); err != nil {
+		c.Outcome, c.Note = Lost, "the workload did not start: "+err.Error()
+		return c
+	}
+	defer func() {
+		cctx := context.WithoutCancel(ctx)
+		_ = l.RemoveFrom(cctx, "runc", src.Name, name)
+		_ = l.RemoveFrom(cctx, "runc", dst.Name, name)
+	}()
+	p, _, err := StartProbe(ctx, client, o.FerryBin, workloadAddrs(1, src, dst), mo.readyTimeout())
+	if err != nil {
+		c.Outcome, c.Note = Lost, err.Error()
+		return c
+	}
+	time.Sleep(300 * time.Millisecond)
+
+	req := engine.Request{Container: name, To: dst.AgentAddr, Mode: c.Mode}
+	var unmount func()
+	var cut sync.WaitGroup
+	var cutOnce atomic.Bool
+	progress := func(pr engine.Progress) {}
+	switch c.Fault {
+	case fault.ScratchFull:
+		um, err := fillScratch(dst.ScratchDir)
+		if err != nil {
+			_, _ = p.Stop()
+			c.Outcome, c.Note = Lost, "scratch-full: "+err.Error()
+			return c
+		}
+		unmount = um
+	case fault.CutLink:
+		progress = func(pr engine.Progress) {
+			if fault.PhaseOf(pr.Phase) == c.Phase && cutOnce.CompareAndSwap(false, true) {
+				cut.Add(1)
+				go func() {
+					defer cut.Done()
+					setAllPaths(l, src.Name, false)
+					time.Sleep(o.OutageTimeout + 3*time.Second)
+					setAllPaths(l, src.Name, true)
+				}()
+			}
+		}
+	default:
+		req.Faults = []string{fault.Fault{Action: c.Fault, Phase: c.Phase}.String()}
+	}
+	mctx, cancel := context.WithTimeout(ctx, caseTimeout)
+	rep, merr := agent.Migrate(mctx, src.ControlSock, req, progress)
+	hung := mctx.Err() != nil && ctx.Err() == nil
+	cancel()
+	cut.Wait()
+	if unmount != nil {
+		unmount()
+	}
+	ended := time.Now()
+	switch {
+	case merr != nil:
+		c.Report = "no report: " + merr.Error()
+	case rep.OK:
+		c.Report = "ok, source " + rep.SourceState
+	default:
+		c.Report = fmt.Sprintf("failed at %s, source %s: %s", rep.FailedAt, rep.SourceState, rep.Error)
+	}
+	if c.Fault == fault.CutLink && !cutOnce.Load() {
+		c.Note = "the phase passed before the cut"
+	}
+
+	var notes []string
+	c.Hung = hung
+	if hung {
+		// A migration that never ends is a finding in itself; the agents
+		// are killed (as an operator would) and recovery takes over.
+		notes = append(notes, fmt.Sprintf("HUNG: the migration had not ended after %v; both agents killed", caseTimeout))
+		for _, h := range []*lab.Host{src, dst} {
+			if h.AgentAlive() {
+				_ = syscall.Kill(h.AgentPID, syscall.SIGKILL)
+			}
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	// Agents that were killed or told to stop come back, as systemd would
+	// bring them.
+	for _, h := range []*lab.Host{src, dst} {
+		if n := bringBack(ctx, l, h); n != "" {
+			notes = append(notes, n)
+		}
+	}
+	twice := false
+	var s, d string
+	for deadline := time.Now().Add(o.Settle); ; time.Sleep(200 * time.Millisecond) {
+		s, d = runcState(src, name), runcState(dst, name)
+		if s == "running" && d == "running" {
+			twice = true
+		}
+		settled := (s == "running") != (d == "running") && s != "paused" && d != "paused" &&
+			len(labCRIUs(l)) == 0 && len(pending(src, name))+len(pending(dst, name)) == 0
+		if settled || time.Now().After(deadline) {
+			break
+		}
+	}
+	c.RecoveredMs = ms(time.Since(ended))
+	// Late answers after the recovery, then the client's verdict.
+	time.Sleep(500 * time.Millisecond)
+	pr, perr := p.Stop()
+	c.StateOK = perr == nil && pr.StateOK
+	if perr == nil && !pr.StateOK {
+		notes = append(notes, "client: "+pr.Reason)
+	}
+	c.Outcome = outcome(s, d, twice)
+	if c.Outcome != RunningAtSource && c.Outcome != RunningAtDestination {
+		notes = append(notes, fmt.Sprintf("source %s, destination %s after %v", s, d, o.Settle))
+	}
+	for _, e := range append(pending(src, name), pending(dst, name)...) {
+		c.Leaks = append(c.Leaks, "journal: "+e)
+	}
+	// What is left once the container is gone counts as leaked.
+	cctx := context.WithoutCancel(ctx)
+	_ = l.RemoveFrom(cctx, "runc", src.Name, name)
+	_ = l.RemoveFrom(cctx, "runc", dst.Name, name)
+	c.Leaks = append(c.Leaks, snapshot(l).since(before)...)
+	cleanLeaks(l)
+	c.Note = strings.TrimSpace(strings.Join(append([]string{c.Note}, notes...), "; "))
+	return c
+}
+
+// caseTimeout bounds one faulty migration: 64 MiB move in seconds, and
+// the slowest recovery paths (a cut past the outage timeout, a commit
+// window) take tens of seconds.
+const caseTimeout = 2 * time.Minute
+
+// outcome names where the container ended up.
+func outcome(s, d string, twice bool) string {
+	switch {
+	case twice || (s == "running" && d == "running"):
+		return RunningTwice
+	case s == "paused" || d == "paused" || s == "stopped" || d == "stopped":
+		return FrozenInDoubt
+	case s == "running":
+		return RunningAtSource
+	case d == "running":
+		return RunningAtDestination
+	}
+	return Lost
+}
+
+// runcState is a lab container's state as its clients see it: absent,
+// running, paused (frozen), or stopped (restored but held with SIGSTOP:
+// runc calls that running).
+func runcState(h *lab.Host, name string) string {
+	st, err := h.Runc().State(context.Background(), name)
+	if errors.Is(err, runc.ErrNotFound) {
+		return "absent"
+	}
+	if err != nil {
+		return "unknown (" + err.Error() + ")"
+	}
+	if st.Status == "running" && processStopped(st.Pid) {
+		return "stopped"
+	}
+	return st.Status
+}
+
+// processStopped says whether pid is stopped by a signal (state T).
+func processStopped(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i > 0 && len(s) > i+2 && s[i+2] == 'T'
+}
+
+// bringBack restarts a host's agent if it died, after letting a stopping
+// one finish its drain; it says what it did.
+func bringBack(ctx context.Context, l *lab.Lab, h *lab.Host) string {
+	if h.AgentAlive() {
+		// A SIGTERMed agent drains, then exits: give it the time a
+		// migration's abort takes.
+		deadline := time.Now().Add(3 * time.Second)
+		for h.AgentAlive() && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if h.AgentAlive() {
+			return ""
+		}
+	}
+	if err := l.RestartAgent(ctx, h.Name); err != nil {
+		return fmt.Sprintf("restarting %s's agent: %v", h.Name, err)
+	}
+	return "restarted " + h.Name + "'s agent"
+}
+
+// pending lists a host's journal entries for a container not in a final
+// state.
+func pending(h *lab.Host, container string) []string {
+	j, err := journal.Open(filepath.Join(h.StateDir, "journal"))
+	if err != nil {
+		return []string{err.Error()}
+	}
+	es, err := j.Pending()
+	if err != nil {
+		return []string{err.Error()}
+	}
+	var out []string
+	for _, e := range es {
+		if e.Container == container {
+			out = append(out, fmt.Sprintf("%s: %s %s %s", h.Name, e.ID, e.Role, e.State))
+		}
+	}
+	return out
+}
+
+// fillScratch mounts a 64 KiB tmpfs over dir: the destination's images
+// no longer fit. The returned func unmounts it.
+func fillScratch(dir string) (func(), error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64k"); err != nil {
+		return nil, err
+	}
+	return func() {
+		// A CRIU still writing keeps it busy for a moment.
+		for i := 0; i < 50; i++ {
+			if err := unix.Unmount(dir, 0); err == nil || errors.Is(err, syscall.EINVAL) {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		_ = unix.Unmount(dir, unix.MNT_DETACH)
+	}, nil
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

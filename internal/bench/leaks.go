@@ -1,0 +1,116 @@
+package bench
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+
+	"github.com/ferry-migrate/ferry/internal/fault"
+	"github.com/ferry-migrate/ferry/internal/lab"
+)
+
+// leakSet is what a lab holds that a migration could leave behind, each
+// thing named so that two snapshots can be compared.
+type leakSet map[string]bool
+
+// snapshot lists CRIU processes, network namespaces, mounts under the
+// lab's directories, the lab hosts' container cgroups and scratch
+// entries.
+func snapshot(l *lab.Lab) leakSet {
+	s := leakSet{}
+	for _, pid := range labCRIUs(l) {
+		s[fmt.Sprintf("process: criu pid %d", pid)] = true
+	}
+	if ents, err := os.ReadDir("/var/run/netns"); err == nil {
+		for _, e := range ents {
+			s["netns: "+e.Name()] = true
+		}
+	}
+	if f, err := os.Open("/proc/self/mountinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			fs := strings.Fields(sc.Text())
+			// Podman's overlay driver bind-mounts its own storage directory
+			// the first time Podman runs on a host (the agent asks it
+			// whether it knows a container) and keeps it: not a leak.
+			if len(fs) > 4 && (strings.HasPrefix(fs[4], lab.StateDir) || strings.HasPrefix(fs[4], lab.ScratchDir)) &&
+				!strings.HasSuffix(fs[4], "/podman/storage/overlay") {
+				s["mount: "+fs[4]] = true
+			}
+		}
+		f.Close()
+	}
+	for _, h := range l.Hosts {
+		for _, ctl := range []string{"freezer", "memory", "cpu", "pids"} {
+			ents, _ := os.ReadDir(filepath.Join("/sys/fs/cgroup", ctl, h.CgroupParent))
+			for _, e := range ents {
+				if e.IsDir() {
+					s["cgroup: "+filepath.Join(ctl, h.CgroupParent, e.Name())] = true
+				}
+			}
+		}
+		if ents, err := os.ReadDir(h.ScratchDir); err == nil {
+			for _, e := range ents {
+				s["scratch: "+filepath.Join(h.ScratchDir, e.Name())] = true
+			}
+		}
+	}
+	return s
+}
+
+// since lists what s holds that before did not, sorted.
+func (s leakSet) since(before leakSet) []string {
+	var out []string
+	for k := range s {
+		if !before[k] {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// cleanLeaks removes what a case left, so the next starts clean: CRIU
+// processes (by their PIDs) and scratch directories. Namespaces, mounts
+// and cgroups are the lab's to remove when it goes down.
+func cleanLeaks(l *lab.Lab) {
+	for _, pid := range labCRIUs(l) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	for _, h := range l.Hosts {
+		ents, _ := os.ReadDir(h.ScratchDir)
+		for _, e := range ents {
+			_ = os.RemoveAll(filepath.Join(h.ScratchDir, e.Name()))
+		}
+	}
+}
+
+// labCRIUs lists the CRIU processes in a lab host's network namespace
+// (where its agent started them): those are the lab's, and no others.
+func labCRIUs(l *lab.Lab) []int {
+	hosts := map[uint64]bool{}
+	for _, h := range l.Hosts {
+		if ino, ok := nsInode(h.NetNS); ok {
+			hosts[ino] = true
+		}
+	}
+	var out []int
+	for _, pid := range fault.Named("criu") {
+		if ino, ok := nsInode(fmt.Sprintf("/proc/%d/ns/net", pid)); ok && hosts[ino] {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+func nsInode(path string) (uint64, bool) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return 0, false
+	}
+	return st.Ino, true
+}

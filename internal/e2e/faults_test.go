@@ -1,0 +1,59 @@
+package e2e
+
+import (
+	"context"
+	"testing"
+
+	"github.com/ferry-migrate/ferry/internal/bench"
+	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/fault"
+)
+
+// TestFaultMatrixShort is `ferry bench faults` cut to cold migrations and
+// the main faults: agents killed and stopped around the freeze, the
+// restore and the commit, CRIU killed, the link cut in the commit window,
+// the destination's scratch space full, a failed restore. In every case
+// the container must end up running in exactly one place with its state
+// intact, and nothing may be left behind. The whole matrix is a benchmark
+// (docs/BENCHMARKS.md).
+func TestFaultMatrixShort(t *testing.T) {
+	requireLab(t)
+	bin := ferryBin(t)
+	var cases []bench.FaultCase
+	for _, f := range []fault.Fault{
+		{Action: fault.KillSource, Phase: fault.Freeze},
+		{Action: fault.KillSource, Phase: fault.Commit},
+		{Action: fault.KillDestination, Phase: fault.Restore},
+		{Action: fault.KillDestination, Phase: fault.Commit},
+		{Action: fault.TermSource, Phase: fault.Dump},
+		{Action: fault.TermDestination, Phase: fault.Restore},
+		{Action: fault.KillSourceCRIU, Phase: fault.Dump},
+		{Action: fault.KillDestinationCRIU, Phase: fault.Restore},
+		{Action: fault.CutLink, Phase: fault.Commit},
+		{Action: fault.ScratchFull, Phase: fault.Dump},
+		{Action: fault.RestoreFails, Phase: fault.Restore},
+	} {
+		cases = append(cases, bench.FaultCase{Mode: engine.ModeCold, Phase: f.Phase, Fault: f.Action})
+	}
+	res, err := bench.Faults(context.Background(), bench.FaultsOptions{Cases: cases, FerryBin: bin, Log: testLog{t}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range res.Cases {
+		ok := (c.Outcome == bench.RunningAtSource || c.Outcome == bench.RunningAtDestination) && c.StateOK && len(c.Leaks) == 0
+		if !ok {
+			t.Errorf("%s@%s: %s, state_ok=%v, leaks %v; report: %s; %s", c.Fault, c.Phase, c.Outcome, c.StateOK, c.Leaks, c.Report, c.Note)
+		}
+	}
+	if len(res.Cases) != len(cases) {
+		t.Errorf("%d of %d cases ran", len(res.Cases), len(cases))
+	}
+}
+
+// testLog writes a bench's progress lines to the test's log.
+type testLog struct{ t *testing.T }
+
+func (w testLog) Write(p []byte) (int, error) {
+	w.t.Log(string(p))
+	return len(p), nil
+}
