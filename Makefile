@@ -37,6 +37,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzServeLazy$$' -fuzztime $(FUZZTIME) ./internal/pagestream
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodePagemap$$' -fuzztime $(FUZZTIME) ./internal/images
 	$(GO) test -run '^$$' -fuzz '^FuzzReceiveDir$$' -fuzztime $(FUZZTIME) ./internal/images
+	$(GO) test -run '^$$' -fuzz '^FuzzDestinationSession$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 0 ./internal/engine
 
 demo: setup build
 	@bash scripts/demo.sh

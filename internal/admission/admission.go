@@ -1,9 +1,10 @@
 // Package admission decides what a destination accepts of an incoming
 // container before it creates anything. A source sends the container's
-// OCI config.json and runc runs it as root here: its hooks would run on
-// this host, its host namespaces, bind mounts, capabilities and devices
-// would reach into this host. By default none of that passes; an agent's
-// operator allows it explicitly.
+// OCI config.json (runc; Podman's spec.dump, see CheckPodmanSpec) or LXC
+// config (CheckLXCConfig), and the runtime runs it as root here: its
+// hooks would run on this host, its host namespaces, bind mounts,
+// capabilities and devices would reach into this host. By default none of
+// that passes; an agent's operator allows it explicitly.
 package admission
 
 import (
@@ -124,11 +125,14 @@ func (p Policy) CheckSpec(b []byte) error {
 	}
 	why = append(why, p.namespaces(s.Linux.Namespaces)...)
 	for _, m := range s.Mounts {
-		if !isBind(m) {
-			continue
+		kind := "mount"
+		if isBind(m) {
+			kind = "bind mount"
 		}
-		if !p.bindAllowed(m.Source) {
-			why = append(why, fmt.Sprintf("bind mount of host path %s", m.Source))
+		for _, path := range hostPaths(m.Source, isBind(m), m.Options) {
+			if !p.bindAllowed(path) {
+				why = append(why, fmt.Sprintf("%s of host path %s", kind, path))
+			}
 		}
 	}
 	if len(s.Linux.Devices) > 0 {
@@ -192,6 +196,24 @@ func isBind(m specs.Mount) bool {
 		return true
 	}
 	return slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
+}
+
+// hostPaths are the host paths a mount reaches: a bind mount's source, the
+// source of any other mount when it is a path (a block device, say: a
+// virtual file system names none, "proc" or "tmpfs"), and an overlay's
+// directories.
+func hostPaths(source string, bind bool, options []string) []string {
+	var paths []string
+	if bind || filepath.IsAbs(source) {
+		paths = append(paths, source)
+	}
+	for _, o := range options {
+		k, v, ok := strings.Cut(o, "=")
+		if ok && (k == "lowerdir" || k == "upperdir" || k == "workdir") {
+			paths = append(paths, strings.Split(v, ":")...)
+		}
+	}
+	return paths
 }
 
 // bindAllowed says whether a bind mount's source lies under an allowed

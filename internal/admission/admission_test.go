@@ -77,6 +77,12 @@ func TestMaliciousSpecsAreRefused(t *testing.T) {
 		{"relative bind source", func(s *specs.Spec) {
 			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/d", Type: "bind", Source: "etc"})
 		}, "host path etc", admission.Policy{Privileged: true}},
+		{"a host disk", func(s *specs.Spec) {
+			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/mnt", Type: "ext4", Source: "/dev/sda1"})
+		}, "mount of host path /dev/sda1", admission.Policy{BindSources: []string{"/dev/sda1"}}},
+		{"an overlay of host directories", func(s *specs.Spec) {
+			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/mnt", Type: "overlay", Source: "overlay", Options: []string{"lowerdir=/etc:/usr", "upperdir=/tmp/u", "workdir=/tmp/w"}})
+		}, "mount of host path /etc", admission.Policy{BindSources: []string{"/etc", "/usr", "/tmp"}}},
 		{"CAP_SYS_ADMIN", func(s *specs.Spec) {
 			s.Process.Capabilities.Bounding = append(s.Process.Capabilities.Bounding, "CAP_SYS_ADMIN")
 		}, "CAP_SYS_ADMIN", admission.Policy{MaxCaps: append(append([]string{}, admission.DefaultCaps...), "CAP_SYS_ADMIN")}},

@@ -114,11 +114,13 @@ func (a *Agent) newRuntimes() runtime.Set {
 	// Other runtimes where their tools are installed.
 	if _, err := exec.LookPath("podman"); err == nil {
 		pm := podman.New(podman.Host{Dir: a.PodmanDir, NetNS: a.Host.NetNS})
-		pm.LazyDump = a.feats.LazyPages
+		pm.LazyDump, pm.Admission = a.feats.LazyPages, a.Admission
 		set["podman"] = pm
 	}
 	if _, err := exec.LookPath("lxc-checkpoint"); err == nil {
-		set["lxc"] = lxc.New(a.LXCPath)
+		lx := lxc.New(a.LXCPath)
+		lx.Admission, lx.ContainerNetNS = a.Admission, a.Host.NetNS
+		set["lxc"] = lx
 	}
 	return set
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/mounts"
@@ -23,16 +24,21 @@ import (
 // cannot say what became of a migration.
 const resolveRetry = 3 * time.Second
 
-// clearScratch removes the scratch directories of migrations a previous
-// run of this agent left (it was killed mid-migration): none is under way
-// yet, and recovery needs none of them (a frozen source copy resumes or
+// clearScratch ends the CRIU processes and removes the scratch
+// directories of migrations a previous run of this agent left (it was
+// killed mid-migration): none is under way yet, and recovery needs none of them (a frozen source copy resumes or
 // goes without its images; a restored copy is kept or dropped). Only
 // directories named like a migration ID go.
 func (a *Agent) clearScratch() {
+	root := a.Host.WorkRoot()
+	// CRIU processes the dead agent started outlive it, reparented: a
+	// dump's page server would refreeze the container recovery resumes.
+	if pids := criu.KillWorkingIn(root); len(pids) > 0 {
+		a.Log.Warn("killed CRIU processes an earlier run of this agent left", "pids", pids)
+	}
 	if a.KeepWork {
 		return
 	}
-	root := a.Host.WorkRoot()
 	ents, err := os.ReadDir(root)
 	if err != nil {
 		return

@@ -332,3 +332,30 @@ func TestLogErrors(t *testing.T) {
 		t.Fatal("a missing log quoted")
 	}
 }
+
+// A process is found by a file it holds open below a directory, and only
+// then (the name check is left out: any process qualifies for usesDir).
+func TestUsesDir(t *testing.T) {
+	dir := t.TempDir()
+	f, err := os.Create(filepath.Join(dir, "sub", "x.log"))
+	if err == nil {
+		t.Fatal("created a file in a missing directory")
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "sub"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	f, err = os.Create(filepath.Join(dir, "sub", "x.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !usesDir(os.Getpid(), dir) || !usesDir(os.Getpid(), filepath.Join(dir, "sub")) {
+		t.Error("this process holds a file below the directory")
+	}
+	f.Close()
+	if usesDir(os.Getpid(), dir) {
+		t.Error("a closed file still counts")
+	}
+	if usesDir(os.Getpid(), dir+"x") {
+		t.Error("a sibling with a common prefix counts")
+	}
+}

@@ -57,3 +57,19 @@ func (w testLog) Write(p []byte) (int, error) {
 	w.t.Log(string(p))
 	return len(p), nil
 }
+
+// TestSoakShort is `ferry bench soak` cut to two rounds of the four
+// techniques, back and forth: every migration works, the state holds,
+// nothing is left behind. (The 200-migration soak is a benchmark.)
+func TestSoakShort(t *testing.T) {
+	requireLab(t)
+	bin := ferryBin(t)
+	res, err := bench.Soak(context.Background(), bench.SoakOptions{Migrations: 8, FerryBin: bin, Log: testLog{t}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Failed > 0 || len(res.Migrations) != 8 || !res.StateOK || len(res.Leaks) > 0 {
+		t.Errorf("%d of %d migrations failed, state_ok=%v, leaks %v", res.Failed, len(res.Migrations), res.StateOK, res.Leaks)
+	}
+	t.Logf("agents warm %v, at the end %v", res.Warm, res.End)
+}

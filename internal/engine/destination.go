@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-migrate/ferry/internal/admission"
+	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/fault"
 	"github.com/ferry-migrate/ferry/internal/host"
 	"github.com/ferry-migrate/ferry/internal/images"
@@ -113,6 +114,13 @@ func (d *Destination) Answer(ch *transport.Channel, peer string) {
 	}
 }
 
+// Stages of an incoming migration, for the stop-or-restore decision.
+const (
+	stageReceiving int32 = iota
+	stageRestoring       // the source asked for the restore: it runs to its end
+	stageAbandoned       // the agent stopped first: the source was told to resume
+)
+
 // incoming is the destination side's state for one migration.
 type incoming struct {
 	d      *Destination
@@ -136,11 +144,9 @@ type incoming struct {
 	netnsPath string
 	// faults are the failures the offer injects here (tests).
 	faults fault.Set
-	// asked is closed once the source asked for the restore.
-	asked chan struct{}
-	// breakSession: receiving failed while the source may still be
-	// sending; only closing the session stops it.
-	breakSession bool
+	// stage says whether the restore was asked for, or the migration
+	// abandoned (the agent stopping) first: one decision, taken once.
+	stage atomic.Int32
 }
 
 // Receive serves one migration offered on ctl. Until the source commits,
@@ -160,11 +166,8 @@ func (d *Destination) Receive(ctx context.Context, sess *transport.Session, rout
 	// the source asks for the restore, cancelling ctx closes the session,
 	// so every transfer fails at both ends and the source resumes. From
 	// the restore on, the migration runs to its end (see run).
-	in.asked = make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
-		select {
-		case <-in.asked:
-		default:
+		if in.stage.CompareAndSwap(stageReceiving, stageAbandoned) {
 			_ = ctl.Fail(fmt.Errorf("%s is stopping: the migration was abandoned before the restore", d.Host.Name))
 			sess.Close()
 		}
@@ -225,15 +228,17 @@ func (d *Destination) Receive(ctx context.Context, sess *transport.Session, rout
 	if err != nil {
 		_ = ctl.Fail(err)
 	}
-	if in.breakSession {
-		sess.Close()
-	}
 }
 
 func (in *incoming) prepare(ctx context.Context) error {
 	o := in.offer
 	if in.d.CRIUError != nil {
 		return fmt.Errorf("CRIU cannot restore on %s: %v", in.d.Host.Name, in.d.CRIUError)
+	}
+	// The ID names this migration's scratch directory and journal file:
+	// a plain ID only, or a peer could point them anywhere.
+	if !ValidID(o.ID) {
+		return fmt.Errorf("bad migration ID %q", o.ID)
 	}
 	if err := validateMode(o.Mode); err != nil {
 		return err
@@ -292,8 +297,8 @@ func (in *incoming) settleTechnique() error {
 }
 
 // run receives the state, restores on request and waits for the commit.
-func (in *incoming) run(ctx context.Context, sess *transport.Session, router *transport.Router, ctl *transport.Channel, cancel func()) (committed bool, err error) {
-	var recv errgroup.Group
+func (in *incoming) run(rctx context.Context, sess *transport.Session, router *transport.Router, ctl *transport.Channel, cancel func()) (committed bool, err error) {
+	recv := &receiving{failed: make(chan error, 1)}
 	warm := make(chan func(), 1)
 	lazy, rebuild := in.tech.lazy, in.tech.rebuild
 	if in.d.NoPrewarm || lazy {
@@ -307,12 +312,12 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 	}
 	release := sync.OnceFunc(func() { (<-warm)() })
 	defer release()
-	recv.Go(func() error { return in.receiveRootfs(ctx, sess, router, ChanRootfsLive) })
-	recv.Go(func() error { return in.receiveRootfs(ctx, sess, router, ChanRootfsFinal) })
-	in.tech.receive(in, ctx, receivers{sess: sess, router: router, g: &recv})
+	recv.Go(func() error { return in.receiveRootfs(rctx, sess, router, ChanRootfsLive) })
+	recv.Go(func() error { return in.receiveRootfs(rctx, sess, router, ChanRootfsFinal) })
+	in.tech.receive(in, rctx, receivers{sess: sess, router: router, g: recv})
 	imagesIn := make(chan error, 1)
 	recv.Go(func() error {
-		err := in.receiveImages(ctx, sess, router)
+		err := in.receiveImages(rctx, sess, router)
 		imagesIn <- err
 		return err
 	})
@@ -329,7 +334,7 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 				lazyReady <- started{err: err}
 				return
 			}
-			lp, err := in.startLazyPages(ctx, sess, router)
+			lp, err := in.startLazyPages(rctx, sess, router)
 			lazyReady <- started{lp, err}
 		}()
 	}
@@ -343,21 +348,19 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 		}
 	}
 	var step Step
-	stepc, recvc := make(chan error, 1), make(chan error, 1)
+	stepc := make(chan error, 1)
 	go func() { stepc <- ctl.Recv(&step) }()
-	go func() { recvc <- recv.Wait() }()
 	select {
 	case err = <-stepc:
-	case err = <-recvc:
-		if err != nil {
-			// The source may be stuck sending what this side no longer
-			// reads (a page server that died, a full disk): the session
-			// closes once the source was told why (see Receive).
-			in.breakSession = true
-			abandon()
-			return false, fmt.Errorf("receiving state on %s: %w", in.d.Host.Name, err)
-		}
-		err = <-stepc
+	case err = <-recv.failed:
+		// The source may be blocked sending what this side no longer
+		// reads (a page server that died, a full disk): it is told why,
+		// then the session closes under every transfer.
+		err = fmt.Errorf("receiving state on %s: %w", in.d.Host.Name, err)
+		_ = ctl.Fail(err)
+		time.AfterFunc(200*time.Millisecond, func() { sess.Close() }) // the reason goes out first
+		abandon()
+		return false, err
 	}
 	if err != nil || step.Do != "restore" {
 		abandon()
@@ -367,10 +370,14 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 		return false, fmt.Errorf("migration abandoned by the source: %w", err)
 	}
 	asked := time.Now()
-	close(in.asked)
+	if !in.stage.CompareAndSwap(stageReceiving, stageRestoring) {
+		// The agent is stopping and told the source so: it resumes.
+		abandon()
+		return false, fmt.Errorf("%s is stopping: the migration was abandoned before the restore", in.d.Host.Name)
+	}
 	// From here the source cannot resume on its own: what follows runs to
 	// its end even if this agent is asked to stop (it drains).
-	ctx = context.WithoutCancel(ctx)
+	ctx := context.WithoutCancel(rctx)
 	if err := recv.Wait(); err != nil {
 		return false, fmt.Errorf("receiving state on %s: %w", in.d.Host.Name, err)
 	}
@@ -448,7 +455,7 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 		in.faults.At(fault.Destination, fault.LazyPages)
 		// The container runs here now; its memory keeps arriving until the
 		// lazy-pages daemon has pulled every page.
-		done := lp.wait()
+		done := lp.wait(sess.Done())
 		if done.Error != "" {
 			// Without its memory the restored container cannot go on. The
 			// source resumes its copy on hearing this: only once this one
@@ -467,6 +474,29 @@ func (in *incoming) run(ctx context.Context, sess *transport.Session, router *tr
 	in.faults.At(fault.Destination, fault.Cleanup)
 	return true, nil
 }
+
+// receiving runs a migration's receivers; the first to fail is heard at
+// once, not when the others end (they may wait for a source that is
+// itself blocked).
+type receiving struct {
+	g      errgroup.Group
+	failed chan error // holds the first receiver's error
+}
+
+func (r *receiving) Go(f func() error) {
+	r.g.Go(func() error {
+		err := f()
+		if err != nil {
+			select {
+			case r.failed <- err:
+			default:
+			}
+		}
+		return err
+	})
+}
+
+func (r *receiving) Wait() error { return r.g.Wait() }
 
 // expect registers the channels the offer's technique uses.
 func (in *incoming) expect(router *transport.Router) {
@@ -574,7 +604,8 @@ func (in *incoming) receiveImages(ctx context.Context, sess *transport.Session, 
 	}
 	defer ch.Close()
 	if in.tech.lazy {
-		in.faults.At(fault.Destination, fault.Dump) // a lazy dump sends no pages first
+		// A lazy dump sends no pages, and no CRIU runs here meanwhile.
+		in.faults.Agent(fault.Destination, fault.Dump)
 	}
 	_, err = images.ReceiveDir(ch, in.images)
 	return err
@@ -661,6 +692,13 @@ func (in *incoming) cleanup(dropContainer bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var err error
+	if in.work != "" {
+		// A restore or lazy-pages daemon stuck on a source that is gone
+		// would hold the container's cgroups and mounts.
+		if pids := criu.KillWorkingIn(in.work); len(pids) > 0 {
+			slog.Warn("killed CRIU processes still working for an ended migration", "migration", in.offer.ID, "pids", pids)
+		}
+	}
 	if dropContainer && in.target != nil {
 		err = in.target.Discard(ctx)
 		in.dropNetwork()

@@ -293,6 +293,26 @@ type lazyPages struct {
 	tunnel func() error
 	ch     *transport.Channel
 	local  atomic.Uint64 // pages supplied from the destination's copy
+	// freeze stops the restored copy; broke records that the page stream
+	// broke before the daemon was done.
+	freeze    func()
+	breakOnce sync.Once
+	broke     atomic.Bool
+}
+
+// broken handles a page stream that broke before every page was in: the
+// copy freezes before CRIU's daemon lets go of it (the kernel would fill
+// its missing pages with zeros, and it would run on memory that was never
+// the source's), then the daemon is stopped, so the pull ends in failure
+// and the copy is dropped.
+func (lp *lazyPages) broken() {
+	lp.breakOnce.Do(func() {
+		lp.broke.Store(true)
+		lp.freeze()
+		if lp.daemon != nil {
+			lp.daemon.Stop()
+		}
+	})
 }
 
 // startLazyPages waits for the source's lazy channel, starts `criu
@@ -304,16 +324,16 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 		return nil, err
 	}
 	lp := &lazyPages{ch: ch}
-	// Pages that will not come: the copy freezes before CRIU's daemon lets
-	// go of it, or the kernel would fill the holes with zeros and the
-	// container run on memory that was never the source's.
-	freeze := func() {
+	lp.freeze = func() {
+		// A runtime's freeze can hang on tasks stuck in a fault: bounded.
+		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
 		c := &runtime.Container{Runtime: in.rt.Kind(), Name: in.offer.Container, ID: in.offer.Container}
-		if err := in.rt.Freeze(context.Background(), c); err != nil {
+		if err := in.rt.Freeze(fctx, c); err != nil {
 			slog.Error("post-copy: the page stream broke and the copy could not be frozen", "container", c.Name, "error", err)
 		}
 	}
-	serve := func(conn halfCloser) error { return spliceVia(conn, ch, plainCopy, plainCopy, freeze) }
+	serve := func(conn halfCloser) error { return spliceVia(conn, ch, plainCopy, plainCopy, lp.broken) }
 	if in.store != nil {
 		// Hybrid: answer from the pages the rounds brought.
 		serve = func(conn halfCloser) error {
@@ -322,7 +342,7 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 			})
 			lp.local.Store(st.LocalPages)
 			if err != nil {
-				freeze()
+				lp.broken()
 			}
 			_ = conn.CloseWrite()
 			return errors.Join(err, ch.CloseWrite())
@@ -342,8 +362,23 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 }
 
 // wait returns once the daemon has transferred every page or failed.
-func (lp *lazyPages) wait() LazyDone {
+// A session lost meanwhile (the source gone past the outage timeout)
+// breaks the stream too: a daemon that saw its page server close may wait
+// on forever.
+func (lp *lazyPages) wait(lost <-chan struct{}) LazyDone {
+	exited := make(chan struct{})
+	go func() {
+		select {
+		case <-lost:
+			lp.broken()
+		case <-exited:
+		}
+	}()
 	r := lp.daemon.Wait()
+	close(exited)
+	if lp.broke.Load() && r.Err == nil {
+		r.Err = errors.New("the page stream from the source broke before every page was in")
+	}
 	d := LazyDone{Ms: ms(r.Elapsed), Faulted: r.Faulted, Pushed: r.Pushed}
 	// The tunnel ends right after the daemon's last request.
 	tunnelDone := make(chan struct{})

@@ -236,6 +236,11 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 		r.BytesSent = m.sess.BytesSent()
 		m.sess.Close()
 	}
+	if m.work != "" {
+		if pids := criu.KillWorkingIn(m.work); len(pids) > 0 {
+			r.Warnings = append(r.Warnings, fmt.Sprintf("killed CRIU processes still working after the migration ended: %v", pids))
+		}
+	}
 	if m.work != "" && !s.KeepWork {
 		if err := mounts.RemoveAll(m.work); err != nil { // a killed CRIU's cgroup yard
 			r.Warnings = append(r.Warnings, "scratch left behind: "+err.Error())

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"strings"
 
-	"golang.org/x/sync/errgroup"
-
 	"github.com/ferry-migrate/ferry/internal/pages"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
@@ -38,7 +36,7 @@ type technique struct {
 type receivers struct {
 	sess   *transport.Session
 	router *transport.Router
-	g      *errgroup.Group
+	g      *receiving
 }
 
 // Technique keys: a mode, and for pre-copy its engine or switchover.

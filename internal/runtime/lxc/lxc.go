@@ -34,6 +34,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/admission"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/tail"
@@ -65,6 +66,12 @@ type Runtime struct {
 	// CRIU is the criu binary liblxc runs; empty means DefaultCRIU. Its
 	// file name must be "criu" (liblxc looks that name up in PATH).
 	CRIU string
+	// Admission is what this host accepts of an incoming container's
+	// config, checked before Prepare writes anything (see policy).
+	Admission admission.Policy
+	// ContainerNetNS is the network namespace (a path) this host gives
+	// restored containers: the agent's --netns.
+	ContainerNetNS string
 
 	checkOnce sync.Once
 	checkErr  error
@@ -475,7 +482,9 @@ func (r *Runtime) destroy(ctx context.Context, name string) error {
 // Prepare makes the container here: its directory under this lxcpath, the
 // source's config rewritten for it (see rewriteConfig), the files the
 // config names, and an empty rootfs for the engine to sync into. It
-// refuses a name taken here and what cannot work on this host.
+// refuses a name taken here, what cannot work on this host, and what this
+// host's admission policy refuses of the rewritten config, before it
+// writes anything.
 func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.PrepareOptions) (runtime.Target, error) {
 	if err := validName(c.Name); err != nil {
 		return nil, err
@@ -518,6 +527,9 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 	if err != nil {
 		return nil, fmt.Errorf("lxc: container %q cannot run here: %w", c.Name, err)
 	}
+	if err := r.policy().CheckLXCConfig(admissionText(newCfg, files)); err != nil {
+		return nil, fmt.Errorf("lxc: container %q: %w", c.Name, err)
+	}
 	if err := os.MkdirAll(r.path(), 0o755); err != nil {
 		return nil, err
 	}
@@ -544,6 +556,54 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 		return nil, errors.Join(err, os.RemoveAll(dir))
 	}
 	return t, nil
+}
+
+// policy is the admission policy for a container restored here. A
+// container on LXC's "none" network shares the network namespace that
+// lxc-checkpoint runs in: NetNS when set (a namespace chosen for the
+// containers, as a lab host's), else this process's. That is not this
+// machine's own network when it is ContainerNetNS, the namespace where
+// this host puts restored containers (a runc container that joined one
+// goes there too): so where the agent runs in its --netns (the lab's
+// agents), such a container is admitted without --allow-host-network.
+func (r *Runtime) policy() admission.Policy {
+	p := r.Admission
+	if r.NetNS != "" || (r.ContainerNetNS != "" && sameFile("/proc/self/ns/net", r.ContainerNetNS)) {
+		p.HostNetwork = true
+	}
+	return p
+}
+
+// sameFile says whether two paths name the same file (for namespaces: the
+// same namespace).
+func sameFile(a, b string) bool {
+	sa, err := os.Stat(a)
+	if err != nil {
+		return false
+	}
+	sb, err := os.Stat(b)
+	return err == nil && os.SameFile(sa, sb)
+}
+
+// admissionText is the config as the admission policy reads it: a fstab
+// the container carries (written by Prepare with the config) inlined as
+// the lxc.mount.entry lines it amounts to, since the policy reads no
+// files. Any other lxc.mount.fstab stays, and is refused.
+func admissionText(cfg []byte, files map[string][]byte) string {
+	var b strings.Builder
+	for _, l := range parseConfig(cfg) {
+		fstab, carried := files[l.Value]
+		if l.Key != "lxc.mount.fstab" || !carried {
+			b.WriteString(l.Raw + "\n")
+			continue
+		}
+		for _, e := range strings.Split(string(fstab), "\n") {
+			if e = strings.TrimSpace(e); e != "" && !strings.HasPrefix(e, "#") {
+				b.WriteString("lxc.mount.entry = " + e + "\n")
+			}
+		}
+	}
+	return b.String()
 }
 
 // target is a container defined here, waiting for its rootfs and restore.

@@ -415,6 +415,7 @@ func TestMigrateBetweenLXCPaths(t *testing.T) {
 	base := t.TempDir()
 	pathA, pathB := filepath.Join(base, "a"), filepath.Join(base, "b")
 	src, dst := New(pathA), New(pathB)
+	dst.Admission.BindSources = []string{"/lib"} // the test container binds the host's /lib
 	name := testName("mig")
 	ct := newContainer(t, pathA, name, memhog)
 	t.Cleanup(func() { destroyContainer(t, pathB, name) })

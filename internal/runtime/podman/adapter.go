@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/ferry-migrate/ferry/internal/admission"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 	"github.com/ferry-migrate/ferry/internal/tail"
@@ -57,7 +58,8 @@ const devShmTar = "devshm-checkpoint.tar"
 // or dumped, and leaves the two files in the bundle; Inspect reads and
 // deletes them (once per container ID).
 //
-// Destination. Prepare has Podman create the container from the records:
+// Destination. Prepare checks the records against this host's admission
+// policy (see admit), then has Podman create the container from them:
 // `podman container restore --import ARCHIVE --name NAME`, ARCHIVE (tens of
 // KB, in PrepareOptions.WorkDir) holding config.dump (minus the paths into
 // the source container's own directories), spec.dump, a checkpoint
@@ -92,6 +94,9 @@ type Runtime struct {
 	// the source side of pre-copy's rebuild switchover, whose
 	// destination restores a plain dump.
 	LazyDump bool
+	// Admission is what this host accepts of an incoming container's
+	// records, which Podman here runs as root (see Prepare).
+	Admission admission.Policy
 
 	mu       sync.Mutex
 	recs     map[string]records // by container ID
@@ -367,6 +372,10 @@ type podmanConfig struct {
 	CreateNetNS   bool              `json:"createNetNS"`
 	StaticDir     string            `json:"staticDir"`
 	ConmonPidFile string            `json:"conmonPidFile"`
+	PidFile       string            `json:"pid_file"`
+	Secrets       []struct {
+		Name string `json:"name"`
+	} `json:"secrets"`
 }
 
 func parseConfig(b []byte) (*podmanConfig, error) {

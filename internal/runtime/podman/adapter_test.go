@@ -14,17 +14,21 @@ import (
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/ferry-migrate/ferry/internal/admission"
 	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/probe"
 	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 )
 
 // The adapter tests run two Podman instances ("hosts") on this machine,
@@ -829,13 +833,109 @@ func TestCheckpointNeedsRunc(t *testing.T) {
 	// A destination whose Podman runs crun refuses before it creates
 	// anything (its runtime name is cached: no podman runs here).
 	r.ociName = "crun"
-	c.Meta = map[string][]byte{MetaConfig: configJSON(t, nil), MetaSpec: []byte(`{"ociVersion":"1.0.2"}`)}
+	c.Meta = map[string][]byte{MetaConfig: configJSON(t, func(m map[string]any) { delete(m, "pid_file"); m["createNetNS"] = true }), MetaSpec: specJSON(t, nil)}
 	_, err = r.Prepare(context.Background(), c, runtime.PrepareOptions{WorkDir: t.TempDir()})
 	if err == nil || !strings.Contains(err.Error(), `runs containers with "crun"`) {
 		t.Fatalf("prepare under crun: %v", err)
 	}
 	if _, err := r.Prepare(context.Background(), c, runtime.PrepareOptions{NetNS: "/var/run/netns/x"}); err == nil {
 		t.Fatal("prepare into a rebuilt network namespace accepted")
+	}
+}
+
+// specJSON is a spec.dump as Podman writes it for the container of
+// configJSON (abridged): runc's ordinary spec with a network namespace
+// of Podman's, plus Podman's own bind mounts of files it made for the
+// container in its storage and run directories.
+func specJSON(t *testing.T, edit func(s *specs.Spec)) []byte {
+	t.Helper()
+	var cfg struct{ ID string }
+	if err := json.Unmarshal(configJSON(t, nil), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	s := runc.NewSpec(runc.SpecOptions{Args: []string{"/bin/sh"}, NetNS: "/run/netns/netns-5b3ac6e2"})
+	// Podman replaces the spec's tmpfs at /dev/shm with its own.
+	s.Mounts = slices.DeleteFunc(s.Mounts, func(m specs.Mount) bool { return m.Destination == "/dev/shm" })
+	for dst, src := range map[string]string{
+		"/dev/shm": "/h/a/storage/overlay-containers/" + cfg.ID + "/userdata/shm", "/etc/hosts": "/h/a/run/overlay-containers/" + cfg.ID + "/userdata/hosts",
+		"/etc/resolv.conf": "/h/a/run/overlay-containers/" + cfg.ID + "/userdata/resolv.conf", "/run/.containerenv": "/h/a/run/overlay-containers/" + cfg.ID + "/userdata/.containerenv",
+	} {
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: dst, Type: "bind", Source: src, Options: []string{"bind", "rprivate"}})
+	}
+	if edit != nil {
+		edit(s)
+	}
+	b, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// Prepare applies the host's admission policy to both records before
+// Podman creates anything. An admitted container goes on to the OCI
+// runtime check, which fails here (crun cached: no podman runs).
+func TestPrepareAdmission(t *testing.T) {
+	// As Podman records a container on a network of its own: no
+	// --pidfile, a network namespace Podman makes.
+	noPidFile := func(m map[string]any) { delete(m, "pid_file"); m["createNetNS"] = true }
+	hostNet := func(s *specs.Spec) {
+		var kept []specs.LinuxNamespace
+		for _, ns := range s.Linux.Namespaces {
+			if ns.Type != specs.NetworkNamespace {
+				kept = append(kept, ns)
+			}
+		}
+		s.Linux.Namespaces = kept
+	}
+	for _, tc := range []struct {
+		name   string
+		netns  string // the Host's: the namespace Podman runs in
+		policy admission.Policy
+		config func(m map[string]any)
+		spec   func(s *specs.Spec)
+		want   string // "" admitted
+	}{
+		{name: "ordinary", config: noPidFile},
+		{name: "host network in this machine's namespace", config: noPidFile, spec: hostNet, want: "shares this host's network namespace"},
+		{name: "host network, allowed", policy: admission.Policy{HostNetwork: true}, config: noPidFile, spec: hostNet},
+		{name: "host network in the host's container namespace", netns: "/var/run/netns/h2", config: noPidFile, spec: hostNet},
+		{name: "hook", config: noPidFile, spec: func(s *specs.Spec) {
+			s.Hooks = &specs.Hooks{CreateRuntime: []specs.Hook{{Path: "/bin/sh"}}}
+		}, want: "OCI hooks"},
+		{name: "bind of /etc", config: noPidFile, spec: func(s *specs.Spec) {
+			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/h", Type: "bind", Source: "/etc"})
+		}, want: "bind mount of host path /etc"},
+		{name: "--network ns:PATH", config: func(m map[string]any) { delete(m, "pid_file") }, spec: func(s *specs.Spec) {
+			for i := range s.Linux.Namespaces {
+				if s.Linux.Namespaces[i].Type == specs.NetworkNamespace {
+					s.Linux.Namespaces[i].Path = "/proc/1/ns/net"
+				}
+			}
+		}, want: "joins the network namespace at /proc/1/ns/net"},
+		{name: "--pidfile", config: func(m map[string]any) { m["createNetNS"] = true }, want: "writes its PID to host file /user/pidfile (--pidfile)"},
+		{name: "--conmon-pidfile", config: func(m map[string]any) { noPidFile(m); m["conmonPidFile"] = "/etc/cron.d/x" }, want: "host file /etc/cron.d/x (--conmon-pidfile)"},
+		{name: "secrets", config: func(m map[string]any) {
+			noPidFile(m)
+			m["secrets"] = []any{map[string]any{"name": "db-password", "id": "abc"}}
+		}, want: `this host's Podman secret "db-password"`},
+		{name: "privileged", policy: admission.Policy{Privileged: true}, config: func(m map[string]any) { m["conmonPidFile"] = "/etc/x" }, spec: func(s *specs.Spec) {
+			s.Hooks = &specs.Hooks{Prestart: []specs.Hook{{Path: "/bin/sh"}}}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := New(Host{Dir: t.TempDir(), NetNS: tc.netns})
+			r.ociName, r.Admission = "crun", tc.policy
+			c := &runtime.Container{Runtime: "podman", Name: "hog",
+				Meta: map[string][]byte{MetaConfig: configJSON(t, tc.config), MetaSpec: specJSON(t, tc.spec)}}
+			_, err := r.Prepare(context.Background(), c, runtime.PrepareOptions{WorkDir: t.TempDir()})
+			switch {
+			case tc.want == "" && (err == nil || !strings.Contains(err.Error(), `runs containers with "crun"`)):
+				t.Fatalf("not admitted: %v", err)
+			case tc.want != "" && (!admission.IsRefused(err) || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("%v, want a refusal naming %q", err, tc.want)
+			}
+		})
 	}
 }
 

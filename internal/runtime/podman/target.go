@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/ferry-migrate/ferry/internal/admission"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/tail"
@@ -29,8 +30,8 @@ const failedOnPlaceholder = "failed to apply root file-system diff file"
 // records, under the same name and a new ID, created but not started (see
 // the package comment). It refuses first, with nothing created, what
 // cannot work here: another runtime's container, a container the adapter
-// cannot move, an OCI runtime other than runc, a missing image, a taken
-// name.
+// cannot move, what this host's admission policy refuses (admit), an OCI
+// runtime other than runc, a missing image, a taken name.
 func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.PrepareOptions) (runtime.Target, error) {
 	if c.Runtime != r.Kind() {
 		return nil, fmt.Errorf("podman cannot receive a %s container", c.Runtime)
@@ -52,6 +53,13 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 	if c.Image != "" && c.Image != cfg.ImageID {
 		return nil, fmt.Errorf("podman: the container's image %s differs from its configuration's %s", c.Image, cfg.ImageID)
 	}
+	config, err := adaptConfig(c.Meta[MetaConfig])
+	if err != nil {
+		return nil, err
+	}
+	if err := r.admit(cfg.ID, config, spec); err != nil {
+		return nil, err
+	}
 	if err := r.requireRunc(ctx); err != nil {
 		return nil, err
 	}
@@ -62,10 +70,6 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 		return nil, err
 	} else if taken {
 		return nil, fmt.Errorf("podman (%s) already has a container named %q: remove it or rename it before moving this one here", r.Host.Dir, cfg.Name)
-	}
-	config, err := adaptConfig(c.Meta[MetaConfig])
-	if err != nil {
-		return nil, err
 	}
 	workDir := o.WorkDir
 	if workDir == "" {
@@ -117,6 +121,72 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 		}
 	}
 	return t, nil
+}
+
+// admit applies this host's admission policy to the source's records
+// before Podman creates anything from them. spec.dump becomes the
+// container's config.json here, run by runc as root: it is checked as
+// runc's is, Podman's own bind mounts aside (admission.CheckPodmanSpec).
+// Of libpod's configuration (config, as adaptConfig left it), what Podman
+// would do outside the container: write PID files at host paths the
+// source chose (--pidfile, --conmon-pidfile; the source's own were
+// cleared), copy this host's Podman secrets of the names it lists into
+// the container, and join a network namespace by path as the spec names
+// it (see below).
+//
+// A container on Podman's host network shares the namespace Podman runs
+// in. With Host.NetNS set (the agent passes its --netns), that is the
+// namespace this host gives containers, where a runc container that
+// joined one goes too, so it is admitted as such; without, it is this
+// machine's own network, which needs --allow-host-network.
+func (r *Runtime) admit(id string, config, spec []byte) error {
+	p := r.Admission
+	if r.Host.NetNS != "" {
+		p.HostNetwork = true
+	}
+	var why []string
+	err := p.CheckPodmanSpec(spec, id)
+	var refusal *admission.Refused
+	if errors.As(err, &refusal) {
+		why = append(why, refusal.Reasons...)
+	} else if err != nil {
+		return fmt.Errorf("podman: %w", err)
+	}
+	if !p.Privileged {
+		cfg, err := parseConfig(config)
+		if err != nil {
+			return err
+		}
+		if cfg.PidFile != "" {
+			why = append(why, fmt.Sprintf("writes its PID to host file %s (--pidfile)", cfg.PidFile))
+		}
+		if cfg.ConmonPidFile != "" {
+			why = append(why, fmt.Sprintf("writes conmon's PID to host file %s (--conmon-pidfile)", cfg.ConmonPidFile))
+		}
+		for _, s := range cfg.Secrets {
+			why = append(why, fmt.Sprintf("would get this host's Podman secret %q", s.Name))
+		}
+		// Podman puts a network namespace of its own in place of the
+		// spec's only when it makes one (createNetNS); otherwise a path
+		// there (--network ns:PATH) is joined as it is.
+		var sp struct {
+			Linux *struct {
+				Namespaces []struct{ Type, Path string } `json:"namespaces"`
+			} `json:"linux"`
+		}
+		if err := json.Unmarshal(spec, &sp); err != nil {
+			return fmt.Errorf("podman: bad spec.dump: %w", err)
+		}
+		for i := 0; sp.Linux != nil && i < len(sp.Linux.Namespaces); i++ {
+			if ns := sp.Linux.Namespaces[i]; ns.Type == "network" && ns.Path != "" && !cfg.CreateNetNS {
+				why = append(why, fmt.Sprintf("joins the network namespace at %s (--network ns:PATH)", ns.Path))
+			}
+		}
+	}
+	if len(why) > 0 {
+		return &admission.Refused{Reasons: why}
+	}
+	return nil
 }
 
 // requireRunc checks that Podman here uses runc: an imported container

@@ -1,0 +1,97 @@
+package bench
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/fault"
+)
+
+// The matrix holds only cases where the fault has something to break:
+// no rounds in cold, no pull outside the lazy modes, no destination fault
+// at the freeze, CRIU killed only where it runs.
+func TestFaultMatrix(t *testing.T) {
+	all := FaultMatrix(nil, nil, nil)
+	seen := map[string]bool{}
+	for _, c := range all {
+		k := c.Mode + " " + c.Fault + "@" + c.Phase
+		if seen[k] {
+			t.Errorf("twice: %s", k)
+		}
+		seen[k] = true
+	}
+	for _, k := range []string{
+		"cold kill-source@freeze", "cold kill-destination@commit", "cold scratch-full@dump",
+		"precopy kill-source@rounds", "postcopy kill-destination@lazy-pages",
+		"postcopy kill-source-criu@lazy-pages", "hybrid cut-link@rounds", "cold restore-fails@restore",
+	} {
+		if !seen[k] {
+			t.Errorf("missing: %s", k)
+		}
+	}
+	for _, k := range []string{
+		"cold kill-source@rounds", "cold kill-source@lazy-pages", "precopy kill-destination@freeze",
+		"cold kill-source-criu@restore", "postcopy kill-destination-criu@dump", "cold restore-fails@dump",
+		"postcopy kill-source@rounds",
+	} {
+		if seen[k] {
+			t.Errorf("a case with nothing to break: %s", k)
+		}
+	}
+	some := FaultMatrix([]string{engine.ModeCold}, []string{fault.Commit}, []string{fault.KillSource, fault.CutLink})
+	if len(some) != 2 {
+		t.Errorf("narrowed matrix: %v", some)
+	}
+}
+
+func TestOutcome(t *testing.T) {
+	for _, c := range []struct {
+		s, d  string
+		twice bool
+		want  string
+	}{
+		{"running", "absent", false, RunningAtSource},
+		{"absent", "running", false, RunningAtDestination},
+		{"running", "running", false, RunningTwice},
+		{"running", "absent", true, RunningTwice}, // seen once is enough
+		{"paused", "absent", false, FrozenInDoubt},
+		{"absent", "stopped", false, FrozenInDoubt},
+		{"paused", "running", false, FrozenInDoubt},
+		{"absent", "absent", false, Lost},
+	} {
+		if got := outcome(c.s, c.d, c.twice); got != c.want {
+			t.Errorf("outcome(%s, %s, %v) = %s, want %s", c.s, c.d, c.twice, got, c.want)
+		}
+	}
+}
+
+func TestSummary(t *testing.T) {
+	var s FaultsSummary
+	for _, c := range []FaultCase{
+		{Outcome: RunningAtSource, StateOK: true},
+		{Outcome: RunningAtDestination, StateOK: false, Leaks: []string{"a", "b"}},
+		{Outcome: Lost, Hung: true},
+		{Outcome: RunningTwice},
+		{Outcome: FrozenInDoubt},
+	} {
+		s.add(c)
+	}
+	want := FaultsSummary{Cases: 5, RunningTwice: 1, Lost: 1, FrozenInDoubt: 1, StateBad: 1, Hung: 1, Leaks: 2}
+	if s != want {
+		t.Errorf("%+v, want %+v", s, want)
+	}
+}
+
+func TestGrew(t *testing.T) {
+	warm := map[string]AgentUsage{"h1": {RSSBytes: 40 << 20, OpenFDs: 20}, "h2": {RSSBytes: 300 << 20, OpenFDs: 20}}
+	end := map[string]AgentUsage{"h1": {RSSBytes: 110 << 20, OpenFDs: 30}, "h2": {RSSBytes: 380 << 20, OpenFDs: 40}}
+	got := grew(warm, end)
+	// h1: +70 MiB and more than half; h2: +80 MiB but not half, 20 more files.
+	if len(got) != 2 || !slices.Contains(got, "h1: memory 40 -> 110 MiB") || !slices.Contains(got, "h2: open files 20 -> 40") {
+		t.Fatalf("%v", got)
+	}
+	if len(grew(warm, warm)) != 0 || len(grew(nil, end)) != 0 {
+		t.Fatal("growth without growth")
+	}
+}

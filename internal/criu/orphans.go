@@ -1,0 +1,59 @@
+package criu
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// KillWorkingIn kills (SIGKILL, by PID) every CRIU process with a file
+// open, or its working directory, at or below dir, and returns their
+// PIDs. A migration's CRIU processes log into its work directory, so they
+// are found even after the agent that started them died and they were
+// reparented: a dump's page server left running would put back the
+// freezer state it found when it ends, freezing again a container resumed
+// meanwhile, and a stuck restore would hold its cgroups and mounts.
+func KillWorkingIn(dir string) []int {
+	dir = filepath.Clean(dir)
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var killed []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		comm, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
+		if err != nil || strings.TrimSpace(string(comm)) != "criu" {
+			continue
+		}
+		if usesDir(pid, dir) && syscall.Kill(pid, syscall.SIGKILL) == nil {
+			killed = append(killed, pid)
+		}
+	}
+	return killed
+}
+
+// usesDir says whether pid's working directory or an open file is at or
+// below dir.
+func usesDir(pid int, dir string) bool {
+	under := func(p string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
+	proc := filepath.Join("/proc", strconv.Itoa(pid))
+	if cwd, err := os.Readlink(filepath.Join(proc, "cwd")); err == nil && under(cwd) {
+		return true
+	}
+	fds, err := os.ReadDir(filepath.Join(proc, "fd"))
+	if err != nil {
+		return false
+	}
+	for _, fd := range fds {
+		if t, err := os.Readlink(filepath.Join(proc, "fd", fd.Name())); err == nil && under(t) {
+			return true
+		}
+	}
+	return false
+}
