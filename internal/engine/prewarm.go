@@ -23,7 +23,16 @@ func prewarm(size int64) (release func()) {
 	if size <= 0 {
 		return func() {}
 	}
+	// Never more than half of what the host has free: warming is an
+	// optimisation, and the peer says how much it wants.
+	var si unix.Sysinfo_t
+	if unix.Sysinfo(&si) == nil {
+		size = min(size, int64(si.Freeram)*int64(si.Unit)/2)
+	}
 	size = (size + 4095) &^ 4095
+	if size <= 0 {
+		return func() {}
+	}
 	mem, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		return func() {}
