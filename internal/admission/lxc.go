@@ -65,7 +65,7 @@ func (p Policy) CheckLXCConfig(config string) error {
 	var why []string
 	for _, l := range lines {
 		k, v := l.key, l.value
-		idx, sub, isNet := lxcNetKey(k)
+		idx, sub, isNet := LXCNetKey(k)
 		switch {
 		case strings.HasPrefix(k, "lxc.hook.") && k != "lxc.hook.version" && v != "":
 			why = append(why, fmt.Sprintf("%s = %s (hooks run as root on this host)", k, v))
@@ -132,8 +132,8 @@ func lxcLines(config string) []lxcLine {
 	return out
 }
 
-// lxcNetKey splits "lxc.net.N.rest".
-func lxcNetKey(key string) (int, string, bool) {
+// LXCNetKey splits an "lxc.net.N.rest" key into N and rest.
+func LXCNetKey(key string) (int, string, bool) {
 	rest, ok := strings.CutPrefix(key, "lxc.net.")
 	if !ok {
 		return 0, "", false

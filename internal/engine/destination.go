@@ -449,6 +449,12 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 		in.recordFinal(in.peer, journal.Started)
 	}
 	if err := ctl.Send(Committed{}); err != nil {
+		if lp != nil {
+			// The source is gone as the pull begins: its pages cannot
+			// come, and the copy must not run on without them.
+			lp.broken()
+			return false, fmt.Errorf("lost the source as the post-copy pull began, copy dropped: %w", err)
+		}
 		return true, err
 	}
 	if lp != nil {

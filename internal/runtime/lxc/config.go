@@ -6,8 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
+
+	"github.com/ferry-migrate/ferry/internal/admission"
 )
 
 // An LXC configuration file is a list of "key = value" lines; "#" starts a
@@ -83,23 +84,6 @@ func rootfsDir(value string) (string, error) {
 	return filepath.Clean(p), nil
 }
 
-// netIndex returns N and the rest of an "lxc.net.N.rest" key.
-func netIndex(key string) (int, string, bool) {
-	rest, ok := strings.CutPrefix(key, "lxc.net.")
-	if !ok {
-		return 0, "", false
-	}
-	n, sub, ok := strings.Cut(rest, ".")
-	if !ok {
-		return 0, "", false
-	}
-	i, err := strconv.Atoi(n)
-	if err != nil {
-		return 0, "", false
-	}
-	return i, sub, true
-}
-
 // checkMovable refuses, before anything is frozen, what a dump or a
 // restore of this configuration cannot handle.
 func checkMovable(lines []configLine) error {
@@ -115,7 +99,7 @@ func checkMovable(lines []configLine) error {
 	}
 	types := map[int]string{}
 	for _, l := range lines {
-		if i, sub, ok := netIndex(l.Key); ok && sub == "type" {
+		if i, sub, ok := admission.LXCNetKey(l.Key); ok && sub == "type" {
 			types[i] = l.Value
 		}
 	}
@@ -165,7 +149,7 @@ func rewriteConfig(cfg []byte, srcDir, dstDir string, env hostEnv) ([]byte, []st
 	var notes []string
 	netTypes := map[int]string{}
 	for _, l := range lines {
-		if i, sub, ok := netIndex(l.Key); ok && sub == "type" {
+		if i, sub, ok := admission.LXCNetKey(l.Key); ok && sub == "type" {
 			netTypes[i] = l.Value
 		}
 	}
@@ -201,7 +185,7 @@ func rewriteConfig(cfg []byte, srcDir, dstDir string, env hostEnv) ([]byte, []st
 				return nil, nil, err
 			}
 		}
-		if i, sub, ok := netIndex(l.Key); ok {
+		if i, sub, ok := admission.LXCNetKey(l.Key); ok {
 			t := netTypes[i]
 			switch sub {
 			case "link":
