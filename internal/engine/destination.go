@@ -66,7 +66,16 @@ type Destination struct {
 	// Admission bounds what an offer may ask this host to prepare (the
 	// runtimes check the container's own configuration).
 	Admission admission.Policy
+	// StallTimeout gives up a migration whose source sent nothing for
+	// this long before asking for the restore (0: StallTimeout()).
+	StallTimeout time.Duration
 }
+
+// StallTimeout is how long a destination waits for a silent source
+// before the restore: a source that only answers keepalives would hold
+// one of its incoming slots forever. Past the outage timeout, so that a
+// cut the session survives is not taken for a stall.
+func StallTimeout() time.Duration { return max(2*time.Minute, 2*transport.OutageTimeout()) }
 
 // record writes this migration's state to the journal; peer is the
 // source's host name as its certificate says.
@@ -350,17 +359,25 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	var step Step
 	stepc := make(chan error, 1)
 	go func() { stepc <- ctl.Recv(&step) }()
+	stallCtx, stopWatch := context.WithCancel(rctx)
+	stalled := watchStall(stallCtx, sess, in.d.stallTimeout())
+	var abort error
 	select {
 	case err = <-stepc:
-	case err = <-recv.failed:
+	case ferr := <-recv.failed:
+		abort = fmt.Errorf("receiving state on %s: %w", in.d.Host.Name, ferr)
+	case abort = <-stalled:
+	}
+	stopWatch()
+	if abort != nil {
 		// The source may be blocked sending what this side no longer
-		// reads (a page server that died, a full disk): it is told why,
-		// then the session closes under every transfer.
-		err = fmt.Errorf("receiving state on %s: %w", in.d.Host.Name, err)
-		_ = ctl.Fail(err)
+		// reads (a page server that died, a full disk), or silent while
+		// it holds a slot: it is told why, then the session closes under
+		// every transfer.
+		_ = ctl.Fail(abort)
 		time.AfterFunc(200*time.Millisecond, func() { sess.Close() }) // the reason goes out first
 		abandon()
-		return false, err
+		return false, abort
 	}
 	if err != nil || step.Do != "restore" {
 		abandon()
@@ -479,6 +496,39 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	}
 	in.faults.At(fault.Destination, fault.Cleanup)
 	return true, nil
+}
+
+func (d *Destination) stallTimeout() time.Duration {
+	if d.StallTimeout > 0 {
+		return d.StallTimeout
+	}
+	return StallTimeout()
+}
+
+// watchStall reports (once) when the session has received nothing for
+// after, until ctx ends. Keepalives (a 12-byte ping every few seconds)
+// are not something: progress is a kibibyte or more between two looks.
+func watchStall(ctx context.Context, sess *transport.Session, after time.Duration) <-chan error {
+	out := make(chan error, 1)
+	go func() {
+		t := time.NewTicker(min(after/4, 5*time.Second))
+		defer t.Stop()
+		last, since := sess.BytesReceived(), time.Now()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case now := <-t.C:
+				if b := sess.BytesReceived(); b-last >= 1024 {
+					last, since = b, now
+				} else if now.Sub(since) >= after {
+					out <- fmt.Errorf("the source sent nothing for %v before asking for the restore: migration given up", after.Round(time.Second))
+					return
+				}
+			}
+		}
+	}()
+	return out
 }
 
 // receiving runs a migration's receivers; the first to fail is heard at

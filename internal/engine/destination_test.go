@@ -464,3 +464,18 @@ func TestDestinationLostAfterRestoreRequest(t *testing.T) {
 		})
 	}
 }
+
+// A source that goes silent before asking for the restore (it may answer
+// keepalives forever, holding one of this host's incoming slots) is given
+// up after the stall timeout: told why, its session closed, the target
+// discarded.
+func TestDestinationGivesUpASilentSource(t *testing.T) {
+	h := newHarness(t, func(h *harness) { h.d.StallTimeout = 400 * time.Millisecond })
+	h.accepted(testOffer(ModeCold))
+	h.failure("the source sent nothing for")
+	h.sessionClosed()
+	h.returned()
+	h.want(counts{prepared: 1, discarded: 1})
+	h.nothingJournaled()
+	h.scratchGone(testID)
+}
