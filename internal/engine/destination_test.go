@@ -101,10 +101,7 @@ func TestDestinationRefusesBadAutoSteps(t *testing.T) {
 					t.Fatalf("the source heard %v (%v), want the channel closed", err, v)
 				}
 			}
-			h.returned()
-			h.want(counts{prepared: 1, discarded: 1})
-			h.nothingJournaled()
-			h.scratchGone(testID)
+			h.abandoned()
 		})
 	}
 }
@@ -144,10 +141,7 @@ func TestDestinationAbandonsBeforeRestore(t *testing.T) {
 			if c.want != "" {
 				h.failure(c.want)
 			}
-			h.returned()
-			h.want(counts{prepared: 1, discarded: 1})
-			h.nothingJournaled()
-			h.scratchGone(testID)
+			h.abandoned()
 		})
 	}
 }
@@ -189,10 +183,7 @@ func TestDestinationAbandonsBeforeRestoreInEveryTechnique(t *testing.T) {
 				t.Fatal(err)
 			}
 			h.failure(`source asked to "commit" before restore`)
-			h.returned()
-			h.want(counts{prepared: 1, discarded: 1})
-			h.nothingJournaled()
-			h.scratchGone(testID)
+			h.abandoned()
 		})
 	}
 }
@@ -230,10 +221,7 @@ func TestDestinationStoppingBeforeRestore(t *testing.T) {
 			// either first (the destination's code as of this test).
 			h.failure("h2 is stopping: the migration was abandoned before the restore", "receiving state on h2: context canceled")
 			h.sessionClosed()
-			h.returned()
-			h.want(counts{prepared: 1, discarded: 1})
-			h.nothingJournaled()
-			h.scratchGone(testID)
+			h.abandoned()
 		})
 	}
 }
@@ -457,10 +445,7 @@ func TestDestinationLostAfterRestoreRequest(t *testing.T) {
 			}
 			time.Sleep(20 * time.Millisecond)
 			h.src.Close()
-			h.returned()
-			h.want(counts{prepared: 1, discarded: 1})
-			h.nothingJournaled()
-			h.scratchGone(testID)
+			h.abandoned()
 		})
 	}
 }
@@ -474,8 +459,5 @@ func TestDestinationGivesUpASilentSource(t *testing.T) {
 	h.accepted(testOffer(ModeCold))
 	h.failure("the source sent nothing for")
 	h.sessionClosed()
-	h.returned()
-	h.want(counts{prepared: 1, discarded: 1})
-	h.nothingJournaled()
-	h.scratchGone(testID)
+	h.abandoned()
 }

@@ -539,3 +539,14 @@ func (h *harness) restored() (Restored, error) {
 	err := h.ctl.Recv(&r)
 	return r, err
 }
+
+// abandoned checks how a migration given up before the restore ends:
+// Receive returned, the target was prepared and discarded once, nothing
+// was journaled, no scratch is left.
+func (h *harness) abandoned() {
+	h.t.Helper()
+	h.returned()
+	h.want(counts{prepared: 1, discarded: 1})
+	h.nothingJournaled()
+	h.scratchGone(testID)
+}
