@@ -22,6 +22,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/fault"
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 )
 
@@ -389,21 +390,10 @@ func runcState(h *lab.Host, name string) string {
 	if err != nil {
 		return "unknown (" + err.Error() + ")"
 	}
-	if st.Status == "running" && processStopped(st.Pid) {
+	if ps, _ := procs.State(st.Pid); st.Status == "running" && ps == 'T' {
 		return "stopped"
 	}
 	return st.Status
-}
-
-// processStopped says whether pid is stopped by a signal (state T).
-func processStopped(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i > 0 && len(s) > i+2 && s[i+2] == 'T'
 }
 
 // bringBack restarts a host's agent if it died, after letting a stopping

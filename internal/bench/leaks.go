@@ -9,8 +9,8 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/ferry-migrate/ferry/internal/fault"
 	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/procs"
 )
 
 // leakSet is what a lab holds that a migration could leave behind, each
@@ -92,25 +92,6 @@ func cleanLeaks(l *lab.Lab) {
 // labCRIUs lists the CRIU processes in a lab host's network namespace
 // (where its agent started them): those are the lab's, and no others.
 func labCRIUs(l *lab.Lab) []int {
-	hosts := map[uint64]bool{}
-	for _, h := range l.Hosts {
-		if ino, ok := nsInode(h.NetNS); ok {
-			hosts[ino] = true
-		}
-	}
-	var out []int
-	for _, pid := range fault.Named("criu") {
-		if ino, ok := nsInode(fmt.Sprintf("/proc/%d/ns/net", pid)); ok && hosts[ino] {
-			out = append(out, pid)
-		}
-	}
-	return out
-}
-
-func nsInode(path string) (uint64, bool) {
-	var st syscall.Stat_t
-	if err := syscall.Stat(path, &st); err != nil {
-		return 0, false
-	}
-	return st.Ino, true
+	criu := procs.Named("criu")
+	return slices.DeleteFunc(l.HostProcesses(), func(pid int) bool { return !slices.Contains(criu, pid) })
 }

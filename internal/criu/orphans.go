@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/ferry-migrate/ferry/internal/procs"
 )
 
 // KillWorkingIn kills (SIGKILL, by PID) every CRIU process with a file
@@ -17,21 +19,9 @@ import (
 // meanwhile, and a stuck restore would hold its cgroups and mounts.
 func KillWorkingIn(dir string) []int {
 	dir = filepath.Clean(dir)
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
 	var killed []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		comm, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
-		if err != nil || strings.TrimSpace(string(comm)) != "criu" {
-			continue
-		}
-		if usesDir(pid, dir) && syscall.Kill(pid, syscall.SIGKILL) == nil {
+	for _, pid := range procs.Named("criu") {
+		if pid != os.Getpid() && usesDir(pid, dir) && syscall.Kill(pid, syscall.SIGKILL) == nil {
 			killed = append(killed, pid)
 		}
 	}

@@ -19,6 +19,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/ferry-migrate/ferry/internal/procs"
 )
 
 // Actions.
@@ -148,17 +150,22 @@ func (s Set) At(side Side, phase string) {
 	s.Agent(side, phase)
 }
 
+// actions are the side's own: killing its agent, stopping it, killing
+// its CRIU.
+func (side Side) actions() (kill, term, criu string) {
+	if side == Destination {
+		return KillDestination, TermDestination, KillDestinationCRIU
+	}
+	return KillSource, TermSource, KillSourceCRIU
+}
+
 // CRIU kills this side's CRIU once it has run a moment, if s asks for it
 // at phase.
 func (s Set) CRIU(side Side, phase string) {
-	criu := KillSourceCRIU
-	if side == Destination {
-		criu = KillDestinationCRIU
-	}
-	if s.Has(criu, phase) {
+	if _, _, criu := side.actions(); s.Has(criu, phase) {
 		go func() {
 			if waitCRIU(os.Getpid(), 10*time.Second) {
-				for _, p := range Descendants(os.Getpid(), "criu") {
+				for _, p := range procs.Descendants(os.Getpid(), "criu") {
 					_ = syscall.Kill(p, syscall.SIGKILL)
 				}
 			}
@@ -169,10 +176,7 @@ func (s Set) CRIU(side Side, phase string) {
 // Agent kills this agent (SIGKILL: it does not return) or asks it to stop
 // (SIGTERM), if s asks for it at phase.
 func (s Set) Agent(side Side, phase string) {
-	kill, term := KillSource, TermSource
-	if side == Destination {
-		kill, term = KillDestination, TermDestination
-	}
+	kill, term, _ := side.actions()
 	if s.Has(term, phase) {
 		_ = syscall.Kill(os.Getpid(), syscall.SIGTERM)
 	}
@@ -182,17 +186,15 @@ func (s Set) Agent(side Side, phase string) {
 }
 
 func (s Set) agent(side Side, phase string) bool {
-	if side == Destination {
-		return s.Has(KillDestination, phase) || s.Has(TermDestination, phase)
-	}
-	return s.Has(KillSource, phase) || s.Has(TermSource, phase)
+	kill, term, _ := side.actions()
+	return s.Has(kill, phase) || s.Has(term, phase)
 }
 
 // waitCRIU waits until a CRIU process runs below pid, then 50 ms more so
 // that it is at work; false if none came within the time given.
 func waitCRIU(pid int, within time.Duration) bool {
 	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if len(Descendants(pid, "criu")) > 0 {
+		if len(procs.Descendants(pid, "criu")) > 0 {
 			time.Sleep(50 * time.Millisecond)
 			return true
 		}

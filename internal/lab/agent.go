@@ -1,7 +1,6 @@
 package lab
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/ferry-migrate/ferry/internal/procs"
 )
 
 const (
@@ -138,14 +139,8 @@ func (h *Host) AgentAlive() bool {
 
 // alive is true for a live process, false for a gone or zombie one.
 func alive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	// The state follows the parenthesised command name, which may itself
-	// hold spaces or parentheses.
-	i := bytes.LastIndexByte(b, ')')
-	return i < 0 || i+2 >= len(b) || b[i+2] != 'Z'
+	st, ok := procs.State(pid)
+	return ok && st != 'Z'
 }
 
 // terminate sends SIGTERM to every pid, SIGKILL to those still alive after

@@ -150,6 +150,16 @@ func deleteContainers(ctx context.Context, h *Host) error {
 	return errors.Join(errs...)
 }
 
+// HostProcesses lists the live processes in the lab hosts' network
+// namespaces, except this one.
+func (l *Lab) HostProcesses() []int {
+	var names []string
+	for _, h := range l.Hosts {
+		names = append(names, h.NetNSName)
+	}
+	return processesIn(names)
+}
+
 // processesIn lists live processes in any of the named namespaces, found
 // by the namespace's inode (not by name), except this process.
 func processesIn(nsNames []string) []int {

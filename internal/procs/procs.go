@@ -1,4 +1,7 @@
-package fault
+// Package procs reads the host's process table from /proc: who a
+// process's parent is, what it is called, what state it is in. Callers
+// find processes here and signal them by PID.
+package procs
 
 import (
 	"os"
@@ -10,6 +13,7 @@ import (
 type proc struct {
 	pid, ppid int
 	comm      string
+	state     byte // R, S, D, T (stopped), Z (zombie)...
 }
 
 // table reads /proc: every process's PID, parent and command name.
@@ -47,10 +51,10 @@ func parseStat(pid int, s string) (proc, bool) {
 		return proc{}, false
 	}
 	ppid, err := strconv.Atoi(f[1])
-	if err != nil {
+	if err != nil || len(f[0]) != 1 {
 		return proc{}, false
 	}
-	return proc{pid: pid, ppid: ppid, comm: s[open+1 : end]}, true
+	return proc{pid: pid, ppid: ppid, comm: s[open+1 : end], state: f[0][0]}, true
 }
 
 // Descendants lists the processes below pid whose command name is comm.
@@ -85,4 +89,15 @@ func Named(comm string) []int {
 		}
 	}
 	return out
+}
+
+// State is a process's state letter (R, S, D, T for stopped, Z for a
+// zombie...); false when it is gone.
+func State(pid int) (byte, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	p, ok := parseStat(pid, string(b))
+	return p.state, ok
 }

@@ -1,0 +1,70 @@
+package procs
+
+import (
+	"os"
+	"os/exec"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestParseStat(t *testing.T) {
+	p, ok := parseStat(42, "42 (a (b) c) S 7 42 42 0 -1")
+	if !ok || p.comm != "a (b) c" || p.ppid != 7 || p.pid != 42 || p.state != 'S' {
+		t.Fatalf("%+v %v", p, ok)
+	}
+	for _, bad := range []string{"", "42 a S 7", "42 (x)", "42 (x) S y"} {
+		if _, ok := parseStat(1, bad); ok {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+}
+
+// A child's child is found by its name, and only below the given PID.
+func TestDescendants(t *testing.T) {
+	cmd := exec.Command("sh", "-c", "sleep 30 & wait")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	var found []int
+	for i := 0; i < 200 && len(found) == 0; i++ {
+		found = Descendants(cmd.Process.Pid, "sleep")
+		if len(found) == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("found %v below %d", found, cmd.Process.Pid)
+	}
+	defer syscall.Kill(found[0], syscall.SIGKILL)
+	if !slices.Contains(Named("sleep"), found[0]) {
+		t.Errorf("Named(sleep) misses %d", found[0])
+	}
+	if got := Descendants(found[0], "sleep"); len(got) != 0 {
+		t.Errorf("a leaf has descendants: %v", got)
+	}
+}
+
+func TestState(t *testing.T) {
+	if st, ok := State(os.Getpid()); !ok || (st != 'R' && st != 'S') {
+		t.Errorf("this process: %q %v", st, ok)
+	}
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	st := byte(0)
+	for i := 0; i < 200 && st != 'T'; i++ {
+		st, _ = State(cmd.Process.Pid)
+		time.Sleep(5 * time.Millisecond)
+	}
+	if st != 'T' {
+		t.Errorf("a stopped process is %q", st)
+	}
+}
