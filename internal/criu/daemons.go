@@ -19,8 +19,9 @@ import (
 )
 
 // The CRIU processes ferry starts itself, where no runtime has a verb for
-// them: the destination's page server (fed through a socketpair, so no
-// CRIU port is ever open) and the lazy-pages daemon of a post-copy restore.
+// them: the destination's page server and the lazy-pages daemon of a
+// post-copy restore, each fed through a socketpair, so that no CRIU port
+// is ever open there.
 
 // PageServer runs `criu page-server` writing pages into imagesDir, on one
 // end of a socketpair, while feed drives the other end. It returns once
@@ -61,8 +62,8 @@ func PageServer(ctx context.Context, imagesDir, workDir string, feed func(*net.U
 }
 
 // LazyPages is a running `criu lazy-pages` daemon: it serves a lazy
-// restore's page faults and pushes the rest, fetching pages from a page
-// server at an address.
+// restore's page faults and pushes the rest, fetching pages through a
+// socketpair whose other end the caller serves.
 type LazyPages struct {
 	cmd     *exec.Cmd
 	logPath string
@@ -70,36 +71,68 @@ type LazyPages struct {
 	exited  chan error
 }
 
-// StartLazyPages starts the daemon for the images in imagesDir, fetching
-// from the page server at addr (HOST:PORT), and returns once its socket
-// exists, so that a restore can connect to it.
-func StartLazyPages(imagesDir, workDir, addr string) (*LazyPages, error) {
-	host, port, err := net.SplitHostPort(addr)
+// DaemonConn is the caller's end of a lazy-pages daemon's page-server
+// socketpair. The daemon holds a copy of it (see StartLazyPages), so Close
+// shuts the connection down for every holder before it lets go.
+type DaemonConn struct{ *net.UnixConn }
+
+// Close ends the connection: the daemon reads end-of-stream.
+func (c DaemonConn) Close() error {
+	_ = c.CloseRead()
+	_ = c.CloseWrite()
+	return c.UnixConn.Close()
+}
+
+// StartLazyPages starts the daemon for the images in imagesDir and returns
+// once its socket exists, so that a restore can connect, with the page
+// server's end of its connection: the caller answers the daemon's page
+// requests there. No port is open: nothing else can ask for pages or
+// answer them. The daemon also holds a copy of the caller's end, so that
+// the caller dying is not its page server closing: a daemon that saw that
+// would exit, and the kernel would fill the restored process's missing
+// pages with zeros; this one waits, the faults blocked, until someone
+// stops it.
+func StartLazyPages(imagesDir, workDir string) (*LazyPages, DaemonConn, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		return nil, DaemonConn{}, err
 	}
+	daemonEnd := os.NewFile(uintptr(fds[0]), "criu-lazy-ps")
+	ourEnd := os.NewFile(uintptr(fds[1]), "ferry-lazy-ps")
+	defer daemonEnd.Close()
+	defer ourEnd.Close() // net.FileConn holds its own descriptor
+	fc, err := net.FileConn(ourEnd)
+	if err != nil {
+		return nil, DaemonConn{}, err
+	}
+	conn := DaemonConn{fc.(*net.UnixConn)}
 	lp := &LazyPages{logPath: filepath.Join(workDir, "lazy-pages.log"), exited: make(chan error, 1)}
-	lp.cmd = exec.Command("criu", "lazy-pages", "--page-server", "--address", host, "--port", port,
+	lp.cmd = exec.Command("criu", "lazy-pages", "--page-server", "--ps-socket", "3",
 		"--images-dir", imagesDir, "--work-dir", workDir, "-o", "lazy-pages.log", "-v4")
+	// fd 3 is the daemon's end; fd 4, ours, only held.
+	lp.cmd.ExtraFiles = []*os.File{daemonEnd, ourEnd}
 	if err := lp.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start criu lazy-pages: %w", err)
+		conn.UnixConn.Close()
+		return nil, DaemonConn{}, fmt.Errorf("start criu lazy-pages: %w", err)
 	}
 	lp.started = time.Now()
 	go func() { lp.exited <- lp.cmd.Wait() }()
 	sock := filepath.Join(workDir, "lazy-pages.socket")
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		if _, err := os.Stat(sock); err == nil {
-			return lp, nil
+			return lp, conn, nil
 		}
 		select {
 		case err := <-lp.exited:
 			lp.exited <- err
-			return nil, fmt.Errorf("criu lazy-pages exited early: %v: %s", err, tail.File(lp.logPath, 3))
+			conn.Close()
+			return nil, DaemonConn{}, fmt.Errorf("criu lazy-pages exited early: %v: %s", err, tail.File(lp.logPath, 3))
 		default:
 		}
 		if time.Now().After(deadline) {
 			lp.Stop()
-			return nil, errors.New("criu lazy-pages did not start in 10 s")
+			conn.Close()
+			return nil, DaemonConn{}, errors.New("criu lazy-pages did not start in 10 s")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

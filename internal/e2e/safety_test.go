@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/procs"
 )
 
 // TestFrozenRootfsFailureResumesSource: the frozen rootfs sync fails while
@@ -187,4 +189,58 @@ func TestSIGTERMDrains(t *testing.T) {
 	if perr != nil || !pr.StateOK {
 		t.Fatalf("workload after the drain: %+v %v", pr, perr)
 	}
+}
+
+// TestPostcopyDestinationAgentDiesMidPull: the destination's agent is
+// SIGKILLed while its lazy-pages daemon pulls memory. The daemon must not
+// take that for its page server closing: if it exited, the kernel would
+// fill the copy's missing pages with zeros and it would run on memory that
+// was never the source's. It waits, its faults blocked; once the agent is
+// back its recovery drops the copy and the source, frozen meanwhile,
+// resumes: the container runs once, at the source.
+func TestPostcopyDestinationAgentDiesMidPull(t *testing.T) {
+	requireLab(t)
+	bin := ferryBin(t)
+	l := upShapedLab(t, bin, 100_000_000) // 64 MiB take ~5 s to pull
+	const name = "hog-pull-dies"
+	p := startMemhog(t, l, bin, name)
+	defer p.Stop()
+	t.Cleanup(func() {
+		for _, h := range l.Hosts[:2] {
+			_ = h.Runc().Delete(context.Background(), name)
+		}
+	})
+	rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
+		engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: engine.ModePostcopy, Faults: []string{"kill-destination@lazy-pages"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.OK || rep.SourceState != "frozen" {
+		t.Errorf("report: ok=%v source %q at %q: %s", rep.OK, rep.SourceState, rep.FailedAt, rep.Error)
+	}
+	for i := 0; i < 3; i++ {
+		if lazyDaemons() == 0 {
+			t.Fatalf("%d s after its agent died, the destination's lazy-pages daemon is gone: its copy's missing pages read as zeros", i)
+		}
+		time.Sleep(time.Second)
+	}
+	if err := l.RestartAgent(context.Background(), "h2"); err != nil {
+		t.Fatal(err)
+	}
+	waitStates(t, l, name, "running", "absent", 30*time.Second)
+	if n := lazyDaemons(); n != 0 {
+		t.Errorf("%d lazy-pages daemons outlived the recovery", n)
+	}
+}
+
+// lazyDaemons counts the host's `criu lazy-pages` processes.
+func lazyDaemons() int {
+	n := 0
+	for _, pid := range procs.Named("criu") {
+		b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+		if strings.Contains(string(b), "lazy-pages") {
+			n++
+		}
+	}
+	return n
 }

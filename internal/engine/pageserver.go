@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"sync"
 
@@ -14,9 +15,9 @@ import (
 
 // CRIU's page traffic never crosses hosts on a port of its own: at the
 // source, CRIU's page-server client connects to a loopback listener of the
-// agent; at the destination, CRIU's page server gets one end of a socketpair
-// (--ps-socket). Between them the bytes ride the agent's session as a
-// framed, checksummed channel.
+// agent, which takes only CRIU's own connection; at the destination, CRIU's
+// page server gets one end of a socketpair (--ps-socket). Between them the
+// bytes ride the agent's session as a framed, checksummed channel.
 
 type halfCloser interface {
 	net.Conn
@@ -98,10 +99,11 @@ func spliceVia(conn halfCloser, ch *transport.Channel, up, down func(dst io.Writ
 	return errors.Join(<-errc, <-errc)
 }
 
-// loopbackTunnel accepts one connection on a loopback port (CRIU's page
-// client at the source, its lazy-pages daemon at the destination) and hands
-// it to serve, which moves its bytes through a channel. It returns the
-// address for CRIU and a wait function returning serve's outcome.
+// loopbackTunnel accepts CRIU's page client on a loopback port and hands
+// its connection to serve, which moves its bytes through a channel. Any
+// local process can connect to that port: a connection that is not from a
+// CRIU this agent started is closed, and the tunnel waits on. It returns
+// the address for CRIU and a wait function returning serve's outcome.
 func loopbackTunnel(ctx context.Context, serve func(conn halfCloser) error) (string, func() error, error) {
 	l, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
@@ -111,7 +113,7 @@ func loopbackTunnel(ctx context.Context, serve func(conn halfCloser) error) (str
 	go func() {
 		stop := context.AfterFunc(ctx, func() { l.Close() })
 		defer stop()
-		conn, err := l.AcceptTCP()
+		conn, err := acceptCRIU(l)
 		l.Close()
 		if err != nil {
 			done <- fmt.Errorf("page tunnel: CRIU never connected: %w", err)
@@ -121,6 +123,22 @@ func loopbackTunnel(ctx context.Context, serve func(conn halfCloser) error) (str
 		done <- serve(conn)
 	}()
 	return l.Addr().String(), func() error { return <-done }, nil
+}
+
+// acceptCRIU accepts until a connection comes from this agent's CRIU.
+func acceptCRIU(l *net.TCPListener) (*net.TCPConn, error) {
+	for {
+		conn, err := l.AcceptTCP()
+		if err != nil {
+			return nil, err
+		}
+		ok, err := criu.FromOwnCRIU(conn)
+		if ok {
+			return conn, nil
+		}
+		slog.Warn("page tunnel: closed a connection not from this agent's CRIU", "from", conn.RemoteAddr(), "error", err)
+		conn.Close()
+	}
 }
 
 // pageClientTunnel is loopbackTunnel splicing to ch, with CRIU's bytes

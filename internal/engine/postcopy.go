@@ -19,6 +19,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/images"
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/pagestream"
+	"github.com/ferry-migrate/ferry/internal/privnet"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
 )
@@ -27,8 +28,9 @@ import (
 // a page server on the frozen source; the destination restores at once and
 // its lazy-pages daemon pulls each page on fault (userfaultfd) while pushing
 // the rest in the background. The page traffic rides the agents' session:
-// the destination's daemon connects to a loopback port of its agent, the
-// source agent connects to CRIU's page server on its own loopback.
+// the destination's daemon talks to its agent over a socketpair, the
+// source agent connects to CRIU's page server, which listens on loopback
+// in a network namespace of its own.
 
 // ChanLazy carries CRIU's lazy page traffic (destination daemon <-> source
 // page server).
@@ -66,8 +68,11 @@ func (m *migration) postcopy(ctx context.Context) error {
 // are written, and CRIU's page server serves the frozen memory until the
 // destination has pulled every page.
 type lazyDump struct {
-	m        *migration
-	port     int
+	m    *migration
+	addr string // CRIU's page server, on loopback
+	// net is the private network namespace the dump runs in, where its
+	// page server listens (nil: the host's, see pageServerNet).
+	net      *privnet.NS
 	dump     runtime.Dump
 	stopDump context.CancelFunc
 	exited   chan struct{}
@@ -80,27 +85,81 @@ type lazyDump struct {
 // startLazyDump dumps the frozen container without its memory and returns
 // once CRIU's page server listens.
 func (m *migration) startLazyDump(ctx context.Context) (*lazyDump, error) {
-	port, err := freeLoopbackPort()
+	pn, err := m.pageServerNet()
 	if err != nil {
 		return nil, failAt("dump", err)
 	}
+	ld := &lazyDump{m: m, net: pn, exited: make(chan struct{})}
+	port, err := freeLoopbackPort(pn)
+	if err != nil {
+		ld.closeNet()
+		return nil, failAt("dump", err)
+	}
+	ld.addr = fmt.Sprintf("127.0.0.1:%d", port)
 	// The dump outlives this call: it ends when its page server is closed.
 	dumpCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	d, err := m.rt.Checkpoint(dumpCtx, m.ctr, runtime.CheckpointOptions{
-		ImagesDir: filepath.Join(m.work, "images"), WorkDir: m.work, PageServer: fmt.Sprintf("127.0.0.1:%d", port),
-		Lazy: true, TCPEstablished: m.network != nil,
+		ImagesDir: filepath.Join(m.work, "images"), WorkDir: m.work, PageServer: ld.addr,
+		Lazy: true, TCPEstablished: m.network != nil, PageNet: pn,
 	})
 	if err != nil {
 		stop()
+		ld.closeNet()
 		return nil, failAt("dump on "+m.host.Name, err)
 	}
-	ld := &lazyDump{m: m, port: port, dump: d, stopDump: stop, exited: make(chan struct{})}
+	ld.dump, ld.stopDump = d, stop
 	go func() {
 		ld.result = d.Wait()
 		close(ld.exited)
 	}()
 	m.dump, m.dumped = ld, d
 	return ld, nil
+}
+
+// pageServerNet makes the private network namespace a lazy dump runs in.
+// CRIU's page server serves whoever connects first; on the host's loopback
+// any local process could, and read a frozen container's memory. A
+// container in the host's own network namespace cannot be dumped from
+// another one (CRIU would take the host's namespace for the container's
+// and lock it whole): its page server stays on the host's loopback, and
+// the report says so.
+func (m *migration) pageServerNet() (*privnet.NS, error) {
+	shared, err := sameNetns(m.ctr.PID, os.Getpid())
+	if err != nil {
+		return nil, err
+	}
+	if shared {
+		m.report.Warnings = append(m.report.Warnings, "the container shares this host's network namespace, so CRIU's lazy page server listened on the host's loopback, where any local process could connect to it")
+		return nil, nil
+	}
+	return privnet.New()
+}
+
+// sameNetns says whether two processes share a network namespace.
+func sameNetns(a, b int) (bool, error) {
+	na, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", a))
+	if err != nil {
+		return false, fmt.Errorf("the container's network namespace: %w", err)
+	}
+	nb, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", b))
+	return na == nb, err
+}
+
+// dial connects to the dump's page server, retrying while CRIU starts
+// listening.
+func (ld *lazyDump) dial(ctx context.Context) (net.Conn, error) {
+	if ld.net == nil {
+		return dialRetry(ctx, ld.addr)
+	}
+	var conn net.Conn
+	err := ld.net.Do(func() (err error) { conn, err = dialRetry(ctx, ld.addr); return err })
+	return conn, err
+}
+
+func (ld *lazyDump) closeNet() {
+	if ld.net != nil {
+		ld.net.Close()
+	}
 }
 
 // wait returns the dump's outcome once CRIU exited.
@@ -126,6 +185,7 @@ func (ld *lazyDump) stop() {
 	}
 	ld.stopDump()
 	_ = ld.wait()
+	ld.closeNet()
 }
 
 // endPageServer closes the tunnel's connection to the dump's page server,
@@ -140,27 +200,27 @@ func (ld *lazyDump) endPageServer() {
 		conn.Close()
 		return
 	}
-	addr := fmt.Sprintf("127.0.0.1:%d", ld.port)
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	go func() {
 		select {
 		case <-ld.exited:
-			return
-		default:
+			cancel()
+		case <-ctx.Done():
 		}
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err != nil {
-			continue
-		}
-		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-		_ = pagestream.NewLazyClient(c).Close()
-		c.Close()
+	}()
+	c, err := ld.dial(ctx)
+	if err != nil {
 		return
 	}
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	_ = pagestream.NewLazyClient(c).Close()
+	c.Close()
 }
 
 // splice connects the lazy channel to the dump's page server.
 func (ld *lazyDump) splice(ctx context.Context, ch *transport.Channel) error {
-	conn, err := dialRetry(ctx, fmt.Sprintf("127.0.0.1:%d", ld.port))
+	conn, err := ld.dial(ctx)
 	if err != nil {
 		ch.Fail(err)
 		return err
@@ -263,13 +323,22 @@ func waitStatusFD(r *os.File) error {
 	return fmt.Errorf("CRIU never signalled that the lazy page server is ready: %v", err)
 }
 
-func freeLoopbackPort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+// freeLoopbackPort finds a port free on loopback, in pn when set.
+func freeLoopbackPort(pn *privnet.NS) (int, error) {
+	var port int
+	find := func() error {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		defer l.Close()
+		port = l.Addr().(*net.TCPAddr).Port
+		return nil
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	if pn == nil {
+		return port, find()
+	}
+	return port, pn.Do(find)
 }
 
 // dialRetry connects to addr, retrying briefly while CRIU starts listening.
@@ -316,8 +385,8 @@ func (lp *lazyPages) broken() {
 }
 
 // startLazyPages waits for the source's lazy channel, starts `criu
-// lazy-pages` pointed at a loopback port tunneled through it, and waits
-// until the daemon's socket exists, so a restore can connect.
+// lazy-pages` with its page requests served through that channel, and
+// waits until the daemon's socket exists, so a restore can connect.
 func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session, router *transport.Router) (*lazyPages, error) {
 	ch, err := router.Wait(ctx, sess, ChanLazy)
 	if err != nil {
@@ -348,16 +417,18 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 			return errors.Join(err, ch.CloseWrite())
 		}
 	}
-	addr, tunnel, err := loopbackTunnel(context.WithoutCancel(ctx), serve)
+	daemon, conn, err := criu.StartLazyPages(in.images, in.work)
 	if err != nil {
 		ch.Close()
 		return nil, err
 	}
-	lp.tunnel = tunnel
-	if lp.daemon, err = criu.StartLazyPages(in.images, in.work, addr); err != nil {
-		ch.Close()
-		return nil, err
-	}
+	lp.daemon = daemon
+	served := make(chan error, 1)
+	go func() {
+		defer conn.Close()
+		served <- serve(conn)
+	}()
+	lp.tunnel = func() error { return <-served }
 	return lp, nil
 }
 

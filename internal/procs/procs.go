@@ -101,3 +101,20 @@ func State(pid int) (byte, bool) {
 	p, ok := parseStat(pid, string(b))
 	return p.state, ok
 }
+
+// HoldsSocket says whether pid has a descriptor open on the socket whose
+// inode is ino.
+func HoldsSocket(pid int, ino uint32) bool {
+	dir := "/proc/" + strconv.Itoa(pid) + "/fd/"
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return false
+	}
+	want := "socket:[" + strconv.FormatUint(uint64(ino), 10) + "]"
+	for _, e := range ents {
+		if l, err := os.Readlink(dir + e.Name()); err == nil && l == want {
+			return true
+		}
+	}
+	return false
+}

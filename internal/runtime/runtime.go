@@ -17,6 +17,8 @@ import (
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/ferry-migrate/ferry/internal/privnet"
 )
 
 // ErrNotFound is returned when a runtime does not know the container.
@@ -84,6 +86,10 @@ type CheckpointOptions struct {
 	// Lazy leaves the memory in the source for a lazy-pages daemon; the
 	// dump's page server serves it until the last page is pulled.
 	Lazy bool
+	// PageNet, for a lazy dump, is a private network namespace to run it
+	// in, so that its page server (which serves whoever connects first)
+	// listens where only the engine can connect. Nil: the host's own.
+	PageNet *privnet.NS
 	// PreDump dumps memory only, the container running on (native pre-copy).
 	PreDump bool
 	// TCPEstablished carries established TCP connections.

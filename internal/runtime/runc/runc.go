@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/criu"
+	"github.com/ferry-migrate/ferry/internal/privnet"
 	"github.com/ferry-migrate/ferry/internal/tail"
 )
 
@@ -162,6 +163,9 @@ type CheckpointOptions struct {
 	// StatusFD, with LazyPages, receives a byte from CRIU once the images
 	// are written and its page server listens. Checkpoint closes it.
 	StatusFD *os.File
+	// Netns, when set, is the network namespace runc (and so CRIU, and a
+	// lazy dump's page server) runs in.
+	Netns *privnet.NS
 }
 
 // Checkpoint dumps the container with CRIU through runc.
@@ -196,7 +200,12 @@ func (h Host) Checkpoint(ctx context.Context, id string, o CheckpointOptions) er
 		c.ExtraFiles = []*os.File{o.StatusFD}
 		c.Args = append(c.Args[:len(c.Args)-1], "--status-fd", "3", id)
 	}
-	err := c.Start()
+	var err error
+	if o.Netns != nil {
+		err = o.Netns.Do(c.Start)
+	} else {
+		err = c.Start()
+	}
 	if o.StatusFD != nil {
 		// runc and CRIU hold their own copy now; closing ours lets the
 		// reader see EOF if CRIU dies before it is ready.
