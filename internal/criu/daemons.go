@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/tail"
@@ -69,6 +70,10 @@ type LazyPages struct {
 	logPath string
 	started time.Time
 	exited  chan error
+	// Copies of the daemon's userfaultfds (HoldFaults), none once released.
+	mu       sync.Mutex
+	held     []*os.File
+	released bool
 }
 
 // DaemonConn is the caller's end of a lazy-pages daemon's page-server
@@ -136,6 +141,59 @@ func StartLazyPages(imagesDir, workDir string) (*LazyPages, DaemonConn, error) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// HoldFaults takes a copy of each userfaultfd the daemon holds (the
+// restored processes' missing memory). If the daemon dies, the kernel
+// would fill every page it had not yet copied with zeros once no one held
+// them, and the processes would run on memory that was never theirs;
+// while a copy is held here, their faults wait instead. Call it once the
+// daemon has all of them (it has when it first asks for pages), and
+// ReleaseFaults once the daemon has copied every page, or after the
+// processes were frozen for good. Returns how many it holds.
+func (lp *LazyPages) HoldFaults() (int, error) {
+	lp.mu.Lock()
+	defer lp.mu.Unlock()
+	if lp.released {
+		return 0, nil
+	}
+	pid := lp.cmd.Process.Pid
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return 0, fmt.Errorf("pidfd of criu lazy-pages: %w", err)
+	}
+	defer unix.Close(pidfd)
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range ents {
+		if l, _ := os.Readlink(filepath.Join(dir, e.Name())); l != "anon_inode:[userfaultfd]" {
+			continue
+		}
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		fd, err := unix.PidfdGetfd(pidfd, n, 0)
+		if err != nil {
+			return len(lp.held), fmt.Errorf("copy userfaultfd %d of criu lazy-pages: %w", n, err)
+		}
+		lp.held = append(lp.held, os.NewFile(uintptr(fd), "userfaultfd"))
+	}
+	return len(lp.held), nil
+}
+
+// ReleaseFaults closes the copies HoldFaults took.
+func (lp *LazyPages) ReleaseFaults() {
+	lp.mu.Lock()
+	defer lp.mu.Unlock()
+	lp.released = true
+	for _, f := range lp.held {
+		f.Close()
+	}
+	lp.held = nil
 }
 
 // LazyResult is what a lazy-pages daemon did.

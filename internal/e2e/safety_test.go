@@ -244,3 +244,67 @@ func lazyDaemons() int {
 	}
 	return n
 }
+
+// TestPostcopyAgentHoldsFaults: while post-copy pulls, the destination's
+// agent holds a copy of each userfaultfd of the restored copy, so that the
+// lazy-pages daemon dying (the OOM killer, a kill) leaves the copy's faults
+// waiting instead of filled with zeros; it lets go once every page is in.
+func TestPostcopyAgentHoldsFaults(t *testing.T) {
+	requireLab(t)
+	bin := ferryBin(t)
+	l := upShapedLab(t, bin, 100_000_000) // 64 MiB take ~5 s to pull
+	const name = "hog-held"
+	p := startMemhog(t, l, bin, name)
+	defer p.Stop()
+	t.Cleanup(func() {
+		for _, h := range l.Hosts[:2] {
+			_ = h.Runc().Delete(context.Background(), name)
+		}
+	})
+	type result struct {
+		rep engine.Report
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
+			engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: engine.ModePostcopy}, nil)
+		done <- result{rep, err}
+	}()
+	most := 0
+	var r result
+wait:
+	for {
+		select {
+		case r = <-done:
+			break wait
+		case <-time.After(20 * time.Millisecond):
+			most = max(most, userfaultfds(l.Hosts[1].AgentPID))
+		}
+	}
+	if r.err != nil || !r.rep.OK {
+		t.Fatalf("migration: %v %s", r.err, r.rep.Error)
+	}
+	if most == 0 {
+		t.Error("the destination agent never held the restored copy's userfaultfds during the pull")
+	}
+	if n := userfaultfds(l.Hosts[1].AgentPID); n != 0 {
+		t.Errorf("the destination agent still holds %d userfaultfds after the pull", n)
+	}
+	if pr, err := p.Stop(); err != nil || !pr.StateOK {
+		t.Fatalf("workload: %+v %v", pr, err)
+	}
+}
+
+// userfaultfds counts a process's userfaultfd descriptors.
+func userfaultfds(pid int) int {
+	dir := "/proc/" + strconv.Itoa(pid) + "/fd/"
+	ents, _ := os.ReadDir(dir)
+	n := 0
+	for _, e := range ents {
+		if l, _ := os.Readlink(dir + e.Name()); l == "anon_inode:[userfaultfd]" {
+			n++
+		}
+	}
+	return n
+}

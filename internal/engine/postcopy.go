@@ -425,11 +425,34 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 	lp.daemon = daemon
 	served := make(chan error, 1)
 	go func() {
+		// The daemon asks for its first pages once it holds every
+		// userfaultfd of the restore: from then on the agent holds them too.
+		hc := &firstRead{DaemonConn: conn, then: func() {
+			if _, err := daemon.HoldFaults(); err != nil {
+				slog.Warn("post-copy: the restored copy's faults are held by the lazy-pages daemon alone", "error", err)
+			}
+		}}
 		defer conn.Close()
-		served <- serve(conn)
+		served <- serve(hc)
 	}()
 	lp.tunnel = func() error { return <-served }
 	return lp, nil
+}
+
+// firstRead is the daemon's connection, running then once, before its
+// first bytes are handed on.
+type firstRead struct {
+	criu.DaemonConn
+	once sync.Once
+	then func()
+}
+
+func (c *firstRead) Read(p []byte) (int, error) {
+	n, err := c.DaemonConn.Read(p)
+	if n > 0 {
+		c.once.Do(c.then)
+	}
+	return n, err
 }
 
 // wait returns once the daemon has transferred every page or failed.
@@ -447,6 +470,12 @@ func (lp *lazyPages) wait(lost <-chan struct{}) LazyDone {
 	}()
 	r := lp.daemon.Wait()
 	close(exited)
+	if r.Err != nil {
+		// The daemon died with pages still missing: freeze the copy while
+		// this agent's hold keeps its faults waiting, then let go.
+		lp.broken()
+	}
+	lp.daemon.ReleaseFaults()
 	if lp.broke.Load() && r.Err == nil {
 		r.Err = errors.New("the page stream from the source broke before every page was in")
 	}
@@ -467,5 +496,6 @@ func (lp *lazyPages) wait(lost <-chan struct{}) LazyDone {
 
 func (lp *lazyPages) stop() {
 	lp.daemon.Stop()
+	lp.daemon.ReleaseFaults()
 	lp.ch.Close()
 }
