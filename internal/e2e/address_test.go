@@ -100,8 +100,13 @@ func TestKeepsAddressAndConnections(t *testing.T) {
 			if _, err := os.Stat(cnet.Path(cnet.Name("h2", "hog"))); err != nil {
 				t.Errorf("the destination has no network namespace for the container: %v", err)
 			}
-			t.Logf("%s: downtime %.0f ms; one TCP connection, %d lines echoed in order, longest wait %.0f ms; probe gap %.0f ms",
-				mode, rep.DowntimeMs, res.Received, res.MaxGapMs, pr.ClientDowntimeMs)
+			// The client's retransmissions during the freeze were held at
+			// the destination and delivered at the commit.
+			if rep.HeldPackets == 0 {
+				t.Error("no packet was held at the destination between the freeze and the commit")
+			}
+			t.Logf("%s: downtime %.0f ms; one TCP connection, %d lines echoed in order, longest wait %.0f ms; probe gap %.0f ms; %d packets held",
+				mode, rep.DowntimeMs, res.Received, res.MaxGapMs, pr.ClientDowntimeMs, rep.HeldPackets)
 		})
 	}
 }

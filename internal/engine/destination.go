@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-migrate/ferry/internal/admission"
+	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/fault"
 	"github.com/ferry-migrate/ferry/internal/host"
@@ -151,6 +152,9 @@ type incoming struct {
 	liveSynced atomic.Bool
 	// netnsPath is the container's network namespace rebuilt here.
 	netnsPath string
+	// hold keeps the container's incoming packets from the source's
+	// freeze until the commit (takeAddress).
+	hold *cnet.Hold
 	// faults are the failures the offer injects here (tests).
 	faults fault.Set
 	// stage says whether the restore was asked for, or the migration
@@ -362,11 +366,21 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	stallCtx, stopWatch := context.WithCancel(rctx)
 	stalled := watchStall(stallCtx, sess, in.d.stallTimeout())
 	var abort error
-	select {
-	case err = <-stepc:
-	case ferr := <-recv.failed:
-		abort = fmt.Errorf("receiving state on %s: %w", in.d.Host.Name, ferr)
-	case abort = <-stalled:
+	for {
+		select {
+		case err = <-stepc:
+		case ferr := <-recv.failed:
+			abort = fmt.Errorf("receiving state on %s: %w", in.d.Host.Name, ferr)
+		case abort = <-stalled:
+		}
+		if abort != nil || err != nil || step.Do != "frozen" {
+			break
+		}
+		if terr := in.takeAddress(); terr != nil {
+			abort = fmt.Errorf("taking the container's address on %s: %w", in.d.Host.Name, terr)
+			break
+		}
+		go func() { stepc <- ctl.Recv(&step) }()
 	}
 	stopWatch()
 	if abort != nil {
@@ -462,10 +476,11 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	if err := in.target.Start(ctx); err != nil {
 		return true, fmt.Errorf("start the committed copy on %s: %w", in.d.Host.Name, err)
 	}
+	held := in.releaseHeld()
 	if lp == nil {
 		in.recordFinal(in.peer, journal.Started)
 	}
-	if err := ctl.Send(Committed{}); err != nil {
+	if err := ctl.Send(Committed{HeldPackets: held}); err != nil {
 		if lp != nil {
 			// The source is gone as the pull begins: its pages cannot
 			// come, and the copy must not run on without them.
@@ -747,6 +762,11 @@ func (in *incoming) restore(ctx context.Context, lazy bool) (int, error) {
 func (in *incoming) cleanup(dropContainer bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	if in.hold != nil {
+		// Never left holding: the rule goes, and what it held with it.
+		in.hold.Drop()
+		in.hold = nil
+	}
 	var err error
 	if in.work != "" {
 		// A restore or lazy-pages daemon stuck on a source that is gone

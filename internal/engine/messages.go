@@ -85,7 +85,10 @@ type Accept struct {
 
 // Step is a control message naming what the source asks for next.
 type Step struct {
-	Do string `json:"do"` // "mode", "restore", "commit", "abort"
+	// "mode", "frozen" (the source froze and silenced its copy: the
+	// destination takes the address, holding its packets), "restore",
+	// "commit", "abort".
+	Do string `json:"do"`
 	// With "mode" (mode auto): the technique the source chose, and its
 	// pre-copy options, before any of its channels open.
 	Mode    string          `json:"mode,omitempty"`
@@ -109,7 +112,12 @@ type Restored struct {
 }
 
 // Committed acknowledges a commit: the destination owns the container.
-type Committed struct{}
+type Committed struct {
+	// HeldPackets counts the packets the container's peers sent between
+	// the freeze and the commit, held at the destination and delivered at
+	// the commit.
+	HeldPackets int `json:"held_packets,omitempty"`
+}
 
 // RootfsHave opens a rootfs sync: the destination's copy, described in
 // full, or AsLive: exactly as the live sync left it, which the source
@@ -189,6 +197,8 @@ type Report struct {
 	PagesFaulted uint64   `json:"pages_faulted,omitempty"`
 	PagesPushed  uint64   `json:"pages_pushed,omitempty"`
 	Warnings     []string `json:"warnings,omitempty"`
+	// HeldPackets: see Committed.
+	HeldPackets int `json:"held_packets,omitempty"`
 	// Pre-copy: each round, why the rounds stopped, the CPU throttle
 	// auto-converge reached, and how many pages of the final dump the
 	// destination already held.

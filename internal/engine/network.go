@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"strings"
 
@@ -64,11 +65,23 @@ func (m *migration) silenceSource() error {
 	return cnet.SetCarrier(filepath.Base(m.netnsPath), "", *m.network, false)
 }
 
-// wakeSource undoes silenceSource when the migration aborts.
+// wakeSource undoes silenceSource when the migration aborts, and claims
+// the address back from a destination that took it at the freeze.
 func (m *migration) wakeSource() {
 	if m.network != nil {
-		_ = cnet.SetCarrier(filepath.Base(m.netnsPath), "", *m.network, true)
+		if cnet.SetCarrier(filepath.Base(m.netnsPath), "", *m.network, true) == nil {
+			_ = cnet.Announce(m.netnsPath, *m.network)
+		}
 	}
+}
+
+// tellFrozen lets the destination take the address now that the source's
+// copy is frozen and silent (see incoming.takeAddress).
+func (m *migration) tellFrozen() error {
+	if m.network == nil {
+		return nil
+	}
+	return m.ctl.Send(Step{Do: "frozen"})
 }
 
 // dropSourceNetwork deletes the source's namespace after the commit, if
@@ -107,10 +120,33 @@ func (in *incoming) prepareNetwork() error {
 	return nil
 }
 
+// takeAddress brings the destination's copy of the network up as soon as
+// the source froze, holding every packet that reaches it until the commit
+// (cnet.Hold): the container's peers reach this host at once, their
+// retransmissions wait in the queue instead of being lost, and they are
+// answered the moment the copy runs, not when a backed-off retransmission
+// timer fires again. Nothing reaches the restored sockets before the
+// commit, so a copy dropped before it never acknowledged anything.
+func (in *incoming) takeAddress() error {
+	if in.netnsPath == "" || in.hold != nil {
+		return nil
+	}
+	h, err := cnet.HoldIncoming(in.netnsPath)
+	if err != nil {
+		return err
+	}
+	in.hold = h
+	if err := cnet.SetCarrier(filepath.Base(in.netnsPath), "", *in.offer.Network, true); err != nil {
+		return err
+	}
+	return cnet.Announce(in.netnsPath, *in.offer.Network)
+}
+
 // bringUpNetwork turns the destination's copy of the network on and
-// announces it, just before the restore.
+// announces it, just before the restore, where the source did not say it
+// froze (takeAddress did it then).
 func (in *incoming) bringUpNetwork() error {
-	if in.netnsPath == "" {
+	if in.netnsPath == "" || in.hold != nil {
 		return nil
 	}
 	if err := cnet.SetCarrier(filepath.Base(in.netnsPath), "", *in.offer.Network, true); err != nil {
@@ -119,7 +155,24 @@ func (in *incoming) bringUpNetwork() error {
 	return cnet.Announce(in.netnsPath, *in.offer.Network)
 }
 
+// releaseHeld delivers what the hold kept, once the copy runs.
+func (in *incoming) releaseHeld() int {
+	if in.hold == nil {
+		return 0
+	}
+	n, err := in.hold.Release()
+	if err != nil {
+		slog.Warn("releasing the packets held for the container", "container", in.offer.Container, "error", err)
+	}
+	in.hold = nil
+	return n
+}
+
 func (in *incoming) dropNetwork() {
+	if in.hold != nil {
+		in.hold.Drop()
+		in.hold = nil
+	}
 	if in.netnsPath != "" {
 		_ = cnet.Delete(filepath.Base(in.netnsPath))
 	}

@@ -529,6 +529,9 @@ func (m *migration) freeze(ctx context.Context) error {
 	if err := m.silenceSource(); err != nil {
 		return failAt("freeze on "+m.host.Name, err)
 	}
+	if err := m.tellFrozen(); err != nil {
+		return failAt("freeze on "+m.host.Name, err)
+	}
 	return nil
 }
 
@@ -557,6 +560,7 @@ func (m *migration) switchover(ctx context.Context) error {
 	if err := m.ctl.Recv(&c); err != nil {
 		return m.inDoubt(failAt("commit", fmt.Errorf("%w: the destination may or may not run the container", err)))
 	}
+	m.report.HeldPackets = c.HeldPackets
 	// The destination's copy runs from the commit on (restored stopped).
 	m.report.DowntimeMs = ms(time.Since(m.frozenAt))
 	m.report.FrozenMs = ms(time.Since(m.frozenAt))

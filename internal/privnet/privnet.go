@@ -79,3 +79,7 @@ func onThread(f func(orig netns.NsHandle) error) error {
 	}()
 	return <-errc
 }
+
+// FromHandle wraps a namespace handle someone else opened (a named
+// namespace, say), to run code in it; Close closes the handle.
+func FromHandle(h netns.NsHandle) *NS { return &NS{h: h} }
