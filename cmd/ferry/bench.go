@@ -119,6 +119,7 @@ and podman (podman checkpoint --export, copy over the link, podman restore
 	f.StringVar(&maxBW, "max-bandwidth", "", "cap the migration's sending rate (e.g. 500mbit)")
 	f.StringVar(&outage, "outage", "", "take every path of the source down for DURATION once SHARE of the memory was sent: DURATION@SHARE, e.g. 10s@30%")
 	f.DurationVar(&o.OutageTimeout, "outage-timeout", 0, "the agents' --outage-timeout (default theirs, 30s)")
+	f.BoolVar(&o.TCPClient, "tcp-client", false, "give the workload its own address and hold one TCP connection to it from a third host (a line every 10 ms, echoed): report the longest wait that client saw, against the downtime (runc only)")
 	return cmd
 }
 
@@ -131,6 +132,9 @@ func printBench(w io.Writer, r bench.MigrateResult) {
 	}
 	fmt.Fprintf(w, "  median: downtime %.0f ms, client downtime %.0f ms, total %.0f ms\n",
 		r.MedianDowntimeMs, r.MedianClientDowntimeMs, r.MedianTotalMs)
+	if r.MedianTCPStallMs > 0 {
+		fmt.Fprintf(w, "  TCP client's longest wait (median): %.0f ms = %.2f x downtime\n", r.MedianTCPStallMs, r.MedianTCPStallMs/max(r.MedianDowntimeMs, 1))
+	}
 	if b := r.Baselines.Link; b != nil {
 		fmt.Fprintf(w, "  link baseline: %s\n", humanRate(b.ThroughputBps))
 	}

@@ -171,3 +171,68 @@ func transferRate(ctx context.Context, ferry string, from, to *lab.Host, args ..
 	}
 	return float64(n) * 8 / secs, nil
 }
+
+// StreamClient is `lab-tool stream` on a lab host: one TCP connection to
+// memhog's echo port, a numbered line every 10 ms, each echoed back.
+type StreamClient struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *bufio.Reader
+}
+
+// StreamResult is what the stream client saw.
+type StreamResult struct {
+	Sent     int `json:"sent"`
+	Received int `json:"received"`
+	// MaxGapMs is the longest the connection went without an echo.
+	MaxGapMs float64 `json:"max_gap_ms"`
+	OK       bool    `json:"ok"`
+	Error    string  `json:"error,omitempty"`
+}
+
+// StartStream connects the stream client on host to addr and returns once
+// the connection is up.
+func StartStream(ctx context.Context, host *lab.Host, ferry, addr string) (*StreamClient, error) {
+	cmd := host.Command(ctx, ferry, "lab-tool", "stream", "--addr", addr)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	c := &StreamClient{cmd: cmd, stdin: stdin, out: bufio.NewReader(stdout)}
+	if line, err := c.out.ReadString('\n'); err != nil || !strings.Contains(line, "connected") {
+		c.kill()
+		return nil, fmt.Errorf("stream client: %q %v %s", line, err, strings.TrimSpace(stderr.String()))
+	}
+	return c, nil
+}
+
+// Stop ends the stream and returns what the client saw.
+func (c *StreamClient) Stop() (StreamResult, error) {
+	c.stdin.Close()
+	var r StreamResult
+	line, err := c.out.ReadBytes('\n')
+	if err == nil {
+		err = json.Unmarshal(line, &r)
+	}
+	werr := c.cmd.Wait()
+	if err != nil {
+		return r, fmt.Errorf("stream client: %v (%v)", err, werr)
+	}
+	return r, nil
+}
+
+func (c *StreamClient) kill() {
+	if c.cmd.Process != nil {
+		_ = c.cmd.Process.Kill()
+	}
+	_ = c.cmd.Wait()
+}

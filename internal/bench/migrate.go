@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
@@ -50,6 +51,11 @@ type MigrateOptions struct {
 	// OutageTimeout is the agents' --outage-timeout (0: their default).
 	OutageTimeout time.Duration
 	FerryBin      string
+	// TCPClient gives the workload an address of its own on the lab's
+	// service segment (runc only) and has a client on the third host hold
+	// one TCP connection to it, a line every 10 ms echoed back: each run
+	// reports the longest that client waited.
+	TCPClient bool
 	// Log receives one line per step, for a human watching; nil for none.
 	Log io.Writer
 }
@@ -83,6 +89,11 @@ type Run struct {
 	StopReason      string             `json:"stop_reason,omitempty"`
 	ThrottlePct     int                `json:"throttle_pct,omitempty"`
 	Phases          []engine.PhaseSpan `json:"phases,omitempty"`
+	// With TCPClient: the longest wait of the client on one established
+	// connection, and the packets the destination held for it between the
+	// freeze and the commit.
+	TCPStallMs  float64 `json:"tcp_stall_ms,omitempty"`
+	HeldPackets int     `json:"held_packets,omitempty"`
 }
 
 // LinkBaseline is plain TCP over the same link.
@@ -132,6 +143,7 @@ type MigrateResult struct {
 	MedianDowntimeMs       float64   `json:"median_downtime_ms"`
 	MedianClientDowntimeMs float64   `json:"median_client_downtime_ms"`
 	MedianTotalMs          float64   `json:"median_total_ms"`
+	MedianTCPStallMs       float64   `json:"median_tcp_stall_ms,omitempty"`
 	Paths                  int       `json:"paths"`
 	Baselines              Baselines `json:"baselines"`
 }
@@ -149,6 +161,9 @@ func Migrate(ctx context.Context, o MigrateOptions) (res MigrateResult, err erro
 		if b != "link" && b != "podman" && b != "paths" {
 			return res, fmt.Errorf("unknown baseline %q (link, podman, paths)", b)
 		}
+	}
+	if o.TCPClient && o.Runtime != "" && o.Runtime != "runc" {
+		return res, fmt.Errorf("--tcp-client needs --runtime runc: the lab gives only its runc containers an address of their own")
 	}
 	if o.CutPathAt > 0 && o.Paths < 2 {
 		return res, fmt.Errorf("--cut-path-at needs --paths 2 or more: with one path the migration has nothing to go on with")
@@ -193,6 +208,9 @@ func Migrate(ctx context.Context, o MigrateOptions) (res MigrateResult, err erro
 		r := o.runOnce(ctx, l, src, dst, client, fmt.Sprintf("memhog-%d", i+1))
 		o.logf("run %d/%d: ok=%v downtime %.0f ms, client downtime %.0f ms, total %.0f ms, state_ok=%v %s",
 			i+1, o.Repeat, r.OK, r.DowntimeMs, r.ClientDowntimeMs, r.TotalMs, r.StateOK, r.Error)
+		if o.TCPClient {
+			o.logf("run %d/%d: TCP client's longest wait %.0f ms (%.2f x downtime), %d packets held", i+1, o.Repeat, r.TCPStallMs, r.TCPStallMs/max(r.DowntimeMs, 1), r.HeldPackets)
+		}
 		res.Runs = append(res.Runs, r)
 		if ctx.Err() != nil {
 			return res, ctx.Err()
@@ -201,6 +219,7 @@ func Migrate(ctx context.Context, o MigrateOptions) (res MigrateResult, err erro
 	res.MedianDowntimeMs = median(res.Runs, func(r Run) float64 { return r.DowntimeMs })
 	res.MedianClientDowntimeMs = median(res.Runs, func(r Run) float64 { return r.ClientDowntimeMs })
 	res.MedianTotalMs = median(res.Runs, func(r Run) float64 { return r.TotalMs })
+	res.MedianTCPStallMs = median(res.Runs, func(r Run) float64 { return r.TCPStallMs })
 	if slices.Contains(o.Baselines, "podman") {
 		o.logf("podman baseline: checkpoint --export, copy over the link, restore --import")
 		pb := o.podmanOnce(ctx, src, dst, client)
@@ -220,6 +239,13 @@ func (o MigrateOptions) workloadArgs() []string {
 	return []string{"/bin/memhog", "--memory", strconv.FormatInt(o.MemoryBytes, 10),
 		"--dirty-rate", strconv.Itoa(o.DirtyRate), "--port", strconv.Itoa(workloadPort)}
 }
+
+// With TCPClient: the workload's own address on the service segment, and
+// its echo port.
+const (
+	tcpClientIP = lab.SegmentSubnet + "10"
+	echoPort    = 7001
+)
 
 // workloadAddrs lists where the workload may answer: each host, on every
 // path (a cut path leaves the others).
@@ -244,14 +270,34 @@ func (o MigrateOptions) runOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 		_ = l.RemoveFrom(cctx, o.Runtime, src.Name, name)
 		_ = l.RemoveFrom(cctx, o.Runtime, dst.Name, name)
 	}()
-	if err := l.RunIn(ctx, o.Runtime, src.Name, name, o.workloadArgs()); err != nil {
+	addrs := workloadAddrs(o.Paths, src, dst)
+	var stream *StreamClient
+	if o.TCPClient {
+		defer func() {
+			// The address goes with the container's namespace, for the next run.
+			_ = cnet.Delete(cnet.Name(src.Name, name))
+			_ = cnet.Delete(cnet.Name(dst.Name, name))
+		}()
+		if err := l.RunOnSegment(ctx, src.Name, name, tcpClientIP, nil, append(o.workloadArgs(), "--echo-port", strconv.Itoa(echoPort))); err != nil {
+			r.Error = err.Error()
+			return r
+		}
+		addrs = []string{fmt.Sprintf("%s:%d", tcpClientIP, workloadPort)}
+	} else if err := l.RunIn(ctx, o.Runtime, src.Name, name, o.workloadArgs()); err != nil {
 		r.Error = err.Error()
 		return r
 	}
-	p, _, err := StartProbe(ctx, client, o.FerryBin, workloadAddrs(o.Paths, src, dst), o.readyTimeout())
+	p, _, err := StartProbe(ctx, client, o.FerryBin, addrs, o.readyTimeout())
 	if err != nil {
 		r.Error = err.Error()
 		return r
+	}
+	if o.TCPClient {
+		if stream, err = StartStream(ctx, client, o.FerryBin, fmt.Sprintf("%s:%d", tcpClientIP, echoPort)); err != nil {
+			_, _ = p.Stop()
+			r.Error = err.Error()
+			return r
+		}
 	}
 	// Let the dirtier run a moment so the dirty rate is steady.
 	time.Sleep(300 * time.Millisecond)
@@ -283,7 +329,16 @@ func (o MigrateOptions) runOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 	outageDone.Wait() // the probe's verdict includes the network's return
 	setAllPaths(l, src.Name, true)
 	time.Sleep(300 * time.Millisecond) // answers after the switch
+	var sr StreamResult
+	var serr error
+	if stream != nil {
+		sr, serr = stream.Stop()
+		if serr == nil && !sr.OK {
+			serr = fmt.Errorf("the TCP client's connection did not survive: %s", sr.Error)
+		}
+	}
 	pr, perr := p.Stop()
+	perr = errors.Join(perr, serr)
 	if err != nil {
 		r.Error = err.Error()
 		return r
@@ -301,6 +356,7 @@ func (o MigrateOptions) runOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 		r.Error = errors.Join(errors.New(r.Error), perr).Error()
 		return r
 	}
+	r.TCPStallMs, r.HeldPackets = sr.MaxGapMs, rep.HeldPackets
 	r.ClientDowntimeMs = pr.ClientDowntimeMs
 	r.StateOK = pr.StateOK
 	r.ProbeReason = pr.Reason

@@ -154,7 +154,8 @@ type incoming struct {
 	netnsPath string
 	// hold keeps the container's incoming packets from the source's
 	// freeze until the commit (takeAddress).
-	hold *cnet.Hold
+	hold    *cnet.Hold
+	holdErr string // why there is no hold, when one was wanted
 	// faults are the failures the offer injects here (tests).
 	faults fault.Set
 	// stage says whether the restore was asked for, or the migration
@@ -480,7 +481,7 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	if lp == nil {
 		in.recordFinal(in.peer, journal.Started)
 	}
-	if err := ctl.Send(Committed{HeldPackets: held}); err != nil {
+	if err := ctl.Send(Committed{HeldPackets: held, HoldError: in.holdErr}); err != nil {
 		if lp != nil {
 			// The source is gone as the pull begins: its pages cannot
 			// come, and the copy must not run on without them.

@@ -133,6 +133,14 @@ func TestDestinationAbandonsBeforeRestore(t *testing.T) {
 			want: "migration abandoned by the source: transport: bad control message"},
 		{name: "the restore, in capitals", act: func(h *harness) { _ = h.ctl.Send(Step{Do: "RESTORE"}) },
 			want: `source asked to "RESTORE" before restore`},
+		{name: "frozen, then an abort", act: func(h *harness) {
+			_ = h.ctl.Send(Step{Do: "frozen"})
+			_ = h.ctl.Send(Step{Do: "abort"})
+		}, want: `source asked to "abort" before restore`},
+		{name: "frozen, then the session is lost", act: func(h *harness) {
+			_ = h.ctl.Send(Step{Do: "frozen"})
+			h.src.Close()
+		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			h := newHarness(t)
@@ -273,6 +281,35 @@ func TestDestinationCommits(t *testing.T) {
 		t.Errorf("journal after the commit: %s, want %s", e.State, journal.Started)
 	}
 	h.scratchGone(testID)
+}
+
+// A source that says it froze (a container without an address of its own
+// here: nothing to take) goes on to the restore and the commit as before;
+// saying it twice changes nothing.
+func TestDestinationHearsTheFreeze(t *testing.T) {
+	h := newHarness(t)
+	h.accepted(rebuildOffer())
+	for i := 0; i < 2; i++ {
+		if err := h.ctl.Send(Step{Do: "frozen"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.sendState(sourceRoot(t))
+	if _, err := h.restored(); err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	if err := h.ctl.Send(Step{Do: "commit"}); err != nil {
+		t.Fatal(err)
+	}
+	var c Committed
+	if err := h.ctl.Recv(&c); err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+	if c.HeldPackets != 0 || c.HoldError != "" {
+		t.Errorf("committed %+v: nothing was to be held", c)
+	}
+	h.returned()
+	h.want(counts{prepared: 1, restored: 1, started: 1})
 }
 
 // After the restore only the commit lets the copy run: anything else

@@ -117,6 +117,9 @@ type Committed struct {
 	// the freeze and the commit, held at the destination and delivered at
 	// the commit.
 	HeldPackets int `json:"held_packets,omitempty"`
+	// HoldError says why the destination could not hold them (its address
+	// moved at the restore instead).
+	HoldError string `json:"hold_error,omitempty"`
 }
 
 // RootfsHave opens a rootfs sync: the destination's copy, described in

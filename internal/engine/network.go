@@ -75,6 +75,14 @@ func (m *migration) wakeSource() {
 	}
 }
 
+// noteHold puts what the destination held in the report.
+func (m *migration) noteHold(c Committed) {
+	m.report.HeldPackets = c.HeldPackets
+	if c.HoldError != "" {
+		m.report.Warnings = append(m.report.Warnings, "the destination could not hold the container's packets between the freeze and the commit (its peers waited for retransmissions): "+c.HoldError)
+	}
+}
+
 // tellFrozen lets the destination take the address now that the source's
 // copy is frozen and silent (see incoming.takeAddress).
 func (m *migration) tellFrozen() error {
@@ -133,7 +141,11 @@ func (in *incoming) takeAddress() error {
 	}
 	h, err := cnet.HoldIncoming(in.netnsPath)
 	if err != nil {
-		return err
+		// Without a hold the address waits for the restore, as before:
+		// slower for the peers, never unsafe.
+		in.holdErr = err.Error()
+		slog.Warn("cannot hold the container's packets: its address moves at the restore", "container", in.offer.Container, "error", err)
+		return nil
 	}
 	in.hold = h
 	if err := cnet.SetCarrier(filepath.Base(in.netnsPath), "", *in.offer.Network, true); err != nil {

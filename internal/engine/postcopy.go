@@ -259,7 +259,7 @@ func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
 	if err := m.ctl.Recv(&c); err != nil {
 		return m.inDoubt(failAt("commit", err))
 	}
-	m.report.HeldPackets = c.HeldPackets
+	m.noteHold(c)
 	m.report.DowntimeMs = ms(time.Since(m.frozenAt)) // it runs from the commit on
 	m.begin("lazy-pages")
 	var done LazyDone

@@ -560,7 +560,7 @@ func (m *migration) switchover(ctx context.Context) error {
 	if err := m.ctl.Recv(&c); err != nil {
 		return m.inDoubt(failAt("commit", fmt.Errorf("%w: the destination may or may not run the container", err)))
 	}
-	m.report.HeldPackets = c.HeldPackets
+	m.noteHold(c)
 	// The destination's copy runs from the commit on (restored stopped).
 	m.report.DowntimeMs = ms(time.Since(m.frozenAt))
 	m.report.FrozenMs = ms(time.Since(m.frozenAt))
