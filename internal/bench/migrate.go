@@ -82,6 +82,7 @@ type Run struct {
 	RestoreMs       float64            `json:"restore_ms"`
 	PagesFaulted    uint64             `json:"pages_faulted,omitempty"`
 	PagesPushed     uint64             `json:"pages_pushed,omitempty"`
+	PushMs          float64            `json:"push_ms,omitempty"`
 	PagesReferenced uint64             `json:"pages_referenced,omitempty"`
 	PagesFetched    uint64             `json:"pages_fetched,omitempty"`
 	FillMs          float64            `json:"fill_ms,omitempty"`
@@ -347,7 +348,7 @@ func (o MigrateOptions) runOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 		BytesSent: rep.BytesSent, MemoryBytes: rep.MemoryBytes, Error: rep.Error, Phases: rep.Phases,
 		PathCutAtBytes: cutAt.Load(), OutageAtBytes: outageAt.Load(),
 		SourceState: rep.SourceState, Transport: rep.Transport,
-		RestoreMs: rep.RestoreMs, PagesFaulted: rep.PagesFaulted, PagesPushed: rep.PagesPushed,
+		RestoreMs: rep.RestoreMs, PagesFaulted: rep.PagesFaulted, PagesPushed: rep.PagesPushed, PushMs: rep.PushMs,
 		PagesReferenced: rep.PagesReferenced, PagesFetched: rep.PagesFetched, FillMs: rep.FillMs, Rounds: rep.Rounds, StopReason: rep.StopReason, ThrottlePct: rep.ThrottlePct}
 	if r.Rounds == nil {
 		r.Rounds = []engine.Round{}

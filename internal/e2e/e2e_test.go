@@ -157,6 +157,11 @@ func TestPostcopyMigration(t *testing.T) {
 	if !said {
 		t.Errorf("the report does not say the page server was on the host's loopback: %q", rep.Warnings)
 	}
+	// The push brought the memory: the daemon's background requests were
+	// answered at the destination, not one by one from the source.
+	if rep.PagesReferenced == 0 {
+		t.Errorf("no page was served from the pushed copy (faulted %d, pushed %d)", rep.PagesFaulted, rep.PagesPushed)
+	}
 }
 
 // TestPrecopyMigration runs content-based pre-copy with each switchover:

@@ -156,6 +156,8 @@ type incoming struct {
 	// freeze until the commit (takeAddress).
 	hold    *cnet.Hold
 	holdErr string // why there is no hold, when one was wanted
+	// push is post-copy's push filling store while the copy runs.
+	push *pushed
 	// faults are the failures the offer injects here (tests).
 	faults fault.Set
 	// stage says whether the restore was asked for, or the migration

@@ -197,9 +197,12 @@ type Report struct {
 	RestoreMs float64 `json:"restore_ms"`
 	// Post-copy: pages the destination pulled on a fault and in the
 	// background.
-	PagesFaulted uint64   `json:"pages_faulted,omitempty"`
-	PagesPushed  uint64   `json:"pages_pushed,omitempty"`
-	Warnings     []string `json:"warnings,omitempty"`
+	PagesFaulted uint64 `json:"pages_faulted,omitempty"`
+	PagesPushed  uint64 `json:"pages_pushed,omitempty"`
+	// PushMs is how long post-copy's push took to send all of the memory
+	// (0: it did not finish before the last page was in).
+	PushMs   float64  `json:"push_ms,omitempty"`
+	Warnings []string `json:"warnings,omitempty"`
 	// HeldPackets: see Committed.
 	HeldPackets int `json:"held_packets,omitempty"`
 	// Pre-copy: each round, why the rounds stopped, the CPU throttle

@@ -245,6 +245,13 @@ func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
 	if _, err := m.requestRestore(ctx); err != nil {
 		return err
 	}
+	// The copy is restored: its daemon already pulls, so the push starts
+	// now (it keeps little enough in flight not to hold up the commit).
+	stopPush := func() {}
+	if m.tech.push {
+		stopPush = m.startPush(ctx)
+	}
+	defer stopPush()
 	// From here the destination's copy runs and changes: resuming the
 	// source would fork the container's state, so the migration commits.
 	m.begin("commit")
@@ -264,6 +271,7 @@ func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
 	m.begin("lazy-pages")
 	var done LazyDone
 	err = m.ctl.Recv(&done)
+	stopPush()
 	derr := ld.wait()
 	m.report.FrozenMs = ms(time.Since(m.frozenAt))
 	m.report.PagesFaulted, m.report.PagesPushed = done.Faulted, done.Pushed
@@ -405,11 +413,15 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 	}
 	serve := func(conn halfCloser) error { return spliceVia(conn, ch, plainCopy, plainCopy, lp.broken) }
 	if in.store != nil {
-		// Hybrid: answer from the pages the rounds brought.
+		// Hybrid, and post-copy with its push: answer from the pages held here.
 		serve = func(conn halfCloser) error {
-			st, err := pagestream.ServeLazy(conn, ch, func(k pagestream.PageKey) ([]byte, pagestream.Hash, bool) {
+			var await pagestream.Await
+			if in.push != nil {
+				await = in.push.await
+			}
+			st, err := pagestream.ServeLazyAwaiting(conn, ch, func(k pagestream.PageKey) ([]byte, pagestream.Hash, bool) {
 				return in.store.Get(k)
-			})
+			}, await)
 			lp.local.Store(st.LocalPages)
 			if err != nil {
 				lp.broken()

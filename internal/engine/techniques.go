@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 
 	"github.com/ferry-migrate/ferry/internal/pages"
@@ -21,6 +22,9 @@ type technique struct {
 	// lazy: the destination restores with a lazy-pages daemon serving the
 	// memory; rebuild: it completes a memory-less dump's images first.
 	lazy, rebuild bool
+	// push: once the copy runs at the destination, the source sends all
+	// of the frozen memory at link speed (push.go).
+	push bool
 	// channels lists the channels the source opens, besides the rootfs
 	// and images channels every technique uses.
 	channels func(o PrecopyOptions) []string
@@ -105,9 +109,20 @@ var techniques = map[string]technique{
 	ModePostcopy: {
 		needs:    runtime.Caps{Freeze: true, LazyDump: true, LazyRestore: true},
 		lazy:     true,
-		channels: fixed(ChanLazy),
+		push:     true,
+		channels: fixed(ChanLazy, ChanPush),
 		source:   (*migration).postcopy,
-		receive:  func(*incoming, context.Context, receivers) {}, // the daemon pulls the memory
+		receive: func(in *incoming, ctx context.Context, rx receivers) {
+			// The push fills the store while the copy runs: the restore does
+			// not wait for it (not in rx.g).
+			in.store = pages.NewStore()
+			in.push = newPushed(in.store)
+			go func() {
+				if err := in.push.receive(ctx, rx.sess, rx.router); err != nil && ctx.Err() == nil {
+					slog.Warn("post-copy: the push broke off; the lazy-pages daemon asks the source for the rest", "error", err)
+				}
+			}()
+		},
 	},
 	ModeHybrid: {
 		needs:    runtime.Caps{Freeze: true, LazyDump: true, LazyRestore: true},

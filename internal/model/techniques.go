@@ -140,14 +140,32 @@ func (p Profile) SwitchoverS(m, left, linkBps float64) float64 {
 	return p.FreezeS + p.DumpFixedS + stream + p.restore(m)
 }
 
-// postcopy: freeze, dump everything but memory, restore lazily; pages then
-// move on demand and in the background. Downtime does not depend on M; the
-// service runs degraded until the last page arrives.
+// postcopy: freeze, dump everything but memory, restore lazily; the source
+// then pushes the memory while faults are served on demand. Downtime does
+// not depend on M; the service runs degraded until the last page arrives.
 func (p Profile) postcopy(in Inputs) timeline {
 	m := in.MemoryBytes
 	down := p.FreezeS + p.DumpFixedS + p.RestoreFixedS + p.LazySetupS
-	pull := p.LazyPull(m, p.link(in, 0), in.DirtyRatePagesPerSec)
+	pull := p.PushPull(m, p.link(in, 0), in.DirtyRatePagesPerSec)
 	return timeline{down: down, total: down + pull, bytes: m, degraded: pull}
+}
+
+// PushPull is post-copy's pull with the push (engine/push.go): the source
+// sends all of the memory at the slower of the link and its read of the
+// frozen task. Meanwhile the daemon, answered from what arrived, places
+// little: each fault goes to the source and holds up its background
+// requests, and after a fault the next is back at 64 KiB, so about one
+// 64 KiB request is placed per fault (faults come at the write rate on the
+// missing half of memory, on average). The rest it places from the local
+// copy once the push is in. linkBps 0: the link does not limit.
+func (p Profile) PushPull(m, linkBps, rate float64) float64 {
+	send := p.frozenRead()
+	if linkBps > 0 {
+		send = math.Min(send, linkBps)
+	}
+	push := m / send
+	placed := math.Min(m, p.FaultRate(rate, 0.5)*push*lazyRequestStep)
+	return push + (m-placed)/p.localFill()
 }
 
 // The lengths of CRIU's background requests (criu/uffd.c): the lazy-pages
@@ -176,9 +194,10 @@ func LazyRequests(m float64) float64 {
 	return Profile{LazyRequestS: 1, LazyBps: math.Inf(1)}.LazyPull(m, 0, 0)
 }
 
-// LazyPull is post-copy's pull of m bytes in seconds, request by request
-// the way CRIU's lazy-pages daemon makes them (one background request in
-// flight). A request takes the hosts LazyRequestS (its round trip through
+// LazyPull is what post-copy's pull of m bytes took before the push, in
+// seconds, request by request the way CRIU's lazy-pages daemon makes them
+// (one background request in flight): calibrate still fits its terms from
+// runs without the push, for comparison. A request takes the hosts LazyRequestS (its round trip through
 // both agents and CRIU's page server) plus its bytes at LazyBps (the page
 // server reading the frozen task, both agents' TLS, the daemon placing the
 // pages), and the link its bytes; the slower side sets the pace and

@@ -184,6 +184,15 @@ func (e *Encoder) Close() error {
 	return err
 }
 
+// Flush writes the pending records now, as one chunk (a sender pacing
+// itself by what the receiver has decoded must not leave pages waiting).
+func (e *Encoder) Flush() error {
+	if e.err != nil {
+		return e.err
+	}
+	return e.flush()
+}
+
 func (e *Encoder) maybeFlush() error {
 	if len(e.buf)-chunkHead >= chunkTarget {
 		return e.flush()

@@ -27,6 +27,18 @@ type LazyStats struct {
 //
 // In a GET, dst_id is the task's pid itself, not an encoded pagemap id.
 func ServeLazy(daemon io.ReadWriter, upstream io.ReadWriter, have Source) (LazyStats, error) {
+	return ServeLazyAwaiting(daemon, upstream, have, nil)
+}
+
+// Await waits until the page k is in the destination's copy, and says
+// whether it is (false: it will not come).
+type Await func(k PageKey) bool
+
+// ServeLazyAwaiting is ServeLazy for a copy still filling (post-copy's
+// push): a background request (more than one page) waits through await
+// for pages not yet there instead of asking the source for what is on its
+// way. A request for one page is a fault: the source is asked at once.
+func ServeLazyAwaiting(daemon io.ReadWriter, upstream io.ReadWriter, have Source, await Await) (LazyStats, error) {
 	var st LazyStats
 	in := bufio.NewReaderSize(daemon, 64<<10)
 	out := bufio.NewWriterSize(daemon, 256<<10)
@@ -43,7 +55,7 @@ func ServeLazy(daemon io.ReadWriter, upstream io.ReadWriter, have Source) (LazyS
 		switch h.cmd & (1<<psCmdBits - 1) {
 		case psIOVGet:
 			st.Requests++
-			if served, err := serveLocal(out, h, have); err != nil {
+			if served, err := serveLocal(out, h, have, await); err != nil {
 				return st, err
 			} else if served {
 				st.Local++
@@ -73,13 +85,14 @@ func ServeLazy(daemon io.ReadWriter, upstream io.ReadWriter, have Source) (LazyS
 const maxLazyPages = 1 << 16
 
 // serveLocal answers a GET from have when every page is there.
-func serveLocal(out *bufio.Writer, h header, have Source) (bool, error) {
+func serveLocal(out *bufio.Writer, h header, have Source, await Await) (bool, error) {
 	if h.nrPages == 0 || h.nrPages > maxLazyPages || h.dstID > 1<<32-1 {
 		return false, nil
 	}
 	pid := uint32(h.dstID)
 	for i := uint64(0); i < h.nrPages; i++ {
-		if _, _, ok := have(PageKey{PID: pid, Addr: h.vaddr + i*PageSize}); !ok {
+		k := PageKey{PID: pid, Addr: h.vaddr + i*PageSize}
+		if _, _, ok := have(k); !ok && (await == nil || h.nrPages == 1 || !await(k)) {
 			return false, nil
 		}
 	}

@@ -148,3 +148,54 @@ func TestLazyClientRefusesAWrongReply(t *testing.T) {
 		t.Fatalf("err = %v, want ErrMalformed", err)
 	}
 }
+
+// A background request waits for pages still on their way; a fault (one
+// page) does not; a page that will not come sends the request upstream.
+func TestServeLazyAwaiting(t *testing.T) {
+	var req bytes.Buffer
+	req.Write(getHeader(7, 0x3000, 2)) // background: both pages arrive while it waits
+	req.Write(getHeader(7, 0x5000, 1)) // a fault on a page not there: upstream at once
+	req.Write(getHeader(7, 0x6000, 2)) // background, 0x6000 never comes: upstream
+	req.Write(closeHeader())
+	arrived := map[PageKey]bool{}
+	have := func(k PageKey) ([]byte, Hash, bool) {
+		if arrived[k] {
+			return bytes.Repeat([]byte{9}, PageSize), Hash{}, true
+		}
+		return fakeStore(k)
+	}
+	var awaited []uint64
+	await := func(k PageKey) bool {
+		awaited = append(awaited, k.Addr)
+		if k.Addr == 0x3000 || k.Addr == 0x4000 {
+			arrived[k] = true
+			return true
+		}
+		return false
+	}
+	up := &fakeUpstream{}
+	for _, r := range []struct{ addr, n uint64 }{{0x5000, 1}, {0x6000, 2}} {
+		reply := make([]byte, headerSize)
+		binary.LittleEndian.PutUint32(reply[0:], pePresent<<psCmdBits|psIOVAddF)
+		binary.LittleEndian.PutUint64(reply[8:], r.n)
+		binary.LittleEndian.PutUint64(reply[16:], r.addr)
+		binary.LittleEndian.PutUint64(reply[24:], 7)
+		up.out.Write(reply)
+		up.out.Write(bytes.Repeat([]byte{5}, int(r.n)*PageSize))
+	}
+	up.out.Write([]byte{0, 0, 0, 0})
+	var out bytes.Buffer
+	st, err := ServeLazyAwaiting(duplex{&req, &out}, up, have, await)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Local != 1 || st.Forwarded != 2 || st.LocalPages != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+	if len(awaited) != 3 || awaited[0] != 0x3000 || awaited[1] != 0x4000 || awaited[2] != 0x6000 {
+		t.Fatalf("awaited %#x: want 0x3000 and 0x4000 (arrived) and 0x6000 (never), not the fault's 0x5000", awaited)
+	}
+	if !bytes.Equal(up.in.Bytes()[:headerSize], getHeader(7, 0x5000, 1)) || !bytes.Equal(up.in.Bytes()[headerSize:2*headerSize], getHeader(7, 0x6000, 2)) {
+		t.Fatal("the forwarded requests changed on their way")
+	}
+}
