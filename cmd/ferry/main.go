@@ -33,7 +33,7 @@ Start with:
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newCheckCmd(), newAgentCmd(), newMigrateCmd(), newLabCmd(), newBenchCmd(), newCertsCmd(), newPlanCmd(), newCalibrateCmd(), newLabToolCmd())
+	root.AddCommand(newCheckCmd(), newAgentCmd(), newMigrateCmd(), newDrainCmd(), newLabCmd(), newBenchCmd(), newCertsCmd(), newPlanCmd(), newCalibrateCmd(), newLabToolCmd())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := root.ExecuteContext(ctx)
 	stop()

@@ -34,8 +34,8 @@ Techniques (--mode):
   precopy   copy memory in rounds while the container runs, then a short
             stop-and-copy of what changed (--max-rounds, --min-round-bytes,
             --max-downtime, --auto-converge, --compress)
-  postcopy  freeze, dump all but memory, run at the destination at once; pages
-            follow on demand and in the background
+  postcopy  freeze, dump all but memory, run at the destination at once; the
+            source pushes the memory at link speed, faults are served first
   hybrid    pre-copy rounds, then post-copy for what is left
   auto      measure memory, dirty rate and link, plan (ferry plan), run the
             recommended technique, or refuse when none fits --max-downtime

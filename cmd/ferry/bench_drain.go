@@ -1,0 +1,71 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ferry-migrate/ferry/internal/bench"
+	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/units"
+)
+
+func newBenchDrainCmd() *cobra.Command {
+	var (
+		o                 bench.DrainOptions
+		memory, bandwidth string
+	)
+	cmd := &cobra.Command{
+		Use:   "drain",
+		Short: "Move several live workloads off a host at once and measure the whole",
+		Long: `bench drain brings up a lab (h1, h2, a probing client h3), measures the link,
+moves one memhog of --memory cold from h1 to h2 alone (the reference), then
+starts --containers memhogs on h1, each watched by its own probe, and moves
+them all with one drain (ferry drain). It prints JSON: the drain's total
+against all the memory at the link's throughput (ratio), and per container
+its downtime and its client's downtime against the cold reference's
+(vs_cold). It exits non-zero when a migration failed or a state broke.`,
+		Example: `  ferry bench drain --containers 4 --memory 256M --dirty-rate 100 --bandwidth 1gbit --mode precopy`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if o.MemoryBytes, err = units.ParseBytes(memory); err != nil {
+				return fmt.Errorf("--memory: %w", err)
+			}
+			if bandwidth != "" {
+				if o.BandwidthBps, err = lab.ParseRate(bandwidth); err != nil {
+					return fmt.Errorf("--bandwidth: %w", err)
+				}
+			}
+			if o.FerryBin, err = os.Executable(); err != nil {
+				return err
+			}
+			o.Log = os.Stderr
+			res, err := bench.Drain(cmd.Context(), o)
+			enc := json.NewEncoder(os.Stdout)
+			enc.SetIndent("", "  ")
+			if jerr := enc.Encode(res); jerr != nil {
+				return jerr
+			}
+			if err != nil {
+				return err
+			}
+			if !res.OK {
+				return exitError{1}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.Containers, "containers", 4, "workloads to drain")
+	f.StringVar(&memory, "memory", "256M", "each workload's memory")
+	f.IntVar(&o.DirtyRate, "dirty-rate", 100, "pages each workload dirties per second")
+	f.StringVar(&bandwidth, "bandwidth", "1gbit", "link rate between lab hosts (empty = unshaped)")
+	f.StringVar(&o.Mode, "mode", engine.ModePrecopy, "technique for every workload")
+	f.IntVar(&o.Concurrency, "concurrency", 1, "migrations at once")
+	addPrecopyFlags(cmd, &o.Precopy)
+	return cmd
+}

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"sync"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/internal/drain"
+	"github.com/ferry-migrate/ferry/internal/engine"
+)
+
+func newDrainCmd() *cobra.Command {
+	var (
+		o      drain.Options
+		from   string
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "drain --to DEST [CONTAINER...]",
+		Short: "Move every running container off a host",
+		Long: `drain moves the containers running on the source host (--from) to the agent
+at --to, one after another by default, the smallest first: each one that
+is done frees the link for the others sooner. Without CONTAINER arguments it
+moves every container running in the source agent's runc root; name Podman
+and LXC containers (with --runtime) to move them.
+
+Each container moves by an ordinary migration (see ferry migrate --help for
+--mode and the pre-copy options) with its own report; one that fails stays
+where its report says, and the others go on. The exit status is 1 if any
+failed.
+
+--concurrency N moves N at once. They share the link and the source's CPU
+(reading and hashing memory): on a two-core host, four at once took as long
+in all as one at a time and doubled each container's downtime. More at once
+pays where one migration cannot fill the link (a long round trip, many
+cores). The destination takes at most its --max-incoming migrations at a
+time (4 by default).`,
+		Example: `  ferry drain --from h1 --to h2 --mode precopy
+  ferry drain --to 192.0.2.10:7070 --mode auto --max-downtime 300ms web db`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			control, to, err := resolveEndpoints(from, o.To)
+			if err != nil {
+				return err
+			}
+			o.Control, o.To, o.Containers = control, to, args
+			var mu sync.Mutex
+			if !asJSON {
+				o.Started = func(name string) {
+					mu.Lock()
+					defer mu.Unlock()
+					fmt.Fprintf(os.Stderr, "moving %s\n", name)
+				}
+				o.Finished = func(name string, r engine.Report, err error) {
+					mu.Lock()
+					defer mu.Unlock()
+					if err != nil {
+						fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+						return
+					}
+					printReport(os.Stdout, r)
+				}
+			}
+			res, err := drain.Run(cmd.Context(), o)
+			if asJSON {
+				enc := json.NewEncoder(os.Stdout)
+				enc.SetIndent("", "  ")
+				_ = enc.Encode(res)
+			} else if len(res.Reports) == 0 && err == nil {
+				fmt.Println("nothing to drain: no container is running there")
+			} else {
+				fmt.Printf("drained %d container(s) in %.0f ms\n", len(res.Reports), res.TotalMs)
+			}
+			if err != nil && len(res.Reports) == 0 {
+				return err
+			}
+			if !res.OK {
+				return exitError{1}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.To, "to", "", "destination agent: NAME@ADDR, ADDR, or a lab host name (required)")
+	f.StringVar(&from, "from", agent.DefaultControl, "source agent's control socket or lab host name")
+	f.IntVar(&o.Concurrency, "concurrency", 1, "migrations at once")
+	f.StringVar(&o.Request.Mode, "mode", engine.ModePrecopy, "technique for every container: cold, precopy, postcopy, hybrid, or auto")
+	f.StringVar(&o.Request.Runtime, "runtime", engine.RuntimeAuto, "the containers' runtime: auto, runc, podman or lxc")
+	addPrecopyFlags(cmd, &o.Request.Precopy)
+	f.BoolVar(&asJSON, "json", false, "print every report as JSON at the end, no progress lines")
+	_ = cmd.MarkFlagRequired("to")
+	return cmd
+}

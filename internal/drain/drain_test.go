@@ -1,0 +1,128 @@
+package drain
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ferry-migrate/ferry/internal/engine"
+)
+
+// fakeHost lists containers (pid = size in MiB) and migrates them slowly,
+// counting how many run at once.
+type fakeHost struct {
+	list                []engine.ContainerStatus
+	fail                map[string]bool
+	mu                  sync.Mutex
+	started             []string
+	running, mostAtOnce atomic.Int32
+}
+
+func (h *fakeHost) options(o Options) Options {
+	o.status = func(context.Context, string) (engine.Status, error) {
+		return engine.Status{Host: "h1", Containers: h.list}, nil
+	}
+	o.migrate = func(ctx context.Context, _ string, req engine.Request) (engine.Report, error) {
+		n := h.running.Add(1)
+		defer h.running.Add(-1)
+		for {
+			m := h.mostAtOnce.Load()
+			if n <= m || h.mostAtOnce.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		h.mu.Lock()
+		h.started = append(h.started, req.Container)
+		h.mu.Unlock()
+		time.Sleep(20 * time.Millisecond)
+		if h.fail[req.Container] {
+			return engine.Report{Container: req.Container, Error: "restore failed"}, nil
+		}
+		return engine.Report{Container: req.Container, OK: true, To: req.To, Mode: req.Mode}, nil
+	}
+	o.size = func(pid int) int64 { return int64(pid) << 20 }
+	return o
+}
+
+func hostOf(sizes map[string]int) *fakeHost {
+	h := &fakeHost{fail: map[string]bool{}}
+	for n, mib := range sizes {
+		h.list = append(h.list, engine.ContainerStatus{Name: n, Status: "running", Pid: mib})
+	}
+	h.list = append(h.list, engine.ContainerStatus{Name: "stopped-one", Status: "stopped", Pid: 1})
+	return h
+}
+
+// Every running container moves, smallest first, never more at once than
+// asked; a stopped one stays.
+func TestDrainAllSmallestFirst(t *testing.T) {
+	h := hostOf(map[string]int{"big": 900, "small": 10, "mid": 300, "tiny": 1, "huge": 4000})
+	res, err := Run(context.Background(), h.options(Options{To: "h2", Concurrency: 2, Request: engine.Request{Mode: engine.ModePrecopy}}))
+	if err != nil || !res.OK {
+		t.Fatalf("drain: %v %+v", err, res)
+	}
+	want := []string{"tiny", "small", "mid", "big", "huge"}
+	var got []string
+	for _, r := range res.Reports {
+		got = append(got, r.Container)
+		if r.To != "h2" || r.Mode != engine.ModePrecopy {
+			t.Errorf("%s moved with %+v", r.Container, r)
+		}
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("reports in order %v, want %v", got, want)
+	}
+	// The first two start together: in either order.
+	if first := map[string]bool{h.started[0]: true, h.started[1]: true}; !first["tiny"] || !first["small"] {
+		t.Errorf("started %v: the two smallest first", h.started)
+	}
+	if m := h.mostAtOnce.Load(); m != 2 {
+		t.Errorf("%d migrations at once, want 2", m)
+	}
+}
+
+// A failure leaves the others going; the result says not ok. Named
+// containers only, the unlisted one (another runtime's) last.
+func TestDrainNamedAndAFailure(t *testing.T) {
+	h := hostOf(map[string]int{"a": 5, "b": 50, "c": 500})
+	h.fail["b"] = true
+	res, err := Run(context.Background(), h.options(Options{To: "h2", Containers: []string{"podman-web", "c", "b"}, Concurrency: 1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.OK {
+		t.Error("a failed migration, yet the drain says ok")
+	}
+	if !reflect.DeepEqual(h.started, []string{"b", "c", "podman-web"}) {
+		t.Errorf("started %v", h.started)
+	}
+}
+
+// Nothing running: nothing to do, and no error.
+func TestDrainNothing(t *testing.T) {
+	h := hostOf(nil)
+	res, err := Run(context.Background(), h.options(Options{To: "h2"}))
+	if err != nil || !res.OK || len(res.Reports) != 0 {
+		t.Fatalf("%+v %v", res, err)
+	}
+}
+
+// A source agent that cannot list its containers stops the drain before
+// anything moves.
+func TestDrainCannotList(t *testing.T) {
+	o := Options{To: "h2"}
+	o.status = func(context.Context, string) (engine.Status, error) {
+		return engine.Status{}, errors.New("connection refused")
+	}
+	o.migrate = func(context.Context, string, engine.Request) (engine.Report, error) {
+		t.Fatal("migrated without a list")
+		return engine.Report{}, nil
+	}
+	if _, err := Run(context.Background(), o); err == nil {
+		t.Fatal("no error")
+	}
+}
