@@ -28,7 +28,7 @@ func TestDrain(t *testing.T) {
 				_ = h.Runc().Delete(context.Background(), name)
 			}
 		})
-		if err := l.Run(ctx, "h1", name, []string{"/bin/memhog", "--memory", fmt.Sprint(16<<20*(i+1)), "--dirty-rate", "100", "--port", port}); err != nil {
+		if err := l.Run(ctx, "h1", name, []string{"/bin/memhog", "--memory", fmt.Sprint(16 << 20 * (i + 1)), "--dirty-rate", "100", "--port", port}); err != nil {
 			t.Fatal(err)
 		}
 		p, _, err := bench.StartProbe(ctx, &l.Hosts[2], bin, []string{l.Hosts[0].Addr + ":" + port, l.Hosts[1].Addr + ":" + port}, time.Minute)
