@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -95,9 +94,7 @@ and podman (podman checkpoint --export, copy over the link, podman restore
 				return err
 			}
 			if asJSON {
-				enc := json.NewEncoder(os.Stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(res)
+				return printJSON(res)
 			}
 			printBench(os.Stdout, res)
 			return nil

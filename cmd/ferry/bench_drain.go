@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 
@@ -45,9 +44,7 @@ its downtime and its client's downtime against the cold reference's
 			}
 			o.Log = os.Stderr
 			res, err := bench.Drain(cmd.Context(), o)
-			enc := json.NewEncoder(os.Stdout)
-			enc.SetIndent("", "  ")
-			if jerr := enc.Encode(res); jerr != nil {
+			if jerr := printJSON(res); jerr != nil {
 				return jerr
 			}
 			if err != nil {

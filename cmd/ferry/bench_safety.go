@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -73,9 +72,7 @@ Only the cases where a fault can strike are run (--list shows them).`,
 			// The cases that ran are printed even when the lab could not be
 			// taken down, or the run was interrupted.
 			if asJSON {
-				enc := json.NewEncoder(os.Stdout)
-				enc.SetIndent("", "  ")
-				if jerr := enc.Encode(res); jerr != nil {
+				if jerr := printJSON(res); jerr != nil {
 					return jerr
 				}
 			} else {
@@ -142,9 +139,7 @@ cgroups, scratch). It prints JSON and exits non-zero when a check fails.`,
 			}
 			o.Log = os.Stderr
 			res, err := bench.Soak(cmd.Context(), o)
-			enc := json.NewEncoder(os.Stdout)
-			enc.SetIndent("", "  ")
-			if jerr := enc.Encode(res); jerr != nil {
+			if jerr := printJSON(res); jerr != nil {
 				return jerr
 			}
 			if err != nil {

@@ -116,9 +116,7 @@ fits a profile from such a file again without touching the lab.`,
 				return err
 			}
 			if asJSON {
-				enc := json.NewEncoder(os.Stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(rep)
+				return printJSON(rep)
 			}
 			printCalibration(os.Stdout, rep)
 			fmt.Printf("\nprofile written to %s (%d points in %.0f s)\n", out, len(rep.Points), rep.WallS)

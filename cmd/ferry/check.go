@@ -1,9 +1,7 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
 
 	"github.com/spf13/cobra"
 
@@ -26,9 +24,7 @@ each problem with its fix.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			r := preflight.Run(cmd.Context())
 			if asJSON {
-				enc := json.NewEncoder(os.Stdout)
-				enc.SetIndent("", "  ")
-				if err := enc.Encode(r); err != nil {
+				if err := printJSON(r); err != nil {
 					return err
 				}
 			} else {

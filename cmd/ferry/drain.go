@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"sync"
@@ -66,9 +65,7 @@ time (4 by default).`,
 			}
 			res, err := drain.Run(cmd.Context(), o)
 			if asJSON {
-				enc := json.NewEncoder(os.Stdout)
-				enc.SetIndent("", "  ")
-				_ = enc.Encode(res)
+				_ = printJSON(res)
 			} else if len(res.Reports) == 0 && err == nil {
 				fmt.Println("nothing to drain: no container is running there")
 			} else {

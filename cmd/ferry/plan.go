@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -64,9 +63,7 @@ development machine.`,
 			out := plan(prof, in, maxDowntime)
 			out.Profile = src
 			if asJSON {
-				enc := json.NewEncoder(os.Stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(out)
+				return printJSON(out)
 			}
 			printPlan(os.Stdout, out)
 			return nil

@@ -19,67 +19,129 @@ import (
 // probe and the file copy run as ferry child processes inside a lab host
 // (`ferry lab-tool ...`, hidden commands), talking to the parent over pipes.
 
-// ProbeProc is a running client-side probe on a lab host.
-type ProbeProc struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	out   *bufio.Reader
+// labTool is a `ferry lab-tool` child on a lab host that prints a first
+// line once it is ready, and its verdict as one JSON line once its stdin
+// closes.
+type labTool struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	out    *bufio.Reader
+	stderr strings.Builder
 }
+
+// startLabTool starts lab-tool args on host and returns its first line.
+func startLabTool(ctx context.Context, host *lab.Host, ferry string, args ...string) (*labTool, []byte, error) {
+	t := &labTool{cmd: host.Command(ctx, ferry, append([]string{"lab-tool"}, args...)...)}
+	stdin, err := t.cmd.StdinPipe()
+	if err != nil {
+		return nil, nil, err
+	}
+	stdout, err := t.cmd.StdoutPipe()
+	if err != nil {
+		return nil, nil, err
+	}
+	t.cmd.Stderr = &t.stderr
+	if err := t.cmd.Start(); err != nil {
+		return nil, nil, err
+	}
+	t.stdin, t.out = stdin, bufio.NewReader(stdout)
+	line, err := t.out.ReadBytes('\n')
+	if err != nil {
+		t.kill()
+		return nil, line, fmt.Errorf("%v %s", err, strings.TrimSpace(t.stderr.String()))
+	}
+	return t, line, nil
+}
+
+// stop closes the tool's stdin and reads its verdict into v.
+func (t *labTool) stop(v any) error {
+	t.stdin.Close()
+	line, err := t.out.ReadBytes('\n')
+	if err == nil {
+		err = json.Unmarshal(line, v)
+	}
+	werr := t.cmd.Wait()
+	if err != nil {
+		return fmt.Errorf("%v (%v)", err, werr)
+	}
+	return nil
+}
+
+func (t *labTool) kill() {
+	if t.cmd.Process != nil {
+		_ = t.cmd.Process.Kill()
+	}
+	_ = t.cmd.Wait()
+}
+
+// ProbeProc is a running client-side probe on a lab host.
+type ProbeProc struct{ t *labTool }
 
 // StartProbe starts a probe in client's netns, polling addrs, and returns
 // once memhog answers with its memory filled.
 func StartProbe(ctx context.Context, client *lab.Host, ferry string, addrs []string, ready time.Duration) (*ProbeProc, probe.Stat, error) {
-	args := []string{"lab-tool", "probe", "--wait-ready", ready.String()}
+	args := []string{"probe", "--wait-ready", ready.String()}
 	for _, a := range addrs {
 		args = append(args, "--addr", a)
 	}
-	cmd := client.Command(ctx, ferry, args...)
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, probe.Stat{}, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, probe.Stat{}, err
-	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		return nil, probe.Stat{}, err
-	}
-	p := &ProbeProc{cmd: cmd, stdin: stdin, out: bufio.NewReader(stdout)}
 	var st probe.Stat
-	line, err := p.out.ReadBytes('\n')
+	t, line, err := startLabTool(ctx, client, ferry, args...)
 	if err == nil {
-		err = json.Unmarshal(line, &st)
+		if err = json.Unmarshal(line, &st); err != nil {
+			t.kill()
+		}
 	}
 	if err != nil {
-		p.kill()
-		return nil, st, fmt.Errorf("probe: workload never became ready: %v %s", err, strings.TrimSpace(stderr.String()))
+		return nil, st, fmt.Errorf("probe: workload never became ready: %w", err)
 	}
-	return p, st, nil
+	return &ProbeProc{t}, st, nil
 }
 
 // Stop ends polling and returns the probe's verdict.
 func (p *ProbeProc) Stop() (probe.Result, error) {
-	p.stdin.Close()
 	var r probe.Result
-	line, err := p.out.ReadBytes('\n')
-	if err == nil {
-		err = json.Unmarshal(line, &r)
-	}
-	werr := p.cmd.Wait()
-	if err != nil {
-		return r, fmt.Errorf("probe: %v (%v)", err, werr)
+	if err := p.t.stop(&r); err != nil {
+		return r, fmt.Errorf("probe: %w", err)
 	}
 	return r, nil
 }
 
-func (p *ProbeProc) kill() {
-	if p.cmd.Process != nil {
-		_ = p.cmd.Process.Kill()
+// StreamClient is a lab-tool client on a lab host that holds one TCP
+// connection: stream (to memhog's echo port, a numbered line every 10 ms,
+// each echoed back) or redis (an INCR at a time).
+type StreamClient struct{ t *labTool }
+
+// StreamResult is what the stream client saw.
+type StreamResult struct {
+	Sent     int `json:"sent"`
+	Received int `json:"received"`
+	// MaxGapMs is the longest the connection went without an echo.
+	MaxGapMs float64 `json:"max_gap_ms"`
+	OK       bool    `json:"ok"`
+	Error    string  `json:"error,omitempty"`
+}
+
+// StartStream starts lab-tool args (stream --addr ..., redis ...) on host
+// and returns once its connection is up.
+func StartStream(ctx context.Context, host *lab.Host, ferry string, args ...string) (*StreamClient, error) {
+	t, line, err := startLabTool(ctx, host, ferry, args...)
+	if err == nil && !strings.Contains(string(line), "connected") {
+		t.kill()
+		err = fmt.Errorf("said %q", line)
 	}
-	_ = p.cmd.Wait()
+	if err != nil {
+		return nil, fmt.Errorf("%s client: %w", args[0], err)
+	}
+	return &StreamClient{t}, nil
+}
+
+// Stop ends the stream and returns what the client saw.
+func (c *StreamClient) Stop() (StreamResult, error) {
+	var r StreamResult
+	if err := c.t.stop(&r); err != nil {
+		return r, fmt.Errorf("stream client: %w", err)
+	}
+	return r, nil
 }
 
 // copyOverLink copies a file from one lab host to another through the lab's
@@ -172,67 +234,3 @@ func transferRate(ctx context.Context, ferry string, from, to *lab.Host, args ..
 	return float64(n) * 8 / secs, nil
 }
 
-// StreamClient is `lab-tool stream` on a lab host: one TCP connection to
-// memhog's echo port, a numbered line every 10 ms, each echoed back.
-type StreamClient struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	out   *bufio.Reader
-}
-
-// StreamResult is what the stream client saw.
-type StreamResult struct {
-	Sent     int `json:"sent"`
-	Received int `json:"received"`
-	// MaxGapMs is the longest the connection went without an echo.
-	MaxGapMs float64 `json:"max_gap_ms"`
-	OK       bool    `json:"ok"`
-	Error    string  `json:"error,omitempty"`
-}
-
-// StartStream connects the stream client on host to addr and returns once
-// the connection is up.
-func StartStream(ctx context.Context, host *lab.Host, ferry, addr string) (*StreamClient, error) {
-	cmd := host.Command(ctx, ferry, "lab-tool", "stream", "--addr", addr)
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	c := &StreamClient{cmd: cmd, stdin: stdin, out: bufio.NewReader(stdout)}
-	if line, err := c.out.ReadString('\n'); err != nil || !strings.Contains(line, "connected") {
-		c.kill()
-		return nil, fmt.Errorf("stream client: %q %v %s", line, err, strings.TrimSpace(stderr.String()))
-	}
-	return c, nil
-}
-
-// Stop ends the stream and returns what the client saw.
-func (c *StreamClient) Stop() (StreamResult, error) {
-	c.stdin.Close()
-	var r StreamResult
-	line, err := c.out.ReadBytes('\n')
-	if err == nil {
-		err = json.Unmarshal(line, &r)
-	}
-	werr := c.cmd.Wait()
-	if err != nil {
-		return r, fmt.Errorf("stream client: %v (%v)", err, werr)
-	}
-	return r, nil
-}
-
-func (c *StreamClient) kill() {
-	if c.cmd.Process != nil {
-		_ = c.cmd.Process.Kill()
-	}
-	_ = c.cmd.Wait()
-}

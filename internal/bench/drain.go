@@ -79,15 +79,11 @@ func Drain(ctx context.Context, o DrainOptions) (res DrainResult, err error) {
 	}
 	res = DrainResult{Containers: o.Containers, MemoryBytes: o.MemoryBytes, DirtyRate: o.DirtyRate, Mode: o.Mode, Runs: []DrainRun{}}
 	o.logf("bringing up a 3-host lab (bandwidth %d bit/s)", o.BandwidthBps)
-	l, err := lab.Up(ctx, lab.Options{Hosts: 3, BandwidthBps: o.BandwidthBps, FerryBin: o.FerryBin})
+	l, down, err := upLab(ctx, lab.Options{Hosts: 3, BandwidthBps: o.BandwidthBps, FerryBin: o.FerryBin})
 	if err != nil {
 		return res, err
 	}
-	defer func() {
-		if derr := lab.Down(context.WithoutCancel(ctx)); derr != nil && err == nil {
-			err = derr
-		}
-	}()
+	defer down(&err)
 	src, dst, client := &l.Hosts[0], &l.Hosts[1], &l.Hosts[2]
 	if res.LinkBps, err = lab.MeasureLinkThroughput(ctx, l, src.Name, dst.Name, 3*time.Second); err != nil {
 		return res, fmt.Errorf("link: %w", err)

@@ -179,15 +179,11 @@ func Faults(ctx context.Context, o FaultsOptions) (res FaultsResult, err error) 
 	if len(cases) == 0 {
 		return res, errors.New("no fault case matches: see `ferry bench faults --help` for which faults apply to which phases")
 	}
-	l, err := lab.Up(ctx, lab.Options{Hosts: 3, OutageTimeout: o.OutageTimeout, FerryBin: o.FerryBin})
+	l, down, err := upLab(ctx, lab.Options{Hosts: 3, OutageTimeout: o.OutageTimeout, FerryBin: o.FerryBin})
 	if err != nil {
 		return res, err
 	}
-	defer func() {
-		if derr := lab.Down(context.WithoutCancel(ctx)); derr != nil && err == nil {
-			err = fmt.Errorf("the matrix ran, but the lab did not go down: %w", derr)
-		}
-	}()
+	defer down(&err)
 	res.Cases = []FaultCase{}
 	for i, c := range cases {
 		o.logf("case %d/%d: %s, %s at %s", i+1, len(cases), c.Mode, c.Fault, c.Phase)

@@ -171,15 +171,11 @@ func Migrate(ctx context.Context, o MigrateOptions) (res MigrateResult, err erro
 	}
 	res = MigrateResult{Runtime: o.Runtime, Mode: o.Mode, MemoryBytes: o.MemoryBytes, DirtyRate: o.DirtyRate, BandwidthBps: o.BandwidthBps, Paths: max(o.Paths, 1), Runs: []Run{}}
 	o.logf("bringing up a 3-host lab (bandwidth %d bit/s, %d path(s))", o.BandwidthBps, max(o.Paths, 1))
-	l, err := lab.Up(ctx, lab.Options{Hosts: 3, BandwidthBps: o.BandwidthBps, Paths: o.Paths, OutageTimeout: o.OutageTimeout, Streams: o.Streams, FerryBin: o.FerryBin})
+	l, down, err := upLab(ctx, lab.Options{Hosts: 3, BandwidthBps: o.BandwidthBps, Paths: o.Paths, OutageTimeout: o.OutageTimeout, Streams: o.Streams, FerryBin: o.FerryBin})
 	if err != nil {
 		return res, err
 	}
-	defer func() {
-		if derr := lab.Down(context.WithoutCancel(ctx)); derr != nil && err == nil {
-			err = derr
-		}
-	}()
+	defer down(&err)
 	src, dst, client := &l.Hosts[0], &l.Hosts[1], &l.Hosts[2]
 	if o.Runtime == "podman" {
 		o.logf("importing the workload image into h1's and h2's Podman")
@@ -228,6 +224,20 @@ func Migrate(ctx context.Context, o MigrateOptions) (res MigrateResult, err erro
 		res.Baselines.Podman = &pb
 	}
 	return res, nil
+}
+
+// upLab brings up a bench's lab. down, deferred with the bench's named
+// error, takes it down, and reports a failure to when nothing else failed.
+func upLab(ctx context.Context, o lab.Options) (*lab.Lab, func(err *error), error) {
+	l, err := lab.Up(ctx, o)
+	if err != nil {
+		return nil, nil, err
+	}
+	return l, func(err *error) {
+		if derr := lab.Down(context.WithoutCancel(ctx)); derr != nil && *err == nil {
+			*err = fmt.Errorf("the bench ran, but the lab did not go down: %w", derr)
+		}
+	}, nil
 }
 
 func (o MigrateOptions) logf(format string, args ...any) {
@@ -294,7 +304,7 @@ func (o MigrateOptions) runOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 		return r
 	}
 	if o.TCPClient {
-		if stream, err = StartStream(ctx, client, o.FerryBin, fmt.Sprintf("%s:%d", tcpClientIP, echoPort)); err != nil {
+		if stream, err = StartStream(ctx, client, o.FerryBin, "stream", "--addr", fmt.Sprintf("%s:%d", tcpClientIP, echoPort)); err != nil {
 			_, _ = p.Stop()
 			r.Error = err.Error()
 			return r

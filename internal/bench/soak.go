@@ -76,15 +76,11 @@ func Soak(ctx context.Context, o SoakOptions) (res SoakResult, err error) {
 	if o.DirtyRate == 0 {
 		o.DirtyRate = 200
 	}
-	l, err := lab.Up(ctx, lab.Options{Hosts: 3, FerryBin: o.FerryBin})
+	l, down, err := upLab(ctx, lab.Options{Hosts: 3, FerryBin: o.FerryBin})
 	if err != nil {
 		return res, err
 	}
-	defer func() {
-		if derr := lab.Down(context.WithoutCancel(ctx)); derr != nil && err == nil {
-			err = fmt.Errorf("the soak ran, but the lab did not go down: %w", derr)
-		}
-	}()
+	defer down(&err)
 	hosts := []*lab.Host{&l.Hosts[0], &l.Hosts[1]}
 	before := snapshot(l)
 	const name = "soak"

@@ -71,12 +71,13 @@ func readWithin(c net.Conn, n int, d time.Duration) (string, error) {
 	return string(b), err
 }
 
-// Held packets reach nobody until the release, then arrive: the queue had
-// them (the sender did not have to retransmit).
-func TestHoldReleaseDelivers(t *testing.T) {
+// pingHeld connects a client and a server in a new namespace, holds what
+// reaches it, and has the client send "ping", which must not arrive.
+func pingHeld(t *testing.T) (path string, client, server net.Conn, h *Hold) {
+	t.Helper()
 	path, ns := holdNetns(t)
-	defer ns.Close()
-	client, server := connected(t, ns)
+	t.Cleanup(func() { ns.Close() })
+	client, server = connected(t, ns)
 	h, err := HoldIncoming(path)
 	if err != nil {
 		t.Fatal(err)
@@ -87,6 +88,13 @@ func TestHoldReleaseDelivers(t *testing.T) {
 	if got, err := readWithin(server, 4, 500*time.Millisecond); err == nil {
 		t.Fatalf("%q arrived while held", got)
 	}
+	return path, client, server, h
+}
+
+// Held packets reach nobody until the release, then arrive: the queue had
+// them (the sender did not have to retransmit).
+func TestHoldReleaseDelivers(t *testing.T) {
+	path, client, server, h := pingHeld(t)
 	n, err := h.Release()
 	if err != nil {
 		t.Fatal(err)
@@ -112,19 +120,7 @@ func TestHoldReleaseDelivers(t *testing.T) {
 // Dropped packets are lost to the queue; TCP sends them again, and the
 // connection carries on.
 func TestHoldDropLetsTCPRetransmit(t *testing.T) {
-	path, ns := holdNetns(t)
-	defer ns.Close()
-	client, server := connected(t, ns)
-	h, err := HoldIncoming(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := client.Write([]byte("ping")); err != nil {
-		t.Fatal(err)
-	}
-	if got, err := readWithin(server, 4, 300*time.Millisecond); err == nil {
-		t.Fatalf("%q arrived while held", got)
-	}
+	_, _, server, h := pingHeld(t)
 	h.Drop()
 	if got, err := readWithin(server, 4, 10*time.Second); err != nil || got != "ping" {
 		t.Fatalf("after the drop: %q, %v", got, err)

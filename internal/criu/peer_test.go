@@ -2,24 +2,18 @@ package criu
 
 import (
 	"net"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/ferry-migrate/ferry/internal/criu/criutest"
 )
 
 // A connection from this process is refused; one from a child process
 // named criu is accepted.
 func TestFromOwnCRIU(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: reads other processes' descriptors")
-	}
-	bash, err := exec.LookPath("bash")
-	if err != nil {
-		t.Skip("needs bash (its /dev/tcp plays CRIU's page client)")
-	}
+	fake := criutest.FakeCRIU(t) // its /dev/tcp plays CRIU's page client
 	l, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		t.Fatal(err)
@@ -47,15 +41,6 @@ func TestFromOwnCRIU(t *testing.T) {
 	}
 	c.Close()
 
-	// A copy of bash named criu: the kernel names a process after its file.
-	fake := filepath.Join(t.TempDir(), "criu")
-	b, err := os.ReadFile(bash)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(fake, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	cmd := exec.Command(fake, "-c", "exec 3<>/dev/tcp/127.0.0.1/"+port+"; read -t 10 <&3")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

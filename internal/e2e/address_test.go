@@ -1,9 +1,7 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"os"
 	"strings"
 	"testing"
@@ -16,36 +14,25 @@ import (
 	"github.com/ferry-migrate/ferry/internal/lab"
 )
 
-// streamResult is what the lab's connection-keeping clients report.
-type streamResult struct {
-	Sent, Received int
-	MaxGapMs       float64 `json:"max_gap_ms"`
-	OK             bool
-	Error          string
-}
-
 // startClient runs a lab-tool client on host that holds one TCP connection
 // (stream, redis); finish closes its stdin and returns its verdict.
-func startClient(t *testing.T, h *lab.Host, bin string, args ...string) (finish func() streamResult) {
+func startClient(t *testing.T, h *lab.Host, bin string, args ...string) (finish func() bench.StreamResult) {
 	t.Helper()
-	c := h.Command(context.Background(), bin, append([]string{"lab-tool"}, args...)...)
-	in, _ := c.StdinPipe()
-	out, _ := c.StdoutPipe()
-	c.Stderr = os.Stderr
-	if err := c.Start(); err != nil {
+	c, err := bench.StartStream(context.Background(), h, bin, args...)
+	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = c.Process.Kill(); _ = c.Wait() })
-	rd := bufio.NewReader(out)
-	if line, err := rd.ReadString('\n'); err != nil || !strings.Contains(line, "connected") {
-		t.Fatalf("%v: %q %v", args, line, err)
-	}
-	return func() streamResult {
-		in.Close()
-		var r streamResult
-		line, err := rd.ReadString('\n')
-		if err != nil || json.Unmarshal([]byte(line), &r) != nil {
-			t.Fatalf("%v result %q: %v", args, line, err)
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			_, _ = c.Stop()
+		}
+	})
+	return func() bench.StreamResult {
+		stopped = true
+		r, err := c.Stop()
+		if err != nil {
+			t.Fatalf("%v: %v", args, err)
 		}
 		return r
 	}

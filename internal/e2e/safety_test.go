@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/procs"
@@ -199,17 +200,9 @@ func TestSIGTERMDrains(t *testing.T) {
 // back its recovery drops the copy and the source, frozen meanwhile,
 // resumes: the container runs once, at the source.
 func TestPostcopyDestinationAgentDiesMidPull(t *testing.T) {
-	requireLab(t)
-	bin := ferryBin(t)
-	l := upShapedLab(t, bin, 100_000_000) // 64 MiB take ~5 s to pull
 	const name = "hog-pull-dies"
-	p := startMemhog(t, l, bin, name)
+	l, p := slowPullLab(t, name)
 	defer p.Stop()
-	t.Cleanup(func() {
-		for _, h := range l.Hosts[:2] {
-			_ = h.Runc().Delete(context.Background(), name)
-		}
-	})
 	rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
 		engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: engine.ModePostcopy, Faults: []string{"kill-destination@lazy-pages"}}, nil)
 	if err != nil {
@@ -233,6 +226,22 @@ func TestPostcopyDestinationAgentDiesMidPull(t *testing.T) {
 	}
 }
 
+// slowPullLab brings up a lab whose link takes ~5 s to carry memhog's 64
+// MiB and starts memhog as name on h1, removed from both hosts at the end.
+func slowPullLab(t *testing.T, name string) (*lab.Lab, *bench.ProbeProc) {
+	t.Helper()
+	requireLab(t)
+	bin := ferryBin(t)
+	l := upShapedLab(t, bin, 100_000_000)
+	p := startMemhog(t, l, bin, name)
+	t.Cleanup(func() {
+		for _, h := range l.Hosts[:2] {
+			_ = h.Runc().Delete(context.Background(), name)
+		}
+	})
+	return l, p
+}
+
 // lazyDaemons counts the host's `criu lazy-pages` processes.
 func lazyDaemons() int {
 	n := 0
@@ -250,17 +259,9 @@ func lazyDaemons() int {
 // lazy-pages daemon dying (the OOM killer, a kill) leaves the copy's faults
 // waiting instead of filled with zeros; it lets go once every page is in.
 func TestPostcopyAgentHoldsFaults(t *testing.T) {
-	requireLab(t)
-	bin := ferryBin(t)
-	l := upShapedLab(t, bin, 100_000_000) // 64 MiB take ~5 s to pull
 	const name = "hog-held"
-	p := startMemhog(t, l, bin, name)
+	l, p := slowPullLab(t, name)
 	defer p.Stop()
-	t.Cleanup(func() {
-		for _, h := range l.Hosts[:2] {
-			_ = h.Runc().Delete(context.Background(), name)
-		}
-	})
 	type result struct {
 		rep engine.Report
 		err error

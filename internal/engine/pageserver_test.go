@@ -4,24 +4,18 @@ import (
 	"context"
 	"io"
 	"net"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ferry-migrate/ferry/internal/criu/criutest"
 )
 
 // The page tunnel takes CRIU's page client only: a local process that
 // connects first is shut out, and the tunnel waits on for CRIU.
 func TestLoopbackTunnelTakesOnlyCRIU(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: reads other processes' descriptors")
-	}
-	bash, err := exec.LookPath("bash")
-	if err != nil {
-		t.Skip("needs bash (its /dev/tcp plays CRIU's page client)")
-	}
+	fake := criutest.FakeCRIU(t) // its /dev/tcp plays CRIU's page client
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	got := make(chan string, 1)
@@ -45,14 +39,6 @@ func TestLoopbackTunnelTakesOnlyCRIU(t *testing.T) {
 		t.Fatalf("the intruder's connection: %v, want it closed", err)
 	}
 
-	fake := filepath.Join(t.TempDir(), "criu")
-	b, err := os.ReadFile(bash)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(fake, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	host, port, _ := net.SplitHostPort(addr)
 	// Like CRIU, it holds the connection while it streams (and ends on a
 	// builtin: bash would exec an external last command, renaming itself).
