@@ -27,17 +27,17 @@ test: setup build
 # A short run of every wire decoder's fuzz test, on top of its seed corpus.
 FUZZTIME ?= 6s
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzReadFrame$$' -fuzztime $(FUZZTIME) ./internal/transport
-	$(GO) test -run '^$$' -fuzz '^FuzzChannelRecv$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 0 ./internal/transport
-	$(GO) test -run '^$$' -fuzz '^FuzzReadFrame$$' -fuzztime $(FUZZTIME) ./internal/transport/stripe
-	$(GO) test -run '^$$' -fuzz '^FuzzApplyDelta$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 0 ./internal/rootfs
-	$(GO) test -run '^$$' -fuzz '^FuzzApplyDelta$$' -fuzztime $(FUZZTIME) ./internal/pages
-	$(GO) test -run '^$$' -fuzz '^FuzzDecoder$$' -fuzztime $(FUZZTIME) ./internal/pages
-	$(GO) test -run '^$$' -fuzz '^FuzzExpand$$' -fuzztime $(FUZZTIME) ./internal/pagestream
-	$(GO) test -run '^$$' -fuzz '^FuzzServeLazy$$' -fuzztime $(FUZZTIME) ./internal/pagestream
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodePagemap$$' -fuzztime $(FUZZTIME) ./internal/images
-	$(GO) test -run '^$$' -fuzz '^FuzzReceiveDir$$' -fuzztime $(FUZZTIME) ./internal/images
-	$(GO) test -run '^$$' -fuzz '^FuzzDestinationSession$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 0 ./internal/engine
+	FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh FuzzReadFrame ./internal/transport
+	FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh FuzzChannelRecv ./internal/transport -fuzzminimizetime 0
+	FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh FuzzReadFrame ./internal/transport/stripe
+	FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh FuzzApplyDelta ./internal/rootfs -fuzzminimizetime 0
+	FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh FuzzApplyDelta ./internal/pages
+	FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh FuzzDecoder ./internal/pages
+	FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh FuzzExpand ./internal/pagestream
+	FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh FuzzServeLazy ./internal/pagestream
+	FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh FuzzDecodePagemap ./internal/images
+	FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh FuzzReceiveDir ./internal/images
+	FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh FuzzDestinationSession ./internal/engine -fuzzminimizetime 0
 
 demo: setup build
 	@bash scripts/demo.sh
