@@ -5,16 +5,25 @@ GO      ?= go
 BIN     := bin
 export PATH := /usr/local/go/bin:/usr/local/sbin:$(PATH)
 
-.PHONY: all setup build test unit fuzz demo bench clean lab-down
+.PHONY: all setup build man test unit fuzz demo bench clean lab-down
 
 all: build
 
 setup:
 	@bash scripts/setup.sh
 
+# A static binary, named by git (a clone without tags says its commit).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null)
+LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+
 build:
-	$(GO) build -o $(BIN)/ferry ./cmd/ferry
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ferry ./cmd/ferry
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/memhog ./workloads/memhog
+
+# Man pages from the commands' help, into bin/man (not kept in git).
+man: build
+	$(BIN)/ferry man --dir $(BIN)/man
 
 # Every test: unit and integration (real CRIU, runc, Podman, namespaces).
 # Packages run one at a time: the lab's namespaces and cgroups are shared

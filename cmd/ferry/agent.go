@@ -22,6 +22,7 @@ func newAgentCmd() *cobra.Command {
 		insecure        bool
 		outage          time.Duration
 		segmentRanges   []string
+		configPath      string
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -29,13 +30,23 @@ func newAgentCmd() *cobra.Command {
 		Long: `agent is ferry's daemon, one per host. It receives migrations from other
 agents on --listen (TCP) and takes requests from the ferry CLI on --control
 (a unix socket only root can open). Each agent has its own state directory
-and runc root, so several agents on one machine behave like separate hosts.`,
-		Example: `  ferry agent --listen 0.0.0.0:7070 --tls-dir /etc/ferry/tls
+and runc root, so several agents on one machine behave like separate hosts.
+
+Settings can come from a file (--config, TOML, keys named like the flags);
+flags on the command line override it. packaging/ has a systemd unit that
+runs the agent with /etc/ferry/agent.toml, and the example file.`,
+		Example: `  ferry agent --config /etc/ferry/agent.toml
+  ferry agent --listen 0.0.0.0:7070 --tls-dir /etc/ferry/tls
   ferry agent --listen 10.0.1.5:7070,10.0.2.5:7070 --mptcp=false --streams 4 --tls-dir /etc/ferry/tls
   ferry agent --name h2 --listen 10.77.0.2:7070 --control /run/ferry/lab/h2.sock \
       --state /var/lib/ferry/lab/h2 --cgroup-parent ferry-h2 --netns /var/run/netns/ferry-h2`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if configPath != "" {
+				if err := applyConfig(cmd.Flags(), configPath); err != nil {
+					return err
+				}
+			}
 			if a.Host.Name == "" {
 				n, err := os.Hostname()
 				if err != nil {
@@ -75,6 +86,7 @@ and runc root, so several agents on one machine behave like separate hosts.`,
 		},
 	}
 	f := cmd.Flags()
+	f.StringVar(&configPath, "config", "", "TOML file of settings, named like these flags without the dashes (listen = [\"0.0.0.0:7070\"], tls-dir = \"/etc/ferry/tls\"); flags given here win (packaging/agent.toml is an example)")
 	f.StringVar(&a.Host.Name, "name", "", "host name used in reports (default: the hostname)")
 	f.StringSliceVar(&a.Listen, "listen", nil, "TCP address to receive migrations on, e.g. 0.0.0.0:7070; repeat (or comma-separate) for one address per network path: sessions striped over --streams spread over them")
 	f.StringVar(&a.Control, "control", agent.DefaultControl, "unix socket for the ferry CLI")

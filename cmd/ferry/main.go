@@ -17,7 +17,8 @@ type exitError struct{ code int }
 
 func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
 
-func main() {
+// newRootCmd is ferry with every command.
+func newRootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "ferry",
 		Short: "Live migration of running Linux containers",
@@ -34,7 +35,14 @@ Start with:
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newCheckCmd(), newAgentCmd(), newMigrateCmd(), newDrainCmd(), newLabCmd(), newBenchCmd(), newCertsCmd(), newPlanCmd(), newCalibrateCmd(), newLabToolCmd())
+	root.Version = version
+	root.SetVersionTemplate(versionLine() + "\n")
+	root.AddCommand(newCheckCmd(), newAgentCmd(), newMigrateCmd(), newDrainCmd(), newLabCmd(), newBenchCmd(), newCertsCmd(), newPlanCmd(), newCalibrateCmd(), newVersionCmd(), newManCmd(), newLabToolCmd())
+	return root
+}
+
+func main() {
+	root := newRootCmd()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := root.ExecuteContext(ctx)
 	stop()

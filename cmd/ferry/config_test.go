@@ -1,0 +1,74 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+func testFlags() (*pflag.FlagSet, *[]string, *string, *time.Duration, *int, *bool) {
+	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
+	listen := fs.StringSlice("listen", nil, "")
+	tlsDir := fs.String("tls-dir", "", "")
+	outage := fs.Duration("outage-timeout", 30*time.Second, "")
+	maxIn := fs.Int("max-incoming", 4, "")
+	mptcp := fs.Bool("mptcp", true, "")
+	fs.String("config", "", "")
+	return fs, listen, tlsDir, outage, maxIn, mptcp
+}
+
+func writeConfig(t *testing.T, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "agent.toml")
+	if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// The file sets what the command line does not; the command line wins.
+func TestApplyConfig(t *testing.T) {
+	fs, listen, tlsDir, outage, maxIn, mptcp := testFlags()
+	if err := fs.Parse([]string{"--max-incoming", "2"}); err != nil {
+		t.Fatal(err)
+	}
+	p := writeConfig(t, `
+listen = ["10.0.1.5:7070", "10.0.2.5:7070"]
+tls-dir = "/etc/ferry/tls"
+outage-timeout = "45s"
+max-incoming = 8
+mptcp = false
+`)
+	if err := applyConfig(fs, p); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(*listen, []string{"10.0.1.5:7070", "10.0.2.5:7070"}) || *tlsDir != "/etc/ferry/tls" || *outage != 45*time.Second || *mptcp {
+		t.Errorf("listen %v tls-dir %q outage %v mptcp %v", *listen, *tlsDir, *outage, *mptcp)
+	}
+	if *maxIn != 2 {
+		t.Errorf("max-incoming %d: the command line's 2 must win", *maxIn)
+	}
+}
+
+// Mistakes are errors that name the file and the setting.
+func TestApplyConfigErrors(t *testing.T) {
+	for _, c := range []struct{ text, want string }{
+		{`listn = ["a:1"]`, `unknown setting "listn"`},
+		{`config = "/x"`, `unknown setting "config"`},
+		{`max-incoming = "many"`, "max-incoming"},
+		{`outage-timeout = [1, 2]`, "outage-timeout"},
+		{`[tls]`, `unknown setting "tls"`},
+		{`listen = `, "config"},
+	} {
+		fs, _, _, _, _, _ := testFlags()
+		err := applyConfig(fs, writeConfig(t, c.text))
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "agent.toml") {
+			t.Errorf("%q: %v, want an error naming the file and %q", c.text, err, c.want)
+		}
+	}
+}

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// The example configuration is valid for the agent as it is.
+func TestExampleAgentConfig(t *testing.T) {
+	cmd := newAgentCmd()
+	if err := applyConfig(cmd.Flags(), "../../packaging/agent.toml"); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := cmd.Flags().GetStringSlice("listen"); len(v) != 1 || v[0] != "0.0.0.0:7070" {
+		t.Errorf("listen = %v", v)
+	}
+}
+
+// The systemd units pass systemd-analyze verify, with the unit's ferry
+// binary replaced by the one built here.
+func TestSystemdUnitsVerify(t *testing.T) {
+	analyze, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Skip("needs systemd-analyze")
+	}
+	bin := os.Getenv("FERRY_BIN")
+	if bin == "" {
+		t.Skip("needs FERRY_BIN, the ferry binary the unit starts (make test sets it)")
+	}
+	dir := t.TempDir()
+	var units []string
+	for _, name := range []string{"ferry-agent.service", "run-criu.mount"} {
+		b, err := os.ReadFile(filepath.Join("../../packaging/systemd", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := strings.ReplaceAll(string(b), "/usr/bin/ferry", bin)
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		units = append(units, p)
+	}
+	out, err := exec.Command(analyze, append([]string{"verify"}, units...)...).CombinedOutput()
+	if err != nil || len(strings.TrimSpace(string(out))) > 0 {
+		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
+
+// Every visible command gets a man page, and none of the hidden ones.
+func TestManPages(t *testing.T) {
+	dir := t.TempDir()
+	root := newRootCmd()
+	root.SetArgs([]string{"man", "--dir", dir})
+	if err := root.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"ferry.1", "ferry-migrate.1", "ferry-drain.1", "ferry-agent.1", "ferry-version.1", "ferry-bench-faults.1"} {
+		b, err := os.ReadFile(filepath.Join(dir, want))
+		if err != nil || !strings.Contains(string(b), ".SH NAME") {
+			t.Errorf("%s: %v", want, err)
+		}
+	}
+	for _, hidden := range []string{"ferry-lab-tool.1", "ferry-man.1"} {
+		if _, err := os.Stat(filepath.Join(dir, hidden)); err == nil {
+			t.Errorf("%s written for a hidden command", hidden)
+		}
+	}
+}
