@@ -233,4 +233,3 @@ func transferRate(ctx context.Context, ferry string, from, to *lab.Host, args ..
 	}
 	return float64(n) * 8 / secs, nil
 }
-
