@@ -37,7 +37,7 @@ Start with:
 	}
 	root.Version = version
 	root.SetVersionTemplate(versionLine() + "\n")
-	root.AddCommand(newCheckCmd(), newAgentCmd(), newMigrateCmd(), newDrainCmd(), newLabCmd(), newBenchCmd(), newCertsCmd(), newPlanCmd(), newCalibrateCmd(), newVersionCmd(), newManCmd(), newLabToolCmd())
+	root.AddCommand(newCheckCmd(), newAgentCmd(), newMigrateCmd(), newDrainCmd(), newPsCmd(), newCancelCmd(), newWaitCmd(), newLabCmd(), newBenchCmd(), newCertsCmd(), newPlanCmd(), newCalibrateCmd(), newVersionCmd(), newManCmd(), newLabToolCmd())
 	return root
 }
 

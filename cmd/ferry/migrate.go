@@ -19,6 +19,7 @@ func newMigrateCmd() *cobra.Command {
 		req         engine.Request
 		from, maxBW string
 		asJSON      bool
+		detach      bool
 	)
 	cmd := &cobra.Command{
 		Use:   "migrate CONTAINER --to DEST",
@@ -55,7 +56,13 @@ destination), total_ms (until the destination owns the container and, for
 post-copy modes, has all its memory), frozen_ms (time the source copy stayed
 frozen), bytes_sent (on the wire), memory_bytes (memory moved), phases, and
 per technique: rounds, pages faulted/pushed, pages the destination already
-held.`,
+held.
+
+The migration runs in the source agent, under an ID it gives it when it
+accepts the request: ferry ps lists it, ferry wait ID follows it, ferry
+cancel ID aborts it while the source can still resume. Ctrl-C cancels the
+same way (and waits for the report); a second Ctrl-C leaves it running and
+returns. --detach returns at once with the ID.`,
 		Example: `  ferry migrate memhog --from h1 --to h2
   ferry migrate web --to 192.0.2.10:7070 --json
   ferry migrate db --runtime runc --runc-root /run/myapp/runc --to 192.0.2.10:7070`,
@@ -78,9 +85,17 @@ held.`,
 					fmt.Fprintf(os.Stderr, "\r\033[K%-12s %10s  %s", p.Phase, humanBytes(p.Bytes), humanRate(p.RateBps))
 				}
 			}
-			rep, err := agent.Migrate(cmd.Context(), control, req, progress)
+			rep, detached, err := followMigration(cmd.Context(), control, req, detach, progress)
 			if progress != nil {
 				fmt.Fprint(os.Stderr, "\r\033[K")
+			}
+			if detached != "" {
+				if detach {
+					fmt.Println(detached)
+				} else {
+					fmt.Fprintf(os.Stderr, "detached: migration %s goes on at the source agent; ferry wait %s shows its end\n", detached, detached)
+				}
+				return nil
 			}
 			if err != nil {
 				return err
@@ -102,6 +117,7 @@ held.`,
 	f.StringVar(&req.Mode, "mode", engine.ModeCold, "technique: cold, precopy, postcopy, hybrid, or auto (measure, plan with the host profile, run the recommended one)")
 	addPrecopyFlags(cmd, &req.Precopy)
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON, no progress line")
+	f.BoolVar(&detach, "detach", false, "print the migration's ID once the agent accepted it and leave it running (ferry ps, ferry wait ID, ferry cancel ID)")
 	f.StringVar(&req.Runtime, "runtime", engine.RuntimeAuto, "the container's runtime: auto (find it by name), runc, podman or lxc")
 	f.StringVar(&req.RuncRoot, "runc-root", "", "runc root the container lives under (default: the source agent's --runc-root)")
 	f.StringVar(&maxBW, "max-bandwidth", "", "cap the migration's sending rate (e.g. 500mbit) to leave room for other traffic")

@@ -6,6 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/ferry-migrate/ferry/internal/engine"
 )
 
 // The example configuration is valid for the agent as it is.
@@ -68,5 +71,28 @@ func TestManPages(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dir, hidden)); err == nil {
 			t.Errorf("%s written for a hidden command", hidden)
 		}
+	}
+}
+
+// ps prints a table: a running job with its phase, an ended one with its
+// outcome.
+func TestPrintJobs(t *testing.T) {
+	now := time.Unix(1000, 0)
+	var b strings.Builder
+	printJobs(&b, []engine.Job{
+		{ID: "aaaaaaaaaaaa", Container: "web", To: "h2", Mode: "precopy", Started: now.Add(-2 * time.Second), Progress: engine.Progress{Phase: "round-1", Bytes: 3 << 20}},
+		{ID: "bbbbbbbbbbbb", Container: "db", To: "h2", Mode: "cold", Started: now.Add(-9 * time.Second), Ended: now.Add(-6 * time.Second),
+			Report: &engine.Report{OK: false, FailedAt: "restore on h2"}},
+	}, now)
+	out := b.String()
+	for _, want := range []string{"ID  ", "aaaaaaaaaaaa  web", "round-1", "3.0 MiB", "2s", "failed at restore on h2", "3s"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in:\n%s", want, out)
+		}
+	}
+	b.Reset()
+	printJobs(&b, nil, now)
+	if !strings.Contains(b.String(), "no migrations") {
+		t.Errorf("empty: %q", b.String())
 	}
 }

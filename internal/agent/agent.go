@@ -76,6 +76,7 @@ type Agent struct {
 
 	mu      sync.Mutex
 	busy    map[string]bool // containers with a migration under way
+	jobs    *jobs           // this agent's migrations as a source
 	feats   criu.Features
 	set     runtime.Set // the runtimes this host has (newRuntimes)
 	journal *journal.Journal
@@ -131,6 +132,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.Log = slog.Default()
 	}
 	a.busy = map[string]bool{}
+	a.jobs = newJobs(filepath.Join(a.Host.StateDir, "jobs"))
 	if err := os.MkdirAll(a.Host.StateDir, 0o700); err != nil {
 		return err
 	}
@@ -377,10 +379,54 @@ func (a *Agent) control(ctx context.Context, src *engine.Source, ch *transport.C
 			s.Runtimes = a.runtimes(req.RuncRoot)
 			src = &s
 		}
-		rep := src.Migrate(ctx, req, func(p engine.Progress) { _ = ch.Send(engine.Event{Progress: &p}) })
-		a.Log.Info("migration ended", "container", req.Container, "ok", rep.OK, "downtime_ms", rep.DowntimeMs, "error", rep.Error)
+		j, jctx := a.jobs.start(ctx, req)
+		req.ID = j.info.ID
+		// The CLI may leave (ferry migrate --detach, or it died): the
+		// migration goes on, and ferry wait finds it by its ID.
+		_ = ch.Send(engine.Event{Job: &engine.JobRef{ID: req.ID}})
+		rep := src.Migrate(jctx, req, func(p engine.Progress) {
+			a.jobs.progress(j, p)
+			_ = ch.Send(engine.Event{Progress: &p})
+		})
+		a.Log.Info("migration ended", "id", req.ID, "container", req.Container, "ok", rep.OK, "downtime_ms", rep.DowntimeMs, "error", rep.Error)
+		if err := a.jobs.end(j, rep); err != nil {
+			a.Log.Warn("could not keep the migration's report", "id", req.ID, "error", err)
+		}
 		if rep.InDoubtID != "" {
 			go a.resolveSource(ctx, rep.InDoubtID)
+		}
+		_ = ch.Send(engine.Event{Report: &rep})
+	case engine.ChanJobs:
+		var q engine.JobsQuery
+		if err := ch.Recv(&q); err != nil {
+			return
+		}
+		js, err := a.jobs.list(q.All)
+		if err != nil {
+			_ = ch.Fail(err)
+			return
+		}
+		_ = ch.Send(js)
+	case engine.ChanCancel:
+		var ref engine.JobRef
+		if err := ch.Recv(&ref); err != nil {
+			return
+		}
+		r, err := a.jobs.cancelJob(ref.ID)
+		if err != nil {
+			_ = ch.Fail(err)
+			return
+		}
+		_ = ch.Send(r)
+	case engine.ChanWait:
+		var ref engine.JobRef
+		if err := ch.Recv(&ref); err != nil {
+			return
+		}
+		rep, err := a.jobs.wait(ctx, ref.ID, func(p engine.Progress) { _ = ch.Send(engine.Event{Progress: &p}) })
+		if err != nil {
+			_ = ch.Fail(err)
+			return
 		}
 		_ = ch.Send(engine.Event{Report: &rep})
 	case engine.ChanStatus:

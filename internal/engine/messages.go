@@ -6,6 +6,7 @@ package engine
 
 import (
 	"encoding/json"
+	"time"
 
 	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/model"
@@ -38,7 +39,42 @@ type QueryAnswer struct {
 const (
 	ChanMigrate = "migrate" // CLI asks the agent to migrate one of its containers
 	ChanStatus  = "status"  // CLI asks what the agent runs
+	ChanJobs    = "jobs"    // CLI lists migrations (JobsQuery -> []Job)
+	ChanCancel  = "cancel"  // CLI cancels one (JobRef -> CancelReply)
+	ChanWait    = "wait"    // CLI follows one to its end (JobRef -> Events)
 )
+
+// Job is a migration as the source agent knows it: from when it was
+// accepted, with its last progress, and its report once it ended.
+type Job struct {
+	ID        string    `json:"id"`
+	Container string    `json:"container"`
+	To        string    `json:"to"`
+	Mode      string    `json:"mode"`
+	Started   time.Time `json:"started"`
+	Progress  Progress  `json:"progress"`
+	// Ended is zero while it runs; Report is set once it ended.
+	Ended  time.Time `json:"ended,omitzero"`
+	Report *Report   `json:"report,omitempty"`
+}
+
+// JobsQuery asks for the running migrations, and with All the ended ones
+// the agent kept too.
+type JobsQuery struct {
+	All bool `json:"all"`
+}
+
+// JobRef names one migration.
+type JobRef struct {
+	ID string `json:"id"`
+}
+
+// CancelReply says whether a cancel was taken: a migration past its
+// commit cannot be, and Reason says why.
+type CancelReply struct {
+	Cancelled bool   `json:"cancelled"`
+	Reason    string `json:"reason,omitempty"`
+}
 
 // RuntimeAuto finds a container by name in every runtime present.
 const RuntimeAuto = "auto"
@@ -138,6 +174,9 @@ type RootfsDone struct {
 
 // Request is what the CLI asks of a source agent.
 type Request struct {
+	// ID is the migration's, given by the source agent when it accepts the
+	// request (the CLI leaves it empty).
+	ID string `json:"id,omitempty"`
 	Container string `json:"container"`
 	To        string `json:"to"`
 	Mode      string `json:"mode"`
@@ -163,8 +202,10 @@ type Progress struct {
 	RateBps float64 `json:"rate_bps"`
 }
 
-// Event is one message on a migrate channel: progress, then a report.
+// Event is one message on a migrate channel: the job's ID once it is
+// accepted, progress, then a report.
 type Event struct {
+	Job      *JobRef   `json:"job,omitempty"`
 	Progress *Progress `json:"progress,omitempty"`
 	Report   *Report   `json:"report,omitempty"`
 }

@@ -232,7 +232,7 @@ func (m *migration) runRounds(ctx context.Context, ps *precopySource) error {
 	var prev *Round
 	for i := 0; ; i++ {
 		if err := ctx.Err(); err != nil {
-			return failAt(fmt.Sprintf("pre-copy round %d", i), fmt.Errorf("cancelled (the agent is stopping, or the request was withdrawn): %w", err))
+			return failAt(fmt.Sprintf("pre-copy round %d", i), withdrawn(err))
 		}
 		m.begin(fmt.Sprintf("round-%d", i))
 		r, err := m.precopyRound(ctx, ps, i, prev)
@@ -258,6 +258,11 @@ func (m *migration) runRounds(ctx context.Context, ps *precopySource) error {
 	}
 }
 
+// withdrawn is the error of a migration whose context ended.
+func withdrawn(err error) error {
+	return fmt.Errorf("cancelled (the agent is stopping, or the request was withdrawn): %w", err)
+}
+
 // precopyRound reads the whole memory once and sends what changed.
 func (m *migration) precopyRound(ctx context.Context, ps *precopySource, i int, prev *Round) (Round, error) {
 	r := Round{Index: i}
@@ -275,6 +280,9 @@ func (m *migration) precopyRound(ctx context.Context, ps *precopySource, i int, 
 	var scanned uint64
 	ps.seen = make(map[pages.Key]struct{}, len(ps.held))
 	_, err = rd.Scan(func(p pages.Page) error {
+		if err := ctx.Err(); err != nil {
+			return withdrawn(err) // a cancel need not wait for the round's end
+		}
 		scanned++
 		ps.seen[p.Key] = struct{}{}
 		if old, ok := ps.held[p.Key]; ok && old == p.Hash {

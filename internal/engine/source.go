@@ -113,6 +113,9 @@ func failAt(where string, err error) error {
 	return &failure{where: where, err: err}
 }
 
+// NewID makes a migration ID.
+func NewID() string { return newID() }
+
 func newID() string {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
@@ -204,7 +207,11 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 	if !s.AllowFaults {
 		req.Faults = nil // they reach the destination, which decides for itself
 	}
-	m := &migration{req: req, id: newID(), host: s.Host, journal: s.Journal, rts: s.Runtimes, progress: progress, start: time.Now(), parentRound: -1, dial: s.Dial, profile: model.DefaultProfile(),
+	id := req.ID
+	if !ValidID(id) {
+		id = newID()
+	}
+	m := &migration{req: req, id: id, host: s.Host, journal: s.Journal, rts: s.Runtimes, progress: progress, start: time.Now(), parentRound: -1, dial: s.Dial, profile: model.DefaultProfile(),
 		phaseBegun: make(chan struct{}, 1)}
 	var ferr error
 	if m.faults, ferr = fault.ParseSet(req.Faults); ferr != nil {

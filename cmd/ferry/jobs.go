@@ -1,0 +1,209 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/internal/engine"
+)
+
+// followMigration runs a migration through the source agent and follows it
+// to its report. The first interrupt cancels it (where the source can still
+// resume; the report follows), a second one detaches; with detach it
+// returns as soon as the agent gave the migration its ID. detached is that
+// ID when the CLI left the migration running.
+func followMigration(ctx context.Context, control string, req engine.Request, detach bool, progress func(engine.Progress)) (rep engine.Report, detached string, err error) {
+	fctx, leave := context.WithCancel(context.WithoutCancel(ctx))
+	defer leave()
+	ids := make(chan string, 1)
+	var id string
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	go func() {
+		interrupts := 0
+		for {
+			select {
+			case <-fctx.Done():
+				return
+			case id = <-ids:
+				if detach {
+					leave()
+					return
+				}
+			case <-sigs:
+				interrupts++
+				if interrupts > 1 || id == "" {
+					leave()
+					return
+				}
+				r, err := agent.Cancel(fctx, control, id)
+				switch {
+				case err != nil:
+					fmt.Fprintf(os.Stderr, "\ncancel %s: %v\n", id, err)
+				case r.Cancelled:
+					fmt.Fprintf(os.Stderr, "\ncancelling %s; Ctrl-C again to leave it and return\n", id)
+				default:
+					fmt.Fprintf(os.Stderr, "\n%s cannot be cancelled: %s\n", id, r.Reason)
+				}
+			}
+		}
+	}()
+	var got string
+	rep, err = agent.MigrateJob(fctx, control, req, func(i string) { got = i; ids <- i }, progress)
+	if fctx.Err() != nil && got != "" {
+		return rep, got, nil
+	}
+	return rep, "", err
+}
+
+func newPsCmd() *cobra.Command {
+	var (
+		from        string
+		all, asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "ps",
+		Short: "List the migrations a source agent runs (and, with --all, those it ran)",
+		Long: `ps lists the migrations the agent at --from runs as their source: ID,
+container, destination, technique, phase, bytes sent, rate and time so far.
+With --all it adds the ended ones it kept (the last 200, across restarts)
+with their outcome and downtime; ferry wait ID prints one's report.`,
+		Example: `  ferry ps
+  ferry ps --all --from h1
+  ferry ps --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			control, _, err := resolveEndpoints(from, "")
+			if err != nil {
+				return err
+			}
+			js, err := agent.Jobs(cmd.Context(), control, all)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if js == nil {
+					js = []engine.Job{}
+				}
+				return printJSON(js)
+			}
+			printJobs(os.Stdout, js, time.Now())
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&from, "from", agent.DefaultControl, "the source agent's control socket or lab host name")
+	f.BoolVar(&all, "all", false, "also the ended migrations the agent kept")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+// printJobs prints jobs as a table.
+func printJobs(w io.Writer, js []engine.Job, now time.Time) {
+	if len(js) == 0 {
+		fmt.Fprintln(w, "no migrations")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tCONTAINER\tTO\tMODE\tSTATE\tSENT\tRATE\tTIME")
+	for _, j := range js {
+		state, rate := j.Progress.Phase, humanRate(j.Progress.RateBps)
+		elapsed := now.Sub(j.Started)
+		sent := humanBytes(j.Progress.Bytes)
+		if r := j.Report; r != nil {
+			elapsed, rate = j.Ended.Sub(j.Started), "-"
+			state = fmt.Sprintf("ok, downtime %.0f ms", r.DowntimeMs)
+			if !r.OK {
+				state = "failed at " + r.FailedAt
+			}
+			sent = humanBytes(r.BytesSent)
+		}
+		if state == "" {
+			state = "starting"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, j.Container, j.To, j.Mode, state, sent, rate, elapsed.Round(100*time.Millisecond))
+	}
+	tw.Flush()
+}
+
+func newCancelCmd() *cobra.Command {
+	var from string
+	cmd := &cobra.Command{
+		Use:   "cancel ID",
+		Short: "Abort a migration while its source can still resume the container",
+		Long: `cancel asks the source agent (--from) to abort migration ID. Before the
+commit the source resumes the container and the destination drops its copy;
+the migration's report (ferry wait ID) says so. From the commit on the
+destination owns the container, or may: such a migration is not cancelled,
+and cancel says why. Exit status 1 when nothing was cancelled.`,
+		Example: `  ferry cancel 3f2a9c0b71de`,
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			control, _, err := resolveEndpoints(from, "")
+			if err != nil {
+				return err
+			}
+			r, err := agent.Cancel(cmd.Context(), control, args[0])
+			if err != nil {
+				return err
+			}
+			if !r.Cancelled {
+				fmt.Printf("%s not cancelled: %s\n", args[0], r.Reason)
+				return exitError{1}
+			}
+			fmt.Printf("cancelling %s: the source resumes the container (ferry wait %s for the report)\n", args[0], args[0])
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&from, "from", agent.DefaultControl, "the source agent's control socket or lab host name")
+	return cmd
+}
+
+func newWaitCmd() *cobra.Command {
+	var (
+		from   string
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "wait ID",
+		Short: "Follow a migration to its end and print its report",
+		Long: `wait follows migration ID on the source agent (--from) until it ends, and
+prints its report as ferry migrate does (at once for one that has ended).
+Exit status 1 when the migration failed.`,
+		Example: `  id=$(ferry migrate web --to node2@192.0.2.10:7070 --mode precopy --detach)
+  ferry wait $id`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			control, _, err := resolveEndpoints(from, "")
+			if err != nil {
+				return err
+			}
+			rep, err := agent.Wait(cmd.Context(), control, args[0], nil)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				_ = printJSON(rep)
+			} else {
+				printReport(os.Stdout, rep)
+			}
+			if !rep.OK {
+				return exitError{1}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&from, "from", agent.DefaultControl, "the source agent's control socket or lab host name")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
+	return cmd
+}
