@@ -176,7 +176,7 @@ type RootfsDone struct {
 type Request struct {
 	// ID is the migration's, given by the source agent when it accepts the
 	// request (the CLI leaves it empty).
-	ID string `json:"id,omitempty"`
+	ID        string `json:"id,omitempty"`
 	Container string `json:"container"`
 	To        string `json:"to"`
 	Mode      string `json:"mode"`
