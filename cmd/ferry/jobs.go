@@ -192,15 +192,7 @@ Exit status 1 when the migration failed.`,
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				_ = printJSON(rep)
-			} else {
-				printReport(os.Stdout, rep)
-			}
-			if !rep.OK {
-				return exitError{1}
-			}
-			return nil
+			return showReport(rep, asJSON)
 		},
 	}
 	cmd.Flags().StringVar(&from, "from", agent.DefaultControl, "the source agent's control socket or lab host name")

@@ -100,15 +100,7 @@ returns. --detach returns at once with the ID.`,
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				_ = printJSON(rep)
-			} else {
-				printReport(os.Stdout, rep)
-			}
-			if !rep.OK {
-				return exitError{1}
-			}
-			return nil
+			return showReport(rep, asJSON)
 		},
 	}
 	f := cmd.Flags()
@@ -175,6 +167,20 @@ func firstName(isName func(string) bool, xs ...string) string {
 		}
 	}
 	return ""
+}
+
+// showReport prints a migration's report (as JSON with asJSON) and fails
+// with exit status 1 when the migration did.
+func showReport(rep engine.Report, asJSON bool) error {
+	if asJSON {
+		_ = printJSON(rep)
+	} else {
+		printReport(os.Stdout, rep)
+	}
+	if !rep.OK {
+		return exitError{1}
+	}
+	return nil
 }
 
 func printReport(w io.Writer, r engine.Report) {
