@@ -1,0 +1,120 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/lab"
+)
+
+// TestDeployGuide follows docs/DEPLOY.md in the lab, with h1 and h2 playing
+// node1 and node2: a CA and a certificate per host (ferry certs), an agent
+// per host run from an agent.toml like the guide's (ferry agent --config),
+// then, on the source, ferry migrate --to NAME@ADDR, ferry ps --all and the
+// report. Besides the guide's keys, each file names what makes a lab host
+// a host (its control socket, state, runc root, cgroup parent, network
+// namespace): the lab's own agents keep theirs.
+func TestDeployGuide(t *testing.T) {
+	requireLab(t)
+	bin := ferryBin(t)
+	l := upLab(t, bin)
+	ctx := context.Background()
+	dir := t.TempDir()
+	ferry := func(h *lab.Host, args ...string) string {
+		t.Helper()
+		out, err := h.Command(ctx, bin, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("ferry %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	src, dst := &l.Hosts[0], &l.Hosts[1]
+
+	// 2. Certificates.
+	ca := filepath.Join(dir, "ferry-ca")
+	ferry(src, "certs", "init", "--dir", ca)
+	for _, h := range []*lab.Host{src, dst} {
+		ferry(src, "certs", "issue", "--dir", ca, "--host", h.Name, "--ip", h.Addr)
+	}
+
+	// 3. An agent per host, from its agent.toml.
+	const port = 7171
+	sockets := map[string]string{}
+	for i, h := range []*lab.Host{src, dst} {
+		other := []*lab.Host{dst, src}[i]
+		sockets[h.Name] = filepath.Join(dir, h.Name+".sock")
+		conf := fmt.Sprintf(`name = %q
+listen = ["%s:%d"]
+tls-dir = %q
+allow = [%q]
+
+# The lab host this agent plays.
+control = %q
+state = %q
+runc-root = %q
+cgroup-parent = %q
+netns = %q
+scratch = %q
+`, h.Name, h.Addr, port, filepath.Join(ca, h.Name), other.Name,
+			sockets[h.Name], filepath.Join(dir, h.Name+"-state"), h.RuncRoot(), h.CgroupParent, h.NetNS, filepath.Join(dir, h.Name+"-scratch"))
+		path := filepath.Join(dir, h.Name+".toml")
+		if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd := h.Command(ctx, bin, "agent", "--config", path)
+		logf, err := os.Create(filepath.Join(dir, h.Name+"-agent.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			logf.Close()
+		})
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			if _, err := os.Stat(sockets[h.Name]); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				b, _ := os.ReadFile(logf.Name())
+				t.Fatalf("the agent of %s never opened its control socket:\n%s", h.Name, b)
+			}
+		}
+	}
+
+	// 5. Migrate, from the source host.
+	const name = "deployed"
+	p := startMemhog(t, l, bin, name)
+	t.Cleanup(func() {
+		for _, h := range l.Hosts[:2] {
+			_ = h.Runc().Delete(context.Background(), name)
+		}
+	})
+	out := ferry(src, "migrate", name, "--from", sockets[src.Name], "--to", fmt.Sprintf("%s@%s:%d", dst.Name, dst.Addr, port), "--mode", "precopy", "--json")
+	var rep engine.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || !rep.OK {
+		t.Fatalf("migrate: %v\n%s", err, out)
+	}
+	if s, d := status(t, src, name), status(t, dst, name); s != "absent" || d != "running" {
+		t.Errorf("after the migration: %s at %s, %s at %s", s, src.Name, d, dst.Name)
+	}
+	var jobs []engine.Job
+	if err := json.Unmarshal([]byte(ferry(src, "ps", "--all", "--from", sockets[src.Name], "--json")), &jobs); err != nil ||
+		len(jobs) != 1 || jobs[0].Container != name || jobs[0].Report == nil || !jobs[0].Report.OK {
+		t.Errorf("ps --all: %+v %v", jobs, err)
+	}
+	if pr, err := p.Stop(); err != nil || !pr.StateOK {
+		t.Errorf("workload: %+v %v", pr, err)
+	}
+}
