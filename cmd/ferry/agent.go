@@ -86,6 +86,7 @@ runs the agent with /etc/ferry/agent.toml, and the example file.`,
 		},
 	}
 	f := cmd.Flags()
+	f.StringVar(&a.Metrics, "metrics", "", "serve Prometheus metrics (GET /metrics, plain HTTP) on this TCP address, e.g. 127.0.0.1:9170; empty: none")
 	f.StringVar(&configPath, "config", "", "TOML file of settings, named like these flags without the dashes (listen = [\"0.0.0.0:7070\"], tls-dir = \"/etc/ferry/tls\"); flags given here win (packaging/agent.toml is an example)")
 	f.StringVar(&a.Host.Name, "name", "", "host name used in reports (default: the hostname)")
 	f.StringSliceVar(&a.Listen, "listen", nil, "TCP address to receive migrations on, e.g. 0.0.0.0:7070; repeat (or comma-separate) for one address per network path: sessions striped over --streams spread over them")

@@ -72,11 +72,15 @@ type Agent struct {
 	Streams int
 	// Limits is what peers may hold of this agent at once.
 	Limits Limits
-	Log    *slog.Logger
+	// Metrics, when set, is the TCP address Prometheus metrics are served
+	// on (GET /metrics, plain HTTP: bind it where only your scraper reaches).
+	Metrics string
+	Log     *slog.Logger
 
 	mu      sync.Mutex
 	busy    map[string]bool // containers with a migration under way
 	jobs    *jobs           // this agent's migrations as a source
+	metrics *metrics
 	feats   criu.Features
 	set     runtime.Set // the runtimes this host has (newRuntimes)
 	journal *journal.Journal
@@ -133,6 +137,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.busy = map[string]bool{}
 	a.jobs = newJobs(filepath.Join(a.Host.StateDir, "jobs"))
+	a.metrics = newMetrics()
 	if err := os.MkdirAll(a.Host.StateDir, 0o700); err != nil {
 		return err
 	}
@@ -193,6 +198,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		go a.accept(ctx, l, transport.Server, false, func(sess *transport.Session, r *transport.Router, ch *transport.Channel) {
 			a.control(ctx, src, ch)
 		})
+	}
+	if a.Metrics != "" {
+		l, err := net.Listen("tcp", a.Metrics)
+		if err != nil {
+			return fmt.Errorf("--metrics: %w", err)
+		}
+		ls = append(ls, l)
+		go func() { _ = a.metrics.serve(l) }()
 	}
 	for _, addr := range a.Listen {
 		l, server, err := a.listenPeers(addr)
@@ -380,6 +393,7 @@ func (a *Agent) control(ctx context.Context, src *engine.Source, ch *transport.C
 			src = &s
 		}
 		j, jctx := a.jobs.start(ctx, req)
+		a.metrics.started()
 		req.ID = j.info.ID
 		// The CLI may leave (ferry migrate --detach, or it died): the
 		// migration goes on, and ferry wait finds it by its ID.
@@ -389,6 +403,7 @@ func (a *Agent) control(ctx context.Context, src *engine.Source, ch *transport.C
 			_ = ch.Send(engine.Event{Progress: &p})
 		})
 		a.Log.Info("migration ended", "id", req.ID, "container", req.Container, "ok", rep.OK, "downtime_ms", rep.DowntimeMs, "error", rep.Error)
+		a.metrics.done(req, rep)
 		if err := a.jobs.end(j, rep); err != nil {
 			a.Log.Warn("could not keep the migration's report", "id", req.ID, "error", err)
 		}

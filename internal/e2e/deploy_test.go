@@ -17,8 +17,8 @@ import (
 // TestDeployGuide follows docs/DEPLOY.md in the lab, with h1 and h2 playing
 // node1 and node2: a CA and a certificate per host (ferry certs), an agent
 // per host run from an agent.toml like the guide's (ferry agent --config),
-// then, on the source, ferry migrate --to NAME@ADDR, ferry ps --all and the
-// report. Besides the guide's keys, each file names what makes a lab host
+// then, on the source, ferry migrate --to NAME@ADDR, ferry ps --all, the
+// report and the source agent's Prometheus metrics. Besides the guide's keys, each file names what makes a lab host
 // a host (its control socket, state, runc root, cgroup parent, network
 // namespace): the lab's own agents keep theirs.
 func TestDeployGuide(t *testing.T) {
@@ -45,7 +45,7 @@ func TestDeployGuide(t *testing.T) {
 	}
 
 	// 3. An agent per host, from its agent.toml.
-	const port = 7171
+	const port, metricsPort = 7171, 9171
 	sockets := map[string]string{}
 	for i, h := range []*lab.Host{src, dst} {
 		other := []*lab.Host{dst, src}[i]
@@ -54,6 +54,7 @@ func TestDeployGuide(t *testing.T) {
 listen = ["%s:%d"]
 tls-dir = %q
 allow = [%q]
+metrics = "%s:%d"
 
 # The lab host this agent plays.
 control = %q
@@ -62,7 +63,7 @@ runc-root = %q
 cgroup-parent = %q
 netns = %q
 scratch = %q
-`, h.Name, h.Addr, port, filepath.Join(ca, h.Name), other.Name,
+`, h.Name, h.Addr, port, filepath.Join(ca, h.Name), other.Name, h.Addr, metricsPort,
 			sockets[h.Name], filepath.Join(dir, h.Name+"-state"), h.RuncRoot(), h.CgroupParent, h.NetNS, filepath.Join(dir, h.Name+"-scratch"))
 		path := filepath.Join(dir, h.Name+".toml")
 		if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
@@ -113,6 +114,16 @@ scratch = %q
 	if err := json.Unmarshal([]byte(ferry(src, "ps", "--all", "--from", sockets[src.Name], "--json")), &jobs); err != nil ||
 		len(jobs) != 1 || jobs[0].Container != name || jobs[0].Report == nil || !jobs[0].Report.OK {
 		t.Errorf("ps --all: %+v %v", jobs, err)
+	}
+	// The source's metrics, scraped the way Prometheus would.
+	scrape, err := src.Command(ctx, "busybox", "wget", "-q", "-O", "-", fmt.Sprintf("http://%s:%d/metrics", src.Addr, metricsPort)).CombinedOutput()
+	if err != nil {
+		t.Fatalf("scrape /metrics: %v\n%s", err, scrape)
+	}
+	for _, want := range []string{`ferry_migrations_total{mode="precopy",outcome="ok",runtime="runc"} 1`, "ferry_migrations_in_flight 0", `ferry_migration_downtime_seconds_count{mode="precopy"} 1`} {
+		if !strings.Contains(string(scrape), want) {
+			t.Errorf("metrics lack %s:\n%s", want, scrape)
+		}
 	}
 	if pr, err := p.Stop(); err != nil || !pr.StateOK {
 		t.Errorf("workload: %+v %v", pr, err)

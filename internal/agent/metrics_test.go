@@ -1,0 +1,52 @@
+package agent
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/ferry-migrate/ferry/internal/engine"
+)
+
+// The served metrics count migrations by mode, runtime and outcome, time
+// the successful ones, and follow those in flight.
+func TestMetrics(t *testing.T) {
+	m := newMetrics()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() { _ = m.serve(l) }()
+
+	m.started()
+	m.started()
+	m.done(engine.Request{Mode: "precopy"}, engine.Report{Mode: "precopy", Runtime: "runc", OK: true, DowntimeMs: 250, TotalMs: 3000, BytesSent: 1000})
+	m.started()
+	m.done(engine.Request{Mode: "cold"}, engine.Report{Runtime: "podman", BytesSent: 10})
+	m.done(engine.Request{Mode: "postcopy"}, engine.Report{Mode: "postcopy", Runtime: "runc", InDoubtID: "0123456789ab"})
+
+	resp, err := http.Get("http://" + l.Addr().String() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	out := string(b)
+	for _, want := range []string{
+		`ferry_migrations_total{mode="precopy",outcome="ok",runtime="runc"} 1`,
+		`ferry_migrations_total{mode="cold",outcome="failed",runtime="podman"} 1`,
+		`ferry_migrations_total{mode="postcopy",outcome="in_doubt",runtime="runc"} 1`,
+		`ferry_migration_downtime_seconds_bucket{mode="precopy",le="0.3"} 1`,
+		`ferry_migration_downtime_seconds_bucket{mode="precopy",le="0.2"} 0`,
+		`ferry_migration_total_seconds_sum{mode="precopy"} 3`,
+		`ferry_migration_bytes_sent_total{mode="precopy"} 1000`,
+		`ferry_migrations_in_flight 0`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %s in:\n%s", want, out)
+		}
+	}
+}
