@@ -94,9 +94,17 @@ and podman (podman checkpoint --export, copy over the link, podman restore
 				return err
 			}
 			if asJSON {
-				return printJSON(res)
+				if err := printJSON(res); err != nil {
+					return err
+				}
+			} else {
+				printBench(os.Stdout, res)
 			}
-			printBench(os.Stdout, res)
+			for _, r := range res.Runs {
+				if !r.OK {
+					return exitError{exitFailed} // a run failed: say so to scripts
+				}
+			}
 			return nil
 		},
 	}

@@ -4,9 +4,11 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -38,6 +40,7 @@ Start with:
 	root.Version = version
 	root.SetVersionTemplate(versionLine() + "\n")
 	root.AddCommand(newCheckCmd(), newAgentCmd(), newMigrateCmd(), newDrainCmd(), newPsCmd(), newCancelCmd(), newWaitCmd(), newLabCmd(), newBenchCmd(), newCertsCmd(), newPlanCmd(), newCalibrateCmd(), newVersionCmd(), newManCmd(), newLabToolCmd())
+	markUsageErrors(root)
 	return root
 }
 
@@ -51,7 +54,49 @@ func main() {
 			os.Exit(e.code)
 		}
 		fmt.Fprintln(os.Stderr, "ferry:", err)
-		os.Exit(1)
+		os.Exit(exitCode(err))
+	}
+}
+
+// usageError is a command line cobra or a command refused.
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+// exitCode is the status an error ends ferry with: 2 for a wrong command
+// line, 1 for anything else.
+func exitCode(err error) int {
+	if err == nil {
+		return exitOK
+	}
+	var u usageError
+	if errors.As(err, &u) {
+		return exitUsage
+	}
+	// Cobra's own complaints about the command line are plain errors.
+	msg := err.Error()
+	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand flag", "required flag(s)", "flag needs an argument", "invalid argument"} {
+		if strings.HasPrefix(msg, p) {
+			return exitUsage
+		}
+	}
+	return exitFailed
+}
+
+// markUsageErrors makes every command's argument and flag errors usage
+// errors (exit status 2).
+func markUsageErrors(c *cobra.Command) {
+	c.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	if args := c.Args; args != nil {
+		c.Args = func(cmd *cobra.Command, a []string) error {
+			if err := args(cmd, a); err != nil {
+				return usageError{err}
+			}
+			return nil
+		}
+	}
+	for _, sub := range c.Commands() {
+		markUsageErrors(sub)
 	}
 }
 

@@ -62,7 +62,14 @@ The migration runs in the source agent, under an ID it gives it when it
 accepts the request: ferry ps lists it, ferry wait ID follows it, ferry
 cancel ID aborts it while the source can still resume. Ctrl-C cancels the
 same way (and waits for the report); a second Ctrl-C leaves it running and
-returns. --detach returns at once with the ID.`,
+returns. --detach returns at once with the ID.
+
+Exit status: 0 the container runs at the destination; 1 the migration
+failed and the source resumed it; 2 the command line was wrong; 3 in doubt:
+a copy stays frozen until the agents can settle it (the report says which,
+and the agents settle it on their own once they reach each other); 4
+refused or failed before anything was frozen (the container never
+stopped).`,
 		Example: `  ferry migrate memhog --from h1 --to h2
   ferry migrate web --to 192.0.2.10:7070 --json
   ferry migrate db --runtime runc --runc-root /run/myapp/runc --to 192.0.2.10:7070`,
@@ -169,16 +176,42 @@ func firstName(isName func(string) bool, xs ...string) string {
 	return ""
 }
 
-// showReport prints a migration's report (as JSON with asJSON) and fails
-// with exit status 1 when the migration did.
+// Exit statuses of a migration (ferry migrate, wait, drain): a contract
+// for scripts, documented in ferry migrate --help and the README.
+const (
+	exitOK      = 0
+	exitFailed  = 1 // failed; the source resumed the container
+	exitUsage   = 2 // the command line was wrong
+	exitInDoubt = 3 // a copy is frozen until the agents settle it (see the report)
+	exitRefused = 4 // refused or failed before anything was frozen
+)
+
+// reportExit is the exit status a migration's report calls for.
+func reportExit(rep engine.Report) int {
+	switch {
+	case rep.OK:
+		return exitOK
+	case rep.SourceState == "frozen" || rep.InDoubtID != "":
+		return exitInDoubt
+	}
+	for _, p := range rep.Phases {
+		if p.Name == "freeze" {
+			return exitFailed
+		}
+	}
+	return exitRefused
+}
+
+// showReport prints a migration's report (as JSON with asJSON) and exits
+// with the status the report calls for.
 func showReport(rep engine.Report, asJSON bool) error {
 	if asJSON {
 		_ = printJSON(rep)
 	} else {
 		printReport(os.Stdout, rep)
 	}
-	if !rep.OK {
-		return exitError{1}
+	if code := reportExit(rep); code != exitOK {
+		return exitError{code}
 	}
 	return nil
 }

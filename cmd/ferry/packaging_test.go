@@ -1,6 +1,8 @@
 package main
 
 import (
+	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -94,5 +96,50 @@ func TestPrintJobs(t *testing.T) {
 	printJobs(&b, nil, now)
 	if !strings.Contains(b.String(), "no migrations") {
 		t.Errorf("empty: %q", b.String())
+	}
+}
+
+// A report's exit status: ok, failed after the freeze (the source
+// resumed), in doubt, refused before anything froze.
+func TestReportExit(t *testing.T) {
+	frozeThenFailed := []engine.PhaseSpan{{Name: "prepare"}, {Name: "freeze"}, {Name: "dump"}}
+	for _, c := range []struct {
+		name string
+		rep  engine.Report
+		want int
+	}{
+		{"ok", engine.Report{OK: true, Phases: frozeThenFailed}, exitOK},
+		{"failed, resumed", engine.Report{SourceState: "resumed", Phases: frozeThenFailed}, exitFailed},
+		{"in doubt", engine.Report{SourceState: "frozen", InDoubtID: "0123456789ab", Phases: frozeThenFailed}, exitInDoubt},
+		{"refused at the offer", engine.Report{FailedAt: "offer", Phases: []engine.PhaseSpan{{Name: "prepare"}}}, exitRefused},
+		{"cancelled during the rounds", engine.Report{SourceState: "resumed", Phases: []engine.PhaseSpan{{Name: "round-0"}}}, exitRefused},
+	} {
+		if got := reportExit(c.rep); got != c.want {
+			t.Errorf("%s: exit %d, want %d", c.name, got, c.want)
+		}
+	}
+}
+
+// A wrong command line exits 2; other failures 1.
+func TestUsageExit(t *testing.T) {
+	for _, args := range [][]string{
+		{"migrate"},                                // no container
+		{"migrate", "a", "b", "--to", "h2"},        // too many
+		{"migrate", "web"},                         // --to missing
+		{"migrate", "web", "--to", "h2", "--nope"}, // unknown flag
+		{"ps", "--all=maybe"},                      // bad flag value
+		{"teleport"},                               // unknown command
+	} {
+		root := newRootCmd()
+		root.SetArgs(args)
+		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
+		err := root.Execute()
+		if err == nil || exitCode(err) != exitUsage {
+			t.Errorf("%v: %v (exit %d), want a usage error (exit 2)", args, err, exitCode(err))
+		}
+	}
+	if exitCode(errors.New("connect: connection refused")) != exitFailed {
+		t.Error("a failure is not a usage error")
 	}
 }

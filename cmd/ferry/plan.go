@@ -36,6 +36,7 @@ func newPlanCmd() *cobra.Command {
 second, moved over a link of --bandwidth, the downtime, total migration time
 and bytes of every technique (and the best number of rounds for pre-copy and
 hybrid), says which fit --max-downtime, and recommends one with the reason.
+It exits with status 1 when no technique fits the budget.
 
 Predictions come from the models in docs/MODEL.md with a host profile:
 --profile FILE from 'ferry calibrate', or defaults measured on ferry's
@@ -63,9 +64,15 @@ development machine.`,
 			out := plan(prof, in, maxDowntime)
 			out.Profile = src
 			if asJSON {
-				return printJSON(out)
+				if err := printJSON(out); err != nil {
+					return err
+				}
+			} else {
+				printPlan(os.Stdout, out)
 			}
-			printPlan(os.Stdout, out)
+			if out.Recommended == "" {
+				return exitError{exitFailed} // nothing fits the budget
+			}
 			return nil
 		},
 	}
