@@ -765,11 +765,7 @@ func (in *incoming) restore(ctx context.Context, lazy bool) (int, error) {
 func (in *incoming) cleanup(dropContainer bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if in.hold != nil {
-		// Never left holding: the rule goes, and what it held with it.
-		in.hold.Drop()
-		in.hold = nil
-	}
+	in.dropHold() // never left holding, whatever the outcome
 	var err error
 	if in.work != "" {
 		// A restore or lazy-pages daemon stuck on a source that is gone

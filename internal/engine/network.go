@@ -180,11 +180,16 @@ func (in *incoming) releaseHeld() int {
 	return n
 }
 
-func (in *incoming) dropNetwork() {
+// dropHold lets go of a hold the migration did not release: the rule
+// goes, and what it held with it.
+func (in *incoming) dropHold() {
 	if in.hold != nil {
 		in.hold.Drop()
 		in.hold = nil
 	}
+}
+
+func (in *incoming) dropNetwork() {
 	if in.netnsPath != "" {
 		_ = cnet.Delete(filepath.Base(in.netnsPath))
 	}
