@@ -5,14 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/procs"
 )
 
 // SoakOptions describe one `ferry bench soak`.
@@ -164,19 +163,7 @@ func grew(warm, end map[string]AgentUsage) []string {
 func usage(hosts []*lab.Host) map[string]AgentUsage {
 	out := map[string]AgentUsage{}
 	for _, h := range hosts {
-		var u AgentUsage
-		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", h.AgentPID)); err == nil {
-			for _, line := range strings.Split(string(b), "\n") {
-				if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-					kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-					u.RSSBytes = kb << 10
-				}
-			}
-		}
-		if ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", h.AgentPID)); err == nil {
-			u.OpenFDs = len(ents)
-		}
-		out[h.Name] = u
+		out[h.Name] = AgentUsage{RSSBytes: procs.Resident(h.AgentPID), OpenFDs: len(procs.OpenFiles(h.AgentPID))}
 	}
 	return out
 }

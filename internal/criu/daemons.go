@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/tail"
 	"golang.org/x/sys/unix"
 )
@@ -163,17 +164,12 @@ func (lp *LazyPages) HoldFaults() (int, error) {
 		return 0, fmt.Errorf("pidfd of criu lazy-pages: %w", err)
 	}
 	defer unix.Close(pidfd)
-	dir := fmt.Sprintf("/proc/%d/fd", pid)
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return 0, err
+	files := procs.OpenFiles(pid)
+	if files == nil {
+		return 0, fmt.Errorf("criu lazy-pages (pid %d) is gone", pid)
 	}
-	for _, e := range ents {
-		if l, _ := os.Readlink(filepath.Join(dir, e.Name())); l != "anon_inode:[userfaultfd]" {
-			continue
-		}
-		n, err := strconv.Atoi(e.Name())
-		if err != nil {
+	for n, l := range files {
+		if l != userfaultfdLink {
 			continue
 		}
 		fd, err := unix.PidfdGetfd(pidfd, n, 0)
@@ -184,6 +180,9 @@ func (lp *LazyPages) HoldFaults() (int, error) {
 	}
 	return len(lp.held), nil
 }
+
+// userfaultfdLink is what /proc/PID/fd shows for a userfaultfd.
+const userfaultfdLink = "anon_inode:[userfaultfd]"
 
 // ReleaseFaults closes the copies HoldFaults took.
 func (lp *LazyPages) ReleaseFaults() {

@@ -36,12 +36,8 @@ func usesDir(pid int, dir string) bool {
 	if cwd, err := os.Readlink(filepath.Join(proc, "cwd")); err == nil && under(cwd) {
 		return true
 	}
-	fds, err := os.ReadDir(filepath.Join(proc, "fd"))
-	if err != nil {
-		return false
-	}
-	for _, fd := range fds {
-		if t, err := os.Readlink(filepath.Join(proc, "fd", fd.Name())); err == nil && under(t) {
+	for _, t := range procs.OpenFiles(pid) {
+		if under(t) {
 			return true
 		}
 	}

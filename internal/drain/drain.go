@@ -7,15 +7,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/procs"
 )
 
 // Options say what to drain and how.
@@ -55,7 +53,7 @@ func (o *Options) defaults() {
 		}
 	}
 	if o.size == nil {
-		o.size = residentBytes
+		o.size = procs.Resident // the drain runs on the source host, beside its agent
 	}
 }
 
@@ -158,20 +156,4 @@ func pick(ctx context.Context, o Options) ([]string, error) {
 		return names[i] < names[j]
 	})
 	return names, nil
-}
-
-// residentBytes is a process's resident memory (0 when unknown): the drain
-// runs on the source host, beside its agent.
-func residentBytes(pid int) int64 {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return 0
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
 }

@@ -299,11 +299,9 @@ wait:
 
 // userfaultfds counts a process's userfaultfd descriptors.
 func userfaultfds(pid int) int {
-	dir := "/proc/" + strconv.Itoa(pid) + "/fd/"
-	ents, _ := os.ReadDir(dir)
 	n := 0
-	for _, e := range ents {
-		if l, _ := os.Readlink(dir + e.Name()); l == "anon_inode:[userfaultfd]" {
+	for _, l := range procs.OpenFiles(pid) {
+		if l == "anon_inode:[userfaultfd]" {
 			n++
 		}
 	}

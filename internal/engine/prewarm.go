@@ -1,12 +1,7 @@
 package engine
 
 import (
-	"bufio"
-	"fmt"
-	"os"
 	"runtime"
-	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -48,48 +43,4 @@ func prewarm(size int64) (release func()) {
 		mem[i] = 1
 	}
 	return func() { _ = unix.Munmap(mem) }
-}
-
-// residentBytes sums the resident memory of a process and its descendants.
-func residentBytes(pid int) int64 {
-	var total int64
-	seen := map[int]bool{}
-	var walk func(int)
-	walk = func(p int) {
-		if seen[p] {
-			return
-		}
-		seen[p] = true
-		total += vmRSS(p)
-		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", p))
-		for _, t := range tasks {
-			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", p, t.Name()))
-			if err != nil {
-				continue
-			}
-			for _, c := range strings.Fields(string(b)) {
-				if n, err := strconv.Atoi(c); err == nil {
-					walk(n)
-				}
-			}
-		}
-	}
-	walk(pid)
-	return total
-}
-
-func vmRSS(pid int) int64 {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
 }

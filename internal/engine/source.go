@@ -20,6 +20,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/mounts"
+	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/rootfs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
@@ -291,7 +292,7 @@ func (m *migration) run(ctx context.Context) error {
 	}
 	offer := Offer{ID: m.id, Container: m.req.Container, Mode: m.req.Mode, SourceHost: m.host.Name,
 		Runtime: m.ctr.Runtime, Spec: json.RawMessage(m.ctr.Spec), Image: m.ctr.Image, Meta: m.ctr.Meta,
-		Faults: m.req.Faults, Precopy: m.req.Precopy, MemoryBytes: residentBytes(m.ctr.PID), Network: m.network}
+		Faults: m.req.Faults, Precopy: m.req.Precopy, MemoryBytes: procs.TreeResident(m.ctr.PID), Network: m.network}
 	if err := m.ctl.Send(offer); err != nil {
 		return failAt("offer to destination", err)
 	}

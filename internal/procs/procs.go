@@ -1,5 +1,6 @@
 // Package procs reads the host's process table from /proc: who a
-// process's parent is, what it is called, what state it is in. Callers
+// process's parent is, what it is called, what state it is in, what it
+// holds open, how much memory it has resident. Callers
 // find processes here and signal them by PID.
 package procs
 
@@ -102,19 +103,79 @@ func State(pid int) (byte, bool) {
 	return p.state, ok
 }
 
-// HoldsSocket says whether pid has a descriptor open on the socket whose
-// inode is ino.
-func HoldsSocket(pid int, ino uint32) bool {
+// OpenFiles maps each of pid's descriptors to what it points at: a path,
+// "socket:[INODE]", "anon_inode:[userfaultfd]"... Empty when pid is gone.
+func OpenFiles(pid int) map[int]string {
 	dir := "/proc/" + strconv.Itoa(pid) + "/fd/"
 	ents, err := os.ReadDir(dir)
 	if err != nil {
-		return false
+		return nil
 	}
-	want := "socket:[" + strconv.FormatUint(uint64(ino), 10) + "]"
+	out := make(map[int]string, len(ents))
 	for _, e := range ents {
-		if l, err := os.Readlink(dir + e.Name()); err == nil && l == want {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if l, err := os.Readlink(dir + e.Name()); err == nil {
+			out[fd] = l // a descriptor closed meanwhile is left out
+		}
+	}
+	return out
+}
+
+// HoldsSocket says whether pid has a descriptor open on the socket whose
+// inode is ino.
+func HoldsSocket(pid int, ino uint32) bool {
+	want := "socket:[" + strconv.FormatUint(uint64(ino), 10) + "]"
+	for _, l := range OpenFiles(pid) {
+		if l == want {
 			return true
 		}
 	}
 	return false
+}
+
+// Resident is a process's resident memory (VmRSS); 0 when it is gone.
+func Resident(pid int) int64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// TreeResident sums the resident memory of pid and its descendants (a
+// container's processes, found through each task's children).
+func TreeResident(pid int) int64 {
+	var total int64
+	seen := map[int]bool{}
+	var walk func(int)
+	walk = func(p int) {
+		if seen[p] {
+			return
+		}
+		seen[p] = true
+		total += Resident(p)
+		tasks, _ := os.ReadDir("/proc/" + strconv.Itoa(p) + "/task")
+		for _, t := range tasks {
+			b, err := os.ReadFile("/proc/" + strconv.Itoa(p) + "/task/" + t.Name() + "/children")
+			if err != nil {
+				continue
+			}
+			for _, c := range strings.Fields(string(b)) {
+				if n, err := strconv.Atoi(c); err == nil {
+					walk(n)
+				}
+			}
+		}
+	}
+	walk(pid)
+	return total
 }

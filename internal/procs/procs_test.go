@@ -68,3 +68,35 @@ func TestState(t *testing.T) {
 		t.Errorf("a stopped process is %q", st)
 	}
 }
+
+// OpenFiles shows what a process holds open; Resident and TreeResident
+// its memory, and that of its children.
+func TestOpenFilesAndResident(t *testing.T) {
+	f, err := os.CreateTemp(t.TempDir(), "held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if got := OpenFiles(os.Getpid())[int(f.Fd())]; got != f.Name() {
+		t.Errorf("descriptor %d: %q, want %q", f.Fd(), got, f.Name())
+	}
+	if OpenFiles(1<<30) != nil {
+		t.Error("a process that does not exist has open files")
+	}
+	self := Resident(os.Getpid())
+	if self <= 0 {
+		t.Fatalf("resident memory of this process: %d", self)
+	}
+	cmd := exec.Command("sleep", "10")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	child := Resident(cmd.Process.Pid)
+	if tree := TreeResident(os.Getpid()); child <= 0 || tree < self+child/2 {
+		t.Errorf("tree %d, self %d, child %d: the child is not counted", tree, self, child)
+	}
+	if Resident(1<<30) != 0 || TreeResident(1<<30) != 0 {
+		t.Error("a process that does not exist has memory")
+	}
+}
