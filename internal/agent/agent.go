@@ -137,7 +137,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.busy = map[string]bool{}
 	a.jobs = newJobs(filepath.Join(a.Host.StateDir, "jobs"))
-	a.metrics = newMetrics()
+	a.metrics = newMetrics(a.jobs)
 	if err := os.MkdirAll(a.Host.StateDir, 0o700); err != nil {
 		return err
 	}
@@ -393,7 +393,6 @@ func (a *Agent) control(ctx context.Context, src *engine.Source, ch *transport.C
 			src = &s
 		}
 		j, jctx := a.jobs.start(ctx, req)
-		a.metrics.started()
 		req.ID = j.info.ID
 		// The CLI may leave (ferry migrate --detach, or it died): the
 		// migration goes on, and ferry wait finds it by its ID.

@@ -159,7 +159,14 @@ func (js *jobs) list(all bool) ([]engine.Job, error) {
 	return append(out, running...), nil
 }
 
-// cancel aborts a running job where the source can still resume.
+// running counts the jobs under way.
+func (js *jobs) running() int {
+	js.mu.Lock()
+	defer js.mu.Unlock()
+	return len(js.run)
+}
+
+// cancelJob aborts a running job where the source can still resume.
 func (js *jobs) cancelJob(id string) (engine.CancelReply, error) {
 	js.mu.Lock()
 	j, ok := js.run[id]

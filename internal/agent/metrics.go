@@ -21,10 +21,10 @@ type metrics struct {
 	downtime *prometheus.HistogramVec
 	total    *prometheus.HistogramVec
 	sent     *prometheus.CounterVec
-	inFlight prometheus.Gauge
 }
 
-func newMetrics() *metrics {
+// newMetrics counts migrations as they end; those in flight are js's.
+func newMetrics(js *jobs) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		ended: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -45,20 +45,17 @@ func newMetrics() *metrics {
 			Name: "ferry_migration_bytes_sent_total",
 			Help: "Bytes migrations sent on the wire, whatever their outcome.",
 		}, []string{"mode"}),
-		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "ferry_migrations_in_flight",
-			Help: "Migrations running now with this agent as their source.",
-		}),
 	}
-	m.reg.MustRegister(m.ended, m.downtime, m.total, m.sent, m.inFlight)
+	inFlight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "ferry_migrations_in_flight",
+		Help: "Migrations running now with this agent as their source.",
+	}, func() float64 { return float64(js.running()) })
+	m.reg.MustRegister(m.ended, m.downtime, m.total, m.sent, inFlight)
 	return m
 }
 
-func (m *metrics) started() { m.inFlight.Inc() }
-
 // done counts an ended migration.
 func (m *metrics) done(req engine.Request, rep engine.Report) {
-	m.inFlight.Dec()
 	mode, rt := rep.Mode, rep.Runtime
 	if mode == "" {
 		mode = req.Mode

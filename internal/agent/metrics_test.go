@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -13,7 +14,8 @@ import (
 // The served metrics count migrations by mode, runtime and outcome, time
 // the successful ones, and follow those in flight.
 func TestMetrics(t *testing.T) {
-	m := newMetrics()
+	js := newJobs(t.TempDir())
+	m := newMetrics(js)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -21,20 +23,32 @@ func TestMetrics(t *testing.T) {
 	defer l.Close()
 	go func() { _ = m.serve(l) }()
 
-	m.started()
-	m.started()
-	m.done(engine.Request{Mode: "precopy"}, engine.Report{Mode: "precopy", Runtime: "runc", OK: true, DowntimeMs: 250, TotalMs: 3000, BytesSent: 1000})
-	m.started()
-	m.done(engine.Request{Mode: "cold"}, engine.Report{Runtime: "podman", BytesSent: 10})
-	m.done(engine.Request{Mode: "postcopy"}, engine.Report{Mode: "postcopy", Runtime: "runc", InDoubtID: "0123456789ab"})
-
-	resp, err := http.Get("http://" + l.Addr().String() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
+	scrape := func() string {
+		t.Helper()
+		resp, err := http.Get("http://" + l.Addr().String() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	out := string(b)
+	end := func(req engine.Request, rep engine.Report) {
+		j, _ := js.start(context.Background(), req)
+		m.done(req, rep)
+		_ = js.end(j, rep)
+	}
+
+	running, _ := js.start(context.Background(), engine.Request{Mode: "cold"})
+	if out := scrape(); !strings.Contains(out, "ferry_migrations_in_flight 1") {
+		t.Errorf("one migration under way, the gauge says otherwise:\n%s", out)
+	}
+	_ = js.end(running, engine.Report{})
+	end(engine.Request{Mode: "precopy"}, engine.Report{Mode: "precopy", Runtime: "runc", OK: true, DowntimeMs: 250, TotalMs: 3000, BytesSent: 1000})
+	end(engine.Request{Mode: "cold"}, engine.Report{Runtime: "podman", BytesSent: 10})
+	end(engine.Request{Mode: "postcopy"}, engine.Report{Mode: "postcopy", Runtime: "runc", InDoubtID: "0123456789ab"})
+
+	out := scrape()
 	for _, want := range []string{
 		`ferry_migrations_total{mode="precopy",outcome="ok",runtime="runc"} 1`,
 		`ferry_migrations_total{mode="cold",outcome="failed",runtime="podman"} 1`,
