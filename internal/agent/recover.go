@@ -54,12 +54,13 @@ func (a *Agent) clearScratch() {
 
 // recoverDestination settles every copy a previous run of this agent
 // restored and never committed, and starts those committed but maybe not
-// started. A copy restored stopped (runc) never ran: it is removed, and
-// its source resumes its own. A copy whose runtime let it run at once
-// (Podman, LXC) and that still runs has run on since, its clients saw it
-// change: dropping it would take them back in time, and its source, which
-// never resumes without this host's word, is frozen; so it is kept and
-// committed, and the source removes its own when it asks. A copy that no
+// started. A copy restored stopped (every runtime here) never ran: it is
+// removed, and its source resumes its own. A copy whose runtime let it
+// run at once (Caps.RestoreStopped false) and that still runs has run on
+// since, its clients saw it change: dropping it would take them back in
+// time, and its source, which never resumes without this host's word, is
+// frozen; so it is kept and committed, and the source removes its own
+// when it asks. A copy that no
 // longer runs is removed. This runs before the agent answers anyone.
 func (a *Agent) recoverDestination(ctx context.Context) {
 	all, err := a.journal.All()

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/probe"
+	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
 
@@ -63,6 +65,59 @@ func migrate(t *testing.T, l *lab.Lab, p *bench.ProbeProc, req engine.Request) (
 	time.Sleep(200 * time.Millisecond)
 	pr, perr := p.Stop()
 	return rep, pr, perr
+}
+
+// destinationDiesAfterRestore moves name (64 MiB memhog, probed by p)
+// with h2's agent SIGKILLed once the copy is restored there, before the
+// commit. state reads a host's runtime in its own words ("absent" when it
+// has no such container), which are w.frozen for the frozen source,
+// w.held for the copy restored at h2 and w.running; held checks that h2's
+// copy does not run. Until h2's agent is back the source stays frozen;
+// then h2's copy is dropped and the source resumes its own, its memory
+// intact.
+func destinationDiesAfterRestore(t *testing.T, l *lab.Lab, p *bench.ProbeProc, name, rt string,
+	state func(h *lab.Host) string, w struct{ frozen, held, running string }, held func() error) {
+	t.Helper()
+	h1, h2 := &l.Hosts[0], &l.Hosts[1]
+	rep, err := agent.Migrate(context.Background(), h1.ControlSock, engine.Request{Container: name, To: h2.AgentAddr,
+		Mode: engine.ModeCold, Runtime: rt, Faults: []string{"kill-destination@restore"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.OK || rep.SourceState != "frozen" || !strings.Contains(rep.Error, "may run the container") {
+		t.Errorf("report: ok=%v source %q at %q: %s", rep.OK, rep.SourceState, rep.FailedAt, rep.Error)
+	}
+	for i := 0; i < 3; i++ {
+		if s, d := state(h1), state(h2); s != w.frozen || d != w.held {
+			t.Fatalf("with h2's agent dead: %s on h1, %s on h2; want %s and %s", s, d, w.frozen, w.held)
+		}
+		if err := held(); err != nil {
+			t.Fatalf("h2's uncommitted copy runs: %v", err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if err := l.RestartAgent(context.Background(), h2.Name); err != nil {
+		t.Fatal(err)
+	}
+	var s, d string
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
+		if s, d = state(h1), state(h2); s == w.running && d == "absent" {
+			break
+		}
+		if s == w.running && d == w.running {
+			if err := held(); err != nil && state(h2) == w.running {
+				t.Fatalf("the container runs on both hosts: %v", err)
+			}
+		}
+	}
+	if s != w.running || d != "absent" {
+		t.Fatalf("30 s after h2's agent came back: %s on h1, %s on h2; want %s and absent", s, d, w.running)
+	}
+	pr, perr := p.Stop()
+	if perr != nil || !pr.StateOK {
+		t.Fatalf("workload after recovery: %+v %v", pr, perr)
+	}
+	noScratch(t, h2)
 }
 
 // ---- Podman ----
@@ -310,6 +365,32 @@ func TestPodmanThroughAgents(t *testing.T) {
 		}
 	})
 
+	t.Run("destination agent dies after restore", func(t *testing.T) {
+		name := "pm-dies"
+		podmanRun(t, l, name, podmanImage, memhogArgs("64M", "200"))
+		p := startProbe(t, l, bin, "64M")
+		state := func(h *lab.Host) string { return podmanState(t, h, name) }
+		// Podman says running; CRIU left every process stopped.
+		held := func() error {
+			out, err := pm(context.Background(), h2, "container", "inspect", "--format", "{{.State.Pid}}", name)
+			if err != nil {
+				return err
+			}
+			pid, err := strconv.Atoi(strings.TrimSpace(out))
+			if err != nil {
+				return err
+			}
+			for _, q := range append([]int{pid}, procs.Descendants(pid, "")...) {
+				if st, ok := procs.State(q); ok && st != 'T' {
+					return fmt.Errorf("process %d is in state %c", q, st)
+				}
+			}
+			return nil
+		}
+		w := struct{ frozen, held, running string }{"paused", "running", "running"}
+		destinationDiesAfterRestore(t, l, p, name, "podman", state, w, held)
+	})
+
 	t.Run("bad input", func(t *testing.T) {
 		// A container whose image only h1 has (another rootfs, another ID).
 		podmanImport(t, bin, "ferry-e2e-only-h1", "only on h1\n", h1)
@@ -517,6 +598,17 @@ func TestLXCThroughAgents(t *testing.T) {
 		if st := lxcState(t, h1, name); st != "STOPPED" {
 			t.Errorf("after lxc-stop on h1: %s", st)
 		}
+	})
+
+	t.Run("destination agent dies after restore", func(t *testing.T) {
+		name := "lx-dies"
+		lxcRun(t, l, name, memhogArgs("64M", "200"))
+		p := startProbe(t, l, bin, "64M")
+		state := func(h *lab.Host) string { return lxcState(t, h, name) }
+		// liblxc says FROZEN for h2's copy too: CRIU restored its freezer.
+		w := struct{ frozen, held, running string }{"FROZEN", "FROZEN", "RUNNING"}
+		held := func() error { return nil }
+		destinationDiesAfterRestore(t, l, p, name, "lxc", state, w, held)
 	})
 
 	t.Run("bad input", func(t *testing.T) {

@@ -58,7 +58,8 @@ func parseStat(pid int, s string) (proc, bool) {
 	return proc{pid: pid, ppid: ppid, comm: s[open+1 : end], state: f[0][0]}, true
 }
 
-// Descendants lists the processes below pid whose command name is comm.
+// Descendants lists the processes below pid whose command name is comm
+// (every one for "").
 func Descendants(pid int, comm string) []int {
 	t := table()
 	children := map[int][]proc{}
@@ -71,7 +72,7 @@ func Descendants(pid int, comm string) []int {
 		n := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
 		for _, c := range children[n] {
-			if c.comm == comm {
+			if comm == "" || c.comm == comm {
 				out = append(out, c.pid)
 			}
 			stack = append(stack, c.pid)

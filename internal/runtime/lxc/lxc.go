@@ -106,8 +106,9 @@ func (r *Runtime) Kind() string { return "lxc" }
 
 // Caps: the freezer keeps the source resumable (see the package comment).
 // liblxc never passes CRIU --lazy-pages, and its pre-dump needs soft-dirty
-// tracking and is not wired here: neither is offered.
-func (r *Runtime) Caps() runtime.Caps { return runtime.Caps{Freeze: true} }
+// tracking and is not wired here: neither is offered. A restored copy
+// stays frozen until Start (see Restore).
+func (r *Runtime) Caps() runtime.Caps { return runtime.Caps{Freeze: true, RestoreStopped: true} }
 
 // env is the environment of every lxc-* command: PATH finds r.criu()
 // first, and CRIU_CONFIG_FILE is conf or nothing (never one inherited).
@@ -620,9 +621,12 @@ func (t *target) RootfsDir() string { return filepath.Join(t.dir, "rootfs") }
 //
 // Its CRIU config file adds mntns-compat-mode: CRIU's newer mount engine
 // fails on liblxc's bind mounts of host directories ("mnt-v2: Failed to
-// move_mount"). The container comes back frozen (CRIU restores the freezer
-// state it dumped, and liblxc does not know), so Restore thaws its cgroup,
-// then waits until lxc-info reports it RUNNING with an init PID.
+// move_mount"). The container comes back frozen: CRIU restores the freezer
+// state it dumped (the source is always frozen for its dump), and liblxc
+// does not know. It stays frozen until Start, so that a copy that is never
+// committed never runs: Restore waits until lxc-info reports it FROZEN
+// with an init PID. Should CRIU ever bring it back thawed, Restore freezes
+// it at once.
 func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, error) {
 	r := t.r
 	if o.Lazy {
@@ -663,13 +667,16 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 		return 0, fmt.Errorf("lxc-checkpoint -P %s -n %s -r -D %s: %v: %s%s", r.path(), t.name, o.ImagesDir, err,
 			tail.Lines(strings.TrimSpace(string(msg)), 6), criu.LogErrors(log))
 	}
-	if err := r.thawCgroup(ctx, t.name); err != nil {
-		return 0, fmt.Errorf("restored container stays frozen: %w", err)
-	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		state, pid, err := r.info(ctx, t.name)
 		if err == nil && state == "RUNNING" && pid > 0 {
+			if err := r.Freeze(ctx, &runtime.Container{Name: t.name, ID: t.name}); err != nil {
+				return 0, fmt.Errorf("restored container runs before its commit and cannot be frozen: %w", err)
+			}
+			continue
+		}
+		if err == nil && state == "FROZEN" && pid > 0 {
 			return pid, nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
@@ -682,8 +689,16 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	}
 }
 
-// Start is a no-op: liblxc's restore lets the processes run at once.
-func (t *target) Start(context.Context) error { return nil }
+// Start thaws the restored container.
+func (t *target) Start(ctx context.Context) error {
+	return t.r.Continue(ctx, &runtime.Container{Name: t.name, ID: t.name})
+}
+
+// Continue thaws a container restored frozen (an agent restarted between
+// the commit and the start).
+func (r *Runtime) Continue(ctx context.Context, c *runtime.Container) error {
+	return r.Thaw(ctx, c)
+}
 
 // Discard stops and destroys whatever Prepare and Restore made.
 func (t *target) Discard(ctx context.Context) error {

@@ -236,6 +236,11 @@ type memhogReply struct {
 
 // askMemhog sends req to memhog inside the network namespace of pid.
 func askMemhog(pid int, req string) (memhogReply, error) {
+	return askMemhogWithin(pid, req, 5*time.Second)
+}
+
+// askMemhogWithin is askMemhog, waiting at most wait for the answer.
+func askMemhogWithin(pid int, req string, wait time.Duration) (memhogReply, error) {
 	var r memhogReply
 	type result struct {
 		conn *net.UDPConn
@@ -276,7 +281,7 @@ func askMemhog(pid int, req string) (memhogReply, error) {
 	if _, err := res.conn.Write([]byte(req)); err != nil {
 		return r, err
 	}
-	_ = res.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_ = res.conn.SetReadDeadline(time.Now().Add(wait))
 	buf := make([]byte, 64<<10)
 	n, err := res.conn.Read(buf)
 	if err != nil {
@@ -509,7 +514,21 @@ func TestMigrateBetweenLXCPaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("restore %v (until lxc-info RUNNING, thawed)", time.Since(t3).Round(time.Millisecond))
+	t.Logf("restore %v (until lxc-info FROZEN)", time.Since(t3).Round(time.Millisecond))
+
+	// Restored frozen: until the commit (Start) none of it runs.
+	if state, infoPID := lxcState(t, pathB, name); state != "FROZEN" || infoPID != pid {
+		t.Fatalf("destination before Start: lxc-info %s PID %d, Restore returned PID %d", state, infoPID, pid)
+	}
+	if _, err := askMemhogWithin(pid, "VERIFY", 300*time.Millisecond); err == nil {
+		t.Fatal("the restored copy answered before Start")
+	}
+	if err := tgt.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := tgt.Start(ctx); err != nil {
+		t.Errorf("Start again: %v", err)
+	}
 
 	state, infoPID := lxcState(t, pathB, name)
 	if state != "RUNNING" || infoPID != pid {

@@ -122,7 +122,11 @@ func (r *Runtime) Kind() string { return "podman" }
 // lazy restore: no, Podman's restore cannot start CRIU in lazy mode, so no
 // post-copy or hybrid. CRIU's pre-dump: not offered (needs soft-dirty
 // tracking, absent on the machines this was built on, so never tried).
-func (r *Runtime) Caps() runtime.Caps { return runtime.Caps{Freeze: true, LazyDump: r.LazyDump} }
+// A restore leaves the processes stopped until Start (CRIU's
+// leave-stopped, through the config.json Podman restores from).
+func (r *Runtime) Caps() runtime.Caps {
+	return runtime.Caps{Freeze: true, LazyDump: r.LazyDump, RestoreStopped: true}
+}
 
 // inspectData is the part of `podman container inspect` the adapter uses.
 type inspectData struct {

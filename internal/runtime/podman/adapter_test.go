@@ -27,6 +27,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/admission"
 	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/probe"
+	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 )
@@ -511,6 +512,28 @@ func TestAdapterMigratesAcrossHosts(t *testing.T) {
 		t.Fatal(err)
 	}
 	restored := time.Now()
+	// Restored stopped: until the commit (Start) none of it runs, though
+	// Podman says running.
+	if got := names(ctx, t, p.b, false); got != name+":running" {
+		t.Fatalf("podman ps at b before Start: %q", got)
+	}
+	tree := append([]int{pid}, procs.Descendants(pid, "")...)
+	for _, q := range tree {
+		if st, ok := procs.State(q); ok && st != 'T' {
+			t.Errorf("process %d of the restored copy is in state %c before Start, want T (stopped)", q, st)
+		}
+	}
+	if err := tgt.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range tree {
+		if st, ok := procs.State(q); ok && st == 'T' {
+			t.Errorf("process %d of the restored copy still stopped after Start", q)
+		}
+	}
+	if err := tgt.Start(ctx); err != nil {
+		t.Errorf("Start again: %v", err)
+	}
 	t.Logf("memory %s: freeze %v, dump %v, restore %v (freeze to running at b: %v)", memory(),
 		frozen.Sub(start).Round(time.Millisecond), dumped.Sub(frozen).Round(time.Millisecond),
 		restored.Sub(restoreStart).Round(time.Millisecond), restored.Sub(start).Round(time.Millisecond))

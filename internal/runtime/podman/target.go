@@ -15,6 +15,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/admission"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 	"github.com/ferry-migrate/ferry/internal/tail"
 )
 
@@ -119,6 +120,17 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 			_ = t.Discard(ctx)
 			return nil, err
 		}
+	}
+	// The restored processes stay stopped until the commit (Start).
+	// Podman's restore reads the bundle's config.json and keeps its
+	// annotations, so runc hands CRIU this file.
+	if err := runc.LeaveStopped(t.criuConf()); err != nil {
+		_ = t.Discard(ctx)
+		return nil, err
+	}
+	if err := runc.AnnotateCRIUConfig(filepath.Join(t.bundle, "config.json"), t.criuConf()); err != nil {
+		_ = t.Discard(ctx)
+		return nil, err
 	}
 	return t, nil
 }
@@ -333,6 +345,9 @@ type target struct {
 
 func (t *target) RootfsDir() string { return t.upper }
 
+// criuConf is the CRIU configuration file of the container's restore.
+func (t *target) criuConf() string { return filepath.Join(t.bundle, "ferry-criu.conf") }
+
 // Restore links the images in as the container's checkpoint and has
 // Podman restore it, then reads the running container's PID back.
 func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, error) {
@@ -361,6 +376,8 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 		args = append(args, "--tcp-established")
 	}
 	_, err = t.r.Host.podman(ctx, append(args, t.id)...)
+	// Read by now: later dumps of this container must not leave it stopped.
+	_ = runc.ClearCRIUConfig(t.criuConf())
 	if err != nil {
 		// Podman keeps CRIU's log in the bundle when a restore fails.
 		logPath := filepath.Join(t.bundle, "restore.log")
@@ -392,8 +409,28 @@ func relink(dst, link string) error {
 	return os.Symlink(dst, link)
 }
 
-// Start is a no-op: Podman's restore lets the processes run at once.
-func (t *target) Start(context.Context) error { return nil }
+// Start lets the processes CRIU left stopped run.
+func (t *target) Start(ctx context.Context) error {
+	rc, err := t.r.runc()
+	if err != nil {
+		return err
+	}
+	return rc.ContinueAll(ctx, t.id)
+}
+
+// Continue lets a container restored stopped run, found by name (its ID
+// here is not the source's).
+func (r *Runtime) Continue(ctx context.Context, c *runtime.Container) error {
+	d, err := r.inspect(ctx, c.Name)
+	if err != nil {
+		return err
+	}
+	rc, err := r.runc()
+	if err != nil {
+		return err
+	}
+	return rc.ContinueAll(ctx, d.ID)
+}
 
 // Discard removes the container Prepare created (restored or not); one
 // already gone counts as removed.

@@ -167,7 +167,7 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 	// CRIU leaves the restored processes stopped until the commit (Start);
 	// the file is emptied once the restore has read it, so that a later
 	// dump of this container is not left stopped too.
-	if err := os.WriteFile(t.criuConf(), []byte("leave-stopped\n"), 0o600); err != nil {
+	if err := LeaveStopped(t.criuConf()); err != nil {
 		_ = os.RemoveAll(t.bundle)
 		return nil, err
 	}
@@ -212,7 +212,7 @@ func (r *Runtime) adaptSpec(c *runtime.Container, netns, criuConf string) ([]byt
 	if s.Annotations == nil {
 		s.Annotations = map[string]string{}
 	}
-	s.Annotations["org.criu.config"] = criuConf
+	s.Annotations[CRIUConfigAnnotation] = criuConf
 	return json.MarshalIndent(&s, "", "  ")
 }
 
@@ -237,14 +237,14 @@ func (t *target) Start(ctx context.Context) error {
 // Continue sends every process of the container SIGCONT: a container
 // restored stopped runs (one that runs already is unaffected).
 func (r *Runtime) Continue(ctx context.Context, c *runtime.Container) error {
-	return r.run(ctx, nil, "kill", "--all", c.ID, "CONT")
+	return r.ContinueAll(ctx, c.ID)
 }
 
 func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, error) {
 	err := t.r.Host.Restore(ctx, t.name, RestoreOptions{ImagePath: o.ImagesDir, WorkPath: o.WorkDir, Bundle: t.bundle,
 		LogPath: t.bundle + ".log", TCPEstablished: o.TCPEstablished, LazyPages: o.Lazy})
 	// Read by now: later dumps of this container must not leave it stopped.
-	_ = os.WriteFile(t.criuConf(), nil, 0o600)
+	_ = ClearCRIUConfig(t.criuConf())
 	if err != nil {
 		return 0, err
 	}

@@ -135,6 +135,12 @@ func (h Host) detached(ctx context.Context, logPath string, args ...string) erro
 // Pause freezes every process of the container (cgroup freezer).
 func (h Host) Pause(ctx context.Context, id string) error { return h.run(ctx, nil, "pause", id) }
 
+// ContinueAll sends every process of the container SIGCONT: a container
+// CRIU restored stopped (leave-stopped) runs; one that runs is unaffected.
+func (h Host) ContinueAll(ctx context.Context, id string) error {
+	return h.run(ctx, nil, "kill", "--all", id, "CONT")
+}
+
 // Resume thaws a paused container.
 func (h Host) Resume(ctx context.Context, id string) error { return h.run(ctx, nil, "resume", id) }
 
