@@ -5,7 +5,7 @@ GO      ?= go
 BIN     := bin
 export PATH := /usr/local/go/bin:/usr/local/sbin:$(PATH)
 
-.PHONY: all setup build man test unit fuzz demo bench clean lab-down
+.PHONY: all setup build man package test unit fuzz demo bench clean lab-down
 
 all: build
 
@@ -25,11 +25,22 @@ build:
 man: build
 	$(BIN)/ferry man --dir $(BIN)/man
 
+# The .deb, into $(DIST) (not kept in git): the static binary, its man
+# pages and bash completion, the systemd units, the sysctl and tmpfiles
+# settings, an example /etc/ferry/agent.toml (packaging/nfpm.yaml). CRIU
+# is not in it: setup builds CRIU 4.2.1 (docs/DEPLOY.md).
+DIST ?= dist
+package: man
+	mkdir -p $(BIN)/completion
+	$(BIN)/ferry completion bash > $(BIN)/completion/ferry.bash
+	cd tools/package && $(GO) run . --root $(CURDIR) --version '$(VERSION)' --bin $(abspath $(BIN)) --out $(abspath $(DIST))
+
 # Every test: unit and integration (real CRIU, runc, Podman, namespaces).
 # Packages run one at a time: the lab's namespaces and cgroups are shared
 # machine-wide names.
 test: setup build
 	$(GO) vet ./...
+	cd tools/package && $(GO) vet . && $(GO) test -count=1 .
 	FERRY_BIN=$(CURDIR)/$(BIN)/ferry $(GO) test -p 1 -count=1 -timeout 40m ./...
 	$(MAKE) fuzz
 
@@ -58,4 +69,4 @@ lab-down: build
 	$(BIN)/ferry lab down
 
 clean:
-	rm -rf $(BIN)
+	rm -rf $(BIN) $(DIST)

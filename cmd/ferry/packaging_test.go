@@ -143,3 +143,74 @@ func TestUsageExit(t *testing.T) {
 		t.Error("a failure is not a usage error")
 	}
 }
+
+// make package builds a .deb carrying what docs/DEPLOY.md installs by
+// hand: the binary (which runs and knows its version), the units, the
+// sysctl and tmpfiles settings, the example agent.toml as a conffile,
+// man pages and completion; its maintainer scripts parse.
+func TestDebPackage(t *testing.T) {
+	for _, tool := range []string{"make", "dpkg-deb", "sh"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s", tool)
+		}
+	}
+	tmp := t.TempDir()
+	bin, dist := filepath.Join(tmp, "bin"), filepath.Join(tmp, "dist")
+	cmd := exec.Command("make", "-C", "../..", "--no-print-directory", "package", "BIN="+bin, "DIST="+dist, "VERSION=v1.2.3")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("make package: %v\n%s", err, out)
+	}
+	debs, _ := filepath.Glob(filepath.Join(dist, "*.deb"))
+	if len(debs) != 1 || !strings.HasPrefix(filepath.Base(debs[0]), "ferry_1.2.3_") {
+		t.Fatalf("make package wrote %v, want one ferry_1.2.3_ARCH.deb", debs)
+	}
+	deb := debs[0]
+	dpkg := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command("dpkg-deb", args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("dpkg-deb %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	fields := dpkg("--field", deb, "Package", "Version", "Depends")
+	for _, want := range []string{"Package: ferry", "Version: 1.2.3", "Depends: runc"} {
+		if !strings.Contains(fields, want) {
+			t.Errorf("control fields lack %q:\n%s", want, fields)
+		}
+	}
+	root, control := filepath.Join(tmp, "root"), filepath.Join(tmp, "control")
+	dpkg("-x", deb, root)
+	dpkg("-e", deb, control)
+	for pkg, repo := range map[string]string{
+		"lib/systemd/system/ferry-agent.service": "packaging/systemd/ferry-agent.service",
+		"lib/systemd/system/run-criu.mount":      "packaging/systemd/run-criu.mount",
+		"usr/lib/sysctl.d/50-ferry.conf":         "packaging/sysctl.d/50-ferry.conf",
+		"usr/lib/tmpfiles.d/ferry.conf":          "packaging/tmpfiles.d/ferry.conf",
+		"etc/ferry/agent.toml":                   "packaging/agent.toml",
+		"usr/share/doc/ferry/copyright":          "LICENSE",
+	} {
+		got, err := os.ReadFile(filepath.Join(root, pkg))
+		want, _ := os.ReadFile(filepath.Join("../..", repo))
+		if err != nil || string(got) != string(want) {
+			t.Errorf("/%s in the package differs from %s (%v)", pkg, repo, err)
+		}
+	}
+	for _, f := range []string{"usr/share/man/man1/ferry-migrate.1", "usr/share/bash-completion/completions/ferry"} {
+		if st, err := os.Stat(filepath.Join(root, f)); err != nil || st.Size() == 0 {
+			t.Errorf("/%s: %v", f, err)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(control, "conffiles")); err != nil || strings.TrimSpace(string(b)) != "/etc/ferry/agent.toml" {
+		t.Errorf("conffiles: %q %v", b, err)
+	}
+	for _, s := range []string{"postinst", "prerm", "postrm"} {
+		if out, err := exec.Command("sh", "-n", filepath.Join(control, s)).CombinedOutput(); err != nil {
+			t.Errorf("%s: %v\n%s", s, err, out)
+		}
+	}
+	out, err := exec.Command(filepath.Join(root, "usr/bin/ferry"), "version", "--json").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), `"v1.2.3"`) {
+		t.Errorf("the packaged ferry version --json: %v\n%s", err, out)
+	}
+}
