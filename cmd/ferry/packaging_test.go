@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"io"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/lab"
 )
 
 // The example configuration is valid for the agent as it is.
@@ -212,5 +214,64 @@ func TestDebPackage(t *testing.T) {
 	out, err := exec.Command(filepath.Join(root, "usr/bin/ferry"), "version", "--json").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), `"v1.2.3"`) {
 		t.Errorf("the packaged ferry version --json: %v\n%s", err, out)
+	}
+	t.Run("installs", func(t *testing.T) { debInstalls(t, deb) })
+}
+
+// debInstalls installs the package with dpkg into a Debian 12 minbase
+// root (the lab's cached one; its maintainer scripts run chrooted there),
+// runs ferry --version there, and removes then purges it. Its
+// dependencies are not in minbase: dpkg is told to go on without them.
+func debInstalls(t *testing.T, deb string) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the root filesystem keeps its owners, dpkg chroots")
+	}
+	for _, tool := range []string{"dpkg", "chroot", "tar"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s", tool)
+		}
+	}
+	o := lab.DebianOptions{}
+	if _, err := os.Stat(o.Path()); err != nil {
+		if err := lab.DebianMirrorReachable(context.Background(), o, 5*time.Second); err != nil {
+			t.Skipf("SKIP (not a pass): no cached Debian root filesystem and the mirror is unreachable: %v", err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	minbase, err := lab.EnsureDebianRootfs(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	if out, err := exec.CommandContext(ctx, "tar", "--numeric-owner", "--same-owner", "--exclude=./dev/*",
+		"-C", root, "-xf", minbase.Tarball).CombinedOutput(); err != nil {
+		t.Fatalf("extract %s: %v\n%s", minbase.Tarball, err, out)
+	}
+	run := func(name string, args ...string) string {
+		t.Helper()
+		out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	run("dpkg", "--root="+root, "--force-depends", "-i", deb)
+	if st := run("dpkg-query", "--admindir="+filepath.Join(root, "var/lib/dpkg"), "-W", "-f=${Status} ${Version}", "ferry"); st != "install ok installed 1.2.3" {
+		t.Errorf("dpkg-query after install: %q", st)
+	}
+	if v := run("chroot", root, "/usr/bin/ferry", "--version"); !strings.Contains(v, "v1.2.3") {
+		t.Errorf("ferry --version in the installed root: %q", v)
+	}
+	run("dpkg", "--root="+root, "-r", "ferry")
+	if _, err := os.Stat(filepath.Join(root, "usr/bin/ferry")); err == nil {
+		t.Error("dpkg -r left /usr/bin/ferry")
+	}
+	if _, err := os.Stat(filepath.Join(root, "etc/ferry/agent.toml")); err != nil {
+		t.Errorf("dpkg -r removed the configuration: %v", err)
+	}
+	run("dpkg", "--root="+root, "-P", "ferry")
+	if _, err := os.Stat(filepath.Join(root, "etc/ferry/agent.toml")); err == nil {
+		t.Error("dpkg -P left /etc/ferry/agent.toml")
 	}
 }
