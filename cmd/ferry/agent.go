@@ -15,7 +15,7 @@ import (
 )
 
 func newAgentCmd() *cobra.Command {
-	a := &agent.Agent{}
+	a := &agent.Agent{Version: version}
 	var (
 		tlsDir, profile string
 		allow           []string

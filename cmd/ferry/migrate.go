@@ -234,6 +234,9 @@ func printReport(w io.Writer, r engine.Report) {
 		if r.SourceState != "" {
 			fmt.Fprintf(w, "  source copy   %s\n", r.SourceState)
 		}
+		if r.Logs != "" {
+			fmt.Fprintf(w, "  logs kept in  %s\n", r.Logs)
+		}
 	}
 	fmt.Fprintf(w, "  downtime      %.0f ms\n", r.DowntimeMs)
 	fmt.Fprintf(w, "  total         %.0f ms\n", r.TotalMs)

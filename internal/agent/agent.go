@@ -48,6 +48,8 @@ type Agent struct {
 	AllowFaults bool
 	// KeepWork keeps received images and CRIU logs after each migration.
 	KeepWork bool
+	// Version is ferry's, for the reports.
+	Version string
 	// NoPrewarm turns off warming memory before restores.
 	NoPrewarm bool
 	// Security puts agent-to-agent sessions on mutual TLS 1.3; nil means
@@ -169,7 +171,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.journal = j
 	a.set = a.newRuntimes()
 	dst.Runtimes, dst.Journal, dst.Admission = a.set, j, a.Admission
-	src := &engine.Source{Host: a.Host, Runtimes: dst.Runtimes, KeepWork: a.KeepWork,
+	src := &engine.Source{Host: a.Host, Runtimes: dst.Runtimes, KeepWork: a.KeepWork, Version: a.Version,
 		Dial: a.dialPeer, Profile: a.Profile, Journal: j, AllowFaults: a.AllowFaults}
 	// Before anyone is answered: copies restored here and never committed
 	// go, so sources asking afterwards resume theirs.

@@ -494,6 +494,24 @@ func TestFailedRestoreResumesSource(t *testing.T) {
 				t.Fatalf("workload state after resume: %+v %v", pr, perr)
 			}
 			t.Logf("error reported: %s", rep.Error)
+			// Both hosts kept their logs of it, the source where the
+			// report says, the destination under its state directory.
+			if rep.ID == "" || rep.SchemaVersion != engine.ReportSchemaVersion || rep.StartedAt.IsZero() {
+				t.Errorf("report lacks its id, schema version or start: %q %d %v", rep.ID, rep.SchemaVersion, rep.StartedAt)
+			}
+			if want := filepath.Join(l.Hosts[0].StateDir, "logs", rep.ID); rep.Logs != want {
+				t.Errorf("report's logs: %q, want %q", rep.Logs, want)
+			}
+			for dir, want := range map[string]string{rep.Logs: "dump.log", filepath.Join(l.Hosts[1].StateDir, "logs", rep.ID): "restore.log"} {
+				logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+				found := false
+				for _, f := range logs {
+					found = found || strings.HasSuffix(f, want)
+				}
+				if !found {
+					t.Errorf("%s holds %v, no %s", dir, logs, want)
+				}
+			}
 		})
 	}
 }

@@ -787,6 +787,13 @@ func (in *incoming) cleanup(dropContainer bool) error {
 	if in.parent != nil {
 		_ = in.parent.Close()
 	}
+	if in.work != "" && dropContainer {
+		if dir, err := keepLogs(in.work, in.d.Host.LogsDir(), in.offer.ID); err != nil {
+			slog.Warn("logs of a failed migration not all kept", "migration", in.offer.ID, "dir", dir, "error", err)
+		} else if dir != "" {
+			slog.Info("kept the logs of a failed migration", "migration", in.offer.ID, "dir", dir)
+		}
+	}
 	if in.work != "" && !in.d.KeepWork {
 		// A CRIU killed mid-restore leaves its cgroup yard mounted here.
 		if err := mounts.RemoveAll(in.work); err != nil {

@@ -217,9 +217,21 @@ type PhaseSpan struct {
 	EndMs   float64 `json:"end_ms"`
 }
 
+// ReportSchemaVersion numbers the Report's JSON form (docs/report.schema.json):
+// raised whenever a field changes meaning or goes; a new field does not.
+const ReportSchemaVersion = 1
+
 // Report is the outcome of one migration.
 type Report struct {
-	Container string `json:"container"`
+	// SchemaVersion is the ReportSchemaVersion the report was written
+	// under.
+	SchemaVersion int `json:"schema_version"`
+	// ID is the migration's, as ferry ps, cancel and wait name it.
+	ID        string    `json:"id"`
+	StartedAt time.Time `json:"started_at"`
+	// FerryVersion is the source agent's.
+	FerryVersion string `json:"ferry_version,omitempty"`
+	Container    string `json:"container"`
 	// Runtime is the runtime the container was found in.
 	Runtime     string  `json:"runtime,omitempty"`
 	Mode        string  `json:"mode"`
@@ -272,6 +284,10 @@ type Report struct {
 	InDoubtID string `json:"in_doubt_id,omitempty"`
 	// FailedAt names the phase and host where a failed migration stopped.
 	FailedAt string `json:"failed_at,omitempty"`
+	// Logs is where the source kept a failed migration's CRIU and runtime
+	// logs (a destination that failed keeps its own under its state
+	// directory's logs/ID).
+	Logs string `json:"logs,omitempty"`
 }
 
 // Status lists an agent's containers.

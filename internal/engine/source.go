@@ -38,6 +38,8 @@ type Source struct {
 	Dial func(ctx context.Context, addr string) (*transport.Session, error)
 	// KeepWork keeps each migration's local images and CRIU logs.
 	KeepWork bool
+	// Version is ferry's, for the reports.
+	Version string
 	// Journal records each migration's state before it acts on it, so a
 	// restarted agent can finish or roll back (nil: none, tests only).
 	Journal *journal.Journal
@@ -214,9 +216,13 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 	}
 	m := &migration{req: req, id: id, host: s.Host, journal: s.Journal, rts: s.Runtimes, progress: progress, start: time.Now(), parentRound: -1, dial: s.Dial, profile: model.DefaultProfile(),
 		phaseBegun: make(chan struct{}, 1)}
+	m.report = Report{SchemaVersion: ReportSchemaVersion, ID: id, StartedAt: m.start.UTC(), FerryVersion: s.Version,
+		Container: req.Container, Mode: req.Mode, From: s.Host.Name, To: req.To}
 	var ferr error
 	if m.faults, ferr = fault.ParseSet(req.Faults); ferr != nil {
-		return Report{Container: req.Container, Mode: req.Mode, From: s.Host.Name, To: req.To, FailedAt: "prepare on " + s.Host.Name, Error: ferr.Error()}
+		r := m.report
+		r.FailedAt, r.Error = "prepare on "+s.Host.Name, ferr.Error()
+		return r
 	}
 	if s.Profile != nil {
 		m.profile = *s.Profile
@@ -226,7 +232,6 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 			return transport.Dial(ctx, addr, transport.Hello{Name: s.Host.Name, Role: "agent"})
 		}
 	}
-	m.report = Report{Container: req.Container, Mode: req.Mode, From: s.Host.Name, To: req.To}
 	pctx, stopProgress := context.WithCancel(ctx)
 	go m.reportProgress(pctx, 200*time.Millisecond)
 	err := m.run(ctx)
@@ -248,6 +253,13 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 		if pids := criu.KillWorkingIn(m.work); len(pids) > 0 {
 			r.Warnings = append(r.Warnings, fmt.Sprintf("killed CRIU processes still working after the migration ended: %v", pids))
 		}
+	}
+	if m.work != "" && err != nil {
+		dir, kerr := keepLogs(m.work, s.Host.LogsDir(), m.id)
+		if kerr != nil {
+			r.Warnings = append(r.Warnings, "logs not all kept: "+kerr.Error())
+		}
+		r.Logs = dir
 	}
 	if m.work != "" && !s.KeepWork {
 		if err := mounts.RemoveAll(m.work); err != nil { // a killed CRIU's cgroup yard

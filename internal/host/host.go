@@ -67,6 +67,10 @@ func (c Config) WorkRoot() string {
 	return filepath.Join(c.StateDir, "work")
 }
 
+// LogsDir keeps the CRIU and runtime logs of failed migrations, one
+// directory per migration ID, after their scratch directories are gone.
+func (c Config) LogsDir() string { return filepath.Join(c.StateDir, "logs") }
+
 // CgroupsPath is the OCI cgroupsPath for a container on this host.
 func (c Config) CgroupsPath(container string) string {
 	return "/" + c.CgroupParent + "/" + container
