@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -23,6 +24,8 @@ func newAgentCmd() *cobra.Command {
 		outage          time.Duration
 		segmentRanges   []string
 		configPath      string
+		logFormat       string
+		logLevel        string
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -64,7 +67,13 @@ runs the agent with /etc/ferry/agent.toml, and the example file.`,
 				}
 				a.Admission.Addresses = append(a.Admission.Addresses, p.Masked())
 			}
-			a.Log = slog.New(slog.NewTextHandler(os.Stderr, nil)).With("host", a.Host.Name)
+			logger, err := newLogger(os.Stderr, logFormat, logLevel)
+			if err != nil {
+				return err
+			}
+			// The engine logs through slog's default: the same settings.
+			slog.SetDefault(logger)
+			a.Log = logger.With("host", a.Host.Name)
 			transport.SetOutageTimeout(outage)
 			if profile != "" {
 				p, _, err := loadProfile(profile)
@@ -92,7 +101,7 @@ runs the agent with /etc/ferry/agent.toml, and the example file.`,
 	f.StringSliceVar(&a.Listen, "listen", nil, "TCP address to receive migrations on, e.g. 0.0.0.0:7070; repeat (or comma-separate) for one address per network path: sessions striped over --streams spread over them")
 	f.StringVar(&a.Control, "control", agent.DefaultControl, "unix socket for the ferry CLI")
 	f.StringVar(&a.Host.StateDir, "state", "/var/lib/ferry", "state directory: runc root, bundles, migration scratch")
-	f.StringVar(&a.Host.RuncRootDir, "runc-root", "/run/runc", "runc root whose containers this agent moves (`runc --root`), and where it restores runc containers")
+	f.StringVar(&a.Host.RuncRootDir, "runc-root", "/run/runc", "runc root whose containers this agent moves (runc --root), and where it restores runc containers")
 	f.BoolVar(&a.Admission.Privileged, "allow-privileged", false, "accept incoming containers whatever their config.json asks: OCI hooks (run as root here), host namespaces, bind mounts of any host path, extra capabilities, devices")
 	f.BoolVar(&a.Admission.HostNetwork, "allow-host-network", false, "accept incoming containers that share the host's network namespace")
 	f.StringSliceVar(&a.Admission.BindSources, "allow-bind", nil, "host directories incoming containers may bind-mount from (repeatable)")
@@ -108,7 +117,7 @@ runs the agent with /etc/ferry/agent.toml, and the example file.`,
 	f.StringVar(&a.Host.ScratchDir, "scratch", "/dev/shm/ferry", "where migrations keep CRIU images while they run; a tmpfs makes restores fast")
 	f.BoolVar(&a.KeepWork, "keep-work", false, "keep received CRIU images and logs under --state/work (debugging)")
 	f.BoolVar(&a.NoPrewarm, "no-prewarm", false, "do not touch the incoming container's amount of memory before restoring (helps on VMs whose balloon reclaims free pages)")
-	f.StringVar(&tlsDir, "tls-dir", "", "directory with this host's certificate and the CA (see `ferry certs`); sessions with other agents use mutual TLS 1.3")
+	f.StringVar(&tlsDir, "tls-dir", "", "directory with this host's certificate and the CA (made by ferry certs); sessions with other agents use mutual TLS 1.3")
 	f.StringSliceVar(&allow, "allow", nil, "hosts (certificate names) allowed to send migrations here; empty: any host the CA signed")
 	f.StringVar(&profile, "profile", "", "host profile from 'ferry calibrate', used by --mode auto (default: built-in defaults)")
 	f.BoolVar(&insecure, "insecure", false, "accept and make plaintext agent connections (trusted test networks only)")
@@ -117,5 +126,23 @@ runs the agent with /etc/ferry/agent.toml, and the example file.`,
 	f.BoolVar(&a.Multipath, "mptcp", true, "use MPTCP between agents where the kernel has it (falls back to TCP)")
 	f.IntVar(&a.Streams, "streams", 4, "when a session does not run over MPTCP (the kernel or the peer lacks it, or --mptcp=false): stripe it over this many TCP connections, spread over the destination's --listen addresses, re-dialed when lost (1: a single connection)")
 	f.BoolVar(&a.AllowFaults, "allow-faults", false, "honour fault injection in requests (tests only)")
+	f.StringVar(&logFormat, "log-format", "text", "log lines as text (key=value) or json, on standard error")
+	f.StringVar(&logLevel, "log-level", "info", "least severe log level written: debug, info, warn or error")
 	return cmd
+}
+
+// newLogger is the agent's logger: text or JSON lines on w, from level up.
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	o := &slog.HandlerOptions{Level: l}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, o)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, o)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
 }

@@ -13,6 +13,8 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // The example configuration is valid for the agent as it is.
@@ -274,4 +276,49 @@ func debInstalls(t *testing.T, deb string) {
 	if _, err := os.Stat(filepath.Join(root, "etc/ferry/agent.toml")); err == nil {
 		t.Error("dpkg -P left /etc/ferry/agent.toml")
 	}
+}
+
+// --log-format and --log-level shape the agent's log; bad values are refused.
+func TestNewLogger(t *testing.T) {
+	var b strings.Builder
+	l, err := newLogger(&b, "json", "warn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Info("hidden")
+	l.Warn("shown", "migration", "m1")
+	if out := b.String(); strings.Contains(out, "hidden") || !strings.Contains(out, `"msg":"shown","migration":"m1"`) {
+		t.Errorf("json at warn wrote %q", out)
+	}
+	b.Reset()
+	if l, err = newLogger(&b, "text", "debug"); err != nil {
+		t.Fatal(err)
+	}
+	l.Debug("seen")
+	if !strings.Contains(b.String(), "level=DEBUG msg=seen") {
+		t.Errorf("text at debug wrote %q", b.String())
+	}
+	for _, bad := range [][2]string{{"xml", "info"}, {"text", "loud"}} {
+		if _, err := newLogger(&b, bad[0], bad[1]); err == nil {
+			t.Errorf("newLogger(%q, %q) accepted", bad[0], bad[1])
+		}
+	}
+}
+
+// No flag's help names its value with backticks by accident: pflag takes
+// a `quoted` word in a usage string for the value's name (--tls-dir
+// ferry certs).
+func TestFlagUsageHasNoQuotedNames(t *testing.T) {
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		c.LocalFlags().VisitAll(func(f *pflag.Flag) {
+			if strings.Contains(f.Usage, "`") {
+				t.Errorf("%s --%s: usage has backticks: %s", c.CommandPath(), f.Name, f.Usage)
+			}
+		})
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(newRootCmd())
 }
