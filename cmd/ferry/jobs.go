@@ -21,7 +21,7 @@ import (
 // resume; the report follows), a second one detaches; with detach it
 // returns as soon as the agent gave the migration its ID. detached is that
 // ID when the CLI left the migration running.
-func followMigration(ctx context.Context, control string, req engine.Request, detach bool, progress func(engine.Progress)) (rep engine.Report, detached string, err error) {
+func followMigration(ctx context.Context, control string, req engine.Request, detach bool, accepted func(string), progress func(engine.Progress)) (rep engine.Report, detached string, err error) {
 	fctx, leave := context.WithCancel(context.WithoutCancel(ctx))
 	defer leave()
 	ids := make(chan string, 1)
@@ -59,7 +59,13 @@ func followMigration(ctx context.Context, control string, req engine.Request, de
 		}
 	}()
 	var got string
-	rep, err = agent.MigrateJob(fctx, control, req, func(i string) { got = i; ids <- i }, progress)
+	rep, err = agent.MigrateJob(fctx, control, req, func(i string) {
+		got = i
+		if accepted != nil {
+			accepted(i)
+		}
+		ids <- i
+	}, progress)
 	if fctx.Err() != nil && got != "" {
 		return rep, got, nil
 	}
@@ -130,6 +136,9 @@ func printJobs(w io.Writer, js []engine.Job, now time.Time) {
 		}
 		if state == "" {
 			state = "starting"
+		}
+		if pr := j.Progress; j.Report == nil && pr.PredictedDowntimeMs > 0 {
+			state += fmt.Sprintf(" (%d rounds, %.0f pages/s dirty, downtime now ~%.0f ms)", pr.Rounds, pr.DirtyRate, pr.PredictedDowntimeMs)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, j.Container, j.To, j.Mode, state, sent, rate, elapsed.Round(100*time.Millisecond))
 	}

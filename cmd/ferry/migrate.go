@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -19,6 +20,7 @@ func newMigrateCmd() *cobra.Command {
 		req         engine.Request
 		from, maxBW string
 		asJSON      bool
+		events      bool
 		detach      bool
 	)
 	cmd := &cobra.Command{
@@ -56,7 +58,13 @@ destination), total_ms (until the destination owns the container and, for
 post-copy modes, has all its memory), frozen_ms (time the source copy stayed
 frozen), bytes_sent (on the wire), memory_bytes (memory moved), phases, and
 per technique: rounds, pages faulted/pushed, pages the destination already
-held.
+held. The report's JSON Schema is docs/report.schema.json.
+
+--events prints the migration as it happens, one JSON object per line:
+{"job":{"id":ID}} once the agent accepted it, {"progress":{...}} about five
+times a second (phase, bytes sent, rate_bps, and in pre-copy the rounds
+done, the last round's dirty_rate and predicted_downtime_ms), and last
+{"report":{...}}.
 
 The migration runs in the source agent, under an ID it gives it when it
 accepts the request: ferry ps lists it, ferry wait ID follows it, ferry
@@ -72,6 +80,7 @@ refused or failed before anything was frozen (the container never
 stopped).`,
 		Example: `  ferry migrate memhog --from h1 --to h2
   ferry migrate web --to 192.0.2.10:7070 --json
+  ferry migrate web --to 192.0.2.10:7070 --mode precopy --events | jq -c .progress
   ferry migrate db --runtime runc --runc-root /run/myapp/runc --to 192.0.2.10:7070`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -87,15 +96,20 @@ stopped).`,
 				}
 			}
 			var progress func(engine.Progress)
-			if !asJSON && term.IsTerminal(int(os.Stderr.Fd())) {
+			var accepted func(string)
+			var enc *json.Encoder
+			switch {
+			case events:
+				enc = json.NewEncoder(os.Stdout)
+				accepted = func(id string) { _ = enc.Encode(engine.Event{Job: &engine.JobRef{ID: id}}) }
+				progress = func(p engine.Progress) { _ = enc.Encode(engine.Event{Progress: &p}) }
+			case !asJSON && term.IsTerminal(int(os.Stderr.Fd())):
 				progress = func(p engine.Progress) {
 					fmt.Fprintf(os.Stderr, "\r\033[K%-12s %10s  %s", p.Phase, humanBytes(p.Bytes), humanRate(p.RateBps))
 				}
+				defer fmt.Fprint(os.Stderr, "\r\033[K")
 			}
-			rep, detached, err := followMigration(cmd.Context(), control, req, detach, progress)
-			if progress != nil {
-				fmt.Fprint(os.Stderr, "\r\033[K")
-			}
+			rep, detached, err := followMigration(cmd.Context(), control, req, detach, accepted, progress)
 			if detached != "" {
 				if detach {
 					fmt.Println(detached)
@@ -107,6 +121,10 @@ stopped).`,
 			if err != nil {
 				return err
 			}
+			if enc != nil {
+				_ = enc.Encode(engine.Event{Report: &rep})
+				return reportExitError(rep)
+			}
 			return showReport(rep, asJSON)
 		},
 	}
@@ -116,6 +134,9 @@ stopped).`,
 	f.StringVar(&req.Mode, "mode", engine.ModeCold, "technique: cold, precopy, postcopy, hybrid, or auto (measure, plan with the host profile, run the recommended one)")
 	addPrecopyFlags(cmd, &req.Precopy)
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON, no progress line")
+	f.BoolVar(&events, "events", false, "print the job's ID, its progress and the report as JSON lines while it runs (see above)")
+	cmd.MarkFlagsMutuallyExclusive("json", "events")
+	cmd.MarkFlagsMutuallyExclusive("detach", "events")
 	f.BoolVar(&detach, "detach", false, "print the migration's ID once the agent accepted it and leave it running (ferry ps, ferry wait ID, ferry cancel ID)")
 	f.StringVar(&req.Runtime, "runtime", engine.RuntimeAuto, "the container's runtime: auto (find it by name), runc, podman or lxc")
 	f.StringVar(&req.RuncRoot, "runc-root", "", "runc root the container lives under (default: the source agent's --runc-root)")
@@ -210,6 +231,12 @@ func showReport(rep engine.Report, asJSON bool) error {
 	} else {
 		printReport(os.Stdout, rep)
 	}
+	return reportExitError(rep)
+}
+
+// reportExitError is the exit status the report calls for, as an error
+// (nil for 0).
+func reportExitError(rep engine.Report) error {
 	if code := reportExit(rep); code != exitOK {
 		return exitError{code}
 	}

@@ -86,12 +86,13 @@ func TestPrintJobs(t *testing.T) {
 	now := time.Unix(1000, 0)
 	var b strings.Builder
 	printJobs(&b, []engine.Job{
-		{ID: "aaaaaaaaaaaa", Container: "web", To: "h2", Mode: "precopy", Started: now.Add(-2 * time.Second), Progress: engine.Progress{Phase: "round-1", Bytes: 3 << 20}},
+		{ID: "aaaaaaaaaaaa", Container: "web", To: "h2", Mode: "precopy", Started: now.Add(-2 * time.Second), Progress: engine.Progress{Phase: "round-2", Bytes: 3 << 20,
+			Rounds: 2, DirtyRate: 120, PredictedDowntimeMs: 212.4}},
 		{ID: "bbbbbbbbbbbb", Container: "db", To: "h2", Mode: "cold", Started: now.Add(-9 * time.Second), Ended: now.Add(-6 * time.Second),
 			Report: &engine.Report{OK: false, FailedAt: "restore on h2"}},
 	}, now)
 	out := b.String()
-	for _, want := range []string{"ID  ", "aaaaaaaaaaaa  web", "round-1", "3.0 MiB", "2s", "failed at restore on h2", "3s"} {
+	for _, want := range []string{"ID  ", "aaaaaaaaaaaa  web", "round-2 (2 rounds, 120 pages/s dirty, downtime now ~212 ms)", "3.0 MiB", "2s", "failed at restore on h2", "3s"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %q in:\n%s", want, out)
 		}

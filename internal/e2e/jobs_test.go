@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -79,5 +81,52 @@ func TestJobsListCancelWait(t *testing.T) {
 	pr, perr := p.Stop()
 	if perr != nil || !pr.StateOK || pr.ClientDowntimeMs > 2000 {
 		t.Errorf("the workload through the cancel: %+v %v", pr, perr)
+	}
+}
+
+// TestMigrateEvents: ferry migrate --events prints the job's ID, progress
+// lines (pre-copy's rounds, dirty rate and predicted downtime among them)
+// and the report, one JSON object per line, and exits 0.
+func TestMigrateEvents(t *testing.T) {
+	requireLab(t)
+	bin := ferryBin(t)
+	l := upLab(t, bin)
+	const name = "hog-events"
+	p := startMemhog(t, l, bin, name)
+	defer p.Stop()
+	t.Cleanup(func() {
+		for _, h := range l.Hosts[:2] {
+			_ = h.Runc().Delete(context.Background(), name)
+		}
+	})
+	out, err := exec.Command(bin, "migrate", name, "--from", "h1", "--to", "h2", "--mode", "precopy", "--events").Output()
+	if err != nil {
+		t.Fatalf("ferry migrate --events: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	evs := make([]engine.Event, len(lines))
+	for i, l := range lines {
+		if err := json.Unmarshal([]byte(l), &evs[i]); err != nil {
+			t.Fatalf("line %d is not an event: %q: %v", i+1, l, err)
+		}
+	}
+	if len(evs) < 3 || evs[0].Job == nil || evs[0].Job.ID == "" {
+		t.Fatalf("want the job first, then progress, then the report; got %s", out)
+	}
+	last := evs[len(evs)-1].Report
+	if last == nil || !last.OK || last.ID != evs[0].Job.ID || last.SchemaVersion != engine.ReportSchemaVersion {
+		t.Fatalf("last line is not the migration's ok report: %s", lines[len(lines)-1])
+	}
+	var rounds, predicted bool
+	for _, e := range evs[1 : len(evs)-1] {
+		if e.Progress == nil || e.Progress.Phase == "" {
+			t.Errorf("not a progress line between the job and the report: %+v", e)
+			continue
+		}
+		rounds = rounds || (e.Progress.Rounds > 0 && e.Progress.MemoryBytes > 0)
+		predicted = predicted || e.Progress.PredictedDowntimeMs > 0
+	}
+	if !rounds || !predicted {
+		t.Errorf("no progress line told the rounds done and memory (%v) or a predicted downtime (%v):\n%s", rounds, predicted, out)
 	}
 }

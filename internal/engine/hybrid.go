@@ -55,7 +55,7 @@ func (m *migration) dumpWithFinalRound(ctx context.Context, rs *precopySource) (
 		}
 		r.Final = true
 		r.FrozenMs = r.DurationMs
-		m.report.Rounds = append(m.report.Rounds, r)
+		m.roundDone(r, 0)
 		return failAt("final round", rs.finish(true))
 	})
 	if err := g.Wait(); err != nil {

@@ -197,9 +197,18 @@ type Request struct {
 
 // Progress is a live update from a running migration.
 type Progress struct {
-	Phase   string  `json:"phase"`
+	Phase string `json:"phase"`
+	// Bytes is what the session sent so far, at RateBps (bits/s) lately.
 	Bytes   int64   `json:"bytes"`
 	RateBps float64 `json:"rate_bps"`
+	// MemoryBytes is the container's memory as pre-copy's first round
+	// found it.
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	// Pre-copy: rounds done, the dirty rate (pages/s) the last one
+	// measured, and the downtime a switchover after it would have.
+	Rounds              int     `json:"rounds,omitempty"`
+	DirtyRate           float64 `json:"dirty_rate,omitempty"`
+	PredictedDowntimeMs float64 `json:"predicted_downtime_ms,omitempty"`
 }
 
 // Event is one message on a migrate channel: the job's ID once it is

@@ -240,7 +240,7 @@ func (m *migration) runRounds(ctx context.Context, ps *precopySource) error {
 			return failAt(fmt.Sprintf("pre-copy round %d", i), err)
 		}
 		r.ThrottlePct = throttle.pct
-		m.report.Rounds = append(m.report.Rounds, r)
+		m.roundDone(r, m.predictAfter(r))
 		ps.next, ps.last = i+1, r
 		stop, why := o.stop(r, prev, i, m.contentSwitchover)
 		if stop == stopNotConverging && o.AutoConverge && throttle.pct < 99 && i+1 < o.MaxRounds {
@@ -315,7 +315,7 @@ func (m *migration) precopyRound(ctx context.Context, ps *precopySource, i int, 
 		return r, fmt.Errorf("destination did not acknowledge: %w", err)
 	}
 	if i == 0 {
-		m.report.MemoryEstimate = int64(scanned) * pageSize
+		m.memoryFound(int64(scanned) * pageSize)
 	}
 	d := time.Since(start)
 	r.DurationMs = ms(d)
@@ -360,6 +360,17 @@ func (o PrecopyOptions) stop(r Round, prev *Round, i int, switchover func(left, 
 		return stopNotConverging, fmt.Sprintf("round %d sent %d bytes after %d: the dirty rate is at or above what the link carries", i, r.Bytes, prev.Bytes)
 	}
 	return keepGoing, ""
+}
+
+// predictAfter is the downtime a switchover right after round r would
+// have: what the container dirtied during r, at r's throughput (0 for
+// round 0, which measures no dirty rate).
+func (m *migration) predictAfter(r Round) time.Duration {
+	if r.Index == 0 || r.DurationMs <= 0 || r.Bytes <= 0 {
+		return 0
+	}
+	left := r.DirtyRate * (r.DurationMs / 1000) * pageSize
+	return m.contentSwitchover(left, float64(r.Bytes)/(r.DurationMs/1000))
 }
 
 // contentSwitchover predicts content-based pre-copy's downtime with this

@@ -56,7 +56,7 @@ func (m *migration) precopyNative(ctx context.Context) error {
 		if err != nil {
 			return m.abort(ctx, failAt(fmt.Sprintf("pre-dump round %d", i), err))
 		}
-		m.report.Rounds = append(m.report.Rounds, r)
+		m.roundDone(r, 0)
 		last = i
 		stop, why := o.stop(r, prev, i, func(left, throughput float64) time.Duration {
 			// A dump of what is left, then a restore of all of memory.
@@ -117,7 +117,7 @@ func (m *migration) predumpRound(ctx context.Context, i, parent int) (Round, err
 		r.Pages = st.PagesWritten
 		r.FrozenMs = ms(st.FrozenTime)
 		if i == 0 {
-			m.report.MemoryEstimate = int64(st.PagesScanned) * pageSize
+			m.memoryFound(int64(st.PagesScanned) * pageSize)
 		}
 	}
 	d := time.Since(start)

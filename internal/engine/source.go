@@ -74,6 +74,10 @@ type migration struct {
 	phase    string
 	frozenAt time.Time
 	report   Report
+	// round is the last pre-copy round done, and predicted the downtime
+	// a switchover after it would have had (0: none), for progress.
+	round     *Round
+	predicted time.Duration
 	// pageTransform, when set, carries the final dump's page stream to the
 	// destination (pre-copy's deduplication).
 	pageTransform func(dst io.Writer, src io.Reader) error
@@ -200,8 +204,36 @@ func (m *migration) reportProgress(ctx context.Context, interval time.Duration) 
 			rate = float64(b-last) * 8 / now.Sub(lastAt).Seconds()
 			last, lastAt = b, now
 		}
-		m.progress(Progress{Phase: m.currentPhase(), Bytes: b, RateBps: rate})
+		m.progress(m.progressNow(b, rate))
 	}
+}
+
+// progressNow is what a progress line says with b bytes sent at rate.
+func (m *migration) progressNow(b int64, rate float64) Progress {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p := Progress{Phase: m.phase, Bytes: b, RateBps: rate, MemoryBytes: m.report.MemoryEstimate,
+		PredictedDowntimeMs: float64(m.predicted.Microseconds()) / 1000}
+	if m.round != nil {
+		p.Rounds, p.DirtyRate = m.round.Index+1, m.round.DirtyRate
+	}
+	return p
+}
+
+// memoryFound records the memory the first round found.
+func (m *migration) memoryFound(n int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.report.MemoryEstimate = n
+}
+
+// roundDone records a pre-copy round for the report and the progress
+// lines, with the downtime a switchover after it would have (0: unknown).
+func (m *migration) roundDone(r Round, predicted time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.report.Rounds = append(m.report.Rounds, r)
+	m.round, m.predicted = &r, predicted
 }
 
 // Migrate moves req.Container to req.To and reports how it went. Whatever
