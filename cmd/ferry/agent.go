@@ -13,6 +13,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/transport"
+	"github.com/ferry-migrate/ferry/internal/units"
 )
 
 func newAgentCmd() *cobra.Command {
@@ -108,7 +109,7 @@ runs the agent with /etc/ferry/agent.toml, and the example file.`,
 	f.IntVar(&a.Limits.MaxPeerSessions, "max-peer-sessions", agent.DefaultLimits().MaxPeerSessions, "peers' sessions open at once; more are closed after the handshake")
 	f.IntVar(&a.Limits.MaxIncoming, "max-incoming", agent.DefaultLimits().MaxIncoming, "migrations coming in at once; more offers are refused as busy")
 	f.DurationVar(&a.Limits.IdleTimeout, "idle-timeout", agent.DefaultLimits().IdleTimeout, "close a peer's session with no migration or query open for this long")
-	f.Int64Var(&a.Admission.MaxMemoryBytes, "max-incoming-memory", 0, "refuse offers announcing more memory than this many bytes (0: this host's RAM)")
+	f.Var(units.BytesVar(&a.Admission.MaxMemoryBytes), "max-incoming-memory", "refuse offers announcing more memory than this (8G, 512M; 0: this host's RAM)")
 	f.StringSliceVar(&segmentRanges, "segment-range", nil, "address ranges (CIDR) containers keeping their address may claim on --segment-bridge (repeatable); none: such containers are refused")
 	f.StringVar(&a.PodmanDir, "podman-dir", "", "a Podman instance of this agent's own under this directory (storage, run, network config); empty: the machine's Podman")
 	f.StringVar(&a.LXCPath, "lxc-path", "", "where LXC containers live (lxc-* -P); empty: LXC's default, /var/lib/lxc")

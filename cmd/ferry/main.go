@@ -75,7 +75,7 @@ func exitCode(err error) int {
 	}
 	// Cobra's own complaints about the command line are plain errors.
 	msg := err.Error()
-	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand flag", "required flag(s)", "flag needs an argument", "invalid argument"} {
+	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand flag", "required flag(s)", "flag needs an argument", "invalid argument", "if any flags in the group"} {
 		if strings.HasPrefix(msg, p) {
 			return exitUsage
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/units"
 )
 
 func newMigrateCmd() *cobra.Command {
@@ -135,8 +136,6 @@ stopped).`,
 	addPrecopyFlags(cmd, &req.Precopy)
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON, no progress line")
 	f.BoolVar(&events, "events", false, "print the job's ID, its progress and the report as JSON lines while it runs (see above)")
-	cmd.MarkFlagsMutuallyExclusive("json", "events")
-	cmd.MarkFlagsMutuallyExclusive("detach", "events")
 	f.BoolVar(&detach, "detach", false, "print the migration's ID once the agent accepted it and leave it running (ferry ps, ferry wait ID, ferry cancel ID)")
 	f.StringVar(&req.Runtime, "runtime", engine.RuntimeAuto, "the container's runtime: auto (find it by name), runc, podman or lxc")
 	f.StringVar(&req.RuncRoot, "runc-root", "", "runc root the container lives under (default: the source agent's --runc-root)")
@@ -144,6 +143,8 @@ stopped).`,
 	f.StringSliceVar(&req.Faults, "inject-fault", nil, "inject a failure for testing (agents with --allow-faults only): ACTION@PHASE, e.g. kill-destination@restore (see ferry bench faults --help)")
 	_ = f.MarkHidden("inject-fault")
 	_ = cmd.MarkFlagRequired("to")
+	cmd.MarkFlagsMutuallyExclusive("json", "events")
+	cmd.MarkFlagsMutuallyExclusive("detach", "events")
 	return cmd
 }
 
@@ -151,7 +152,8 @@ stopped).`,
 func addPrecopyFlags(cmd *cobra.Command, o *engine.PrecopyOptions) {
 	f := cmd.Flags()
 	f.IntVar(&o.MaxRounds, "max-rounds", 8, "pre-copy: at most this many rounds before the switchover")
-	f.Int64Var(&o.MinRoundBytes, "min-round-bytes", 4<<20, "pre-copy: switch over once a round sends fewer bytes")
+	o.MinRoundBytes = 4 << 20
+	f.Var(units.BytesVar(&o.MinRoundBytes), "min-round-bytes", "pre-copy: switch over once a round sends fewer bytes (64K, 4M, 4096)")
 	f.DurationVar(&o.MaxDowntime, "max-downtime", 0, "downtime budget (e.g. 500ms): pre-copy switches over once its prediction fits; auto refuses when no technique fits")
 	f.BoolVar(&o.AutoConverge, "auto-converge", false, "pre-copy: throttle the container's CPU step by step while rounds do not shrink")
 	f.StringVar(&o.Compress, "compress", "none", "pre-copy round stream compression: none or zstd")

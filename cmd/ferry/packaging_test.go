@@ -128,12 +128,14 @@ func TestReportExit(t *testing.T) {
 // A wrong command line exits 2; other failures 1.
 func TestUsageExit(t *testing.T) {
 	for _, args := range [][]string{
-		{"migrate"},                                // no container
-		{"migrate", "a", "b", "--to", "h2"},        // too many
-		{"migrate", "web"},                         // --to missing
-		{"migrate", "web", "--to", "h2", "--nope"}, // unknown flag
-		{"ps", "--all=maybe"},                      // bad flag value
-		{"teleport"},                               // unknown command
+		{"migrate"},                                            // no container
+		{"migrate", "a", "b", "--to", "h2"},                    // too many
+		{"migrate", "web"},                                     // --to missing
+		{"migrate", "web", "--to", "h2", "--nope"},             // unknown flag
+		{"ps", "--all=maybe"},                                  // bad flag value
+		{"migrate", "web", "--to", "h2", "--json", "--events"}, // exclusive flags
+		{"migrate", "web", "--to", "h2", "--min-round-bytes", "4 apples"},
+		{"teleport"}, // unknown command
 	} {
 		root := newRootCmd()
 		root.SetArgs(args)

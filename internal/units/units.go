@@ -37,3 +37,35 @@ func ParseBytes(s string) (int64, error) {
 	}
 	return int64(v * float64(mult)), nil
 }
+
+// Bytes is a size flag (pflag.Value): it takes what ParseBytes reads and
+// prints itself back in the largest unit that divides it.
+type Bytes int64
+
+func (b *Bytes) Set(s string) error {
+	v, err := ParseBytes(s)
+	if err != nil {
+		return err
+	}
+	*b = Bytes(v)
+	return nil
+}
+
+func (b Bytes) String() string {
+	v := int64(b)
+	for _, u := range []struct {
+		s string
+		m int64
+	}{{"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}} {
+		if v != 0 && v%u.m == 0 {
+			return strconv.FormatInt(v/u.m, 10) + u.s
+		}
+	}
+	return strconv.FormatInt(v, 10)
+}
+
+// Type names the flag's value in --help.
+func (Bytes) Type() string { return "size" }
+
+// BytesVar is a size flag bound to an int64: flags.Var(units.BytesVar(&n), ...).
+func BytesVar(p *int64) *Bytes { return (*Bytes)(p) }

@@ -15,3 +15,23 @@ func TestParseBytes(t *testing.T) {
 		}
 	}
 }
+
+func TestBytesFlag(t *testing.T) {
+	var n int64 = 4 << 20
+	b := BytesVar(&n)
+	if b.String() != "4M" || b.Type() != "size" {
+		t.Errorf("default shows as %q (%s)", b.String(), b.Type())
+	}
+	for in, want := range map[string]int64{"4M": 4 << 20, "1GiB": 1 << 30, "4096": 4096, "1.5K": 1536} {
+		if err := b.Set(in); err != nil || n != want {
+			t.Errorf("Set(%q): %d %v, want %d", in, n, err, want)
+		}
+	}
+	if err := b.Set("four"); err == nil {
+		t.Error("Set(four) accepted")
+	}
+	n = 1000
+	if b.String() != "1000" {
+		t.Errorf("1000 shows as %q", b.String())
+	}
+}
