@@ -5,7 +5,7 @@ GO      ?= go
 BIN     := bin
 export PATH := /usr/local/go/bin:/usr/local/sbin:$(PATH)
 
-.PHONY: all setup build man package test unit fuzz demo bench clean lab-down
+.PHONY: all setup build man package lint test unit fuzz demo bench clean lab-down
 
 all: build
 
@@ -35,11 +35,18 @@ package: man
 	$(BIN)/ferry completion bash > $(BIN)/completion/ferry.bash
 	cd tools/package && $(GO) run . --root $(CURDIR) --version '$(VERSION)' --bin $(abspath $(BIN)) --out $(abspath $(DIST))
 
+# The linters of .golangci.yml (setup installs the pinned version).
+GOLANGCI_LINT ?= $(shell PATH=$(PATH) $(GO) env GOPATH)/bin/golangci-lint
+lint:
+	$(GOLANGCI_LINT) run ./...
+	cd tools/package && $(GOLANGCI_LINT) run --config ../../.golangci.yml ./...
+
 # Every test: unit and integration (real CRIU, runc, Podman, namespaces).
 # Packages run one at a time: the lab's namespaces and cgroups are shared
 # machine-wide names.
 test: setup build
 	$(GO) vet ./...
+	$(MAKE) lint
 	cd tools/package && $(GO) vet . && $(GO) test -count=1 .
 	FERRY_BIN=$(CURDIR)/$(BIN)/ferry $(GO) test -p 1 -count=1 -timeout 40m ./...
 	$(MAKE) fuzz

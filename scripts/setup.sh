@@ -109,6 +109,17 @@ if ! criu_ok; then
   log "CRIU $("$CRIU_BIN" --version | awk '/^Version:/ {print $2}') installed at $CRIU_BIN"
 fi
 
+# golangci-lint, pinned, for make test's lint step: built from source with
+# the installed Go (about two minutes the first time).
+LINT_VERSION=2.15.0
+if command -v go >/dev/null; then
+  LINT_BIN="$(go env GOPATH)/bin/golangci-lint"
+  if ! "$LINT_BIN" --version 2>/dev/null | grep -q "version $LINT_VERSION "; then
+    log "installing golangci-lint $LINT_VERSION"
+    go install "github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v$LINT_VERSION"
+  fi
+fi
+
 cur=$(sysctl -n fs.pipe-max-size)
 if [ "$cur" -lt "$PIPE_MAX_MIN" ]; then
   log "raising fs.pipe-max-size from $cur to $PIPE_MAX_SET (CRIU lazy pages need large pipes)"

@@ -50,7 +50,7 @@ func main() {
 	err := root.ExecuteContext(ctx)
 	stop()
 	if err != nil {
-		if e, ok := err.(exitError); ok {
+		if e := (exitError{}); errors.As(err, &e) {
 			os.Exit(e.code)
 		}
 		fmt.Fprintln(os.Stderr, "ferry:", err)

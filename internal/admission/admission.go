@@ -116,7 +116,8 @@ func (p Policy) CheckSpec(b []byte) error {
 		return nil
 	}
 	var why []string
-	if h := s.Hooks; h != nil && (len(h.Prestart)+len(h.CreateRuntime)+len(h.CreateContainer)+
+	if h := s.Hooks; h != nil && (len(h.Prestart)+ //nolint:staticcheck // runc still runs the deprecated hooks
+		len(h.CreateRuntime)+len(h.CreateContainer)+
 		len(h.StartContainer)+len(h.Poststart)+len(h.Poststop) > 0) {
 		why = append(why, "OCI hooks (they would run as root on this host)")
 	}

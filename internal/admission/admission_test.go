@@ -53,7 +53,8 @@ func TestMaliciousSpecsAreRefused(t *testing.T) {
 		want   string
 		allows admission.Policy // a policy under which the same spec is admitted
 	}{
-		{"prestart hook", func(s *specs.Spec) { s.Hooks = &specs.Hooks{Prestart: hook} }, "OCI hooks", admission.Policy{Privileged: true}},
+		{"prestart hook", func(s *specs.Spec) { s.Hooks = &specs.Hooks{Prestart: hook} }, "OCI hooks", admission.Policy{Privileged: true}}, //nolint:staticcheck // runc still runs the deprecated hooks
+
 		{"createRuntime hook", func(s *specs.Spec) { s.Hooks = &specs.Hooks{CreateRuntime: hook} }, "OCI hooks", admission.Policy{Privileged: true}},
 		{"poststop hook", func(s *specs.Spec) { s.Hooks = &specs.Hooks{Poststop: hook} }, "OCI hooks", admission.Policy{Privileged: true}},
 		{"host pid namespace", func(s *specs.Spec) { s.Linux.Namespaces = without(s.Linux.Namespaces, specs.PIDNamespace) }, "pid namespace", admission.Policy{Privileged: true}},

@@ -1,6 +1,7 @@
 package admission_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -141,7 +142,7 @@ func TestMaliciousLXCConfigsAreRefused(t *testing.T) {
 	}
 	// Every reason is given at once.
 	err := (admission.Policy{}).CheckLXCConfig(labLXCConfig + "lxc.hook.mount = /x\nlxc.cap.keep = sys_admin\n")
-	if r, ok := err.(*admission.Refused); !ok || len(r.Reasons) != 3 {
+	if r := new(admission.Refused); !errors.As(err, &r) || len(r.Reasons) != 3 {
 		t.Errorf("three reasons expected: %v", err)
 	}
 }

@@ -122,7 +122,7 @@ func TestMaliciousPodmanSpecsAreRefused(t *testing.T) {
 		allows admission.Policy
 	}{
 		{"prestart hook", func(s *specs.Spec) {
-			s.Hooks = &specs.Hooks{Prestart: []specs.Hook{{Path: "/bin/sh", Args: []string{"sh", "-c", "id > /tmp/owned"}}}}
+			s.Hooks = &specs.Hooks{Prestart: []specs.Hook{{Path: "/bin/sh", Args: []string{"sh", "-c", "id > /tmp/owned"}}}} //nolint:staticcheck // runc still runs the deprecated hooks
 		}, "OCI hooks", admission.Policy{Privileged: true}},
 		{"host pid namespace", func(s *specs.Spec) { s.Linux.Namespaces = without(s.Linux.Namespaces, specs.PIDNamespace) }, "pid namespace", admission.Policy{Privileged: true}},
 		{"host network", hostNetwork, "network namespace", admission.Policy{HostNetwork: true}},

@@ -31,7 +31,7 @@ func MigrateJob(ctx context.Context, control string, req engine.Request, accepte
 // and returns its report (at once if it has ended).
 func Wait(ctx context.Context, control, id string, progress func(engine.Progress)) (engine.Report, error) {
 	return follow(ctx, control, engine.ChanWait, engine.JobRef{ID: id}, nil, progress, func(err error) error {
-		return fmt.Errorf("lost the agent at %s while waiting for migration %s: %v", control, id, err)
+		return fmt.Errorf("lost the agent at %s while waiting for migration %s: %w", control, id, err)
 	})
 }
 

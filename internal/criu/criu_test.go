@@ -337,14 +337,14 @@ func TestLogErrors(t *testing.T) {
 // then (the name check is left out: any process qualifies for usesDir).
 func TestUsesDir(t *testing.T) {
 	dir := t.TempDir()
-	f, err := os.Create(filepath.Join(dir, "sub", "x.log"))
+	_, err := os.Create(filepath.Join(dir, "sub", "x.log"))
 	if err == nil {
 		t.Fatal("created a file in a missing directory")
 	}
 	if err := os.MkdirAll(filepath.Join(dir, "sub"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	f, err = os.Create(filepath.Join(dir, "sub", "x.log"))
+	f, err := os.Create(filepath.Join(dir, "sub", "x.log"))
 	if err != nil {
 		t.Fatal(err)
 	}

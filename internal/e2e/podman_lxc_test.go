@@ -136,7 +136,7 @@ func pm(ctx context.Context, h *lab.Host, args ...string) (string, error) {
 	var stdout, stderr strings.Builder
 	c.Stdout, c.Stderr = &stdout, &stderr
 	if err := c.Run(); err != nil {
-		return stdout.String(), fmt.Errorf("podman %s on %s: %v: %s", strings.Join(args, " "), h.Name, err, strings.TrimSpace(stderr.String()))
+		return stdout.String(), fmt.Errorf("podman %s on %s: %w: %s", strings.Join(args, " "), h.Name, err, strings.TrimSpace(stderr.String()))
 	}
 	return stdout.String(), nil
 }
@@ -459,7 +459,7 @@ func lxcIn(h *lab.Host, tool string, args ...string) (string, error) {
 	err = c.Run()
 	b, _ := os.ReadFile(f.Name())
 	if err != nil {
-		return string(b), fmt.Errorf("%s -P %s %s on %s: %v: %s", tool, h.LXCPath(), strings.Join(args, " "), h.Name, err, strings.TrimSpace(string(b)))
+		return string(b), fmt.Errorf("%s -P %s %s on %s: %w: %s", tool, h.LXCPath(), strings.Join(args, " "), h.Name, err, strings.TrimSpace(string(b)))
 	}
 	return string(b), nil
 }

@@ -170,7 +170,7 @@ func TestPlainRuncBadInput(t *testing.T) {
 	}
 	// A config.json whose hook would run as root on the destination.
 	hooked := startPlainRunc(t, l, bin, root, "plain-hooked", "rootfs", false, func(s *specs.Spec) {
-		s.Hooks = &specs.Hooks{Prestart: []specs.Hook{{Path: "/bin/true"}}}
+		s.Hooks = &specs.Hooks{Prestart: []specs.Hook{{Path: "/bin/true"}}}           //nolint:staticcheck // runc still runs the deprecated hooks
 		s.Process.Args = []string{"/bin/memhog", "--memory", "16M", "--port", "7001"} // beside plain-bad's
 	})
 	cases = append(cases, badCase{engine.Request{Container: hooked.name, Mode: engine.ModeCold, RuncRoot: root}, "OCI hooks"})

@@ -40,7 +40,7 @@ type taggedChannel struct{ ch *transport.Channel }
 
 func (t taggedChannel) Read(p []byte) (int, error) {
 	n, err := t.ch.Read(p)
-	if err != nil && err != io.EOF {
+	if err != nil && !errors.Is(err, io.EOF) {
 		err = channelError{err}
 	}
 	return n, err

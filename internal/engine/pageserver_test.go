@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"os/exec"
@@ -35,7 +36,7 @@ func TestLoopbackTunnelTakesOnlyCRIU(t *testing.T) {
 	defer intruder.Close()
 	_, _ = intruder.Write([]byte("forged pages"))
 	_ = intruder.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := intruder.Read(make([]byte, 1)); err != io.EOF && !strings.Contains(errString(err), "reset") {
+	if _, err := intruder.Read(make([]byte, 1)); !errors.Is(err, io.EOF) && !strings.Contains(errString(err), "reset") {
 		t.Fatalf("the intruder's connection: %v, want it closed", err)
 	}
 

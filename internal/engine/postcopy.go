@@ -322,16 +322,6 @@ func (m *migration) sendImages() error {
 	return failAt("send images", ch.CloseWrite())
 }
 
-// waitStatusFD waits for CRIU's "ready" byte.
-func waitStatusFD(r *os.File) error {
-	var b [1]byte
-	n, err := r.Read(b[:])
-	if n == 1 {
-		return nil
-	}
-	return fmt.Errorf("CRIU never signalled that the lazy page server is ready: %v", err)
-}
-
 // freeLoopbackPort finds a port free on loopback, in pn when set.
 func freeLoopbackPort(pn *privnet.NS) (int, error) {
 	var port int

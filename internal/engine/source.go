@@ -171,12 +171,6 @@ func (m *migration) endPhases() {
 	}
 }
 
-func (m *migration) currentPhase() string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.phase
-}
-
 // reportProgress sends a progress line every interval until ctx ends.
 func (m *migration) reportProgress(ctx context.Context, interval time.Duration) {
 	if m.progress == nil {

@@ -103,7 +103,8 @@ func (j *Journal) Record(e Entry) error {
 	if err != nil {
 		return err
 	}
-	if _, err := f.Write(b); err == nil {
+	_, err = f.Write(b)
+	if err == nil {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {

@@ -276,7 +276,7 @@ func (d *Decoder) Next(s *Store) (round int, endOfRound bool, err error) {
 	}
 	round, endOfRound, err = d.next(s)
 	if err != nil {
-		if err == io.EOF && !d.done {
+		if errors.Is(err, io.EOF) && !d.done {
 			err = io.ErrUnexpectedEOF
 		}
 		d.err = err
@@ -485,7 +485,7 @@ func (d *Decoder) readUvarint(max uint64) (uint64, error) {
 }
 
 func unexpected(err error) error {
-	if err == io.EOF {
+	if errors.Is(err, io.EOF) {
 		return io.ErrUnexpectedEOF
 	}
 	return err

@@ -89,7 +89,7 @@ func TestWireRoundTrip(t *testing.T) {
 		var rounds []int
 		for {
 			round, end, err := d.Next(s)
-			if err == io.EOF {
+			if errors.Is(err, io.EOF) {
 				break
 			}
 			if err != nil {
@@ -102,7 +102,7 @@ func TestWireRoundTrip(t *testing.T) {
 		if len(rounds) != 2 || rounds[0] != 0 || rounds[1] != 1 {
 			t.Fatalf("rounds %v", rounds)
 		}
-		if _, _, err := d.Next(s); err != io.EOF {
+		if _, _, err := d.Next(s); !errors.Is(err, io.EOF) {
 			t.Fatalf("Next after the end: %v", err)
 		}
 		if buf.String() != "TAIL" {
@@ -137,7 +137,7 @@ func TestWireTruncated(t *testing.T) {
 					break
 				}
 			}
-			if err == io.EOF {
+			if errors.Is(err, io.EOF) {
 				t.Errorf("compress=%v: stream cut at %d of %d bytes ended cleanly", compress, n, len(full))
 			}
 		}
@@ -164,7 +164,7 @@ func decodeAll(b []byte, s *Store) error {
 	}
 	for i := 0; ; i++ {
 		if _, _, err := d.Next(s); err != nil {
-			if err == io.EOF {
+			if errors.Is(err, io.EOF) {
 				return nil
 			}
 			return err
@@ -264,7 +264,7 @@ func FuzzDecoder(f *testing.F) {
 		for i := 0; i < 1<<16; i++ {
 			_, _, err := d.Next(s)
 			if err != nil {
-				if _, _, again := d.Next(s); again != err {
+				if _, _, again := d.Next(s); again != err { //nolint:errorlint // the very same error, not one like it
 					t.Fatalf("error not final: %v then %v", err, again)
 				}
 				break

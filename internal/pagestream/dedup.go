@@ -39,7 +39,7 @@ func (d *dedup) run() error {
 	}
 	for {
 		b, err := d.peek(headerSize)
-		if len(b) == 0 && err == io.EOF {
+		if len(b) == 0 && errors.Is(err, io.EOF) {
 			d.w.WriteByte(tagEnd)
 			return d.w.Flush()
 		}
@@ -157,7 +157,7 @@ func (e writeError) Unwrap() error { return e.err }
 
 // readErr turns an end of input inside a unit into a truncation error.
 func readErr(what string, err error) error {
-	if _, ok := err.(writeError); ok {
+	if errors.As(err, new(writeError)) {
 		return err
 	}
 	if errors.Is(err, io.EOF) {

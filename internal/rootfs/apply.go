@@ -163,7 +163,7 @@ func (a *applier) mkdir(dfd int, p, name string, hdr *tar.Header) error {
 		}
 		err = unix.ENOENT
 	}
-	if err == unix.ENOENT {
+	if errors.Is(err, unix.ENOENT) {
 		// Owner-only until the end, when the real mode is set.
 		err = unix.Mkdirat(dfd, name, 0o700)
 	}
@@ -250,7 +250,7 @@ func (a *applier) create(dfd int, p string, hdr *tar.Header) (tmp string, err er
 		} else {
 			err = unix.Mknodat(dfd, tmp, mknodMode|perm, dev)
 		}
-		if err != unix.EEXIST {
+		if !errors.Is(err, unix.EEXIST) {
 			break
 		}
 	}
@@ -298,7 +298,7 @@ func (a *applier) createFile(dfd int, p string, hdr *tar.Header) (tmp string, er
 	for {
 		tmp = a.tmpName()
 		fd, err = openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC)
-		if err != unix.EEXIST {
+		if !errors.Is(err, unix.EEXIST) {
 			break
 		}
 	}
@@ -378,7 +378,7 @@ func (a *applier) openLinkTarget(name string) (*os.File, error) {
 
 // chown filters an ownership error: without root, files keep our owner.
 func (a *applier) chown(err error) error {
-	if err == unix.EPERM && !a.root {
+	if errors.Is(err, unix.EPERM) && !a.root {
 		return nil
 	}
 	return err

@@ -160,7 +160,7 @@ func (b *beneath) walkFrom(start int, rel, rest string) (int, error) {
 // mounted below.
 func removeAt(dirfd int, name string, dev uint64) error {
 	err := unix.Unlinkat(dirfd, name, 0)
-	if err != unix.EISDIR && err != unix.EPERM {
+	if !errors.Is(err, unix.EISDIR) && !errors.Is(err, unix.EPERM) {
 		return err
 	}
 	var st unix.Stat_t
@@ -168,7 +168,7 @@ func removeAt(dirfd int, name string, dev uint64) error {
 		return err
 	}
 	err = unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
-	if err != unix.ENOTEMPTY && err != unix.EEXIST {
+	if !errors.Is(err, unix.ENOTEMPTY) && !errors.Is(err, unix.EEXIST) {
 		return err
 	}
 	fd, err := openat(dirfd, name, dirFlags)
@@ -188,7 +188,7 @@ func removeAt(dirfd int, name string, dev uint64) error {
 		return err
 	}
 	for _, n := range names {
-		if err := removeAt(fd, n, dev); err != nil && err != unix.ENOENT {
+		if err := removeAt(fd, n, dev); err != nil && !errors.Is(err, unix.ENOENT) {
 			return err
 		}
 	}

@@ -165,7 +165,7 @@ func (c *Channel) reassemble(first []byte) ([]byte, error) {
 		}
 		f, err := c.readFrame()
 		if err != nil {
-			if err == io.EOF {
+			if errors.Is(err, io.EOF) {
 				c.rerr = fmt.Errorf("transport: control message on %q cut short after %d bytes: %w", c.Kind, len(msg), io.ErrUnexpectedEOF)
 				return nil, c.rerr
 			}

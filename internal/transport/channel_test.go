@@ -133,7 +133,7 @@ func TestControlMessageSizes(t *testing.T) {
 			if got != msg {
 				t.Fatalf("message of %d bytes came back as %d bytes", len(msg), len(got))
 			}
-			if err := rcv.Recv(&got); err != io.EOF {
+			if err := rcv.Recv(&got); !errors.Is(err, io.EOF) {
 				t.Fatalf("after the message: %v, want io.EOF", err)
 			}
 		})

@@ -148,7 +148,7 @@ func ReadFrame(r io.Reader, buf []byte) (Frame, error) {
 }
 
 func unexpectedEOF(err error) error {
-	if err == io.EOF {
+	if errors.Is(err, io.EOF) {
 		return io.ErrUnexpectedEOF
 	}
 	return err

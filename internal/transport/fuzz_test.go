@@ -3,6 +3,7 @@ package transport
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"testing"
 )
@@ -167,7 +168,7 @@ func FuzzChannelRecv(f *testing.F) {
 				continue
 			}
 			switch {
-			case err == io.EOF:
+			case errors.Is(err, io.EOF):
 				got.end = "eof"
 			case IsRemote(err):
 				got.end = "remote: " + err.Error()

@@ -152,7 +152,7 @@ func (r *Runtime) run(ctx context.Context, conf, tool string, args ...string) (s
 	var out, errb bytes.Buffer
 	c.Stdout, c.Stderr = &out, &errb
 	if err := c.Run(); err != nil {
-		return out.String(), fmt.Errorf("%s -P %s %s: %v: %s", tool, r.path(), strings.Join(args, " "), err, tail.Lines(strings.TrimSpace(errb.String()), 6))
+		return out.String(), fmt.Errorf("%s -P %s %s: %w: %s", tool, r.path(), strings.Join(args, " "), err, tail.Lines(strings.TrimSpace(errb.String()), 6))
 	}
 	return out.String(), nil
 }
@@ -176,7 +176,7 @@ func (r *Runtime) doCheck() error {
 	}
 	out, err := exec.Command(bin, "--version").Output()
 	if err != nil {
-		return fmt.Errorf("%s --version: %v (CRIU >= %d.%d is needed)", bin, err, minCRIU[0], minCRIU[1])
+		return fmt.Errorf("%s --version: %w (CRIU >= %d.%d is needed)", bin, err, minCRIU[0], minCRIU[1])
 	}
 	v, err := criuVersion(string(out))
 	if err != nil {
@@ -664,7 +664,7 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	}
 	if err != nil {
 		msg, _ := os.ReadFile(errPath)
-		return 0, fmt.Errorf("lxc-checkpoint -P %s -n %s -r -D %s: %v: %s%s", r.path(), t.name, o.ImagesDir, err,
+		return 0, fmt.Errorf("lxc-checkpoint -P %s -n %s -r -D %s: %w: %s%s", r.path(), t.name, o.ImagesDir, err,
 			tail.Lines(strings.TrimSpace(string(msg)), 6), criu.LogErrors(log))
 	}
 	deadline := time.Now().Add(10 * time.Second)

@@ -62,7 +62,7 @@ func memhogBinary(t *testing.T) string {
 		}
 	}
 	out := filepath.Join(t.TempDir(), "memhog")
-	cmd := exec.Command(filepath.Join(goruntime.GOROOT(), "bin", "go"), "build", "-o", out, "../../../workloads/memhog")
+	cmd := exec.Command("go", "build", "-o", out, "../../../workloads/memhog")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build memhog: %v: %s", err, b)

@@ -943,7 +943,7 @@ func TestPrepareAdmission(t *testing.T) {
 			m["secrets"] = []any{map[string]any{"name": "db-password", "id": "abc"}}
 		}, want: `this host's Podman secret "db-password"`},
 		{name: "privileged", policy: admission.Policy{Privileged: true}, config: func(m map[string]any) { m["conmonPidFile"] = "/etc/x" }, spec: func(s *specs.Spec) {
-			s.Hooks = &specs.Hooks{Prestart: []specs.Hook{{Path: "/bin/sh"}}}
+			s.Hooks = &specs.Hooks{Prestart: []specs.Hook{{Path: "/bin/sh"}}} //nolint:staticcheck // runc still runs the deprecated hooks
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

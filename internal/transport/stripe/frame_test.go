@@ -2,6 +2,7 @@ package stripe
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"testing"
 )
@@ -42,7 +43,7 @@ func TestFrameRejects(t *testing.T) {
 			t.Errorf("%s: accepted", name)
 		}
 	}
-	if _, err := readFrame(bytes.NewReader(good[:len(good)-1]), alloc); err != io.ErrUnexpectedEOF {
+	if _, err := readFrame(bytes.NewReader(good[:len(good)-1]), alloc); !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Errorf("truncated: %v", err)
 	}
 }

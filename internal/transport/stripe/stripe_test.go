@@ -506,7 +506,7 @@ func TestGracefulClose(t *testing.T) {
 		if len(data) != size || !bytes.Equal(sum[:], <-sent) {
 			t.Fatalf("got %d bytes, corrupt or short", len(data))
 		}
-		if n, err := r.server.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		if n, err := r.server.Read(make([]byte, 1)); n != 0 || err != io.EOF { //nolint:errorlint // io.Reader's contract: io.EOF itself
 			t.Errorf("Read after EOF: %d, %v", n, err)
 		}
 		if _, err := r.server.Write([]byte("x")); !errors.Is(err, ErrPeerClosed) {
@@ -607,7 +607,7 @@ func TestDeadlines(t *testing.T) {
 	r := newRig(t, Options{Window: 64 << 10}, 2, nil, false)
 	r.client.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 	_, err := r.client.Read(make([]byte, 1))
-	if ne, ok := err.(net.Error); !ok || !ne.Timeout() || !errors.Is(err, os.ErrDeadlineExceeded) {
+	if ne, ok := err.(net.Error); !ok || !ne.Timeout() || !errors.Is(err, os.ErrDeadlineExceeded) { //nolint:errorlint // net.Conn's contract: the error itself is a net.Error
 		t.Fatalf("Read: got %v, want a timeout", err)
 	}
 	r.client.SetReadDeadline(time.Time{})
