@@ -166,6 +166,18 @@ func (js *jobs) running() int {
 	return len(js.run)
 }
 
+// lazyPagesPending sums what the running post-copies have not yet
+// delivered.
+func (js *jobs) lazyPagesPending() int64 {
+	js.mu.Lock()
+	defer js.mu.Unlock()
+	var n int64
+	for _, j := range js.run {
+		n += j.info.Progress.LazyPagesPending
+	}
+	return n
+}
+
 // cancelJob aborts a running job where the source can still resume.
 func (js *jobs) cancelJob(id string) (engine.CancelReply, error) {
 	js.mu.Lock()

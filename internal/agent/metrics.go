@@ -50,7 +50,11 @@ func newMetrics(js *jobs) *metrics {
 		Name: "ferry_migrations_in_flight",
 		Help: "Migrations running now with this agent as their source.",
 	}, func() float64 { return float64(js.running()) })
-	m.reg.MustRegister(m.ended, m.downtime, m.total, m.sent, inFlight)
+	pending := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "ferry_lazy_pages_pending",
+		Help: "Pages of frozen sources the destinations of this agent's running post-copy and hybrid migrations have not yet stored.",
+	}, func() float64 { return float64(js.lazyPagesPending()) })
+	m.reg.MustRegister(m.ended, m.downtime, m.total, m.sent, inFlight, pending)
 	return m
 }
 

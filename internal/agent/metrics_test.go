@@ -40,10 +40,13 @@ func TestMetrics(t *testing.T) {
 	}
 
 	running, _ := js.start(context.Background(), engine.Request{Mode: "cold"})
-	if out := scrape(); !strings.Contains(out, "ferry_migrations_in_flight 1") {
-		t.Errorf("one migration under way, the gauge says otherwise:\n%s", out)
+	pulling, _ := js.start(context.Background(), engine.Request{Mode: "postcopy"})
+	js.progress(pulling, engine.Progress{Phase: "lazy-pages", LazyPagesPending: 4096})
+	if out := scrape(); !strings.Contains(out, "ferry_migrations_in_flight 2") || !strings.Contains(out, "ferry_lazy_pages_pending 4096") {
+		t.Errorf("two migrations under way, one with 4096 pages to deliver; the gauges say otherwise:\n%s", out)
 	}
 	_ = js.end(running, engine.Report{})
+	_ = js.end(pulling, engine.Report{})
 	end(engine.Request{Mode: "precopy"}, engine.Report{Mode: "precopy", Runtime: "runc", OK: true, DowntimeMs: 250, TotalMs: 3000, BytesSent: 1000})
 	end(engine.Request{Mode: "cold"}, engine.Report{Runtime: "podman", BytesSent: 10})
 	end(engine.Request{Mode: "postcopy"}, engine.Report{Mode: "postcopy", Runtime: "runc", InDoubtID: "0123456789ab"})
@@ -58,6 +61,7 @@ func TestMetrics(t *testing.T) {
 		`ferry_migration_total_seconds_sum{mode="precopy"} 3`,
 		`ferry_migration_bytes_sent_total{mode="precopy"} 1000`,
 		`ferry_migrations_in_flight 0`,
+		`ferry_lazy_pages_pending 0`,
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %s in:\n%s", want, out)

@@ -85,12 +85,15 @@ func TestJobsListCancelWait(t *testing.T) {
 }
 
 // TestMigrateEvents: ferry migrate --events prints the job's ID, progress
-// lines (pre-copy's rounds, dirty rate and predicted downtime among them)
-// and the report, one JSON object per line, and exits 0.
+// lines and the report, one JSON object per line, and exits 0: pre-copy's
+// lines tell its rounds, dirty rate and predicted downtime; post-copy's,
+// on the way back, the pages the destination still lacks, falling. The
+// link is slowed to 200 Mbit/s so that the push lasts a few progress
+// lines.
 func TestMigrateEvents(t *testing.T) {
 	requireLab(t)
 	bin := ferryBin(t)
-	l := upLab(t, bin)
+	l := upShapedLab(t, bin, 200_000_000)
 	const name = "hog-events"
 	p := startMemhog(t, l, bin, name)
 	defer p.Stop()
@@ -99,34 +102,52 @@ func TestMigrateEvents(t *testing.T) {
 			_ = h.Runc().Delete(context.Background(), name)
 		}
 	})
-	out, err := exec.Command(bin, "migrate", name, "--from", "h1", "--to", "h2", "--mode", "precopy", "--events").Output()
-	if err != nil {
-		t.Fatalf("ferry migrate --events: %v\n%s", err, out)
-	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	evs := make([]engine.Event, len(lines))
-	for i, l := range lines {
-		if err := json.Unmarshal([]byte(l), &evs[i]); err != nil {
-			t.Fatalf("line %d is not an event: %q: %v", i+1, l, err)
+	events := func(from, to, mode string) []engine.Progress {
+		t.Helper()
+		out, err := exec.Command(bin, "migrate", name, "--from", from, "--to", to, "--mode", mode, "--events").Output()
+		if err != nil {
+			t.Fatalf("ferry migrate --mode %s --events: %v\n%s", mode, err, out)
 		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		evs := make([]engine.Event, len(lines))
+		for i, l := range lines {
+			if err := json.Unmarshal([]byte(l), &evs[i]); err != nil {
+				t.Fatalf("line %d is not an event: %q: %v", i+1, l, err)
+			}
+		}
+		if len(evs) < 3 || evs[0].Job == nil || evs[0].Job.ID == "" {
+			t.Fatalf("want the job first, then progress, then the report; got %s", out)
+		}
+		last := evs[len(evs)-1].Report
+		if last == nil || !last.OK || last.ID != evs[0].Job.ID || last.SchemaVersion != engine.ReportSchemaVersion {
+			t.Fatalf("last line is not the migration's ok report: %s", lines[len(lines)-1])
+		}
+		var ps []engine.Progress
+		for _, e := range evs[1 : len(evs)-1] {
+			if e.Progress == nil || e.Progress.Phase == "" {
+				t.Fatalf("not a progress line between the job and the report: %+v", e)
+			}
+			ps = append(ps, *e.Progress)
+		}
+		return ps
 	}
-	if len(evs) < 3 || evs[0].Job == nil || evs[0].Job.ID == "" {
-		t.Fatalf("want the job first, then progress, then the report; got %s", out)
-	}
-	last := evs[len(evs)-1].Report
-	if last == nil || !last.OK || last.ID != evs[0].Job.ID || last.SchemaVersion != engine.ReportSchemaVersion {
-		t.Fatalf("last line is not the migration's ok report: %s", lines[len(lines)-1])
-	}
+
 	var rounds, predicted bool
-	for _, e := range evs[1 : len(evs)-1] {
-		if e.Progress == nil || e.Progress.Phase == "" {
-			t.Errorf("not a progress line between the job and the report: %+v", e)
-			continue
-		}
-		rounds = rounds || (e.Progress.Rounds > 0 && e.Progress.MemoryBytes > 0)
-		predicted = predicted || e.Progress.PredictedDowntimeMs > 0
+	for _, p := range events("h1", "h2", engine.ModePrecopy) {
+		rounds = rounds || (p.Rounds > 0 && p.MemoryBytes > 0)
+		predicted = predicted || p.PredictedDowntimeMs > 0
 	}
 	if !rounds || !predicted {
-		t.Errorf("no progress line told the rounds done and memory (%v) or a predicted downtime (%v):\n%s", rounds, predicted, out)
+		t.Errorf("no pre-copy progress line told the rounds done and memory (%v) or a predicted downtime (%v)", rounds, predicted)
+	}
+
+	var pending []int64
+	for _, p := range events("h2", "h1", engine.ModePostcopy) {
+		if p.LazyPagesPending > 0 {
+			pending = append(pending, p.LazyPagesPending)
+		}
+	}
+	if len(pending) < 2 || pending[len(pending)-1] >= pending[0] || pending[0] < 64<<20/4096*9/10 {
+		t.Errorf("post-copy's lines told pending pages %v; want a few, from about 64 MiB's worth, falling", pending)
 	}
 }

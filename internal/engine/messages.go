@@ -209,6 +209,11 @@ type Progress struct {
 	Rounds              int     `json:"rounds,omitempty"`
 	DirtyRate           float64 `json:"dirty_rate,omitempty"`
 	PredictedDowntimeMs float64 `json:"predicted_downtime_ms,omitempty"`
+	// LazyPagesPending: post-copy and hybrid, the pages of the frozen
+	// source the destination has not yet stored, as far as the push's
+	// acknowledgments tell (the container's resident pages less those
+	// acknowledged).
+	LazyPagesPending int64 `json:"lazy_pages_pending,omitempty"`
 }
 
 // Event is one message on a migrate channel: the job's ID once it is

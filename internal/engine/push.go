@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/pages"
+	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/transport"
 )
 
@@ -82,6 +83,9 @@ func (m *migration) push(ctx context.Context) error {
 	}
 	acked := newCredit()
 	go acked.read(ch)
+	resident := procs.TreeResident(m.ctr.PID) / pageSize
+	m.setPushLeft(func() int64 { return max(0, resident-int64(acked.count())) })
+	defer m.setPushLeft(func() int64 { return 0 })
 	var sent uint64
 	if _, err := rd.Scan(func(p pages.Page) error {
 		if err := acked.waitFor(ctx, sent+1-pushWindowPages); err != nil {
@@ -105,6 +109,13 @@ func (m *migration) push(ctx context.Context) error {
 		return err
 	}
 	return ch.CloseWrite()
+}
+
+// setPushLeft sets what progress reports as lazy pages pending.
+func (m *migration) setPushLeft(f func() int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.pushLeft = f
 }
 
 // credit is what the destination acknowledged of the push.
@@ -138,6 +149,13 @@ func (c *credit) read(r io.Reader) {
 			return
 		}
 	}
+}
+
+// count is what the destination acknowledged so far.
+func (c *credit) count() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.pages
 }
 
 // waitFor waits until n pages (at least) were acknowledged.

@@ -78,6 +78,9 @@ type migration struct {
 	// a switchover after it would have had (0: none), for progress.
 	round     *Round
 	predicted time.Duration
+	// pushLeft, while post-copy pushes, counts the pages not yet stored
+	// at the destination.
+	pushLeft func() int64
 	// pageTransform, when set, carries the final dump's page stream to the
 	// destination (pre-copy's deduplication).
 	pageTransform func(dst io.Writer, src io.Reader) error
@@ -210,6 +213,9 @@ func (m *migration) progressNow(b int64, rate float64) Progress {
 		PredictedDowntimeMs: float64(m.predicted.Microseconds()) / 1000}
 	if m.round != nil {
 		p.Rounds, p.DirtyRate = m.round.Index+1, m.round.DirtyRate
+	}
+	if m.pushLeft != nil {
+		p.LazyPagesPending = m.pushLeft()
 	}
 	return p
 }
