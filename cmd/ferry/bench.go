@@ -53,13 +53,8 @@ and podman (podman checkpoint --export, copy over the link, podman restore
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
-			if o.MemoryBytes, err = units.ParseBytes(memory); err != nil {
-				return fmt.Errorf("--memory: %w", err)
-			}
-			if bandwidth != "" {
-				if o.BandwidthBps, err = lab.ParseRate(bandwidth); err != nil {
-					return fmt.Errorf("--bandwidth: %w", err)
-				}
+			if o.MemoryBytes, o.BandwidthBps, err = parseLoad(memory, bandwidth); err != nil {
+				return err
 			}
 			if cutAt != "" {
 				v, err := strconv.ParseFloat(strings.TrimSuffix(cutAt, "%"), 64)
@@ -151,4 +146,18 @@ func printBench(w io.Writer, r bench.MigrateResult) {
 		fmt.Fprintf(w, "  podman baseline: downtime %.0f ms (checkpoint %.0f, copy %.0f, restore %.0f), client downtime %.0f ms, state_ok=%v %s\n",
 			b.DowntimeMs, b.CheckpointMs, b.CopyMs, b.RestoreMs, b.ClientDowntimeMs, b.StateOK, b.Error)
 	}
+}
+
+// parseLoad reads a bench's --memory (a size) and --bandwidth (a rate;
+// empty leaves the lab's links unshaped, 0).
+func parseLoad(memory, bandwidth string) (memoryBytes, bandwidthBps int64, err error) {
+	if memoryBytes, err = units.ParseBytes(memory); err != nil {
+		return 0, 0, fmt.Errorf("--memory: %w", err)
+	}
+	if bandwidth != "" {
+		if bandwidthBps, err = lab.ParseRate(bandwidth); err != nil {
+			return 0, 0, fmt.Errorf("--bandwidth: %w", err)
+		}
+	}
+	return memoryBytes, bandwidthBps, nil
 }

@@ -1,15 +1,12 @@
 package main
 
 import (
-	"fmt"
 	"os"
 
 	"github.com/spf13/cobra"
 
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/engine"
-	"github.com/ferry-migrate/ferry/internal/lab"
-	"github.com/ferry-migrate/ferry/internal/units"
 )
 
 func newBenchDrainCmd() *cobra.Command {
@@ -31,13 +28,8 @@ its downtime and its client's downtime against the cold reference's
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
-			if o.MemoryBytes, err = units.ParseBytes(memory); err != nil {
-				return fmt.Errorf("--memory: %w", err)
-			}
-			if bandwidth != "" {
-				if o.BandwidthBps, err = lab.ParseRate(bandwidth); err != nil {
-					return fmt.Errorf("--bandwidth: %w", err)
-				}
+			if o.MemoryBytes, o.BandwidthBps, err = parseLoad(memory, bandwidth); err != nil {
+				return err
 			}
 			if o.FerryBin, err = os.Executable(); err != nil {
 				return err

@@ -163,23 +163,13 @@ func TestDebPackage(t *testing.T) {
 	}
 	tmp := t.TempDir()
 	bin, dist := filepath.Join(tmp, "bin"), filepath.Join(tmp, "dist")
-	cmd := exec.Command("make", "-C", "../..", "--no-print-directory", "package", "BIN="+bin, "DIST="+dist, "VERSION=v1.2.3")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("make package: %v\n%s", err, out)
-	}
+	mustRun(t, context.Background(), "make", "-C", "../..", "--no-print-directory", "package", "BIN="+bin, "DIST="+dist, "VERSION=v1.2.3")
 	debs, _ := filepath.Glob(filepath.Join(dist, "*.deb"))
 	if len(debs) != 1 || !strings.HasPrefix(filepath.Base(debs[0]), "ferry_1.2.3_") {
 		t.Fatalf("make package wrote %v, want one ferry_1.2.3_ARCH.deb", debs)
 	}
 	deb := debs[0]
-	dpkg := func(args ...string) string {
-		t.Helper()
-		out, err := exec.Command("dpkg-deb", args...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("dpkg-deb %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		return string(out)
-	}
+	dpkg := func(args ...string) string { t.Helper(); return mustRun(t, context.Background(), "dpkg-deb", args...) }
 	fields := dpkg("--field", deb, "Package", "Version", "Depends")
 	for _, want := range []string{"Package: ferry", "Version: 1.2.3", "Depends: runc"} {
 		if !strings.Contains(fields, want) {
@@ -249,18 +239,8 @@ func debInstalls(t *testing.T, deb string) {
 		t.Fatal(err)
 	}
 	root := t.TempDir()
-	if out, err := exec.CommandContext(ctx, "tar", "--numeric-owner", "--same-owner", "--exclude=./dev/*",
-		"-C", root, "-xf", minbase.Tarball).CombinedOutput(); err != nil {
-		t.Fatalf("extract %s: %v\n%s", minbase.Tarball, err, out)
-	}
-	run := func(name string, args ...string) string {
-		t.Helper()
-		out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-		}
-		return string(out)
-	}
+	run := func(name string, args ...string) string { t.Helper(); return mustRun(t, ctx, name, args...) }
+	run("tar", "--numeric-owner", "--same-owner", "--exclude=./dev/*", "-C", root, "-xf", minbase.Tarball)
 	run("dpkg", "--root="+root, "--force-depends", "-i", deb)
 	if st := run("dpkg-query", "--admindir="+filepath.Join(root, "var/lib/dpkg"), "-W", "-f=${Status} ${Version}", "ferry"); st != "install ok installed 1.2.3" {
 		t.Errorf("dpkg-query after install: %q", st)
@@ -324,4 +304,15 @@ func TestFlagUsageHasNoQuotedNames(t *testing.T) {
 		}
 	}
 	walk(newRootCmd())
+}
+
+// mustRun runs a command and returns its output, failing the test with
+// that output if it fails.
+func mustRun(t *testing.T, ctx context.Context, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
 }

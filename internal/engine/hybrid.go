@@ -55,7 +55,7 @@ func (m *migration) dumpWithFinalRound(ctx context.Context, rs *precopySource) (
 		}
 		r.Final = true
 		r.FrozenMs = r.DurationMs
-		m.roundDone(r, 0)
+		m.roundDone(r, nil, 0, nil)
 		return failAt("final round", rs.finish(true))
 	})
 	if err := g.Wait(); err != nil {

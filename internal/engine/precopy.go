@@ -240,7 +240,7 @@ func (m *migration) runRounds(ctx context.Context, ps *precopySource) error {
 			return failAt(fmt.Sprintf("pre-copy round %d", i), err)
 		}
 		r.ThrottlePct = throttle.pct
-		m.roundDone(r, m.predictAfter(r))
+		m.roundDone(r, prev, i, m.contentSwitchover)
 		ps.next, ps.last = i+1, r
 		stop, why := o.stop(r, prev, i, m.contentSwitchover)
 		if stop == stopNotConverging && o.AutoConverge && throttle.pct < 99 && i+1 < o.MaxRounds {
@@ -343,13 +343,8 @@ func (o PrecopyOptions) stop(r Round, prev *Round, i int, switchover func(left, 
 	if r.Bytes < o.MinRoundBytes && i > 0 {
 		return stopSmall, fmt.Sprintf("round %d sent %d bytes, under the %d-byte threshold", i, r.Bytes, o.MinRoundBytes)
 	}
-	if o.MaxDowntime > 0 && i > 0 && r.DurationMs > 0 {
-		throughput := float64(r.Bytes) / (r.DurationMs / 1000)
-		if prev != nil && prev.DurationMs > 0 {
-			throughput = max(throughput, float64(prev.Bytes)/(prev.DurationMs/1000))
-		}
-		left := r.DirtyRate * (r.DurationMs / 1000) * pageSize // what the next final pass carries
-		if pred := switchover(left, throughput); pred <= o.MaxDowntime {
+	if o.MaxDowntime > 0 {
+		if pred, ok := predictSwitchover(r, prev, i, switchover); ok && pred <= o.MaxDowntime {
 			return stopFits, fmt.Sprintf("predicted downtime %v fits --max-downtime %v", pred.Round(time.Millisecond), o.MaxDowntime)
 		}
 	}
@@ -362,15 +357,20 @@ func (o PrecopyOptions) stop(r Round, prev *Round, i int, switchover func(left, 
 	return keepGoing, ""
 }
 
-// predictAfter is the downtime a switchover right after round r would
-// have: what the container dirtied during r, at r's throughput (0 for
-// round 0, which measures no dirty rate).
-func (m *migration) predictAfter(r Round) time.Duration {
-	if r.Index == 0 || r.DurationMs <= 0 || r.Bytes <= 0 {
-		return 0
+// predictSwitchover is the downtime switchover predicts for a switchover
+// right after round r (the i-th): what r's dirty rate leaves for the final
+// pass, at the better of r's and the round before's throughput. false for
+// round 0, which measures no dirty rate, and a round that took no time.
+func predictSwitchover(r Round, prev *Round, i int, switchover func(left, throughput float64) time.Duration) (time.Duration, bool) {
+	if i == 0 || r.DurationMs <= 0 {
+		return 0, false
+	}
+	throughput := float64(r.Bytes) / (r.DurationMs / 1000)
+	if prev != nil && prev.DurationMs > 0 {
+		throughput = max(throughput, float64(prev.Bytes)/(prev.DurationMs/1000))
 	}
 	left := r.DirtyRate * (r.DurationMs / 1000) * pageSize
-	return m.contentSwitchover(left, float64(r.Bytes)/(r.DurationMs/1000))
+	return switchover(left, throughput), true
 }
 
 // contentSwitchover predicts content-based pre-copy's downtime with this

@@ -48,6 +48,11 @@ func (m *migration) precopyNative(ctx context.Context) error {
 	if err := m.syncRootfsLive(ctx); err != nil {
 		return err
 	}
+	// A dump of what is left, then a restore of all of memory.
+	switchover := func(left, throughput float64) time.Duration {
+		p := m.profile
+		return seconds(p.FreezeS + p.DumpFixedS + left/throughput + p.RestoreFixedS + float64(m.report.MemoryEstimate)/p.RestoreBps)
+	}
 	var prev *Round
 	last := -1
 	for i := 0; i < o.MaxRounds; i++ {
@@ -56,13 +61,9 @@ func (m *migration) precopyNative(ctx context.Context) error {
 		if err != nil {
 			return m.abort(ctx, failAt(fmt.Sprintf("pre-dump round %d", i), err))
 		}
-		m.roundDone(r, 0)
+		m.roundDone(r, prev, i, switchover)
 		last = i
-		stop, why := o.stop(r, prev, i, func(left, throughput float64) time.Duration {
-			// A dump of what is left, then a restore of all of memory.
-			p := m.profile
-			return seconds(p.FreezeS + p.DumpFixedS + left/throughput + p.RestoreFixedS + float64(m.report.MemoryEstimate)/p.RestoreBps)
-		})
+		stop, why := o.stop(r, prev, i, switchover)
 		if stop != keepGoing {
 			m.report.StopReason = why
 			break

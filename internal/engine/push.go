@@ -85,7 +85,7 @@ func (m *migration) push(ctx context.Context) error {
 	go acked.read(ch)
 	resident := procs.TreeResident(m.ctr.PID) / pageSize
 	m.setPushLeft(func() int64 { return max(0, resident-int64(acked.count())) })
-	defer m.setPushLeft(func() int64 { return 0 })
+	defer m.setPushLeft(nil) // all stored, or the daemon asks the source for the rest
 	var sent uint64
 	if _, err := rd.Scan(func(p pages.Page) error {
 		if err := acked.waitFor(ctx, sent+1-pushWindowPages); err != nil {

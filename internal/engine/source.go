@@ -227,13 +227,20 @@ func (m *migration) memoryFound(n int64) {
 	m.report.MemoryEstimate = n
 }
 
-// roundDone records a pre-copy round for the report and the progress
-// lines, with the downtime a switchover after it would have (0: unknown).
-func (m *migration) roundDone(r Round, predicted time.Duration) {
+// roundDone records round r (the i-th, after prev) for the report and the
+// progress lines, with the downtime switchover predicts for a switchover
+// after it (nil: none is predicted, as for post-copy's last round).
+func (m *migration) roundDone(r Round, prev *Round, i int, switchover func(left, throughput float64) time.Duration) {
+	var pred time.Duration
+	if switchover != nil {
+		if p, ok := predictSwitchover(r, prev, i, switchover); ok && p > 0 {
+			pred = p
+		}
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.report.Rounds = append(m.report.Rounds, r)
-	m.round, m.predicted = &r, predicted
+	m.round, m.predicted = &r, pred
 }
 
 // Migrate moves req.Container to req.To and reports how it went. Whatever

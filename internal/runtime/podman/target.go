@@ -410,13 +410,7 @@ func relink(dst, link string) error {
 }
 
 // Start lets the processes CRIU left stopped run.
-func (t *target) Start(ctx context.Context) error {
-	rc, err := t.r.runc()
-	if err != nil {
-		return err
-	}
-	return rc.ContinueAll(ctx, t.id)
-}
+func (t *target) Start(ctx context.Context) error { return t.r.continueID(ctx, t.id) }
 
 // Continue lets a container restored stopped run, found by name (its ID
 // here is not the source's).
@@ -425,11 +419,16 @@ func (r *Runtime) Continue(ctx context.Context, c *runtime.Container) error {
 	if err != nil {
 		return err
 	}
+	return r.continueID(ctx, d.ID)
+}
+
+// continueID sends every process of Podman's container id SIGCONT.
+func (r *Runtime) continueID(ctx context.Context, id string) error {
 	rc, err := r.runc()
 	if err != nil {
 		return err
 	}
-	return rc.ContinueAll(ctx, d.ID)
+	return rc.ContinueAll(ctx, id)
 }
 
 // Discard removes the container Prepare created (restored or not); one
