@@ -387,7 +387,6 @@ func (a *Agent) control(ctx context.Context, src *engine.Source, ch *transport.C
 			_ = ch.Fail(fmt.Errorf("container %q is already being migrated", req.Container))
 			return
 		}
-		defer a.release(req.Container)
 		a.Log.Info("migration started", "container", req.Container, "to", req.To, "mode", req.Mode)
 		if req.RuncRoot != "" {
 			s := *src
@@ -403,6 +402,9 @@ func (a *Agent) control(ctx context.Context, src *engine.Source, ch *transport.C
 			a.jobs.progress(j, p)
 			_ = ch.Send(engine.Event{Progress: &p})
 		})
+		// Free before anyone hears the report (this client, or ferry wait
+		// through the job): they may ask to move it again at once.
+		a.release(req.Container)
 		a.Log.Info("migration ended", "id", req.ID, "container", req.Container, "ok", rep.OK, "downtime_ms", rep.DowntimeMs, "error", rep.Error)
 		a.metrics.done(req, rep)
 		if err := a.jobs.end(j, rep); err != nil {
