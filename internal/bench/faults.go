@@ -319,18 +319,32 @@ func (o FaultsOptions) runCase(ctx context.Context, l *lab.Lab, c FaultCase, nam
 	}
 	twice := false
 	var s, d string
+	// Settled means the journals are final, no CRIU runs, and the
+	// container runs in one place, seen so on two polls in a row: a copy
+	// being removed passes through states (thawed, its processes not yet
+	// dead) that one poll could take for the last.
+	stable, settledAt := 0, time.Time{}
 	for deadline := time.Now().Add(o.Settle); ; time.Sleep(200 * time.Millisecond) {
+		quiet := len(labCRIUs(l)) == 0 && len(pending(src, name))+len(pending(dst, name)) == 0
 		s, d = runcState(src, name), runcState(dst, name)
 		if s == "running" && d == "running" {
 			twice = true
 		}
-		settled := (s == "running") != (d == "running") && s != "paused" && d != "paused" &&
-			len(labCRIUs(l)) == 0 && len(pending(src, name))+len(pending(dst, name)) == 0
-		if settled || time.Now().After(deadline) {
+		if quiet && (s == "running") != (d == "running") && s != "paused" && d != "paused" && s != "stopped" && d != "stopped" {
+			if stable++; stable == 1 {
+				settledAt = time.Now()
+			}
+		} else {
+			stable = 0
+		}
+		if stable == 2 || time.Now().After(deadline) {
 			break
 		}
 	}
-	c.RecoveredMs = ms(time.Since(ended))
+	if stable < 2 {
+		settledAt = time.Now()
+	}
+	c.RecoveredMs = ms(settledAt.Sub(ended))
 	// Late answers after the recovery, then the client's verdict.
 	time.Sleep(500 * time.Millisecond)
 	pr, perr := p.Stop()
