@@ -25,13 +25,18 @@ Files (keys and certificates 0600, directories 0700):
   DIR/NAME/ca.crt               a copy of the CA certificate
 
 Copy DIR/NAME/ to host NAME and point its agent at that directory. Keep
-DIR/ca.key somewhere safe: whoever holds it can mint hosts.`,
+DIR/ca.key somewhere safe: whoever holds it can mint hosts.
+
+An operator's certificate (certs operator) lets a person's CLI ask agents
+from another machine (ferry ps --from NAME@ADDR --tls-dir DIR/PERSON). It
+serves only as a client and no agent accepts it as a host.`,
 		Example: `  ferry certs init --dir /etc/ferry/ca
   ferry certs issue --dir /etc/ferry/ca --host h1 --ip 10.0.0.1
   ferry certs issue --dir /etc/ferry/ca --host h2 --ip 10.0.0.2 --dns h2.example.com
-  scp -rp /etc/ferry/ca/h2 root@10.0.0.2:/etc/ferry/tls`,
+  scp -rp /etc/ferry/ca/h2 root@10.0.0.2:/etc/ferry/tls
+  ferry certs operator --dir /etc/ferry/ca --name alice`,
 	}
-	cmd.AddCommand(newCertsInitCmd(), newCertsIssueCmd())
+	cmd.AddCommand(newCertsInitCmd(), newCertsIssueCmd(), newCertsOperatorCmd())
 	return cmd
 }
 
@@ -103,5 +108,50 @@ HOST.key first to issue a new one.`,
 	f.DurationVar(&validFor, "valid-for", 365*24*time.Hour, "how long the certificate is valid (never beyond the CA)")
 	_ = cmd.MarkFlagRequired("dir")
 	_ = cmd.MarkFlagRequired("host")
+	return cmd
+}
+
+func newCertsOperatorCmd() *cobra.Command {
+	var (
+		dir, name string
+		validFor  time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "operator",
+		Short: "Issue an operator's certificate, to run the CLI away from the source host",
+		Long: `operator signs a certificate for a person (or a script) named --name with the
+CA in --dir and writes it with its key and a copy of the CA certificate into
+DIR/NAME/. With it, the CLI asks an agent over the network instead of its
+control socket: --from NAME@ADDR names the agent's listen address (and the
+host it must prove to be), --tls-dir the directory with this certificate.
+
+Every agent that trusts the CA lets an operator do what its control socket
+allows: migrate, drain, list, wait and cancel. The certificate is good for
+client authentication only: no agent takes it for a host, and it cannot
+stand in for one. Keep it as you would root's password on those hosts, and
+give it a short --valid-for.`,
+		Example: `  ferry certs operator --dir /etc/ferry/ca --name alice --valid-for 720h
+  scp -rp /etc/ferry/ca/alice laptop:.ferry/alice
+  ferry ps --from node1@192.0.2.1:7070 --tls-dir ~/.ferry/alice      # on the laptop`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := pki.ValidHost(name); err != nil {
+				return fmt.Errorf("--name: %w", err)
+			}
+			out := filepath.Join(dir, name)
+			if err := pki.IssueOperator(dir, out, name, validFor); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "operator certificate for %s written to %s (valid for %s)\nuse it with: ferry ps --from HOST@ADDR:PORT --tls-dir %s\n",
+				name, out, validFor, out)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&dir, "dir", "", "the CA's directory (from 'ferry certs init')")
+	f.StringVar(&name, "name", "", "the operator's name, as agents log it")
+	f.DurationVar(&validFor, "valid-for", 30*24*time.Hour, "how long the certificate is valid (never beyond the CA)")
+	_ = cmd.MarkFlagRequired("dir")
+	_ = cmd.MarkFlagRequired("name")
 	return cmd
 }

@@ -7,7 +7,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/drain"
 	"github.com/ferry-migrate/ferry/internal/engine"
 )
@@ -15,7 +14,7 @@ import (
 func newDrainCmd() *cobra.Command {
 	var (
 		o      drain.Options
-		from   string
+		src    agentFlags
 		asJSON bool
 	)
 	cmd := &cobra.Command{
@@ -41,11 +40,11 @@ time (4 by default).`,
 		Example: `  ferry drain --from h1 --to h2 --mode precopy
   ferry drain --to 192.0.2.10:7070 --mode auto --max-downtime 300ms web db`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			control, to, err := resolveEndpoints(from, o.To)
+			from, to, err := src.endpoints(o.To)
 			if err != nil {
 				return err
 			}
-			o.Control, o.To, o.Containers = control, to, args
+			o.From, o.To, o.Containers = from, to, args
 			var mu sync.Mutex
 			if !asJSON {
 				o.Started = func(name string) {
@@ -82,7 +81,7 @@ time (4 by default).`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.To, "to", "", "destination agent: NAME@ADDR, ADDR, or a lab host name (required)")
-	f.StringVar(&from, "from", agent.DefaultControl, "source agent's control socket or lab host name")
+	src.add(cmd, "the source agent (the host to empty)")
 	f.IntVar(&o.Concurrency, "concurrency", 1, "migrations at once")
 	f.StringVar(&o.Request.Mode, "mode", engine.ModePrecopy, "technique for every container: cold, precopy, postcopy, hybrid, or auto")
 	f.StringVar(&o.Request.Runtime, "runtime", engine.RuntimeAuto, "the containers' runtime: auto, runc, podman or lxc")

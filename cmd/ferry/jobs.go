@@ -21,7 +21,7 @@ import (
 // resume; the report follows), a second one detaches; with detach it
 // returns as soon as the agent gave the migration its ID. detached is that
 // ID when the CLI left the migration running.
-func followMigration(ctx context.Context, control string, req engine.Request, detach bool, accepted func(string), progress func(engine.Progress)) (rep engine.Report, detached string, err error) {
+func followMigration(ctx context.Context, from agent.Endpoint, req engine.Request, detach bool, accepted func(string), progress func(engine.Progress)) (rep engine.Report, detached string, err error) {
 	fctx, leave := context.WithCancel(context.WithoutCancel(ctx))
 	defer leave()
 	ids := make(chan string, 1)
@@ -46,7 +46,7 @@ func followMigration(ctx context.Context, control string, req engine.Request, de
 					leave()
 					return
 				}
-				r, err := agent.Cancel(fctx, control, id)
+				r, err := agent.Cancel(fctx, from, id)
 				switch {
 				case err != nil:
 					fmt.Fprintf(os.Stderr, "\ncancel %s: %v\n", id, err)
@@ -59,7 +59,7 @@ func followMigration(ctx context.Context, control string, req engine.Request, de
 		}
 	}()
 	var got string
-	rep, err = agent.MigrateJob(fctx, control, req, func(i string) {
+	rep, err = agent.MigrateJob(fctx, from, req, func(i string) {
 		got = i
 		if accepted != nil {
 			accepted(i)
@@ -74,7 +74,7 @@ func followMigration(ctx context.Context, control string, req engine.Request, de
 
 func newPsCmd() *cobra.Command {
 	var (
-		from        string
+		src         agentFlags
 		all, asJSON bool
 	)
 	cmd := &cobra.Command{
@@ -86,14 +86,15 @@ With --all it adds the ended ones it kept (the last 200, across restarts)
 with their outcome and downtime; ferry wait ID prints one's report.`,
 		Example: `  ferry ps
   ferry ps --all --from h1
+  ferry ps --from node1@192.0.2.1:7070 --tls-dir ~/.ferry/alice
   ferry ps --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			control, _, err := resolveEndpoints(from, "")
+			from, _, err := src.endpoints("")
 			if err != nil {
 				return err
 			}
-			js, err := agent.Jobs(cmd.Context(), control, all)
+			js, err := agent.Jobs(cmd.Context(), from, all)
 			if err != nil {
 				return err
 			}
@@ -108,7 +109,7 @@ with their outcome and downtime; ferry wait ID prints one's report.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&from, "from", agent.DefaultControl, "the source agent's control socket or lab host name")
+	src.add(cmd, "the source agent")
 	f.BoolVar(&all, "all", false, "also the ended migrations the agent kept")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
@@ -146,7 +147,7 @@ func printJobs(w io.Writer, js []engine.Job, now time.Time) {
 }
 
 func newCancelCmd() *cobra.Command {
-	var from string
+	var src agentFlags
 	cmd := &cobra.Command{
 		Use:   "cancel ID",
 		Short: "Abort a migration while its source can still resume the container",
@@ -158,11 +159,11 @@ and cancel says why. Exit status 1 when nothing was cancelled.`,
 		Example: `  ferry cancel 3f2a9c0b71de`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			control, _, err := resolveEndpoints(from, "")
+			from, _, err := src.endpoints("")
 			if err != nil {
 				return err
 			}
-			r, err := agent.Cancel(cmd.Context(), control, args[0])
+			r, err := agent.Cancel(cmd.Context(), from, args[0])
 			if err != nil {
 				return err
 			}
@@ -174,13 +175,13 @@ and cancel says why. Exit status 1 when nothing was cancelled.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&from, "from", agent.DefaultControl, "the source agent's control socket or lab host name")
+	src.add(cmd, "the source agent")
 	return cmd
 }
 
 func newWaitCmd() *cobra.Command {
 	var (
-		from   string
+		src    agentFlags
 		asJSON bool
 	)
 	cmd := &cobra.Command{
@@ -193,18 +194,18 @@ Exit status 1 when the migration failed.`,
   ferry wait $id`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			control, _, err := resolveEndpoints(from, "")
+			from, _, err := src.endpoints("")
 			if err != nil {
 				return err
 			}
-			rep, err := agent.Wait(cmd.Context(), control, args[0], nil)
+			rep, err := agent.Wait(cmd.Context(), from, args[0], nil)
 			if err != nil {
 				return err
 			}
 			return showReport(rep, asJSON)
 		},
 	}
-	cmd.Flags().StringVar(&from, "from", agent.DefaultControl, "the source agent's control socket or lab host name")
+	src.add(cmd, "the source agent")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
 	return cmd
 }

@@ -5,12 +5,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/units"
@@ -18,11 +16,12 @@ import (
 
 func newMigrateCmd() *cobra.Command {
 	var (
-		req         engine.Request
-		from, maxBW string
-		asJSON      bool
-		events      bool
-		detach      bool
+		req    engine.Request
+		src    agentFlags
+		maxBW  string
+		asJSON bool
+		events bool
+		detach bool
 	)
 	cmd := &cobra.Command{
 		Use:   "migrate CONTAINER --to DEST",
@@ -51,8 +50,11 @@ same kind of runtime, under the same name, and that runtime manages it
 afterwards. A technique the runtime cannot do is refused before anything
 is frozen; ferry check lists what each runtime supports on a host.
 
-DEST is an agent address (10.0.0.2:7070) or a lab host name (h2); --from is
-the source agent's control socket or a lab host name.
+DEST is an agent address (10.0.0.2:7070), NAME@ADDR (the agent must prove it
+is host NAME) or a lab host name (h2): the source agent dials it. --from is
+the source agent: its control socket when the CLI runs on the source host
+(the default), or, from any other machine, NAME@ADDR of its listen address
+with an operator's certificate (--tls-dir; ferry certs operator --help).
 
 Report fields: downtime_ms (freeze at the source until running at the
 destination), total_ms (until the destination owns the container and, for
@@ -81,12 +83,13 @@ refused or failed before anything was frozen (the container never
 stopped).`,
 		Example: `  ferry migrate memhog --from h1 --to h2
   ferry migrate web --to 192.0.2.10:7070 --json
+  ferry migrate web --from node1@192.0.2.1:7070 --to node2@192.0.2.2:7070 --tls-dir ~/.ferry/alice
   ferry migrate web --to 192.0.2.10:7070 --mode precopy --events | jq -c .progress
   ferry migrate db --runtime runc --runc-root /run/myapp/runc --to 192.0.2.10:7070`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req.Container = args[0]
-			control, to, err := resolveEndpoints(from, req.To)
+			from, to, err := src.endpoints(req.To)
 			if err != nil {
 				return err
 			}
@@ -110,7 +113,7 @@ stopped).`,
 				}
 				defer fmt.Fprint(os.Stderr, "\r\033[K")
 			}
-			rep, detached, err := followMigration(cmd.Context(), control, req, detach, accepted, progress)
+			rep, detached, err := followMigration(cmd.Context(), from, req, detach, accepted, progress)
 			if detached != "" {
 				if detach {
 					fmt.Println(detached)
@@ -131,7 +134,7 @@ stopped).`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&req.To, "to", "", "destination agent: NAME@ADDR (the agent must prove, by its certificate, that it is host NAME), ADDR, or a lab host name (required)")
-	f.StringVar(&from, "from", agent.DefaultControl, "source agent's control socket or lab host name")
+	src.add(cmd, "the source agent")
 	f.StringVar(&req.Mode, "mode", engine.ModeCold, "technique: cold, precopy, postcopy, hybrid, or auto (measure, plan with the host profile, run the recommended one)")
 	addPrecopyFlags(cmd, &req.Precopy)
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON, no progress line")
@@ -159,44 +162,6 @@ func addPrecopyFlags(cmd *cobra.Command, o *engine.PrecopyOptions) {
 	f.StringVar(&o.Compress, "compress", "none", "pre-copy round stream compression: none or zstd")
 	f.StringVar(&o.Engine, "precopy-engine", "auto", "pre-copy engine: auto (native where the kernel tracks dirty pages), native (CRIU pre-dump), content (ferry's page hashing)")
 	f.StringVar(&o.Switchover, "switchover", "auto", "content pre-copy's last step: rebuild (CRIU dumps without memory while the frozen memory's changes go as a last round; the destination completes the images from its copy) or dump (a full CRIU dump that refers to the pages the destination holds); auto: rebuild where CRIU's lazy dump works")
-}
-
-// resolveEndpoints turns lab host names into the source's control socket and
-// the destination's agent address; anything else passes through.
-func resolveEndpoints(from, to string) (control, dest string, err error) {
-	control, dest = from, to
-	isName := func(s string) bool { return s != "" && !strings.ContainsAny(s, ":/") }
-	if !isName(from) && !isName(to) {
-		return control, dest, nil
-	}
-	l, err := lab.Load()
-	if err != nil {
-		return "", "", fmt.Errorf("%q looks like a lab host name, but: %w", firstName(isName, from, to), err)
-	}
-	if isName(from) {
-		h, err := l.Host(from)
-		if err != nil {
-			return "", "", err
-		}
-		control = h.ControlSock
-	}
-	if isName(to) {
-		h, err := l.Host(to)
-		if err != nil {
-			return "", "", err
-		}
-		dest = h.Name + "@" + h.AgentAddr // the destination must prove it is h
-	}
-	return control, dest, nil
-}
-
-func firstName(isName func(string) bool, xs ...string) string {
-	for _, x := range xs {
-		if isName(x) {
-			return x
-		}
-	}
-	return ""
 }
 
 // Exit statuses of a migration (ferry migrate, wait, drain): a contract

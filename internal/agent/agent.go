@@ -25,6 +25,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/host"
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/model"
+	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/runtime/lxc"
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
@@ -216,6 +217,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		ls = append(ls, l)
 		go a.accept(ctx, l, server, true, func(sess *transport.Session, r *transport.Router, ch *transport.Channel) {
+			if sess.PeerOperator() {
+				// A person's CLI from elsewhere (ferry ... --from): the
+				// control socket's requests, never a peer's.
+				a.Log.Info("operator request", "operator", sess.Peer.Name, "request", ch.Kind)
+				a.control(ctx, src, ch)
+				return
+			}
 			switch ch.Kind {
 			case engine.ChanIncoming:
 				if err := a.begin(); err != nil {
@@ -482,7 +490,11 @@ func (a *Agent) status(ctx context.Context) (engine.Status, error) {
 	}
 	out := engine.Status{Host: a.Host.Name, Containers: []engine.ContainerStatus{}}
 	for _, s := range sts {
-		out.Containers = append(out.Containers, engine.ContainerStatus{Name: s.ID, Status: s.Status, Pid: s.Pid})
+		cs := engine.ContainerStatus{Name: s.ID, Status: s.Status, Pid: s.Pid}
+		if s.Pid > 0 {
+			cs.ResidentBytes = procs.TreeResident(s.Pid)
+		}
+		out.Containers = append(out.Containers, cs)
 	}
 	return out, nil
 }

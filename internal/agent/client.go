@@ -9,35 +9,73 @@ import (
 	"github.com/ferry-migrate/ferry/internal/transport"
 )
 
-// The CLI's side of an agent's control socket.
+// The CLI's side of an agent's control requests.
 
-// Migrate asks the agent at control to migrate a container, calling
+// Endpoint is where the CLI reaches an agent: its control socket on this
+// host, or, from anywhere, its peer address over mutual TLS with an
+// operator's certificate.
+type Endpoint struct {
+	// Socket is the agent's control socket (--control); or
+	Socket string
+	// Addr is the agent's --listen address, and Name the host it must
+	// prove to be ("" takes any host of the CA).
+	Addr, Name string
+	// Operator is the operator's certificate, for Addr.
+	Operator *transport.Security
+}
+
+// Socket is the endpoint of an agent's control socket on this host.
+func Socket(path string) Endpoint { return Endpoint{Socket: path} }
+
+// String names the agent for messages.
+func (e Endpoint) String() string {
+	switch {
+	case e.Socket != "":
+		return e.Socket
+	case e.Name != "":
+		return e.Name + "@" + e.Addr
+	}
+	return e.Addr
+}
+
+func (e Endpoint) dial(ctx context.Context) (*transport.Session, error) {
+	if e.Socket != "" {
+		return transport.Dial(ctx, e.Socket, transport.Hello{Name: "cli", Role: "cli"})
+	}
+	if e.Operator == nil {
+		return nil, fmt.Errorf("agent at %s: an operator's certificate is needed to reach it over the network", e)
+	}
+	// One plain TCP connection: an operator's requests are small.
+	return transport.DialSecure(ctx, e.Addr, transport.Hello{Role: "cli"}, e.Operator, e.Name, transport.PathOptions{})
+}
+
+// Migrate asks the agent at ep to migrate a container, calling
 // progress for each live update, and returns the final report.
-func Migrate(ctx context.Context, control string, req engine.Request, progress func(engine.Progress)) (engine.Report, error) {
-	return MigrateJob(ctx, control, req, nil, progress)
+func Migrate(ctx context.Context, ep Endpoint, req engine.Request, progress func(engine.Progress)) (engine.Report, error) {
+	return MigrateJob(ctx, ep, req, nil, progress)
 }
 
 // MigrateJob is Migrate that also hears the migration's ID as soon as the
 // agent accepts it (accepted), e.g. to cancel it or to leave it running.
-func MigrateJob(ctx context.Context, control string, req engine.Request, accepted func(id string), progress func(engine.Progress)) (engine.Report, error) {
+func MigrateJob(ctx context.Context, ep Endpoint, req engine.Request, accepted func(id string), progress func(engine.Progress)) (engine.Report, error) {
 	req.ID = ""
-	return follow(ctx, control, engine.ChanMigrate, req, accepted, progress, func(err error) error {
+	return follow(ctx, ep, engine.ChanMigrate, req, accepted, progress, func(err error) error {
 		return fmt.Errorf("lost the source agent at %s during the migration of %q (%v): "+
-			"the container may be at either host; check with `ferry lab status` or `runc list` on both", control, req.Container, err)
+			"the container may be at either host; check with `ferry lab status` or `runc list` on both", ep, req.Container, err)
 	})
 }
 
-// Wait follows the migration id on the agent at control until it ends,
+// Wait follows the migration id on the agent at ep until it ends,
 // and returns its report (at once if it has ended).
-func Wait(ctx context.Context, control, id string, progress func(engine.Progress)) (engine.Report, error) {
-	return follow(ctx, control, engine.ChanWait, engine.JobRef{ID: id}, nil, progress, func(err error) error {
-		return fmt.Errorf("lost the agent at %s while waiting for migration %s: %w", control, id, err)
+func Wait(ctx context.Context, ep Endpoint, id string, progress func(engine.Progress)) (engine.Report, error) {
+	return follow(ctx, ep, engine.ChanWait, engine.JobRef{ID: id}, nil, progress, func(err error) error {
+		return fmt.Errorf("lost the agent at %s while waiting for migration %s: %w", ep, id, err)
 	})
 }
 
 // follow sends q on a channel of kind and reads events until the report.
-func follow(ctx context.Context, control, kind string, q any, accepted func(string), progress func(engine.Progress), lost func(error) error) (engine.Report, error) {
-	sess, err := transport.Dial(ctx, control, transport.Hello{Name: "cli", Role: "cli"})
+func follow(ctx context.Context, ep Endpoint, kind string, q any, accepted func(string), progress func(engine.Progress), lost func(error) error) (engine.Report, error) {
+	sess, err := ep.dial(ctx)
 	if err != nil {
 		return engine.Report{}, err
 	}
@@ -74,32 +112,32 @@ func follow(ctx context.Context, control, kind string, q any, accepted func(stri
 	}
 }
 
-// Status asks the agent at control what it runs.
-func Status(ctx context.Context, control string) (engine.Status, error) {
+// Status asks the agent at ep what it runs.
+func Status(ctx context.Context, ep Endpoint) (engine.Status, error) {
 	var st engine.Status
-	err := ask(ctx, control, engine.ChanStatus, nil, &st)
+	err := ask(ctx, ep, engine.ChanStatus, nil, &st)
 	return st, err
 }
 
 // Jobs lists the agent's running migrations, and with all the ended ones
 // it kept.
-func Jobs(ctx context.Context, control string, all bool) ([]engine.Job, error) {
+func Jobs(ctx context.Context, ep Endpoint, all bool) ([]engine.Job, error) {
 	var js []engine.Job
-	err := ask(ctx, control, engine.ChanJobs, engine.JobsQuery{All: all}, &js)
+	err := ask(ctx, ep, engine.ChanJobs, engine.JobsQuery{All: all}, &js)
 	return js, err
 }
 
 // Cancel asks the agent to abort migration id where its source can still
 // resume.
-func Cancel(ctx context.Context, control, id string) (engine.CancelReply, error) {
+func Cancel(ctx context.Context, ep Endpoint, id string) (engine.CancelReply, error) {
 	var r engine.CancelReply
-	err := ask(ctx, control, engine.ChanCancel, engine.JobRef{ID: id}, &r)
+	err := ask(ctx, ep, engine.ChanCancel, engine.JobRef{ID: id}, &r)
 	return r, err
 }
 
 // ask sends q (nil: nothing) on a channel of kind and reads one reply.
-func ask(ctx context.Context, control, kind string, q, reply any) error {
-	sess, err := transport.Dial(ctx, control, transport.Hello{Name: "cli", Role: "cli"})
+func ask(ctx context.Context, ep Endpoint, kind string, q, reply any) error {
+	sess, err := ep.dial(ctx)
 	if err != nil {
 		return err
 	}

@@ -109,7 +109,7 @@ func Drain(ctx context.Context, o DrainOptions) (res DrainResult, err error) {
 		return res, err
 	}
 	time.Sleep(300 * time.Millisecond)
-	rep, merr := agent.Migrate(ctx, src.ControlSock, engine.Request{Container: ref, To: dst.AgentAddr, Mode: engine.ModeCold}, nil)
+	rep, merr := agent.Migrate(ctx, agent.Socket(src.ControlSock), engine.Request{Container: ref, To: dst.AgentAddr, Mode: engine.ModeCold}, nil)
 	time.Sleep(300 * time.Millisecond)
 	pr, perr := p.Stop()
 	if merr != nil || !rep.OK || perr != nil {
@@ -134,7 +134,7 @@ func Drain(ctx context.Context, o DrainOptions) (res DrainResult, err error) {
 	}
 	time.Sleep(300 * time.Millisecond)
 	o.logf("draining %d containers of %d MiB (%s, %d at once)", o.Containers, o.MemoryBytes>>20, o.Mode, o.Concurrency)
-	dr, derr := drain.Run(ctx, drain.Options{Control: src.ControlSock, To: dst.AgentAddr, Containers: names, Concurrency: o.Concurrency,
+	dr, derr := drain.Run(ctx, drain.Options{From: agent.Socket(src.ControlSock), To: dst.AgentAddr, Containers: names, Concurrency: o.Concurrency,
 		Request: engine.Request{Mode: o.Mode, Precopy: o.Precopy}})
 	time.Sleep(300 * time.Millisecond)
 	res.TotalMs, res.OK = dr.TotalMs, dr.OK && derr == nil

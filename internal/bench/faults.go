@@ -277,7 +277,7 @@ func (o FaultsOptions) runCase(ctx context.Context, l *lab.Lab, c FaultCase, nam
 		req.Faults = []string{fault.Fault{Action: c.Fault, Phase: c.Phase}.String()}
 	}
 	mctx, cancel := context.WithTimeout(ctx, caseTimeout)
-	rep, merr := agent.Migrate(mctx, src.ControlSock, req, progress)
+	rep, merr := agent.Migrate(mctx, agent.Socket(src.ControlSock), req, progress)
 	hung := mctx.Err() != nil && ctx.Err() == nil
 	cancel()
 	cut.Wait()

@@ -335,7 +335,7 @@ func (o MigrateOptions) runOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 		outageDone.Wait()
 		setAllPaths(l, src.Name, true)
 	}()
-	rep, err := agent.Migrate(ctx, src.ControlSock, engine.Request{Container: name, To: dst.AgentAddr, Mode: o.Mode, Runtime: o.Runtime,
+	rep, err := agent.Migrate(ctx, agent.Socket(src.ControlSock), engine.Request{Container: name, To: dst.AgentAddr, Mode: o.Mode, Runtime: o.Runtime,
 		Precopy: o.Precopy, MaxBandwidthBps: o.MaxBandwidthBps}, progress)
 	outageDone.Wait() // the probe's verdict includes the network's return
 	setAllPaths(l, src.Name, true)

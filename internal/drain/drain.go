@@ -13,13 +13,13 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/engine"
-	"github.com/ferry-migrate/ferry/internal/procs"
 )
 
 // Options say what to drain and how.
 type Options struct {
-	// Control is the source agent's control socket; To the destination.
-	Control, To string
+	// From is the source agent; To the destination's address.
+	From agent.Endpoint
+	To   string
 	// Request is every migration's request: mode, pre-copy options,
 	// runtime (Container and To are set per container).
 	Request engine.Request
@@ -34,10 +34,9 @@ type Options struct {
 	Started  func(name string)
 	Finished func(name string, r engine.Report, err error)
 
-	// The agent and the process table, replaced in tests.
-	status  func(ctx context.Context, control string) (engine.Status, error)
-	migrate func(ctx context.Context, control string, req engine.Request) (engine.Report, error)
-	size    func(pid int) int64
+	// The agent, replaced in tests.
+	status  func(ctx context.Context, ep agent.Endpoint) (engine.Status, error)
+	migrate func(ctx context.Context, ep agent.Endpoint, req engine.Request) (engine.Report, error)
 }
 
 func (o *Options) defaults() {
@@ -48,12 +47,9 @@ func (o *Options) defaults() {
 		o.status = agent.Status
 	}
 	if o.migrate == nil {
-		o.migrate = func(ctx context.Context, control string, req engine.Request) (engine.Report, error) {
-			return agent.Migrate(ctx, control, req, nil)
+		o.migrate = func(ctx context.Context, ep agent.Endpoint, req engine.Request) (engine.Report, error) {
+			return agent.Migrate(ctx, ep, req, nil)
 		}
-	}
-	if o.size == nil {
-		o.size = procs.Resident // the drain runs on the source host, beside its agent
 	}
 }
 
@@ -101,7 +97,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			}
 			req := o.Request
 			req.Container, req.To = name, o.To
-			r, err := o.migrate(ctx, o.Control, req)
+			r, err := o.migrate(ctx, o.From, req)
 			if r.Container == "" {
 				r.Container = name
 			}
@@ -123,19 +119,19 @@ func Run(ctx context.Context, o Options) (Result, error) {
 
 // pick lists the containers to move, smallest resident memory first.
 func pick(ctx context.Context, o Options) ([]string, error) {
-	st, err := o.status(ctx, o.Control)
+	st, err := o.status(ctx, o.From)
 	if err != nil {
 		return nil, fmt.Errorf("list the source's containers: %w", err)
 	}
-	pids := map[string]int{}
+	sizes := map[string]int64{}
 	for _, c := range st.Containers {
 		if c.Status == "running" {
-			pids[c.Name] = c.Pid
+			sizes[c.Name] = c.ResidentBytes
 		}
 	}
 	names := o.Containers
 	if len(names) == 0 {
-		for n := range pids {
+		for n := range sizes {
 			names = append(names, n)
 		}
 	}
@@ -145,8 +141,8 @@ func pick(ctx context.Context, o Options) ([]string, error) {
 	rss := map[string]int64{}
 	for _, n := range names {
 		rss[n] = 1 << 62
-		if pid, ok := pids[n]; ok {
-			rss[n] = o.size(pid)
+		if size, ok := sizes[n]; ok {
+			rss[n] = size
 		}
 	}
 	sort.SliceStable(names, func(i, j int) bool {

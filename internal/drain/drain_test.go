@@ -9,10 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/engine"
 )
 
-// fakeHost lists containers (pid = size in MiB) and migrates them slowly,
+// fakeHost lists containers (of sizes in MiB) and migrates them slowly,
 // counting how many run at once.
 type fakeHost struct {
 	list                []engine.ContainerStatus
@@ -23,10 +24,10 @@ type fakeHost struct {
 }
 
 func (h *fakeHost) options(o Options) Options {
-	o.status = func(context.Context, string) (engine.Status, error) {
+	o.status = func(context.Context, agent.Endpoint) (engine.Status, error) {
 		return engine.Status{Host: "h1", Containers: h.list}, nil
 	}
-	o.migrate = func(ctx context.Context, _ string, req engine.Request) (engine.Report, error) {
+	o.migrate = func(ctx context.Context, _ agent.Endpoint, req engine.Request) (engine.Report, error) {
 		n := h.running.Add(1)
 		defer h.running.Add(-1)
 		for {
@@ -44,14 +45,13 @@ func (h *fakeHost) options(o Options) Options {
 		}
 		return engine.Report{Container: req.Container, OK: true, To: req.To, Mode: req.Mode}, nil
 	}
-	o.size = func(pid int) int64 { return int64(pid) << 20 }
 	return o
 }
 
 func hostOf(sizes map[string]int) *fakeHost {
 	h := &fakeHost{fail: map[string]bool{}}
 	for n, mib := range sizes {
-		h.list = append(h.list, engine.ContainerStatus{Name: n, Status: "running", Pid: mib})
+		h.list = append(h.list, engine.ContainerStatus{Name: n, Status: "running", Pid: 100 + len(h.list), ResidentBytes: int64(mib) << 20})
 	}
 	h.list = append(h.list, engine.ContainerStatus{Name: "stopped-one", Status: "stopped", Pid: 1})
 	return h
@@ -115,10 +115,10 @@ func TestDrainNothing(t *testing.T) {
 // anything moves.
 func TestDrainCannotList(t *testing.T) {
 	o := Options{To: "h2"}
-	o.status = func(context.Context, string) (engine.Status, error) {
+	o.status = func(context.Context, agent.Endpoint) (engine.Status, error) {
 		return engine.Status{}, errors.New("connection refused")
 	}
-	o.migrate = func(context.Context, string, engine.Request) (engine.Report, error) {
+	o.migrate = func(context.Context, agent.Endpoint, engine.Request) (engine.Report, error) {
 		t.Fatal("migrated without a list")
 		return engine.Report{}, nil
 	}

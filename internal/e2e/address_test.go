@@ -61,7 +61,7 @@ func TestKeepsAddressAndConnections(t *testing.T) {
 			}
 			finish := startClient(t, &l.Hosts[2], bin, "stream", "--addr", ip+":7001")
 			time.Sleep(300 * time.Millisecond)
-			rep, err := agent.Migrate(ctx, l.Hosts[0].ControlSock, engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr, Mode: mode}, nil)
+			rep, err := agent.Migrate(ctx, agent.Socket(l.Hosts[0].ControlSock), engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr, Mode: mode}, nil)
 			if err != nil || !rep.OK {
 				t.Fatalf("migration: %v %s", err, rep.Error)
 			}
@@ -118,7 +118,7 @@ func TestRedisKeepsItsClient(t *testing.T) {
 	waitListening(t, &l.Hosts[2], bin, ip+":6379")
 	finish := startClient(t, &l.Hosts[2], bin, "redis", "--addr", ip+":6379")
 	time.Sleep(300 * time.Millisecond)
-	rep, err := agent.Migrate(ctx, l.Hosts[0].ControlSock, engine.Request{Container: "redis", To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold}, nil)
+	rep, err := agent.Migrate(ctx, agent.Socket(l.Hosts[0].ControlSock), engine.Request{Container: "redis", To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold}, nil)
 	if err != nil || !rep.OK {
 		t.Fatalf("migration: %v %s", err, rep.Error)
 	}

@@ -18,7 +18,8 @@ import (
 // node1 and node2: a CA and a certificate per host (ferry certs), an agent
 // per host run from an agent.toml like the guide's (ferry agent --config),
 // then, on the source, ferry migrate --to NAME@ADDR, ferry ps --all, the
-// report and the source agent's Prometheus metrics. Besides the guide's keys, each file names what makes a lab host
+// report and the source agent's Prometheus metrics; and from a third
+// machine, with an operator's certificate, ferry ps and a migration back. Besides the guide's keys, each file names what makes a lab host
 // a host (its control socket, state, runc root, cgroup parent, network
 // namespace): the lab's own agents keep theirs.
 func TestDeployGuide(t *testing.T) {
@@ -124,6 +125,34 @@ scratch = %q
 		if !strings.Contains(string(scrape), want) {
 			t.Errorf("metrics lack %s:\n%s", want, scrape)
 		}
+	}
+
+	// 5, from elsewhere: h3 plays an operator's workstation with an
+	// operator's certificate; it lists node1's migrations and moves the
+	// container back, asking node2 over the network.
+	ops := &l.Hosts[2]
+	ferry(ops, "certs", "operator", "--dir", ca, "--name", "alice")
+	opDir := filepath.Join(ca, "alice")
+	node1, node2 := fmt.Sprintf("%s@%s:%d", src.Name, src.Addr, port), fmt.Sprintf("%s@%s:%d", dst.Name, dst.Addr, port)
+	jobs = nil
+	if err := json.Unmarshal([]byte(ferry(ops, "ps", "--all", "--from", node1, "--tls-dir", opDir, "--json")), &jobs); err != nil ||
+		len(jobs) != 1 || jobs[0].Container != name {
+		t.Errorf("ps --all from elsewhere: %+v %v", jobs, err)
+	}
+	out = ferry(ops, "migrate", name, "--from", node2, "--to", node1, "--tls-dir", opDir, "--mode", "cold", "--json")
+	rep = engine.Report{}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || !rep.OK {
+		t.Fatalf("migrate back, from elsewhere: %v\n%s", err, out)
+	}
+	if s, d := status(t, src, name), status(t, dst, name); s != "running" || d != "absent" {
+		t.Errorf("after the migration back: %s at %s, %s at %s", s, src.Name, d, dst.Name)
+	}
+	if log := readLog(t, filepath.Join(dir, dst.Name+"-agent.log")); !strings.Contains(log, "operator=alice") {
+		t.Errorf("node2's log does not name the operator:\n%s", log)
+	}
+	// A host's certificate is no operator's: refused before any request.
+	if out, err := ops.Command(ctx, bin, "ps", "--from", node1, "--tls-dir", filepath.Join(ca, dst.Name)).CombinedOutput(); err == nil || !strings.Contains(string(out), "not an operator's") {
+		t.Errorf("ps with a host's certificate: %v\n%s", err, out)
 	}
 	if pr, err := p.Stop(); err != nil || !pr.StateOK {
 		t.Errorf("workload: %+v %v", pr, err)

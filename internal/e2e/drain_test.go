@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/drain"
 	"github.com/ferry-migrate/ferry/internal/engine"
@@ -37,7 +38,7 @@ func TestDrain(t *testing.T) {
 		}
 		probes = append(probes, p)
 	}
-	res, err := drain.Run(ctx, drain.Options{Control: l.Hosts[0].ControlSock, To: l.Hosts[1].AgentAddr,
+	res, err := drain.Run(ctx, drain.Options{From: agent.Socket(l.Hosts[0].ControlSock), To: l.Hosts[1].AgentAddr,
 		Concurrency: 2, Request: engine.Request{Mode: engine.ModePrecopy}})
 	if err != nil || !res.OK {
 		t.Fatalf("drain: %v %+v", err, res)

@@ -207,7 +207,7 @@ func TestPrecopyNative(t *testing.T) {
 	bin := ferryBin(t)
 	l := upLab(t, bin)
 	p := startMemhog(t, l, bin, "hog")
-	rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock, engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr,
+	rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock), engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr,
 		Mode: engine.ModePrecopy, Precopy: engine.PrecopyOptions{Engine: engine.PrecopyNative}}, nil)
 	time.Sleep(200 * time.Millisecond)
 	pr, perr := p.Stop()
@@ -239,7 +239,7 @@ func TestAutoMode(t *testing.T) {
 	p := startMemhog(t, l, bin, "hog")
 	defer p.Stop()
 	ctx := context.Background()
-	rep, err := agent.Migrate(ctx, l.Hosts[0].ControlSock, engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr,
+	rep, err := agent.Migrate(ctx, agent.Socket(l.Hosts[0].ControlSock), engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr,
 		Mode: engine.ModeAuto, Precopy: engine.PrecopyOptions{MaxDowntime: time.Millisecond}}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -250,7 +250,7 @@ func TestAutoMode(t *testing.T) {
 	if got := status(t, &l.Hosts[0], "hog"); got != "running" {
 		t.Fatalf("source container is %s after a refused plan", got)
 	}
-	rep, err = agent.Migrate(ctx, l.Hosts[0].ControlSock, engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr,
+	rep, err = agent.Migrate(ctx, agent.Socket(l.Hosts[0].ControlSock), engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr,
 		Mode: engine.ModeAuto, Precopy: engine.PrecopyOptions{MaxDowntime: 2 * time.Second}}, nil)
 	if err != nil || !rep.OK {
 		t.Fatalf("auto migration: %v %s", err, rep.Error)
@@ -276,7 +276,7 @@ func TestPrecopyNonConvergent(t *testing.T) {
 			l := upShapedLab(t, bin, 64_000_000)
 			p := startWorkload(t, l, bin, "hog", "16M", "6000", "--dirty-words", "512")
 			opts := engine.PrecopyOptions{MaxRounds: 5, AutoConverge: auto}
-			rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
+			rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock),
 				engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr, Mode: engine.ModePrecopy, Precopy: opts}, nil)
 			time.Sleep(200 * time.Millisecond)
 			pr, perr := p.Stop()
@@ -328,7 +328,7 @@ func testMigrationWith(t *testing.T, req engine.Request) engine.Report {
 	p := startMemhog(t, l, bin, "hog")
 	mode := req.Mode
 	req.Container, req.To = "hog", l.Hosts[1].AgentAddr
-	rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock, req, nil)
+	rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock), req, nil)
 	time.Sleep(200 * time.Millisecond)
 	pr, perr := p.Stop()
 	if err != nil {
@@ -378,7 +378,7 @@ func TestMaxBandwidthCapsTheTransfer(t *testing.T) {
 	bin := ferryBin(t)
 	l := upLab(t, bin)
 	p := startMemhog(t, l, bin, "hog")
-	rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
+	rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock),
 		engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold, MaxBandwidthBps: 100_000_000}, nil)
 	pr, perr := p.Stop()
 	if err != nil || !rep.OK {
@@ -411,7 +411,7 @@ func TestPostcopySourceAgentKilled(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		rep, err := agent.Migrate(context.Background(), src.ControlSock,
+		rep, err := agent.Migrate(context.Background(), agent.Socket(src.ControlSock),
 			engine.Request{Container: "hog", To: dst.AgentAddr, Mode: engine.ModePostcopy}, nil)
 		done <- result{rep, err}
 	}()
@@ -468,7 +468,7 @@ func TestFailedRestoreResumesSource(t *testing.T) {
 				_ = l.Hosts[0].Runc().Delete(context.Background(), name)
 				_ = os.RemoveAll(l.Hosts[0].BundleDir(name))
 			})
-			rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
+			rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock),
 				engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: mode, Faults: []string{"restore-fails@restore"}}, nil)
 			time.Sleep(200 * time.Millisecond)
 			pr, perr := p.Stop()
@@ -523,7 +523,7 @@ func TestBadInputFreezesNothing(t *testing.T) {
 	p := startMemhog(t, l, bin, "hog")
 	defer p.Stop()
 	ctx := context.Background()
-	src := l.Hosts[0].ControlSock
+	src := agent.Socket(l.Hosts[0].ControlSock)
 
 	// A destination whose CRIU is Debian 12's 3.17, which cannot work on
 	// this kernel: a fourth agent in h2 sees a criu that reports that.

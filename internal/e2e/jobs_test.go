@@ -27,7 +27,7 @@ func TestJobsListCancelWait(t *testing.T) {
 			_ = h.Runc().Delete(context.Background(), name)
 		}
 	})
-	control := l.Hosts[0].ControlSock
+	control := agent.Socket(l.Hosts[0].ControlSock)
 	ids := make(chan string, 1)
 	done := make(chan engine.Report, 1)
 	go func() {

@@ -58,7 +58,7 @@ func startProbe(t *testing.T, l *lab.Lab, bin, memory string) *bench.ProbeProc {
 func migrate(t *testing.T, l *lab.Lab, p *bench.ProbeProc, req engine.Request) (engine.Report, probe.Result, error) {
 	t.Helper()
 	req.To = l.Hosts[1].AgentAddr
-	rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock, req, nil)
+	rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock), req, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +79,7 @@ func destinationDiesAfterRestore(t *testing.T, l *lab.Lab, p *bench.ProbeProc, n
 	state func(h *lab.Host) string, w struct{ frozen, held, running string }, held func() error) {
 	t.Helper()
 	h1, h2 := &l.Hosts[0], &l.Hosts[1]
-	rep, err := agent.Migrate(context.Background(), h1.ControlSock, engine.Request{Container: name, To: h2.AgentAddr,
+	rep, err := agent.Migrate(context.Background(), agent.Socket(h1.ControlSock), engine.Request{Container: name, To: h2.AgentAddr,
 		Mode: engine.ModeCold, Runtime: rt, Faults: []string{"kill-destination@restore"}}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -408,7 +408,7 @@ func TestPodmanThroughAgents(t *testing.T) {
 		}
 		for _, c := range cases {
 			c.req.To = h2.AgentAddr
-			rep, err := agent.Migrate(context.Background(), h1.ControlSock, c.req, nil)
+			rep, err := agent.Migrate(context.Background(), agent.Socket(h1.ControlSock), c.req, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -624,7 +624,7 @@ func TestLXCThroughAgents(t *testing.T) {
 		}
 		for _, c := range cases {
 			c.req.To = h2.AgentAddr
-			rep, err := agent.Migrate(context.Background(), h1.ControlSock, c.req, nil)
+			rep, err := agent.Migrate(context.Background(), agent.Socket(h1.ControlSock), c.req, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

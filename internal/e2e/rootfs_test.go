@@ -68,7 +68,7 @@ func TestLargeRootfs(t *testing.T) {
 	// files at the destination, about a minute on this machine's disk, so
 	// the other modes are measured by hand (docs/BENCHMARKS.md).
 	for _, mode := range []string{engine.ModeCold, engine.ModeHybrid} {
-		rep, err := agent.Migrate(ctx, from.ControlSock, engine.Request{Container: name, To: to.AgentAddr, Mode: mode}, nil)
+		rep, err := agent.Migrate(ctx, agent.Socket(from.ControlSock), engine.Request{Container: name, To: to.AgentAddr, Mode: mode}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -33,7 +33,7 @@ func TestFrozenRootfsFailureResumesSource(t *testing.T) {
 				_ = l.Hosts[0].Runc().Delete(context.Background(), name)
 				_ = os.RemoveAll(l.Hosts[0].BundleDir(name))
 			})
-			rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
+			rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock),
 				engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: mode, Faults: []string{"rootfs-final"}}, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -98,7 +98,7 @@ func TestDestinationAgentDiesAfterRestore(t *testing.T) {
 			_ = h.Runc().Delete(context.Background(), name)
 		}
 	})
-	rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
+	rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock),
 		engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold, Faults: []string{"kill-destination@restore"}}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +132,7 @@ func TestSourceChecksTheDestinationsName(t *testing.T) {
 	p := startMemhog(t, l, bin, name)
 	defer p.Stop()
 	t.Cleanup(func() { _ = l.Hosts[0].Runc().Delete(context.Background(), name) })
-	rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
+	rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock),
 		engine.Request{Container: name, To: "h3@" + l.Hosts[1].AgentAddr, Mode: engine.ModeCold}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -143,7 +143,7 @@ func TestSourceChecksTheDestinationsName(t *testing.T) {
 	if got := status(t, &l.Hosts[0], name); got != "running" {
 		t.Errorf("source container is %s", got)
 	}
-	rep, err = agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
+	rep, err = agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock),
 		engine.Request{Container: name, To: "h2@" + l.Hosts[1].AgentAddr, Mode: engine.ModeCold}, nil)
 	if err != nil || !rep.OK {
 		t.Fatalf("the right name refused: %v %s", err, rep.Error)
@@ -171,7 +171,7 @@ func TestSIGTERMDrains(t *testing.T) {
 		time.Sleep(time.Second)
 		_ = syscall.Kill(pid, syscall.SIGTERM)
 	}()
-	rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
+	rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock),
 		engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: engine.ModePrecopy}, nil)
 	if err != nil {
 		t.Fatalf("the stopping agent sent no report: %v", err)
@@ -203,7 +203,7 @@ func TestPostcopyDestinationAgentDiesMidPull(t *testing.T) {
 	const name = "hog-pull-dies"
 	l, p := slowPullLab(t, name)
 	defer p.Stop()
-	rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
+	rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock),
 		engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: engine.ModePostcopy, Faults: []string{"kill-destination@lazy-pages"}}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -268,7 +268,7 @@ func TestPostcopyAgentHoldsFaults(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		rep, err := agent.Migrate(context.Background(), l.Hosts[0].ControlSock,
+		rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock),
 			engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: engine.ModePostcopy}, nil)
 		done <- result{rep, err}
 	}()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
+	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/pki"
 	"github.com/ferry-migrate/ferry/internal/transport"
@@ -130,6 +131,40 @@ func TestAgentsRefuseUnauthenticatedPeers(t *testing.T) {
 			}
 		})
 	}
+	// An operator's certificate asks what the control socket answers, and
+	// never offers a migration.
+	if err := pki.IssueOperator(lab.PKIDir, filepath.Join(intruder, "ops"), "ops", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	op, err := transport.LoadOperator(filepath.Join(intruder, "ops"), "ops")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inNetns(t, &l.Hosts[2], func() {
+		sess, err := transport.DialSecure(ctx, dst, transport.Hello{Role: "cli"}, op, "h2", transport.PathOptions{})
+		if err != nil {
+			t.Fatalf("operator: %v", err)
+		}
+		defer sess.Close()
+		var st engine.Status
+		ch, err := sess.Open(engine.ChanStatus)
+		if err == nil {
+			err = ch.Recv(&st)
+			ch.Close()
+		}
+		if err != nil || st.Host != "h2" {
+			t.Errorf("an operator's status request: %+v %v", st, err)
+		}
+		ch, err = sess.Open(engine.ChanIncoming)
+		if err == nil {
+			var v any
+			err = ch.Recv(&v)
+			ch.Close()
+		}
+		if err == nil || !transport.IsRemote(err) {
+			t.Errorf("an operator offered a migration: %v", err)
+		}
+	})
 	log := readLog(t, filepath.Join(l.Hosts[1].StateDir, "agent.log"))
 	if !strings.Contains(log, "h9") {
 		t.Errorf("the destination's log does not name the refused host h9:\n%s", log)

@@ -315,4 +315,6 @@ type ContainerStatus struct {
 	Name   string `json:"name"`
 	Status string `json:"status"`
 	Pid    int    `json:"pid"`
+	// ResidentBytes is the memory its processes hold, as the host sees it.
+	ResidentBytes int64 `json:"resident_bytes"`
 }

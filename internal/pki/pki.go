@@ -1,11 +1,15 @@
 // Package pki is a small certificate authority for ferry hosts. One CA signs
 // one certificate per host; agents then authenticate each other with mutual
-// TLS, identifying a host by its certificate's CommonName.
+// TLS, identifying a host by its certificate's CommonName. The same CA signs
+// operator certificates: a person's, for the CLI to reach an agent over the
+// network. An operator certificate is a client's only (it cannot serve as
+// an agent) and is marked by OrganizationalUnit "operator", so an agent
+// tells the two apart: hosts offer migrations, operators ask for them.
 //
 // Layout on disk (every file 0600, every directory 0700):
 //
 //	DIR/ca.crt, DIR/ca.key          the CA; ca.key never leaves DIR
-//	DIR/NAME/NAME.crt, NAME.key     host NAME's certificate and key
+//	DIR/NAME/NAME.crt, NAME.key     host (or operator) NAME's certificate and key
 //	DIR/NAME/ca.crt                 a copy of the CA certificate
 //
 // DIR/NAME is self-contained: copy it to host NAME and load it from there.
@@ -97,6 +101,17 @@ func NewCA(dir, name string) error {
 	return writePair(keyPath, certPath, key, der)
 }
 
+// OperatorUnit is the OrganizationalUnit that marks an operator's
+// certificate.
+const OperatorUnit = "operator"
+
+// IsOperator reports whether cert is an operator's: marked so, and good
+// for client authentication only.
+func IsOperator(cert *x509.Certificate) bool {
+	return cert != nil && slices.Contains(cert.Subject.OrganizationalUnit, OperatorUnit) &&
+		!slices.Contains(cert.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
+}
+
 // Issue signs a certificate for host with the CA in caDir and writes
 // host.crt, host.key and a copy of ca.crt into outDir. The certificate serves
 // both ends of a connection (server and client authentication); its
@@ -104,6 +119,18 @@ func NewCA(dir, name string) error {
 // subject alternative names. It refuses to overwrite an existing host
 // certificate.
 func Issue(caDir, outDir, host string, ips []net.IP, dnsNames []string, validFor time.Duration) error {
+	return issue(caDir, outDir, host, false, ips, dnsNames, validFor)
+}
+
+// IssueOperator signs an operator's certificate, name.crt and name.key in
+// outDir with a copy of ca.crt: client authentication only, marked with
+// OperatorUnit. Whoever holds it may ask every agent that trusts the CA to
+// migrate, list and cancel.
+func IssueOperator(caDir, outDir, name string, validFor time.Duration) error {
+	return issue(caDir, outDir, name, true, nil, nil, validFor)
+}
+
+func issue(caDir, outDir, host string, operator bool, ips []net.IP, dnsNames []string, validFor time.Duration) error {
 	if err := ValidHost(host); err != nil {
 		return err
 	}
@@ -146,6 +173,11 @@ func Issue(caDir, outDir, host string, ips []net.IP, dnsNames []string, validFor
 	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
 	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
 	tmpl.IPAddresses, tmpl.DNSNames = ips, dns
+	if operator {
+		tmpl.Subject.OrganizationalUnit = []string{OperatorUnit}
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+		tmpl.IPAddresses, tmpl.DNSNames = nil, nil
+	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, key.Public(), caKey)
 	if err != nil {
 		return err
@@ -179,9 +211,19 @@ type Bundle struct {
 
 // LoadTLS loads host's certificate, key and CA certificate from dir, or from
 // dir/host when dir is the CA directory that issued it. It checks that the
-// key is private to its owner, that the certificate is for host and that the
-// CA signed it and it is valid now.
+// key is private to its owner, that the certificate is for host, that the
+// CA signed it and it is valid now, and that it is a host's, not an
+// operator's.
 func LoadTLS(dir, host string) (*Bundle, error) {
+	return load(dir, host, false)
+}
+
+// LoadOperator is LoadTLS for an operator's certificate (IssueOperator).
+func LoadOperator(dir, name string) (*Bundle, error) {
+	return load(dir, name, true)
+}
+
+func load(dir, host string, operator bool) (*Bundle, error) {
 	if err := ValidHost(host); err != nil {
 		return nil, err
 	}
@@ -198,6 +240,9 @@ func LoadTLS(dir, host string) (*Bundle, error) {
 	}
 	certPEM, err := os.ReadFile(certPath)
 	if err != nil {
+		if operator {
+			return nil, fmt.Errorf("operator certificate for %s: %w (issue one with 'ferry certs operator --name %s')", host, err, host)
+		}
 		return nil, fmt.Errorf("host certificate for %s: %w (issue one with 'ferry certs issue --host %s')", host, err, host)
 	}
 	keyPEM, err := readPrivate(keyPath)
@@ -218,9 +263,19 @@ func LoadTLS(dir, host string) (*Bundle, error) {
 	if leaf.Subject.CommonName != host {
 		return nil, fmt.Errorf("%s is for host %q, not %q", certPath, leaf.Subject.CommonName, host)
 	}
+	if IsOperator(leaf) != operator {
+		if operator {
+			return nil, fmt.Errorf("%s is host %s's certificate, not an operator's (issue one with 'ferry certs operator --name NAME')", certPath, host)
+		}
+		return nil, fmt.Errorf("%s is an operator's certificate: an agent needs its host's ('ferry certs issue --host %s')", certPath, host)
+	}
 	pool := x509.NewCertPool()
 	pool.AddCert(caCert)
-	for _, usage := range []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth} {
+	usages := []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
+	if operator {
+		usages = usages[1:]
+	}
+	for _, usage := range usages {
 		if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
 			return nil, fmt.Errorf("%s does not verify against %s: %w", certPath, filepath.Join(base, CACertFile), err)
 		}

@@ -186,3 +186,47 @@ func TestValidHost(t *testing.T) {
 		}
 	}
 }
+
+func TestOperatorCertificate(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ca")
+	if err := NewCA(dir, "test CA"); err != nil {
+		t.Fatal(err)
+	}
+	if err := Issue(dir, filepath.Join(dir, "h1"), "h1", nil, nil, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := IssueOperator(dir, filepath.Join(dir, "alice"), "alice", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	op, err := LoadOperator(dir, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := op.Cert.Leaf
+	if !IsOperator(leaf) || leaf.Subject.CommonName != "alice" {
+		t.Errorf("operator certificate: OU %v, CN %q, usages %v", leaf.Subject.OrganizationalUnit, leaf.Subject.CommonName, leaf.ExtKeyUsage)
+	}
+	// It can never serve as an agent: no server usage.
+	pool := x509.NewCertPool()
+	pool.AddCert(op.CACert)
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err == nil {
+		t.Error("an operator certificate verifies for server authentication")
+	}
+	// Each loader takes only its own kind.
+	if _, err := LoadTLS(dir, "alice"); err == nil || !strings.Contains(err.Error(), "operator's certificate") {
+		t.Errorf("LoadTLS of an operator: %v", err)
+	}
+	if _, err := LoadOperator(dir, "h1"); err == nil || !strings.Contains(err.Error(), "not an operator's") {
+		t.Errorf("LoadOperator of a host: %v", err)
+	}
+	if _, err := LoadOperator(dir, "bob"); err == nil || !strings.Contains(err.Error(), "ferry certs operator --name bob") {
+		t.Errorf("LoadOperator of a missing one: %v", err)
+	}
+	host, err := LoadTLS(dir, "h1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if IsOperator(host.Cert.Leaf) {
+		t.Error("a host certificate reads as an operator's")
+	}
+}

@@ -45,6 +45,16 @@ func LoadSecurity(dir, host string, allowed []string) (*Security, error) {
 	return &Security{CA: b.CA, Cert: b.Cert, Allowed: slices.Clone(allowed), Name: b.Name}, nil
 }
 
+// LoadOperator loads an operator's certificate and CA from dir (see
+// pki.LoadOperator), for the CLI to dial an agent.
+func LoadOperator(dir, name string) (*Security, error) {
+	b, err := pki.LoadOperator(dir, name)
+	if err != nil {
+		return nil, err
+	}
+	return &Security{CA: b.CA, Cert: b.Cert, Name: b.Name}, nil
+}
+
 // ServerConfig is the TLS configuration of an agent's listener: TLS 1.3
 // only, a client certificate from the CA required, and its host in Allowed.
 func (s *Security) ServerConfig() *tls.Config {
@@ -62,7 +72,8 @@ func (s *Security) ServerConfig() *tls.Config {
 				return errors.New("transport: client sent no certificate")
 			}
 			name := cs.PeerCertificates[0].Subject.CommonName
-			if len(s.Allowed) > 0 && !slices.Contains(s.Allowed, name) {
+			// Allowed names sources; an operator asks, never sends.
+			if len(s.Allowed) > 0 && !slices.Contains(s.Allowed, name) && !pki.IsOperator(cs.PeerCertificates[0]) {
 				return fmt.Errorf("host %q is not an allowed source for %s (allowed: %s)", name, s.Name, strings.Join(s.Allowed, ", "))
 			}
 			return nil
@@ -234,9 +245,25 @@ func PeerName(conn net.Conn) string {
 	return cs.PeerCertificates[0].Subject.CommonName
 }
 
+// peerOperator reports whether the peer of a TLS connection whose
+// handshake is complete proved itself with an operator's certificate.
+func peerOperator(conn net.Conn) bool {
+	c, ok := conn.(interface{ ConnectionState() tls.ConnectionState })
+	if !ok {
+		return false
+	}
+	cs := c.ConnectionState()
+	return cs.HandshakeComplete && len(cs.PeerCertificates) > 0 && pki.IsOperator(cs.PeerCertificates[0])
+}
+
 // PeerCertName is the host proved by the peer's TLS certificate, or "" when
 // the session does not run over TLS.
 func (s *Session) PeerCertName() string { return s.certName }
+
+// PeerOperator reports whether the peer proved itself with an operator's
+// certificate (pki.IssueOperator): a person's CLI, not another agent. Never
+// true without TLS.
+func (s *Session) PeerOperator() bool { return s.operator }
 
 // Multipath reports whether the session's connection is MPTCP (false when
 // either end or the kernel fell back to plain TCP).

@@ -590,3 +590,56 @@ func BenchmarkThroughputPlainMPTCP(b *testing.B) {
 	}
 	benchThroughput(b, s)
 }
+
+func TestSecureOperator(t *testing.T) {
+	p := newTestPKI(t)
+	if err := pki.IssueOperator(p.dir, filepath.Join(p.dir, "alice"), "alice", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	op, err := LoadOperator(p.dir, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An agent that lets in only h1 as a source still lets an operator ask.
+	addr, srv := secureServer(t, p.sec(t, "h2", "h1"), false)
+	sess, err := DialSecure(context.Background(), addr, Hello{Role: "cli"}, op, "h2", PathOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	a := next(t, srv)
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	if !a.sess.PeerOperator() || a.sess.Peer.Name != "alice" || a.sess.PeerCertName() != "alice" {
+		t.Errorf("the agent sees operator=%v, name %q, certificate %q", a.sess.PeerOperator(), a.sess.Peer.Name, a.sess.PeerCertName())
+	}
+	if sess.PeerOperator() {
+		t.Error("the operator's side calls the agent an operator")
+	}
+
+	// A host is not an operator.
+	if _, err := dialSecure(t, addr, p.sec(t, "h1"), "h2", false); err != nil {
+		t.Fatal(err)
+	}
+	if a := next(t, srv); a.err != nil || a.sess.PeerOperator() {
+		t.Errorf("a host's session: operator=%v, err %v", a.sess != nil && a.sess.PeerOperator(), a.err)
+	}
+
+	// An operator's session is never striped.
+	_, err = DialSecure(context.Background(), addr, Hello{Role: "cli"}, op, "h2", PathOptions{Streams: 2})
+	if a := next(t, srv); a.err == nil || !strings.Contains(a.err.Error(), "not striped") {
+		t.Errorf("a striped operator session: server %v, client %v", a.err, err)
+	}
+
+	// An operator's certificate cannot stand in for an agent.
+	l, err := ListenSecure("127.0.0.1:0", op, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	impostor := serveSecure(t, []net.Listener{l}, Hello{Name: "alice", Role: "agent"})
+	if _, err := dialSecure(t, l.Addr().String(), p.sec(t, "h1"), "", false); err == nil {
+		t.Error("a host accepted an operator's certificate as an agent's")
+	}
+	next(t, impostor)
+}

@@ -36,6 +36,8 @@ type Session struct {
 	// multipath says the connection is MPTCP.
 	certName  string
 	multipath bool
+	// operator says the peer's certificate is an operator's.
+	operator bool
 }
 
 type countingConn struct {
@@ -206,7 +208,11 @@ func newSession(conn net.Conn, local Hello, client bool) (*Session, error) {
 	if st != nil {
 		return st.attach(conn, peer)
 	}
-	return startMux(conn, peer, false, PeerName(conn))
+	sess, err := startMux(conn, peer, false, PeerName(conn))
+	if err == nil {
+		sess.operator = peerOperator(conn)
+	}
+	return sess, err
 }
 
 // startMux multiplexes channels over conn once the Hellos are exchanged.

@@ -71,6 +71,9 @@ func admitStriped(conn net.Conn, sh *StripeHello) (*stripedSession, error) {
 		}
 		return s, nil
 	}
+	if peerOperator(conn) {
+		return nil, fmt.Errorf("connection from %s: an operator's session is not striped", conn.RemoteAddr())
+	}
 	if sh.ID == "" || s != nil {
 		return nil, fmt.Errorf("connection from %s asks for a striped session with a bad or used id %q", conn.RemoteAddr(), sh.ID)
 	}
