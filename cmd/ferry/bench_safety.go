@@ -47,6 +47,7 @@ Faults: ` + strings.Join(fault.Actions, ", ") + `.
   scratch-full mounts a 64 KiB tmpfs over the destination's scratch space.
 Only the cases where a fault can strike are run (--list shows them).`,
 		Example: `  ferry bench faults --mode cold --json
+  ferry bench faults --runtime podman,lxc --fault kill-destination,kill-source
   ferry bench faults --mode postcopy --phase lazy-pages
   ferry bench faults --fault kill-destination,kill-source --list`,
 		Args: cobra.NoArgs,
@@ -56,8 +57,8 @@ Only the cases where a fault can strike are run (--list shows them).`,
 				return fmt.Errorf("--memory: %w", err)
 			}
 			if list {
-				for _, c := range bench.FaultMatrix(o.Modes, o.Phases, o.Actions) {
-					fmt.Printf("%s\t%s@%s\n", c.Mode, c.Fault, c.Phase)
+				for _, c := range bench.FaultMatrix(o.Runtimes, o.Modes, o.Phases, o.Actions) {
+					fmt.Printf("%s\t%s\t%s@%s\n", c.Runtime, c.Mode, c.Fault, c.Phase)
 				}
 				return nil
 			}
@@ -82,7 +83,8 @@ Only the cases where a fault can strike are run (--list shows them).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringSliceVar(&o.Modes, "mode", nil, "techniques (default all: cold, precopy, postcopy, hybrid)")
+	f.StringSliceVar(&o.Runtimes, "runtime", []string{"runc"}, "runtimes to run the workload in: runc, podman, lxc (Podman and LXC in cold and precopy)")
+	f.StringSliceVar(&o.Modes, "mode", nil, "techniques (default all the runtime runs: cold, precopy, postcopy, hybrid)")
 	f.StringSliceVar(&o.Phases, "phase", nil, "phases (default all)")
 	f.StringSliceVar(&o.Actions, "fault", nil, "faults (default all)")
 	f.StringVar(&memory, "memory", "64M", "workload memory")
@@ -96,13 +98,13 @@ Only the cases where a fault can strike are run (--list shows them).`,
 
 func printFaults(w io.Writer, r bench.FaultsResult) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "MODE\tPHASE\tFAULT\tOUTCOME\tSTATE\tRECOVERED\tLEAKS")
+	fmt.Fprintln(tw, "RUNTIME\tMODE\tPHASE\tFAULT\tOUTCOME\tSTATE\tRECOVERED\tLEAKS")
 	for _, c := range r.Cases {
 		st := "ok"
 		if !c.StateOK {
 			st = "BAD"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.1f s\t%s\n", c.Mode, c.Phase, c.Fault, c.Outcome, st, c.RecoveredMs/1000, strings.Join(c.Leaks, ", "))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.1f s\t%s\n", c.Runtime, c.Mode, c.Phase, c.Fault, c.Outcome, st, c.RecoveredMs/1000, strings.Join(c.Leaks, ", "))
 	}
 	tw.Flush()
 	s := r.Summary

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -23,6 +24,8 @@ import (
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/procs"
+	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/runtime/podman"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 )
 
@@ -37,8 +40,9 @@ const (
 
 // FaultsOptions describe one `ferry bench faults`.
 type FaultsOptions struct {
-	// Modes, Phases and Actions narrow the matrix (empty: all of each).
-	Modes, Phases, Actions []string
+	// Runtimes run the workload (empty: runc). Modes, Phases and Actions
+	// narrow the matrix (empty: all of each the runtime allows).
+	Runtimes, Modes, Phases, Actions []string
 	// Cases, when set, is the matrix (Modes, Phases and Actions are then
 	// ignored).
 	Cases       []FaultCase
@@ -55,9 +59,11 @@ type FaultsOptions struct {
 
 // FaultCase is one cell of the matrix and what became of it.
 type FaultCase struct {
-	Mode  string `json:"mode"`
-	Phase string `json:"phase"`
-	Fault string `json:"fault"`
+	// Runtime runs the container (runc when not set).
+	Runtime string `json:"runtime"`
+	Mode    string `json:"mode"`
+	Phase   string `json:"phase"`
+	Fault   string `json:"fault"`
 	// Outcome is where the container runs once recovery is over.
 	Outcome string `json:"outcome"`
 	// StateOK: the workload's client saw its state intact throughout.
@@ -90,29 +96,48 @@ type FaultsResult struct {
 	Summary FaultsSummary `json:"summary"`
 }
 
-// FaultMatrix lists the cases worth running: each mode's phases, each
-// fault where its side has something to break at that phase.
-func FaultMatrix(modes, phases, actions []string) []FaultCase {
-	if len(modes) == 0 {
-		modes = []string{engine.ModeCold, engine.ModePrecopy, engine.ModePostcopy, engine.ModeHybrid}
+// FaultMatrix lists the cases worth running: for each runtime, each mode
+// it can run, each phase, each fault where its side has something to
+// break at that phase.
+func FaultMatrix(runtimes, modes, phases, actions []string) []FaultCase {
+	if len(runtimes) == 0 {
+		runtimes = []string{"runc"}
 	}
 	var out []FaultCase
-	for _, m := range modes {
-		for _, p := range fault.Phases {
-			if len(phases) > 0 && !slices.Contains(phases, p) {
+	for _, rt := range runtimes {
+		for _, m := range runtimeModes(rt) {
+			if len(modes) > 0 && !slices.Contains(modes, m) {
 				continue
 			}
-			for _, a := range fault.Actions {
-				if len(actions) > 0 && !slices.Contains(actions, a) {
+			for _, p := range fault.Phases {
+				if len(phases) > 0 && !slices.Contains(phases, p) {
 					continue
 				}
-				if applies(m, p, a) {
-					out = append(out, FaultCase{Mode: m, Phase: p, Fault: a})
+				for _, a := range fault.Actions {
+					if len(actions) > 0 && !slices.Contains(actions, a) {
+						continue
+					}
+					if applies(m, p, a) {
+						out = append(out, FaultCase{Runtime: rt, Mode: m, Phase: p, Fault: a})
+					}
 				}
 			}
 		}
 	}
 	return out
+}
+
+// faultRuntimes are the runtimes the matrix can run a workload in.
+var faultRuntimes = []string{"runc", "podman", "lxc"}
+
+// runtimeModes lists the techniques the lab can run in a runtime: Podman
+// and LXC restore only from complete images (no lazy restore; see
+// engine.Modes and ferry check).
+func runtimeModes(rt string) []string {
+	if rt == "podman" || rt == "lxc" {
+		return []string{engine.ModeCold, engine.ModePrecopy}
+	}
+	return []string{engine.ModeCold, engine.ModePrecopy, engine.ModePostcopy, engine.ModeHybrid}
 }
 
 // applies says whether fault a at phase p of mode m breaks something.
@@ -164,6 +189,16 @@ func Faults(ctx context.Context, o FaultsOptions) (res FaultsResult, err error) 
 	}
 	cases := o.Cases
 	if len(cases) == 0 {
+		for _, rt := range o.Runtimes {
+			if !slices.Contains(faultRuntimes, rt) {
+				return res, fmt.Errorf("unknown runtime %q (one of %s)", rt, strings.Join(faultRuntimes, ", "))
+			}
+			for _, m := range o.Modes {
+				if !slices.Contains(runtimeModes(rt), m) {
+					return res, fmt.Errorf("%s containers cannot be moved with %s (only %s)", rt, m, strings.Join(runtimeModes(rt), ", "))
+				}
+			}
+		}
 		for _, a := range o.Actions {
 			if !slices.Contains(fault.Actions, a) {
 				return res, fmt.Errorf("unknown fault %q (one of %s)", a, strings.Join(fault.Actions, ", "))
@@ -174,7 +209,22 @@ func Faults(ctx context.Context, o FaultsOptions) (res FaultsResult, err error) 
 				return res, fmt.Errorf("unknown phase %q (one of %s)", p, strings.Join(fault.Phases, ", "))
 			}
 		}
-		cases = FaultMatrix(o.Modes, o.Phases, o.Actions)
+		cases = FaultMatrix(o.Runtimes, o.Modes, o.Phases, o.Actions)
+	}
+	podman := false
+	cases = slices.Clone(cases)
+	for i, c := range cases {
+		if c.Runtime == "" {
+			cases[i].Runtime = "runc"
+		}
+		tool := map[string]string{"podman": "podman", "lxc": "lxc-checkpoint"}[c.Runtime]
+		if tool == "" {
+			continue
+		}
+		if _, err := exec.LookPath(tool); err != nil {
+			return res, fmt.Errorf("%s cases need %s, which this host lacks (make setup installs it)", c.Runtime, tool)
+		}
+		podman = podman || c.Runtime == "podman"
 	}
 	if len(cases) == 0 {
 		return res, errors.New("no fault case matches: see `ferry bench faults --help` for which faults apply to which phases")
@@ -184,9 +234,15 @@ func Faults(ctx context.Context, o FaultsOptions) (res FaultsResult, err error) 
 		return res, err
 	}
 	defer down(&err)
+	if podman {
+		o.logf("importing the workload image into h1's and h2's Podman")
+		if err := l.ImportWorkloadImage(ctx, l.Hosts[0].Name, l.Hosts[1].Name); err != nil {
+			return res, err
+		}
+	}
 	res.Cases = []FaultCase{}
 	for i, c := range cases {
-		o.logf("case %d/%d: %s, %s at %s", i+1, len(cases), c.Mode, c.Fault, c.Phase)
+		o.logf("case %d/%d: %s, %s, %s at %s", i+1, len(cases), c.Runtime, c.Mode, c.Fault, c.Phase)
 		c = o.runCase(ctx, l, c, fmt.Sprintf("fault-%d", i+1))
 		o.logf("case %d/%d: %s (state_ok=%v, recovered in %.0f ms) leaks %v %s", i+1, len(cases), c.Outcome, c.StateOK, c.RecoveredMs, c.Leaks, c.Note)
 		res.Cases = append(res.Cases, c)
@@ -227,19 +283,21 @@ func (o FaultsOptions) logf(format string, args ...any) {
 // agents back, waits for recovery and looks for what was left behind.
 func (o FaultsOptions) runCase(ctx context.Context, l *lab.Lab, c FaultCase, name string) FaultCase {
 	src, dst, client := &l.Hosts[0], &l.Hosts[1], &l.Hosts[2]
+	kind := c.Runtime
 	c.Leaks = []string{}
 	before := snapshot(l)
 	mo := MigrateOptions{MemoryBytes: o.MemoryBytes}
 	args := []string{"/bin/memhog", "--memory", strconv.FormatInt(o.MemoryBytes, 10), "--dirty-rate", strconv.Itoa(o.DirtyRate), "--port", strconv.Itoa(workloadPort)}
-	if err := l.Run(ctx, src.Name, name, args); err != nil {
+	if err := l.RunIn(ctx, kind, src.Name, name, args); err != nil {
 		c.Outcome, c.Note = Lost, "the workload did not start: "+err.Error()
 		return c
 	}
-	defer func() {
+	removeBoth := func() {
 		cctx := context.WithoutCancel(ctx)
-		_ = l.RemoveFrom(cctx, "runc", src.Name, name)
-		_ = l.RemoveFrom(cctx, "runc", dst.Name, name)
-	}()
+		_ = l.RemoveFrom(cctx, kind, src.Name, name)
+		_ = l.RemoveFrom(cctx, kind, dst.Name, name)
+	}
+	defer removeBoth()
 	p, _, err := StartProbe(ctx, client, o.FerryBin, workloadAddrs(1, src, dst), mo.readyTimeout())
 	if err != nil {
 		c.Outcome, c.Note = Lost, err.Error()
@@ -247,7 +305,7 @@ func (o FaultsOptions) runCase(ctx context.Context, l *lab.Lab, c FaultCase, nam
 	}
 	time.Sleep(300 * time.Millisecond)
 
-	req := engine.Request{Container: name, To: dst.AgentAddr, Mode: c.Mode}
+	req := engine.Request{Container: name, To: dst.AgentAddr, Mode: c.Mode, Runtime: kind}
 	var unmount func()
 	var cut sync.WaitGroup
 	var cutOnce atomic.Bool
@@ -326,11 +384,11 @@ func (o FaultsOptions) runCase(ctx context.Context, l *lab.Lab, c FaultCase, nam
 	stable, settledAt := 0, time.Time{}
 	for deadline := time.Now().Add(o.Settle); ; time.Sleep(200 * time.Millisecond) {
 		quiet := len(labCRIUs(l)) == 0 && len(pending(src, name))+len(pending(dst, name)) == 0
-		s, d = runcState(src, name), runcState(dst, name)
+		s, d = containerState(kind, src, name), containerState(kind, dst, name)
 		if s == "running" && d == "running" {
 			twice = true
 		}
-		if quiet && (s == "running") != (d == "running") && s != "paused" && d != "paused" && s != "stopped" && d != "stopped" {
+		if quiet && (s == "running") != (d == "running") && (s == "absent" || d == "absent") {
 			if stable++; stable == 1 {
 				settledAt = time.Now()
 			}
@@ -359,10 +417,13 @@ func (o FaultsOptions) runCase(ctx context.Context, l *lab.Lab, c FaultCase, nam
 	for _, e := range append(pending(src, name), pending(dst, name)...) {
 		c.Leaks = append(c.Leaks, "journal: "+e)
 	}
+	for _, h := range []struct{ name, state string }{{src.Name, s}, {dst.Name, d}} {
+		if h.state == "exited" {
+			c.Leaks = append(c.Leaks, fmt.Sprintf("container: %s's %s keeps %s, not running", h.name, kind, name))
+		}
+	}
 	// What is left once the container is gone counts as leaked.
-	cctx := context.WithoutCancel(ctx)
-	_ = l.RemoveFrom(cctx, "runc", src.Name, name)
-	_ = l.RemoveFrom(cctx, "runc", dst.Name, name)
+	removeBoth()
 	c.Leaks = append(c.Leaks, snapshot(l).since(before)...)
 	cleanLeaks(l)
 	c.Note = strings.TrimSpace(strings.Join(append([]string{c.Note}, notes...), "; "))
@@ -389,21 +450,40 @@ func outcome(s, d string, twice bool) string {
 	return Lost
 }
 
-// runcState is a lab container's state as its clients see it: absent,
-// running, paused (frozen), or stopped (restored but held with SIGSTOP:
-// runc calls that running).
-func runcState(h *lab.Host, name string) string {
-	st, err := h.Runc().State(context.Background(), name)
-	if errors.Is(err, runc.ErrNotFound) {
+// containerState is a lab container's state as its clients see it:
+// absent, running, paused (frozen), stopped (restored but held with
+// SIGSTOP: runc and Podman call that running), or exited (its runtime
+// keeps it, not running: Podman's exited or created, LXC's STOPPED).
+func containerState(kind string, h *lab.Host, name string) string {
+	ctx := context.Background()
+	var (
+		c   *runtime.Container
+		err error
+	)
+	switch kind {
+	case "podman":
+		c, err = podman.New(h.Podman()).Inspect(ctx, name)
+	case "lxc":
+		c, err = h.LXC().Inspect(ctx, name)
+	default:
+		var st runc.State
+		if st, err = h.Runc().State(ctx, name); err == nil {
+			c = &runtime.Container{Status: st.Status, PID: st.Pid}
+		}
+	}
+	if errors.Is(err, runc.ErrNotFound) || errors.Is(err, runtime.ErrNotFound) {
 		return "absent"
 	}
 	if err != nil {
 		return "unknown (" + err.Error() + ")"
 	}
-	if ps, _ := procs.State(st.Pid); st.Status == "running" && ps == 'T' {
+	switch ps, _ := procs.State(c.PID); {
+	case c.Status == "running" && ps == 'T':
 		return "stopped"
+	case c.Status == "stopped":
+		return "exited"
 	}
-	return st.Status
+	return c.Status
 }
 
 // bringBack restarts a host's agent if it died, after letting a stopping

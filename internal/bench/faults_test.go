@@ -12,7 +12,7 @@ import (
 // no rounds in cold, no pull outside the lazy modes, no destination fault
 // at the freeze, CRIU killed only where it runs.
 func TestFaultMatrix(t *testing.T) {
-	all := FaultMatrix(nil, nil, nil)
+	all := FaultMatrix(nil, nil, nil, nil)
 	seen := map[string]bool{}
 	for _, c := range all {
 		k := c.Mode + " " + c.Fault + "@" + c.Phase
@@ -39,9 +39,28 @@ func TestFaultMatrix(t *testing.T) {
 			t.Errorf("a case with nothing to break: %s", k)
 		}
 	}
-	some := FaultMatrix([]string{engine.ModeCold}, []string{fault.Commit}, []string{fault.KillSource, fault.CutLink})
+	some := FaultMatrix(nil, []string{engine.ModeCold}, []string{fault.Commit}, []string{fault.KillSource, fault.CutLink})
 	if len(some) != 2 {
 		t.Errorf("narrowed matrix: %v", some)
+	}
+
+	// The runtime axis: Podman and LXC cases only in the modes they run,
+	// the same cells as runc's there.
+	byRuntime := map[string]int{}
+	for _, c := range FaultMatrix([]string{"runc", "podman", "lxc"}, nil, nil, nil) {
+		byRuntime[c.Runtime]++
+		if c.Runtime != "runc" && (c.Mode == engine.ModePostcopy || c.Mode == engine.ModeHybrid) {
+			t.Errorf("a %s case in %s, which it cannot run", c.Runtime, c.Mode)
+		}
+	}
+	lazy := 0
+	for _, c := range all {
+		if c.Mode == engine.ModePostcopy || c.Mode == engine.ModeHybrid {
+			lazy++
+		}
+	}
+	if byRuntime["runc"] != len(all) || byRuntime["podman"] != len(all)-lazy || byRuntime["lxc"] != len(all)-lazy {
+		t.Errorf("cases by runtime %v; runc alone has %d, %d of them lazy", byRuntime, len(all), lazy)
 	}
 }
 
