@@ -75,7 +75,7 @@ runs the agent with /etc/ferry/agent.toml, and the example file.`,
 			// The engine logs through slog's default: the same settings.
 			slog.SetDefault(logger)
 			a.Log = logger.With("host", a.Host.Name)
-			transport.SetOutageTimeout(outage)
+			a.OutageTimeout = outage
 			if profile != "" {
 				p, _, err := loadProfile(profile)
 				if err != nil {

@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,6 +72,9 @@ type Agent struct {
 	// Streams, 2 or more, stripes a session that does not run over MPTCP
 	// over that many TCP connections, spread over the peer's addresses.
 	Streams int
+	// OutageTimeout is how long a session waits out a network that carries
+	// nothing (0: transport.DefaultOutageTimeout).
+	OutageTimeout time.Duration
 	// Limits is what peers may hold of this agent at once.
 	Limits Limits
 	// Metrics, when set, is the TCP address Prometheus metrics are served
@@ -93,6 +95,9 @@ type Agent struct {
 	// peerSessions and incoming count peers' sessions and migrations
 	// coming in, against Limits.
 	peerSessions, incoming atomic.Int64
+	// server accepts sessions on every listener (one per path, and the
+	// control socket): a striped session may arrive on several.
+	server *transport.Server
 	// runtimeSet replaces runtimes() in unit tests.
 	runtimeSet func(runcRoot string) runtime.Set
 }
@@ -179,6 +184,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.clearScratch()
 	a.recoverDestination(ctx)
 
+	if a.server, err = transport.NewServer(a.transportConfig()); err != nil {
+		return err
+	}
 	var ls []net.Listener
 	defer func() {
 		for _, l := range ls {
@@ -190,7 +198,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 		_ = os.Remove(a.Control) // a stale socket from a crashed agent
-		l, err := transport.Listen(a.Control)
+		l, err := a.server.Listen(a.Control)
 		if err != nil {
 			return err
 		}
@@ -198,7 +206,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 		ls = append(ls, l)
-		go a.accept(ctx, l, transport.Server, false, func(sess *transport.Session, r *transport.Router, ch *transport.Channel) {
+		go a.accept(ctx, l, false, func(sess *transport.Session, r *transport.Router, ch *transport.Channel) {
 			a.control(ctx, src, ch)
 		})
 	}
@@ -211,12 +219,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		go func() { _ = a.metrics.serve(l) }()
 	}
 	for _, addr := range a.Listen {
-		l, server, err := a.listenPeers(addr)
+		l, err := a.listenPeers(addr)
 		if err != nil {
 			return err
 		}
 		ls = append(ls, l)
-		go a.accept(ctx, l, server, true, func(sess *transport.Session, r *transport.Router, ch *transport.Channel) {
+		go a.accept(ctx, l, true, func(sess *transport.Session, r *transport.Router, ch *transport.Channel) {
 			if sess.PeerOperator() {
 				// A person's CLI from elsewhere (ferry ... --from): the
 				// control socket's requests, never a peer's.
@@ -295,47 +303,37 @@ func (a *Agent) begin() error {
 	return nil
 }
 
+// transportConfig is how this agent makes and accepts sessions.
+func (a *Agent) transportConfig() *transport.Config {
+	c := transport.DefaultConfig()
+	c.Hello = transport.Hello{Name: a.Host.Name, Role: "agent", Addrs: a.Listen}
+	c.Security = a.Security
+	c.Paths = transport.PathOptions{Multipath: a.Multipath, Streams: a.Streams}
+	if a.OutageTimeout > 0 {
+		c.OutageTimeout = a.OutageTimeout
+	}
+	return c
+}
+
 // listenPeers opens a listener other agents connect to: mutual TLS when
 // the agent has a certificate, MPTCP when asked.
-func (a *Agent) listenPeers(addr string) (net.Listener, func(net.Conn, transport.Hello) (*transport.Session, error), error) {
-	if a.Security != nil {
-		l, err := transport.ListenSecure(addr, a.Security, a.Multipath)
-		return l, transport.ServerSecure, err
+func (a *Agent) listenPeers(addr string) (net.Listener, error) {
+	if a.Security == nil {
+		a.Log.Warn("agent-to-agent traffic is NOT encrypted or authenticated: start the agent with --tls-dir")
 	}
-	a.Log.Warn("agent-to-agent traffic is NOT encrypted or authenticated: start the agent with --tls-dir")
-	if a.Multipath {
-		lc := transport.MultipathListenConfig()
-		l, err := lc.Listen(context.Background(), "tcp", addr)
-		return l, transport.Server, err
-	}
-	l, err := transport.Listen(addr)
-	return l, transport.Server, err
+	return a.server.Listen(addr)
 }
 
 // dialPeer opens a session to another agent the same way it listens, at
 // to: ADDR, or NAME@ADDR, and then the agent must prove it is host NAME
 // (its certificate's name).
 func (a *Agent) dialPeer(ctx context.Context, to string) (*transport.Session, error) {
-	name, addr, named := strings.Cut(to, "@")
-	if !named {
-		name, addr = "", to
-	}
-	hello := transport.Hello{Name: a.Host.Name, Role: "agent"}
-	po := transport.PathOptions{Multipath: a.Multipath, Streams: a.Streams}
-	if a.Security != nil {
-		return transport.DialSecure(ctx, addr, hello, a.Security, name, po)
-	}
-	sess, err := transport.DialPlain(ctx, addr, hello, po)
-	if err == nil && name != "" && sess.Peer.Name != name {
-		sess.Close()
-		return nil, fmt.Errorf("the agent at %s says it is %q, not %q (plaintext: nothing proves either)", addr, sess.Peer.Name, name)
-	}
-	return sess, err
+	return transport.Dial(ctx, to, a.transportConfig())
 }
 
 // accept serves the sessions of one listener; a peer listener's
 // sessions count against Limits and close when idle.
-func (a *Agent) accept(ctx context.Context, l net.Listener, server func(net.Conn, transport.Hello) (*transport.Session, error), peers bool, handle func(*transport.Session, *transport.Router, *transport.Channel)) {
+func (a *Agent) accept(ctx context.Context, l net.Listener, peers bool, handle func(*transport.Session, *transport.Router, *transport.Channel)) {
 	lim := a.Limits.withDefaults()
 	for {
 		conn, err := l.Accept()
@@ -343,7 +341,7 @@ func (a *Agent) accept(ctx context.Context, l net.Listener, server func(net.Conn
 			return
 		}
 		go func() {
-			sess, err := server(conn, transport.Hello{Name: a.Host.Name, Role: "agent", Addrs: a.Listen})
+			sess, err := a.server.Accept(conn)
 			if errors.Is(err, transport.ErrJoined) {
 				return // another path of a striped session: it is served there
 			}

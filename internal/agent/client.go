@@ -39,14 +39,18 @@ func (e Endpoint) String() string {
 }
 
 func (e Endpoint) dial(ctx context.Context) (*transport.Session, error) {
+	c := transport.DefaultConfig()
 	if e.Socket != "" {
-		return transport.Dial(ctx, e.Socket, transport.Hello{Name: "cli", Role: "cli"})
+		c.Hello = transport.Hello{Name: "cli", Role: "cli"}
+		return transport.Dial(ctx, e.Socket, c)
 	}
 	if e.Operator == nil {
 		return nil, fmt.Errorf("agent at %s: an operator's certificate is needed to reach it over the network", e)
 	}
-	// One plain TCP connection: an operator's requests are small.
-	return transport.DialSecure(ctx, e.Addr, transport.Hello{Role: "cli"}, e.Operator, e.Name, transport.PathOptions{})
+	// One plain TCP connection (no MPTCP, no stripes): an operator's
+	// requests are small.
+	c.Hello, c.Security = transport.Hello{Role: "cli"}, e.Operator
+	return transport.Dial(ctx, e.String(), c)
 }
 
 // Migrate asks the agent at ep to migrate a container, calling

@@ -21,13 +21,19 @@ func servePeers(t *testing.T, lim Limits, handle func(*transport.Session, *trans
 	}
 	t.Cleanup(func() { l.Close() })
 	a := &Agent{Limits: lim, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	go a.accept(context.Background(), l, transport.Server, true, handle)
+	a.server, err = transport.NewServer(a.transportConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	go a.accept(context.Background(), l, true, handle)
 	return l.Addr().String()
 }
 
 func dialPeer(t *testing.T, addr string) *transport.Session {
 	t.Helper()
-	s, err := transport.Dial(context.Background(), addr, transport.Hello{Name: "peer", Role: "agent"})
+	c := transport.DefaultConfig()
+	c.Hello = transport.Hello{Name: "peer", Role: "agent"}
+	s, err := transport.Dial(context.Background(), addr, c)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -91,16 +91,16 @@ func TestAgentsRefuseUnauthenticatedPeers(t *testing.T) {
 		ok   bool
 	}{
 		{"no certificate", func() (*transport.Session, error) {
-			return transport.Dial(ctx, dst, transport.Hello{Name: "h3", Role: "agent"})
+			return transport.Dial(ctx, dst, peerConfig(transport.Hello{Name: "h3", Role: "agent"}, nil))
 		}, false},
 		{"certificate from another CA", func() (*transport.Session, error) {
-			return transport.DialSecure(ctx, dst, transport.Hello{Name: "h1", Role: "agent"}, foreign, "", transport.PathOptions{})
+			return transport.Dial(ctx, dst, peerConfig(transport.Hello{Name: "h1", Role: "agent"}, foreign))
 		}, false},
 		{"valid certificate, not an allowed source", func() (*transport.Session, error) {
-			return transport.DialSecure(ctx, dst, transport.Hello{Name: "h9", Role: "agent"}, notListed, "", transport.PathOptions{})
+			return transport.Dial(ctx, dst, peerConfig(transport.Hello{Name: "h9", Role: "agent"}, notListed))
 		}, false},
 		{"allowed source", func() (*transport.Session, error) {
-			return transport.DialSecure(ctx, dst, transport.Hello{Name: "h3", Role: "agent"}, listed, "h2", transport.PathOptions{})
+			return transport.Dial(ctx, "h2@"+dst, peerConfig(transport.Hello{Name: "h3", Role: "agent"}, listed))
 		}, true},
 	}
 	for _, c := range cases {
@@ -141,7 +141,7 @@ func TestAgentsRefuseUnauthenticatedPeers(t *testing.T) {
 		t.Fatal(err)
 	}
 	inNetns(t, &l.Hosts[2], func() {
-		sess, err := transport.DialSecure(ctx, dst, transport.Hello{Role: "cli"}, op, "h2", transport.PathOptions{})
+		sess, err := transport.Dial(ctx, "h2@"+dst, peerConfig(transport.Hello{Role: "cli"}, op))
 		if err != nil {
 			t.Fatalf("operator: %v", err)
 		}
@@ -169,6 +169,14 @@ func TestAgentsRefuseUnauthenticatedPeers(t *testing.T) {
 	if !strings.Contains(log, "h9") {
 		t.Errorf("the destination's log does not name the refused host h9:\n%s", log)
 	}
+}
+
+// peerConfig is a transport config that says hello and, with sec, proves
+// it over TLS.
+func peerConfig(hello transport.Hello, sec *transport.Security) *transport.Config {
+	c := transport.DefaultConfig()
+	c.Hello, c.Security = hello, sec
+	return c
 }
 
 func readLog(t *testing.T, path string) string {

@@ -38,8 +38,8 @@ const CommitWindow = 10 * time.Second
 // commitWindow is the destination's commit window: past the outage
 // timeout, so that a cut the session survives cannot drop the copy while
 // the commit is on its way.
-func commitWindow() time.Duration {
-	return max(CommitWindow, transport.OutageTimeout()+5*time.Second)
+func commitWindow(outage time.Duration) time.Duration {
+	return max(CommitWindow, outage+5*time.Second)
 }
 
 // Destination receives migrations into this host.
@@ -68,15 +68,9 @@ type Destination struct {
 	// runtimes check the container's own configuration).
 	Admission admission.Policy
 	// StallTimeout gives up a migration whose source sent nothing for
-	// this long before asking for the restore (0: StallTimeout()).
+	// this long before asking for the restore (0: stallTimeout's rule).
 	StallTimeout time.Duration
 }
-
-// StallTimeout is how long a destination waits for a silent source
-// before the restore: a source that only answers keepalives would hold
-// one of its incoming slots forever. Past the outage timeout, so that a
-// cut the session survives is not taken for a stall.
-func StallTimeout() time.Duration { return max(2*time.Minute, 2*transport.OutageTimeout()) }
 
 // record writes this migration's state to the journal; peer is the
 // source's host name as its certificate says.
@@ -367,7 +361,7 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	stepc := make(chan error, 1)
 	go func() { stepc <- ctl.Recv(&step) }()
 	stallCtx, stopWatch := context.WithCancel(rctx)
-	stalled := watchStall(stallCtx, sess, in.d.stallTimeout())
+	stalled := watchStall(stallCtx, sess, in.d.stallTimeout(sess.OutageTimeout()))
 	var abort error
 	for {
 		select {
@@ -456,7 +450,7 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	go func() { stepc <- ctl.Recv(&step) }()
 	select {
 	case err = <-stepc:
-	case <-time.After(commitWindow()):
+	case <-time.After(commitWindow(sess.OutageTimeout())):
 		err = errors.New("no commit from the source in time")
 	}
 	if err != nil || step.Do != "commit" {
@@ -516,11 +510,15 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	return true, nil
 }
 
-func (d *Destination) stallTimeout() time.Duration {
+// stallTimeout is how long a destination waits for a silent source
+// before the restore: a source that only answers keepalives would hold
+// one of its incoming slots forever. Past the session's outage timeout,
+// so that a cut the session survives is not taken for a stall.
+func (d *Destination) stallTimeout(outage time.Duration) time.Duration {
 	if d.StallTimeout > 0 {
 		return d.StallTimeout
 	}
-	return StallTimeout()
+	return max(2*time.Minute, 2*outage)
 }
 
 // watchStall reports (once) when the session has received nothing for

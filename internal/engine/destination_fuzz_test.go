@@ -21,6 +21,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
+	"github.com/ferry-migrate/ferry/internal/transport/transporttest"
 )
 
 // FuzzDestinationSession plays a source whose control channel carries the
@@ -287,7 +288,7 @@ func playSession(t *testing.T, script sessionScript) {
 	a, b := net.Pipe()
 	srv := make(chan *transport.Session, 1)
 	go func() {
-		s, _ := transport.Server(b, transport.Hello{Name: "h2", Role: "agent"})
+		s, _ := transporttest.Accept(b, "h2")
 		srv <- s
 	}()
 	src, err := dialRaw(a)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,6 +21,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/rootfs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
+	"github.com/ferry-migrate/ferry/internal/transport/transporttest"
 )
 
 // A harness for the destination's control flow without root, CRIU or a
@@ -208,23 +208,7 @@ func newHarness(t *testing.T, change ...func(*harness)) *harness {
 // (a Router, Receive for an incoming channel).
 func (h *harness) connect() {
 	t := h.t
-	a, b := net.Pipe()
-	srv := make(chan *transport.Session, 1)
-	go func() {
-		s, err := transport.Server(b, transport.Hello{Name: "h2", Role: "agent"})
-		if err != nil {
-			t.Error(err)
-		}
-		srv <- s
-	}()
-	src, err := transport.Client(a, transport.Hello{Name: "h1", Role: "agent"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst := <-srv
-	if dst == nil {
-		t.FailNow()
-	}
+	src, dst := transporttest.Conn(t, "h1", "h2")
 	h.src = src
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel

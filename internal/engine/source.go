@@ -268,7 +268,9 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 	}
 	if m.dial == nil {
 		m.dial = func(ctx context.Context, addr string) (*transport.Session, error) {
-			return transport.Dial(ctx, addr, transport.Hello{Name: s.Host.Name, Role: "agent"})
+			c := transport.DefaultConfig()
+			c.Hello = transport.Hello{Name: s.Host.Name, Role: "agent"}
+			return transport.Dial(ctx, addr, c)
 		}
 	}
 	pctx, stopProgress := context.WithCancel(ctx)
@@ -723,7 +725,7 @@ func (m *migration) abort(ctx context.Context, cause error) error {
 			where, inner = f.where, f.err
 		}
 		cause = &failure{where: where, err: fmt.Errorf("the connection to %s was lost (peer gone, or no traffic for the outage timeout of %v): %w",
-			m.sess.Peer.Name, transport.OutageTimeout(), inner)}
+			m.sess.Peer.Name, m.sess.OutageTimeout(), inner)}
 	}
 	if m.ctl != nil {
 		_ = m.ctl.Fail(cause)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/transport"
+	"github.com/ferry-migrate/ferry/internal/transport/transporttest"
 	"golang.org/x/sys/unix"
 )
 
@@ -80,26 +80,7 @@ func largeTree(tb testing.TB, dir string, files int, bigSize int64) int {
 
 // pipeSessions connects two transport sessions over net.Pipe.
 func pipeSessions(tb testing.TB) (src, dst *transport.Session) {
-	tb.Helper()
-	a, b := net.Pipe()
-	dstc := make(chan *transport.Session, 1)
-	go func() {
-		s, err := transport.Server(b, transport.Hello{Name: "dst", Role: "agent"})
-		if err != nil {
-			tb.Error(err)
-		}
-		dstc <- s
-	}()
-	src, err := transport.Client(a, transport.Hello{Name: "src", Role: "agent"})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	dst = <-dstc
-	if dst == nil {
-		tb.FailNow()
-	}
-	tb.Cleanup(func() { src.Close(); dst.Close() })
-	return src, dst
+	return transporttest.Pipe(tb, "src", "dst")
 }
 
 // channelPair opens one channel between the sessions.

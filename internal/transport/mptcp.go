@@ -11,9 +11,9 @@ import (
 // agents (the kernel doubles it and caps it at net.core.rmem_max · 2).
 const mptcpReceiveBuffer = 4 << 20
 
-// MultipathListenConfig listens over MPTCP with the receive buffer fixed
+// multipathListenConfig listens over MPTCP with the receive buffer fixed
 // (fixedReceiveBuffer).
-func MultipathListenConfig() net.ListenConfig {
+func multipathListenConfig() net.ListenConfig {
 	lc := net.ListenConfig{Control: fixedReceiveBuffer}
 	lc.SetMultipathTCP(true)
 	return lc

@@ -13,7 +13,7 @@ import (
 // have the fixed receive buffer, the accepted one inheriting it from the
 // listener.
 func TestMultipathReceiveBufferFixed(t *testing.T) {
-	lc := MultipathListenConfig()
+	lc := multipathListenConfig()
 	l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package transport
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -127,96 +126,6 @@ func (s *Security) verifyServer(cs tls.ConnectionState, want string) error {
 		return fmt.Errorf("server is host %q, expected %q", leaf.Subject.CommonName, want)
 	}
 	return nil
-}
-
-// DialSecure connects to the agent at addr over TLS and starts a session.
-// peerName, when not empty, is the host the agent must prove to be. po asks
-// for MPTCP (plain TCP where the kernel lacks it) or striped TCP.
-func DialSecure(ctx context.Context, addr string, local Hello, sec *Security, peerName string, po PathOptions) (*Session, error) {
-	if local.Name == "" {
-		local.Name = sec.Name
-	}
-	dial := func(ctx context.Context, addr string) (net.Conn, error) {
-		raw, err := dialAgent(ctx, addr, po.Multipath)
-		if err != nil {
-			return nil, err
-		}
-		conn := tls.Client(raw, sec.ClientConfig(peerName))
-		hctx, cancel := context.WithTimeout(ctx, tlsHandshakeTimeout)
-		err = conn.HandshakeContext(hctx)
-		cancel()
-		if err != nil {
-			raw.Close()
-			return nil, explainRefusal(addr, sec.Name, err)
-		}
-		return conn, nil
-	}
-	conn, err := dial(ctx, addr)
-	if err != nil {
-		return nil, err
-	}
-	// In TLS 1.3 the server judges the client's certificate after the
-	// client's handshake is done: a refusal arrives on the first read, in
-	// the Hello exchange.
-	var sess *Session
-	if stripes(conn, po) {
-		sess, err = dialStriped(ctx, conn, addr, local, po.Streams, dial)
-	} else {
-		sess, err = Client(conn, local)
-	}
-	if err != nil {
-		return nil, explainRefusal(addr, sec.Name, err)
-	}
-	if err := checkHelloName(sess); err != nil {
-		sess.Close()
-		return nil, fmt.Errorf("agent at %s: %w", addr, err)
-	}
-	return sess, nil
-}
-
-// ListenSecure listens on addr for TLS connections from other agents,
-// accepting MPTCP when multipath is set (TCP clients are accepted either
-// way). The TLS handshake of an accepted connection runs in ServerSecure
-// (or on first use): Accept itself never blocks on a slow client.
-func ListenSecure(addr string, sec *Security, multipath bool) (net.Listener, error) {
-	network, address := SplitAddr(addr)
-	lc := net.ListenConfig{}
-	if multipath && network == "tcp" {
-		lc = MultipathListenConfig()
-	}
-	l, err := lc.Listen(context.Background(), network, address)
-	if err != nil {
-		return nil, err
-	}
-	return tls.NewListener(l, sec.ServerConfig()), nil
-}
-
-// ServerSecure runs the TLS handshake on a connection from ListenSecure and
-// then starts the accepting side of a session, like Server. A refused peer
-// (no certificate, another CA, not allowed, not TLS 1.3) gets an error whose
-// text says why, for the agent's log; the connection is closed.
-func ServerSecure(conn net.Conn, local Hello) (*Session, error) {
-	tc, ok := conn.(*tls.Conn)
-	if !ok {
-		conn.Close()
-		return nil, fmt.Errorf("connection from %s is not TLS", conn.RemoteAddr())
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), tlsHandshakeTimeout)
-	err := tc.HandshakeContext(ctx)
-	cancel()
-	if err != nil {
-		tc.Close()
-		return nil, fmt.Errorf("refused TLS connection from %s: %w", conn.RemoteAddr(), err)
-	}
-	sess, err := Server(tc, local)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkHelloName(sess); err != nil {
-		sess.Close()
-		return nil, fmt.Errorf("refused connection from %s: %w", conn.RemoteAddr(), err)
-	}
-	return sess, nil
 }
 
 // checkHelloName makes the name a peer gives in its Hello match the host its

@@ -59,17 +59,53 @@ type accepted struct {
 // reports each connection's outcome.
 func secureServer(tb testing.TB, sec *Security, multipath bool) (string, <-chan accepted) {
 	tb.Helper()
-	l, err := ListenSecure("127.0.0.1:0", sec, multipath)
+	srv, l := listen(tb, cfg(Hello{Name: sec.Name, Role: "agent"}, sec, PathOptions{Multipath: multipath}), "127.0.0.1:0")
+	return l.Addr().String(), serveSecure(tb, srv, []net.Listener{l})
+}
+
+// cfg is a test endpoint's Config.
+func cfg(hello Hello, sec *Security, po PathOptions) *Config {
+	c := DefaultConfig()
+	c.Hello, c.Security, c.Paths = hello, sec, po
+	return c
+}
+
+// at is a Dial address that asks the peer to prove it is name.
+func at(name, addr string) string {
+	if name == "" {
+		return addr
+	}
+	return name + "@" + addr
+}
+
+// listen starts a Server for c listening on addr, closed by cleanup.
+func listen(tb testing.TB, c *Config, addr string) (*Server, net.Listener) {
+	tb.Helper()
+	srv, err := NewServer(c)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return l.Addr().String(), serveSecure(tb, []net.Listener{l}, Hello{Name: sec.Name, Role: "agent"})
+	l, err := srv.Listen(addr)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { l.Close() })
+	return srv, l
 }
 
-// serveSecure accepts on every listener, answers each connection with
-// hello, and reports its outcome (a session, a join, a refusal); cleanup
-// closes the listeners and every session.
-func serveSecure(tb testing.TB, ls []net.Listener, hello Hello) <-chan accepted {
+// acceptPlain serves conn as a plaintext endpoint that says hello.
+func acceptPlain(conn net.Conn, hello Hello) (*Session, error) {
+	srv, err := NewServer(cfg(hello, nil, PathOptions{}))
+	if err != nil {
+		return nil, err
+	}
+	return srv.Accept(conn)
+}
+
+// serveSecure accepts on every listener through srv and reports each
+// connection's outcome (a session, a join, a refusal); cleanup closes the
+// listeners and every session.
+func serveSecure(tb testing.TB, srv *Server, ls []net.Listener) <-chan accepted {
 	out := make(chan accepted, 16)
 	stop := make(chan struct{})
 	var (
@@ -85,7 +121,7 @@ func serveSecure(tb testing.TB, ls []net.Listener, hello Hello) <-chan accepted 
 					return
 				}
 				go func() {
-					s, err := ServerSecure(conn, hello)
+					s, err := srv.Accept(conn)
 					if s != nil {
 						mu.Lock()
 						if stopped {
@@ -130,7 +166,7 @@ func next(t *testing.T, c <-chan accepted) accepted {
 
 func dialSecure(tb testing.TB, addr string, sec *Security, peer string, multipath bool) (*Session, error) {
 	tb.Helper()
-	s, err := DialSecure(context.Background(), addr, Hello{Name: sec.Name, Role: "agent"}, sec, peer, PathOptions{Multipath: multipath})
+	s, err := Dial(context.Background(), at(peer, addr), cfg(Hello{Name: sec.Name, Role: "agent"}, sec, PathOptions{Multipath: multipath}))
 	if s != nil {
 		tb.Cleanup(func() { s.Close() })
 	}
@@ -238,15 +274,15 @@ func TestSecureRefusesTLS12(t *testing.T) {
 	p := newTestPKI(t)
 	addr, srv := secureServer(t, p.sec(t, "h2"), false)
 	sec := p.sec(t, "h1")
-	cfg := sec.ClientConfig("h2")
-	cfg.MinVersion, cfg.MaxVersion = tls.VersionTLS12, tls.VersionTLS12
-	conn, err := tls.Dial("tcp", addr, cfg)
+	tcfg := sec.ClientConfig("h2")
+	tcfg.MinVersion, tcfg.MaxVersion = tls.VersionTLS12, tls.VersionTLS12
+	conn, err := tls.Dial("tcp", addr, tcfg)
 	if err == nil {
-		_, err = Client(conn, Hello{Name: "h1"})
+		_, err = Client(conn, cfg(Hello{Name: "h1"}, nil, PathOptions{}))
 	}
 	refused(t, srv, explainRefusal(addr, "h1", err), "does not speak TLS 1.3", "unsupported versions")
 
-	// And a TLS 1.2 server is refused by DialSecure.
+	// And a TLS 1.2 server is refused by Dial.
 	srvCfg := p.sec(t, "h2").ServerConfig()
 	srvCfg.MinVersion, srvCfg.MaxVersion = tls.VersionTLS12, tls.VersionTLS12
 	l, err := tls.Listen("tcp", "127.0.0.1:0", srvCfg)
@@ -296,10 +332,22 @@ func TestSecureChecksServerIdentity(t *testing.T) {
 func TestSecureRefusesSpoofedHello(t *testing.T) {
 	p := newTestPKI(t)
 	addr, srv := secureServer(t, p.sec(t, "h2", "h1"), false)
+	// Dial never sends a Hello its certificate contradicts...
+	if _, err := Dial(context.Background(), at("h2", addr), cfg(Hello{Name: "h1", Role: "agent"}, p.sec(t, "h3"), PathOptions{})); err == nil ||
+		!strings.Contains(err.Error(), `calls itself "h1" but its certificate is for "h3"`) {
+		t.Fatalf("a config that contradicts its certificate: %v", err)
+	}
+	// ...so a spoofer sends it by hand, over TLS with its certificate.
+	spoof := func(sec *Security, name string) (*Session, error) {
+		conn, err := tls.Dial("tcp", addr, sec.ClientConfig("h2"))
+		if err != nil {
+			return nil, err
+		}
+		return Client(conn, cfg(Hello{Name: name, Role: "agent"}, nil, PathOptions{}))
+	}
 	// h3's certificate, claiming to be h1 in its Hello.
-	sec := p.sec(t, "h3")
-	_, err := DialSecure(context.Background(), addr, Hello{Name: "h1", Role: "agent"}, sec, "h2", PathOptions{})
-	if err == nil {
+	if sess, err := spoof(p.sec(t, "h3"), "h1"); err == nil {
+		sess.Close()
 		t.Fatal("spoofed name let in")
 	}
 	if a := next(t, srv); a.err == nil {
@@ -308,7 +356,7 @@ func TestSecureRefusesSpoofedHello(t *testing.T) {
 	// h1's certificate (allowed), claiming to be h3. The server sends its
 	// Hello before it can check the client's, so the client learns of the
 	// refusal when the session ends.
-	cli, err := DialSecure(context.Background(), addr, Hello{Name: "h3", Role: "agent"}, p.sec(t, "h1"), "h2", PathOptions{})
+	cli, err := spoof(p.sec(t, "h1"), "h3")
 	if err == nil {
 		t.Cleanup(func() { cli.Close() })
 	}
@@ -329,14 +377,14 @@ func TestSecureRefusesPlainPeers(t *testing.T) {
 	p := newTestPKI(t)
 	addr, srv := secureServer(t, p.sec(t, "h2"), false)
 	// A plain ferry client at a TLS listener.
-	if _, err := Dial(context.Background(), addr, Hello{Name: "h1"}); err == nil {
+	if _, err := Dial(context.Background(), addr, cfg(Hello{Name: "h1"}, nil, PathOptions{})); err == nil {
 		t.Fatal("plain client let in")
 	}
 	if a := next(t, srv); a.err == nil {
 		t.Fatal("server accepted a plain client")
 	}
-	// DialSecure at a plain listener.
-	l, err := Listen("127.0.0.1:0")
+	// A TLS dial to a plain listener.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -344,7 +392,7 @@ func TestSecureRefusesPlainPeers(t *testing.T) {
 	go func() {
 		c, err := l.Accept()
 		if err == nil {
-			Server(c, Hello{Name: "h2"})
+			acceptPlain(c, Hello{Name: "h2"})
 		}
 	}()
 	if _, err := dialSecure(t, l.Addr().String(), p.sec(t, "h1"), "h2", false); err == nil {
@@ -413,7 +461,7 @@ func TestLoadSecurityRejectsBadAllowed(t *testing.T) {
 // loopback.
 
 func plainServer(b *testing.B) string {
-	l, err := Listen("127.0.0.1:0")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -425,7 +473,7 @@ func plainServer(b *testing.B) string {
 				return
 			}
 			go func() {
-				s, err := Server(c, Hello{Name: "h2", Role: "agent"})
+				s, err := acceptPlain(c, Hello{Name: "h2", Role: "agent"})
 				if err == nil {
 					serveBench(s)
 				}
@@ -436,11 +484,7 @@ func plainServer(b *testing.B) string {
 }
 
 func tlsServer(b *testing.B, sec *Security, multipath bool) string {
-	l, err := ListenSecure("127.0.0.1:0", sec, multipath)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { l.Close() })
+	srv, l := listen(b, cfg(Hello{Name: sec.Name, Role: "agent"}, sec, PathOptions{Multipath: multipath}), "127.0.0.1:0")
 	go func() {
 		for {
 			c, err := l.Accept()
@@ -448,7 +492,7 @@ func tlsServer(b *testing.B, sec *Security, multipath bool) string {
 				return
 			}
 			go func() {
-				s, err := ServerSecure(c, Hello{Name: sec.Name, Role: "agent"})
+				s, err := srv.Accept(c)
 				if err == nil {
 					serveBench(s)
 				}
@@ -487,7 +531,7 @@ func benchHandshake(b *testing.B, dial func() (*Session, error)) {
 func BenchmarkHandshakePlainTCP(b *testing.B) {
 	addr := plainServer(b)
 	benchHandshake(b, func() (*Session, error) {
-		return Dial(context.Background(), addr, Hello{Name: "h1", Role: "agent"})
+		return Dial(context.Background(), addr, cfg(Hello{Name: "h1", Role: "agent"}, nil, PathOptions{}))
 	})
 }
 
@@ -496,7 +540,7 @@ func BenchmarkHandshakeTLS(b *testing.B) {
 	addr := tlsServer(b, p.sec(b, "h2", "h1"), false)
 	sec := p.sec(b, "h1")
 	benchHandshake(b, func() (*Session, error) {
-		return DialSecure(context.Background(), addr, Hello{Role: "agent"}, sec, "h2", PathOptions{})
+		return Dial(context.Background(), at("h2", addr), cfg(Hello{Role: "agent"}, sec, PathOptions{}))
 	})
 }
 
@@ -522,7 +566,7 @@ func benchThroughput(b *testing.B, s *Session) {
 }
 
 func BenchmarkThroughputPlainTCP(b *testing.B) {
-	s, err := Dial(context.Background(), plainServer(b), Hello{Name: "h1", Role: "agent"})
+	s, err := Dial(context.Background(), plainServer(b), cfg(Hello{Name: "h1", Role: "agent"}, nil, PathOptions{}))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -532,7 +576,7 @@ func BenchmarkThroughputPlainTCP(b *testing.B) {
 func BenchmarkThroughputTLS(b *testing.B) {
 	p := newTestPKI(b)
 	addr := tlsServer(b, p.sec(b, "h2"), false)
-	s, err := DialSecure(context.Background(), addr, Hello{}, p.sec(b, "h1"), "h2", PathOptions{})
+	s, err := Dial(context.Background(), at("h2", addr), cfg(Hello{}, p.sec(b, "h1"), PathOptions{}))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -545,7 +589,7 @@ func BenchmarkThroughputTLSMPTCP(b *testing.B) {
 	}
 	p := newTestPKI(b)
 	addr := tlsServer(b, p.sec(b, "h2"), true)
-	s, err := DialSecure(context.Background(), addr, Hello{}, p.sec(b, "h1"), "h2", PathOptions{Multipath: true})
+	s, err := Dial(context.Background(), at("h2", addr), cfg(Hello{}, p.sec(b, "h1"), PathOptions{Multipath: true}))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -571,7 +615,7 @@ func BenchmarkThroughputPlainMPTCP(b *testing.B) {
 		if err != nil {
 			return
 		}
-		if s, err := Server(c, Hello{Name: "h2"}); err == nil {
+		if s, err := acceptPlain(c, Hello{Name: "h2"}); err == nil {
 			serveBench(s)
 		}
 	}()
@@ -581,7 +625,7 @@ func BenchmarkThroughputPlainMPTCP(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	s, err := Client(c, Hello{Name: "h1"})
+	s, err := Client(c, cfg(Hello{Name: "h1"}, nil, PathOptions{}))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -602,7 +646,7 @@ func TestSecureOperator(t *testing.T) {
 	}
 	// An agent that lets in only h1 as a source still lets an operator ask.
 	addr, srv := secureServer(t, p.sec(t, "h2", "h1"), false)
-	sess, err := DialSecure(context.Background(), addr, Hello{Role: "cli"}, op, "h2", PathOptions{})
+	sess, err := Dial(context.Background(), at("h2", addr), cfg(Hello{Role: "cli"}, op, PathOptions{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -627,17 +671,14 @@ func TestSecureOperator(t *testing.T) {
 	}
 
 	// An operator's session is never striped.
-	_, err = DialSecure(context.Background(), addr, Hello{Role: "cli"}, op, "h2", PathOptions{Streams: 2})
+	_, err = Dial(context.Background(), at("h2", addr), cfg(Hello{Role: "cli"}, op, PathOptions{Streams: 2}))
 	if a := next(t, srv); a.err == nil || !strings.Contains(a.err.Error(), "not striped") {
 		t.Errorf("a striped operator session: server %v, client %v", a.err, err)
 	}
 
 	// An operator's certificate cannot stand in for an agent.
-	l, err := ListenSecure("127.0.0.1:0", op, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	impostor := serveSecure(t, []net.Listener{l}, Hello{Name: "alice", Role: "agent"})
+	isrv, l := listen(t, cfg(Hello{Name: "alice", Role: "agent"}, op, PathOptions{}), "127.0.0.1:0")
+	impostor := serveSecure(t, isrv, []net.Listener{l})
 	if _, err := dialSecure(t, l.Addr().String(), p.sec(t, "h1"), "", false); err == nil {
 		t.Error("a host accepted an operator's certificate as an agent's")
 	}

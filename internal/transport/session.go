@@ -38,6 +38,7 @@ type Session struct {
 	multipath bool
 	// operator says the peer's certificate is an operator's.
 	operator bool
+	outage   time.Duration
 }
 
 type countingConn struct {
@@ -77,29 +78,6 @@ func (c *countingConn) Write(p []byte) (int, error) {
 	return done, nil
 }
 
-// DefaultOutageTimeout is how long a session outlives a network outage.
-const DefaultOutageTimeout = 30 * time.Second
-
-// outageTimeout holds for every session the process makes: an agent sets it
-// once from its --outage-timeout.
-var outageTimeout atomic.Int64
-
-func init() { outageTimeout.Store(int64(DefaultOutageTimeout)) }
-
-// SetOutageTimeout sets how long sessions wait out a network that carries
-// nothing (every path down) before they give up. Within it, TCP (or MPTCP)
-// retransmits what was not acknowledged and the transfer carries on where
-// it stopped; past it the session ends and the migration aborts (the source
-// resumes the container unless the destination had committed).
-func SetOutageTimeout(d time.Duration) {
-	if d > 0 {
-		outageTimeout.Store(int64(d))
-	}
-}
-
-// OutageTimeout is the current outage timeout.
-func OutageTimeout() time.Duration { return time.Duration(outageTimeout.Load()) }
-
 // Lost reports whether the session has ended (peer gone, or the network
 // carried nothing for the outage timeout).
 func (s *Session) Lost() bool {
@@ -111,13 +89,17 @@ func (s *Session) Lost() bool {
 	}
 }
 
-func muxConfig() *yamux.Config {
+// OutageTimeout is how long the session waits out a network that carries
+// nothing before it ends (Config.OutageTimeout).
+func (s *Session) OutageTimeout() time.Duration { return s.outage }
+
+func muxConfig(outage time.Duration) *yamux.Config {
 	cfg := yamux.DefaultConfig()
 	// A migration stream is bulk data: a large window keeps a fast link full.
 	cfg.MaxStreamWindowSize = 16 << 20
 	// A keepalive ping unanswered for the outage timeout ends the session,
 	// as does a write stuck that long.
-	timeout := time.Duration(outageTimeout.Load())
+	timeout := outage
 	cfg.ConnectionWriteTimeout = timeout
 	cfg.KeepAliveInterval = min(5*time.Second, max(timeout/4, 100*time.Millisecond))
 	cfg.LogOutput = io.Discard
@@ -182,61 +164,22 @@ func acceptHandshake(conn net.Conn, local Hello, admit func(Hello) error) (Hello
 	return peer, nil
 }
 
-func newSession(conn net.Conn, local Hello, client bool) (*Session, error) {
-	if client {
-		peer, err := handshake(conn, local)
-		if err != nil {
-			conn.Close()
-			return nil, err
-		}
-		return startMux(conn, peer, true, PeerName(conn))
-	}
-	var st *stripedSession
-	peer, err := acceptHandshake(conn, local, func(peer Hello) (err error) {
-		if peer.Stripe != nil {
-			st, err = admitStriped(conn, peer.Stripe)
-		}
-		return err
-	})
-	if err != nil {
-		if st != nil && !peer.Stripe.Join {
-			st.conn.Close() // registered, never used
-		}
-		conn.Close()
-		return nil, err
-	}
-	if st != nil {
-		return st.attach(conn, peer)
-	}
-	sess, err := startMux(conn, peer, false, PeerName(conn))
-	if err == nil {
-		sess.operator = peerOperator(conn)
-	}
-	return sess, err
-}
-
 // startMux multiplexes channels over conn once the Hellos are exchanged.
-func startMux(conn net.Conn, peer Hello, client bool, certName string) (*Session, error) {
+func startMux(conn net.Conn, peer Hello, client bool, c *Config, certName string) (*Session, error) {
 	cc := &countingConn{Conn: conn}
 	var mux *yamux.Session
 	var err error
 	if client {
-		mux, err = yamux.Client(cc, muxConfig())
+		mux, err = yamux.Client(cc, muxConfig(c.OutageTimeout))
 	} else {
-		mux, err = yamux.Server(cc, muxConfig())
+		mux, err = yamux.Server(cc, muxConfig(c.OutageTimeout))
 	}
 	if err != nil {
 		conn.Close()
 		return nil, err
 	}
-	return &Session{Peer: peer, mux: mux, conn: cc, certName: certName, multipath: IsMultipath(conn)}, nil
+	return &Session{Peer: peer, mux: mux, conn: cc, certName: certName, multipath: IsMultipath(conn), outage: c.OutageTimeout}, nil
 }
-
-// Client starts the dialing side of a session on conn.
-func Client(conn net.Conn, local Hello) (*Session, error) { return newSession(conn, local, true) }
-
-// Server starts the accepting side of a session on conn.
-func Server(conn net.Conn, local Hello) (*Session, error) { return newSession(conn, local, false) }
 
 // SplitAddr tells a unix socket path ("/run/x.sock", "unix:///run/x.sock")
 // from a TCP address ("10.0.0.1:7070").
@@ -248,24 +191,6 @@ func SplitAddr(addr string) (network, address string) {
 		return "unix", addr
 	}
 	return "tcp", addr
-}
-
-// Dial connects to a ferry agent at addr and starts a session.
-func Dial(ctx context.Context, addr string, local Hello) (*Session, error) {
-	return DialPlain(ctx, addr, local, PathOptions{})
-}
-
-// DialPlain is Dial over MPTCP or striped TCP as po asks, without TLS.
-func DialPlain(ctx context.Context, addr string, local Hello, po PathOptions) (*Session, error) {
-	dial := func(ctx context.Context, addr string) (net.Conn, error) { return dialAgent(ctx, addr, po.Multipath) }
-	conn, err := dial(ctx, addr)
-	if err != nil {
-		return nil, err
-	}
-	if stripes(conn, po) {
-		return dialStriped(ctx, conn, addr, local, po.Streams, dial)
-	}
-	return Client(conn, local)
 }
 
 // dialAgent connects to an agent's address, over MPTCP when asked (and the
@@ -291,12 +216,6 @@ func stripes(conn net.Conn, po PathOptions) bool {
 	}
 	_, isTCP := underTLS(conn).(*net.TCPConn)
 	return isTCP
-}
-
-// Listen opens a listener for Dial's address forms.
-func Listen(addr string) (net.Listener, error) {
-	network, address := SplitAddr(addr)
-	return net.Listen(network, address)
 }
 
 // Open starts a new channel of the given kind.

@@ -41,27 +41,27 @@ type PathOptions struct {
 // session already running: there is no new session to serve.
 var ErrJoined = errors.New("transport: connection joined a striped session")
 
-// striped is this process's accepted striped sessions, by ID.
-var striped = struct {
+// stripedSessions are a Server's accepted striped sessions, by ID.
+type stripedSessions struct {
 	sync.Mutex
 	m map[string]*stripedSession
-}{m: map[string]*stripedSession{}}
+}
 
 type stripedSession struct {
 	conn *stripe.Conn
 	peer string // the certificate name of its first connection
 }
 
-func stripeOptions() stripe.Options {
-	return stripe.Options{OutageTimeout: OutageTimeout()}
+func stripeOptions(c *Config) stripe.Options {
+	return stripe.Options{OutageTimeout: c.OutageTimeout}
 }
 
-// admitStriped finds the striped session a joining connection names, or
+// admit finds the striped session a joining connection names, or
 // registers the new one a first connection asks for.
-func admitStriped(conn net.Conn, sh *StripeHello) (*stripedSession, error) {
-	striped.Lock()
-	defer striped.Unlock()
-	s := striped.m[sh.ID]
+func (ss *stripedSessions) admit(conn net.Conn, sh *StripeHello, c *Config) (*stripedSession, error) {
+	ss.Lock()
+	defer ss.Unlock()
+	s := ss.m[sh.ID]
 	if sh.Join {
 		if s == nil {
 			return nil, fmt.Errorf("connection from %s joins an unknown striped session", conn.RemoteAddr())
@@ -77,21 +77,21 @@ func admitStriped(conn net.Conn, sh *StripeHello) (*stripedSession, error) {
 	if sh.ID == "" || s != nil {
 		return nil, fmt.Errorf("connection from %s asks for a striped session with a bad or used id %q", conn.RemoteAddr(), sh.ID)
 	}
-	sc := stripe.New(stripeOptions())
+	sc := stripe.New(stripeOptions(c))
 	s = &stripedSession{conn: sc, peer: PeerName(conn)}
-	striped.m[sh.ID] = s
+	ss.m[sh.ID] = s
 	go func() {
 		<-sc.Done()
-		striped.Lock()
-		delete(striped.m, sh.ID)
-		striped.Unlock()
+		ss.Lock()
+		delete(ss.m, sh.ID)
+		ss.Unlock()
 	}()
 	return s, nil
 }
 
 // attach adds an accepted connection to the striped session: a joining one
 // is served there (ErrJoined), the first one starts the session.
-func (s *stripedSession) attach(conn net.Conn, peer Hello) (*Session, error) {
+func (s *stripedSession) attach(conn net.Conn, peer Hello, c *Config) (*Session, error) {
 	if err := s.conn.Add(conn); err != nil {
 		if !peer.Stripe.Join {
 			s.conn.Close()
@@ -101,13 +101,14 @@ func (s *stripedSession) attach(conn net.Conn, peer Hello) (*Session, error) {
 	if peer.Stripe.Join {
 		return nil, ErrJoined
 	}
-	return startMux(s.conn, peer, false, s.peer)
+	return startMux(s.conn, peer, false, c, s.peer)
 }
 
 // dialStriped runs the dialing side of a striped session whose first
 // connection, first, is open (and authenticated). dial opens (and
 // authenticates) another connection to an address.
-func dialStriped(ctx context.Context, first net.Conn, addr string, local Hello, streams int, dial func(ctx context.Context, addr string) (net.Conn, error)) (*Session, error) {
+func dialStriped(ctx context.Context, first net.Conn, addr string, c *Config, streams int, dial func(ctx context.Context, addr string) (net.Conn, error)) (*Session, error) {
+	local := c.hello()
 	var id [16]byte
 	_, _ = rand.Read(id[:])
 	sh := StripeHello{ID: hex.EncodeToString(id[:])}
@@ -139,7 +140,7 @@ func dialStriped(ctx context.Context, first net.Conn, addr string, local Hello, 
 		}
 		return c, nil
 	}
-	opts := stripeOptions()
+	opts := stripeOptions(c)
 	opts.Redial = join
 	sc := stripe.New(opts)
 	if err := sc.Add(first); err != nil {
@@ -156,7 +157,7 @@ func dialStriped(ctx context.Context, first net.Conn, addr string, local Hello, 
 			break
 		}
 	}
-	return startMux(sc, peer, true, certName)
+	return startMux(sc, peer, true, c, certName)
 }
 
 // pathAddrs lists where a striped session's connections go: the address

@@ -15,20 +15,27 @@ import (
 // stripedServer is an agent-like host h2 listening on two loopback
 // addresses, advertising both. Every connection's outcome (a session, a
 // join, a refusal) is reported.
-func stripedServer(t *testing.T, p testPKI) ([]string, <-chan accepted) {
+func stripedServer(t *testing.T, p testPKI) ([]string, <-chan accepted, *Server) {
 	t.Helper()
-	sec := p.sec(t, "h2")
+	// The Hello advertises the addresses, known once both listen.
+	c := cfg(Hello{Name: "h2", Role: "agent"}, p.sec(t, "h2"), PathOptions{})
 	var ls []net.Listener
 	var addrs []string
 	for range 2 {
-		l, err := ListenSecure("127.0.0.1:0", sec, false)
+		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
-		ls = append(ls, l)
+		t.Cleanup(func() { l.Close() })
+		ls = append(ls, tls.NewListener(l, c.Security.ServerConfig()))
 		addrs = append(addrs, l.Addr().String())
 	}
-	return addrs, serveSecure(t, ls, Hello{Name: "h2", Role: "agent", Addrs: addrs})
+	c.Hello.Addrs = addrs
+	srv, err := NewServer(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return addrs, serveSecure(t, srv, ls), srv
 }
 
 // nextSession returns the session accepted next, once streams-1
@@ -53,8 +60,8 @@ func nextSession(t *testing.T, c <-chan accepted, streams int) *Session {
 
 func TestStripedSecureSession(t *testing.T) {
 	p := newTestPKI(t)
-	addrs, acc := stripedServer(t, p)
-	cli, err := DialSecure(context.Background(), addrs[0], Hello{Role: "agent"}, p.sec(t, "h1"), "h2", PathOptions{Multipath: false, Streams: 3})
+	addrs, acc, _ := stripedServer(t, p)
+	cli, err := Dial(context.Background(), at("h2", addrs[0]), cfg(Hello{Role: "agent"}, p.sec(t, "h1"), PathOptions{Multipath: false, Streams: 3}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,19 +104,19 @@ func TestStripedSecureSession(t *testing.T) {
 // the host that opened it, and only a session that exists.
 func TestStripedJoinRefused(t *testing.T) {
 	p := newTestPKI(t)
-	addrs, acc := stripedServer(t, p)
-	cli, err := DialSecure(context.Background(), addrs[0], Hello{Role: "agent"}, p.sec(t, "h1"), "h2", PathOptions{Streams: 2})
+	addrs, acc, srv := stripedServer(t, p)
+	cli, err := Dial(context.Background(), at("h2", addrs[0]), cfg(Hello{Role: "agent"}, p.sec(t, "h1"), PathOptions{Streams: 2}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cli.Close()
 	nextSession(t, acc, 2)
 	var id string
-	striped.Lock()
-	for k := range striped.m {
+	srv.striped.Lock()
+	for k := range srv.striped.m {
 		id = k
 	}
-	striped.Unlock()
+	srv.striped.Unlock()
 	for _, c := range []struct {
 		host, id, want string
 	}{

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -56,7 +57,7 @@ func TestFrameTooLarge(t *testing.T) {
 func sessionPair(t *testing.T) (*Session, *Session) {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "s.sock")
-	l, err := Listen(sock)
+	l, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,10 +69,10 @@ func sessionPair(t *testing.T) (*Session, *Session) {
 			srvc <- nil
 			return
 		}
-		s, _ := Server(c, Hello{Name: "dst", Role: "agent"})
+		s, _ := acceptPlain(c, Hello{Name: "dst", Role: "agent"})
 		srvc <- s
 	}()
-	cli, err := Dial(context.Background(), sock, Hello{Name: "src", Role: "agent"})
+	cli, err := Dial(context.Background(), sock, cfg(Hello{Name: "src", Role: "agent"}, nil, PathOptions{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +143,7 @@ func TestChannelRemoteError(t *testing.T) {
 func TestHandshakeRejectsNonFerryPeer(t *testing.T) {
 	a, b := net.Pipe()
 	go func() { b.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n")); io.Copy(io.Discard, b) }()
-	if _, err := Client(a, Hello{Name: "x"}); err == nil {
+	if _, err := Client(a, cfg(Hello{Name: "x"}, nil, PathOptions{})); err == nil {
 		t.Fatal("handshake with an HTTP peer succeeded")
 	}
 }
@@ -242,5 +243,65 @@ func TestMaxBandwidthPacesWrites(t *testing.T) {
 	// unpaced it takes about a millisecond here.
 	if el := time.Since(start); el < 200*time.Millisecond {
 		t.Fatalf("3 MiB capped at 10 MiB/s went through in %v", el)
+	}
+}
+
+func TestVerifyConfig(t *testing.T) {
+	p := newTestPKI(t)
+	for _, c := range []struct {
+		cfg  *Config
+		want string
+	}{
+		{nil, "no config"},
+		{&Config{}, "outage timeout must be positive"},
+		{&Config{OutageTimeout: time.Second, Paths: PathOptions{Streams: -1}}, "streams"},
+		{cfg(Hello{Name: "h2"}, p.sec(t, "h1"), PathOptions{}), `calls itself "h2" but its certificate is for "h1"`},
+	} {
+		if err := VerifyConfig(c.cfg); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("VerifyConfig(%+v): %v, want %q", c.cfg, err, c.want)
+		}
+	}
+	if err := VerifyConfig(DefaultConfig()); err != nil {
+		t.Errorf("the default config: %v", err)
+	}
+	if err := VerifyConfig(cfg(Hello{}, p.sec(t, "h1"), PathOptions{})); err != nil {
+		t.Errorf("a config that takes its name from its certificate: %v", err)
+	}
+}
+
+// Two endpoints in one process keep their own settings: nothing lives in
+// the package.
+func TestConfigsAreIndependent(t *testing.T) {
+	a, b := net.Pipe()
+	long, short := cfg(Hello{Name: "a"}, nil, PathOptions{}), cfg(Hello{Name: "b"}, nil, PathOptions{})
+	long.OutageTimeout, short.OutageTimeout = time.Minute, 2*time.Second
+	srv, err := NewServer(short)
+	if err != nil {
+		t.Fatal(err)
+	}
+	short.OutageTimeout = time.Hour // the Server took a copy
+	done := make(chan *Session, 1)
+	go func() {
+		s, err := srv.Accept(b)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- s
+	}()
+	cli, err := Client(a, long)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	s := <-done
+	if s == nil {
+		t.FailNow()
+	}
+	defer s.Close()
+	if cli.OutageTimeout() != time.Minute || s.OutageTimeout() != 2*time.Second {
+		t.Errorf("outage timeouts: dialer %v, server %v", cli.OutageTimeout(), s.OutageTimeout())
+	}
+	if cli.Peer.Name != "b" || s.Peer.Name != "a" {
+		t.Errorf("peers: %q and %q", cli.Peer.Name, s.Peer.Name)
 	}
 }
