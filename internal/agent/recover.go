@@ -53,8 +53,9 @@ func (a *Agent) clearScratch() {
 }
 
 // recoverDestination settles every copy a previous run of this agent
-// restored and never committed, and starts those committed but maybe not
-// started. A copy restored stopped (every runtime here) never ran: it is
+// restored and never committed, removes the containers it prepared for
+// migrations that never reached their restore, and starts those committed
+// but maybe not started. A copy restored stopped (every runtime here) never ran: it is
 // removed, and its source resumes its own. A copy whose runtime let it
 // run at once (Caps.RestoreStopped false) and that still runs has run on
 // since, its clients saw it change: dropping it would take them back in
@@ -69,7 +70,7 @@ func (a *Agent) recoverDestination(ctx context.Context) {
 		return
 	}
 	for _, e := range all {
-		if e.Role != journal.Destination || (e.State != journal.Restoring && e.State != journal.Committed && e.State != journal.Pulling) {
+		if e.Role != journal.Destination || (e.State != journal.Prepared && e.State != journal.Restoring && e.State != journal.Committed && e.State != journal.Pulling) {
 			continue
 		}
 		rt, c, err := a.journaled(e)
@@ -87,6 +88,14 @@ func (a *Agent) recoverDestination(ctx context.Context) {
 			}
 			if err := a.journal.Set(e.ID, journal.Started); err != nil {
 				a.Log.Error("journal", "migration", e.ID, "error", err)
+			}
+			continue
+		}
+		if e.State == journal.Prepared {
+			// Made for a migration that never reached its restore: its
+			// source resumed when the session broke.
+			if err := a.drop(ctx, rt, c, e); err == nil {
+				a.Log.Info("removed a container prepared for a migration that ended with the restart", "migration", e.ID, "container", e.Container)
 			}
 			continue
 		}

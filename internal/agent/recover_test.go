@@ -221,3 +221,32 @@ func TestRecoverDestinationDropsAnUnfinishedPull(t *testing.T) {
 		t.Errorf("settle(pulling): done=%v err=%v state %s", done, err, rt.state["web"])
 	}
 }
+
+// A container prepared for a migration that never reached its restore (the
+// agent died during the transfer) goes when the agent starts again; one
+// that a dropped migration already removed stays gone.
+func TestRecoverDestinationRemovesPreparedContainers(t *testing.T) {
+	a, rt := testAgent(t)
+	rt.state["p"] = "stopped" // made by the runtime, never run
+	for _, e := range []journal.Entry{
+		{ID: "aaaaaaaaaaa1", Role: journal.Destination, Container: "p", Runtime: "fake", State: journal.Prepared},
+		{ID: "aaaaaaaaaaa2", Role: journal.Destination, Container: "gone", Runtime: "fake", State: journal.Prepared},
+		{ID: "aaaaaaaaaaa3", Role: journal.Destination, Container: "d", Runtime: "fake", State: journal.Dropped},
+	} {
+		if err := a.journal.Record(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.recoverDestination(context.Background())
+	if _, ok := rt.state["p"]; ok || !slices.Contains(rt.removed, "p") || slices.Contains(rt.removed, "d") {
+		t.Errorf("removed %v, states %v: the prepared containers go, nothing else", rt.removed, rt.state)
+	}
+	for _, id := range []string{"aaaaaaaaaaa1", "aaaaaaaaaaa2"} {
+		if e, _, _ := a.journal.Get(id); e.State != journal.Dropped {
+			t.Errorf("%s is %s, want dropped", id, e.State)
+		}
+	}
+	if pend, _ := a.journal.Pending(); len(pend) != 0 {
+		t.Errorf("entries left pending: %+v", pend)
+	}
+}

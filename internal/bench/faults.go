@@ -292,10 +292,16 @@ func (o FaultsOptions) runCase(ctx context.Context, l *lab.Lab, c FaultCase, nam
 		c.Outcome, c.Note = Lost, "the workload did not start: "+err.Error()
 		return c
 	}
-	removeBoth := func() {
+	// removeBoth says what it could not remove: a copy left behind (a
+	// frozen one holds the workload's port) would spoil the next cases.
+	removeBoth := func() (left []string) {
 		cctx := context.WithoutCancel(ctx)
-		_ = l.RemoveFrom(cctx, kind, src.Name, name)
-		_ = l.RemoveFrom(cctx, kind, dst.Name, name)
+		for _, h := range []*lab.Host{src, dst} {
+			if err := l.RemoveFrom(cctx, kind, h.Name, name); err != nil {
+				left = append(left, fmt.Sprintf("container: %s's %s could not remove %s: %v", h.Name, kind, name, err))
+			}
+		}
+		return left
 	}
 	defer removeBoth()
 	p, _, err := StartProbe(ctx, client, o.FerryBin, workloadAddrs(1, src, dst), mo.readyTimeout())
@@ -423,7 +429,7 @@ func (o FaultsOptions) runCase(ctx context.Context, l *lab.Lab, c FaultCase, nam
 		}
 	}
 	// What is left once the container is gone counts as leaked.
-	removeBoth()
+	c.Leaks = append(c.Leaks, removeBoth()...)
 	c.Leaks = append(c.Leaks, snapshot(l).since(before)...)
 	cleanLeaks(l)
 	c.Note = strings.TrimSpace(strings.Join(append([]string{c.Note}, notes...), "; "))

@@ -138,10 +138,12 @@ type incoming struct {
 	store  *pages.Store // pre-copy: the pages received in rounds
 	// parent is pre-copy's parent image (rebuild switchover), once started.
 	parent *images.ParentImage
-	// restoring: a copy may have been restored here (journaled); peer is
-	// the source as its session names it.
-	restoring bool
-	peer      string
+	// journaled: the journal holds this migration (from before the
+	// runtime prepared anything), so its end is journaled too; restoring:
+	// a copy may have been restored here. peer is the source as its
+	// session names it.
+	journaled, restoring bool
+	peer                 string
 	// liveSynced: the live rootfs sync was applied whole.
 	liveSynced atomic.Bool
 	// netnsPath is the container's network namespace rebuilt here.
@@ -163,7 +165,7 @@ type incoming struct {
 // everything it creates is removed again when anything fails.
 func (d *Destination) Receive(ctx context.Context, sess *transport.Session, router *transport.Router, ctl *transport.Channel) {
 	defer ctl.Close()
-	in := &incoming{d: d}
+	in := &incoming{d: d, peer: sess.Peer.Name}
 	if err := ctl.Recv(&in.offer); err != nil {
 		return
 	}
@@ -293,6 +295,13 @@ func (in *incoming) prepare(ctx context.Context) error {
 		return fmt.Errorf("%s on %s: %w", kind, in.d.Host.Name, err)
 	}
 	in.target = t
+	// Recorded once the runtime made it (and never before: a name taken
+	// here is someone else's), so that an agent that dies before the
+	// restore removes it when it starts again.
+	if err := in.record(in.peer, journal.Prepared); err != nil {
+		return err
+	}
+	in.journaled = true
 	return nil
 }
 
@@ -428,11 +437,10 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	start := time.Now()
 	// Recorded first: an agent that dies with a copy restored here drops
 	// it when it starts again, unless the journal says it was committed.
-	in.peer = sess.Peer.Name
 	if err := in.record(in.peer, journal.Restoring); err != nil {
 		return false, err
 	}
-	in.restoring = true
+	in.journaled, in.restoring = true, true
 	pid, err := in.restore(ctx, lazy)
 	if err != nil {
 		return false, err
@@ -775,9 +783,9 @@ func (in *incoming) cleanup(dropContainer bool) error {
 	if dropContainer && in.target != nil {
 		err = in.target.Discard(ctx)
 		in.dropNetwork()
-		if err == nil && in.restoring {
-			in.recordFinal(in.peer, journal.Dropped)
-		}
+	}
+	if dropContainer && err == nil && in.journaled {
+		in.recordFinal(in.peer, journal.Dropped)
 	}
 	if in.store != nil {
 		in.store.Release()

@@ -65,7 +65,7 @@ func TestDestinationRefusesBadOffers(t *testing.T) {
 			}
 			h.returned()
 			h.want(counts{prepared: c.prepared})
-			h.nothingJournaled()
+			h.allDropped()
 			h.scratchGone(o.ID)
 		})
 	}
@@ -389,7 +389,7 @@ func TestDestinationNeverRestoresUnjournaled(t *testing.T) {
 	}
 	h.returned()
 	h.want(counts{prepared: 1, discarded: 1})
-	h.nothingJournaled()
+	h.allDropped()
 	h.scratchGone(o.ID)
 }
 

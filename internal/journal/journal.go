@@ -24,8 +24,9 @@ const (
 
 // States. A source goes frozen -> commit-sent -> removed, or -> resumed,
 // or stays in-doubt until its destination says what became of its copy. A
-// destination goes restoring -> committed -> started, or -> dropped; a
-// lazy (post-copy) one restoring -> pulling -> started, or -> dropped.
+// destination goes prepared -> restoring -> committed -> started, or ->
+// dropped from either of the first two; a lazy (post-copy) one restoring ->
+// pulling -> started, or -> dropped.
 const (
 	// Source states.
 	Frozen     = "frozen"      // the container is (about to be) frozen here
@@ -34,6 +35,7 @@ const (
 	Removed    = "removed"     // final: the destination owns it
 	Resumed    = "resumed"     // final: it runs here again
 	// Destination states.
+	Prepared  = "prepared"  // the runtime holds a container made for it; none runs
 	Restoring = "restoring" // a copy may run here, not yet committed
 	Committed = "committed" // final: this host owns the container
 	Pulling   = "pulling"   // runs here, its memory still coming from the source

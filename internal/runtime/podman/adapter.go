@@ -274,9 +274,25 @@ func (r *Runtime) Freeze(ctx context.Context, c *runtime.Container) error {
 	return err
 }
 
-// Thaw is `podman unpause`.
+// Thaw is `podman unpause`. A CRIU killed mid-dump leaves the cgroup
+// thawed (CRIU thaws a frozen container to seize its tasks and freezes it
+// again when done), so the container runs while Podman still records it
+// paused and refuses to unpause it ("container not paused"): then Thaw
+// freezes it through runc and unpauses it through Podman, whose record
+// follows.
 func (r *Runtime) Thaw(ctx context.Context, c *runtime.Container) error {
 	_, err := r.Host.podman(ctx, "unpause", c.ID)
+	if err == nil || !strings.Contains(err.Error(), "not paused") {
+		return err
+	}
+	rc, rerr := r.runc()
+	if rerr != nil {
+		return errors.Join(err, rerr)
+	}
+	if perr := rc.Pause(ctx, c.ID); perr != nil {
+		return errors.Join(err, fmt.Errorf("freezing it again to bring Podman's record in line: %w", perr))
+	}
+	_, err = r.Host.podman(ctx, "unpause", c.ID)
 	return err
 }
 

@@ -85,8 +85,20 @@ func (r *Runtime) Freeze(ctx context.Context, c *runtime.Container) error { retu
 // Thaw is runc resume.
 func (r *Runtime) Thaw(ctx context.Context, c *runtime.Container) error { return r.Resume(ctx, c.ID) }
 
-// Remove deletes the container; a deleted one counts as removed.
-func (r *Runtime) Remove(ctx context.Context, c *runtime.Container) error { return r.Delete(ctx, c.ID) }
+// Remove deletes the container, and the bundle ferry made for it here if
+// it has one (a container restored, or prepared for a restore); a deleted
+// one counts as removed.
+func (r *Runtime) Remove(ctx context.Context, c *runtime.Container) error {
+	if err := r.Delete(ctx, c.ID); err != nil {
+		return err
+	}
+	if r.BundleRoot != "" && c.Name != "" && filepath.Base(c.Name) == c.Name {
+		bundle := filepath.Join(r.BundleRoot, c.Name)
+		_ = os.Remove(bundle + ".log")
+		return os.RemoveAll(bundle)
+	}
+	return nil
+}
 
 // Checkpoint runs `runc checkpoint --leave-running`: the container, paused
 // before, stays paused. A lazy dump returns once CRIU's page server listens
