@@ -250,6 +250,13 @@ func Faults(ctx context.Context, o FaultsOptions) (res FaultsResult, err error) 
 		if ctx.Err() != nil {
 			return res, ctx.Err()
 		}
+		for _, leak := range c.Leaks {
+			if strings.Contains(leak, "could not remove") {
+				// It may hold the workload's port: every case after it
+				// would fail for that alone.
+				return res, fmt.Errorf("case %d left a container behind (%s): the matrix stops here", i+1, leak)
+			}
+		}
 	}
 	return res, nil
 }

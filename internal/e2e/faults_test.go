@@ -50,6 +50,36 @@ func TestFaultMatrixShort(t *testing.T) {
 	}
 }
 
+// TestFaultMatrixRuntimes runs the cases that found Podman's and LXC's
+// faults: the destination agent killed mid-transfer (it had left the
+// container it prepared), CRIU killed under the source's dump (Podman kept
+// calling a running container paused), and the destination's CRIU killed.
+// The whole runtime axis is a benchmark (docs/BENCHMARKS.md).
+func TestFaultMatrixRuntimes(t *testing.T) {
+	requireLab(t)
+	requirePodman(t)
+	requireLXC(t)
+	bin := ferryBin(t)
+	var cases []bench.FaultCase
+	for _, rt := range []string{"podman", "lxc"} {
+		for _, f := range []string{fault.KillDestination, fault.KillSourceCRIU, fault.KillDestinationCRIU} {
+			cases = append(cases, bench.FaultCase{Runtime: rt, Mode: engine.ModeCold, Phase: fault.Dump, Fault: f})
+		}
+	}
+	res, err := bench.Faults(context.Background(), bench.FaultsOptions{Cases: cases, FerryBin: bin, Log: testLog{t}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range res.Cases {
+		if c.Outcome != bench.RunningAtSource || !c.StateOK || len(c.Leaks) > 0 {
+			t.Errorf("%s %s@%s: %s, state_ok=%v, leaks %v; report: %s; %s", c.Runtime, c.Fault, c.Phase, c.Outcome, c.StateOK, c.Leaks, c.Report, c.Note)
+		}
+	}
+	if len(res.Cases) != len(cases) {
+		t.Errorf("%d of %d cases ran", len(res.Cases), len(cases))
+	}
+}
+
 // testLog writes a bench's progress lines to the test's log.
 type testLog struct{ t *testing.T }
 

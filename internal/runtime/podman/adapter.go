@@ -289,7 +289,13 @@ func (r *Runtime) Thaw(ctx context.Context, c *runtime.Container) error {
 	if rerr != nil {
 		return errors.Join(err, rerr)
 	}
-	if perr := rc.Pause(ctx, c.ID); perr != nil {
+	// runc knows the container by Podman's ID only (a recovering agent
+	// has the name from its journal).
+	d, ierr := r.inspect(ctx, c.ID)
+	if ierr != nil {
+		return errors.Join(err, ierr)
+	}
+	if perr := rc.Pause(ctx, d.ID); perr != nil {
 		return errors.Join(err, fmt.Errorf("freezing it again to bring Podman's record in line: %w", perr))
 	}
 	_, err = r.Host.podman(ctx, "unpause", c.ID)

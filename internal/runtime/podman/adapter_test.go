@@ -1037,3 +1037,44 @@ func TestTarShm(t *testing.T) {
 		t.Fatalf("tar holds %q", got)
 	}
 }
+
+// TestThawAfterCRIUThawedTheCgroup: a CRIU killed mid-dump leaves the
+// container running while Podman records it paused and will not unpause
+// it. Thaw, given only the name (as a recovering agent has it from its
+// journal), brings Podman's record in line.
+func TestThawAfterCRIUThawedTheCgroup(t *testing.T) {
+	p := newPair(t, "ferry-padt", true)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const name = "ferry-padt-ctr"
+	p.run(ctx, t, p.a, name)
+	ready(t, p.nsA)
+	c, err := p.rtA.Inspect(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.rtA.Freeze(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	// What the killed CRIU leaves: the cgroup thawed behind Podman's back.
+	rc, err := p.rtA.runc()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.Resume(ctx, c.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.a.podman(ctx, "unpause", name); err == nil || !strings.Contains(err.Error(), "not paused") {
+		t.Fatalf("podman unpause of a container it records paused but runs: %v", err)
+	}
+	if err := p.rtA.Thaw(ctx, &runtime.Container{Runtime: "podman", Name: name, ID: name}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := runtime.State(ctx, p.rtA, name); err != nil || st != "running" {
+		t.Fatalf("after Thaw: %q %v", st, err)
+	}
+	verify(t, p.nsA)
+	if _, err := p.a.podman(ctx, "rm", "--force", "--time", "0", name); err != nil {
+		t.Fatalf("podman rm after Thaw: %v", err)
+	}
+}
