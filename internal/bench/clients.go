@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/labtool"
 	"github.com/ferry-migrate/ferry/internal/probe"
 )
 
@@ -111,16 +112,6 @@ func (p *ProbeProc) Stop() (probe.Result, error) {
 // each echoed back) or redis (an INCR at a time).
 type StreamClient struct{ t *labTool }
 
-// StreamResult is what the stream client saw.
-type StreamResult struct {
-	Sent     int `json:"sent"`
-	Received int `json:"received"`
-	// MaxGapMs is the longest the connection went without an echo.
-	MaxGapMs float64 `json:"max_gap_ms"`
-	OK       bool    `json:"ok"`
-	Error    string  `json:"error,omitempty"`
-}
-
 // StartStream starts lab-tool args (stream --addr ..., redis ...) on host
 // and returns once its connection is up.
 func StartStream(ctx context.Context, host *lab.Host, ferry string, args ...string) (*StreamClient, error) {
@@ -136,8 +127,8 @@ func StartStream(ctx context.Context, host *lab.Host, ferry string, args ...stri
 }
 
 // Stop ends the stream and returns what the client saw.
-func (c *StreamClient) Stop() (StreamResult, error) {
-	var r StreamResult
+func (c *StreamClient) Stop() (labtool.StreamResult, error) {
+	var r labtool.StreamResult
 	if err := c.t.stop(&r); err != nil {
 		return r, fmt.Errorf("stream client: %w", err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/labtool"
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
 )
 
@@ -340,7 +341,7 @@ func (o MigrateOptions) runOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 	outageDone.Wait() // the probe's verdict includes the network's return
 	setAllPaths(l, src.Name, true)
 	time.Sleep(300 * time.Millisecond) // answers after the switch
-	var sr StreamResult
+	var sr labtool.StreamResult
 	var serr error
 	if stream != nil {
 		sr, serr = stream.Stop()

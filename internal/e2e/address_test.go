@@ -12,11 +12,12 @@ import (
 	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/labtool"
 )
 
 // startClient runs a lab-tool client on host that holds one TCP connection
 // (stream, redis); finish closes its stdin and returns its verdict.
-func startClient(t *testing.T, h *lab.Host, bin string, args ...string) (finish func() bench.StreamResult) {
+func startClient(t *testing.T, h *lab.Host, bin string, args ...string) (finish func() labtool.StreamResult) {
 	t.Helper()
 	c, err := bench.StartStream(context.Background(), h, bin, args...)
 	if err != nil {
@@ -28,7 +29,7 @@ func startClient(t *testing.T, h *lab.Host, bin string, args ...string) (finish 
 			_, _ = c.Stop()
 		}
 	})
-	return func() bench.StreamResult {
+	return func() labtool.StreamResult {
 		stopped = true
 		r, err := c.Stop()
 		if err != nil {
