@@ -7,11 +7,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/ferry-migrate/ferry/internal/calibrate"
 	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
 
@@ -76,8 +78,8 @@ validation.json with another profile without touching the lab.`,
 				o.Bandwidths = append(o.Bandwidths, b)
 			}
 			for _, m := range o.Modes {
-				if !slices.Contains([]string{"cold", "precopy", "postcopy", "hybrid"}, m) {
-					return fmt.Errorf("--modes: unknown mode %q (cold, precopy, postcopy, hybrid)", m)
+				if !slices.Contains(model.EngineModes, m) {
+					return fmt.Errorf("--modes: unknown mode %q (%s)", m, strings.Join(model.EngineModes, ", "))
 				}
 			}
 			for _, r := range o.DirtyRates {

@@ -335,22 +335,6 @@ func TestLineWriter(t *testing.T) {
 	}
 }
 
-func TestFitThroughOrigin(t *testing.T) {
-	f, ok := fitThroughOrigin([]float64{1, 2, 4}, []float64{2, 4, 8})
-	if !ok || f.B != 2 || f.R2 != 1 {
-		t.Errorf("got %+v", f)
-	}
-	if _, ok := fitThroughOrigin(nil, nil); ok {
-		t.Error("fitted no points")
-	}
-	// Data with a large intercept: the line through the origin is worse
-	// than the mean.
-	f, _ = fitThroughOrigin([]float64{1, 2}, []float64{10, 10.1})
-	if f.R2 >= 0 {
-		t.Errorf("R² %v, want negative", f.R2)
-	}
-}
-
 func TestFixedPlusRateConvex(t *testing.T) {
 	// Time growing faster than linearly: the free line's intercept is
 	// negative, so the fit goes through the origin and names a knee.
@@ -415,25 +399,6 @@ func TestDumpLineWithoutPostcopy(t *testing.T) {
 		if term.Name == "dump" && term.Kind != "line" {
 			t.Errorf("dump term: %+v", term)
 		}
-	}
-}
-
-func TestTwoRatesRecoversABend(t *testing.T) {
-	const mib = 1 << 20
-	var x, y []float64
-	for _, m := range []float64{64 * mib, 128 * mib, 256 * mib, 512 * mib} {
-		for range 2 {
-			x = append(x, m)
-			if m <= 128*mib {
-				y = append(y, m/2e9)
-			} else {
-				y = append(y, 128*mib/2e9+(m-128*mib)/0.3e9)
-			}
-		}
-	}
-	knee, below, above, rmse, ok := twoRates(x, y)
-	if !ok || knee != 128*mib || math.Abs(1/below-2e9) > 1 || math.Abs(1/above-0.3e9) > 1 || rmse > 1e-9 {
-		t.Fatalf("knee %v below %v above %v rmse %v ok %v", knee, 1/below, 1/above, rmse, ok)
 	}
 }
 

@@ -5,12 +5,15 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/bench"
+	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/model"
 )
 
 // Runner measures one grid point; bench.Migrate in real use, a fake in
@@ -131,4 +134,121 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 		w.buf = w.buf[i+1:]
 		w.fn(line)
 	}
+}
+
+// Options configure Run.
+type Options struct {
+	// Quick measures a smaller grid (64M and 256M at 100 pages/s).
+	Quick bool
+	// Memories and DirtyRates override the grid (bytes, pages/s).
+	Memories   []int64
+	DirtyRates []int
+	// Repeat is the migrations per point; 0 means 2.
+	Repeat int
+	// ShapedBps is the link rate of the link-efficiency point, bits/s; 0
+	// means 300 Mbit/s (not a validation rate).
+	ShapedBps int64
+	// FaultRates are extra post-copy dirty rates, so that the pull's fault
+	// term (fault_s) sees more than one rate; default 3000 pages/s, none
+	// with Quick.
+	FaultRates []int
+	// FerryBin is the ferry binary the lab runs (memhog next to it).
+	FerryBin string
+	// Progress, if set, hears of every point and bench step.
+	Progress func(Progress)
+	// Log receives the bench's step lines.
+	Log io.Writer
+	// Run measures a point; nil means bench.Migrate.
+	Run Runner
+	// Features says what the kernel supports; nil means criu.ProbeFeatures.
+	Features func(context.Context) criu.Features
+}
+
+// Defaults of the grid.
+var (
+	DefaultMemories   = []int64{64 << 20, 128 << 20, 256 << 20, 512 << 20}
+	DefaultDirtyRates = []int{0, 2000}
+	QuickMemories     = []int64{64 << 20, 256 << 20}
+	QuickDirtyRates   = []int{100}
+	DefaultFaultRates = []int{3000}
+)
+
+// shapedFaultRate is a post-copy dirty rate on the shaped link between
+// quiet and FaultRates (the validation grid's are 500 and 4000 pages/s).
+const shapedFaultRate = 1000
+
+// DefaultShapedBps is the calibration's shaped link: 300 Mbit/s.
+const DefaultShapedBps = 300_000_000
+
+// Calibrated modes: the ones whose phases identify a profile parameter.
+// Hybrid adds no parameter of its own.
+var calibratedModes = model.EngineModes
+
+func (o Options) withDefaults() Options {
+	if len(o.Memories) == 0 {
+		o.Memories = DefaultMemories
+		if o.Quick {
+			o.Memories = QuickMemories
+		}
+	}
+	if len(o.DirtyRates) == 0 {
+		o.DirtyRates = DefaultDirtyRates
+		if o.Quick {
+			o.DirtyRates = QuickDirtyRates
+		}
+	}
+	if o.Repeat <= 0 {
+		o.Repeat = 2 // one run per point is too noisy on a 2-core host
+	}
+	if o.ShapedBps <= 0 {
+		o.ShapedBps = DefaultShapedBps
+	}
+	if o.FaultRates == nil && !o.Quick {
+		o.FaultRates = DefaultFaultRates
+	}
+	return o
+}
+
+// Grid lists the points Run measures: every calibrated mode at every
+// memory and dirty rate on unshaped links, then one pre-copy over a shaped
+// link (the largest memory up to 128 MiB, the lowest dirty rate) with the
+// link baseline.
+func Grid(o Options) []Point {
+	o = o.withDefaults()
+	var pts []Point
+	for _, m := range o.Memories {
+		for _, r := range o.DirtyRates {
+			for _, mode := range calibratedModes {
+				pts = append(pts, Point{Mode: mode, MemoryBytes: m, DirtyRate: r})
+			}
+		}
+	}
+	for _, m := range o.Memories {
+		for _, r := range o.FaultRates {
+			pts = append(pts, Point{Mode: model.ModePostcopy, MemoryBytes: m, DirtyRate: r})
+		}
+	}
+	shapedMem := o.Memories[0]
+	for _, m := range o.Memories {
+		if m <= 128<<20 && m > shapedMem {
+			shapedMem = m
+		}
+	}
+	lowRate := o.DirtyRates[0]
+	for _, r := range o.DirtyRates {
+		lowRate = min(lowRate, r)
+	}
+	pts = append(pts, Point{Mode: model.ModePrecopy, MemoryBytes: shapedMem, DirtyRate: lowRate,
+		BandwidthBps: o.ShapedBps, Baselines: []string{"link"}})
+	// Post-copy over the same link: how far its requests' time on the link
+	// and on the hosts overlap (lazy_serial_share), and how round trips and
+	// faults share the cost of small requests, quiet to faulting.
+	rates := append([]int{lowRate}, o.FaultRates...)
+	if !o.Quick {
+		rates = append(rates, shapedFaultRate)
+	}
+	for _, r := range slices.Compact(slices.Sorted(slices.Values(rates))) {
+		pts = append(pts, Point{Mode: model.ModePostcopy, MemoryBytes: shapedMem, DirtyRate: r, BandwidthBps: o.ShapedBps})
+	}
+	return pts
 }

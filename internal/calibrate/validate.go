@@ -44,7 +44,7 @@ const (
 	bw500M, bw1G      = 500_000_000, 1_000_000_000
 )
 
-var validatedModes = []string{model.ModeCold, model.ModePrecopy, model.ModePostcopy, model.ModeHybrid}
+var validatedModes = model.EngineModes
 
 // ValidationGrid lists the points Validate measures. The default design is
 // a fraction of memory × dirty rate × bandwidth that still puts every

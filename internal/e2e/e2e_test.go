@@ -16,6 +16,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/bench"
+	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
@@ -302,6 +303,15 @@ func TestPrecopyNonConvergent(t *testing.T) {
 			if auto {
 				if rep.ThrottlePct == 0 {
 					t.Errorf("auto-converge never throttled: %+v", rep.Rounds)
+				}
+				// CRIU restores the cgroup's settings: the destination lifts
+				// the throttle the source's last round left in them.
+				if st, err := l.Hosts[1].Runc().State(context.Background(), "hog"); err != nil {
+					t.Errorf("the container at the destination: %v", err)
+				} else if cpu, err := cgroups.CPUOf(st.Pid); err != nil {
+					t.Errorf("the container's cgroup at the destination: %v", err)
+				} else if b, err := cpu.Get(); err != nil || b.QuotaUs != -1 {
+					t.Errorf("the container's CPU limit at the destination is %+v (%v), want none", b, err)
 				}
 			} else if !strings.Contains(rep.StopReason, "at or above what the link carries") {
 				t.Errorf("stop reason %q does not say the rounds did not converge", rep.StopReason)

@@ -22,6 +22,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/host"
 	"github.com/ferry-migrate/ferry/internal/images"
 	"github.com/ferry-migrate/ferry/internal/journal"
+	"github.com/ferry-migrate/ferry/internal/memwarm"
 	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/pages"
 	"github.com/ferry-migrate/ferry/internal/pagestream"
@@ -327,7 +328,7 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 		if rebuild {
 			size *= 2 // the completed pages image, then the restored memory
 		}
-		go func() { warm <- prewarm(size) }()
+		go func() { warm <- memwarm.Warm(size) }()
 	}
 	release := sync.OnceFunc(func() { (<-warm)() })
 	defer release()

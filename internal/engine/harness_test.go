@@ -41,6 +41,9 @@ type fakeRuntime struct {
 	// prepareErr refuses every Prepare (a name taken, an image missing);
 	// restoreErr fails every restore.
 	prepareErr, restoreErr error
+	// afterRestore, when set, runs once a restore succeeded (the
+	// destination's agent dying there).
+	afterRestore func()
 
 	mu       sync.Mutex
 	prepared []*runtime.Container
@@ -83,7 +86,7 @@ func (f *fakeRuntime) Prepare(_ context.Context, c *runtime.Container, o runtime
 	if err != nil {
 		return nil, err
 	}
-	t := &fakeTarget{dir: dir, restoreErr: f.restoreErr, opts: o}
+	t := &fakeTarget{dir: dir, restoreErr: f.restoreErr, afterRestore: f.afterRestore, opts: o}
 	f.targets = append(f.targets, t)
 	return t, nil
 }
@@ -117,12 +120,14 @@ func (f *fakeRuntime) target(t *testing.T) *fakeTarget {
 
 // fakeTarget is a prepared container: a directory, and what was asked of it.
 type fakeTarget struct {
-	dir        string
-	restoreErr error
-	opts       runtime.PrepareOptions
+	dir          string
+	restoreErr   error
+	afterRestore func()
+	opts         runtime.PrepareOptions
 
 	mu       sync.Mutex
 	restores []runtime.RestoreOptions
+	pages    string // the page server's output at the restore
 	starts   int
 	discards int
 }
@@ -131,10 +136,18 @@ func (t *fakeTarget) RootfsDir() string { return t.dir }
 
 func (t *fakeTarget) Restore(_ context.Context, o runtime.RestoreOptions) (int, error) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	t.restores = append(t.restores, o)
-	if t.restoreErr != nil {
-		return 0, t.restoreErr
+	// What a page server wrote (see fakeCRIU in source_test.go).
+	if b, err := os.ReadFile(filepath.Join(o.ImagesDir, fakePagesFile)); err == nil {
+		t.pages = string(b)
+	}
+	err := t.restoreErr
+	t.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	if t.afterRestore != nil {
+		t.afterRestore()
 	}
 	return fakePid, nil
 }

@@ -1,7 +1,12 @@
 // Package engine is ferry's migration state machine: the source side of each
 // technique (one file per technique) and the destination side that receives,
 // restores and commits. It talks to the peer only through transport channels
-// and to the kernel only through internal/runtime and internal/criu.
+// and reaches the kernel only through packages named for what they touch:
+// internal/runtime and internal/criu (containers and their checkpoints),
+// internal/cgroups (auto-converge's CPU limit), internal/cnet and
+// internal/privnet (network namespaces), internal/procs (the container's
+// resident memory), internal/mounts (a killed CRIU's leftovers) and
+// internal/memwarm (pre-warming the destination's memory).
 package engine
 
 import (

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -124,7 +123,7 @@ func (m *migration) startLazyDump(ctx context.Context) (*lazyDump, error) {
 // and lock it whole): its page server stays on the host's loopback, and
 // the report says so.
 func (m *migration) pageServerNet() (*privnet.NS, error) {
-	shared, err := sameNetns(m.ctr.PID, os.Getpid())
+	shared, err := privnet.SharesOurs(m.ctr.PID)
 	if err != nil {
 		return nil, err
 	}
@@ -133,16 +132,6 @@ func (m *migration) pageServerNet() (*privnet.NS, error) {
 		return nil, nil
 	}
 	return privnet.New()
-}
-
-// sameNetns says whether two processes share a network namespace.
-func sameNetns(a, b int) (bool, error) {
-	na, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", a))
-	if err != nil {
-		return false, fmt.Errorf("the container's network namespace: %w", err)
-	}
-	nb, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", b))
-	return na == nb, err
 }
 
 // dial connects to the dump's page server, retrying while CRIU starts

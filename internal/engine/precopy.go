@@ -6,13 +6,12 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/zeebo/xxh3"
 
+	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/fault"
 	"github.com/ferry-migrate/ferry/internal/images"
@@ -389,26 +388,29 @@ func (m *migration) dumpStreamingVia(ctx context.Context, transform func(dst io.
 	return m.dumpStreaming(ctx)
 }
 
-// cpuThrottle is auto-converge: CFS quota on the container's cgroup.
+// cpuThrottle is auto-converge: a CFS bandwidth limit on the container's
+// cgroup, raised each time a round fails to converge.
 type cpuThrottle struct {
-	pct  int
-	file string
-	old  string
+	pct int
+	cpu *cgroups.CPU
+	old cgroups.Bandwidth
 }
+
+// throttlePeriodUs is the CFS period the throttle sets (the kernel's default).
+const throttlePeriodUs = 100_000
 
 // step raises the throttle by QEMU's steps: 20 %, then 10 % more, at most 99 %.
 func (t *cpuThrottle) step(pid int) error {
-	if t.file == "" {
-		dir, err := cgroupDir(pid, "cpu")
+	if t.cpu == nil {
+		cpu, err := cgroups.CPUOf(pid)
 		if err != nil {
 			return err
 		}
-		t.file = filepath.Join(dir, "cpu.cfs_quota_us")
-		b, err := os.ReadFile(t.file)
+		old, err := cpu.Get()
 		if err != nil {
 			return err
 		}
-		t.old = string(b)
+		t.cpu, t.old = cpu, old
 	}
 	switch {
 	case t.pct == 0:
@@ -416,53 +418,21 @@ func (t *cpuThrottle) step(pid int) error {
 	default:
 		t.pct = min(t.pct+10, 99)
 	}
-	return writeQuota(t.file, t.pct)
+	return t.cpu.Set(cgroups.Limited(float64(100-t.pct)/100, throttlePeriodUs))
 }
 
-// writeQuota lets the container use (100-pct) % of one CPU per 100 ms.
-func writeQuota(file string, pct int) error {
-	if err := os.WriteFile(filepath.Join(filepath.Dir(file), "cpu.cfs_period_us"), []byte("100000"), 0o644); err != nil {
-		return err
-	}
-	return os.WriteFile(file, []byte(fmt.Sprint((100-pct)*1000)), 0o644)
-}
-
-// lift restores the quota the container had.
+// lift restores the limit the container had.
 func (t *cpuThrottle) lift() {
-	if t.file != "" && t.old != "" {
-		_ = os.WriteFile(t.file, []byte(t.old), 0o644)
+	if t.cpu != nil {
+		_ = t.cpu.Set(t.old)
 	}
 }
 
-// cgroupDir finds pid's cgroup directory for a v1 controller.
-func cgroupDir(pid int, controller string) (string, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-	if err != nil {
-		return "", err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		for _, c := range strings.Split(parts[1], ",") {
-			if c == controller {
-				for _, mnt := range []string{parts[1], controller} {
-					dir := filepath.Join("/sys/fs/cgroup", mnt, parts[2])
-					if _, err := os.Stat(filepath.Join(dir, "cpu.cfs_quota_us")); err == nil {
-						return dir, nil
-					}
-				}
-			}
-		}
-	}
-	return "", fmt.Errorf("no %s cgroup for pid %d", controller, pid)
-}
-
-// liftThrottle clears any CPU quota a restored container inherited.
+// liftThrottle clears any CPU limit a restored container inherited from
+// the source's throttle (CRIU restores the cgroup's settings).
 func liftThrottle(pid int) {
-	if dir, err := cgroupDir(pid, "cpu"); err == nil {
-		_ = os.WriteFile(filepath.Join(dir, "cpu.cfs_quota_us"), []byte("-1"), 0o644)
+	if cpu, err := cgroups.CPUOf(pid); err == nil {
+		_ = cpu.Set(cgroups.Unlimited)
 	}
 }
 

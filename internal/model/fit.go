@@ -182,3 +182,138 @@ func MAPE(measured, predicted []float64) float64 {
 	}
 	return 100 * sum / float64(n)
 }
+
+// GoldenSection is a golden-section search for the minimum of f on [lo, hi],
+// in steps iterations (each shrinks the interval by 0.618).
+func GoldenSection(f func(float64) float64, lo, hi float64, steps int) float64 {
+	const g = 0.6180339887498949
+	a, b := lo, hi
+	x1, x2 := b-g*(b-a), a+g*(b-a)
+	f1, f2 := f(x1), f(x2)
+	for range steps {
+		if f1 <= f2 {
+			b, x2, f2 = x2, x1, f1
+			x1 = b - g*(b-a)
+			f1 = f(x1)
+		} else {
+			a, x1, f1 = x1, x2, f2
+			x2 = a + g*(b-a)
+			f2 = f(x2)
+		}
+	}
+	return (a + b) / 2
+}
+
+// FitTwoRates fits y = x·below up to a knee and knee·below + (x−knee)·above
+// past it (continuous, through the origin), trying each measured x but the
+// largest as the knee; it returns the best fit by RMSE.
+func FitTwoRates(x, y []float64) (knee, below, above, rmse float64, ok bool) {
+	xs := append([]float64(nil), x...)
+	sort.Float64s(xs)
+	best := math.Inf(1)
+	for _, k := range xs[:max(len(xs)-1, 0)] {
+		var bx, by, ax, ay []float64
+		for i := range x {
+			if x[i] <= k {
+				bx, by = append(bx, x[i]), append(by, y[i])
+			}
+		}
+		fb, okb := FitThroughOrigin(bx, by)
+		if !okb || !(fb.B > 0) {
+			continue
+		}
+		for i := range x {
+			if x[i] > k {
+				ax, ay = append(ax, x[i]-k), append(ay, y[i]-k*fb.B)
+			}
+		}
+		fa, oka := FitThroughOrigin(ax, ay)
+		if !oka || !(fa.B > 0) || len(ax) < 2 || len(bx) < 2 {
+			continue
+		}
+		var ss float64
+		for i := range x {
+			pred := x[i] * fb.B
+			if x[i] > k {
+				pred = k*fb.B + (x[i]-k)*fa.B
+			}
+			ss += (y[i] - pred) * (y[i] - pred)
+		}
+		if r := math.Sqrt(ss / float64(len(x))); r < best {
+			best, knee, below, above, ok = r, k, fb.B, fa.B, true
+		}
+	}
+	return knee, below, above, best, ok
+}
+
+// FitThroughOrigin fits y = b·x by least squares, for model terms that
+// have no fixed part (the profile has nowhere to put an intercept). R² is
+// measured against the mean of y, as for FitLinear, so it can be negative
+// when the line through the origin is worse than the mean.
+func FitThroughOrigin(x, y []float64) (LinearFit, bool) {
+	var sxy, sxx float64
+	for i := range x {
+		sxy += x[i] * y[i]
+		sxx += x[i] * x[i]
+	}
+	if len(x) == 0 || sxx == 0 {
+		return LinearFit{}, false
+	}
+	b := sxy / sxx
+	pred := make([]float64, len(x))
+	for i := range x {
+		pred[i] = b * x[i]
+	}
+	f := FitResiduals(y, pred)
+	f.B = b
+	return f, true
+}
+
+// FitResiduals describes how well pred matches y: residuals, RMSE and R².
+func FitResiduals(y, pred []float64) LinearFit {
+	f := LinearFit{N: len(y), Residuals: make([]float64, len(y))}
+	var my, ssTot, ssRes float64
+	for _, v := range y {
+		my += v
+	}
+	my /= float64(max(len(y), 1))
+	for i := range y {
+		f.Residuals[i] = y[i] - pred[i]
+		ssRes += f.Residuals[i] * f.Residuals[i]
+		ssTot += (y[i] - my) * (y[i] - my)
+	}
+	if len(y) > 0 {
+		f.RMSE = math.Sqrt(ssRes / float64(len(y)))
+	}
+	switch {
+	case ssRes == 0:
+		f.R2 = 1
+	case ssTot == 0:
+		f.R2 = 0
+	default:
+		f.R2 = 1 - ssRes/ssTot
+	}
+	return f
+}
+
+// FitConstant describes y by its mean, for constant model terms: the
+// residuals are the deviations and R² is 0 by definition.
+func FitConstant(y []float64) LinearFit {
+	f := LinearFit{A: math.NaN(), N: len(y), Residuals: make([]float64, len(y))}
+	if len(y) > 0 {
+		var sum float64
+		for _, v := range y {
+			sum += v
+		}
+		f.A = sum / float64(len(y))
+	}
+	var ss float64
+	for i, v := range y {
+		f.Residuals[i] = v - f.A
+		ss += f.Residuals[i] * f.Residuals[i]
+	}
+	if len(y) > 0 {
+		f.RMSE = math.Sqrt(ss / float64(len(y)))
+	}
+	return f
+}

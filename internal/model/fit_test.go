@@ -109,3 +109,70 @@ func TestMAPE(t *testing.T) {
 		t.Error("MAPE of nothing should be NaN")
 	}
 }
+
+func TestFitThroughOrigin(t *testing.T) {
+	f, ok := FitThroughOrigin([]float64{1, 2, 4}, []float64{2, 4, 8})
+	if !ok || f.B != 2 || f.R2 != 1 {
+		t.Errorf("got %+v", f)
+	}
+	if _, ok := FitThroughOrigin(nil, nil); ok {
+		t.Error("fitted no points")
+	}
+	// Data with a large intercept: the line through the origin is worse
+	// than the mean.
+	f, _ = FitThroughOrigin([]float64{1, 2}, []float64{10, 10.1})
+	if f.R2 >= 0 {
+		t.Errorf("R² %v, want negative", f.R2)
+	}
+}
+
+func TestTwoRatesRecoversABend(t *testing.T) {
+	const mib = 1 << 20
+	var x, y []float64
+	for _, m := range []float64{64 * mib, 128 * mib, 256 * mib, 512 * mib} {
+		for range 2 {
+			x = append(x, m)
+			if m <= 128*mib {
+				y = append(y, m/2e9)
+			} else {
+				y = append(y, 128*mib/2e9+(m-128*mib)/0.3e9)
+			}
+		}
+	}
+	knee, below, above, rmse, ok := FitTwoRates(x, y)
+	if !ok || knee != 128*mib || math.Abs(1/below-2e9) > 1 || math.Abs(1/above-0.3e9) > 1 || rmse > 1e-9 {
+		t.Fatalf("knee %v below %v above %v rmse %v ok %v", knee, 1/below, 1/above, rmse, ok)
+	}
+}
+
+func TestGoldenSection(t *testing.T) {
+	got := GoldenSection(func(x float64) float64 { return (x - 0.3) * (x - 0.3) }, -1, 2, 60)
+	if math.Abs(got-0.3) > 1e-9 {
+		t.Errorf("minimum at %v, want 0.3", got)
+	}
+	// A minimum on the edge of the interval is found at the edge.
+	if got := GoldenSection(func(x float64) float64 { return x }, 0, 1, 60); got > 1e-9 {
+		t.Errorf("minimum of x on [0,1] at %v, want 0", got)
+	}
+}
+
+func TestFitConstant(t *testing.T) {
+	f := FitConstant([]float64{1, 2, 3})
+	if f.A != 2 || f.N != 3 || f.R2 != 0 || math.Abs(f.RMSE-math.Sqrt(2.0/3)) > 1e-12 {
+		t.Errorf("got %+v", f)
+	}
+	if f := FitConstant(nil); !math.IsNaN(f.A) {
+		t.Errorf("mean of nothing is %v, want NaN", f.A)
+	}
+}
+
+func TestFitResiduals(t *testing.T) {
+	f := FitResiduals([]float64{1, 2, 3}, []float64{1, 2, 3})
+	if f.R2 != 1 || f.RMSE != 0 {
+		t.Errorf("perfect prediction: %+v", f)
+	}
+	f = FitResiduals([]float64{1, 2, 3}, []float64{2, 2, 2})
+	if f.R2 != 0 || f.Residuals[0] != -1 {
+		t.Errorf("the mean as prediction: %+v", f)
+	}
+}

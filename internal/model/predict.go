@@ -3,6 +3,7 @@ package model
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -14,6 +15,10 @@ const (
 	ModeHybrid        = "hybrid"
 	ModeNativePrecopy = "precopy-native" // CRIU pre-dump with soft-dirty: PAM
 )
+
+// EngineModes are the modes ferry's engine migrates with, in the order
+// reports and grids list them.
+var EngineModes = []string{ModeCold, ModePrecopy, ModePostcopy, ModeHybrid}
 
 // DefaultMaxRounds is how many live rounds Best tries when Inputs does not
 // say (the engine's own default).
@@ -123,7 +128,7 @@ func Best(p Profile, in Inputs, maxDowntimeMs float64) (preds []Prediction, feas
 	if maxRounds <= 0 {
 		maxRounds = DefaultMaxRounds
 	}
-	modes := []string{ModeCold, ModePrecopy, ModePostcopy, ModeHybrid}
+	modes := slices.Clone(EngineModes)
 	if p.SoftDirty {
 		modes = append(modes, ModeNativePrecopy)
 	}

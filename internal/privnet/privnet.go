@@ -8,6 +8,7 @@ package privnet
 import (
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 
 	"github.com/vishvananda/netlink"
@@ -83,3 +84,19 @@ func onThread(f func(orig netns.NsHandle) error) error {
 // FromHandle wraps a namespace handle someone else opened (a named
 // namespace, say), to run code in it; Close closes the handle.
 func FromHandle(h netns.NsHandle) *NS { return &NS{h: h} }
+
+// SharesOurs says whether pid is in this process's network namespace: a
+// container that is has no namespace of its own to hide a server in.
+func SharesOurs(pid int) (bool, error) {
+	theirs, err := netns.GetFromPid(pid)
+	if err != nil {
+		return false, fmt.Errorf("network namespace of pid %d: %w", pid, err)
+	}
+	defer theirs.Close()
+	ours, err := netns.GetFromPid(os.Getpid())
+	if err != nil {
+		return false, err
+	}
+	defer ours.Close()
+	return theirs.Equal(ours), nil
+}

@@ -109,3 +109,29 @@ func TestProcessBornInside(t *testing.T) {
 		}
 	}
 }
+
+func TestSharesOurs(t *testing.T) {
+	needRoot(t)
+	if shared, err := SharesOurs(os.Getpid()); err != nil || !shared {
+		t.Fatalf("SharesOurs(self) = %v, %v", shared, err)
+	}
+	ns, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	var cmd *exec.Cmd
+	if err := ns.Do(func() error {
+		cmd = exec.Command("sleep", "60")
+		return cmd.Start()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	if shared, err := SharesOurs(cmd.Process.Pid); err != nil || shared {
+		t.Fatalf("SharesOurs(a process in a private namespace) = %v, %v", shared, err)
+	}
+	if _, err := SharesOurs(1 << 30); err == nil {
+		t.Error("no error for a pid that does not exist")
+	}
+}

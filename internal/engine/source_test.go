@@ -1,0 +1,401 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/ferry-migrate/ferry/internal/host"
+	"github.com/ferry-migrate/ferry/internal/journal"
+	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/transport"
+)
+
+// The source's control flow, end to end without a lab: Source.Migrate
+// with a fake runtime holding one container, over an in-memory session to
+// the destination harness (harness_test.go). The page stream takes its
+// real path: the source's tunnel admits only a CRIU process of its own,
+// then the session, then a page server at the destination. A script named
+// criu plays CRIU on both ends, so the tunnel's check of who connected
+// runs as it does for the real one.
+
+// fakePagesFile is where the fake page server writes what it received.
+const fakePagesFile = "pages.fake"
+
+// fakePages is what the fake dump sends as the container's memory.
+const fakePages = "the container's pages"
+
+// fakeCRIUScript plays `criu page-server` (it stores the stream) and the
+// page client of a dump (it sends DATA and waits briefly for an answer).
+// Both end on a builtin: bash would exec an external last command and
+// take its name, which the tunnel's check would not recognise.
+const fakeCRIUScript = `#!/bin/bash
+case "$1" in
+page-server) # page-server --images-dir DIR ... --ps-socket 3 ...
+	cat <&3 >"$3/` + fakePagesFile + `"
+	exit 0 ;;
+page-client) # page-client HOST PORT DATA
+	exec 3<>"/dev/tcp/$2/$3"
+	printf %s "$4" >&3
+	read -r -t 0.5 -u 3 || true
+	exec 3>&-
+	exit 0 ;;
+esac
+echo "fake criu: unknown command $1" >&2
+exit 1
+`
+
+// fakeCRIU installs the script as the criu this test's processes find
+// first in PATH, and returns its path.
+func fakeCRIU(t *testing.T) string {
+	t.Helper()
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("needs bash (it plays CRIU)")
+	}
+	dir := t.TempDir()
+	path := filepath.Join(dir, "criu")
+	if err := os.WriteFile(path, []byte(fakeCRIUScript), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	return path
+}
+
+// fakeSource is a runtime.Runtime at the source holding one running
+// container. It records what the engine asks of it, in order, and keeps
+// the container's status as a runtime would, so that the engine's check
+// of what it reports (resumed, removed) reads the truth.
+type fakeSource struct {
+	criu string
+	ctr  runtime.Container
+	caps runtime.Caps
+	// Errors the runtime's calls return.
+	freezeErr, checkpointErr, thawErr error
+
+	mu     sync.Mutex
+	status string // "" once removed
+	calls  []string
+}
+
+func newFakeSource(t *testing.T) *fakeSource {
+	return &fakeSource{
+		criu:   fakeCRIU(t),
+		caps:   runtime.Caps{Freeze: true, RestoreStopped: true},
+		ctr:    runtime.Container{Runtime: "fake", Name: "web", ID: "web", PID: fakePid, Rootfs: sourceRoot(t)},
+		status: "running",
+	}
+}
+
+func (f *fakeSource) Kind() string       { return "fake" }
+func (f *fakeSource) Caps() runtime.Caps { return f.caps }
+
+func (f *fakeSource) called(call string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, call)
+}
+
+func (f *fakeSource) Inspect(_ context.Context, name string) (*runtime.Container, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if name != f.ctr.Name || f.status == "" {
+		return nil, runtime.ErrNotFound
+	}
+	c := f.ctr
+	c.Status = f.status
+	return &c, nil
+}
+
+func (f *fakeSource) Freeze(context.Context, *runtime.Container) error {
+	f.called("freeze")
+	if f.freezeErr != nil {
+		return f.freezeErr
+	}
+	f.setStatus("paused")
+	return nil
+}
+
+func (f *fakeSource) Thaw(context.Context, *runtime.Container) error {
+	f.called("thaw")
+	if f.thawErr != nil {
+		return f.thawErr
+	}
+	f.setStatus("running")
+	return nil
+}
+
+func (f *fakeSource) setStatus(s string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.status = s
+}
+
+// Checkpoint is a dump of the frozen container: its pages go to the page
+// server CRIU is told of, the rest of the images into ImagesDir.
+func (f *fakeSource) Checkpoint(ctx context.Context, _ *runtime.Container, o runtime.CheckpointOptions) (runtime.Dump, error) {
+	f.called("checkpoint")
+	if f.checkpointErr != nil {
+		return nil, f.checkpointErr
+	}
+	host, port, err := net.SplitHostPort(o.PageServer)
+	if err != nil {
+		return nil, err
+	}
+	if out, err := exec.CommandContext(ctx, f.criu, "page-client", host, port, fakePages).CombinedOutput(); err != nil {
+		return nil, errors.New("fake criu: " + err.Error() + ": " + string(out))
+	}
+	if err := os.MkdirAll(o.ImagesDir, 0o700); err != nil {
+		return nil, err
+	}
+	return fakeDump{f}, os.WriteFile(filepath.Join(o.ImagesDir, "inventory.img"), []byte("not a real image"), 0o600)
+}
+
+func (f *fakeSource) Remove(context.Context, *runtime.Container) error {
+	f.called("remove")
+	f.setStatus("")
+	return nil
+}
+
+func (f *fakeSource) Prepare(context.Context, *runtime.Container, runtime.PrepareOptions) (runtime.Target, error) {
+	return nil, errors.New("fake source: nothing is received here")
+}
+
+func (f *fakeSource) record() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.calls)
+}
+
+func (f *fakeSource) state() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.status
+}
+
+// fakeDump is a dump that has ended; the container stays frozen (the
+// runtime froze it, Caps.Freeze).
+type fakeDump struct{ f *fakeSource }
+
+func (d fakeDump) Wait() error { return nil }
+func (d fakeDump) Release(_ context.Context, kill bool) error {
+	if kill {
+		d.f.called("release(kill)")
+	} else {
+		d.f.called("release")
+	}
+	return nil
+}
+
+// sourceRun is one migration from a fakeSource at "h1" to the harness's
+// destination "h2".
+type sourceRun struct {
+	*harness
+	src *fakeSource
+	s   *Source
+	sj  *journal.Journal
+}
+
+func newSourceRun(t *testing.T, change ...func(*sourceRun)) *sourceRun {
+	t.Helper()
+	r := &sourceRun{harness: newHarness(t), src: newFakeSource(t)}
+	state := filepath.Join(t.TempDir(), "state")
+	sj, err := journal.Open(filepath.Join(state, "journal"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.sj = sj
+	r.s = &Source{
+		Host:     host.Config{Name: "h1", StateDir: state},
+		Runtimes: runtime.Set{"fake": r.src},
+		Journal:  sj,
+		Dial: func(context.Context, string) (*transport.Session, error) {
+			return r.harness.src, nil
+		},
+	}
+	for _, c := range change {
+		c(r)
+	}
+	return r
+}
+
+func (r *sourceRun) migrate(mode string) Report {
+	r.t.Helper()
+	return r.s.Migrate(context.Background(), Request{Container: "web", To: "h2@127.0.0.1:1", Mode: mode, Runtime: "fake"}, nil)
+}
+
+// calls fails the test unless the source's runtime saw exactly want.
+func (r *sourceRun) calls(want ...string) {
+	r.t.Helper()
+	if got := r.src.record(); !slices.Equal(got, want) {
+		r.t.Errorf("the source's runtime saw %q, want %q", got, want)
+	}
+}
+
+// sourceJournaled returns the source journal's last state for the run.
+func (r *sourceRun) sourceJournaled(rep Report) string {
+	r.t.Helper()
+	e, ok, err := r.sj.Get(rep.ID)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if !ok {
+		return ""
+	}
+	return e.State
+}
+
+func TestSourceColdCommits(t *testing.T) {
+	r := newSourceRun(t)
+	rep := r.migrate(ModeCold)
+	if !rep.OK {
+		t.Fatalf("migration failed at %s: %s", rep.FailedAt, rep.Error)
+	}
+	r.calls("freeze", "checkpoint", "release(kill)", "remove")
+	if rep.SourceState != "removed" || r.src.state() != "" {
+		t.Errorf("report says the source copy is %q, the runtime holds it %q; want removed", rep.SourceState, r.src.state())
+	}
+	r.returned()
+	r.want(counts{prepared: 1, restored: 1, started: 1})
+	if got := r.rt.target(t).pages; got != fakePages {
+		t.Errorf("the destination's page server got %q, want the dump's %q", got, fakePages)
+	}
+	if b, err := os.ReadFile(filepath.Join(r.rt.target(t).dir, "etc", "hostname")); err != nil || string(b) != "web\n" {
+		t.Errorf("the destination's root filesystem: %q, %v", b, err)
+	}
+	if st := r.sourceJournaled(rep); st != journal.Removed {
+		t.Errorf("source journal says %q, want %q", st, journal.Removed)
+	}
+	// Restored stopped (Caps.RestoreStopped), started at the commit.
+	if st := r.journaled(rep.ID).State; st != journal.Started {
+		t.Errorf("destination journal says %q, want %q", st, journal.Started)
+	}
+	if rep.DowntimeMs <= 0 || !slices.ContainsFunc(rep.Phases, func(p PhaseSpan) bool { return p.Name == "dump" }) {
+		t.Errorf("report without downtime or dump phase: %+v", rep)
+	}
+}
+
+// A restore that fails at the destination: the destination discards its
+// copy and says so, then the source thaws its own and reports it resumed,
+// having checked.
+func TestSourceResumesWhenRestoreFails(t *testing.T) {
+	r := newSourceRun(t, func(r *sourceRun) { r.rt.restoreErr = errors.New("criu restore: no space left on device") })
+	rep := r.migrate(ModeCold)
+	if rep.OK || !strings.Contains(rep.Error, "no space left") || !strings.HasPrefix(rep.FailedAt, "restore on h2") {
+		t.Fatalf("report: ok %v at %q: %s", rep.OK, rep.FailedAt, rep.Error)
+	}
+	r.calls("freeze", "checkpoint", "release", "thaw")
+	if rep.SourceState != "resumed" || r.src.state() != "running" {
+		t.Errorf("report says %q, the runtime holds it %q; want resumed and running", rep.SourceState, r.src.state())
+	}
+	r.returned()
+	r.want(counts{prepared: 1, restored: 1, discarded: 1})
+	r.allDropped()
+	if st := r.sourceJournaled(rep); st != journal.Resumed {
+		t.Errorf("source journal says %q, want %q", st, journal.Resumed)
+	}
+}
+
+// A thaw that does not take: the report must not say resumed.
+func TestSourceReportsAThawThatFailed(t *testing.T) {
+	r := newSourceRun(t, func(r *sourceRun) {
+		r.rt.restoreErr = errors.New("restore failed")
+		r.src.thawErr = errors.New("runc resume: cgroup frozen")
+	})
+	rep := r.migrate(ModeCold)
+	if rep.OK || rep.SourceState != "frozen" || !strings.Contains(rep.Error, "did not resume") || !strings.Contains(rep.Error, "thaw the fake container") {
+		t.Fatalf("report: ok %v, source %q: %s", rep.OK, rep.SourceState, rep.Error)
+	}
+	r.returned()
+}
+
+// The dump fails: the destination drops what it prepared, the source thaws.
+func TestSourceResumesWhenDumpFails(t *testing.T) {
+	r := newSourceRun(t, func(r *sourceRun) { r.src.checkpointErr = errors.New("criu dump: can't dump ghost file") })
+	rep := r.migrate(ModeCold)
+	if rep.OK || !strings.Contains(rep.Error, "ghost file") || rep.FailedAt != "dump on h1" {
+		t.Fatalf("report: ok %v at %q: %s", rep.OK, rep.FailedAt, rep.Error)
+	}
+	r.calls("freeze", "checkpoint", "thaw")
+	if rep.SourceState != "resumed" || r.src.state() != "running" {
+		t.Errorf("report says %q, the runtime holds it %q", rep.SourceState, r.src.state())
+	}
+	r.returned()
+	r.want(counts{prepared: 1, discarded: 1})
+	r.allDropped()
+}
+
+// A destination that refuses: nothing is frozen.
+func TestSourceRefusedBeforeFreeze(t *testing.T) {
+	r := newSourceRun(t, func(r *sourceRun) { r.rt.prepareErr = errors.New("a container named web exists here") })
+	rep := r.migrate(ModeCold)
+	if rep.OK || !strings.Contains(rep.Error, "exists here") || !strings.HasPrefix(rep.FailedAt, "destination h2 refused") {
+		t.Fatalf("report: ok %v at %q: %s", rep.OK, rep.FailedAt, rep.Error)
+	}
+	r.calls()
+	if rep.SourceState != "" || r.src.state() != "running" {
+		t.Errorf("report says %q, the runtime holds it %q; want untouched and running", rep.SourceState, r.src.state())
+	}
+	if st := r.sourceJournaled(rep); st != "" {
+		t.Errorf("source journal holds %q for a migration that froze nothing", st)
+	}
+}
+
+// A freeze that fails: no dump, no thaw, the container as it was.
+func TestSourceFreezeFails(t *testing.T) {
+	r := newSourceRun(t, func(r *sourceRun) { r.src.freezeErr = errors.New("freezer: device busy") })
+	rep := r.migrate(ModeCold)
+	if rep.OK || rep.FailedAt != "freeze on h1" {
+		t.Fatalf("report: ok %v at %q: %s", rep.OK, rep.FailedAt, rep.Error)
+	}
+	r.calls("freeze")
+	r.returned()
+	r.want(counts{prepared: 1, discarded: 1})
+}
+
+// A technique the runtime cannot do is refused before anything is frozen
+// or sent: no session is even opened.
+func TestSourceRefusesWhatTheRuntimeCannotDo(t *testing.T) {
+	dialled := false
+	r := newSourceRun(t, func(r *sourceRun) {
+		r.s.Dial = func(context.Context, string) (*transport.Session, error) {
+			dialled = true
+			return nil, errors.New("not to be dialled")
+		}
+	})
+	for _, mode := range []string{ModePostcopy, ModeHybrid} {
+		rep := r.migrate(mode)
+		if rep.OK || !strings.HasPrefix(rep.FailedAt, "prepare on h1") {
+			t.Errorf("%s: report ok %v at %q: %s", mode, rep.OK, rep.FailedAt, rep.Error)
+		}
+	}
+	if dialled {
+		t.Error("the source dialled the destination for a technique it had to refuse")
+	}
+	r.calls()
+}
+
+// The destination goes silent after it restored the container (its agent
+// killed there): the source cannot know whether the container runs there,
+// so it must not thaw its own; the report and the journal say in doubt.
+func TestSourceStaysFrozenWhenTheDestinationGoesSilent(t *testing.T) {
+	r := newSourceRun(t)
+	r.rt.afterRestore = func() { r.harness.src.Close() }
+	rep := r.migrate(ModeCold)
+	if rep.OK || rep.SourceState != "frozen" || rep.InDoubtID != rep.ID || !strings.Contains(rep.Error, "may run the container") {
+		t.Fatalf("report: ok %v, source %q, in doubt %q: %s", rep.OK, rep.SourceState, rep.InDoubtID, rep.Error)
+	}
+	r.calls("freeze", "checkpoint")
+	if r.src.state() != "paused" {
+		t.Errorf("the source copy is %q, want paused", r.src.state())
+	}
+	if st := r.sourceJournaled(rep); st != journal.InDoubt {
+		t.Errorf("source journal says %q, want %q", st, journal.InDoubt)
+	}
+}
