@@ -447,7 +447,9 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 		return false, err
 	}
 	if in.offer.Precopy.AutoConverge {
-		liftThrottle(pid) // auto-converge's throttle stays behind
+		if err := liftThrottle(pid, in.offer.Spec); err != nil {
+			slog.Warn("the CPU throttle auto-converge left stays", "migration", in.offer.ID, "container", in.offer.Container, "error", err)
+		}
 	}
 	if err := ctl.Send(Restored{Pid: pid, WaitMs: ms(start.Sub(asked)), RestoreMs: ms(time.Since(start)),
 		FillMs: filled.ms, PagesLocal: filled.Local + filled.Parent, PagesFetched: filled.Fetched,

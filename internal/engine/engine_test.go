@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 )
 
@@ -144,5 +145,26 @@ func TestTechniquesRefuseWhatTheRuntimeCannotDo(t *testing.T) {
 	}
 	if sw := precopySwitchover(PrecopyOptions{Engine: PrecopyContent}, runtime.Caps{LazyDump: true}); sw != SwitchoverDump {
 		t.Errorf("a runtime that cannot freeze without dumping got switchover %s", sw)
+	}
+}
+
+// The destination puts back the CPU limit the container was configured
+// with, not auto-converge's throttle, and no limit where none was set.
+func TestConfiguredCPU(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		spec string
+		want cgroups.Bandwidth
+	}{
+		{"no configuration", ``, cgroups.Unlimited},
+		{"no limits", `{"linux":{}}`, cgroups.Unlimited},
+		{"shares only", `{"linux":{"resources":{"cpu":{"shares":512}}}}`, cgroups.Unlimited},
+		{"podman --cpus 0.5", `{"linux":{"resources":{"cpu":{"quota":50000,"period":100000}}}}`, cgroups.Bandwidth{QuotaUs: 50000, PeriodUs: 100000}},
+		{"quota without period", `{"linux":{"resources":{"cpu":{"quota":20000}}}}`, cgroups.Bandwidth{QuotaUs: 20000}},
+		{"quota -1", `{"linux":{"resources":{"cpu":{"quota":-1,"period":100000}}}}`, cgroups.Unlimited},
+	} {
+		if got := configuredCPU([]byte(c.spec)); got != c.want {
+			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
+		}
 	}
 }

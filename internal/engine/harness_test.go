@@ -41,9 +41,9 @@ type fakeRuntime struct {
 	// prepareErr refuses every Prepare (a name taken, an image missing);
 	// restoreErr fails every restore.
 	prepareErr, restoreErr error
-	// afterRestore, when set, runs once a restore succeeded (the
-	// destination's agent dying there).
-	afterRestore func()
+	// afterRestore and afterStart, when set, run once a restore or a
+	// start succeeded (the destination's agent dying there).
+	afterRestore, afterStart func()
 
 	mu       sync.Mutex
 	prepared []*runtime.Container
@@ -86,7 +86,7 @@ func (f *fakeRuntime) Prepare(_ context.Context, c *runtime.Container, o runtime
 	if err != nil {
 		return nil, err
 	}
-	t := &fakeTarget{dir: dir, restoreErr: f.restoreErr, afterRestore: f.afterRestore, opts: o}
+	t := &fakeTarget{dir: dir, restoreErr: f.restoreErr, afterRestore: f.afterRestore, afterStart: f.afterStart, opts: o}
 	f.targets = append(f.targets, t)
 	return t, nil
 }
@@ -123,6 +123,7 @@ type fakeTarget struct {
 	dir          string
 	restoreErr   error
 	afterRestore func()
+	afterStart   func()
 	opts         runtime.PrepareOptions
 
 	mu       sync.Mutex
@@ -154,8 +155,11 @@ func (t *fakeTarget) Restore(_ context.Context, o runtime.RestoreOptions) (int, 
 
 func (t *fakeTarget) Start(context.Context) error {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	t.starts++
+	t.mu.Unlock()
+	if t.afterStart != nil {
+		t.afterStart()
+	}
 	return nil
 }
 

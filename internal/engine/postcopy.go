@@ -14,9 +14,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-migrate/ferry/internal/criu"
-	"github.com/ferry-migrate/ferry/internal/fault"
 	"github.com/ferry-migrate/ferry/internal/images"
-	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/pagestream"
 	"github.com/ferry-migrate/ferry/internal/privnet"
 	"github.com/ferry-migrate/ferry/internal/runtime"
@@ -243,20 +241,9 @@ func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
 	defer stopPush()
 	// From here the destination's copy runs and changes: resuming the
 	// source would fork the container's state, so the migration commits.
-	m.begin("commit")
-	if err := m.record(journal.CommitSent); err != nil {
-		return m.abort(ctx, failAt("commit", err))
+	if err := m.commit(ctx); err != nil {
+		return err
 	}
-	if err := m.ctl.Send(Step{Do: "commit"}); err != nil {
-		return m.inDoubt(failAt("commit", err))
-	}
-	m.faults.At(fault.Source, fault.Commit)
-	var c Committed
-	if err := m.ctl.Recv(&c); err != nil {
-		return m.inDoubt(failAt("commit", err))
-	}
-	m.noteHold(c)
-	m.report.DowntimeMs = ms(time.Since(m.frozenAt)) // it runs from the commit on
 	m.begin("lazy-pages")
 	var done LazyDone
 	err = m.ctl.Recv(&done)

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"path/filepath"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/zeebo/xxh3"
 
 	"github.com/ferry-migrate/ferry/internal/cgroups"
@@ -428,12 +430,32 @@ func (t *cpuThrottle) lift() {
 	}
 }
 
-// liftThrottle clears any CPU limit a restored container inherited from
-// the source's throttle (CRIU restores the cgroup's settings).
-func liftThrottle(pid int) {
-	if cpu, err := cgroups.CPUOf(pid); err == nil {
-		_ = cpu.Set(cgroups.Unlimited)
+// liftThrottle puts back the CPU limit the container's configuration
+// gives (none, where it gives none): CRIU restored the cgroup as the
+// source's auto-converge left it.
+func liftThrottle(pid int, spec []byte) error {
+	cpu, err := cgroups.CPUOf(pid)
+	if err != nil {
+		return err
 	}
+	return cpu.Set(configuredCPU(spec))
+}
+
+// configuredCPU is the CPU limit an OCI configuration sets.
+func configuredCPU(spec []byte) cgroups.Bandwidth {
+	var s specs.Spec
+	if json.Unmarshal(spec, &s) != nil || s.Linux == nil || s.Linux.Resources == nil || s.Linux.Resources.CPU == nil {
+		return cgroups.Unlimited
+	}
+	c := s.Linux.Resources.CPU
+	if c.Quota == nil || *c.Quota <= 0 {
+		return cgroups.Unlimited
+	}
+	b := cgroups.Bandwidth{QuotaUs: *c.Quota}
+	if c.Period != nil {
+		b.PeriodUs = *c.Period
+	}
+	return b
 }
 
 // --- destination ---

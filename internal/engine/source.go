@@ -607,13 +607,24 @@ func (m *migration) switchover(ctx context.Context) error {
 		m.report.PagesReferenced, m.report.PagesFetched, m.report.FillMs = rs.PagesLocal, rs.PagesFetched, rs.FillMs
 		m.report.MemoryBytes = rs.MemoryBytes
 	}
+	if err := m.commit(ctx); err != nil {
+		return err
+	}
+	m.report.FrozenMs = ms(time.Since(m.frozenAt))
+	return m.removeSource(ctx)
+}
+
+// commit hands the container to the destination, recorded before it is
+// asked. The destination's copy runs from its answer on (restored stopped
+// until then); once the commit may have reached it, whether that copy is
+// dropped (its commit window passing) or kept (its agent restarted) is
+// the destination's to say, so a lost answer leaves the source in doubt.
+func (m *migration) commit(ctx context.Context) error {
 	m.begin("commit")
 	if err := m.record(journal.CommitSent); err != nil {
 		return m.abort(ctx, failAt("commit", err))
 	}
 	if err := m.ctl.Send(Step{Do: "commit"}); err != nil {
-		// The destination's copy runs; whether it is dropped (its commit
-		// window passing) or kept (its agent restarted) is its to say.
 		return m.inDoubt(failAt("commit", err))
 	}
 	m.faults.At(fault.Source, fault.Commit)
@@ -622,10 +633,8 @@ func (m *migration) switchover(ctx context.Context) error {
 		return m.inDoubt(failAt("commit", fmt.Errorf("%w: the destination may or may not run the container", err)))
 	}
 	m.noteHold(c)
-	// The destination's copy runs from the commit on (restored stopped).
 	m.report.DowntimeMs = ms(time.Since(m.frozenAt))
-	m.report.FrozenMs = ms(time.Since(m.frozenAt))
-	return m.removeSource(ctx)
+	return nil
 }
 
 // requestRestore asks the destination to restore and waits until it says

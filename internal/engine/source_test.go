@@ -399,3 +399,20 @@ func TestSourceStaysFrozenWhenTheDestinationGoesSilent(t *testing.T) {
 		t.Errorf("source journal says %q, want %q", st, journal.InDoubt)
 	}
 }
+
+// The destination goes silent after the commit reached it (it started
+// the container, then its agent died): the container runs there, so the
+// source must neither thaw nor remove its copy on its own; it stays
+// frozen in doubt until the destination says what it holds.
+func TestSourceStaysFrozenWhenTheCommitGoesUnanswered(t *testing.T) {
+	r := newSourceRun(t)
+	r.rt.afterStart = func() { r.harness.src.Close() }
+	rep := r.migrate(ModeCold)
+	if rep.OK || rep.SourceState != "frozen" || rep.FailedAt != "commit" || rep.InDoubtID != rep.ID {
+		t.Fatalf("report: ok %v at %q, source %q, in doubt %q: %s", rep.OK, rep.FailedAt, rep.SourceState, rep.InDoubtID, rep.Error)
+	}
+	r.calls("freeze", "checkpoint")
+	if st := r.sourceJournaled(rep); st != journal.InDoubt {
+		t.Errorf("source journal says %q, want %q", st, journal.InDoubt)
+	}
+}
