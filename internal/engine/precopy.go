@@ -195,7 +195,6 @@ func (m *migration) startRounds() (*precopySource, error) {
 	return &precopySource{held: map[pages.Key]xxh3.Uint128{}, cache: map[pages.Key][]byte{}, enc: enc, ch: ch}, nil
 }
 
-// finish ends the rounds stream.
 // finish ends the rounds stream, then names the pages the destination
 // holds that the last round no longer found (unmapped, unreadable): the
 // destination must not serve those from its copy. Only hybrid's frozen
