@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -75,7 +76,11 @@ func TestLargeRootfs(t *testing.T) {
 		if !rep.OK {
 			t.Fatalf("%s %s -> %s: %s (at %s)", mode, from.Name, to.Name, rep.Error, rep.FailedAt)
 		}
-		t.Logf("%s %s -> %s: downtime %.0f ms, total %.0f ms, bytes %d", mode, from.Name, to.Name, rep.DowntimeMs, rep.TotalMs, rep.BytesSent)
+		t.Logf("%s %s -> %s: downtime %.0f ms, total %.0f ms, bytes %d, frozen rootfs scan: %s", mode, from.Name, to.Name, rep.DowntimeMs, rep.TotalMs, rep.BytesSent, rep.FrozenRootfsScan)
+		// The frozen pass looked only at what the watch saw change.
+		if !strings.HasSuffix(rep.FrozenRootfsScan, " changed paths") {
+			t.Errorf("%s: the frozen rootfs sync walked the tree: %q", mode, rep.FrozenRootfsScan)
+		}
 		got, err := os.ReadFile(filepath.Join(to.BundleDir(name), "rootfs", "data", "big"))
 		if err != nil || len(got) != len(big) || string(got[len(got)-4096:]) != string(big[len(big)-4096:]) {
 			t.Fatalf("%s: the 200 MB file did not arrive whole (%d bytes, %v)", mode, len(got), err)

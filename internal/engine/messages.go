@@ -289,6 +289,10 @@ type Report struct {
 	// took while the container was down.
 	PagesFetched uint64  `json:"pages_fetched,omitempty"`
 	FillMs       float64 `json:"fill_ms,omitempty"`
+	// FrozenRootfsScan says how the frozen root filesystem sync found
+	// what changed since the live one: "N changed paths" (watched), or
+	// "full walk: WHY".
+	FrozenRootfsScan string `json:"frozen_rootfs_scan,omitempty"`
 	// Auto is what mode auto measured and chose.
 	Auto *AutoChoice `json:"auto,omitempty"`
 	// MemoryEstimate is the memory the first round found, for predictions.

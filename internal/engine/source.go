@@ -61,10 +61,12 @@ type migration struct {
 	sess *transport.Session
 	ctl  *transport.Channel
 	// rootfsBase is what the destination's copy holds after the live
-	// sync, so the frozen sync scans only this side.
-	rootfsBase rootfs.Manifest
-	work       string
-	progress   func(Progress)
+	// sync, so the frozen sync scans only this side; rootfsWatch, from
+	// before the live sync's scan, what changed since (nil: walk it all).
+	rootfsBase  rootfs.Manifest
+	rootfsWatch *rootfs.Watcher
+	work        string
+	progress    func(Progress)
 	// phaseBegun wakes the progress reporter when a phase begins.
 	phaseBegun chan struct{}
 
@@ -276,6 +278,9 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 	pctx, stopProgress := context.WithCancel(ctx)
 	go m.reportProgress(pctx, 200*time.Millisecond)
 	err := m.run(ctx)
+	if m.rootfsWatch != nil {
+		_ = m.rootfsWatch.Close()
+	}
 	if m.liftThrottle != nil {
 		m.liftThrottle()
 	}
@@ -488,6 +493,13 @@ func (m *migration) validatePrecopy(c runtime.Caps) error {
 // synced while the container runs.
 func (m *migration) syncRootfsLive(ctx context.Context) error {
 	m.begin("rootfs-sync")
+	// Watched from before the live sync's scan, so that the frozen sync
+	// looks only at what changed after it.
+	w, err := rootfs.Watch(m.ctr.Rootfs)
+	if err != nil {
+		m.report.FrozenRootfsScan = "full walk: " + err.Error()
+	}
+	m.rootfsWatch = w
 	if err := m.syncRootfs(ChanRootfsLive); err != nil {
 		return m.abort(ctx, failAt("rootfs sync", err))
 	}
@@ -505,12 +517,18 @@ func (m *migration) syncRootfs(kind string) error {
 	// This side's scan runs while the destination describes its copy.
 	type scanned struct {
 		m   rootfs.Manifest
+		ch  *rootfs.Changes // the frozen pass, from a watch
 		err error
 	}
 	sc := make(chan scanned, 1)
 	go func() {
-		m, err := rootfs.Scan(root)
-		sc <- scanned{m, err}
+		if kind == ChanRootfsFinal && m.rootfsWatch != nil && m.rootfsBase != nil {
+			ch, err := m.rescanRootfs()
+			sc <- scanned{ch: ch, err: err}
+			return
+		}
+		man, err := rootfs.Scan(root)
+		sc <- scanned{m: man, err: err}
 	}()
 	var have RootfsHave
 	rerr := ch.Recv(&have)
@@ -529,7 +547,17 @@ func (m *migration) syncRootfs(kind string) error {
 		base = m.rootfsBase
 	}
 	want := s.m
-	sent, err := rootfs.SendDelta(ch, root, rootfs.Diff(base, want))
+	var delta rootfs.Delta
+	switch {
+	case s.ch != nil && have.AsLive:
+		delta = s.ch.Delta() // what changed since the live sync, from the changes alone
+	case s.ch != nil:
+		want = s.ch.Manifest()
+		fallthrough
+	default:
+		delta = rootfs.Diff(base, want)
+	}
+	sent, err := rootfs.SendDelta(ch, root, delta)
 	if err != nil {
 		return err
 	}
@@ -562,6 +590,30 @@ func (m *migration) syncRootfs(kind string) error {
 		m.rootfsBase = want
 	}
 	return nil
+}
+
+// rescanRootfs is the frozen tree: the live sync's scan brought up to date
+// by what the watch saw change since, and the files the container writes
+// through shared mappings (which raise no event); or, where the watch
+// cannot vouch for it, a walk of the whole tree.
+func (m *migration) rescanRootfs() (*rootfs.Changes, error) {
+	w := m.rootfsWatch
+	m.rootfsWatch = nil // one rescan per watch
+	defer w.Close()
+	var extra []string
+	for _, p := range procs.WrittenFiles(m.ctr.PID) {
+		extra = append(extra, strings.TrimPrefix(p, "/")) // as the container names it
+	}
+	ch, st, err := w.Rescan(m.rootfsBase, extra)
+	if err != nil {
+		return nil, err
+	}
+	if st.Full != "" {
+		m.report.FrozenRootfsScan = "full walk: " + st.Full
+	} else {
+		m.report.FrozenRootfsScan = fmt.Sprintf("%d changed paths", st.Paths)
+	}
+	return ch, nil
 }
 
 // freeze stops the container's processes; until commit, resume undoes it.

@@ -122,6 +122,9 @@ type fakeSource struct {
 	caps  runtime.Caps
 	// Errors the runtime's calls return.
 	freezeErr, checkpointErr, thawErr error
+	// beforeFreeze, when set, runs as the freeze begins: the container's
+	// last writes.
+	beforeFreeze func()
 
 	mu     sync.Mutex
 	status string // "" once removed
@@ -160,6 +163,9 @@ func (f *fakeSource) Inspect(_ context.Context, name string) (*runtime.Container
 
 func (f *fakeSource) Freeze(context.Context, *runtime.Container) error {
 	f.called("freeze")
+	if f.beforeFreeze != nil {
+		f.beforeFreeze()
+	}
 	if f.freezeErr != nil {
 		return f.freezeErr
 	}
@@ -322,6 +328,12 @@ func (r *sourceRun) sourceJournaled(rep Report) string {
 
 func TestSourceColdCommits(t *testing.T) {
 	r := newSourceRun(t)
+	// Written after the live sync: the frozen sync finds it by the watch.
+	r.src.beforeFreeze = func() {
+		if err := os.WriteFile(filepath.Join(r.src.ctr.Rootfs, "etc", "written-late"), []byte("late\n"), 0o644); err != nil {
+			t.Error(err)
+		}
+	}
 	rep := r.migrate(ModeCold)
 	if !rep.OK {
 		t.Fatalf("migration failed at %s: %s", rep.FailedAt, rep.Error)
@@ -333,8 +345,13 @@ func TestSourceColdCommits(t *testing.T) {
 	r.returned()
 	r.want(counts{prepared: 1, restored: 1, started: 1})
 	r.pagesArrived()
-	if b, err := os.ReadFile(filepath.Join(r.rt.target(t).dir, "etc", "hostname")); err != nil || string(b) != "web\n" {
-		t.Errorf("the destination's root filesystem: %q, %v", b, err)
+	for file, want := range map[string]string{"hostname": "web\n", "written-late": "late\n"} {
+		if b, err := os.ReadFile(filepath.Join(r.rt.target(t).dir, "etc", file)); err != nil || string(b) != want {
+			t.Errorf("the destination's etc/%s: %q, %v; want %q", file, b, err, want)
+		}
+	}
+	if rep.FrozenRootfsScan != "2 changed paths" { // etc/written-late, and etc's mtime
+		t.Errorf("frozen rootfs scan: %q, want the two changed paths", rep.FrozenRootfsScan)
 	}
 	if st := r.sourceJournaled(rep); st != journal.Removed {
 		t.Errorf("source journal says %q, want %q", st, journal.Removed)

@@ -6,8 +6,11 @@ package procs
 
 import (
 	"os"
+	"sort"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // proc is one line of the process table.
@@ -179,4 +182,58 @@ func TreeResident(pid int) int64 {
 	}
 	walk(pid)
 	return total
+}
+
+// WrittenFiles lists the files pid and the processes below it hold open
+// for writing or map shared and writable, as those processes name them
+// (their own root and mounts). A write through a shared mapping changes a
+// file without a word to inotify; a rescan of what changed must look at
+// these too.
+func WrittenFiles(pid int) []string {
+	seen := map[string]bool{}
+	for _, p := range append([]int{pid}, Descendants(pid, "")...) {
+		dir := "/proc/" + strconv.Itoa(p) + "/"
+		for fd, path := range OpenFiles(p) {
+			if !strings.HasPrefix(path, "/") {
+				continue // a socket, pipe or anonymous inode
+			}
+			info, err := os.ReadFile(dir + "fdinfo/" + strconv.Itoa(fd))
+			if err != nil {
+				continue
+			}
+			if flags, ok := fdFlags(info); ok && flags&unix.O_ACCMODE != unix.O_RDONLY {
+				seen[path] = true
+			}
+		}
+		maps, err := os.ReadFile(dir + "maps")
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(maps), "\n") {
+			// start-end perms offset dev inode path
+			f := strings.Fields(line)
+			if len(f) >= 6 && len(f[1]) == 4 && f[1][1] == 'w' && f[1][3] == 's' && strings.HasPrefix(f[5], "/") {
+				seen[strings.Join(f[5:], " ")] = true
+			}
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for p := range seen {
+		if !strings.HasSuffix(p, " (deleted)") {
+			out = append(out, p)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// fdFlags reads the octal "flags:" line of an fdinfo file.
+func fdFlags(info []byte) (int, bool) {
+	for _, line := range strings.Split(string(info), "\n") {
+		if v, ok := strings.CutPrefix(line, "flags:"); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 8, 64)
+			return int(n), err == nil
+		}
+	}
+	return 0, false
 }

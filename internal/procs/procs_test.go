@@ -1,9 +1,12 @@
 package procs
 
 import (
+	"bufio"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -98,5 +101,52 @@ func TestOpenFilesAndResident(t *testing.T) {
 	}
 	if Resident(1<<30) != 0 || TreeResident(1<<30) != 0 {
 		t.Error("a process that does not exist has memory")
+	}
+}
+
+// A process's files open for writing and mapped shared are listed; those
+// it only reads are not.
+func TestWrittenFiles(t *testing.T) {
+	dir := t.TempDir()
+	for _, f := range []string{"read", "written", "mapped"} {
+		if err := os.WriteFile(filepath.Join(dir, f), make([]byte, 4096), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A child holds "read" open read-only, "written" for writing, and maps
+	// "mapped" shared and writable (python3's mmap), then waits.
+	script := `import mmap, sys, time
+r = open(sys.argv[1] + "/read", "rb")
+w = open(sys.argv[1] + "/written", "r+b")
+m = open(sys.argv[1] + "/mapped", "r+b")
+mm = mmap.mmap(m.fileno(), 4096, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+m.close()
+print("ready", flush=True)
+time.sleep(60)
+`
+	cmd := exec.Command("python3", "-c", script, dir)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Skipf("needs python3 to hold files open: %v", err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	var got []string // its stdin and stderr, /dev/null, count too
+	for _, f := range WrittenFiles(cmd.Process.Pid) {
+		if strings.HasPrefix(f, dir+"/") {
+			got = append(got, f)
+		}
+	}
+	want := []string{filepath.Join(dir, "mapped"), filepath.Join(dir, "written")}
+	if !slices.Equal(got, want) {
+		t.Errorf("WrittenFiles = %q, want %q", got, want)
+	}
+	if got := WrittenFiles(1 << 30); len(got) != 0 {
+		t.Errorf("a process that does not exist holds %q", got)
 	}
 }

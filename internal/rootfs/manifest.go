@@ -70,7 +70,13 @@ func Scan(root string) (Manifest, error) {
 		d.Close()
 		return nil, &fs.PathError{Op: "fstat", Path: root, Err: err}
 	}
-	s := &scanner{dev: st.Dev, tasks: make(chan scanTask)}
+	return scanFrom(d, st.Dev, "")
+}
+
+// scanFrom scans the open directory d (rel below the root, "" for the
+// root itself; closed when done) on filesystem dev.
+func scanFrom(d *os.File, dev uint64, rel string) (Manifest, error) {
+	s := &scanner{dev: dev, tasks: make(chan scanTask)}
 	walkers := make([]*walker, scanWorkers)
 	for i := range walkers {
 		walkers[i] = &walker{s: s, buf: make([]byte, unix.PathMax)}
@@ -81,7 +87,7 @@ func Scan(root string) (Manifest, error) {
 	for _, w := range walkers[1:] {
 		wg.Go(w.serve)
 	}
-	walkers[0].run(scanTask{d: d})
+	walkers[0].run(scanTask{d: d, rel: rel})
 	walkers[0].serve()
 	wg.Wait()
 	if err := s.err.Load(); err != nil {
