@@ -29,7 +29,10 @@ import (
 // queue overflowing, or a changed file with more than one link (its other
 // names changed too, unseen). Writes through a shared mapping raise no
 // event at all: the caller names the files the container has open for
-// writing or mapped shared (Rescan's extra).
+// writing or mapped shared (Rescan's extra). What stays unseen: a file
+// given a second name, written through it, and that name removed again
+// before the rescan; a full walk, which compares size and mtime, misses a
+// file rewritten with both put back.
 type Watcher struct {
 	root string
 	fd   int
