@@ -287,9 +287,14 @@ func newSourceRun(t *testing.T, change ...func(*sourceRun)) *sourceRun {
 	return r
 }
 
-func (r *sourceRun) migrate(mode string) Report {
+// migrate moves "web" to h2 in mode; precopy, if given, are its options.
+func (r *sourceRun) migrate(mode string, precopy ...PrecopyOptions) Report {
 	r.t.Helper()
-	return r.s.Migrate(context.Background(), Request{Container: "web", To: "h2@127.0.0.1:1", Mode: mode, Runtime: "fake"}, nil)
+	req := Request{Container: "web", To: "h2@127.0.0.1:1", Mode: mode, Runtime: "fake"}
+	if len(precopy) > 0 {
+		req.Precopy = precopy[0]
+	}
+	return r.s.Migrate(context.Background(), req, nil)
 }
 
 // pagesArrived fails the test unless the destination's page server got
@@ -515,9 +520,7 @@ func TestSourcePrecopyCommits(t *testing.T) {
 		t.Skipf("this user may not read a child's memory (Yama's ptrace_scope?): %v", err)
 	}
 	r := newSourceRun(t, func(r *sourceRun) { r.src.ctr.PID = proc.Process.Pid })
-	r.s.Profile = nil
-	rep := r.s.Migrate(context.Background(), Request{Container: "web", To: "h2@127.0.0.1:1", Mode: ModePrecopy, Runtime: "fake",
-		Precopy: PrecopyOptions{Engine: PrecopyContent, MaxRounds: 2}}, nil)
+	rep := r.migrate(ModePrecopy, PrecopyOptions{Engine: PrecopyContent, MaxRounds: 2})
 	if !rep.OK {
 		t.Fatalf("migration failed at %s: %s", rep.FailedAt, rep.Error)
 	}

@@ -33,9 +33,15 @@ func Diff(have, want Manifest) Delta {
 			d.Removed = append(d.Removed, p)
 		}
 	}
+	d.sort()
+	return d
+}
+
+// sort puts parents before children in Changed, children before parents
+// in Removed.
+func (d *Delta) sort() {
 	slices.SortFunc(d.Changed, func(a, b Entry) int { return comparePaths(a.Path, b.Path) })
 	slices.SortFunc(d.Removed, func(a, b string) int { return comparePaths(b, a) })
-	return d
 }
 
 func sameEntry(a, b Entry) bool {

@@ -167,23 +167,12 @@ func (w *walker) dir(d *os.File, rel string, depth int) error {
 		if rel != "" {
 			p = rel + "/" + name
 		}
-		if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			if errors.Is(err, unix.ENOENT) {
-				continue
-			}
-			return &fs.PathError{Op: "lstat", Path: p, Err: err}
+		e, err := entryAt(dfd, name, p, &st, w.buf)
+		if errors.Is(err, errGone) {
+			continue
 		}
-		e := entryFromStat(p, &st)
-		if e.Mode&fs.ModeSymlink != 0 {
-			n, err := unix.Readlinkat(dfd, name, w.buf)
-			if err != nil {
-				if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EINVAL) {
-					continue // gone or replaced since the stat
-				}
-				return &fs.PathError{Op: "readlink", Path: p, Err: err}
-			}
-			e.Link = string(w.buf[:n])
-			e.Size = int64(n)
+		if err != nil {
+			return err
 		}
 		w.entries = append(w.entries, e)
 		if !e.Mode.IsDir() || st.Dev != w.s.dev {
@@ -211,6 +200,35 @@ func (w *walker) dir(d *os.File, rel string, depth int) error {
 		}
 	}
 	return nil
+}
+
+// errGone: an entry vanished, or was replaced, between the calls that
+// describe it.
+var errGone = errors.New("gone")
+
+// entryAt is the entry Scan records for name in directory dfd (p its path
+// from the root), with the stat it came from in st; buf holds a symlink's
+// target while it is read. It returns errGone for an entry that vanished
+// or was replaced meanwhile.
+func entryAt(dfd int, name, p string, st *unix.Stat_t, buf []byte) (Entry, error) {
+	if err := unix.Fstatat(dfd, name, st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return Entry{}, errGone
+		}
+		return Entry{}, &fs.PathError{Op: "lstat", Path: p, Err: err}
+	}
+	e := entryFromStat(p, st)
+	if e.Mode&fs.ModeSymlink != 0 {
+		n, err := unix.Readlinkat(dfd, name, buf)
+		if err != nil {
+			if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EINVAL) {
+				return Entry{}, errGone
+			}
+			return Entry{}, &fs.PathError{Op: "readlink", Path: p, Err: err}
+		}
+		e.Link, e.Size = string(buf[:n]), int64(n)
+	}
+	return e, nil
 }
 
 func entryFromStat(p string, st *unix.Stat_t) Entry {

@@ -304,8 +304,7 @@ func (c *Changes) Delta() Delta {
 			d.Removed = append(d.Removed, p)
 		}
 	}
-	slices.SortFunc(d.Changed, func(a, b Entry) int { return comparePaths(a.Path, b.Path) })
-	slices.SortFunc(d.Removed, func(a, b string) int { return comparePaths(b, a) })
+	d.sort()
 	return d
 }
 
@@ -361,13 +360,14 @@ func (w *Watcher) update(base Manifest) (*Changes, RescanStats, error) {
 	}
 	defer b.close()
 	c := &Changes{base: base, set: map[string]Entry{}, gone: map[string]bool{}}
+	buf := make([]byte, unix.PathMax)
 	walked := "" // the last subtree walked whole: its paths are done
 	for _, p := range paths {
 		if walked != "" && strings.HasPrefix(p, walked+"/") {
 			continue
 		}
 		st.Paths++
-		e, ok, nlink, err := statBeneath(b, p)
+		e, ok, nlink, err := statBeneath(b, p, buf)
 		if err != nil {
 			return nil, st, err
 		}
@@ -420,7 +420,7 @@ func (c *Changes) removeBelow(p string) {
 // statBeneath is the entry Scan would record for p, and its link count;
 // ok is false when p does not exist (or its parent is no longer a
 // directory of the tree).
-func statBeneath(b *beneath, p string) (e Entry, ok bool, nlink uint64, err error) {
+func statBeneath(b *beneath, p string, buf []byte) (e Entry, ok bool, nlink uint64, err error) {
 	dir, name := split(p)
 	dfd, err := b.openDir(dir)
 	if err != nil {
@@ -430,20 +430,12 @@ func statBeneath(b *beneath, p string) (e Entry, ok bool, nlink uint64, err erro
 		return Entry{}, false, 0, err
 	}
 	var st unix.Stat_t
-	if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return Entry{}, false, 0, nil
-		}
-		return Entry{}, false, 0, &fs.PathError{Op: "lstat", Path: p, Err: err}
+	e, err = entryAt(dfd, name, p, &st, buf)
+	if errors.Is(err, errGone) {
+		return Entry{}, false, 0, nil
 	}
-	e = entryFromStat(p, &st)
-	if e.Mode&fs.ModeSymlink != 0 {
-		buf := make([]byte, unix.PathMax)
-		n, err := unix.Readlinkat(dfd, name, buf)
-		if err != nil {
-			return Entry{}, false, 0, &fs.PathError{Op: "readlink", Path: p, Err: err}
-		}
-		e.Link, e.Size = string(buf[:n]), int64(n)
+	if err != nil {
+		return Entry{}, false, 0, err
 	}
 	return e, true, st.Nlink, nil
 }
