@@ -36,8 +36,9 @@ would), waits for recovery and reports where the container ended up:
   lost                                        running nowhere
 
 and what was left behind once the container is removed: CRIU processes,
-network namespaces, mounts, cgroups, scratch directories, journal entries
-not settled.
+network namespaces, mounts, cgroups (Podman's and LXC's too), scratch
+directories, Podman's and LXC's container storage, journal entries not
+settled.
 
 Phases: ` + strings.Join(fault.Phases, ", ") + `.
   rounds is pre-copy's second round; freeze strikes once the container is

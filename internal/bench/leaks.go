@@ -19,7 +19,7 @@ type leakSet map[string]bool
 
 // snapshot lists CRIU processes, network namespaces, mounts under the
 // lab's directories, the lab hosts' container cgroups and scratch
-// entries.
+// entries, and what Podman and LXC keep of a container (runtimeLeftovers).
 func snapshot(l *lab.Lab) leakSet {
 	s := leakSet{}
 	for _, pid := range labCRIUs(l) {
@@ -59,7 +59,55 @@ func snapshot(l *lab.Lab) leakSet {
 			}
 		}
 	}
+	runtimeLeftovers(s, cgroupRoot, l.Hosts)
 	return s
+}
+
+// cgroupRoot is where the cgroup v1 hierarchies are mounted.
+const cgroupRoot = "/sys/fs/cgroup"
+
+// runtimeLeftovers adds to s what Podman and LXC keep of a container
+// outside the lab's cgroup parent and scratch: Podman's cgroups
+// (libpod_parent/libpod-ID, its cgroupfs manager's layout) and LXC's
+// (lxc.payload.NAME and lxc.monitor.NAME at each hierarchy's top, with a
+// suffix when the name was taken), and their storage: Podman's
+// containers and layers under each host's instance, LXC's container
+// directories under each host's lxcpath. The machine's cgroups are
+// shared by every lab host, so they are listed once.
+func runtimeLeftovers(s leakSet, cgroups string, hosts []lab.Host) {
+	for _, ctl := range []string{"freezer", "memory", "cpu", "pids"} {
+		top := filepath.Join(cgroups, ctl)
+		ents, _ := os.ReadDir(top)
+		for _, e := range ents {
+			if e.IsDir() && (strings.HasPrefix(e.Name(), "lxc.payload.") || strings.HasPrefix(e.Name(), "lxc.monitor.")) {
+				s["cgroup: "+filepath.Join(ctl, e.Name())] = true
+			}
+		}
+		ents, _ = os.ReadDir(filepath.Join(top, "libpod_parent"))
+		for _, e := range ents {
+			if e.IsDir() && strings.HasPrefix(e.Name(), "libpod-") {
+				s["cgroup: "+filepath.Join(ctl, "libpod_parent", e.Name())] = true
+			}
+		}
+	}
+	for _, h := range hosts {
+		storage := filepath.Join(h.PodmanDir(), "storage")
+		for _, dir := range []string{filepath.Join(storage, "overlay-containers"), filepath.Join(storage, "overlay")} {
+			ents, _ := os.ReadDir(dir)
+			for _, e := range ents {
+				// overlay/l holds the layers' short links, not a layer.
+				if e.IsDir() && e.Name() != "l" {
+					s["storage: "+filepath.Join(dir, e.Name())] = true
+				}
+			}
+		}
+		ents, _ := os.ReadDir(h.LXCPath())
+		for _, e := range ents {
+			if e.IsDir() {
+				s["storage: "+filepath.Join(h.LXCPath(), e.Name())] = true
+			}
+		}
+	}
 }
 
 // since lists what s holds that before did not, sorted.

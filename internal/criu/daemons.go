@@ -149,36 +149,57 @@ func StartLazyPages(imagesDir, workDir string) (*LazyPages, DaemonConn, error) {
 // would fill every page it had not yet copied with zeros once no one held
 // them, and the processes would run on memory that was never theirs;
 // while a copy is held here, their faults wait instead. Call it once the
-// daemon has all of them (it has when it first asks for pages), and
-// ReleaseFaults once the daemon has copied every page, or after the
-// processes were frozen for good. Returns how many it holds.
+// daemon has all of them (it has when it first asks for pages), again
+// whenever it may have more (a restored process that forks hands it the
+// child's userfaultfd, UFFD_EVENT_FORK), and ReleaseFaults once the
+// daemon has copied every page, or after the processes were frozen for
+// good. Each call's copies replace the last call's, so a process that
+// forks often costs no more descriptors here than the daemon holds; if
+// the daemon is gone, the last copies stay. Returns how many it holds.
 func (lp *LazyPages) HoldFaults() (int, error) {
 	lp.mu.Lock()
 	defer lp.mu.Unlock()
 	if lp.released {
 		return 0, nil
 	}
-	pid := lp.cmd.Process.Pid
+	held, err := copyUserfaultfds(lp.cmd.Process.Pid)
+	if err != nil {
+		for _, f := range held {
+			f.Close()
+		}
+		return len(lp.held), err
+	}
+	for _, f := range lp.held {
+		f.Close()
+	}
+	lp.held = held
+	return len(held), nil
+}
+
+// copyUserfaultfds copies every userfaultfd process pid holds into this
+// process.
+func copyUserfaultfds(pid int) ([]*os.File, error) {
 	pidfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
-		return 0, fmt.Errorf("pidfd of criu lazy-pages: %w", err)
+		return nil, fmt.Errorf("pidfd of criu lazy-pages: %w", err)
 	}
 	defer unix.Close(pidfd)
 	files := procs.OpenFiles(pid)
 	if files == nil {
-		return 0, fmt.Errorf("criu lazy-pages (pid %d) is gone", pid)
+		return nil, fmt.Errorf("criu lazy-pages (pid %d) is gone", pid)
 	}
+	var held []*os.File
 	for n, l := range files {
 		if l != userfaultfdLink {
 			continue
 		}
 		fd, err := unix.PidfdGetfd(pidfd, n, 0)
 		if err != nil {
-			return len(lp.held), fmt.Errorf("copy userfaultfd %d of criu lazy-pages: %w", n, err)
+			return held, fmt.Errorf("copy userfaultfd %d of criu lazy-pages: %w", n, err)
 		}
-		lp.held = append(lp.held, os.NewFile(uintptr(fd), "userfaultfd"))
+		held = append(held, os.NewFile(uintptr(fd), "userfaultfd"))
 	}
-	return len(lp.held), nil
+	return held, nil
 }
 
 // userfaultfdLink is what /proc/PID/fd shows for a userfaultfd.

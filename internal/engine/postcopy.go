@@ -404,13 +404,8 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 	lp.daemon = daemon
 	served := make(chan error, 1)
 	go func() {
-		// The daemon asks for its first pages once it holds every
-		// userfaultfd of the restore: from then on the agent holds them too.
-		hc := &firstRead{DaemonConn: conn, then: func() {
-			if _, err := daemon.HoldFaults(); err != nil {
-				slog.Warn("post-copy: the restored copy's faults are held by the lazy-pages daemon alone", "error", err)
-			}
-		}}
+		hc := newHoldingReads(conn, daemon)
+		defer hc.stop()
 		defer conn.Close()
 		served <- serve(hc)
 	}()
@@ -418,21 +413,73 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 	return lp, nil
 }
 
-// firstRead is the daemon's connection, running then once, before its
-// first bytes are handed on.
-type firstRead struct {
+// holdEvery spaces the lazy-pages daemon's fault holds after its first:
+// a fork's new userfaultfd is held within about this long of the child's
+// first request, for a few system calls per hold.
+const holdEvery = 10 * time.Millisecond
+
+// holdingReads is the daemon's connection, keeping this agent's copies of
+// the daemon's userfaultfds (criu.LazyPages.HoldFaults) current while the
+// daemon asks for pages. The daemon asks for its first pages once it holds
+// every userfaultfd of the restore: they are held before that request is
+// handed on. A restored process that forks later hands the daemon the
+// child's userfaultfd, and the daemon soon asks for the child's pages:
+// later requests renew the hold, in the background, at most every
+// holdEvery.
+type holdingReads struct {
 	criu.DaemonConn
-	once sync.Once
-	then func()
+	daemon *criu.LazyPages
+	held   bool // by Read, which one goroutine calls
+	asked  chan struct{}
+	done   chan struct{}
+	warned atomic.Bool
 }
 
-func (c *firstRead) Read(p []byte) (int, error) {
+func newHoldingReads(conn criu.DaemonConn, daemon *criu.LazyPages) *holdingReads {
+	c := &holdingReads{DaemonConn: conn, daemon: daemon, asked: make(chan struct{}, 1), done: make(chan struct{})}
+	go c.renew()
+	return c
+}
+
+func (c *holdingReads) Read(p []byte) (int, error) {
 	n, err := c.DaemonConn.Read(p)
-	if n > 0 {
-		c.once.Do(c.then)
+	switch {
+	case n > 0 && !c.held:
+		c.held = true
+		c.hold()
+	case n > 0:
+		select {
+		case c.asked <- struct{}{}:
+		default:
+		}
 	}
 	return n, err
 }
+
+func (c *holdingReads) hold() {
+	if _, err := c.daemon.HoldFaults(); err != nil && !c.warned.Swap(true) {
+		slog.Warn("post-copy: some of the restored copy's faults are held by the lazy-pages daemon alone", "error", err)
+	}
+}
+
+func (c *holdingReads) renew() {
+	for {
+		select {
+		case <-c.asked:
+		case <-c.done:
+			return
+		}
+		c.hold()
+		select {
+		case <-time.After(holdEvery):
+		case <-c.done:
+			return
+		}
+	}
+}
+
+// stop ends the renewals; the copies held stay until ReleaseFaults.
+func (c *holdingReads) stop() { close(c.done) }
 
 // wait returns once the daemon has transferred every page or failed.
 // A session lost meanwhile (the source gone past the outage timeout)

@@ -1,0 +1,140 @@
+package criu
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// uffdHolderEnv makes the test binary play a lazy-pages daemon's part that
+// HoldFaults sees: a process whose userfaultfds come and go.
+const uffdHolderEnv = "FERRY_TEST_UFFD_HOLDER"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(uffdHolderEnv) == "1" {
+		uffdHolder(os.Stdin, os.Stdout)
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// uffdUserModeOnly lets a process without privileges make a userfaultfd
+// (for faults in user mode only, all the test needs).
+const uffdUserModeOnly = 1
+
+// uffdHolder opens a userfaultfd for each "open" line and closes the
+// newest for each "close", answering each line with "ok" or the error.
+func uffdHolder(in io.Reader, out io.Writer) {
+	var fds []int
+	sc := bufio.NewScanner(in)
+	for sc.Scan() {
+		switch sc.Text() {
+		case "open":
+			fd, _, errno := unix.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|uffdUserModeOnly, 0, 0)
+			if errno != 0 {
+				fmt.Fprintln(out, "userfaultfd:", errno)
+				continue
+			}
+			fds = append(fds, int(fd))
+		case "close":
+			unix.Close(fds[len(fds)-1])
+			fds = fds[:len(fds)-1]
+		}
+		fmt.Fprintln(out, "ok")
+	}
+}
+
+// The hold follows the daemon's userfaultfds as a restored process forks
+// (one more) and a child exits (one fewer), costs no more descriptors
+// than the daemon holds, and outlives the daemon.
+func TestHoldFaultsFollowsTheDaemon(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), uffdHolderEnv+"=1")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	answers := bufio.NewScanner(stdout)
+	tell := func(line string) {
+		t.Helper()
+		fmt.Fprintln(stdin, line)
+		if !answers.Scan() {
+			t.Fatalf("the holder did not answer %q", line)
+		}
+		if a := answers.Text(); a != "ok" {
+			t.Skipf("this machine will not make a userfaultfd here: %s", a)
+		}
+	}
+	lp := &LazyPages{cmd: cmd}
+	hold := func(want int) {
+		t.Helper()
+		n, err := lp.HoldFaults()
+		if err != nil && strings.Contains(err.Error(), "operation not permitted") {
+			t.Skipf("may not copy another process's descriptors here: %v", err)
+		}
+		if err != nil || n != want {
+			t.Fatalf("HoldFaults = %d, %v; want %d held", n, err, want)
+		}
+		if got := userfaultfdsHere(t); got != want {
+			t.Fatalf("%d userfaultfds open in the test, want %d (copies replaced, not added)", got, want)
+		}
+	}
+	tell("open")
+	hold(1)
+	tell("open") // a restored process forked
+	hold(2)
+	tell("close") // a child exited
+	hold(1)
+	hold(1)
+
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	if n, err := lp.HoldFaults(); err == nil || n != 1 {
+		t.Fatalf("after the daemon died: HoldFaults = %d, %v; want its last copy kept and an error", n, err)
+	}
+	if got := userfaultfdsHere(t); got != 1 {
+		t.Fatalf("after the daemon died %d userfaultfds are held, want 1", got)
+	}
+	lp.ReleaseFaults()
+	if got := userfaultfdsHere(t); got != 0 {
+		t.Fatalf("after the release %d userfaultfds are open", got)
+	}
+	if n, err := lp.HoldFaults(); n != 0 || err != nil {
+		t.Fatalf("HoldFaults after the release = %d, %v; want nothing held", n, err)
+	}
+}
+
+// userfaultfdsHere counts this process's userfaultfds.
+func userfaultfdsHere(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && l == userfaultfdLink {
+			n++
+		}
+	}
+	return n
+}
