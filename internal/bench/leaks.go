@@ -75,7 +75,9 @@ const cgroupRoot = "/sys/fs/cgroup"
 // directories under each host's lxcpath. The machine's cgroups are
 // shared by every lab host, so they are listed once.
 func runtimeLeftovers(s leakSet, cgroups string, hosts []lab.Host) {
-	for _, ctl := range []string{"freezer", "memory", "cpu", "pids"} {
+	// unified: the hybrid layout's v2 tree, where CRIU puts a restored
+	// copy back into the cgroup path it dumped.
+	for _, ctl := range []string{"freezer", "memory", "cpu", "pids", "unified"} {
 		top := filepath.Join(cgroups, ctl)
 		ents, _ := os.ReadDir(top)
 		for _, e := range ents {

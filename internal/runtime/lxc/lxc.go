@@ -612,6 +612,9 @@ type target struct {
 	r    *Runtime
 	name string
 	dir  string
+	// cgroupsBefore are the container's cgroups that existed before
+	// Restore ran (see cgroups.go); nil until it ran.
+	cgroupsBefore []string
 }
 
 func (t *target) RootfsDir() string { return filepath.Join(t.dir, "rootfs") }
@@ -653,6 +656,7 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	if err != nil {
 		return 0, err
 	}
+	t.cgroupsBefore = append([]string{}, containerCgroups(cgroupRoot, t.name)...)
 	cmd := r.command(ctx, confPath, "lxc-checkpoint", "-n", t.name, "-r", "-D", o.ImagesDir, "-d")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	cmd.Stderr = errf
@@ -700,8 +704,12 @@ func (r *Runtime) Continue(ctx context.Context, c *runtime.Container) error {
 	return r.Thaw(ctx, c)
 }
 
-// Discard stops and destroys whatever Prepare and Restore made.
+// Discard stops and destroys whatever Prepare and Restore made, the
+// cgroups of a restore that died among them.
 func (t *target) Discard(ctx context.Context) error {
 	err := t.r.destroy(ctx, t.name)
+	if t.cgroupsBefore != nil {
+		err = errors.Join(err, removeEmptyCgroups(containerCgroups(cgroupRoot, t.name), t.cgroupsBefore))
+	}
 	return errors.Join(err, os.RemoveAll(t.dir))
 }
