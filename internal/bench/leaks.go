@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/procs"
 )
@@ -59,12 +60,9 @@ func snapshot(l *lab.Lab) leakSet {
 			}
 		}
 	}
-	runtimeLeftovers(s, cgroupRoot, l.Hosts)
+	runtimeLeftovers(s, cgroups.Root, l.Hosts)
 	return s
 }
-
-// cgroupRoot is where the cgroup v1 hierarchies are mounted.
-const cgroupRoot = "/sys/fs/cgroup"
 
 // runtimeLeftovers adds to s what Podman and LXC keep of a container
 // outside the lab's cgroup parent and scratch: Podman's cgroups
@@ -74,11 +72,11 @@ const cgroupRoot = "/sys/fs/cgroup"
 // containers and layers under each host's instance, LXC's container
 // directories under each host's lxcpath. The machine's cgroups are
 // shared by every lab host, so they are listed once.
-func runtimeLeftovers(s leakSet, cgroups string, hosts []lab.Host) {
+func runtimeLeftovers(s leakSet, root string, hosts []lab.Host) {
 	// unified: the hybrid layout's v2 tree, where CRIU puts a restored
 	// copy back into the cgroup path it dumped.
 	for _, ctl := range []string{"freezer", "memory", "cpu", "pids", "unified"} {
-		top := filepath.Join(cgroups, ctl)
+		top := filepath.Join(root, ctl)
 		ents, _ := os.ReadDir(top)
 		for _, e := range ents {
 			if e.IsDir() && (strings.HasPrefix(e.Name(), "lxc.payload.") || strings.HasPrefix(e.Name(), "lxc.monitor.")) {

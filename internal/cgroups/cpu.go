@@ -1,7 +1,8 @@
 // Package cgroups reads and sets a container's CPU bandwidth limit in its
 // cgroup, on cgroup v1 (cpu.cfs_quota_us, cpu.cfs_period_us) and v2
 // (cpu.max). Auto-converge throttles a container with it while pre-copy
-// rounds fail to converge. Finding the cgroup (mountinfo, cgroup
+// rounds fail to converge. It also lists the mounted hierarchies, for
+// those who clean up cgroups by name (Hierarchies). Finding the cgroup (mountinfo, cgroup
 // namespaces, hybrid hierarchies) and opening its files safely is runc's
 // cgroups library; this package only speaks the two file formats.
 package cgroups

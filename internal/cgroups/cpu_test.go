@@ -112,3 +112,25 @@ func TestCPUOfRealCgroup(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// This machine's hierarchies are found, each once, and a directory that
+// is no cgroup mount is not.
+func TestHierarchies(t *testing.T) {
+	hs := Hierarchies(Root)
+	if len(hs) == 0 {
+		t.Skip("no cgroup hierarchy mounted at " + Root)
+	}
+	seen := map[string]bool{}
+	for _, h := range hs {
+		if seen[h] {
+			t.Errorf("%s twice", h)
+		}
+		seen[h] = true
+		if _, err := os.Stat(filepath.Join(h, "cgroup.procs")); err != nil {
+			t.Errorf("%s is no cgroup hierarchy: %v", h, err)
+		}
+	}
+	if got := Hierarchies(t.TempDir()); len(got) != 0 {
+		t.Errorf("a plain directory: %v", got)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
@@ -394,7 +395,7 @@ func TestDebianLabRun(t *testing.T) {
 		if err := rc.Delete(context.Background(), "kv"); err != nil {
 			t.Errorf("runc delete: %v", err)
 		}
-		dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", h.CgroupParent))
+		dirs, _ := filepath.Glob(filepath.Join(cgroups.Root, "*", h.CgroupParent))
 		for _, d := range dirs {
 			if err := os.Remove(d); err != nil {
 				t.Errorf("cgroup %s: %v", d, err)
@@ -424,7 +425,7 @@ func TestDebianLabRun(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(h.BundleDir("kv"), "rootfs", "usr/local/bin/memhog")); err != nil {
 		t.Errorf("memhog in the bundle: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(cgroupRoot, "memory", h.CgroupParent, "kv")); err != nil {
+	if _, err := os.Stat(filepath.Join(cgroups.Root, "memory", h.CgroupParent, "kv")); err != nil {
 		t.Errorf("container cgroup: %v", err)
 	}
 }

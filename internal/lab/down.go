@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 
@@ -25,9 +26,6 @@ var (
 	hostNSRe  = regexp.MustCompile(`^ferry-h([1-9][0-9]*)$`)
 	hostDirRe = regexp.MustCompile(`^h([1-9][0-9]*)$`)
 )
-
-// cgroupRoot is where cgroup hierarchies are mounted.
-const cgroupRoot = "/sys/fs/cgroup"
 
 // leftoverIndexes lists host indexes that have a namespace or a state
 // directory, whatever the state file says.
@@ -191,19 +189,8 @@ func processesIn(nsNames []string) []int {
 // mounted hierarchy: the v1 controllers and the v2 tree, whether mounted at
 // /sys/fs/cgroup/unified (hybrid) or /sys/fs/cgroup itself.
 func removeCgroups() error {
-	roots := []string{cgroupRoot}
-	ents, _ := os.ReadDir(cgroupRoot)
-	for _, e := range ents {
-		if e.IsDir() { // skips the cpu -> cpu,cpuacct style symlinks
-			roots = append(roots, filepath.Join(cgroupRoot, e.Name()))
-		}
-	}
 	var errs []error
-	for _, r := range roots {
-		var st unix.Statfs_t
-		if unix.Statfs(r, &st) != nil || (st.Type != unix.CGROUP_SUPER_MAGIC && st.Type != unix.CGROUP2_SUPER_MAGIC) {
-			continue
-		}
+	for _, r := range cgroups.Hierarchies(cgroups.Root) {
 		ents, _ := os.ReadDir(r)
 		for _, e := range ents {
 			if e.IsDir() && hostNSRe.MatchString(e.Name()) {

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/vishvananda/netlink"
 )
 
@@ -100,7 +101,7 @@ func assertNoLab(t *testing.T) {
 			t.Errorf("%s left (%v)", d, err)
 		}
 	}
-	cgs, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", "ferry-h*"))
+	cgs, _ := filepath.Glob(filepath.Join(cgroups.Root, "*", "ferry-h*"))
 	if len(cgs) > 0 {
 		t.Errorf("cgroups left: %v", cgs)
 	}
@@ -332,7 +333,7 @@ func TestRunContainer(t *testing.T) {
 	if got, want := nsLink(st.Pid), nsOf(t, "ferry-h1"); got != want {
 		t.Errorf("container in %s, want h1's %s", got, want)
 	}
-	if _, err := os.Stat(filepath.Join(cgroupRoot, "memory", "ferry-h1", "sleeper")); err != nil {
+	if _, err := os.Stat(filepath.Join(cgroups.Root, "memory", "ferry-h1", "sleeper")); err != nil {
 		t.Errorf("container cgroup: %v", err)
 	}
 	if err := l.Run(ctx, "1", "sleeper", []string{"true"}); err == nil || !strings.Contains(err.Error(), "already exists") {

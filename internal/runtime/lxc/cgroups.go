@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ferry-migrate/ferry/internal/cgroups"
 )
 
 // A CRIU killed during a restore leaves the cgroups liblxc made for the
@@ -19,26 +21,11 @@ import (
 // notes which exist before its restore and removes the new ones that are
 // empty when it is discarded.
 
-// cgroupRoot is where cgroup hierarchies are mounted: v1 controllers and
-// the hybrid layout's unified tree below it, or cgroup v2 itself.
-const cgroupRoot = "/sys/fs/cgroup"
-
 // containerCgroups lists the cgroups on this machine that liblxc names
-// for container name, in every mounted hierarchy.
+// for container name, in every hierarchy mounted at root.
 func containerCgroups(root, name string) []string {
-	hierarchies := []string{root}
-	ents, _ := os.ReadDir(root)
-	for _, e := range ents {
-		if e.IsDir() {
-			hierarchies = append(hierarchies, filepath.Join(root, e.Name()))
-		}
-	}
 	var out []string
-	for _, h := range hierarchies {
-		var st unix.Statfs_t
-		if unix.Statfs(h, &st) != nil || (st.Type != unix.CGROUP_SUPER_MAGIC && st.Type != unix.CGROUP2_SUPER_MAGIC) {
-			continue
-		}
+	for _, h := range cgroups.Hierarchies(root) {
 		ents, _ := os.ReadDir(h)
 		for _, e := range ents {
 			if e.IsDir() && namedFor(e.Name(), name) {
@@ -88,5 +75,5 @@ func removeEmptyCgroups(cgroups, keep []string) error {
 // unified cgroup (CRIU restores the path it dumped there), which neither
 // host's liblxc removes when its container stops.
 func RemoveIdleCgroups(name string) error {
-	return removeEmptyCgroups(containerCgroups(cgroupRoot, name), nil)
+	return removeEmptyCgroups(containerCgroups(cgroups.Root, name), nil)
 }

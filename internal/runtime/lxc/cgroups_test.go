@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"golang.org/x/sys/unix"
 )
 
@@ -41,7 +42,7 @@ func TestRemoveEmptyCgroups(t *testing.T) {
 		t.Skip("needs root to make cgroups")
 	}
 	name := "ferry-test-" + strconv.Itoa(os.Getpid())
-	pids := filepath.Join(cgroupRoot, "pids")
+	pids := filepath.Join(cgroups.Root, "pids")
 	if _, err := os.Stat(filepath.Join(pids, "cgroup.procs")); err != nil {
 		t.Skip("no cgroup v1 pids hierarchy at " + pids)
 	}
@@ -65,7 +66,7 @@ func TestRemoveEmptyCgroups(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(busy, "cgroup.procs"), []byte(strconv.Itoa(sleep.Process.Pid)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	found := containerCgroups(cgroupRoot, name)
+	found := containerCgroups(cgroups.Root, name)
 	for _, d := range []string{before, made, busy} {
 		if !slices.Contains(found, d) {
 			t.Fatalf("containerCgroups found %v, not %s", found, d)

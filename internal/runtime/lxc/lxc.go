@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/admission"
+	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/tail"
@@ -656,7 +657,7 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	if err != nil {
 		return 0, err
 	}
-	t.cgroupsBefore = append([]string{}, containerCgroups(cgroupRoot, t.name)...)
+	t.cgroupsBefore = append([]string{}, containerCgroups(cgroups.Root, t.name)...)
 	cmd := r.command(ctx, confPath, "lxc-checkpoint", "-n", t.name, "-r", "-D", o.ImagesDir, "-d")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	cmd.Stderr = errf
@@ -709,7 +710,7 @@ func (r *Runtime) Continue(ctx context.Context, c *runtime.Container) error {
 func (t *target) Discard(ctx context.Context) error {
 	err := t.r.destroy(ctx, t.name)
 	if t.cgroupsBefore != nil {
-		err = errors.Join(err, removeEmptyCgroups(containerCgroups(cgroupRoot, t.name), t.cgroupsBefore))
+		err = errors.Join(err, removeEmptyCgroups(containerCgroups(cgroups.Root, t.name), t.cgroupsBefore))
 	}
 	return errors.Join(err, os.RemoveAll(t.dir))
 }
