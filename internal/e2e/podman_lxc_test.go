@@ -21,6 +21,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/probe"
 	"github.com/ferry-migrate/ferry/internal/procs"
+	"github.com/ferry-migrate/ferry/internal/runtime/lxc"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
 
@@ -508,6 +509,10 @@ func lxcRun(t *testing.T, l *lab.Lab, name string, args []string) {
 				t.Errorf("cleanup: %v", err)
 			}
 			_ = os.RemoveAll(filepath.Join(h.LXCPath(), name))
+		}
+		// The v2 cgroup the copy was restored into on this shared kernel.
+		if err := lxc.RemoveIdleCgroups(name); err != nil {
+			t.Errorf("cleanup: %v", err)
 		}
 	})
 	if err := l.RunLXC(context.Background(), h.Name, name, args); err != nil {

@@ -152,8 +152,7 @@ func (l *Lab) RemoveFrom(ctx context.Context, kind, hostName, container string) 
 	case "podman":
 		return h.Podman().Remove(ctx, container)
 	case "lxc":
-		err := h.LXC().Remove(ctx, &runtime.Container{Name: container, ID: container})
-		return errors.Join(err, lxc.RemoveIdleCgroups(container))
+		return h.LXC().Remove(ctx, &runtime.Container{Name: container, ID: container})
 	}
 	return fmt.Errorf("unknown runtime %q", kind)
 }

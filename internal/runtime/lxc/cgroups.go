@@ -4,7 +4,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -12,14 +11,16 @@ import (
 	"github.com/ferry-migrate/ferry/internal/cgroups"
 )
 
-// A CRIU killed during a restore leaves the cgroups liblxc made for the
-// copy: lxc.payload.NAME and lxc.monitor.NAME at the top of each
-// hierarchy, or NAME-1, NAME-2... where the name was taken (two lab hosts
-// share one kernel's cgroups). liblxc removes them when a container it
-// started stops, not when its restore dies, and the next restore of the
-// same name then takes the next suffix: they would pile up. The target
-// notes which exist before its restore and removes the new ones that are
-// empty when it is discarded.
+// liblxc removes a container's cgroups (lxc.payload.NAME and
+// lxc.monitor.NAME at the top of each hierarchy, NAME-1, NAME-2... where
+// the name was taken) when a container it started stops, but not when its
+// restore dies: a CRIU killed mid-restore leaves them, and the next
+// restore of that name takes the next suffix. And CRIU puts a restored
+// copy back into the cgroup path it dumped in the v2 tree, which neither
+// host's liblxc removes where two hosts share one kernel (ferry's lab). So
+// removing a container also removes every empty cgroup named for it: a
+// cgroup holding a process (another container's) cannot be removed, and
+// a stopped container has none.
 
 // containerCgroups lists the cgroups on this machine that liblxc names
 // for container name, in every hierarchy mounted at root.
@@ -55,13 +56,10 @@ func namedFor(cgroup, name string) bool {
 }
 
 // removeEmptyCgroups removes those of cgroups that hold no process and no
-// cgroup (the kernel refuses to remove any other), except those in keep.
-func removeEmptyCgroups(cgroups, keep []string) error {
+// cgroup (the kernel refuses to remove any other).
+func removeEmptyCgroups(cgroups []string) error {
 	var errs []error
 	for _, c := range cgroups {
-		if slices.Contains(keep, c) {
-			continue
-		}
 		if err := unix.Rmdir(c); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EBUSY) {
 			errs = append(errs, &os.PathError{Op: "remove cgroup", Path: c, Err: err})
 		}
@@ -69,11 +67,9 @@ func removeEmptyCgroups(cgroups, keep []string) error {
 	return errors.Join(errs...)
 }
 
-// RemoveIdleCgroups removes every empty cgroup liblxc named for container
-// name on this machine. For a lab, whose hosts share one kernel's
-// cgroups: a copy restored on one host goes back into the source's
-// unified cgroup (CRIU restores the path it dumped there), which neither
-// host's liblxc removes when its container stops.
+// RemoveIdleCgroups removes every empty cgroup named for container name on
+// this machine, as removing the container through this package does; for
+// those who remove it with liblxc's own tools where hosts share a kernel.
 func RemoveIdleCgroups(name string) error {
-	return removeEmptyCgroups(containerCgroups(cgroups.Root, name), nil)
+	return removeEmptyCgroups(containerCgroups(cgroups.Root, name))
 }

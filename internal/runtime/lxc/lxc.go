@@ -35,7 +35,6 @@ import (
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/admission"
-	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/tail"
@@ -477,8 +476,10 @@ func (r *Runtime) destroy(ctx context.Context, name string) error {
 			}
 		}
 	}
-	_, err = r.run(ctx, "", "lxc-destroy", "-n", name)
-	return err
+	if _, err = r.run(ctx, "", "lxc-destroy", "-n", name); err != nil {
+		return err
+	}
+	return RemoveIdleCgroups(name)
 }
 
 // Prepare makes the container here: its directory under this lxcpath, the
@@ -613,9 +614,6 @@ type target struct {
 	r    *Runtime
 	name string
 	dir  string
-	// cgroupsBefore are the container's cgroups that existed before
-	// Restore ran (see cgroups.go); nil until it ran.
-	cgroupsBefore []string
 }
 
 func (t *target) RootfsDir() string { return filepath.Join(t.dir, "rootfs") }
@@ -657,7 +655,6 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	if err != nil {
 		return 0, err
 	}
-	t.cgroupsBefore = append([]string{}, containerCgroups(cgroups.Root, t.name)...)
 	cmd := r.command(ctx, confPath, "lxc-checkpoint", "-n", t.name, "-r", "-D", o.ImagesDir, "-d")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	cmd.Stderr = errf
@@ -709,8 +706,5 @@ func (r *Runtime) Continue(ctx context.Context, c *runtime.Container) error {
 // cgroups of a restore that died among them.
 func (t *target) Discard(ctx context.Context) error {
 	err := t.r.destroy(ctx, t.name)
-	if t.cgroupsBefore != nil {
-		err = errors.Join(err, removeEmptyCgroups(containerCgroups(cgroups.Root, t.name), t.cgroupsBefore))
-	}
 	return errors.Join(err, os.RemoveAll(t.dir))
 }
