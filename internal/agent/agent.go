@@ -89,6 +89,7 @@ type Agent struct {
 	feats   criu.Features
 	set     runtime.Set // the runtimes this host has (newRuntimes)
 	journal *journal.Journal
+	dst     *engine.Destination
 	// inflight counts migrations under way; draining refuses new ones.
 	inflight sync.WaitGroup
 	draining atomic.Bool
@@ -150,6 +151,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	dst := &engine.Destination{Host: a.Host, AllowFaults: a.AllowFaults, KeepWork: a.KeepWork, NoPrewarm: a.NoPrewarm, SegmentBridge: a.SegmentBridge}
+	// Each post-copy pull's relay is this binary (package lazyrelay).
+	if exe, err := os.Executable(); err == nil {
+		dst.RelayExe = exe
+	}
+	a.dst = dst
 	if v, err := criu.InstalledVersion(ctx); err != nil {
 		dst.CRIUError = err
 	} else if !v.AtLeast(criu.MinVersion.Major, criu.MinVersion.Minor, criu.MinVersion.Sublevel) {
@@ -250,6 +256,8 @@ func (a *Agent) Run(ctx context.Context) error {
 				dst.Receive(ctx, sess, r, ch)
 			case engine.ChanQuery:
 				dst.Answer(ch, sess.Peer.Name)
+			case engine.ChanLazyResume:
+				dst.ResumePull(ctx, sess, r, ch, sess.Peer.Name)
 			default:
 				_ = ch.Fail(fmt.Errorf("peers may only offer migrations or ask about theirs, not %q", ch.Kind))
 				ch.Close()

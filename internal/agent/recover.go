@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/criu"
@@ -31,9 +32,15 @@ const resolveRetry = 3 * time.Second
 // directories named like a migration ID go.
 func (a *Agent) clearScratch() {
 	root := a.Host.WorkRoot()
+	// A pull a relay kept going is taken over (recoverDestination): its
+	// daemon and directory stay.
+	var spare []string
+	if all, err := a.journal.All(); err == nil {
+		spare = engine.StrandedPullDirs(all)
+	}
 	// CRIU processes the dead agent started outlive it, reparented: a
 	// dump's page server would refreeze the container recovery resumes.
-	if pids := criu.KillWorkingIn(root); len(pids) > 0 {
+	if pids := criu.KillWorkingIn(root, spare...); len(pids) > 0 {
 		a.Log.Warn("killed CRIU processes an earlier run of this agent left", "pids", pids)
 	}
 	if a.KeepWork {
@@ -44,9 +51,10 @@ func (a *Agent) clearScratch() {
 		return
 	}
 	for _, e := range ents {
-		if e.IsDir() && engine.ValidID(e.Name()) {
-			if err := mounts.RemoveAll(filepath.Join(root, e.Name())); err != nil {
-				a.Log.Warn("scratch left by an earlier run", "dir", filepath.Join(root, e.Name()), "error", err)
+		dir := filepath.Join(root, e.Name())
+		if e.IsDir() && engine.ValidID(e.Name()) && !slices.Contains(spare, dir) {
+			if err := mounts.RemoveAll(dir); err != nil {
+				a.Log.Warn("scratch left by an earlier run", "dir", dir, "error", err)
 			}
 		}
 	}
@@ -100,12 +108,22 @@ func (a *Agent) recoverDestination(ctx context.Context) {
 			continue
 		}
 		if e.State == journal.Pulling {
-			// Its memory came through this agent, which died: the pull
-			// cannot go on, and the copy must not run on pages that are
-			// not the source's. It goes; its source resumes its own,
-			// complete as it was at the freeze.
+			// Its memory came through this agent, which died. With a relay
+			// the pull is only paused: its source, which has not lost its
+			// page server, may come back to go on with it.
+			why := errors.New("no relay kept it going")
+			if e.Pull != nil {
+				why = a.dst.AdoptPull(e, rt, engine.StrandedPullWait(a.transportConfig().OutageTimeout))
+			}
+			if why == nil {
+				a.Log.Info("took over a post-copy pull an earlier run left; its source may go on with it", "migration", e.ID, "container", e.Container)
+				continue
+			}
+			// The copy must not run on pages that are not the source's. It
+			// goes; its source resumes its own, complete as it was at the
+			// freeze.
 			if err := a.drop(ctx, rt, c, e); err == nil {
-				a.Log.Warn("dropped a post-copy copy whose memory was still arriving when this agent stopped; its source resumes its own, as it was at the freeze", "migration", e.ID, "container", e.Container)
+				a.Log.Warn("dropped a post-copy copy whose memory was still arriving when this agent stopped; its source resumes its own, as it was at the freeze", "migration", e.ID, "container", e.Container, "why", why)
 			}
 			continue
 		}

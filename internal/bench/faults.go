@@ -348,7 +348,15 @@ func (o FaultsOptions) runCase(ctx context.Context, l *lab.Lab, c FaultCase, nam
 		req.Faults = []string{fault.Fault{Action: c.Fault, Phase: c.Phase}.String()}
 	}
 	mctx, cancel := context.WithTimeout(ctx, caseTimeout)
+	var restarts []string
+	stopRestarts := func() {}
+	if c.Fault == fault.KillSource || c.Fault == fault.KillDestination {
+		// A killed agent comes back while the migration goes on, as
+		// systemd brings it back (ferry-agent.service: RestartSec=2s).
+		stopRestarts = restartKilled(mctx, l, []*lab.Host{src, dst}, 2*time.Second, &restarts)
+	}
 	rep, merr := agent.Migrate(mctx, agent.Socket(src.ControlSock), req, progress)
+	stopRestarts()
 	hung := mctx.Err() != nil && ctx.Err() == nil
 	cancel()
 	cut.Wait()
@@ -368,7 +376,7 @@ func (o FaultsOptions) runCase(ctx context.Context, l *lab.Lab, c FaultCase, nam
 		c.Note = "the phase passed before the cut"
 	}
 
-	var notes []string
+	notes := restarts
 	c.Hung = hung
 	if hung {
 		// A migration that never ends is a finding in itself; the agents
@@ -497,6 +505,39 @@ func containerState(kind string, h *lab.Host, name string) string {
 		return "exited"
 	}
 	return c.Status
+}
+
+// restartKilled watches hosts' agents until stop is called, restarting
+// each that died after delay, and notes what it did in notes (read once
+// stop returned).
+func restartKilled(ctx context.Context, l *lab.Lab, hosts []*lab.Host, delay time.Duration, notes *[]string) (stop func()) {
+	done, quit := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-quit:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			for _, h := range hosts {
+				if h.AgentPID <= 0 || h.AgentAlive() {
+					continue
+				}
+				select {
+				case <-quit:
+					return
+				case <-time.After(delay):
+				}
+				if err := l.RestartAgent(ctx, h.Name); err != nil {
+					*notes = append(*notes, fmt.Sprintf("restarting %s's agent mid-migration: %v", h.Name, err))
+				} else {
+					*notes = append(*notes, "restarted "+h.Name+"'s agent mid-migration")
+				}
+			}
+		}
+	}()
+	return func() { close(quit); <-done }
 }
 
 // bringBack restarts a host's agent if it died, after letting a stopping

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/lazyrelay"
 	"github.com/ferry-migrate/ferry/internal/procs"
 )
 
@@ -18,13 +19,16 @@ import (
 // thing named so that two snapshots can be compared.
 type leakSet map[string]bool
 
-// snapshot lists CRIU processes, network namespaces, mounts under the
+// snapshot lists CRIU processes and post-copy relays, network namespaces, mounts under the
 // lab's directories, the lab hosts' container cgroups and scratch
 // entries, and what Podman and LXC keep of a container (runtimeLeftovers).
 func snapshot(l *lab.Lab) leakSet {
 	s := leakSet{}
 	for _, pid := range labCRIUs(l) {
 		s[fmt.Sprintf("process: criu pid %d", pid)] = true
+	}
+	for _, pid := range labRelays(l) {
+		s[fmt.Sprintf("process: ferry lazy-relay pid %d", pid)] = true
 	}
 	if ents, err := os.ReadDir("/var/run/netns"); err == nil {
 		for _, e := range ents {
@@ -135,6 +139,16 @@ func cleanLeaks(l *lab.Lab) {
 			_ = os.RemoveAll(filepath.Join(h.ScratchDir, e.Name()))
 		}
 	}
+}
+
+// labRelays lists the post-copy relays (package lazyrelay) the lab
+// hosts' agents started: each should end with its pull.
+func labRelays(l *lab.Lab) []int {
+	return slices.DeleteFunc(l.HostProcesses(), func(pid int) bool {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		args := strings.Split(string(b), "\x00")
+		return len(args) < 2 || args[1] != lazyrelay.Command
+	})
 }
 
 // labCRIUs lists the CRIU processes in a lab host's network namespace

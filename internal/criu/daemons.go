@@ -67,7 +67,8 @@ func PageServer(ctx context.Context, imagesDir, workDir string, feed func(*net.U
 // restore's page faults and pushes the rest, fetching pages through a
 // socketpair whose other end the caller serves.
 type LazyPages struct {
-	cmd     *exec.Cmd
+	pid     int
+	kill    func() error
 	logPath string
 	started time.Time
 	exited  chan error
@@ -113,16 +114,16 @@ func StartLazyPages(imagesDir, workDir string) (*LazyPages, DaemonConn, error) {
 	}
 	conn := DaemonConn{fc.(*net.UnixConn)}
 	lp := &LazyPages{logPath: filepath.Join(workDir, "lazy-pages.log"), exited: make(chan error, 1)}
-	lp.cmd = exec.Command("criu", "lazy-pages", "--page-server", "--ps-socket", "3",
+	cmd := exec.Command("criu", "lazy-pages", "--page-server", "--ps-socket", "3",
 		"--images-dir", imagesDir, "--work-dir", workDir, "-o", "lazy-pages.log", "-v4")
 	// fd 3 is the daemon's end; fd 4, ours, only held.
-	lp.cmd.ExtraFiles = []*os.File{daemonEnd, ourEnd}
-	if err := lp.cmd.Start(); err != nil {
+	cmd.ExtraFiles = []*os.File{daemonEnd, ourEnd}
+	if err := cmd.Start(); err != nil {
 		conn.UnixConn.Close()
 		return nil, DaemonConn{}, fmt.Errorf("start criu lazy-pages: %w", err)
 	}
-	lp.started = time.Now()
-	go func() { lp.exited <- lp.cmd.Wait() }()
+	lp.started, lp.pid, lp.kill = time.Now(), cmd.Process.Pid, cmd.Process.Kill
+	go func() { lp.exited <- cmd.Wait() }()
 	sock := filepath.Join(workDir, "lazy-pages.socket")
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		if _, err := os.Stat(sock); err == nil {
@@ -162,7 +163,7 @@ func (lp *LazyPages) HoldFaults() (int, error) {
 	if lp.released {
 		return 0, nil
 	}
-	held, err := copyUserfaultfds(lp.cmd.Process.Pid)
+	held, err := copyUserfaultfds(lp.pid)
 	if err != nil {
 		for _, f := range held {
 			f.Close()
@@ -237,16 +238,60 @@ func (lp *LazyPages) Wait() LazyResult {
 
 // Stop kills the daemon if it still runs.
 func (lp *LazyPages) Stop() {
-	if lp.cmd.Process == nil {
-		return
-	}
 	select {
 	case err := <-lp.exited:
 		lp.exited <- err
 	default:
-		_ = lp.cmd.Process.Kill()
+		_ = lp.kill()
 		lp.exited <- <-lp.exited
 	}
+}
+
+// LogPath is the daemon's log.
+func (lp *LazyPages) LogPath() string { return lp.logPath }
+
+// Pid is the daemon's process ID.
+func (lp *LazyPages) Pid() int { return lp.pid }
+
+// AttachLazyPages takes over a daemon an earlier process started for the
+// images worked on in workDir (an agent that died mid-pull): it can then
+// hold, wait for and stop it as its starter could. Its exit status is not
+// this process's to read: Wait's Err stays nil, and the caller judges the
+// pull by whether the daemon asked to close (every page in).
+func AttachLazyPages(pid int, workDir string) (*LazyPages, error) {
+	cmdline, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+	if !strings.Contains(string(cmdline), "lazy-pages") || !usesDir(pid, filepath.Clean(workDir)) {
+		return nil, fmt.Errorf("no criu lazy-pages of %s runs as pid %d", workDir, pid)
+	}
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil, fmt.Errorf("pidfd of criu lazy-pages: %w", err)
+	}
+	lp := &LazyPages{pid: pid, logPath: filepath.Join(workDir, "lazy-pages.log"), started: time.Now(), exited: make(chan error, 1)}
+	var mu sync.Mutex // pidfd is closed once the daemon exited: never signal a reused number
+	lp.kill = func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if pidfd < 0 {
+			return nil
+		}
+		return unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0)
+	}
+	go func() {
+		// A pidfd reads as ready once its process has exited.
+		fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+		for {
+			if _, err := unix.Poll(fds, -1); err != unix.EINTR {
+				break
+			}
+		}
+		mu.Lock()
+		unix.Close(pidfd)
+		pidfd = -1
+		mu.Unlock()
+		lp.exited <- nil
+	}()
+	return lp, nil
 }
 
 var transferredRE = regexp.MustCompile(`UFFD transferred pages: \((\d+)/(\d+)\)`)

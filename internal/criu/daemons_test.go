@@ -82,7 +82,7 @@ func TestHoldFaultsFollowsTheDaemon(t *testing.T) {
 			t.Skipf("this machine will not make a userfaultfd here: %s", a)
 		}
 	}
-	lp := &LazyPages{cmd: cmd}
+	lp := &LazyPages{pid: cmd.Process.Pid}
 	hold := func(want int) {
 		t.Helper()
 		n, err := lp.HoldFaults()

@@ -3,6 +3,7 @@ package criu
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -12,16 +13,20 @@ import (
 
 // KillWorkingIn kills (SIGKILL, by PID) every CRIU process with a file
 // open, or its working directory, at or below dir, and returns their
-// PIDs. A migration's CRIU processes log into its work directory, so they
+// PIDs, sparing those working in a spare directory (a pull a restarted
+// agent takes over). A migration's CRIU processes log into its work directory, so they
 // are found even after the agent that started them died and they were
 // reparented: a dump's page server left running would put back the
 // freezer state it found when it ends, freezing again a container resumed
 // meanwhile, and a stuck restore would hold its cgroups and mounts.
-func KillWorkingIn(dir string) []int {
+func KillWorkingIn(dir string, spare ...string) []int {
 	dir = filepath.Clean(dir)
 	var killed []int
 	for _, pid := range procs.Named("criu") {
-		if pid != os.Getpid() && usesDir(pid, dir) && syscall.Kill(pid, syscall.SIGKILL) == nil {
+		if pid == os.Getpid() || !usesDir(pid, dir) || slices.ContainsFunc(spare, func(s string) bool { return usesDir(pid, filepath.Clean(s)) }) {
+			continue
+		}
+		if syscall.Kill(pid, syscall.SIGKILL) == nil {
 			killed = append(killed, pid)
 		}
 	}

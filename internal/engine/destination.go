@@ -71,16 +71,30 @@ type Destination struct {
 	// StallTimeout gives up a migration whose source sent nothing for
 	// this long before asking for the restore (0: stallTimeout's rule).
 	StallTimeout time.Duration
+	// RelayExe is the ferry binary, which runs each post-copy pull's
+	// relay so that the pull outlives this agent (resume.go); "": none,
+	// and a pull ends with the agent.
+	RelayExe string
+
+	// pulls are the post-copy pulls an earlier run of this agent left,
+	// waiting for their sources to go on with them (resume.go).
+	pullsMu sync.Mutex
+	pulls   map[string]*strandedPull
 }
 
 // record writes this migration's state to the journal; peer is the
 // source's host name as its certificate says.
 func (in *incoming) record(peer, state string) error {
+	return in.recordPull(peer, state, nil)
+}
+
+// recordPull records a state with the pull that goes on in it.
+func (in *incoming) recordPull(peer, state string, pull *journal.Pull) error {
 	if in.d.Journal == nil {
 		return nil
 	}
 	return in.d.Journal.Record(journal.Entry{ID: in.offer.ID, Role: journal.Destination, Peer: peer,
-		Container: in.offer.Container, Runtime: in.rt.Kind(), State: state})
+		Container: in.offer.Container, Runtime: in.rt.Kind(), State: state, Pull: pull})
 }
 
 // recordFinal records a final state; a failure leaves the restarted
@@ -475,7 +489,7 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	if lp != nil {
 		owns = journal.Pulling
 	}
-	if err := in.record(sess.Peer.Name, owns); err != nil {
+	if err := in.recordPull(sess.Peer.Name, owns, lp.pull(in.work)); err != nil {
 		return false, fmt.Errorf("migration not committed, restored copy dropped: %w", err)
 	}
 	in.faults.At(fault.Destination, fault.Commit)

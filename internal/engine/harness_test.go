@@ -147,6 +147,11 @@ func (t *fakeTarget) Restore(_ context.Context, o runtime.RestoreOptions) (int, 
 	if err != nil {
 		return 0, err
 	}
+	if o.Lazy {
+		if err := lazyRestore(o.WorkDir, fakePid); err != nil {
+			return 0, err
+		}
+	}
 	if t.afterRestore != nil {
 		t.afterRestore()
 	}

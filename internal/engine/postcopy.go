@@ -15,6 +15,8 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/images"
+	"github.com/ferry-migrate/ferry/internal/journal"
+	"github.com/ferry-migrate/ferry/internal/lazyrelay"
 	"github.com/ferry-migrate/ferry/internal/pagestream"
 	"github.com/ferry-migrate/ferry/internal/privnet"
 	"github.com/ferry-migrate/ferry/internal/runtime"
@@ -74,9 +76,11 @@ type lazyDump struct {
 	stopDump context.CancelFunc
 	exited   chan struct{}
 	result   error
-	// conn is the tunnel's connection to CRIU's page server, once made.
-	mu   sync.Mutex
-	conn net.Conn
+	// conn is the tunnel's connection to CRIU's page server, once made;
+	// proxy serves it to a destination that may come back (resume.go).
+	mu    sync.Mutex
+	conn  net.Conn
+	proxy *pagestream.LazyProxy
 }
 
 // startLazyDump dumps the frozen container without its memory and returns
@@ -219,11 +223,46 @@ func (ld *lazyDump) splice(ctx context.Context, ch *transport.Channel) error {
 	return splice(conn.(*net.TCPConn), ch)
 }
 
+// serve answers the destination's daemon on ch from the dump's page
+// server, through a LazyProxy that keeps the page server's connection
+// whole when ch breaks, so that the destination can go on over another
+// channel (serve again). It returns once ch ended or failed; the page
+// server's connection is closed once the daemon's close was passed on.
+func (ld *lazyDump) serve(ctx context.Context, ch *transport.Channel) error {
+	ld.mu.Lock()
+	p := ld.proxy
+	ld.mu.Unlock()
+	if p == nil {
+		conn, err := ld.dial(ctx)
+		if err != nil {
+			ch.Fail(err)
+			return err
+		}
+		ld.mu.Lock()
+		ld.conn, ld.proxy = conn, pagestream.NewLazyProxy(conn)
+		p = ld.proxy
+		ld.mu.Unlock()
+	}
+	closed, err := p.Serve(ch)
+	if closed {
+		ld.mu.Lock()
+		if ld.conn != nil {
+			ld.conn.Close()
+		}
+		ld.mu.Unlock()
+	}
+	if err != nil {
+		ch.Close()
+		return err
+	}
+	return ch.CloseWrite()
+}
+
 // lazySwitchover ships the images and the root filesystem's last changes,
 // opens the page tunnel, has the destination restore, commits, and waits
 // until the destination has pulled the memory.
 func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
-	lazyCh, err := m.shipLazyDump(ctx, ld)
+	lazyCh, err := m.shipLazyDump(ctx, ld, true)
 	if err != nil {
 		return m.abort(ctx, err)
 	}
@@ -248,6 +287,19 @@ func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
 	var done LazyDone
 	err = m.ctl.Recv(&done)
 	stopPush()
+	if err != nil {
+		// The destination may come back (its agent restarted) to go on.
+		var dropped bool
+		if done, dropped, err = m.resumePull(ctx, ld, err); dropped {
+			return m.abort(ctx, failAt("lazy pages on "+m.sess.Peer.Name, errors.New("the destination's agent restarted and dropped the container; the source copy resumes as it was at the freeze")))
+		}
+	}
+	if err != nil || done.Error != "" {
+		// Nobody will go on with the pull (ld.serve's proxy would keep the
+		// page server for a destination coming back): its session ends,
+		// so does the dump.
+		ld.endPageServer()
+	}
 	derr := ld.wait()
 	m.report.FrozenMs = ms(time.Since(m.frozenAt))
 	m.report.PagesFaulted, m.report.PagesPushed = done.Faulted, done.Pushed
@@ -270,7 +322,11 @@ func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
 
 // shipLazyDump sends a lazy dump's images and the root filesystem's last
 // changes, and opens the channel to the dump's page server.
-func (m *migration) shipLazyDump(ctx context.Context, ld *lazyDump) (*transport.Channel, error) {
+//
+// resumable serves the page server through ld.serve, whose proxy a
+// destination can come back to (post-copy and hybrid); otherwise its bytes
+// are spliced as they come.
+func (m *migration) shipLazyDump(ctx context.Context, ld *lazyDump, resumable bool) (*transport.Channel, error) {
 	var g errgroup.Group
 	g.Go(func() error { return failAt("rootfs sync (frozen)", m.syncRootfs(ChanRootfsFinal)) })
 	g.Go(func() error { return m.sendImages() })
@@ -281,7 +337,11 @@ func (m *migration) shipLazyDump(ctx context.Context, ld *lazyDump) (*transport.
 	if err != nil {
 		return nil, failAt("lazy pages", err)
 	}
-	go func() { _ = ld.splice(context.WithoutCancel(ctx), lazyCh) }()
+	if resumable {
+		go func() { _ = ld.serve(context.WithoutCancel(ctx), lazyCh) }()
+	} else {
+		go func() { _ = ld.splice(context.WithoutCancel(ctx), lazyCh) }()
+	}
 	return lazyCh, nil
 }
 
@@ -334,6 +394,9 @@ func dialRetry(ctx context.Context, addr string) (net.Conn, error) {
 // lazyPages is the destination's CRIU lazy-pages daemon and its tunnel.
 type lazyPages struct {
 	daemon *criu.LazyPages
+	// relay holds the daemon's connection so that the pull outlives this
+	// agent (nil: the agent serves the daemon directly; see resume.go).
+	relay  *lazyrelay.Process
 	tunnel func() error
 	ch     *transport.Channel
 	local  atomic.Uint64 // pages supplied from the destination's copy
@@ -396,12 +459,23 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 			return errors.Join(err, ch.CloseWrite())
 		}
 	}
-	daemon, conn, err := criu.StartLazyPages(in.images, in.work)
+	daemon, dconn, err := criu.StartLazyPages(in.images, in.work)
 	if err != nil {
 		ch.Close()
 		return nil, err
 	}
 	lp.daemon = daemon
+	var conn halfCloser = dconn
+	if in.d.RelayExe != "" {
+		relay, rconn, err := lazyrelay.Start(in.d.RelayExe, dconn.UnixConn, in.work)
+		dconn.UnixConn.Close() // this copy only: the relay's stays open
+		if err != nil {
+			daemon.Stop()
+			ch.Close()
+			return nil, err
+		}
+		lp.relay, conn = relay, rconn
+	}
 	served := make(chan error, 1)
 	go func() {
 		hc := newHoldingReads(conn, daemon)
@@ -427,7 +501,7 @@ const holdEvery = 10 * time.Millisecond
 // later requests renew the hold, in the background, at most every
 // holdEvery.
 type holdingReads struct {
-	criu.DaemonConn
+	halfCloser
 	daemon *criu.LazyPages
 	held   bool // by Read, which one goroutine calls
 	asked  chan struct{}
@@ -435,14 +509,14 @@ type holdingReads struct {
 	warned atomic.Bool
 }
 
-func newHoldingReads(conn criu.DaemonConn, daemon *criu.LazyPages) *holdingReads {
-	c := &holdingReads{DaemonConn: conn, daemon: daemon, asked: make(chan struct{}, 1), done: make(chan struct{})}
+func newHoldingReads(conn halfCloser, daemon *criu.LazyPages) *holdingReads {
+	c := &holdingReads{halfCloser: conn, daemon: daemon, asked: make(chan struct{}, 1), done: make(chan struct{})}
 	go c.renew()
 	return c
 }
 
 func (c *holdingReads) Read(p []byte) (int, error) {
-	n, err := c.DaemonConn.Read(p)
+	n, err := c.halfCloser.Read(p)
 	switch {
 	case n > 0 && !c.held:
 		c.held = true
@@ -524,4 +598,16 @@ func (lp *lazyPages) stop() {
 	lp.daemon.Stop()
 	lp.daemon.ReleaseFaults()
 	lp.ch.Close()
+	if lp.relay != nil {
+		_ = lp.relay.Wait() // it ends with the daemon
+	}
+}
+
+// pull is what the journal keeps of a pull that has a relay: what a
+// restarted agent needs to take it over.
+func (lp *lazyPages) pull(dir string) *journal.Pull {
+	if lp == nil || lp.relay == nil {
+		return nil
+	}
+	return &journal.Pull{Daemon: lp.daemon.Pid(), Relay: lp.relay.Pid, Dir: dir}
 }

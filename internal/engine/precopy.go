@@ -159,7 +159,7 @@ func (m *migration) precopy(ctx context.Context) error {
 // the commit the container here stays resumable, as in cold.
 func (m *migration) rebuildSwitchover(ctx context.Context, ld *lazyDump) error {
 	m.begin("images")
-	lazyCh, err := m.shipLazyDump(ctx, ld)
+	lazyCh, err := m.shipLazyDump(ctx, ld, false)
 	if err != nil {
 		return m.abort(ctx, err)
 	}

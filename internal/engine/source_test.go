@@ -77,12 +77,15 @@ func processPages(pid, n int) (id int, addr uint64, data []byte, err error) {
 // fakeCRIUScript plays `criu page-server` (it stores the stream) and the
 // page client of a dump (it sends FILE and waits briefly for an answer).
 // Both end on a builtin: bash would exec an external last command and
-// take its name, which the tunnel's check would not recognise.
+// take its name, which the tunnel's check would not recognise. For a
+// test that asks (fakeLazyDaemon), the test binary plays `criu lazy-pages`.
 const fakeCRIUScript = `#!/bin/bash
 case "$1" in
 page-server) # page-server --images-dir DIR ... --ps-socket 3 ...
 	cat <&3 >"$3/` + fakePagesFile + `"
 	exit 0 ;;
+lazy-pages) # the test binary plays the daemon (fakecriu_test.go)
+	[ -n "$` + lazyDaemonEnv + `" ] && exec "$` + lazyDaemonEnv + `" "$@" ;;
 page-client) # page-client HOST PORT FILE
 	exec 3<>"/dev/tcp/$2/$3"
 	cat "$4" >&3
@@ -125,6 +128,10 @@ type fakeSource struct {
 	// beforeFreeze, when set, runs as the freeze begins: the container's
 	// last writes.
 	beforeFreeze func()
+	// beforeThaw, when set, runs as a thaw begins.
+	beforeThaw func()
+	// lazy is what a lazy dump leaves here (lazy_source_test.go).
+	lazy lazySource
 
 	mu     sync.Mutex
 	status string // "" once removed
@@ -175,6 +182,9 @@ func (f *fakeSource) Freeze(context.Context, *runtime.Container) error {
 
 func (f *fakeSource) Thaw(context.Context, *runtime.Container) error {
 	f.called("thaw")
+	if f.beforeThaw != nil {
+		f.beforeThaw()
+	}
 	if f.thawErr != nil {
 		return f.thawErr
 	}
@@ -194,6 +204,9 @@ func (f *fakeSource) Checkpoint(ctx context.Context, _ *runtime.Container, o run
 	f.called("checkpoint")
 	if f.checkpointErr != nil {
 		return nil, f.checkpointErr
+	}
+	if o.Lazy {
+		return f.lazyCheckpoint(ctx, o)
 	}
 	host, port, err := net.SplitHostPort(o.PageServer)
 	if err != nil {
@@ -253,6 +266,22 @@ func (d fakeDump) Release(_ context.Context, kill bool) error {
 		d.f.called("release")
 	}
 	return nil
+}
+
+// sleeper starts a process whose memory stays as it is (a container's
+// process, for the fakes that read memory) and returns its pid. It skips
+// the test where this user may not read a child's memory.
+func sleeper(t *testing.T) int {
+	t.Helper()
+	proc := exec.Command("sleep", "60")
+	if err := proc.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proc.Process.Kill(); _ = proc.Wait() })
+	if _, _, _, err := processPages(proc.Process.Pid, 1); errors.Is(err, os.ErrPermission) {
+		t.Skipf("this user may not read a child's memory (Yama's ptrace_scope?): %v", err)
+	}
+	return proc.Process.Pid
 }
 
 // sourceRun is one migration from a fakeSource at "h1" to the harness's
@@ -511,15 +540,8 @@ func TestSourceStaysFrozenWhenTheCommitGoesUnanswered(t *testing.T) {
 // them and expanded back at the destination, where CRIU's page server
 // must see exactly what the dump sent.
 func TestSourcePrecopyCommits(t *testing.T) {
-	proc := exec.Command("sleep", "60")
-	if err := proc.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proc.Process.Kill(); _ = proc.Wait() })
-	if _, _, _, err := processPages(proc.Process.Pid, 1); errors.Is(err, os.ErrPermission) {
-		t.Skipf("this user may not read a child's memory (Yama's ptrace_scope?): %v", err)
-	}
-	r := newSourceRun(t, func(r *sourceRun) { r.src.ctr.PID = proc.Process.Pid })
+	pid := sleeper(t)
+	r := newSourceRun(t, func(r *sourceRun) { r.src.ctr.PID = pid })
 	rep := r.migrate(ModePrecopy, PrecopyOptions{Engine: PrecopyContent, MaxRounds: 2})
 	if !rep.OK {
 		t.Fatalf("migration failed at %s: %s", rep.FailedAt, rep.Error)

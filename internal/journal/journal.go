@@ -66,6 +66,17 @@ type Entry struct {
 	Root    string    `json:"root,omitempty"`
 	State   string    `json:"state"`
 	Updated time.Time `json:"updated"`
+	// Pull is a pulling copy's page traffic, which outlives the agent.
+	Pull *Pull `json:"pull,omitempty"`
+}
+
+// Pull is where a post-copy copy's memory comes through at the
+// destination: the processes that hold the pull while no agent serves it,
+// and their work directory.
+type Pull struct {
+	Daemon int    `json:"daemon"` // criu lazy-pages
+	Relay  int    `json:"relay"`  // ferry lazy-relay
+	Dir    string `json:"dir"`
 }
 
 // Journal is one host's records, in a directory.

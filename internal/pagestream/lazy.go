@@ -15,6 +15,8 @@ type LazyStats struct {
 	Pages     uint64 // pages sent to the daemon
 	// LocalPages were sent from the destination's copy.
 	LocalPages uint64
+	// Closed: the daemon's close was answered (it has every page).
+	Closed bool
 }
 
 // ServeLazy plays CRIU's page server for a destination's lazy-pages daemon
@@ -73,6 +75,7 @@ func ServeLazyAwaiting(daemon io.ReadWriter, upstream io.ReadWriter, have Source
 			if err := forwardReply(upstream, up, out, hdr, 4); err != nil {
 				return st, err
 			}
+			st.Closed = true
 			return st, nil
 		default:
 			return st, fmt.Errorf("%w: lazy-pages daemon sent command %#x", ErrMalformed, h.cmd)

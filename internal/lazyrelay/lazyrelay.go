@@ -1,0 +1,112 @@
+// Package lazyrelay runs pagestream.Relay in a process of its own, so that
+// a destination's post-copy pull outlives the agent that serves it: the
+// agent starts `ferry lazy-relay` with the lazy-pages daemon's connection,
+// and serves the daemon through the relay's socket; an agent restarted
+// after a crash connects to that socket again and the pull goes on.
+package lazyrelay
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/ferry-migrate/ferry/internal/pagestream"
+	"github.com/ferry-migrate/ferry/internal/tail"
+)
+
+// Command is the subcommand of the ferry binary that runs a relay.
+const Command = "lazy-relay"
+
+// Names in the work directory.
+const (
+	socketName = "lazy-relay.socket"
+	logName    = "lazy-relay.log"
+)
+
+// Socket is where the relay for work directory dir listens.
+func Socket(dir string) string { return filepath.Join(dir, socketName) }
+
+// Process is a running relay.
+type Process struct {
+	Pid    int
+	exited chan error
+}
+
+// Start runs exe's relay for the daemon connection daemon (which it
+// shares: the caller closes its own copy, never shuts it down) in work
+// directory dir, and returns once the relay listens, with a connection to
+// it. The relay has a session of its own: what stops the agent does not
+// stop it.
+func Start(exe string, daemon *net.UnixConn, dir string) (*Process, *net.UnixConn, error) {
+	f, err := daemon.File()
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	logf, err := os.OpenFile(filepath.Join(dir, logName), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer logf.Close()
+	cmd := exec.Command(exe, Command, "--socket", Socket(dir))
+	cmd.ExtraFiles = []*os.File{f} // fd 3
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, fmt.Errorf("start the lazy-pages relay: %w", err)
+	}
+	p := &Process{Pid: cmd.Process.Pid, exited: make(chan error, 1)}
+	go func() { p.exited <- cmd.Wait() }()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if conn, err := Dial(dir); err == nil {
+			return p, conn, nil
+		}
+		select {
+		case err := <-p.exited:
+			p.exited <- err
+			return nil, nil, fmt.Errorf("the lazy-pages relay exited early: %v: %s", err, tail.File(filepath.Join(dir, logName), 3))
+		default:
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			return nil, nil, errors.New("the lazy-pages relay did not listen in 10 s")
+		}
+	}
+}
+
+// Dial connects to the relay of work directory dir.
+func Dial(dir string) (*net.UnixConn, error) {
+	return net.DialUnix("unix", nil, &net.UnixAddr{Name: Socket(dir), Net: "unix"})
+}
+
+// Wait returns once the relay has exited (only for one this process
+// started).
+func (p *Process) Wait() error {
+	err := <-p.exited
+	p.exited <- err
+	return err
+}
+
+// Main is the relay process: fd 3 is the daemon's connection; it serves
+// each agent that connects to socket in turn, and ends with the daemon.
+func Main(socket string) error {
+	daemon, err := net.FileConn(os.NewFile(3, "lazy-pages-daemon"))
+	if err != nil {
+		return fmt.Errorf("fd 3 is not the lazy-pages daemon's connection: %w", err)
+	}
+	_ = os.Remove(socket)
+	l, err := net.Listen("unix", socket)
+	if err != nil {
+		return err
+	}
+	if err := os.Chmod(socket, 0o600); err != nil {
+		return err
+	}
+	defer os.Remove(socket)
+	return pagestream.ServeRelay(daemon, l)
+}

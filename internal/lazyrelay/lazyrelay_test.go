@@ -1,0 +1,119 @@
+package lazyrelay
+
+import (
+	"bytes"
+	"encoding/binary"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The test binary plays the relay process when asked (Start runs it as
+// exe).
+func TestMain(m *testing.M) {
+	if len(os.Args) == 4 && os.Args[1] == Command {
+		if err := Main(os.Args[3]); err != nil {
+			os.Stderr.WriteString(err.Error() + "\n")
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// get is a lazy-pages daemon's request for one page at vaddr.
+func get(vaddr uint64) []byte {
+	b := make([]byte, 32)
+	binary.LittleEndian.PutUint32(b, 7) // PS_IOV_GET
+	binary.LittleEndian.PutUint64(b[8:], 1)
+	binary.LittleEndian.PutUint64(b[16:], vaddr)
+	return b
+}
+
+// reply is a page server's answer to get(vaddr).
+func reply(vaddr uint64) []byte {
+	b := make([]byte, 32, 32+4096)
+	binary.LittleEndian.PutUint32(b, 4<<16|6) // PE_PRESENT, PS_IOV_ADD_F
+	binary.LittleEndian.PutUint64(b[8:], 1)
+	binary.LittleEndian.PutUint64(b[16:], vaddr)
+	return append(b, bytes.Repeat([]byte{byte(vaddr >> 12)}, 4096)...)
+}
+
+// The relay process outlives an agent's connection: a request whose
+// reply was cut short goes to the next agent, the daemon gets only the
+// whole reply, and the relay exits cleanly when the daemon does.
+func TestRelayProcessOutlivesTheAgent(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	daemonF := os.NewFile(uintptr(fds[0]), "daemon")
+	daemon, err := net.FileConn(daemonF)
+	daemonF.Close() // FileConn holds its own copy
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer daemon.Close()
+	theirsF := os.NewFile(uintptr(fds[1]), "relay-end")
+	theirs, err := net.FileConn(theirsF)
+	theirsF.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	p, agent, err := Start(os.Args[0], theirs.(*net.UnixConn), dir)
+	theirs.Close() // the relay holds its own copy
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = unix.Kill(p.Pid, unix.SIGKILL) }()
+
+	if _, err := daemon.Write(get(0x5000)); err != nil {
+		t.Fatal(err)
+	}
+	req := make([]byte, 32)
+	if _, err := io.ReadFull(agent, req); err != nil || !bytes.Equal(req, get(0x5000)) {
+		t.Fatalf("the first agent did not get the request: %v", err)
+	}
+	if _, err := agent.Write(reply(0x5000)[:100]); err != nil {
+		t.Fatal(err)
+	}
+	agent.Close()
+
+	again, err := Dial(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	if _, err := io.ReadFull(again, req); err != nil || !bytes.Equal(req, get(0x5000)) {
+		t.Fatalf("the next agent was not asked again: %v", err)
+	}
+	if _, err := again.Write(reply(0x5000)); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(reply(0x5000)))
+	_ = daemon.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(daemon, got); err != nil || !bytes.Equal(got, reply(0x5000)) {
+		t.Fatalf("the daemon did not get the whole reply alone: %v", err)
+	}
+	daemon.Close()
+	done := make(chan error, 1)
+	go func() { done <- p.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			b, _ := os.ReadFile(filepath.Join(dir, logName))
+			t.Fatalf("relay exited with %v: %s", err, b)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the relay did not exit with its daemon")
+	}
+	if _, err := os.Stat(Socket(dir)); !os.IsNotExist(err) {
+		t.Errorf("the relay's socket outlived it: %v", err)
+	}
+}

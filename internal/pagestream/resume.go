@@ -1,0 +1,283 @@
+package pagestream
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+)
+
+// A post-copy pull that outlives the destination's agent. CRIU's
+// lazy-pages daemon asks for pages over one connection and reads the
+// replies in the order it asked; a destination agent that dies mid-pull
+// takes with it the requests it had read and the part of a reply it had
+// written, and a new agent could not tell where the daemon's stream
+// stands. So the daemon's connection is held by a Relay, in a process of
+// its own: it keeps every request until its whole reply has come, passes
+// the daemon only whole replies, and hands the requests still unanswered
+// to the next agent that connects. At the source, a LazyProxy holds the
+// connection to CRIU's page server the same way: whole requests in, whole
+// replies out, the last reply kept for a destination that asks again.
+
+// Relay serves a lazy-pages daemon through one agent connection after
+// another (Serve).
+type Relay struct {
+	daemon io.ReadWriter
+
+	mu      sync.Mutex
+	pending []header // asked, not yet answered; oldest first
+	err     error    // why the daemon's stream ended (io.EOF: it closed)
+	asked   chan struct{}
+	ended   chan struct{} // closed once the daemon's stream ended
+
+	// wmu orders writes to the agent: a request read from the daemon and
+	// a new agent's resend of those pending.
+	wmu   sync.Mutex
+	agent io.Writer
+}
+
+// NewRelay starts reading the daemon's requests.
+func NewRelay(daemon io.ReadWriter) *Relay {
+	r := &Relay{daemon: daemon, asked: make(chan struct{}, 1), ended: make(chan struct{})}
+	go r.readRequests()
+	return r
+}
+
+func (r *Relay) readRequests() {
+	in := bufio.NewReaderSize(r.daemon, 64<<10)
+	b := make([]byte, headerSize)
+	for {
+		var err error
+		if _, err = io.ReadFull(in, b); err == nil {
+			h := parseHeader(b)
+			switch h.cmd & (1<<psCmdBits - 1) {
+			case psIOVGet, psIOVClose, psIOVForceClose:
+			default:
+				err = fmt.Errorf("%w: lazy-pages daemon sent command %#x", ErrMalformed, h.cmd)
+			}
+			if err == nil {
+				r.wmu.Lock()
+				r.mu.Lock()
+				r.pending = append(r.pending, h)
+				r.mu.Unlock()
+				if r.agent != nil {
+					// A failed write is the agent gone: Serve hears it
+					// reading the reply, and the next agent gets this
+					// request again.
+					_, _ = r.agent.Write(b)
+				}
+				r.wmu.Unlock()
+				select {
+				case r.asked <- struct{}{}:
+				default:
+				}
+				continue
+			}
+		}
+		r.mu.Lock()
+		r.err = err
+		r.mu.Unlock()
+		close(r.ended)
+		return
+	}
+}
+
+// Ended is closed once the daemon's stream has ended.
+func (r *Relay) Ended() <-chan struct{} { return r.ended }
+
+// Err says how the daemon's stream ended: nil when it closed after its
+// last request was answered (the pull is complete).
+func (r *Relay) Err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if errors.Is(r.err, io.EOF) && len(r.pending) == 0 {
+		return nil
+	}
+	if r.err == nil || errors.Is(r.err, io.EOF) {
+		return fmt.Errorf("%w with %d requests unanswered", ErrDaemonGone, len(r.pending))
+	}
+	return r.err
+}
+
+// ErrDaemonGone is Serve's answer once the daemon's stream has ended.
+var ErrDaemonGone = errors.New("pagestream: the lazy-pages daemon's connection ended")
+
+// Serve sends agent every request not yet answered, then each new one,
+// and passes each whole reply to the daemon, until agent fails (its
+// error) or the daemon's stream ends (ErrDaemonGone). A reply cut short
+// is dropped whole: its request goes to the next agent.
+func (r *Relay) Serve(agent io.ReadWriter) error {
+	r.wmu.Lock()
+	r.mu.Lock()
+	resend := append([]header{}, r.pending...)
+	r.mu.Unlock()
+	for _, h := range resend {
+		b := h.encode()
+		if _, err := agent.Write(b[:]); err != nil {
+			r.wmu.Unlock()
+			return err
+		}
+	}
+	r.agent = agent
+	r.wmu.Unlock()
+	defer func() {
+		r.wmu.Lock()
+		if r.agent == agent {
+			r.agent = nil
+		}
+		r.wmu.Unlock()
+	}()
+	in := bufio.NewReaderSize(agent, 256<<10)
+	var reply []byte
+	for {
+		r.mu.Lock()
+		n := len(r.pending)
+		var head header
+		if n > 0 {
+			head = r.pending[0]
+		}
+		r.mu.Unlock()
+		if n == 0 {
+			select {
+			case <-r.asked:
+				continue
+			case <-r.ended:
+				return ErrDaemonGone
+			}
+		}
+		var err error
+		if reply, err = readReply(in, head, reply[:0]); err != nil {
+			return err
+		}
+		if _, err := r.daemon.Write(reply); err != nil {
+			return fmt.Errorf("%w: %v", ErrDaemonGone, err)
+		}
+		r.mu.Lock()
+		r.pending = r.pending[1:]
+		r.mu.Unlock()
+	}
+}
+
+// readReply reads, into buf, the whole reply to request req: a header and
+// the pages it announces for a GET, a 4-byte status for a close.
+func readReply(in io.Reader, req header, buf []byte) ([]byte, error) {
+	switch req.cmd & (1<<psCmdBits - 1) {
+	case psIOVClose, psIOVForceClose:
+		buf = append(buf, make([]byte, 4)...)
+		_, err := io.ReadFull(in, buf)
+		return buf, err
+	}
+	buf = append(buf, make([]byte, headerSize)...)
+	if _, err := io.ReadFull(in, buf); err != nil {
+		return buf, err
+	}
+	n := parseHeader(buf).payloadPages()
+	if n > maxLazyPages {
+		return buf, fmt.Errorf("%w: a reply of %d pages", ErrMalformed, n)
+	}
+	buf = append(buf, make([]byte, n*PageSize)...)
+	_, err := io.ReadFull(in, buf[headerSize:])
+	return buf, err
+}
+
+// ServeRelay runs a Relay for daemon, serving each agent that connects to
+// l in turn, until the daemon's stream ends. It returns nil once the
+// daemon closed after its last answer.
+func ServeRelay(daemon io.ReadWriter, l net.Listener) error {
+	r := NewRelay(daemon)
+	// Accept waits for an agent that may never come: the daemon's end
+	// stops it.
+	go func() { <-r.ended; l.Close() }()
+	for {
+		conn, err := l.Accept()
+		if err != nil {
+			select {
+			case <-r.ended:
+				return r.Err()
+			default:
+				return err
+			}
+		}
+		err = r.Serve(conn)
+		conn.Close()
+		if errors.Is(err, ErrDaemonGone) {
+			<-r.ended
+			return r.Err()
+		}
+	}
+}
+
+// LazyProxy holds the source's connection to CRIU's lazy page server for
+// a destination that may ask over more than one connection: a request
+// reaches CRIU only whole, a reply is read from CRIU whole before it is
+// passed on, and the last one is kept. The destination's relay asks again
+// for what it did not receive whole, at most the last request (the
+// destination asks one at a time): that is answered from the reply kept,
+// and CRIU's connection always stands between two requests.
+type LazyProxy struct {
+	criu io.ReadWriter
+	in   *bufio.Reader
+
+	mu        sync.Mutex
+	last      [headerSize]byte
+	lastReply []byte
+	closed    bool
+}
+
+// NewLazyProxy serves through the page server connection criu.
+func NewLazyProxy(criu io.ReadWriter) *LazyProxy {
+	return &LazyProxy{criu: criu, in: bufio.NewReaderSize(criu, 256<<10)}
+}
+
+// ErrPageServer wraps a failure of CRIU's side of a LazyProxy: the page
+// server is gone, and no destination can be served again.
+var ErrPageServer = errors.New("source page server")
+
+// Serve answers peer's requests until peer ends or fails (its error), or
+// the page server's close was passed on (closed true: CRIU's dump ends).
+func (p *LazyProxy) Serve(peer io.ReadWriter) (closed bool, err error) {
+	in := bufio.NewReaderSize(peer, 64<<10)
+	b := make([]byte, headerSize)
+	for {
+		if _, err := io.ReadFull(in, b); err != nil {
+			return false, err
+		}
+		done, err := p.answer(peer, b)
+		if err != nil || done {
+			return done, err
+		}
+	}
+}
+
+// answer passes one whole request to CRIU, or answers it from the last
+// reply when it asks the same again.
+func (p *LazyProxy) answer(peer io.Writer, req []byte) (closed bool, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return true, fmt.Errorf("%w: asked after its close", ErrPageServer)
+	}
+	h := parseHeader(req)
+	switch h.cmd & (1<<psCmdBits - 1) {
+	case psIOVGet, psIOVClose, psIOVForceClose:
+	default:
+		return false, fmt.Errorf("%w: the destination sent command %#x", ErrMalformed, h.cmd)
+	}
+	if p.lastReply == nil || string(req) != string(p.last[:]) {
+		if _, err := p.criu.Write(req); err != nil {
+			return false, fmt.Errorf("%w: %v", ErrPageServer, err)
+		}
+		reply, err := readReply(p.in, h, p.lastReply[:0])
+		if err != nil {
+			p.lastReply = nil
+			return false, fmt.Errorf("%w: %v", ErrPageServer, err)
+		}
+		copy(p.last[:], req)
+		p.lastReply = reply
+	}
+	p.closed = h.cmd&(1<<psCmdBits-1) != psIOVGet
+	_, err = peer.Write(p.lastReply)
+	return p.closed, err
+}

@@ -1,0 +1,271 @@
+package pagestream
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+// getReq is a lazy-pages daemon's GET of n pages of pid at vaddr.
+func getReq(pid uint32, vaddr, n uint64) []byte {
+	b := header{cmd: psIOVGet, nrPages: n, vaddr: vaddr, dstID: uint64(pid)}.encode()
+	return b[:]
+}
+
+// pageReply is a page server's whole reply to getReq: every byte of the
+// pages says which page it is, so a reply from elsewhere shows.
+func pageReply(pid uint32, vaddr, n uint64) []byte {
+	h := header{cmd: pePresent<<psCmdBits | psIOVAddF, nrPages: n, vaddr: vaddr, dstID: uint64(pid)}.encode()
+	b := append([]byte{}, h[:]...)
+	for i := uint64(0); i < n; i++ {
+		b = append(b, bytes.Repeat([]byte{byte(vaddr/PageSize + i + uint64(pid))}, PageSize)...)
+	}
+	return b
+}
+
+var closeReq = func() []byte { b := header{cmd: psIOVClose}.encode(); return b[:] }()
+
+// relayUnder starts ServeRelay for a daemon on a socketpair, listening in
+// a test directory; it returns the daemon's end, the socket and the
+// relay's outcome.
+func relayUnder(t *testing.T) (net.Conn, string, <-chan error) {
+	t.Helper()
+	daemon, ours := socketpair(t)
+	sock := filepath.Join(t.TempDir(), "relay.socket")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan error, 1)
+	go func() { out <- ServeRelay(ours, l); ours.Close() }()
+	return daemon, sock, out
+}
+
+func socketpair(t *testing.T) (net.Conn, net.Conn) {
+	t.Helper()
+	l, err := net.Listen("unix", filepath.Join(t.TempDir(), "pair"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	a, err := net.Dial("unix", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+func readN(t *testing.T, r io.Reader, n int) []byte {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r, b); err != nil {
+		t.Fatalf("reading %d bytes: %v", n, err)
+	}
+	return b
+}
+
+func dialRelay(t *testing.T, sock string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// The agent dies with a request read and its reply half written: the
+// daemon sees none of that reply, and the next agent is asked again for
+// everything unanswered, in order, then for what the daemon asks next.
+func TestRelayHandsUnansweredRequestsToTheNextAgent(t *testing.T) {
+	daemon, sock, out := relayUnder(t)
+	a, b, c := getReq(7, 0x1000, 1), getReq(7, 0x8000, 3), getReq(9, 0x4000, 2)
+	for _, r := range [][]byte{a, b} {
+		if _, err := daemon.Write(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	first := dialRelay(t, sock)
+	if got := readN(t, first, 2*headerSize); !bytes.Equal(got, append(append([]byte{}, a...), b...)) {
+		t.Fatal("the first agent did not get the daemon's requests as sent")
+	}
+	if _, err := first.Write(pageReply(7, 0x1000, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if got := readN(t, daemon, len(pageReply(7, 0x1000, 1))); !bytes.Equal(got, pageReply(7, 0x1000, 1)) {
+		t.Fatal("the daemon did not get the first reply whole")
+	}
+	// Half of b's reply, then the agent is gone.
+	if _, err := first.Write(pageReply(7, 0x8000, 3)[:headerSize+PageSize+100]); err != nil {
+		t.Fatal(err)
+	}
+	first.Close()
+
+	second := dialRelay(t, sock)
+	if got := readN(t, second, headerSize); !bytes.Equal(got, b) {
+		t.Fatalf("the next agent was not asked again for the unanswered request")
+	}
+	if _, err := daemon.Write(c); err != nil {
+		t.Fatal(err)
+	}
+	if got := readN(t, second, headerSize); !bytes.Equal(got, c) {
+		t.Fatal("the next agent did not get the daemon's new request")
+	}
+	if _, err := second.Write(append(pageReply(7, 0x8000, 3), pageReply(9, 0x4000, 2)...)); err != nil {
+		t.Fatal(err)
+	}
+	want := append(pageReply(7, 0x8000, 3), pageReply(9, 0x4000, 2)...)
+	if got := readN(t, daemon, len(want)); !bytes.Equal(got, want) {
+		t.Fatal("the daemon's stream holds more or other than the whole replies, in order")
+	}
+
+	// The daemon's close, answered, then its end: the relay is done.
+	if _, err := daemon.Write(closeReq); err != nil {
+		t.Fatal(err)
+	}
+	readN(t, second, headerSize)
+	if _, err := second.Write([]byte{0, 0, 0, 0}); err != nil {
+		t.Fatal(err)
+	}
+	readN(t, daemon, 4)
+	daemon.Close()
+	select {
+	case err := <-out:
+		if err != nil {
+			t.Fatalf("relay after a clean close: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the relay did not end with the daemon")
+	}
+}
+
+// A daemon that ends with requests unanswered (killed) ends the relay
+// with an error, also while no agent is connected.
+func TestRelayEndsWithTheDaemon(t *testing.T) {
+	daemon, _, out := relayUnder(t)
+	if _, err := daemon.Write(getReq(1, 0x1000, 1)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	daemon.Close()
+	select {
+	case err := <-out:
+		if !errors.Is(err, ErrDaemonGone) {
+			t.Fatalf("relay ended with %v, want ErrDaemonGone", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the relay waited on for an agent after its daemon ended")
+	}
+}
+
+// fakePageServer answers GETs with pageReply and a close with a status,
+// and counts what it was asked.
+type fakePageServer struct {
+	mu    sync.Mutex
+	asked [][]byte
+}
+
+func (f *fakePageServer) serve(conn io.ReadWriter) {
+	b := make([]byte, headerSize)
+	for {
+		if _, err := io.ReadFull(conn, b); err != nil {
+			return
+		}
+		f.mu.Lock()
+		f.asked = append(f.asked, append([]byte{}, b...))
+		f.mu.Unlock()
+		h := parseHeader(b)
+		if h.cmd == psIOVClose {
+			_, _ = conn.Write([]byte{0, 0, 0, 0})
+			return
+		}
+		_, _ = conn.Write(pageReply(uint32(h.dstID), h.vaddr, h.nrPages))
+	}
+}
+
+func (f *fakePageServer) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.asked)
+}
+
+// A destination that loses a reply asks again over a new connection: the
+// proxy answers from the reply it kept, so CRIU is asked once; a request
+// cut short never reaches CRIU; the close ends it.
+func TestLazyProxyAsksThePageServerOnce(t *testing.T) {
+	criuEnd, proxyEnd := net.Pipe()
+	defer criuEnd.Close()
+	defer proxyEnd.Close()
+	ps := &fakePageServer{}
+	go ps.serve(criuEnd)
+	p := NewLazyProxy(proxyEnd)
+
+	serve := func(peer net.Conn) <-chan error {
+		out := make(chan error, 1)
+		go func() { _, err := p.Serve(peer); out <- err }()
+		return out
+	}
+	// First connection: the reply is read halfway, then the link is gone.
+	dst, src := net.Pipe()
+	ended := serve(src)
+	req := getReq(5, 0x20000, 4)
+	if _, err := dst.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	readN(t, dst, headerSize+PageSize)
+	dst.Close()
+	if err := <-ended; err == nil {
+		t.Fatal("Serve returned nil for a connection that broke")
+	}
+
+	// Second: a request cut short, then gone.
+	dst, src = net.Pipe()
+	ended = serve(src)
+	if _, err := dst.Write(req[:10]); err != nil {
+		t.Fatal(err)
+	}
+	dst.Close()
+	<-ended
+
+	// Third: the same request again, then another, then the close.
+	dst, src = net.Pipe()
+	out := make(chan struct {
+		closed bool
+		err    error
+	}, 1)
+	go func() {
+		closed, err := p.Serve(src)
+		out <- struct {
+			closed bool
+			err    error
+		}{closed, err}
+	}()
+	for _, r := range []struct {
+		req, want []byte
+	}{{req, pageReply(5, 0x20000, 4)}, {getReq(5, 0x40000, 1), pageReply(5, 0x40000, 1)}, {closeReq, []byte{0, 0, 0, 0}}} {
+		if _, err := dst.Write(r.req); err != nil {
+			t.Fatal(err)
+		}
+		if got := readN(t, dst, len(r.want)); !bytes.Equal(got, r.want) {
+			t.Fatalf("reply to %x is not the page server's", r.req[:8])
+		}
+	}
+	if r := <-out; !r.closed || r.err != nil {
+		t.Fatalf("after the close: closed %v, %v", r.closed, r.err)
+	}
+	if n := ps.count(); n != 3 {
+		t.Errorf("the page server was asked %d times, want 3 (the lost reply's request once)", n)
+	}
+	dst.Close()
+}
