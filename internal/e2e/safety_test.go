@@ -205,16 +205,7 @@ func TestPostcopyDestinationAgentDiesMidPull(t *testing.T) {
 	const name = "hog-pull-dies"
 	l, p := slowPullLab(t, name)
 	defer p.Stop()
-	type result struct {
-		rep engine.Report
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock),
-			engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: engine.ModePostcopy, Faults: []string{"kill-destination@lazy-pages"}}, nil)
-		done <- result{rep, err}
-	}()
+	done := migrateAsync(l, engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: engine.ModePostcopy, Faults: []string{"kill-destination@lazy-pages"}})
 	// The fault kills the agent once the pull has begun.
 	for deadline := time.Now().Add(60 * time.Second); agentAlive(l.Hosts[1].AgentPID); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -230,7 +221,7 @@ func TestPostcopyDestinationAgentDiesMidPull(t *testing.T) {
 	if err := l.RestartAgent(context.Background(), "h2"); err != nil {
 		t.Fatal(err)
 	}
-	var r result
+	var r migrated
 	select {
 	case r = <-done:
 	case <-time.After(2 * time.Minute):
@@ -253,6 +244,23 @@ func TestPostcopyDestinationAgentDiesMidPull(t *testing.T) {
 	if pr, err := p.Stop(); err != nil || !pr.StateOK {
 		t.Fatalf("workload after the pull went on: %+v %v", pr, err)
 	}
+}
+
+// migrated is a migration's outcome as the CLI's call returned it.
+type migrated struct {
+	rep engine.Report
+	err error
+}
+
+// migrateAsync asks h1's agent for req and returns at once; the outcome
+// comes on the channel.
+func migrateAsync(l *lab.Lab, req engine.Request) <-chan migrated {
+	done := make(chan migrated, 1)
+	go func() {
+		rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock), req, nil)
+		done <- migrated{rep, err}
+	}()
+	return done
 }
 
 // agentAlive says whether pid runs (a killed agent the lab has not yet
@@ -310,18 +318,9 @@ func TestPostcopyAgentHoldsFaults(t *testing.T) {
 	const name = "hog-held"
 	l, p := slowPullLab(t, name)
 	defer p.Stop()
-	type result struct {
-		rep engine.Report
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock),
-			engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: engine.ModePostcopy}, nil)
-		done <- result{rep, err}
-	}()
+	done := migrateAsync(l, engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: engine.ModePostcopy})
 	most := 0
-	var r result
+	var r migrated
 wait:
 	for {
 		select {
