@@ -609,5 +609,5 @@ func (lp *lazyPages) pull(dir string) *journal.Pull {
 	if lp == nil || lp.relay == nil {
 		return nil
 	}
-	return &journal.Pull{Daemon: lp.daemon.Pid(), Relay: lp.relay.Pid, Dir: dir}
+	return &journal.Pull{Daemon: lp.daemon.Pid(), Dir: dir}
 }

@@ -153,13 +153,13 @@ func (d *Destination) AdoptPull(e journal.Entry, rt runtime.Runtime, wait time.D
 	if _, err := daemon.HoldFaults(); err != nil {
 		slog.Warn("post-copy: a pull taken over is held by its lazy-pages daemon alone", "migration", e.ID, "error", err)
 	}
+	sp := &strandedPull{e: e, rt: rt, daemon: daemon}
 	conn, err := lazyrelay.Dial(e.Pull.Dir)
 	if err != nil {
-		d.dropPull(&strandedPull{e: e, rt: rt, daemon: daemon})
+		d.dropPull(sp)
 		return fmt.Errorf("the pull's relay is gone: %w", err)
 	}
 	conn.Close()
-	sp := &strandedPull{e: e, rt: rt, daemon: daemon}
 	d.pullsMu.Lock()
 	if d.pulls == nil {
 		d.pulls = map[string]*strandedPull{}
@@ -284,12 +284,17 @@ func (d *Destination) ResumePull(ctx context.Context, sess *transport.Session, r
 		return
 	}
 	defer data.Close()
-	conn, err := lazyrelay.Dial(sp.e.Pull.Dir)
-	if err != nil {
-		// The relay ended: so did the daemon, with pages missing.
+	// giveUp drops a pull whose daemon ended with pages missing, and says
+	// so: the source resumes its own copy.
+	giveUp := func(why string) {
 		d.forget(sp)
 		d.dropPull(sp)
-		_ = ch.Send(LazyDone{Error: "the pull's relay is gone: " + err.Error()})
+		_ = ch.Send(LazyDone{Error: why})
+	}
+	conn, err := lazyrelay.Dial(sp.e.Pull.Dir)
+	if err != nil {
+		// The relay ends with its daemon.
+		giveUp("the pull's relay is gone: " + err.Error())
 		return
 	}
 	start := time.Now()
@@ -317,10 +322,7 @@ func (d *Destination) ResumePull(ctx context.Context, sess *transport.Session, r
 		// The source's side broke again: it asks again within its window.
 		d.unclaim(sp)
 	default:
-		// The daemon's end closed with pages missing.
-		d.forget(sp)
-		d.dropPull(sp)
-		_ = ch.Send(LazyDone{Error: "the lazy-pages daemon ended before every page was in"})
+		giveUp("the lazy-pages daemon ended before every page was in")
 	}
 }
 

@@ -71,11 +71,11 @@ type Entry struct {
 }
 
 // Pull is where a post-copy copy's memory comes through at the
-// destination: the processes that hold the pull while no agent serves it,
-// and their work directory.
+// destination while no agent serves it: the lazy-pages daemon, and the
+// work directory where it and its relay (whose socket is found there)
+// work.
 type Pull struct {
 	Daemon int    `json:"daemon"` // criu lazy-pages
-	Relay  int    `json:"relay"`  // ferry lazy-relay
 	Dir    string `json:"dir"`
 }
 

@@ -89,6 +89,16 @@ func (h header) wantsReply() bool {
 	return false
 }
 
+// lazyRequest says whether a lazy-pages daemon may send this: a GET or a
+// close (every other command is a dump's).
+func (h header) lazyRequest() bool {
+	switch h.cmd & (1<<psCmdBits - 1) {
+	case psIOVGet, psIOVClose, psIOVForceClose:
+		return true
+	}
+	return false
+}
+
 // pid returns the pagemap id when the header addresses a task's pagemap;
 // shmem pagemaps are not keyed and always go in full.
 func (h header) pid() (uint32, bool) {

@@ -52,9 +52,7 @@ func (r *Relay) readRequests() {
 		var err error
 		if _, err = io.ReadFull(in, b); err == nil {
 			h := parseHeader(b)
-			switch h.cmd & (1<<psCmdBits - 1) {
-			case psIOVGet, psIOVClose, psIOVForceClose:
-			default:
+			if !h.lazyRequest() {
 				err = fmt.Errorf("%w: lazy-pages daemon sent command %#x", ErrMalformed, h.cmd)
 			}
 			if err == nil {
@@ -260,9 +258,7 @@ func (p *LazyProxy) answer(peer io.Writer, req []byte) (closed bool, err error) 
 		return true, fmt.Errorf("%w: asked after its close", ErrPageServer)
 	}
 	h := parseHeader(req)
-	switch h.cmd & (1<<psCmdBits - 1) {
-	case psIOVGet, psIOVClose, psIOVForceClose:
-	default:
+	if !h.lazyRequest() {
 		return false, fmt.Errorf("%w: the destination sent command %#x", ErrMalformed, h.cmd)
 	}
 	if p.lastReply == nil || string(req) != string(p.last[:]) {
