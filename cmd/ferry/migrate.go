@@ -161,6 +161,7 @@ func addPrecopyFlags(cmd *cobra.Command, o *engine.PrecopyOptions) {
 	f.BoolVar(&o.AutoConverge, "auto-converge", false, "pre-copy: throttle the container's CPU step by step while rounds do not shrink")
 	f.StringVar(&o.Compress, "compress", "none", "pre-copy round stream compression: none or zstd")
 	f.StringVar(&o.Engine, "precopy-engine", "auto", "pre-copy engine: auto (native where the kernel tracks dirty pages), native (CRIU pre-dump), content (ferry's page hashing)")
+	f.StringVar(&o.WriteTracking, "write-tracking", engine.TrackingAuto, "content pre-copy and hybrid: auto (rounds read only the pages the kernel saw written since the round before: userfaultfd write protection, Linux 6.7+; processes it cannot track are read whole) or off (every round reads and hashes all memory)")
 	f.StringVar(&o.Switchover, "switchover", "auto", "content pre-copy's last step: rebuild (CRIU dumps without memory while the frozen memory's changes go as a last round; the destination completes the images from its copy) or dump (a full CRIU dump that refers to the pages the destination holds); auto: rebuild where CRIU's lazy dump works")
 }
 

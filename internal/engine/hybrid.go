@@ -22,7 +22,7 @@ func (m *migration) hybrid(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer rs.ch.Close()
+	defer rs.close()
 	ld, err := m.dumpWithFinalRound(ctx, rs)
 	if err != nil {
 		return m.abort(ctx, err)
@@ -47,9 +47,11 @@ func (m *migration) dumpWithFinalRound(ctx context.Context, rs *precopySource) (
 		ld, err = m.startLazyDump(ctx)
 		return err
 	})
+	rs.frozen = true
 	g.Go(func() error {
 		prev := rs.last
 		r, err := m.precopyRound(ctx, rs, rs.next, &prev)
+		rs.tracking.close() // before CRIU's page server reads the memory
 		if err != nil {
 			return failAt("final round", err)
 		}

@@ -284,6 +284,9 @@ type Report struct {
 	StopReason      string  `json:"stop_reason,omitempty"`
 	ThrottlePct     int     `json:"throttle_pct,omitempty"`
 	PagesReferenced uint64  `json:"pages_referenced,omitempty"`
+	// WriteTracking says how content pre-copy's rounds found the changed
+	// pages: the kernel's write tracking, or hashing all memory, and why.
+	WriteTracking string `json:"write_tracking,omitempty"`
 	// The rebuild switchover: pages the destination had to ask the source
 	// for (its rounds never saw them), and how long completing the images
 	// took while the container was down.

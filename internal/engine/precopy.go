@@ -50,6 +50,9 @@ type Round struct {
 	ThrottlePct int `json:"throttle_pct,omitempty"`
 	// Final marks hybrid's last round, read while the container is frozen.
 	Final bool `json:"final,omitempty"`
+	// UnchangedPages were not read: the kernel's write tracking said they
+	// were not written since the round before.
+	UnchangedPages uint64 `json:"unchanged_pages,omitempty"`
 }
 
 // RoundAck tells the source a round is stored at the destination.
@@ -74,6 +77,9 @@ type PrecopyOptions struct {
 	// Switchover, for the content engine: rebuild or dump (see below);
 	// auto picks rebuild where CRIU's lazy dump works.
 	Switchover string `json:"switchover,omitempty"`
+	// WriteTracking, for the content engine: auto (read only what the
+	// kernel says was written, where it can say) or off (see tracking.go).
+	WriteTracking string `json:"write_tracking,omitempty"`
 }
 
 // How content-based pre-copy switches over.
@@ -112,6 +118,16 @@ type precopySource struct {
 	last   Round // the last round sent
 	// seen holds the pages the latest round found.
 	seen map[pages.Key]struct{}
+	// tracking finds the written pages where the kernel can; frozen: the
+	// container is, so no process can start being tracked.
+	tracking *writeTracking
+	frozen   bool
+}
+
+// close ends the rounds channel and the write tracking.
+func (ps *precopySource) close() {
+	ps.ch.Close()
+	ps.tracking.close()
 }
 
 func (m *migration) precopy(ctx context.Context) error {
@@ -122,7 +138,7 @@ func (m *migration) precopy(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer rs.ch.Close()
+	defer rs.close()
 	if m.req.Precopy.Switchover == SwitchoverRebuild {
 		ld, err := m.dumpWithFinalRound(ctx, rs)
 		if err != nil {
@@ -134,6 +150,7 @@ func (m *migration) precopy(ctx context.Context) error {
 	if err := rs.finish(false); err != nil {
 		return m.abort(ctx, failAt("pre-copy", err))
 	}
+	rs.tracking.close() // CRIU dumps memory as if never tracked
 	if err := m.freeze(ctx); err != nil {
 		return m.abort(ctx, err)
 	}
@@ -175,7 +192,7 @@ func (m *migration) liveRounds(ctx context.Context) (*precopySource, error) {
 		return nil, m.abort(ctx, failAt("pre-copy", err))
 	}
 	if err := m.runRounds(ctx, rs); err != nil {
-		rs.ch.Close()
+		rs.close()
 		return nil, m.abort(ctx, err)
 	}
 	return rs, nil
@@ -192,7 +209,8 @@ func (m *migration) startRounds() (*precopySource, error) {
 		ch.Close()
 		return nil, err
 	}
-	return &precopySource{held: map[pages.Key]xxh3.Uint128{}, cache: map[pages.Key][]byte{}, enc: enc, ch: ch}, nil
+	return &precopySource{held: map[pages.Key]xxh3.Uint128{}, cache: map[pages.Key][]byte{}, enc: enc, ch: ch,
+		tracking: newWriteTracking(m.req.Precopy.WriteTracking)}, nil
 }
 
 // finish ends the rounds stream, then names the pages the destination
@@ -277,14 +295,21 @@ func (m *migration) precopyRound(ctx context.Context, ps *precopySource, i int, 
 	if err != nil {
 		return r, err
 	}
+	rd.UseTrackers(ps.tracking.forPIDs(pids, !ps.frozen), func(k pages.Key) bool {
+		_, ok := ps.held[k]
+		return ok
+	})
 	var scanned uint64
 	ps.seen = make(map[pages.Key]struct{}, len(ps.held))
-	_, err = rd.Scan(func(p pages.Page) error {
+	st, err := rd.Scan(func(p pages.Page) error {
 		if err := ctx.Err(); err != nil {
 			return withdrawn(err) // a cancel need not wait for the round's end
 		}
 		scanned++
 		ps.seen[p.Key] = struct{}{}
+		if p.Data == nil {
+			return nil // not written since the last round, which sent it
+		}
 		if old, ok := ps.held[p.Key]; ok && old == p.Hash {
 			return nil
 		}
@@ -317,6 +342,8 @@ func (m *migration) precopyRound(ctx context.Context, ps *precopySource, i int, 
 	if i == 0 {
 		m.memoryFound(int64(scanned) * pageSize)
 	}
+	r.UnchangedPages = st.Unchanged
+	m.report.WriteTracking = ps.tracking.summary()
 	d := time.Since(start)
 	r.DurationMs = ms(d)
 	r.Bytes = m.sess.BytesSent() - wire0

@@ -483,6 +483,11 @@ func (m *migration) validatePrecopy(c runtime.Caps) error {
 	if o.Compress != "" && o.Compress != "none" && o.Compress != "zstd" {
 		return fmt.Errorf("unknown --compress %q (none, zstd)", o.Compress)
 	}
+	switch o.WriteTracking {
+	case "", TrackingAuto, TrackingOff:
+	default:
+		return fmt.Errorf("unknown --write-tracking %q (auto, off)", o.WriteTracking)
+	}
 	if o.MaxRounds < 0 || o.MinRoundBytes < 0 || o.MaxDowntime < 0 {
 		return fmt.Errorf("pre-copy limits must not be negative")
 	}

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/ferry-migrate/ferry/internal/dirty"
 	"github.com/ferry-migrate/ferry/internal/host"
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/pages"
@@ -548,6 +549,19 @@ func TestSourcePrecopyCommits(t *testing.T) {
 	}
 	if len(rep.Rounds) == 0 || rep.Rounds[0].Pages == 0 {
 		t.Errorf("no live round read the process's memory: %+v", rep.Rounds)
+	}
+	// Where the kernel tracks writes, the second round read almost
+	// nothing: the sleeper writes nothing.
+	if err := dirty.Available(); err != nil {
+		t.Logf("no write tracking here (%v): the rounds hashed all memory", err)
+	} else {
+		if !strings.HasPrefix(rep.WriteTracking, "userfaultfd write protection (1 of 1") {
+			t.Errorf("write tracking: %q", rep.WriteTracking)
+		}
+		// (Waking it to make the userfaultfd may write a page of its stack.)
+		if len(rep.Rounds) != 2 || rep.Rounds[1].UnchangedPages+2 < rep.Rounds[0].Pages {
+			t.Errorf("round 1 read pages the kernel saw unwritten: %+v", rep.Rounds)
+		}
 	}
 	// The dump's pages were all read by the rounds, unchanged: each goes
 	// by reference, and the destination puts it back from its copy.

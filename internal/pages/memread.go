@@ -36,7 +36,8 @@ type Page struct {
 	Key  Key
 	Hash xxh3.Uint128
 	// Data is PageSize bytes and valid only during the callback; copy it to
-	// keep it.
+	// keep it. It is nil for a page a tracker says is unchanged (see
+	// UseTrackers).
 	Data []byte
 }
 
@@ -47,6 +48,16 @@ type Stats struct {
 	Pages     uint64
 	Bytes     uint64
 	Duration  time.Duration
+	// Unchanged are the pages a WriteTracker said were not written since
+	// its last scan, reported without being read.
+	Unchanged uint64
+}
+
+// WriteTracker reports a process's private pages (present or swapped,
+// not the zero page) as address ranges, each with whether it was written
+// since the tracker's previous scan (package dirty).
+type WriteTracker interface {
+	Scan(fn func(start, end uint64, written bool) error) error
 }
 
 const (
@@ -71,6 +82,17 @@ type Reader struct {
 	buf     []byte
 	pagemap []byte
 	zeroPFN uint64
+
+	trackers map[int]WriteTracker // by host pid
+	known    func(Key) bool
+}
+
+// UseTrackers has Scan ask each process's tracker which pages were
+// written instead of reading all of them. A page not written since the
+// tracker's last scan is reported without Data (and with a zero Hash) if
+// known says the receiver holds it as it was then; it is read otherwise.
+func (r *Reader) UseTrackers(trackers map[int]WriteTracker, known func(Key) bool) {
+	r.trackers, r.known = trackers, known
 }
 
 // NewReader prepares to scan the given processes (host PIDs). Processes that
@@ -316,6 +338,14 @@ func (r *Reader) scanProc(p proc, fn func(Page) error, st *Stats) error {
 	defer mem.Close()
 
 	s := procScan{r: r, p: p, pm: int(pm.Fd()), mem: int(mem.Fd()), fn: fn, st: st}
+	if t := r.trackers[p.host]; t != nil {
+		st.VMAs += len(vmas)
+		err := s.tracked(t)
+		if gone(err) {
+			return errGone
+		}
+		return err
+	}
 	for _, v := range vmas {
 		st.VMAs++
 		if err := s.vma(v); err != nil {
@@ -408,6 +438,32 @@ func (s *procScan) vma(v vma) error {
 		addr += n * PageSize
 	}
 	return nil
+}
+
+// tracked reports the process's pages as its tracker sees them: the
+// written ones read, the others read only if the receiver lacks them.
+// (A written page that cannot be read is left out, as in a full scan.)
+func (s *procScan) tracked(t WriteTracker) error {
+	return t.Scan(func(start, end uint64, written bool) error {
+		if written {
+			return s.run(start, (end-start)/PageSize, true)
+		}
+		for addr := start; addr < end; addr += PageSize {
+			k := Key{PID: s.p.ns, Addr: addr}
+			if s.r.known == nil || !s.r.known(k) {
+				if err := s.run(addr, 1, true); err != nil {
+					return err
+				}
+				continue
+			}
+			s.st.Pages++
+			s.st.Unchanged++
+			if err := s.fn(Page{Key: k}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // run reads and reports npages pages from addr on.

@@ -1,0 +1,212 @@
+// Package dirty tells which pages of a process were written since the last
+// look, from the kernel's page tables instead of reading and hashing all of
+// memory: a userfaultfd in asynchronous write-protect mode (Linux 6.7)
+// marks each page written on its first write after protection, and
+// PAGEMAP_SCAN on /proc/PID/pagemap reports the marked pages and protects
+// them again in one walk. A userfaultfd watches the memory of the process
+// that created it, so the tracker has the container's process create one
+// (package inject) and takes it over with pidfd_getfd; the process keeps
+// no descriptor of it. This is soft-dirty's successor; kernels without
+// either leave content hashing as the way to find changed pages.
+package dirty
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ferry-migrate/ferry/internal/inject"
+)
+
+const (
+	sysClose = 3 // x86-64
+
+	// userEnd is where a scan of the address space ends: the top of user
+	// space on x86-64 with 4-level page tables, page aligned.
+	userEnd = 0x7ffffffff000
+
+	regionBatch = 4096
+)
+
+// Tracker follows the writes to one process's private memory. It is not
+// safe for concurrent use.
+type Tracker struct {
+	pid        int
+	uffd       int
+	pagemap    *os.File
+	registered map[[2]uint64]bool
+	vec        []region
+}
+
+// Track starts tracking process pid's writes. The process must be running
+// (not frozen): it makes the userfaultfd itself. Until the first Scan
+// every page counts as written.
+func Track(pid int) (*Tracker, error) {
+	uffd, err := takeUserfaultfd(pid)
+	if err != nil {
+		return nil, err
+	}
+	if err := enableWPAsync(uffd); err != nil {
+		unix.Close(uffd)
+		return nil, err
+	}
+	pm, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", pid))
+	if err != nil {
+		unix.Close(uffd)
+		return nil, fmt.Errorf("dirty: %w", err)
+	}
+	t := &Tracker{pid: pid, uffd: uffd, pagemap: pm, registered: map[[2]uint64]bool{}, vec: make([]region, regionBatch)}
+	t.register()
+	return t, nil
+}
+
+// takeUserfaultfd has process pid create a userfaultfd (user-mode faults
+// only: no privilege needed, and asynchronous write protection resolves
+// every fault in the kernel anyway), copies it here with pidfd_getfd and
+// closes the process's own.
+func takeUserfaultfd(pid int) (int, error) {
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return -1, fmt.Errorf("dirty: pidfd of %d: %w", pid, err)
+	}
+	defer unix.Close(pidfd)
+	ours := -1
+	err = inject.Do(pid, []uintptr{sysUserfaultfd, sysClose}, func(s *inject.Session) error {
+		theirs, err := s.Syscall(sysUserfaultfd, unix.O_CLOEXEC|unix.O_NONBLOCK|uffdUserModeOnly)
+		if err != nil {
+			return fmt.Errorf("dirty: userfaultfd in process %d: %w", pid, err)
+		}
+		ours, err = unix.PidfdGetfd(pidfd, int(theirs), 0)
+		if _, cerr := s.Syscall(sysClose, theirs); cerr != nil && err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("dirty: taking process %d's userfaultfd: %w", pid, err)
+		}
+		return nil
+	})
+	if err != nil {
+		if ours >= 0 {
+			unix.Close(ours)
+		}
+		return -1, err
+	}
+	return ours, nil
+}
+
+// register registers the private mappings not yet registered. One that
+// cannot be (the kernel refuses some special mappings) stays unregistered
+// and its pages count as written at every scan.
+func (t *Tracker) register() {
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", t.pid))
+	if err != nil {
+		return
+	}
+	for _, m := range privateMappings(maps) {
+		if t.registered[m] {
+			continue
+		}
+		if registerWP(t.uffd, m[0], m[1]) == nil {
+			t.registered[m] = true
+		}
+	}
+}
+
+// Scan reports the process's private pages that are present or swapped,
+// as ranges [start, end) in address order, each with whether it was
+// written since the previous Scan (or Track), and protects them again.
+// Pages of the zero page are left out: they hold nothing. A mapping made
+// since the previous Scan is registered first and counts as written.
+func (t *Tracker) Scan(fn func(start, end uint64, written bool) error) error {
+	t.register()
+	for start := uint64(0); start < userEnd; {
+		regs, walkEnd, err := scanRegions(int(t.pagemap.Fd()), start, userEnd, true, t.vec)
+		if errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("dirty: process %d: %w", t.pid, os.ErrNotExist)
+		}
+		if err != nil {
+			return fmt.Errorf("dirty: PAGEMAP_SCAN of %d: %w", t.pid, err)
+		}
+		for _, r := range regs {
+			if r.Categories&pagePFNZero != 0 {
+				continue
+			}
+			written := r.Categories&pageWritten != 0 || r.Categories&pageWPAllowed == 0
+			if err := fn(r.Start, r.End, written); err != nil {
+				return err
+			}
+		}
+		if walkEnd <= start {
+			return fmt.Errorf("dirty: PAGEMAP_SCAN of %d made no progress at %#x", t.pid, start)
+		}
+		start = walkEnd
+	}
+	return nil
+}
+
+// Close stops tracking: the kernel unregisters the mappings and lifts
+// the protection when the last descriptor of the userfaultfd goes.
+func (t *Tracker) Close() error {
+	t.pagemap.Close()
+	return unix.Close(t.uffd)
+}
+
+// privateMappings lists the private mappings [start, end) in
+// /proc/PID/maps, save the kernel's own (vsyscall, vvar, vdso).
+func privateMappings(maps []byte) [][2]uint64 {
+	var out [][2]uint64
+	for _, line := range bytes.Split(maps, []byte("\n")) {
+		f := bytes.Fields(line)
+		if len(f) < 5 || len(f[1]) < 4 || f[1][3] != 'p' {
+			continue
+		}
+		if len(f) >= 6 {
+			switch string(f[5]) {
+			case "[vsyscall]", "[vvar]", "[vdso]", "[vvar_vclock]":
+				continue
+			}
+		}
+		lo, hi, ok := bytes.Cut(f[0], []byte("-"))
+		if !ok {
+			continue
+		}
+		start, err1 := strconv.ParseUint(string(lo), 16, 64)
+		end, err2 := strconv.ParseUint(string(hi), 16, 64)
+		if err1 != nil || err2 != nil || end <= start {
+			continue
+		}
+		out = append(out, [2]uint64{start, end})
+	}
+	return out
+}
+
+// Available says whether this kernel tracks writes this way: a
+// userfaultfd with asynchronous write protection (made here, in this
+// process) and PAGEMAP_SCAN. It says nothing of a given process's
+// seccomp profile.
+func Available() error {
+	fd, _, errno := unix.Syscall(sysUserfaultfd, unix.O_CLOEXEC|unix.O_NONBLOCK|uffdUserModeOnly, 0, 0)
+	if errno != 0 {
+		return fmt.Errorf("dirty: userfaultfd: %w", errno)
+	}
+	defer unix.Close(int(fd))
+	if err := enableWPAsync(int(fd)); err != nil {
+		return err
+	}
+	pm, err := os.Open("/proc/self/pagemap")
+	if err != nil {
+		return fmt.Errorf("dirty: %w", err)
+	}
+	defer pm.Close()
+	vec := make([]region, 1)
+	if _, _, err := scanRegions(int(pm.Fd()), 0, pageSizeProbe, false, vec); err != nil {
+		return fmt.Errorf("dirty: PAGEMAP_SCAN: %w", err)
+	}
+	return nil
+}
+
+const pageSizeProbe = 4096

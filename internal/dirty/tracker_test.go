@@ -1,0 +1,354 @@
+package dirty
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/net/bpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/ferry-migrate/ferry/internal/inject"
+)
+
+// The tests run a child process (this test binary again) that maps a
+// region of its own, writes the pages it is told to, and answers each
+// command with a line: the tracker is checked against what the child
+// really wrote.
+
+const (
+	childEnv    = "FERRY_DIRTY_CHILD"
+	regionPages = 256
+	pageSize    = 4096
+)
+
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(childEnv); mode != "" {
+		child(mode)
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// child serves commands on stdin:
+//
+//	w N     write page N of the region
+//	m       map a second region and write all of it
+//	d       unmap the second region
+//	z N     MADV_DONTNEED page N of the region
+//	p       print nothing but "ok" (am I alive and answering?)
+func child(mode string) {
+	switch mode {
+	case "seccomp-kill":
+		installFilter(unix.SECCOMP_RET_KILL_PROCESS)
+	case "seccomp-errno":
+		installFilter(unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM))
+	}
+	region, err := unix.Mmap(-1, 0, regionPages*pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		panic(err)
+	}
+	for i := range regionPages {
+		region[i*pageSize] = 1
+	}
+	var second []byte
+	fmt.Printf("region %d\n", uintptr(unsafe.Pointer(&region[0])))
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		f := strings.Fields(in.Text())
+		if len(f) == 0 {
+			continue
+		}
+		n := 0
+		if len(f) > 1 {
+			n, _ = strconv.Atoi(f[1])
+		}
+		switch f[0] {
+		case "w":
+			region[n*pageSize+8]++
+		case "m":
+			second, _ = unix.Mmap(-1, 0, 16*pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+			for i := range 16 {
+				second[i*pageSize] = 2
+			}
+			fmt.Printf("second %d\n", uintptr(unsafe.Pointer(&second[0])))
+			continue
+		case "d":
+			_ = unix.Munmap(second)
+		case "z":
+			_ = unix.Madvise(region[n*pageSize:(n+1)*pageSize], unix.MADV_DONTNEED)
+		}
+		fmt.Println("ok")
+	}
+}
+
+// installFilter makes userfaultfd(2) meet the given seccomp action.
+func installFilter(act uint32) {
+	prog, err := bpf.Assemble([]bpf.Instruction{
+		bpf.LoadAbsolute{Off: 0, Size: 4},
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: sysUserfaultfd, SkipFalse: 1},
+		bpf.RetConstant{Val: act},
+		bpf.RetConstant{Val: unix.SECCOMP_RET_ALLOW},
+	})
+	if err != nil {
+		panic(err)
+	}
+	filters := make([]unix.SockFilter, len(prog))
+	for i, p := range prog {
+		filters[i] = unix.SockFilter{Code: p.Op, Jt: p.Jt, Jf: p.Jf, K: p.K}
+	}
+	fprog := unix.SockFprog{Len: uint16(len(filters)), Filter: &filters[0]}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		panic(err)
+	}
+	if _, _, errno := unix.Syscall(unix.SYS_SECCOMP, 1 /* SECCOMP_SET_MODE_FILTER */, 1 /* TSYNC */, uintptr(unsafe.Pointer(&fprog))); errno != 0 {
+		panic(errno)
+	}
+}
+
+type kid struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	in     io.WriteCloser
+	out    *bufio.Scanner
+	region uint64
+}
+
+func startChild(t *testing.T, mode string) *kid {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: ptrace and pidfd_getfd of another process")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+mode)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outp, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	k := &kid{t: t, cmd: cmd, in: in, out: bufio.NewScanner(outp)}
+	t.Cleanup(func() {
+		in.Close()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	f := k.line()
+	if len(f) != 2 || f[0] != "region" {
+		t.Fatalf("child said %v", f)
+	}
+	k.region, _ = strconv.ParseUint(f[1], 10, 64)
+	return k
+}
+
+func (k *kid) line() []string {
+	k.t.Helper()
+	got := make(chan bool, 1)
+	go func() { got <- k.out.Scan() }()
+	select {
+	case ok := <-got:
+		if !ok {
+			k.t.Fatalf("child gone: %v", k.out.Err())
+		}
+	case <-time.After(10 * time.Second):
+		k.t.Fatal("child silent for 10 s")
+	}
+	return strings.Fields(k.out.Text())
+}
+
+func (k *kid) do(cmd string) []string {
+	k.t.Helper()
+	if _, err := fmt.Fprintln(k.in, cmd); err != nil {
+		k.t.Fatal(err)
+	}
+	return k.line()
+}
+
+// written scans and returns, of [lo, hi), the pages reported present and
+// the pages reported written (page numbers from lo).
+func written(t *testing.T, tr *Tracker, lo, hi uint64) (present, dirty map[int]bool) {
+	t.Helper()
+	present, dirty = map[int]bool{}, map[int]bool{}
+	err := tr.Scan(func(start, end uint64, w bool) error {
+		for a := max(start, lo); a < min(end, hi); a += pageSize {
+			present[int((a-lo)/pageSize)] = true
+			if w {
+				dirty[int((a-lo)/pageSize)] = true
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return present, dirty
+}
+
+func track(t *testing.T, k *kid) *Tracker {
+	t.Helper()
+	tr, err := Track(k.cmd.Process.Pid)
+	if errors.Is(err, unix.ENOTTY) || errors.Is(err, unix.EINVAL) {
+		t.Skipf("this kernel lacks asynchronous userfaultfd write protection or PAGEMAP_SCAN: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	return tr
+}
+
+func TestTrackerReportsExactlyTheWrittenPages(t *testing.T) {
+	k := startChild(t, "plain")
+	tr := track(t, k)
+	lo, hi := k.region, k.region+regionPages*pageSize
+	present, dirty := written(t, tr, lo, hi)
+	if len(present) != regionPages || len(dirty) != regionPages {
+		t.Fatalf("first scan: %d present, %d written; want all %d both (everything counts as written once)", len(present), len(dirty), regionPages)
+	}
+	if _, dirty = written(t, tr, lo, hi); len(dirty) != 0 {
+		t.Fatalf("nothing written, yet %d pages reported", len(dirty))
+	}
+	for _, p := range []int{3, 7, 200} {
+		if f := k.do(fmt.Sprintf("w %d", p)); len(f) != 1 || f[0] != "ok" {
+			t.Fatalf("child: %v", f)
+		}
+	}
+	present, dirty = written(t, tr, lo, hi)
+	if len(present) != regionPages || len(dirty) != 3 || !dirty[3] || !dirty[7] || !dirty[200] {
+		t.Fatalf("wrote pages 3, 7, 200: %d present, written %v", len(present), dirty)
+	}
+	if _, dirty = written(t, tr, lo, hi); len(dirty) != 0 {
+		t.Fatalf("the scan did not protect again: %v written", dirty)
+	}
+	// A page dropped is no longer there; written again, it is reported.
+	k.do("z 10")
+	present, _ = written(t, tr, lo, hi)
+	if present[10] {
+		t.Fatal("page 10 dropped with MADV_DONTNEED, still reported present")
+	}
+	k.do("w 10")
+	if _, dirty = written(t, tr, lo, hi); len(dirty) != 1 || !dirty[10] {
+		t.Fatalf("rewrote dropped page 10: written %v", dirty)
+	}
+}
+
+func TestTrackerCountsANewMappingAsWritten(t *testing.T) {
+	k := startChild(t, "plain")
+	tr := track(t, k)
+	written(t, tr, 0, userEnd)
+	f := k.do("m")
+	second, _ := strconv.ParseUint(f[1], 10, 64)
+	present, dirty := written(t, tr, second, second+16*pageSize)
+	if len(present) != 16 || len(dirty) != 16 {
+		t.Fatalf("new mapping: %d present, %d written; want 16, 16", len(present), len(dirty))
+	}
+	if _, dirty = written(t, tr, second, second+16*pageSize); len(dirty) != 0 {
+		t.Fatalf("new mapping not tracked after its first scan: %d written", len(dirty))
+	}
+	k.do("d")
+	if present, _ = written(t, tr, second, second+16*pageSize); len(present) != 0 {
+		t.Fatalf("unmapped, still %d present", len(present))
+	}
+}
+
+// The child blocks reading its stdin while the userfaultfd is made: the
+// read is restarted, and the child keeps its descriptors as they were.
+func TestTrackedProcessCarriesOn(t *testing.T) {
+	k := startChild(t, "plain")
+	before := fds(t, k.cmd.Process.Pid)
+	for range 5 {
+		tr := track(t, k)
+		tr.Close()
+		if f := k.do("p"); len(f) != 1 || f[0] != "ok" {
+			t.Fatalf("child after tracking: %v", f)
+		}
+	}
+	if after := fds(t, k.cmd.Process.Pid); after != before {
+		t.Fatalf("child's descriptors: %d before, %d after", before, after)
+	}
+}
+
+func fds(t *testing.T, pid int) int {
+	t.Helper()
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+func TestSeccompIsRespected(t *testing.T) {
+	t.Run("kill: never called", func(t *testing.T) {
+		k := startChild(t, "seccomp-kill")
+		_, err := Track(k.cmd.Process.Pid)
+		if !errors.Is(err, inject.ErrSeccomp) {
+			t.Fatalf("Track: %v, want ErrSeccomp", err)
+		}
+		if f := k.do("p"); len(f) != 1 || f[0] != "ok" {
+			t.Fatalf("child after refusal: %v", f)
+		}
+	})
+	t.Run("errno: fails cleanly", func(t *testing.T) {
+		k := startChild(t, "seccomp-errno")
+		_, err := Track(k.cmd.Process.Pid)
+		if !errors.Is(err, unix.EPERM) {
+			t.Fatalf("Track: %v, want EPERM", err)
+		}
+		if f := k.do("p"); len(f) != 1 || f[0] != "ok" {
+			t.Fatalf("child after refusal: %v", f)
+		}
+	})
+}
+
+// A C program asleep in clock_nanosleep when its userfaultfd is made: the
+// sleep goes on (restart_syscall) and ends when it should, with status 0.
+// (Nothing waits for the child while it is traced: a waiting parent would
+// take the tracer's stop reports.)
+func TestTrackedSleeperWakesOnTime(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: ptrace and pidfd_getfd of another process")
+	}
+	cmd := exec.Command("sleep", "1")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	waited := false
+	t.Cleanup(func() {
+		if !waited {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	time.Sleep(100 * time.Millisecond)
+	tr, err := Track(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.Close()
+	timer := time.AfterFunc(5*time.Second, func() { _ = cmd.Process.Kill() })
+	defer timer.Stop()
+	err = cmd.Wait()
+	waited = true
+	d := time.Since(start)
+	if err != nil {
+		t.Fatalf("sleep 1 after tracking: %v (after %v; killed at 5 s if the sleep was not restarted right)", err, d)
+	}
+	if d < 900*time.Millisecond {
+		t.Fatalf("sleep 1 ended after %v: the sleep was cut short", d)
+	}
+}
