@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/criu"
+	"github.com/ferry-migrate/ferry/internal/dirty"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/runtime/lxc"
@@ -43,6 +44,10 @@ type Report struct {
 // Features are the optional capabilities in the report.
 type Features struct {
 	DirtyTracking bool `json:"dirty_tracking"`
+	// WriteTracking: the kernel reports written pages to ferry itself
+	// (userfaultfd write protection), so content pre-copy's rounds read
+	// only those.
+	WriteTracking bool `json:"write_tracking"`
 	LazyPages     bool `json:"lazy_pages"`
 	TCPRepair     bool `json:"tcp_repair"`
 	MPTCP         bool `json:"mptcp"`
@@ -76,6 +81,7 @@ type Probes struct {
 	CriuVersion    func(context.Context) (criu.Version, error)
 	CriuCheck      func(context.Context) error
 	Features       func(context.Context) criu.Features
+	WriteTracking  func() error
 	RuntimeVersion func(ctx context.Context, name string) (string, bool) // "runc", "podman", "lxc"
 	Cgroup         func() Cgroup
 }
@@ -88,6 +94,7 @@ func HostProbes() Probes {
 		CriuVersion:    criu.InstalledVersion,
 		CriuCheck:      criu.Check,
 		Features:       criu.ProbeFeatures,
+		WriteTracking:  dirty.Available,
 		RuntimeVersion: RuntimeVersion,
 		Cgroup:         func() Cgroup { return ProbeCgroup("/sys/fs/cgroup") },
 	}
@@ -111,6 +118,7 @@ func (p Probes) Run(ctx context.Context) Report {
 		verErr   error
 		version  criu.Version
 		checkErr error
+		wtErr    error
 		feat     criu.Features
 		rt       [3]*string
 	)
@@ -129,11 +137,13 @@ func (p Probes) Run(ctx context.Context) Report {
 		})
 	}
 	r.Cgroup = p.Cgroup()
+	wtErr = p.WriteTracking()
 	wg.Wait()
 
 	r.Runtimes = Runtimes{Runc: rt[0], Podman: rt[1], LXC: rt[2]}
 	r.Features = Features{
 		DirtyTracking: feat.DirtyTracking,
+		WriteTracking: wtErr == nil,
 		LazyPages:     feat.LazyPages,
 		TCPRepair:     feat.TCPRepair,
 		MPTCP:         feat.MPTCP,
@@ -202,9 +212,13 @@ func (r *Report) judge(criuErr, verErr error, v criu.Version, checkErr error, f 
 	if criuErr != nil {
 		return // feature answers mean nothing without CRIU
 	}
-	if !f.DirtyTracking {
-		warn("no soft-dirty: pre-copy uses content hashing instead of CRIU pre-dump",
-			"use a kernel built with CONFIG_MEM_SOFT_DIRTY=y (most distribution kernels are)")
+	switch {
+	case f.DirtyTracking:
+	case r.Features.WriteTracking:
+		// Content pre-copy with the kernel's write tracking: no warning.
+	default:
+		warn("no soft-dirty and no userfaultfd write protection: every pre-copy round reads and hashes all of the container's memory",
+			"use Linux 6.7 or newer (userfaultfd asynchronous write protection and PAGEMAP_SCAN), or a kernel built with CONFIG_MEM_SOFT_DIRTY=y")
 	}
 	switch {
 	case !f.UffdNoncoop:
@@ -335,6 +349,7 @@ func (r Report) Text() string {
 	line(opt(len(cg) > 0), "cgroup", pick(len(cg) > 0, strings.Join(cg, ", "), "none"))
 	f := r.Features
 	line(opt(f.DirtyTracking), "dirty tracking", pick(f.DirtyTracking, "yes (CRIU pre-dump)", "no (pre-copy by hashing)"))
+	line(opt(f.WriteTracking), "write tracking", pick(f.WriteTracking, "yes (rounds read only written pages)", "no (rounds read all memory)"))
 	line(opt(f.LazyPages), "lazy pages", fmt.Sprintf("%s (pipe-max-size %d)", pick(f.LazyPages, "yes", "no"), r.PipeMaxSize))
 	line(opt(f.TCPRepair), "tcp repair", pick(f.TCPRepair, "yes", "no"))
 	line(opt(f.MPTCP), "mptcp", pick(f.MPTCP, "yes", "no"))

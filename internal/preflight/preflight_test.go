@@ -28,7 +28,8 @@ func goodHost() Probes {
 		RuntimeVersion: func(_ context.Context, name string) (string, bool) {
 			return map[string]string{"runc": "1.1.5", "podman": "4.3.1", "lxc": "5.0.2"}[name], true
 		},
-		Cgroup: func() Cgroup { return Cgroup{V1: true, V2: true, V2Path: "/sys/fs/cgroup/unified"} },
+		Cgroup:        func() Cgroup { return Cgroup{V1: true, V2: true, V2Path: "/sys/fs/cgroup/unified"} },
+		WriteTracking: func() error { return nil },
 	}
 }
 
@@ -101,22 +102,28 @@ func TestRunNoCriu(t *testing.T) {
 
 func TestRunWarnings(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		f    criu.Features
-		want []string // substrings of the warnings' fixes, in order
+		name   string
+		f      criu.Features
+		noUFFD bool     // no userfaultfd write protection either
+		want   []string // substrings of the warnings' fixes, in order
 	}{
 		{"no soft-dirty", criu.Features{UffdNoncoop: true, LazyPages: true, PipeMaxSize: 16 << 20, TCPRepair: true, MPTCP: true},
-			[]string{"CONFIG_MEM_SOFT_DIRTY"}},
+			true, []string{"CONFIG_MEM_SOFT_DIRTY"}},
+		{"no soft-dirty but write tracking", criu.Features{UffdNoncoop: true, LazyPages: true, PipeMaxSize: 16 << 20, TCPRepair: true, MPTCP: true},
+			false, nil},
 		{"small pipes", criu.Features{DirtyTracking: true, UffdNoncoop: true, PipeMaxSize: 1 << 20, TCPRepair: true, MPTCP: true},
-			[]string{"sysctl -w fs.pipe-max-size=16777216"}},
+			false, []string{"sysctl -w fs.pipe-max-size=16777216"}},
 		{"no uffd", criu.Features{DirtyTracking: true, PipeMaxSize: 16 << 20, TCPRepair: true, MPTCP: true},
-			[]string{"CONFIG_USERFAULTFD"}},
+			false, []string{"CONFIG_USERFAULTFD"}},
 		{"bare", criu.Features{PipeMaxSize: 1 << 20},
-			[]string{"CONFIG_MEM_SOFT_DIRTY", "CONFIG_USERFAULTFD", "CAP_NET_ADMIN", "net.mptcp.enabled=1"}},
+			true, []string{"CONFIG_MEM_SOFT_DIRTY", "CONFIG_USERFAULTFD", "CAP_NET_ADMIN", "net.mptcp.enabled=1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := goodHost()
 			p.Features = func(context.Context) criu.Features { return tc.f }
+			if tc.noUFFD {
+				p.WriteTracking = func() error { return errors.New("no userfaultfd") }
+			}
 			r := p.Run(context.Background())
 			if !r.OK || len(r.Problems) != 0 {
 				t.Fatalf("optional features must not fail ok: %v\n%s", r.OK, fixes(r.Problems))
