@@ -18,6 +18,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/criu"
+	"github.com/ferry-migrate/ferry/internal/dirty"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
@@ -189,6 +190,17 @@ func TestPrecopyMigration(t *testing.T) {
 			t.Errorf("only %d pages fetched from the source", rep.PagesFetched)
 		}
 	})
+	// Every round reads and hashes all memory, as where the kernel cannot
+	// track writes.
+	t.Run("rebuild without write tracking", func(t *testing.T) {
+		rep := testMigrationWith(t, engine.Request{Mode: engine.ModePrecopy,
+			Precopy: engine.PrecopyOptions{Switchover: engine.SwitchoverRebuild, WriteTracking: engine.TrackingOff}})
+		for _, r := range rep.Rounds {
+			if r.UnchangedPages != 0 {
+				t.Errorf("round %d skipped %d pages with tracking off", r.Index, r.UnchangedPages)
+			}
+		}
+	})
 	t.Run("dump", func(t *testing.T) {
 		rep := testMigrationWith(t, engine.Request{Mode: engine.ModePrecopy, Precopy: engine.PrecopyOptions{Switchover: engine.SwitchoverDump}})
 		if len(rep.Rounds) < 2 || rep.PagesReferenced < 64<<20/4096 {
@@ -331,6 +343,30 @@ func testMigration(t *testing.T, mode string) engine.Report {
 }
 
 // testMigrationWith is testMigration with the request's options.
+// checkWriteTracking: where the kernel tracks writes, content pre-copy's
+// and hybrid's rounds after the first skip the pages memhog did not write
+// (and the workload's state check above proves none it wrote was missed).
+func checkWriteTracking(t *testing.T, req engine.Request, rep engine.Report) {
+	t.Helper()
+	if req.Mode != engine.ModePrecopy && req.Mode != engine.ModeHybrid || req.Precopy.WriteTracking == engine.TrackingOff {
+		return
+	}
+	if err := dirty.Available(); err != nil {
+		t.Logf("no write tracking on this kernel (%v): rounds hashed all memory", err)
+		return
+	}
+	if !strings.HasPrefix(rep.WriteTracking, "userfaultfd write protection (1 of 1") {
+		t.Errorf("write tracking: %q", rep.WriteTracking)
+	}
+	var skipped uint64
+	for _, r := range rep.Rounds[1:] {
+		skipped += r.UnchangedPages
+	}
+	if len(rep.Rounds) < 2 || skipped < 32<<20/4096 {
+		t.Errorf("rounds after the first skipped %d pages (memhog holds 64 MiB and writes few): %+v", skipped, rep.Rounds)
+	}
+}
+
 func testMigrationWith(t *testing.T, req engine.Request) engine.Report {
 	requireLab(t)
 	bin := ferryBin(t)
@@ -359,6 +395,7 @@ func testMigrationWith(t *testing.T, req engine.Request) engine.Report {
 	if rep.SourceState != "removed" || rep.DowntimeMs <= 0 || rep.MemoryBytes < 64<<20 || rep.BytesSent < 64<<20 {
 		t.Errorf("report: %+v", rep)
 	}
+	checkWriteTracking(t, req, rep)
 	if (mode == engine.ModePostcopy || mode == engine.ModeHybrid) && rep.PagesFaulted+rep.PagesPushed < 64<<20/4096 {
 		t.Errorf("post-copy moved %d+%d pages, memhog alone holds %d", rep.PagesFaulted, rep.PagesPushed, 64<<20/4096)
 	}
