@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sort"
 	"strconv"
 
 	"golang.org/x/sys/unix"
@@ -39,7 +40,8 @@ type Tracker struct {
 	uffd       int
 	pagemap    *os.File
 	registered map[[2]uint64]bool
-	vec        []region
+	vec        []region // one PAGEMAP_SCAN's output
+	all        []region // one Scan's
 }
 
 // Track starts tracking process pid's writes. The process must be running
@@ -121,8 +123,14 @@ func (t *Tracker) register() {
 // written since the previous Scan (or Track), and protects them again.
 // Pages of the zero page are left out: they hold nothing. A mapping made
 // since the previous Scan is registered first and counts as written.
+//
+// The ranges are reported after the whole walk: the kernel may end a
+// batch at a walk_end below ranges it already reported (and protected)
+// while the process writes, so the next batch reports some of them again,
+// now unwritten. A page is written if any batch said so.
 func (t *Tracker) Scan(fn func(start, end uint64, written bool) error) error {
 	t.register()
+	all := t.all[:0]
 	for start := uint64(0); start < userEnd; {
 		regs, walkEnd, err := scanRegions(int(t.pagemap.Fd()), start, userEnd, true, t.vec)
 		if errors.Is(err, unix.ESRCH) {
@@ -131,21 +139,66 @@ func (t *Tracker) Scan(fn func(start, end uint64, written bool) error) error {
 		if err != nil {
 			return fmt.Errorf("dirty: PAGEMAP_SCAN of %d: %w", t.pid, err)
 		}
-		for _, r := range regs {
-			if r.Categories&pagePFNZero != 0 {
-				continue
-			}
-			written := r.Categories&pageWritten != 0 || r.Categories&pageWPAllowed == 0
-			if err := fn(r.Start, r.End, written); err != nil {
-				return err
-			}
-		}
+		all = append(all, regs...)
 		if walkEnd <= start {
 			return fmt.Errorf("dirty: PAGEMAP_SCAN of %d made no progress at %#x", t.pid, start)
 		}
 		start = walkEnd
 	}
+	t.all = all
+	for _, sp := range spans(all) {
+		if err := fn(sp.start, sp.end, sp.written); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// span is a range of pages as Scan reports it.
+type span struct {
+	start, end uint64
+	written    bool
+}
+
+// spans turns the kernel's reports, which may overlap, into disjoint
+// ranges in address order: a page is written if any report covering it
+// says so (written, or not protected: not write-protect allowed), and
+// left out if every report covering it says it is the zero page.
+func spans(regs []region) []span {
+	type edge struct {
+		at            uint64
+		data, written int // +1 where a report starts, -1 where it ends
+	}
+	edges := make([]edge, 0, 2*len(regs))
+	for _, r := range regs {
+		if r.End <= r.Start {
+			continue
+		}
+		d, w := 1, 0
+		if r.Categories&pagePFNZero != 0 {
+			d = 0
+		} else if r.Categories&pageWritten != 0 || r.Categories&pageWPAllowed == 0 {
+			w = 1
+		}
+		edges = append(edges, edge{r.Start, d, w}, edge{r.End, -d, -w})
+	}
+	sort.Slice(edges, func(i, j int) bool { return edges[i].at < edges[j].at })
+	var out []span
+	data, written := 0, 0
+	for i, e := range edges {
+		data += e.data
+		written += e.written
+		if i+1 == len(edges) || edges[i+1].at == e.at || data == 0 {
+			continue
+		}
+		sp := span{e.at, edges[i+1].at, written > 0}
+		if n := len(out); n > 0 && out[n-1].end == sp.start && out[n-1].written == sp.written {
+			out[n-1].end = sp.end
+			continue
+		}
+		out = append(out, sp)
+	}
+	return out
 }
 
 // Close stops tracking: the kernel unregisters the mappings and lifts
