@@ -27,8 +27,8 @@ import (
 const (
 	childEnv      = "FERRY_DIRTY_CHILD"
 	childPagesEnv = "FERRY_DIRTY_CHILD_PAGES" // the region's size, if not regionPages
-	regionPages = 256
-	pageSize    = 4096
+	regionPages   = 256
+	pageSize      = 4096
 )
 
 func TestMain(m *testing.M) {

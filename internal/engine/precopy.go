@@ -117,7 +117,7 @@ type precopySource struct {
 	next   int   // index of the next round
 	last   Round // the last round sent
 	// seen holds the pages the latest round found.
-	seen map[pages.Key]struct{}
+	seen *pageSet
 	// tracking finds the written pages where the kernel can; frozen: the
 	// container is, so no process can start being tracked.
 	tracking *writeTracking
@@ -228,7 +228,7 @@ func (ps *precopySource) finish(lastRoundComplete bool) error {
 	stale := StalePages{Keys: []pages.Key{}}
 	if lastRoundComplete {
 		for k := range ps.held {
-			if _, ok := ps.seen[k]; !ok {
+			if !ps.seen.has(k) {
 				stale.Keys = append(stale.Keys, k)
 			}
 		}
@@ -295,21 +295,17 @@ func (m *migration) precopyRound(ctx context.Context, ps *precopySource, i int, 
 	if err != nil {
 		return r, err
 	}
-	rd.UseTrackers(ps.tracking.forPIDs(pids, !ps.frozen), func(k pages.Key) bool {
+	trackers := ps.tracking.forPIDs(pids, !ps.frozen)
+	ps.seen = newPageSet(len(ps.held), len(trackers) > 0)
+	rd.UseTrackers(trackers, func(k pages.Key) bool {
 		_, ok := ps.held[k]
 		return ok
-	})
-	var scanned uint64
-	ps.seen = make(map[pages.Key]struct{}, len(ps.held))
+	}, ps.seen.addRange)
 	st, err := rd.Scan(func(p pages.Page) error {
 		if err := ctx.Err(); err != nil {
 			return withdrawn(err) // a cancel need not wait for the round's end
 		}
-		scanned++
-		ps.seen[p.Key] = struct{}{}
-		if p.Data == nil {
-			return nil // not written since the last round, which sent it
-		}
+		ps.seen.add(p.Key)
 		if old, ok := ps.held[p.Key]; ok && old == p.Hash {
 			return nil
 		}
@@ -340,7 +336,7 @@ func (m *migration) precopyRound(ctx context.Context, ps *precopySource, i int, 
 		return r, fmt.Errorf("destination did not acknowledge: %w", err)
 	}
 	if i == 0 {
-		m.memoryFound(int64(scanned) * pageSize)
+		m.memoryFound(int64(st.Pages) * pageSize)
 	}
 	r.UnchangedPages = st.Unchanged
 	m.report.WriteTracking = ps.tracking.summary()

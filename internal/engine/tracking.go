@@ -87,3 +87,51 @@ func (w *writeTracking) summary() string {
 	return fmt.Sprintf("userfaultfd write protection (%d of %d processes); hashing all memory of process %d: %v",
 		n, n+len(w.failed), pids[0], w.failed[pids[0]])
 }
+
+// pageSet is the pages a round found: those it read one by one, and the
+// ranges write tracking reported unchanged (a map entry per page of a
+// large container would cost more than the tracking saves).
+type pageSet struct {
+	pages  map[pages.Key]struct{}
+	ranges []pages.Range
+	sorted bool
+}
+
+// newPageSet sizes the set for the pages held, or for a few of them where
+// tracking reports most as ranges.
+func newPageSet(held int, tracked bool) *pageSet {
+	if tracked {
+		held /= 16
+	}
+	return &pageSet{pages: make(map[pages.Key]struct{}, held)}
+}
+
+func (s *pageSet) add(k pages.Key) { s.pages[k] = struct{}{} }
+
+func (s *pageSet) addRange(r pages.Range) {
+	s.ranges = append(s.ranges, r)
+	s.sorted = false
+}
+
+func (s *pageSet) has(k pages.Key) bool {
+	if _, ok := s.pages[k]; ok {
+		return true
+	}
+	if !s.sorted {
+		sort.Slice(s.ranges, func(i, j int) bool {
+			a, b := s.ranges[i], s.ranges[j]
+			return a.PID < b.PID || a.PID == b.PID && a.Start < b.Start
+		})
+		s.sorted = true
+	}
+	// The first range after k; k is in the one before it, if anywhere.
+	i := sort.Search(len(s.ranges), func(i int) bool {
+		r := s.ranges[i]
+		return r.PID > k.PID || r.PID == k.PID && r.Start > k.Addr
+	})
+	if i == 0 {
+		return false
+	}
+	r := s.ranges[i-1]
+	return r.PID == k.PID && k.Addr >= r.Start && k.Addr < r.End
+}

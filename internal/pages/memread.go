@@ -36,8 +36,7 @@ type Page struct {
 	Key  Key
 	Hash xxh3.Uint128
 	// Data is PageSize bytes and valid only during the callback; copy it to
-	// keep it. It is nil for a page a tracker says is unchanged (see
-	// UseTrackers).
+	// keep it.
 	Data []byte
 }
 
@@ -49,7 +48,8 @@ type Stats struct {
 	Bytes     uint64
 	Duration  time.Duration
 	// Unchanged are the pages a WriteTracker said were not written since
-	// its last scan, reported without being read.
+	// its last scan, reported as ranges without being read (counted in
+	// Pages too).
 	Unchanged uint64
 }
 
@@ -83,16 +83,25 @@ type Reader struct {
 	pagemap []byte
 	zeroPFN uint64
 
-	trackers map[int]WriteTracker // by host pid
-	known    func(Key) bool
+	trackers  map[int]WriteTracker // by host pid
+	known     func(Key) bool
+	unchanged func(Range)
+}
+
+// Range is pages [Start, End) of the process PID (in its pid namespace,
+// as in Key).
+type Range struct {
+	PID        uint32
+	Start, End uint64
 }
 
 // UseTrackers has Scan ask each process's tracker which pages were
-// written instead of reading all of them. A page not written since the
-// tracker's last scan is reported without Data (and with a zero Hash) if
-// known says the receiver holds it as it was then; it is read otherwise.
-func (r *Reader) UseTrackers(trackers map[int]WriteTracker, known func(Key) bool) {
-	r.trackers, r.known = trackers, known
+// written instead of reading all of them. Pages not written since the
+// tracker's last scan that known says the receiver holds as they were
+// then go to unchanged, a range at a time, unread; the others are read
+// and go to Scan's fn as usual.
+func (r *Reader) UseTrackers(trackers map[int]WriteTracker, known func(Key) bool, unchanged func(Range)) {
+	r.trackers, r.known, r.unchanged = trackers, known, unchanged
 }
 
 // NewReader prepares to scan the given processes (host PIDs). Processes that
@@ -338,7 +347,7 @@ func (r *Reader) scanProc(p proc, fn func(Page) error, st *Stats) error {
 	defer mem.Close()
 
 	s := procScan{r: r, p: p, pm: int(pm.Fd()), mem: int(mem.Fd()), fn: fn, st: st}
-	if t := r.trackers[p.host]; t != nil {
+	if t := r.trackers[p.host]; t != nil && r.known != nil && r.unchanged != nil {
 		st.VMAs += len(vmas)
 		err := s.tracked(t)
 		if gone(err) {
@@ -448,20 +457,28 @@ func (s *procScan) tracked(t WriteTracker) error {
 		if written {
 			return s.run(start, (end-start)/PageSize, true)
 		}
+		// Runs of pages the receiver holds go as one range; a page it
+		// lacks (one that could not be read before) is read.
+		held := start
+		flush := func(to uint64) {
+			if to > held {
+				n := (to - held) / PageSize
+				s.st.Pages += n
+				s.st.Unchanged += n
+				s.r.unchanged(Range{PID: s.p.ns, Start: held, End: to})
+			}
+		}
 		for addr := start; addr < end; addr += PageSize {
-			k := Key{PID: s.p.ns, Addr: addr}
-			if s.r.known == nil || !s.r.known(k) {
-				if err := s.run(addr, 1, true); err != nil {
-					return err
-				}
+			if s.r.known(Key{PID: s.p.ns, Addr: addr}) {
 				continue
 			}
-			s.st.Pages++
-			s.st.Unchanged++
-			if err := s.fn(Page{Key: k}); err != nil {
+			flush(addr)
+			held = addr + PageSize
+			if err := s.run(addr, 1, true); err != nil {
 				return err
 			}
 		}
+		flush(end)
 		return nil
 	})
 }

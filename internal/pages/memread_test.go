@@ -226,3 +226,65 @@ func BenchmarkScan(b *testing.B) {
 	}
 	b.ReportMetric(float64(st.Pages), "pages/scan")
 }
+
+// fakeTracker reports the holder's region in three parts: pages [0, 8)
+// written, [8, 24) unwritten, [24, n) written.
+type fakeTracker struct{ addr, n uint64 }
+
+func (f fakeTracker) Scan(fn func(start, end uint64, written bool) error) error {
+	a := f.addr
+	for _, part := range []struct {
+		from, to uint64
+		written  bool
+	}{{0, 8, true}, {8, 24, false}, {24, f.n, true}} {
+		if err := fn(a+part.from*PageSize, a+part.to*PageSize, part.written); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// With a tracker, written pages are read, unwritten ones the receiver
+// holds go as ranges, and unwritten ones it lacks are read after all.
+func TestScanWithTracker(t *testing.T) {
+	needRoot(t)
+	h := startHolder(t, 1)
+	n := h.size / PageSize
+	r, err := NewReader([]int{h.pid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	missing := h.addr + 12*PageSize // unwritten, yet the receiver lacks it
+	var ranges []Range
+	r.UseTrackers(map[int]WriteTracker{h.pid: fakeTracker{h.addr, n}},
+		func(k Key) bool { return k.Addr != missing },
+		func(rg Range) { ranges = append(ranges, rg) })
+	var read []uint64
+	st, err := r.Scan(func(p Page) error {
+		if p.Data == nil || len(p.Data) != PageSize || p.Hash != xxh3.Hash128(p.Data) {
+			t.Errorf("page %#x: %d bytes, hash mismatch", p.Key.Addr, len(p.Data))
+		}
+		read = append(read, (p.Key.Addr-h.addr)/PageSize)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []uint64
+	for i := range n {
+		if i < 8 || i == 12 || i >= 24 {
+			want = append(want, i)
+		}
+	}
+	if !slices.Equal(read, want) {
+		t.Errorf("pages read %v, want %v", read, want)
+	}
+	ns, _ := nsPID(h.pid)
+	wantRanges := []Range{{ns, h.addr + 8*PageSize, missing}, {ns, missing + PageSize, h.addr + 24*PageSize}}
+	if !slices.Equal(ranges, wantRanges) {
+		t.Errorf("unchanged ranges %v, want %v", ranges, wantRanges)
+	}
+	if st.Unchanged != 15 || st.Pages != n {
+		t.Errorf("stats: %d unchanged of %d pages, want 15 of %d", st.Unchanged, st.Pages, n)
+	}
+}
