@@ -13,6 +13,11 @@
 // would have restarted it. Before anything runs, the thread's seccomp
 // filters are evaluated for each call: a call they would not let through
 // (kill, trap, a supervisor) is never made.
+//
+// The one hazard is compel's too: if the tracer dies between putting the
+// call's registers in and putting the thread's back (microseconds), the
+// kernel detaches and the thread runs on with the call's registers.
+// Nothing here can guard against that; keep sessions short.
 package inject
 
 import "errors"
