@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/ferry-migrate/ferry/internal/dirty"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/units"
@@ -88,10 +89,16 @@ development machine.`,
 	return cmd
 }
 
-// loadProfile reads a calibrated profile, or returns the defaults.
+// loadProfile reads a calibrated profile, or returns the defaults with
+// this host's write tracking (a calibrated profile records its host's).
 func loadProfile(path string) (model.Profile, string, error) {
 	if path == "" {
-		return model.DefaultProfile(), "defaults", nil
+		p := model.DefaultProfile()
+		p.WriteTracking = dirty.Available() == nil
+		if p.WriteTracking {
+			return p, "defaults, with this host's write tracking", nil
+		}
+		return p, "defaults", nil
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {

@@ -28,6 +28,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/criu"
+	"github.com/ferry-migrate/ferry/internal/dirty"
 	"github.com/ferry-migrate/ferry/internal/model"
 )
 
@@ -99,6 +100,11 @@ func Refit(ctx context.Context, rep Report, o Options) (model.Profile, Report, e
 	}
 	feats := features(ctx)
 	base.SoftDirty, base.LazyDump = feats.DirtyTracking, feats.LazyPages
+	tracking := o.WriteTracking
+	if tracking == nil {
+		tracking = dirty.Available
+	}
+	base.WriteTracking = tracking() == nil
 	base.Source = fmt.Sprintf("ferry calibrate, %s grid, %s", rep.Grid, rep.Started.UTC().Format(time.RFC3339))
 	p, terms, warns := Fit(rep.Points, base)
 	rep.Profile, rep.Terms, rep.Warnings = p, terms, warns

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/criu"
+	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/model"
 )
@@ -89,7 +90,10 @@ func sweep(ctx context.Context, points []Point, repeat int, ferryBin string, run
 		}}
 		t0 := time.Now()
 		res, err := run(ctx, bench.MigrateOptions{Mode: pt.Mode, MemoryBytes: pt.MemoryBytes, DirtyRate: pt.DirtyRate,
-			BandwidthBps: pt.BandwidthBps, Repeat: repeat, Baselines: pt.Baselines, FerryBin: ferryBin, Log: w})
+			BandwidthBps: pt.BandwidthBps, Repeat: repeat, Baselines: pt.Baselines, FerryBin: ferryBin, Log: w,
+			// Rounds that read all of memory measure read_hash_bps; the
+			// model adds write tracking's savings where the host has it.
+			Precopy: engine.PrecopyOptions{WriteTracking: engine.TrackingOff}})
 		m := Measured{Point: pt, WallS: time.Since(t0).Seconds()}
 		if err != nil {
 			m.Error = err.Error()
@@ -162,6 +166,9 @@ type Options struct {
 	Run Runner
 	// Features says what the kernel supports; nil means criu.ProbeFeatures.
 	Features func(context.Context) criu.Features
+	// WriteTracking says whether the kernel tracks writes for pre-copy's
+	// rounds (nil error); nil means dirty.Available.
+	WriteTracking func() error
 }
 
 // Defaults of the grid.

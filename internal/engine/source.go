@@ -15,6 +15,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/criu"
+	"github.com/ferry-migrate/ferry/internal/dirty"
 	"github.com/ferry-migrate/ferry/internal/fault"
 	"github.com/ferry-migrate/ferry/internal/host"
 	"github.com/ferry-migrate/ferry/internal/journal"
@@ -409,6 +410,7 @@ func (m *migration) prepare(ctx context.Context) error {
 	// can use.
 	m.profile.SoftDirty = caps.PreDump
 	m.profile.LazyDump = m.req.Precopy.Switchover == SwitchoverRebuild
+	m.profile.WriteTracking = m.req.Precopy.WriteTracking != TrackingOff && dirty.Available() == nil
 	if err := m.validatePrecopy(caps); err != nil {
 		return err
 	}

@@ -73,8 +73,15 @@ type Profile struct {
 	// LazyDump: CRIU's lazy dump works here, so content-based pre-copy
 	// switches over by rebuilding (memory-less dump, frozen last round,
 	// images completed at the destination) instead of a full dump.
-	LazyDump bool      `json:"lazy_dump"`
-	PAM      PAMParams `json:"pam"`
+	LazyDump bool `json:"lazy_dump"`
+	// WriteTracking: the kernel says which pages were written (userfaultfd
+	// write protection), so content pre-copy's rounds after the first and
+	// the frozen last round read only those, after a walk of the page
+	// tables that covers TrackScanBps bytes of memory a second (0:
+	// DefaultTrackScanBps).
+	WriteTracking bool      `json:"write_tracking,omitempty"`
+	TrackScanBps  float64   `json:"track_scan_bps,omitempty"`
+	PAM           PAMParams `json:"pam"`
 }
 
 // DefaultProfile returns rough values measured on the development machine
