@@ -11,16 +11,15 @@
 package dirty
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"sort"
-	"strconv"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/ferry-migrate/ferry/internal/inject"
+	"github.com/ferry-migrate/ferry/internal/procs"
 )
 
 const (
@@ -108,12 +107,13 @@ func (t *Tracker) register() {
 	if err != nil {
 		return
 	}
-	for _, m := range privateMappings(maps) {
-		if t.registered[m] {
+	for _, m := range procs.PrivateMappings(maps) {
+		r := [2]uint64{m.Start, m.End}
+		if t.registered[r] {
 			continue
 		}
-		if registerWP(t.uffd, m[0], m[1]) == nil {
-			t.registered[m] = true
+		if registerWP(t.uffd, m.Start, m.End) == nil {
+			t.registered[r] = true
 		}
 	}
 }
@@ -206,35 +206,6 @@ func spans(regs []region) []span {
 func (t *Tracker) Close() error {
 	t.pagemap.Close()
 	return unix.Close(t.uffd)
-}
-
-// privateMappings lists the private mappings [start, end) in
-// /proc/PID/maps, save the kernel's own (vsyscall, vvar, vdso).
-func privateMappings(maps []byte) [][2]uint64 {
-	var out [][2]uint64
-	for _, line := range bytes.Split(maps, []byte("\n")) {
-		f := bytes.Fields(line)
-		if len(f) < 5 || len(f[1]) < 4 || f[1][3] != 'p' {
-			continue
-		}
-		if len(f) >= 6 {
-			switch string(f[5]) {
-			case "[vsyscall]", "[vvar]", "[vdso]", "[vvar_vclock]":
-				continue
-			}
-		}
-		lo, hi, ok := bytes.Cut(f[0], []byte("-"))
-		if !ok {
-			continue
-		}
-		start, err1 := strconv.ParseUint(string(lo), 16, 64)
-		end, err2 := strconv.ParseUint(string(hi), 16, 64)
-		if err1 != nil || err2 != nil || end <= start {
-			continue
-		}
-		out = append(out, [2]uint64{start, end})
-	}
-	return out
 }
 
 // Available says whether this kernel tracks writes this way: a

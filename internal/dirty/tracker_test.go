@@ -371,6 +371,27 @@ func TestTrackedSleeperWakesOnTime(t *testing.T) {
 	}
 }
 
+// scanCount scans and counts, of [lo, hi), the pages reported and the
+// pages reported written; ranges out of order or overlapping are an error.
+func scanCount(tr *Tracker, lo, hi uint64) (seen, dirty int, err error) {
+	var last uint64
+	err = tr.Scan(func(start, end uint64, w bool) error {
+		if start < last || end <= start {
+			return fmt.Errorf("range %#x-%#x after one ending at %#x", start, end, last)
+		}
+		last = end
+		if start < hi && end > lo {
+			n := int((min(end, hi) - max(start, lo)) / pageSize)
+			seen += n
+			if w {
+				dirty += n
+			}
+		}
+		return nil
+	})
+	return seen, dirty, err
+}
+
 // A scan larger than one batch of the kernel's output (many ranges, a
 // region far larger than a batch) reports every page once, in order, and
 // exactly the pages written.
@@ -383,21 +404,7 @@ func TestScanReportsEachPageOnce(t *testing.T) {
 		if writes > 0 {
 			k.do(fmt.Sprintf("W %d", writes))
 		}
-		var last uint64
-		seen, dirty := 0, 0
-		err := tr.Scan(func(start, end uint64, w bool) error {
-			if start < last || end <= start {
-				return fmt.Errorf("range %#x-%#x after one ending at %#x", start, end, last)
-			}
-			last = end
-			if n := int((min(end, hi) - max(start, lo)) / pageSize); start < hi && end > lo {
-				seen += n
-				if w {
-					dirty += n
-				}
-			}
-			return nil
-		})
+		seen, dirty, err := scanCount(tr, lo, hi)
 		if err != nil {
 			t.Fatalf("scan %d: %v", i, err)
 		}
@@ -421,22 +428,7 @@ func TestScanWhileWriting(t *testing.T) {
 	lo, hi := k.region, k.region+pages*pageSize
 	k.do("R 1000")
 	for i := range 10 {
-		var last uint64
-		seen, dirty := 0, 0
-		err := tr.Scan(func(start, end uint64, w bool) error {
-			if start < last || end <= start {
-				return fmt.Errorf("range %#x-%#x after one ending at %#x", start, end, last)
-			}
-			last = end
-			if start < hi && end > lo {
-				n := int((min(end, hi) - max(start, lo)) / pageSize)
-				seen += n
-				if w {
-					dirty += n
-				}
-			}
-			return nil
-		})
+		seen, dirty, err := scanCount(tr, lo, hi)
 		if err != nil {
 			t.Fatalf("scan %d: %v", i, err)
 		}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ferry-migrate/ferry/internal/procs"
 	"golang.org/x/sys/unix"
 )
 
@@ -53,22 +54,12 @@ func syscallInsn(tid int) (uintptr, error) {
 		return 0, fmt.Errorf("inject: %w", err)
 	}
 	var candidates [][2]uint64
-	for _, line := range strings.Split(string(maps), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 || len(f[1]) < 3 || f[1][0] != 'r' || f[1][2] != 'x' {
+	for _, m := range procs.ParseMaps(maps) {
+		if !m.Readable() || !m.Executable() {
 			continue
 		}
-		lo, hi, ok := strings.Cut(f[0], "-")
-		if !ok {
-			continue
-		}
-		start, err1 := strconv.ParseUint(lo, 16, 64)
-		end, err2 := strconv.ParseUint(hi, 16, 64)
-		if err1 != nil || err2 != nil || end <= start {
-			continue
-		}
-		r := [2]uint64{start, min(end, start+maxSyscallSearchSize)}
-		if len(f) >= 6 && f[5] == "[vdso]" {
+		r := [2]uint64{m.Start, min(m.End, m.Start+maxSyscallSearchSize)}
+		if m.Path == "[vdso]" {
 			candidates = append([][2]uint64{r}, candidates...)
 		} else {
 			candidates = append(candidates, r)

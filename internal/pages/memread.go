@@ -16,6 +16,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/zeebo/xxh3"
 	"golang.org/x/sys/unix"
 )
@@ -278,12 +279,6 @@ func zeroPagePFN() uint64 {
 // sink keeps the compiler from dropping the read that maps the zero page.
 var sink byte //nolint:unused // only written: the write is the point
 
-// vma is one line of /proc/PID/maps that Scan looks at.
-type vma struct {
-	start, end uint64
-	readable   bool
-}
-
 // errGone means the process exited during the scan.
 var errGone = errors.New("process gone")
 
@@ -325,7 +320,7 @@ func (r *Reader) scanProc(p proc, fn func(Page) error, st *Stats) error {
 	if err != nil {
 		return fmt.Errorf("pages: %w", err)
 	}
-	vmas := parseMaps(maps)
+	vmas := procs.PrivateMappings(maps)
 	if len(vmas) == 0 {
 		return nil // a zombie has no memory left
 	}
@@ -364,45 +359,6 @@ func (r *Reader) scanProc(p proc, fn func(Page) error, st *Stats) error {
 	return nil
 }
 
-// parseMaps picks the mappings CRIU dumps private pages of.
-func parseMaps(b []byte) []vma {
-	var out []vma
-	for len(b) > 0 {
-		line := b
-		if i := bytes.IndexByte(b, '\n'); i >= 0 {
-			line, b = b[:i], b[i+1:]
-		} else {
-			b = nil
-		}
-		// start-end perms offset dev inode [path]
-		f := bytes.Fields(line)
-		if len(f) < 5 || len(f[1]) < 4 {
-			continue
-		}
-		perms := f[1]
-		if perms[3] != 'p' || (perms[0] != 'r' && perms[1] != 'w') {
-			continue
-		}
-		if len(f) >= 6 {
-			switch string(f[5]) {
-			case "[vsyscall]", "[vvar]", "[vdso]", "[vvar_vclock]":
-				continue
-			}
-		}
-		lo, hi, ok := bytes.Cut(f[0], []byte("-"))
-		if !ok {
-			continue
-		}
-		start, err1 := strconv.ParseUint(string(lo), 16, 64)
-		end, err2 := strconv.ParseUint(string(hi), 16, 64)
-		if err1 != nil || err2 != nil || end <= start {
-			continue
-		}
-		out = append(out, vma{start: start, end: end, readable: perms[0] == 'r'})
-	}
-	return out
-}
-
 // procScan is the state of scanning one process.
 type procScan struct {
 	r       *Reader
@@ -412,10 +368,10 @@ type procScan struct {
 	st      *Stats
 }
 
-func (s *procScan) vma(v vma) error {
+func (s *procScan) vma(v procs.Mapping) error {
 	r := s.r
-	for addr := v.start; addr < v.end; {
-		n := min((v.end-addr)/PageSize, pagemapBatch)
+	for addr := v.Start; addr < v.End; {
+		n := min((v.End-addr)/PageSize, pagemapBatch)
 		got, err := unix.Pread(s.pm, r.pagemap[:n*8], int64(addr/PageSize*8))
 		if gone(err) {
 			return errGone
@@ -438,7 +394,7 @@ func (s *procScan) vma(v vma) error {
 			case want && runStart < 0:
 				runStart = int(i)
 			case !want && runStart >= 0:
-				if err := s.run(addr+uint64(runStart)*PageSize, i-uint64(runStart), v.readable); err != nil {
+				if err := s.run(addr+uint64(runStart)*PageSize, i-uint64(runStart), v.Readable()); err != nil {
 					return err
 				}
 				runStart = -1

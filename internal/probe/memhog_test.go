@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ferry-migrate/ferry/internal/procs"
 )
 
 // buildMemhog compiles the workload the way the lab does.
@@ -105,19 +107,9 @@ func findMapping(t *testing.T, pid int, size, want uint64) uint64 {
 		t.Fatal(err)
 	}
 	var found []uint64
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) != 5 || f[1] != "rw-p" { // 5 fields: no path, anonymous
-			continue
-		}
-		lo, hi, ok := strings.Cut(f[0], "-")
-		if !ok {
-			continue
-		}
-		start, err1 := strconv.ParseUint(lo, 16, 64)
-		end, err2 := strconv.ParseUint(hi, 16, 64)
-		if err1 == nil && err2 == nil && end-start == size {
-			found = append(found, start)
+	for _, m := range procs.ParseMaps(b) {
+		if m.Perms == "rw-p" && m.Path == "" && m.End-m.Start == size { // anonymous
+			found = append(found, m.Start)
 		}
 	}
 	for _, s := range found {
