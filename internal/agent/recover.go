@@ -116,6 +116,13 @@ func (a *Agent) recoverDestination(ctx context.Context) {
 				why = a.dst.AdoptPull(e, rt, engine.StrandedPullWait(a.transportConfig().OutageTimeout))
 			}
 			if why == nil {
+				// Committed, but the restart may have come before its
+				// start: it runs, its faults held until the source is back.
+				if cont, ok := rt.(runtime.Continuer); ok {
+					if err := cont.Continue(ctx, c); err != nil {
+						a.Log.Error("a committed copy whose pull was taken over could not be started", "migration", e.ID, "container", e.Container, "error", err)
+					}
+				}
 				a.Log.Info("took over a post-copy pull an earlier run left; its source may go on with it", "migration", e.ID, "container", e.Container)
 				continue
 			}

@@ -80,6 +80,34 @@ func TestFaultMatrixRuntimes(t *testing.T) {
 	}
 }
 
+// TestFaultMatrixLazy runs the lazy-restore cases the full matrix found
+// wrong: the destination's CRIU killed during a post-copy restore (its
+// restored processes held the container's cgroups, which stayed), and the
+// destination agent killed as a hybrid migration commits (its word on the
+// commit lost, the source waited until the restarted destination gave up
+// the pull; now the source goes on with it and the copy runs, whole).
+func TestFaultMatrixLazy(t *testing.T) {
+	requireLab(t)
+	bin := ferryBin(t)
+	cases := []bench.FaultCase{
+		{Mode: engine.ModePostcopy, Phase: fault.Restore, Fault: fault.KillDestinationCRIU},
+		{Mode: engine.ModeHybrid, Phase: fault.Commit, Fault: fault.KillDestination},
+	}
+	want := []string{bench.RunningAtSource, bench.RunningAtDestination}
+	res, err := bench.Faults(context.Background(), bench.FaultsOptions{Cases: cases, FerryBin: bin, Log: testLog{t}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Cases) != len(cases) {
+		t.Fatalf("%d of %d cases ran", len(res.Cases), len(cases))
+	}
+	for i, c := range res.Cases {
+		if c.Outcome != want[i] || !c.StateOK || len(c.Leaks) > 0 || c.Hung {
+			t.Errorf("%s %s@%s: %s (want %s), state_ok=%v, leaks %v, hung %v; report: %s; %s", c.Mode, c.Fault, c.Phase, c.Outcome, want[i], c.StateOK, c.Leaks, c.Hung, c.Report, c.Note)
+		}
+	}
+}
+
 // testLog writes a bench's progress lines to the test's log.
 type testLog struct{ t *testing.T }
 

@@ -280,18 +280,31 @@ func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
 	defer stopPush()
 	// From here the destination's copy runs and changes: resuming the
 	// source would fork the container's state, so the migration commits.
-	if err := m.commit(ctx); err != nil {
+	if err := m.sendCommit(ctx); err != nil {
 		return err
 	}
-	m.begin("lazy-pages")
+	where := "commit"
 	var done LazyDone
-	err = m.ctl.Recv(&done)
+	c, err := m.commitAnswer()
+	if err == nil {
+		m.committed(c)
+		m.begin("lazy-pages")
+		where = "lazy pages"
+		err = m.ctl.Recv(&done)
+	}
 	stopPush()
 	if err != nil {
-		// The destination may come back (its agent restarted) to go on.
+		// The destination may come back (its agent restarted) to go on: a
+		// destination that committed keeps its copy's pull for this source,
+		// even when its word on the commit was lost; one that did not
+		// dropped its copy.
 		var dropped bool
 		if done, dropped, err = m.resumePull(ctx, ld, err); dropped {
-			return m.abort(ctx, failAt("lazy pages on "+m.sess.Peer.Name, errors.New("the destination's agent restarted and dropped the container; the source copy resumes as it was at the freeze")))
+			return m.abort(ctx, failAt(where+" on "+m.sess.Peer.Name, errors.New("the destination's agent restarted and dropped the container; the source copy resumes as it was at the freeze")))
+		}
+		if err == nil && m.report.DowntimeMs == 0 {
+			// Its copy ran again somewhere in the resumed pull: at most this.
+			m.report.DowntimeMs = ms(time.Since(m.frozenAt))
 		}
 	}
 	if err != nil || done.Error != "" {
@@ -306,7 +319,7 @@ func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
 	m.report.PagesReferenced = done.Local
 	m.report.MemoryBytes = int64(done.Faulted+done.Pushed) * pageSize
 	if err != nil {
-		return m.inDoubt(failAt("lazy pages", fmt.Errorf("lost the destination while it pulled memory: %w", err)))
+		return m.inDoubt(failAt(where, fmt.Errorf("lost the destination while it pulled memory: %w", err)))
 	}
 	if done.Error != "" {
 		// The destination dropped its copy before it said so: the source's,

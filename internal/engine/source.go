@@ -679,6 +679,20 @@ func (m *migration) switchover(ctx context.Context) error {
 // dropped (its commit window passing) or kept (its agent restarted) is
 // the destination's to say, so a lost answer leaves the source in doubt.
 func (m *migration) commit(ctx context.Context) error {
+	if err := m.sendCommit(ctx); err != nil {
+		return err
+	}
+	c, err := m.commitAnswer()
+	if err != nil {
+		return m.inDoubt(failAt("commit", err))
+	}
+	m.committed(c)
+	return nil
+}
+
+// sendCommit records the commit and sends it; from here the destination
+// may run the container.
+func (m *migration) sendCommit(ctx context.Context) error {
 	m.begin("commit")
 	if err := m.record(journal.CommitSent); err != nil {
 		return m.abort(ctx, failAt("commit", err))
@@ -687,13 +701,22 @@ func (m *migration) commit(ctx context.Context) error {
 		return m.inDoubt(failAt("commit", err))
 	}
 	m.faults.At(fault.Source, fault.Commit)
+	return nil
+}
+
+// commitAnswer waits for the destination's word on the commit.
+func (m *migration) commitAnswer() (Committed, error) {
 	var c Committed
 	if err := m.ctl.Recv(&c); err != nil {
-		return m.inDoubt(failAt("commit", fmt.Errorf("%w: the destination may or may not run the container", err)))
+		return c, fmt.Errorf("%w: the destination may or may not run the container", err)
 	}
+	return c, nil
+}
+
+// committed notes the destination's word: its copy runs.
+func (m *migration) committed(c Committed) {
 	m.noteHold(c)
 	m.report.DowntimeMs = ms(time.Since(m.frozenAt))
-	return nil
 }
 
 // requestRestore asks the destination to restore and waits until it says

@@ -12,6 +12,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/ferry-migrate/ferry/internal/admission"
+	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 )
 
@@ -271,6 +272,11 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 // container may still exist; leftover files are not worth that.
 func (t *target) Discard(ctx context.Context) error {
 	if err := t.r.Delete(ctx, t.name); err != nil {
+		return err
+	}
+	// A restore whose CRIU was killed leaves restored processes in the
+	// container's cgroups, which runc no longer knows.
+	if err := cgroups.Destroy(cgroups.Root, "/"+t.r.CgroupParent+"/"+t.name); err != nil {
 		return err
 	}
 	_ = os.Remove(t.bundle + ".log")
