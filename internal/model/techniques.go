@@ -121,9 +121,10 @@ func (p Profile) frozenScan(m, left float64) float64 {
 }
 
 // DefaultTrackScanBps is the kernel's walk of a process's page tables for
-// written pages (PAGEMAP_SCAN) with ferry's bookkeeping, in bytes of
-// memory a second: ~1 GiB in 25 ms on the development VM.
-const DefaultTrackScanBps = 43e9
+// written pages (PAGEMAP_SCAN) with ferry's bookkeeping (a lookup per page
+// not written), in bytes of memory a second: a 1 GiB round that found
+// ~250 pages written took 72-106 ms on the development VM.
+const DefaultTrackScanBps = 14e9
 
 func (p Profile) trackScan() float64 {
 	if p.TrackScanBps > 0 {
