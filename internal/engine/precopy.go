@@ -296,11 +296,11 @@ func (m *migration) precopyRound(ctx context.Context, ps *precopySource, i int, 
 		return r, err
 	}
 	trackers := ps.tracking.forPIDs(pids, !ps.frozen)
+	// What the round before found, the destination holds as found: of a
+	// range not written since, that part need not be read.
+	before := ps.seen
 	ps.seen = newPageSet(len(ps.held), len(trackers) > 0)
-	rd.UseTrackers(trackers, func(k pages.Key) bool {
-		_, ok := ps.held[k]
-		return ok
-	}, ps.seen.addRange)
+	rd.UseTrackers(trackers, before.heldParts, ps.seen.addRange)
 	st, err := rd.Scan(func(p pages.Page) error {
 		if err := ctx.Err(); err != nil {
 			return withdrawn(err) // a cancel need not wait for the round's end

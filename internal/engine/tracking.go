@@ -90,11 +90,15 @@ func (w *writeTracking) summary() string {
 
 // pageSet is the pages a round found: those it read one by one, and the
 // ranges write tracking reported unchanged (a map entry per page of a
-// large container would cost more than the tracking saves).
+// large container would cost more than the tracking saves). Every page in
+// it is one the destination holds as the round found it.
 type pageSet struct {
 	pages  map[pages.Key]struct{}
 	ranges []pages.Range
-	sorted bool
+	// Built on first use, once the round is over: ranges alone (for has,
+	// the pages map answers the rest), and pages and ranges together (for
+	// heldParts).
+	rangeIndex, fullIndex map[uint32][]pages.Range
 }
 
 // newPageSet sizes the set for the pages held, or for a few of them where
@@ -106,32 +110,64 @@ func newPageSet(held int, tracked bool) *pageSet {
 	return &pageSet{pages: make(map[pages.Key]struct{}, held)}
 }
 
-func (s *pageSet) add(k pages.Key) { s.pages[k] = struct{}{} }
+func (s *pageSet) add(k pages.Key) { s.pages[k] = struct{}{}; s.fullIndex = nil }
 
 func (s *pageSet) addRange(r pages.Range) {
 	s.ranges = append(s.ranges, r)
-	s.sorted = false
+	s.rangeIndex, s.fullIndex = nil, nil
 }
 
 func (s *pageSet) has(k pages.Key) bool {
 	if _, ok := s.pages[k]; ok {
 		return true
 	}
-	if !s.sorted {
-		sort.Slice(s.ranges, func(i, j int) bool {
-			a, b := s.ranges[i], s.ranges[j]
-			return a.PID < b.PID || a.PID == b.PID && a.Start < b.Start
-		})
-		s.sorted = true
+	if s.rangeIndex == nil {
+		s.rangeIndex = indexRanges(s.ranges, nil)
 	}
-	// The first range after k; k is in the one before it, if anywhere.
-	i := sort.Search(len(s.ranges), func(i int) bool {
-		r := s.ranges[i]
-		return r.PID > k.PID || r.PID == k.PID && r.Start > k.Addr
-	})
-	if i == 0 {
-		return false
+	rs := s.rangeIndex[k.PID]
+	i := sort.Search(len(rs), func(i int) bool { return rs[i].End > k.Addr })
+	return i < len(rs) && rs[i].Start <= k.Addr
+}
+
+// heldParts returns the parts of r in the set, in address order: what the
+// next round need not read of a range the kernel says was not written.
+// A nil set (no round before) holds nothing.
+func (s *pageSet) heldParts(r pages.Range) []pages.Range {
+	if s == nil {
+		return nil
 	}
-	r := s.ranges[i-1]
-	return r.PID == k.PID && k.Addr >= r.Start && k.Addr < r.End
+	if s.fullIndex == nil {
+		s.fullIndex = indexRanges(s.ranges, s.pages)
+	}
+	rs := s.fullIndex[r.PID]
+	var out []pages.Range
+	for i := sort.Search(len(rs), func(i int) bool { return rs[i].End > r.Start }); i < len(rs) && rs[i].Start < r.End; i++ {
+		out = append(out, pages.Range{PID: r.PID, Start: max(rs[i].Start, r.Start), End: min(rs[i].End, r.End)})
+	}
+	return out
+}
+
+// indexRanges sorts ranges and single pages by process and address and
+// merges those that touch.
+func indexRanges(ranges []pages.Range, singles map[pages.Key]struct{}) map[uint32][]pages.Range {
+	by := map[uint32][]pages.Range{}
+	for _, r := range ranges {
+		by[r.PID] = append(by[r.PID], r)
+	}
+	for k := range singles {
+		by[k.PID] = append(by[k.PID], pages.Range{PID: k.PID, Start: k.Addr, End: k.Addr + pageSize})
+	}
+	for pid, rs := range by {
+		sort.Slice(rs, func(i, j int) bool { return rs[i].Start < rs[j].Start })
+		merged := rs[:1]
+		for _, r := range rs[1:] {
+			if last := &merged[len(merged)-1]; r.Start <= last.End {
+				last.End = max(last.End, r.End)
+				continue
+			}
+			merged = append(merged, r)
+		}
+		by[pid] = merged
+	}
+	return by
 }

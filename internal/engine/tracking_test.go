@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/ferry-migrate/ferry/internal/pages"
@@ -29,5 +30,37 @@ func TestPageSet(t *testing.T) {
 		if got := s.has(c.k); got != c.want {
 			t.Errorf("has(%d, %#x) = %v, want %v", c.k.PID, c.k.Addr, got, c.want)
 		}
+	}
+}
+
+func TestPageSetHeldParts(t *testing.T) {
+	var none *pageSet
+	if got := none.heldParts(pages.Range{PID: 1, Start: 0, End: 0x10000}); got != nil {
+		t.Errorf("a nil set holds %v", got)
+	}
+	s := newPageSet(100, true)
+	s.add(pages.Key{PID: 1, Addr: 0x3000})
+	s.add(pages.Key{PID: 1, Addr: 0x9000})
+	s.addRange(pages.Range{PID: 1, Start: 0x4000, End: 0x6000}) // touches 0x3000: merged
+	s.addRange(pages.Range{PID: 1, Start: 0x1000, End: 0x2000})
+	s.addRange(pages.Range{PID: 2, Start: 0x0000, End: 0x9000})
+	for _, c := range []struct {
+		q    pages.Range
+		want []pages.Range
+	}{
+		{pages.Range{PID: 1, Start: 0x0000, End: 0xa000}, []pages.Range{{PID: 1, Start: 0x1000, End: 0x2000}, {PID: 1, Start: 0x3000, End: 0x6000}, {PID: 1, Start: 0x9000, End: 0xa000}}},
+		{pages.Range{PID: 1, Start: 0x5000, End: 0x9000}, []pages.Range{{PID: 1, Start: 0x5000, End: 0x6000}}}, // clipped
+		{pages.Range{PID: 1, Start: 0x6000, End: 0x9000}, nil},                                                 // a gap
+		{pages.Range{PID: 3, Start: 0x0000, End: 0x9000}, nil},                                                 // another process
+		{pages.Range{PID: 2, Start: 0x2000, End: 0x4000}, []pages.Range{{PID: 2, Start: 0x2000, End: 0x4000}}},
+	} {
+		if got := s.heldParts(c.q); fmt.Sprint(got) != fmt.Sprint(c.want) {
+			t.Errorf("heldParts(%v) = %v, want %v", c.q, got, c.want)
+		}
+	}
+	// A page added after a lookup is seen by the next.
+	s.add(pages.Key{PID: 1, Addr: 0x7000})
+	if got := s.heldParts(pages.Range{PID: 1, Start: 0x6000, End: 0x9000}); fmt.Sprint(got) != fmt.Sprint([]pages.Range{{PID: 1, Start: 0x7000, End: 0x8000}}) {
+		t.Errorf("after add: %v", got)
 	}
 }

@@ -85,7 +85,7 @@ type Reader struct {
 	zeroPFN uint64
 
 	trackers  map[int]WriteTracker // by host pid
-	known     func(Key) bool
+	held      func(Range) []Range
 	unchanged func(Range)
 }
 
@@ -97,12 +97,12 @@ type Range struct {
 }
 
 // UseTrackers has Scan ask each process's tracker which pages were
-// written instead of reading all of them. Pages not written since the
-// tracker's last scan that known says the receiver holds as they were
-// then go to unchanged, a range at a time, unread; the others are read
-// and go to Scan's fn as usual.
-func (r *Reader) UseTrackers(trackers map[int]WriteTracker, known func(Key) bool, unchanged func(Range)) {
-	r.trackers, r.known, r.unchanged = trackers, known, unchanged
+// written instead of reading all of them. Of a range not written since
+// the tracker's last scan, held gives the parts the receiver holds as
+// they were then (in address order); those go to unchanged unread, and
+// the rest is read and goes to Scan's fn as usual.
+func (r *Reader) UseTrackers(trackers map[int]WriteTracker, held func(Range) []Range, unchanged func(Range)) {
+	r.trackers, r.held, r.unchanged = trackers, held, unchanged
 }
 
 // NewReader prepares to scan the given processes (host PIDs). Processes that
@@ -342,7 +342,7 @@ func (r *Reader) scanProc(p proc, fn func(Page) error, st *Stats) error {
 	defer mem.Close()
 
 	s := procScan{r: r, p: p, pm: int(pm.Fd()), mem: int(mem.Fd()), fn: fn, st: st}
-	if t := r.trackers[p.host]; t != nil && r.known != nil && r.unchanged != nil {
+	if t := r.trackers[p.host]; t != nil && r.held != nil && r.unchanged != nil {
 		st.VMAs += len(vmas)
 		err := s.tracked(t)
 		if gone(err) {
@@ -406,36 +406,28 @@ func (s *procScan) vma(v procs.Mapping) error {
 }
 
 // tracked reports the process's pages as its tracker sees them: the
-// written ones read, the others read only if the receiver lacks them.
+// written ones read, the others read only where the receiver lacks them.
 // (A written page that cannot be read is left out, as in a full scan.)
 func (s *procScan) tracked(t WriteTracker) error {
 	return t.Scan(func(start, end uint64, written bool) error {
-		if written {
-			return s.run(start, (end-start)/PageSize, true)
-		}
-		// Runs of pages the receiver holds go as one range; a page it
-		// lacks (one that could not be read before) is read.
-		held := start
-		flush := func(to uint64) {
-			if to > held {
-				n := (to - held) / PageSize
+		at := start
+		if !written {
+			for _, h := range s.r.held(Range{PID: s.p.ns, Start: start, End: end}) {
+				h.Start, h.End = max(h.Start, at), min(h.End, end)
+				if h.End <= h.Start {
+					continue
+				}
+				if err := s.run(at, (h.Start-at)/PageSize, true); err != nil {
+					return err
+				}
+				n := (h.End - h.Start) / PageSize
 				s.st.Pages += n
 				s.st.Unchanged += n
-				s.r.unchanged(Range{PID: s.p.ns, Start: held, End: to})
+				s.r.unchanged(h)
+				at = h.End
 			}
 		}
-		for addr := start; addr < end; addr += PageSize {
-			if s.r.known(Key{PID: s.p.ns, Addr: addr}) {
-				continue
-			}
-			flush(addr)
-			held = addr + PageSize
-			if err := s.run(addr, 1, true); err != nil {
-				return err
-			}
-		}
-		flush(end)
-		return nil
+		return s.run(at, (end-at)/PageSize, true)
 	})
 }
 

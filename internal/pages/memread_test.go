@@ -229,8 +229,12 @@ func TestScanWithTracker(t *testing.T) {
 	}
 	missing := h.addr + 12*PageSize // unwritten, yet the receiver lacks it
 	var ranges []Range
+	// The receiver holds all but the missing page, told as ranges that
+	// reach past what is asked (the reader keeps to its range).
 	r.UseTrackers(map[int]WriteTracker{h.pid: fakeTracker{h.addr, n}},
-		func(k Key) bool { return k.Addr != missing },
+		func(q Range) []Range {
+			return []Range{{q.PID, q.Start - PageSize, missing}, {q.PID, missing + PageSize, q.End + PageSize}}
+		},
 		func(rg Range) { ranges = append(ranges, rg) })
 	var read []uint64
 	st, err := r.Scan(func(p Page) error {
