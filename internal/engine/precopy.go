@@ -299,7 +299,7 @@ func (m *migration) precopyRound(ctx context.Context, ps *precopySource, i int, 
 	// What the round before found, the destination holds as found: of a
 	// range not written since, that part need not be read.
 	before := ps.seen
-	ps.seen = newPageSet(len(ps.held), len(trackers) > 0)
+	ps.seen = newPageSet()
 	rd.UseTrackers(trackers, before.heldParts, ps.seen.addRange)
 	st, err := rd.Scan(func(p pages.Page) error {
 		if err := ctx.Err(); err != nil {

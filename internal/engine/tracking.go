@@ -88,43 +88,43 @@ func (w *writeTracking) summary() string {
 		n, n+len(w.failed), pids[0], w.failed[pids[0]])
 }
 
-// pageSet is the pages a round found: those it read one by one, and the
-// ranges write tracking reported unchanged (a map entry per page of a
-// large container would cost more than the tracking saves). Every page in
-// it is one the destination holds as the round found it.
+// pageSet is the pages a round found, as ranges: a round reports pages
+// in address order, process by process, so neighbours extend the range
+// before them (a map entry per page of a large container would cost more
+// than write tracking saves). Every page in it is one the destination
+// holds as the round found it.
 type pageSet struct {
-	pages  map[pages.Key]struct{}
 	ranges []pages.Range
-	// Built on first use, once the round is over: ranges alone (for has,
-	// the pages map answers the rest), and pages and ranges together (for
-	// heldParts).
-	rangeIndex, fullIndex map[uint32][]pages.Range
+	index  map[uint32][]pages.Range // sorted and merged, built on first use
 }
 
-// newPageSet sizes the set for the pages held, or for a few of them where
-// tracking reports most as ranges.
-func newPageSet(held int, tracked bool) *pageSet {
-	if tracked {
-		held /= 16
-	}
-	return &pageSet{pages: make(map[pages.Key]struct{}, held)}
-}
+func newPageSet() *pageSet { return &pageSet{} }
 
-func (s *pageSet) add(k pages.Key) { s.pages[k] = struct{}{}; s.fullIndex = nil }
+func (s *pageSet) add(k pages.Key) {
+	s.addRange(pages.Range{PID: k.PID, Start: k.Addr, End: k.Addr + pageSize})
+}
 
 func (s *pageSet) addRange(r pages.Range) {
+	s.index = nil
+	if n := len(s.ranges); n > 0 {
+		if last := &s.ranges[n-1]; last.PID == r.PID && last.End == r.Start {
+			last.End = r.End
+			return
+		}
+	}
 	s.ranges = append(s.ranges, r)
-	s.rangeIndex, s.fullIndex = nil, nil
+}
+
+// process returns the set's ranges of one process, sorted and merged.
+func (s *pageSet) process(pid uint32) []pages.Range {
+	if s.index == nil {
+		s.index = indexRanges(s.ranges)
+	}
+	return s.index[pid]
 }
 
 func (s *pageSet) has(k pages.Key) bool {
-	if _, ok := s.pages[k]; ok {
-		return true
-	}
-	if s.rangeIndex == nil {
-		s.rangeIndex = indexRanges(s.ranges, nil)
-	}
-	rs := s.rangeIndex[k.PID]
+	rs := s.process(k.PID)
 	i := sort.Search(len(rs), func(i int) bool { return rs[i].End > k.Addr })
 	return i < len(rs) && rs[i].Start <= k.Addr
 }
@@ -136,10 +136,7 @@ func (s *pageSet) heldParts(r pages.Range) []pages.Range {
 	if s == nil {
 		return nil
 	}
-	if s.fullIndex == nil {
-		s.fullIndex = indexRanges(s.ranges, s.pages)
-	}
-	rs := s.fullIndex[r.PID]
+	rs := s.process(r.PID)
 	var out []pages.Range
 	for i := sort.Search(len(rs), func(i int) bool { return rs[i].End > r.Start }); i < len(rs) && rs[i].Start < r.End; i++ {
 		out = append(out, pages.Range{PID: r.PID, Start: max(rs[i].Start, r.Start), End: min(rs[i].End, r.End)})
@@ -147,15 +144,12 @@ func (s *pageSet) heldParts(r pages.Range) []pages.Range {
 	return out
 }
 
-// indexRanges sorts ranges and single pages by process and address and
-// merges those that touch.
-func indexRanges(ranges []pages.Range, singles map[pages.Key]struct{}) map[uint32][]pages.Range {
+// indexRanges sorts ranges by process and address and merges those that
+// touch.
+func indexRanges(ranges []pages.Range) map[uint32][]pages.Range {
 	by := map[uint32][]pages.Range{}
 	for _, r := range ranges {
 		by[r.PID] = append(by[r.PID], r)
-	}
-	for k := range singles {
-		by[k.PID] = append(by[k.PID], pages.Range{PID: k.PID, Start: k.Addr, End: k.Addr + pageSize})
 	}
 	for pid, rs := range by {
 		sort.Slice(rs, func(i, j int) bool { return rs[i].Start < rs[j].Start })

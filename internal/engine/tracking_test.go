@@ -8,7 +8,7 @@ import (
 )
 
 func TestPageSet(t *testing.T) {
-	s := newPageSet(100, true)
+	s := newPageSet()
 	s.add(pages.Key{PID: 1, Addr: 0x5000})
 	s.addRange(pages.Range{PID: 2, Start: 0x1000, End: 0x3000})
 	s.addRange(pages.Range{PID: 1, Start: 0x8000, End: 0x9000})
@@ -38,7 +38,7 @@ func TestPageSetHeldParts(t *testing.T) {
 	if got := none.heldParts(pages.Range{PID: 1, Start: 0, End: 0x10000}); got != nil {
 		t.Errorf("a nil set holds %v", got)
 	}
-	s := newPageSet(100, true)
+	s := newPageSet()
 	s.add(pages.Key{PID: 1, Addr: 0x3000})
 	s.add(pages.Key{PID: 1, Addr: 0x9000})
 	s.addRange(pages.Range{PID: 1, Start: 0x4000, End: 0x6000}) // touches 0x3000: merged
@@ -62,5 +62,18 @@ func TestPageSetHeldParts(t *testing.T) {
 	s.add(pages.Key{PID: 1, Addr: 0x7000})
 	if got := s.heldParts(pages.Range{PID: 1, Start: 0x6000, End: 0x9000}); fmt.Sprint(got) != fmt.Sprint([]pages.Range{{PID: 1, Start: 0x7000, End: 0x8000}}) {
 		t.Errorf("after add: %v", got)
+	}
+}
+
+// A round reads pages in address order: neighbours make one range.
+func TestPageSetCoalesces(t *testing.T) {
+	s := newPageSet()
+	for a := uint64(0x1000); a < 0x101000; a += pageSize {
+		s.add(pages.Key{PID: 7, Addr: a})
+	}
+	s.addRange(pages.Range{PID: 7, Start: 0x101000, End: 0x200000})
+	s.add(pages.Key{PID: 8, Addr: 0x200000}) // another process: a range of its own
+	if len(s.ranges) != 2 || !s.has(pages.Key{PID: 7, Addr: 0x1ff000}) || s.has(pages.Key{PID: 7, Addr: 0x200000}) {
+		t.Errorf("ranges %v", s.ranges)
 	}
 }
