@@ -87,12 +87,9 @@ func (a *Agent) recoverDestination(ctx context.Context) {
 			continue
 		}
 		if e.State == journal.Committed {
-			// Committed, but the restart may have come before its start.
-			if cont, ok := rt.(runtime.Continuer); ok {
-				if err := cont.Continue(ctx, c); err != nil {
-					a.Log.Error("a committed copy could not be started", "migration", e.ID, "container", e.Container, "error", err)
-					continue
-				}
+			if err := a.startCommitted(ctx, rt, c); err != nil {
+				a.Log.Error("a committed copy could not be started", "migration", e.ID, "container", e.Container, "error", err)
+				continue
 			}
 			if err := a.journal.Set(e.ID, journal.Started); err != nil {
 				a.Log.Error("journal", "migration", e.ID, "error", err)
@@ -116,12 +113,9 @@ func (a *Agent) recoverDestination(ctx context.Context) {
 				why = a.dst.AdoptPull(e, rt, engine.StrandedPullWait(a.transportConfig().OutageTimeout))
 			}
 			if why == nil {
-				// Committed, but the restart may have come before its
-				// start: it runs, its faults held until the source is back.
-				if cont, ok := rt.(runtime.Continuer); ok {
-					if err := cont.Continue(ctx, c); err != nil {
-						a.Log.Error("a committed copy whose pull was taken over could not be started", "migration", e.ID, "container", e.Container, "error", err)
-					}
+				// It runs, its faults held until the source is back.
+				if err := a.startCommitted(ctx, rt, c); err != nil {
+					a.Log.Error("a committed copy whose pull was taken over could not be started", "migration", e.ID, "container", e.Container, "error", err)
 				}
 				a.Log.Info("took over a post-copy pull an earlier run left; its source may go on with it", "migration", e.ID, "container", e.Container)
 				continue
@@ -147,6 +141,16 @@ func (a *Agent) recoverDestination(ctx context.Context) {
 			a.Log.Info("dropped an uncommitted copy restored before a restart", "migration", e.ID, "container", e.Container)
 		}
 	}
+}
+
+// startCommitted starts a committed copy: the restart may have come
+// between the commit and its start (a copy that runs already is not
+// affected).
+func (a *Agent) startCommitted(ctx context.Context, rt runtime.Runtime, c *runtime.Container) error {
+	if cont, ok := rt.(runtime.Continuer); ok {
+		return cont.Continue(ctx, c)
+	}
+	return nil
 }
 
 // drop removes a restored copy and records it gone.

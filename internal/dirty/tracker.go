@@ -23,8 +23,6 @@ import (
 )
 
 const (
-	sysClose = 3 // x86-64
-
 	// userEnd is where a scan of the address space ends: the top of user
 	// space on x86-64 with 4-level page tables, page aligned.
 	userEnd = 0x7ffffffff000
@@ -76,13 +74,13 @@ func takeUserfaultfd(pid int) (int, error) {
 	}
 	defer unix.Close(pidfd)
 	ours := -1
-	err = inject.Do(pid, []uintptr{sysUserfaultfd, sysClose}, func(s *inject.Session) error {
-		theirs, err := s.Syscall(sysUserfaultfd, unix.O_CLOEXEC|unix.O_NONBLOCK|uffdUserModeOnly)
+	err = inject.Do(pid, []uintptr{unix.SYS_USERFAULTFD, unix.SYS_CLOSE}, func(s *inject.Session) error {
+		theirs, err := s.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK|uffdUserModeOnly)
 		if err != nil {
 			return fmt.Errorf("dirty: userfaultfd in process %d: %w", pid, err)
 		}
 		ours, err = unix.PidfdGetfd(pidfd, int(theirs), 0)
-		if _, cerr := s.Syscall(sysClose, theirs); cerr != nil && err == nil {
+		if _, cerr := s.Syscall(unix.SYS_CLOSE, theirs); cerr != nil && err == nil {
 			err = cerr
 		}
 		if err != nil {
@@ -213,7 +211,7 @@ func (t *Tracker) Close() error {
 // process) and PAGEMAP_SCAN. It says nothing of a given process's
 // seccomp profile.
 func Available() error {
-	fd, _, errno := unix.Syscall(sysUserfaultfd, unix.O_CLOEXEC|unix.O_NONBLOCK|uffdUserModeOnly, 0, 0)
+	fd, _, errno := unix.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK|uffdUserModeOnly, 0, 0)
 	if errno != 0 {
 		return fmt.Errorf("dirty: userfaultfd: %w", errno)
 	}

@@ -7,9 +7,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// userfaultfd(2) and its ioctls, from linux/userfaultfd.h (x/sys has none).
+// userfaultfd(2)'s flag and ioctls, from linux/userfaultfd.h (x/sys has
+// the system call's number only).
 const (
-	sysUserfaultfd   = 323 // x86-64
 	uffdUserModeOnly = 1
 
 	uffdAPI = 0xaa

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 
 	"github.com/ferry-migrate/ferry/internal/procs"
 	"golang.org/x/sys/unix"
@@ -91,14 +90,12 @@ func readMem(tid int, addr uint64, buf []byte) (int, error) {
 
 // tgidOf returns the process a thread belongs to.
 func tgidOf(tid int) (int, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
+	v, ok, err := procs.Status(tid, "Tgid")
 	if err != nil {
 		return 0, err
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
-			return strconv.Atoi(strings.TrimSpace(v))
-		}
+	if !ok {
+		return 0, fmt.Errorf("inject: no Tgid in /proc/%d/status", tid)
 	}
-	return 0, fmt.Errorf("inject: no Tgid in /proc/%d/status", tid)
+	return strconv.Atoi(v)
 }

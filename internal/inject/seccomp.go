@@ -6,10 +6,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
-	"strings"
 	"unsafe"
 
+	"github.com/ferry-migrate/ferry/internal/procs"
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 )
@@ -62,23 +61,18 @@ func action(ret uint32) int32 { return int32(ret & unix.SECCOMP_RET_ACTION_FULL)
 
 // seccompMode reads the thread's Seccomp line: 0 none, 1 strict, 2 filter.
 func seccompMode(tid int) (int, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
+	v, ok, err := procs.Status(tid, "Seccomp")
 	if err != nil {
 		return 0, fmt.Errorf("inject: %w", err)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "Seccomp:"); ok {
-			switch strings.TrimSpace(v) {
-			case "0":
-				return 0, nil
-			case "1":
-				return 1, nil
-			default:
-				return 2, nil
-			}
-		}
+	switch {
+	case !ok || v == "0":
+		return 0, nil // none, or a kernel without seccomp
+	case v == "1":
+		return 1, nil
+	default:
+		return 2, nil
 	}
-	return 0, nil // a kernel without seccomp
 }
 
 // seccompFilters reads the thread's filters, newest first. The thread

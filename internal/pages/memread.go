@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -140,26 +141,19 @@ func NewReader(hostPIDs []int) (*Reader, error) {
 // nsPID returns the pid of a process in its own (innermost) pid namespace:
 // the last field of NSpid, or the host pid on kernels without NSpid.
 func nsPID(pid int) (uint32, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	v, ok, err := procs.Status(pid, "NSpid")
 	if err != nil {
 		return 0, err
 	}
-	for _, line := range bytes.Split(b, []byte("\n")) {
-		rest, ok := bytes.CutPrefix(line, []byte("NSpid:"))
-		if !ok {
-			continue
-		}
-		f := bytes.Fields(rest)
-		if len(f) == 0 {
-			break
-		}
-		v, err := strconv.ParseUint(string(f[len(f)-1]), 10, 32)
-		if err != nil {
-			return 0, fmt.Errorf("pages: bad NSpid line in /proc/%d/status: %q", pid, line)
-		}
-		return uint32(v), nil
+	f := strings.Fields(v)
+	if !ok || len(f) == 0 {
+		return uint32(pid), nil
 	}
-	return uint32(pid), nil
+	n, err := strconv.ParseUint(f[len(f)-1], 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("pages: bad NSpid line in /proc/%d/status: %q", pid, v)
+	}
+	return uint32(n), nil
 }
 
 // ContainerPIDs returns initPID and all of its descendants, init first.

@@ -140,19 +140,30 @@ func HoldsSocket(pid int, ino uint32) bool {
 	return false
 }
 
-// Resident is a process's resident memory (VmRSS); 0 when it is gone.
-func Resident(pid int) int64 {
+// Status returns the value of field key (such as "Tgid") in
+// /proc/PID/status, trimmed, and whether the file has that field. pid
+// may be a thread's id: each thread has a status of its own.
+func Status(pid int, key string) (string, bool, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
-		return 0
+		return "", false, err
 	}
 	for _, l := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
-			return kb << 10
+		if rest, ok := strings.CutPrefix(l, key+":"); ok {
+			return strings.TrimSpace(rest), true, nil
 		}
 	}
-	return 0
+	return "", false, nil
+}
+
+// Resident is a process's resident memory (VmRSS); 0 when it is gone.
+func Resident(pid int) int64 {
+	v, ok, err := Status(pid, "VmRSS")
+	if err != nil || !ok {
+		return 0
+	}
+	kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(v, "kB")), 10, 64)
+	return kb << 10
 }
 
 // TreeResident sums the resident memory of pid and its descendants (a
