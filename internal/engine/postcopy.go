@@ -415,7 +415,10 @@ type lazyPages struct {
 	local  atomic.Uint64 // pages supplied from the destination's copy
 	// freeze stops the restored copy; broke records that the page stream
 	// broke before the daemon was done.
-	freeze    func()
+	freeze func()
+	// endPush, with a push, wakes a request waiting for a pushed page
+	// for good: at stop, none will come.
+	endPush   func()
 	breakOnce sync.Once
 	broke     atomic.Bool
 }
@@ -444,6 +447,9 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 		return nil, err
 	}
 	lp := &lazyPages{ch: ch}
+	if in.push != nil {
+		lp.endPush = in.push.finish
+	}
 	lp.freeze = func() {
 		// A runtime's freeze can hang on tasks stuck in a fault: bounded.
 		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -611,6 +617,9 @@ func (lp *lazyPages) stop() {
 	lp.daemon.Stop()
 	lp.daemon.ReleaseFaults()
 	lp.ch.Close()
+	if lp.endPush != nil {
+		lp.endPush()
+	}
 	if lp.relay != nil {
 		_ = lp.relay.Wait() // it ends with the daemon
 	}

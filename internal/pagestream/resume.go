@@ -105,8 +105,19 @@ var ErrDaemonGone = errors.New("pagestream: the lazy-pages daemon's connection e
 // Serve sends agent every request not yet answered, then each new one,
 // and passes each whole reply to the daemon, until agent fails (its
 // error) or the daemon's stream ends (ErrDaemonGone). A reply cut short
-// is dropped whole: its request goes to the next agent.
-func (r *Relay) Serve(agent io.ReadWriter) error {
+// is dropped whole: its request goes to the next agent. A daemon that
+// ends while agent owes a reply closes agent: no reply could reach the
+// daemon any more, and the agent may be waiting for that page itself.
+func (r *Relay) Serve(agent io.ReadWriteCloser) error {
+	served := make(chan struct{})
+	defer close(served)
+	go func() {
+		select {
+		case <-r.ended:
+			agent.Close()
+		case <-served:
+		}
+	}()
 	r.wmu.Lock()
 	r.mu.Lock()
 	resend := append([]header{}, r.pending...)
@@ -147,7 +158,12 @@ func (r *Relay) Serve(agent io.ReadWriter) error {
 		}
 		var err error
 		if reply, err = readReply(in, head, reply[:0]); err != nil {
-			return err
+			select {
+			case <-r.ended:
+				return ErrDaemonGone
+			default:
+				return err
+			}
 		}
 		if _, err := r.daemon.Write(reply); err != nil {
 			return fmt.Errorf("%w: %v", ErrDaemonGone, err)

@@ -169,6 +169,36 @@ func TestRelayEndsWithTheDaemon(t *testing.T) {
 	}
 }
 
+// A daemon killed while its agent still owes a reply ends the relay too:
+// the agent may never answer (it may be waiting for that page itself),
+// and nothing it could answer would reach anyone.
+func TestRelayEndsWithTheDaemonWhileAnAgentOwesAReply(t *testing.T) {
+	daemon, sock, out := relayUnder(t)
+	agent, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer agent.Close()
+	if _, err := daemon.Write(getReq(1, 0x1000, 1)); err != nil {
+		t.Fatal(err)
+	}
+	readN(t, agent, headerSize) // the request reached the agent, which stays silent
+	daemon.Close()
+	select {
+	case err := <-out:
+		if !errors.Is(err, ErrDaemonGone) {
+			t.Fatalf("relay ended with %v, want ErrDaemonGone", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the relay waited on its agent's reply after its daemon ended")
+	}
+	// The agent hears the end: its connection closes.
+	_ = agent.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := agent.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Fatalf("agent's read after the daemon ended: %v, want EOF", err)
+	}
+}
+
 // fakePageServer answers GETs with pageReply and a close with a status,
 // and counts what it was asked.
 type fakePageServer struct {
