@@ -30,7 +30,8 @@ PKGS=(runc iptables iproute2 iperf3 busybox-static podman uidmap
       libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
       python3-protobuf libnl-3-dev libnet1-dev libcap-dev pkg-config libbsd-dev
       libnftables-dev libgnutls28-dev uuid-dev gcc make xz-utils patch util-linux
-      redis-server lxc mmdebstrap debootstrap)
+      redis-server lxc mmdebstrap debootstrap memcached mosquitto mosquitto-clients
+      chromium)
 
 missing=()
 for p in "${PKGS[@]}"; do

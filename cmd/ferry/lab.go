@@ -28,7 +28,7 @@ Needs root.`,
   ferry lab status
   ferry lab down`,
 	}
-	cmd.AddCommand(newLabUpCmd(), newLabDownCmd(), newLabRunCmd(), newLabStatusCmd())
+	cmd.AddCommand(newLabUpCmd(), newLabDownCmd(), newLabRunCmd(), newLabStatusCmd(), newLabExperimentCmd())
 	return cmd
 }
 
@@ -114,9 +114,10 @@ does nothing when no lab is up.`,
 
 func newLabRunCmd() *cobra.Command {
 	var (
-		ip     string
-		progs  []string
-		rootfs string
+		ip       string
+		progs    []string
+		packages []string
+		rootfs   string
 	)
 	cmd := &cobra.Command{
 		Use:   "run HOST NAME -- PROGRAM [ARGS...]",
@@ -131,13 +132,16 @@ with it its TCP connections).
 --rootfs debian gives it a Debian 12 minbase root filesystem instead, with
 redis-server, redis-cli, python3 and ferry's workloads (in /usr/local/bin),
 built once with mmdebstrap from the mirror apt uses and cached in
-/var/cache/ferry/rootfs (the first time takes about a minute).
+/var/cache/ferry/rootfs (the first time takes about a minute); --package
+names the packages instead (one set per service keeps each root filesystem,
+and what a migration syncs, small).
 runc's messages about it go to /var/lib/ferry/lab/HOST/bundles/NAME.log.`,
 		Example: `  ferry lab run h1 app -- memhog --memory 64M
   ferry lab run h1 web --ip 10.79.0.10 -- memhog --memory 64M --echo-port 7001
   ferry lab run h1 db --ip 10.79.0.11 --with /usr/bin/redis-server -- redis-server --protected-mode no --save ""
   ferry lab run h2 idle -- sleep 1000
-  ferry lab run h1 kv --rootfs debian --ip 10.79.0.12 -- redis-server --protected-mode no --save ""`,
+  ferry lab run h1 kv --rootfs debian --ip 10.79.0.12 -- redis-server --protected-mode no --save ""
+  ferry lab run h1 mc --rootfs debian --package memcached --ip 10.79.0.13 -- memcached -u memcache -m 256`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if dash := cmd.ArgsLenAtDash(); dash >= 0 && dash != 2 {
 				return fmt.Errorf("want HOST NAME -- PROGRAM [ARGS...], got %d arguments before --", dash)
@@ -157,13 +161,13 @@ runc's messages about it go to /var/lib/ferry/lab/HOST/bundles/NAME.log.`,
 				return err
 			}
 			addr := h.Addr
-			o := lab.RunOptions{IP: ip, Rootfs: rootfs}
+			o := lab.RunOptions{IP: ip, Rootfs: rootfs, Packages: packages}
 			if ip != "" {
 				o.HostPrograms, addr = progs, ip
 			}
 			if rootfs == lab.RootfsDebian {
 				// Built here, not inside RunWith, to show the first build's progress.
-				if _, err := lab.EnsureDebianRootfs(cmd.Context(), lab.DebianOptions{Log: os.Stderr}); err != nil {
+				if _, err := lab.EnsureDebianRootfs(cmd.Context(), lab.DebianOptions{Packages: packages, Log: os.Stderr}); err != nil {
 					return err
 				}
 			}
@@ -176,6 +180,7 @@ runc's messages about it go to /var/lib/ferry/lab/HOST/bundles/NAME.log.`,
 	}
 	cmd.Flags().StringSliceVar(&progs, "with", nil, "with --ip: programs of this machine to copy in with their libraries (e.g. /usr/bin/redis-server)")
 	cmd.Flags().StringVar(&rootfs, "rootfs", lab.RootfsBusybox, "root filesystem: "+lab.RootfsBusybox+" (small, static) or "+lab.RootfsDebian+" (Debian 12 minbase with redis-server, cached)")
+	cmd.Flags().StringSliceVar(&packages, "package", nil, "with --rootfs "+lab.RootfsDebian+": Debian packages to install instead of the default set (e.g. memcached); each set is built once and cached")
 	cmd.Flags().StringVar(&ip, "ip", "", "an address of its own on the service segment ("+lab.SegmentSubnet+"1-199), kept across migrations")
 	return cmd
 }

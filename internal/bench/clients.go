@@ -135,6 +135,29 @@ func (c *StreamClient) Stop() (labtool.StreamResult, error) {
 	return r, nil
 }
 
+// LoadClient is `ferry lab-tool load` on a lab host: a real service's
+// client, on connections it keeps, at a steady rate.
+type LoadClient struct{ t *labTool }
+
+// StartLoad starts lab-tool load args (--service ..., --addr ...) on host
+// and returns once its connections are up.
+func StartLoad(ctx context.Context, host *lab.Host, ferry string, args ...string) (*LoadClient, error) {
+	c, err := StartStream(ctx, host, ferry, append([]string{"load"}, args...)...)
+	if err != nil {
+		return nil, err
+	}
+	return &LoadClient{c.t}, nil
+}
+
+// Stop ends the load and returns what the client felt and checked.
+func (c *LoadClient) Stop() (labtool.LoadResult, error) {
+	var r labtool.LoadResult
+	if err := c.t.stop(&r); err != nil {
+		return r, fmt.Errorf("load client: %w", err)
+	}
+	return r, nil
+}
+
 // copyOverLink copies a file from one lab host to another through the lab's
 // (shaped) network: a receiver in to's netns, a sender in from's.
 func copyOverLink(ctx context.Context, ferry string, from, to *lab.Host, src, dst string) error {

@@ -203,7 +203,7 @@ func Migrate(ctx context.Context, o MigrateOptions) (res MigrateResult, err erro
 	}
 	for i := 0; i < o.Repeat; i++ {
 		o.logf("run %d/%d: %s migration of %d MiB at %d pages/s", i+1, o.Repeat, o.Mode, o.MemoryBytes>>20, o.DirtyRate)
-		r := o.runOnce(ctx, l, src, dst, client, fmt.Sprintf("memhog-%d", i+1))
+		r := o.RunOnce(ctx, l, src, dst, client, fmt.Sprintf("memhog-%d", i+1))
 		o.logf("run %d/%d: ok=%v downtime %.0f ms, client downtime %.0f ms, total %.0f ms, state_ok=%v %s",
 			i+1, o.Repeat, r.OK, r.DowntimeMs, r.ClientDowntimeMs, r.TotalMs, r.StateOK, r.Error)
 		if o.TCPClient {
@@ -276,7 +276,10 @@ func (o MigrateOptions) readyTimeout() time.Duration {
 	return 30*time.Second + time.Duration(o.MemoryBytes/(100<<20))*time.Second
 }
 
-func (o MigrateOptions) runOnce(ctx context.Context, l *lab.Lab, src, dst, client *lab.Host, name string) (r Run) {
+// RunOnce migrates one memhog container, name, from src to dst in lab l
+// while a probe on client polls it (Migrate's Repeat calls it; an
+// experiment calls it per grid point).
+func (o MigrateOptions) RunOnce(ctx context.Context, l *lab.Lab, src, dst, client *lab.Host, name string) (r Run) {
 	defer func() {
 		cctx := context.WithoutCancel(ctx)
 		_ = l.RemoveFrom(cctx, o.Runtime, src.Name, name)

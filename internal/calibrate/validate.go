@@ -364,33 +364,27 @@ func (v Validation) WriteFiles(dir string) error {
 	if err := os.WriteFile(filepath.Join(dir, "validation.md"), []byte(v.Markdown()), 0o644); err != nil {
 		return err
 	}
-	svg, err := v.Scatter().SVG()
+	svg, err := v.ScatterSVG()
 	if err != nil {
 		return fmt.Errorf("predicted-vs-measured.svg: %w", err)
 	}
 	return os.WriteFile(filepath.Join(dir, "predicted-vs-measured.svg"), svg, 0o644)
 }
 
-// Scatter is predicted against measured time, log-log: one colour per
-// mode, circles for total time, squares for downtime.
-func (v Validation) Scatter() plot.Scatter {
-	s := plot.Scatter{Title: "ferry models: predicted vs measured (medians)", XLabel: "measured (ms)",
-		YLabel: "predicted (ms)", LogX: true, LogY: true, Diagonal: true}
-	for i, mode := range modesIn(v.Points) {
-		color := plot.Palette[i%len(plot.Palette)]
-		total := plot.Series{Name: mode + " total", Color: color, Marker: plot.Circle}
-		down := plot.Series{Name: mode + " downtime", Color: color, Marker: plot.Square}
-		for _, p := range v.Points {
-			if p.Mode != mode || p.OKRuns == 0 {
-				continue
-			}
-			label := p.Point.String()
-			total.Points = append(total.Points, plot.Point{X: p.Measured.TotalMs, Y: p.Predicted.TotalMs, Label: label + " total"})
-			down.Points = append(down.Points, plot.Point{X: p.Measured.DowntimeMs, Y: p.Predicted.DowntimeMs, Label: label + " downtime"})
+// ScatterSVG is predicted against measured time (medians), log-log with
+// the y = x diagonal: one colour per mode, circles for total time, squares
+// for downtime. plot.ErrNoPoints when no point has a completed run.
+func (v Validation) ScatterSVG() ([]byte, error) {
+	var cs []plot.Comparison
+	for _, p := range v.Points {
+		if p.OKRuns == 0 {
+			continue
 		}
-		s.Series = append(s.Series, total, down)
+		cs = append(cs,
+			plot.Comparison{Group: p.Mode, Metric: "total", Measured: p.Measured.TotalMs, Predicted: p.Predicted.TotalMs},
+			plot.Comparison{Group: p.Mode, Metric: "downtime", Measured: p.Measured.DowntimeMs, Predicted: p.Predicted.DowntimeMs})
 	}
-	return s
+	return plot.PredictedVsMeasuredSVG("ferry models: predicted vs measured (medians)", cs)
 }
 
 // Markdown renders the summary, the per-term comparison and every point.

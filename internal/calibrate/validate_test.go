@@ -10,12 +10,14 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/model"
+	"github.com/ferry-migrate/ferry/internal/plot"
 )
 
 // scaledBench reports, for every point, the profile's own prediction with
@@ -100,9 +102,13 @@ func TestValidateMAPE(t *testing.T) {
 			t.Errorf("validation.md lacks %q:\n%s", want, md)
 		}
 	}
-	svg, _ := os.ReadFile(filepath.Join(dir, "predicted-vs-measured.svg"))
-	points := 0
+	svg, err := os.ReadFile(filepath.Join(dir, "predicted-vs-measured.svg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var texts []string
 	d := xml.NewDecoder(bytes.NewReader(svg))
+	inText := false
 	for {
 		tok, err := d.Token()
 		if errors.Is(err, io.EOF) {
@@ -111,16 +117,29 @@ func TestValidateMAPE(t *testing.T) {
 		if err != nil {
 			t.Fatalf("SVG: %v", err)
 		}
-		if se, ok := tok.(xml.StartElement); ok {
-			for _, a := range se.Attr {
-				if a.Name.Local == "class" && a.Value == "point" {
-					points++
-				}
+		switch e := tok.(type) {
+		case xml.StartElement:
+			inText = e.Name.Local == "text"
+		case xml.EndElement:
+			inText = false
+		case xml.CharData:
+			if inText {
+				texts = append(texts, string(e))
 			}
 		}
 	}
-	if points != 16 { // 8 points × (total, downtime)
-		t.Errorf("SVG has %d markers, want 16", points)
+	// A legend entry per mode and metric: every series has points.
+	for _, mode := range validatedModes {
+		for _, metric := range []string{"total", "downtime"} {
+			if !slices.Contains(texts, mode+" "+metric) {
+				t.Errorf("SVG legend lacks %q: %q", mode+" "+metric, texts)
+			}
+		}
+	}
+	for _, want := range []string{"y = x", "measured (ms)", "predicted (ms)"} {
+		if !slices.Contains(texts, want) {
+			t.Errorf("SVG lacks the text %q", want)
+		}
 	}
 }
 
@@ -153,8 +172,8 @@ func TestComparePointWithoutRuns(t *testing.T) {
 	if !strings.Contains(v.Markdown(), "failed: lab down") {
 		t.Error("the failure is not in the table")
 	}
-	if _, err := v.Scatter().SVG(); err == nil {
-		t.Error("a chart without points was drawn")
+	if _, err := v.ScatterSVG(); !errors.Is(err, plot.ErrNoPoints) {
+		t.Errorf("a chart without points: got %v, want plot.ErrNoPoints", err)
 	}
 }
 

@@ -496,18 +496,18 @@ func layDebianRootfs(ctx context.Context, tarball, dir, binDir string) error {
 
 // layRootfs fills a lab container's rootfs dir with the kind of root
 // filesystem asked for.
-func layRootfs(ctx context.Context, kind, dir, binDir string) error {
-	switch kind {
+func layRootfs(ctx context.Context, o RunOptions, dir, binDir string) error {
+	switch o.Rootfs {
 	case "", RootfsBusybox:
 		return buildRootfs(dir, binDir)
 	case RootfsDebian:
-		r, err := EnsureDebianRootfs(ctx, DebianOptions{})
+		r, err := EnsureDebianRootfs(ctx, DebianOptions{Packages: o.Packages})
 		if err != nil {
 			return err
 		}
 		return layDebianRootfs(ctx, r.Tarball, dir, binDir)
 	}
-	return fmt.Errorf("unknown root filesystem %q: want %s or %s", kind, RootfsBusybox, RootfsDebian)
+	return fmt.Errorf("unknown root filesystem %q: want %s or %s", o.Rootfs, RootfsBusybox, RootfsDebian)
 }
 
 // ImportDebianImage makes the Debian root filesystem (with ferry's

@@ -22,7 +22,7 @@ var containerIDRe = regexp.MustCompile(`^[A-Za-z0-9_+.-]+$`)
 // Run starts a container on a lab host: a fresh busybox bundle whose
 // process runs args, in the host's network namespace and cgroup parent.
 func (l *Lab) Run(ctx context.Context, hostName, container string, args []string) error {
-	return l.run(ctx, hostName, container, "", "", nil, args)
+	return l.run(ctx, hostName, container, RunOptions{}, args)
 }
 
 // RunOnSegment starts a container in a network namespace of its own, with
@@ -43,6 +43,10 @@ type RunOptions struct {
 	HostPrograms []string
 	// Rootfs is RootfsBusybox (the default when empty) or RootfsDebian.
 	Rootfs string
+	// Packages, with RootfsDebian, replace DebianPackages: a root
+	// filesystem with only what one service needs (built and cached once
+	// per package list).
+	Packages []string
 }
 
 // RunWith starts a container on a lab host like Run and RunOnSegment, with
@@ -59,10 +63,14 @@ func (l *Lab) RunWith(ctx context.Context, hostName, container string, o RunOpti
 	default:
 		return fmt.Errorf("unknown root filesystem %q: want %s or %s", o.Rootfs, RootfsBusybox, RootfsDebian)
 	}
-	return l.run(ctx, hostName, container, o.IP, o.Rootfs, o.HostPrograms, args)
+	if len(o.Packages) > 0 && o.Rootfs != RootfsDebian {
+		return fmt.Errorf("packages need the %s root filesystem", RootfsDebian)
+	}
+	return l.run(ctx, hostName, container, o, args)
 }
 
-func (l *Lab) run(ctx context.Context, hostName, container, ip, rootfsKind string, hostPrograms, args []string) error {
+func (l *Lab) run(ctx context.Context, hostName, container string, o RunOptions, args []string) error {
+	ip := o.IP
 	h, err := l.Host(hostName)
 	if err != nil {
 		return err
@@ -95,10 +103,10 @@ func (l *Lab) run(ctx context.Context, hostName, container, ip, rootfsKind strin
 	}
 	nsName := ""
 	err = func() error {
-		if err := layRootfs(ctx, rootfsKind, filepath.Join(bundle, "rootfs"), filepath.Dir(bin)); err != nil {
+		if err := layRootfs(ctx, o, filepath.Join(bundle, "rootfs"), filepath.Dir(bin)); err != nil {
 			return err
 		}
-		for _, p := range hostPrograms {
+		for _, p := range o.HostPrograms {
 			if err := InstallHostProgram(filepath.Join(bundle, "rootfs"), p); err != nil {
 				return err
 			}

@@ -1,0 +1,172 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/ferry-migrate/ferry/internal/experiment"
+	"github.com/ferry-migrate/ferry/internal/report"
+)
+
+func newLabExperimentCmd() *cobra.Command {
+	var out, from string
+	var quiet bool
+	cmd := &cobra.Command{
+		Use:   "experiment FILE.yaml",
+		Short: "Run a grid of migrations in the lab and write results and a report",
+		Long: `experiment runs the grid an experiment file describes (workload x runtime
+x mode x state size x dirty rate or load x bandwidth x repeats): for each
+point it starts the workload on h1, fills it with that much state, loads it
+from h3, migrates it to h2 and records what the migration and the client
+measured. It writes, into --out:
+
+  results.json   every run (saved after each one: an interrupted experiment
+                 keeps what it measured)
+  results.csv    one row per run, the client's latency and throughput split
+                 before, during and after the migration
+  report.html    a self-contained report: phase timelines, downtime against
+                 state size, bytes per round, client latency and throughput
+                 across the migration, predicted against measured (with a
+                 profile), medians with 95 % confidence intervals
+
+Workloads: memhog (ferry's own, probed), redis, memcached, mosquitto and
+postgresql (Debian's packages, each in a root filesystem of its own built
+once and cached, on an address of its own; their clients, ferry lab-tool
+load, run on h3 on connections they keep and check the state afterwards).
+
+The file (YAML; every list is an axis, empty ones take the default):
+
+  name: redis-modes
+  workloads: [redis]            # memhog, redis, memcached, mosquitto, postgresql
+  runtimes: [runc]              # services: runc; memhog also podman, lxc
+  modes: [cold, precopy, postcopy, hybrid]
+  state_sizes: [64M, 256M]
+  dirty_rates: [100]            # memhog: pages written per second
+  loads: [200]                  # services: client requests per second
+  bandwidths: [1gbit]
+  repeats: 3
+  before: 2s                    # client load before the migration
+  after: 2s                     # and after it
+  profile: host.json            # optional: ferry calibrate's profile
+
+Shipped experiments are in the repository's experiments/ directory.
+Needs root; tears down any lab already up.`,
+		Example: `  ferry lab experiment experiments/services.yaml --out /tmp/services
+  ferry lab experiment --from-results /tmp/services/results.json --out /tmp/services`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if from != "" {
+				return cobra.NoArgs(cmd, args)
+			}
+			return cobra.ExactArgs(1)(cmd, args)
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if from != "" {
+				f, err := os.Open(from)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				res, err := experiment.ReadResults(f)
+				if err != nil {
+					return fmt.Errorf("%s: %w", from, err)
+				}
+				return writeReport(out, res)
+			}
+			data, err := os.ReadFile(args[0])
+			if err != nil {
+				return err
+			}
+			spec, err := experiment.ParseSpec(data)
+			if err != nil {
+				return fmt.Errorf("%s: %w", args[0], err)
+			}
+			if out == "" {
+				out = "ferry-experiment-" + spec.Name
+			}
+			if err := os.MkdirAll(out, 0o755); err != nil {
+				return err
+			}
+			o := experiment.Options{Spec: spec, Checkpoint: func(res experiment.Results) error { return writeResults(out, res) }}
+			if o.FerryBin, err = os.Executable(); err != nil {
+				return err
+			}
+			if !quiet {
+				o.Log = os.Stderr
+				if term.IsTerminal(int(os.Stderr.Fd())) {
+					o.Log, o.Progress = nil, os.Stderr
+				}
+			}
+			res, err := experiment.Execute(cmd.Context(), o)
+			if werr := writeReport(out, res); werr != nil && err == nil {
+				err = werr
+			}
+			if err != nil {
+				return err
+			}
+			failed := 0
+			for _, r := range res.Runs {
+				if !r.OK || !r.StateOK {
+					failed++
+				}
+			}
+			fmt.Printf("%d runs (%d failed or lost state): %s\n", len(res.Runs), failed, filepath.Join(out, "report.html"))
+			if failed > 0 {
+				return exitError{exitFailed}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&out, "out", "", "directory for results.json, results.csv and report.html (default ferry-experiment-NAME)")
+	cmd.Flags().StringVar(&from, "from-results", "", "write the CSV and the report again from a results.json, running nothing")
+	cmd.Flags().BoolVar(&quiet, "quiet", false, "no progress lines or bar")
+	return cmd
+}
+
+// writeResults writes results.json and results.csv into dir.
+func writeResults(dir string, res experiment.Results) error {
+	if err := writeFileWith(filepath.Join(dir, "results.json"), res.WriteJSON); err != nil {
+		return err
+	}
+	return writeFileWith(filepath.Join(dir, "results.csv"), res.WriteCSV)
+}
+
+// writeReport writes the results and report.html into dir.
+func writeReport(dir string, res experiment.Results) error {
+	if dir == "" {
+		dir = "."
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := writeResults(dir, res); err != nil {
+		return err
+	}
+	return writeFileWith(filepath.Join(dir, "report.html"), func(w io.Writer) error { return report.Write(w, res) })
+}
+
+// writeFileWith writes path through write, into a temporary file renamed
+// into place, so that a reader never sees half of it.
+func writeFileWith(path string, write func(io.Writer) error) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	if err := write(f); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Chmod(0o644); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
+}

@@ -1,0 +1,188 @@
+// Package experiment runs a grid of migrations in the lab (workload x
+// runtime x mode x state size x dirty rate or load x bandwidth x
+// repeats) and keeps what each measured: the spec file, the grid, the
+// runner, and the results as JSON and CSV. internal/report draws them.
+package experiment
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/model"
+	"github.com/ferry-migrate/ferry/internal/units"
+)
+
+// Spec is an experiment file (YAML). Every list is one axis of the grid.
+type Spec struct {
+	Name string `yaml:"name"`
+	// Workloads: memhog, or a real service (Services).
+	Workloads []string `yaml:"workloads"`
+	// Runtimes: runc (the services run under runc; memhog also under
+	// podman and lxc).
+	Runtimes []string `yaml:"runtimes"`
+	Modes    []string `yaml:"modes"`
+	// StateSizes: memhog's memory, a service's preloaded data ("64M").
+	StateSizes []string `yaml:"state_sizes"`
+	// DirtyRates: memhog's pages written per second.
+	DirtyRates []int `yaml:"dirty_rates"`
+	// Loads: a service client's requests per second.
+	Loads []int `yaml:"loads"`
+	// Bandwidths: the lab's link rate ("1gbit"); one lab per bandwidth.
+	Bandwidths []string `yaml:"bandwidths"`
+	Repeats    int      `yaml:"repeats"`
+	// Before and After: how long the clients run before the migration
+	// starts and after it ends (the latency figures' "before" and
+	// "after").
+	Before time.Duration `yaml:"before"`
+	After  time.Duration `yaml:"after"`
+	// Profile, when set, is a calibrated profile (ferry calibrate): each
+	// run gets the model's prediction beside its measurement.
+	Profile string `yaml:"profile"`
+}
+
+// Defaults of a spec's empty fields.
+const (
+	DefaultRepeats   = 3
+	DefaultDirtyRate = 100
+	DefaultLoad      = 200
+	DefaultBandwidth = "1gbit"
+	DefaultBefore    = 2 * time.Second
+	DefaultAfter     = 2 * time.Second
+)
+
+// ParseSpec reads an experiment file, fills the defaults and checks every
+// value, so that a bad one fails before any lab comes up.
+func ParseSpec(data []byte) (Spec, error) {
+	var s Spec
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&s); err != nil {
+		return s, fmt.Errorf("experiment file: %w", err)
+	}
+	s.fill()
+	return s, s.check()
+}
+
+func (s *Spec) fill() {
+	if s.Name == "" {
+		s.Name = "experiment"
+	}
+	if len(s.Runtimes) == 0 {
+		s.Runtimes = []string{"runc"}
+	}
+	if len(s.Modes) == 0 {
+		s.Modes = slices.Clone(model.EngineModes)
+	}
+	if len(s.DirtyRates) == 0 {
+		s.DirtyRates = []int{DefaultDirtyRate}
+	}
+	if len(s.Loads) == 0 {
+		s.Loads = []int{DefaultLoad}
+	}
+	if len(s.Bandwidths) == 0 {
+		s.Bandwidths = []string{DefaultBandwidth}
+	}
+	if s.Repeats == 0 {
+		s.Repeats = DefaultRepeats
+	}
+	if s.Before == 0 {
+		s.Before = DefaultBefore
+	}
+	if s.After == 0 {
+		s.After = DefaultAfter
+	}
+}
+
+func (s Spec) check() error {
+	var errs []error
+	if len(s.Workloads) == 0 {
+		errs = append(errs, fmt.Errorf("workloads: name at least one of %s", WorkloadNames()))
+	}
+	for _, w := range s.Workloads {
+		if _, ok := workloads[w]; !ok {
+			errs = append(errs, fmt.Errorf("workloads: unknown %q (one of %s)", w, WorkloadNames()))
+		}
+	}
+	for _, r := range s.Runtimes {
+		if !slices.Contains([]string{"runc", "podman", "lxc"}, r) {
+			errs = append(errs, fmt.Errorf("runtimes: unknown %q (runc, podman, lxc)", r))
+			continue
+		}
+		for _, w := range s.Workloads {
+			if wl, ok := workloads[w]; ok && wl.service != nil && r != "runc" {
+				errs = append(errs, fmt.Errorf("runtimes: %s runs under runc only (it needs an address of its own, which the lab gives runc containers)", w))
+			}
+		}
+	}
+	for _, m := range s.Modes {
+		if !slices.Contains(model.EngineModes, m) {
+			errs = append(errs, fmt.Errorf("modes: unknown %q (one of %v)", m, model.EngineModes))
+		}
+	}
+	if len(s.StateSizes) == 0 {
+		errs = append(errs, errors.New("state_sizes: give at least one (e.g. 64M)"))
+	}
+	for _, v := range s.StateSizes {
+		if n, err := units.ParseBytes(v); err != nil || n <= 0 {
+			errs = append(errs, fmt.Errorf("state_sizes: %q is not a size (64M, 1G)", v))
+		}
+	}
+	for _, v := range s.Bandwidths {
+		if _, err := lab.ParseRate(v); err != nil {
+			errs = append(errs, fmt.Errorf("bandwidths: %w", err))
+		}
+	}
+	for _, v := range s.DirtyRates {
+		if v < 0 {
+			errs = append(errs, fmt.Errorf("dirty_rates: %d is negative", v))
+		}
+	}
+	for _, v := range s.Loads {
+		if v <= 0 {
+			errs = append(errs, fmt.Errorf("loads: %d must be at least 1 request per second", v))
+		}
+	}
+	if s.Repeats < 1 {
+		errs = append(errs, fmt.Errorf("repeats: %d must be at least 1", s.Repeats))
+	}
+	if s.Before < 0 || s.After < 0 {
+		errs = append(errs, errors.New("before and after must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// Grid lists the spec's points: every combination of its axes, memhog
+// with each dirty rate and a service with each load. Points of one
+// bandwidth come together (the lab comes up once per bandwidth).
+func (s Spec) Grid() []Point {
+	var pts []Point
+	for _, bw := range s.Bandwidths {
+		bps, _ := lab.ParseRate(bw)
+		for _, w := range s.Workloads {
+			rates, loads := s.DirtyRates, []int{0}
+			if workloads[w].service != nil {
+				rates, loads = []int{0}, s.Loads
+			}
+			for _, rt := range s.Runtimes {
+				for _, size := range s.StateSizes {
+					n, _ := units.ParseBytes(size)
+					for _, rate := range rates {
+						for _, load := range loads {
+							for _, m := range s.Modes {
+								pts = append(pts, Point{Workload: w, Runtime: rt, Mode: m, StateBytes: n,
+									DirtyRate: rate, Load: load, BandwidthBps: bps})
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	return pts
+}
