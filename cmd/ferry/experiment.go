@@ -52,6 +52,9 @@ The file (YAML; every list is an axis, empty ones take the default):
   repeats: 3
   before: 2s                    # client load before the migration
   after: 2s                     # and after it
+  connections: 1                # a service client's kept connections
+  tools: false                  # also the service's own benchmark beside it
+                                # (redis-benchmark, pgbench, mosquitto_pub)
   profile: host.json            # optional: ferry calibrate's profile
 
 Shipped experiments are in the repository's experiments/ directory.

@@ -159,7 +159,11 @@ func (o Options) runPoint(ctx context.Context, l *lab.Lab, p Point, rep, n int) 
 		r.Error = err.Error()
 		return r
 	}
-	load, err := bench.StartLoad(ctx, client, o.FerryBin, "--service", svc.client, "--addr", addr, "--rate", strconv.Itoa(p.Load))
+	args := []string{"--service", svc.client, "--addr", addr, "--rate", strconv.Itoa(p.Load), "--conns", strconv.Itoa(o.Spec.Connections)}
+	if o.Spec.Tools && svc.tool {
+		args = append(args, "--tool")
+	}
+	load, err := bench.StartLoad(ctx, client, o.FerryBin, args...)
 	if err != nil {
 		r.Error = err.Error()
 		return r

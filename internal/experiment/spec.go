@@ -41,6 +41,12 @@ type Spec struct {
 	// "after").
 	Before time.Duration `yaml:"before"`
 	After  time.Duration `yaml:"after"`
+	// Connections a service's client keeps (default 1; with more, the
+	// first writes and the others read, or publish for MQTT).
+	Connections int `yaml:"connections"`
+	// Tools also runs each service's own benchmark beside its client
+	// (redis-benchmark, pgbench, mosquitto_pub; Memcached has none).
+	Tools bool `yaml:"tools"`
 	// Profile, when set, is a calibrated profile (ferry calibrate): each
 	// run gets the model's prediction beside its measurement.
 	Profile string `yaml:"profile"`
@@ -87,6 +93,9 @@ func (s *Spec) fill() {
 	}
 	if len(s.Bandwidths) == 0 {
 		s.Bandwidths = []string{DefaultBandwidth}
+	}
+	if s.Connections == 0 {
+		s.Connections = 1
 	}
 	if s.Repeats == 0 {
 		s.Repeats = DefaultRepeats
@@ -147,6 +156,9 @@ func (s Spec) check() error {
 		if v <= 0 {
 			errs = append(errs, fmt.Errorf("loads: %d must be at least 1 request per second", v))
 		}
+	}
+	if s.Connections < 1 {
+		errs = append(errs, fmt.Errorf("connections: %d must be at least 1", s.Connections))
 	}
 	if s.Repeats < 1 {
 		errs = append(errs, fmt.Errorf("repeats: %d must be at least 1", s.Repeats))

@@ -13,7 +13,7 @@ func TestParseSpecFillsDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Name != "experiment" || s.Repeats != DefaultRepeats || s.Before != DefaultBefore || s.After != DefaultAfter {
+	if s.Name != "experiment" || s.Connections != 1 || s.Tools || s.Repeats != DefaultRepeats || s.Before != DefaultBefore || s.After != DefaultAfter {
 		t.Errorf("defaults not filled: %+v", s)
 	}
 	if strings.Join(s.Modes, ",") != "cold,precopy,postcopy,hybrid" || strings.Join(s.Runtimes, ",") != "runc" {
@@ -37,6 +37,7 @@ func TestParseSpecRefusesBadValues(t *testing.T) {
 		{"workloads: [memhog]\nstate_sizes: [64M]\nbandwidths: [fast]\n", "bandwidths"},
 		{"workloads: [memhog]\nstate_sizes: [64M]\nloads: [0]\n", "at least 1 request"},
 		{"workloads: [memhog]\nstate_sizes: [64M]\nrepeats: -1\n", "repeats"},
+		{"workloads: [redis]\nstate_sizes: [64M]\nconnections: -2\n", "connections"},
 		{"workloads: [memhog]\nstate_sizes: [64M]\nsizes: [1]\n", "field sizes not found"},
 		{"workloads: [memhog]\nstate_sizes: [64M]\nbefore: soon\n", "experiment file"},
 	} {

@@ -20,8 +20,10 @@ type service struct {
 	// packages make its root filesystem (lab.RunOptions.Packages).
 	packages []string
 	port     int
-	// client is the lab-tool load client's --service.
+	// client is the lab-tool load client's --service; tool says whether
+	// it can run the service's own benchmark beside (--tool).
 	client string
+	tool   bool
 	// command starts the server holding about state bytes.
 	command func(state int64) []string
 }
@@ -29,7 +31,7 @@ type service struct {
 // workloads are the grid's workload names.
 var workloads = map[string]workload{
 	"memhog": {},
-	"redis": {service: &service{packages: []string{"redis-server"}, port: 6379, client: "redis",
+	"redis": {service: &service{packages: []string{"redis-server"}, port: 6379, client: "redis", tool: true,
 		command: func(int64) []string {
 			return []string{"redis-server", "--protected-mode", "no", "--save", "", "--appendonly", "no", "--port", "6379"}
 		}}},
@@ -39,12 +41,12 @@ var workloads = map[string]workload{
 			mb := 2*state>>20 + 64
 			return []string{"memcached", "-u", "memcache", "-p", "11211", "-U", "0", "-m", fmt.Sprint(mb)}
 		}}},
-	"mosquitto": {service: &service{packages: []string{"mosquitto"}, port: 1883, client: "mqtt",
+	"mosquitto": {service: &service{packages: []string{"mosquitto"}, port: 1883, client: "mqtt", tool: true,
 		command: func(int64) []string {
 			// Mosquitto 2 listens on loopback alone unless told.
 			return shell(`printf 'listener 1883 0.0.0.0\nallow_anonymous true\npersistence false\n' > /run/mosquitto.conf && exec mosquitto -c /run/mosquitto.conf`)
 		}}},
-	"postgresql": {service: &service{packages: []string{"postgresql-15"}, port: 5432, client: "postgres",
+	"postgresql": {service: &service{packages: []string{"postgresql-15"}, port: 5432, client: "postgres", tool: true,
 		command: func(state int64) []string {
 			// A cluster of its own in the container's root filesystem (it
 			// moves with it), trusting the lab's segment, with shared
