@@ -84,6 +84,9 @@ func Execute(ctx context.Context, o Options) (res Results, err error) {
 				n++
 				o.logf("run %d/%d: %s", n, len(grid)*s.Repeats, p)
 				r := o.runPoint(ctx, l, p, rep, n)
+				if ctx.Err() != nil {
+					break // cut short by the interruption: not a measurement
+				}
 				o.logf("run %d/%d: ok=%v downtime %.0f ms, client %.0f ms, total %.0f ms, state_ok=%v %s",
 					n, len(grid)*s.Repeats, r.OK, r.DowntimeMs, r.ClientDowntimeMs, r.TotalMs, r.StateOK, r.Error)
 				res.Runs = append(res.Runs, r)
