@@ -14,7 +14,7 @@ import (
 )
 
 func newLabExperimentCmd() *cobra.Command {
-	var out, from string
+	var out, from, profile string
 	var quiet bool
 	cmd := &cobra.Command{
 		Use:   "experiment FILE.yaml",
@@ -60,7 +60,7 @@ The file (YAML; every list is an axis, empty ones take the default):
 Shipped experiments are in the repository's experiments/ directory.
 Needs root; tears down any lab already up.`,
 		Example: `  ferry lab experiment experiments/services.yaml --out /tmp/services
-  ferry lab experiment --from-results /tmp/services/results.json --out /tmp/services`,
+  ferry lab experiment --from-results /tmp/services/results.json --profile ferry-profile.json --out /tmp/services`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if from != "" {
 				return cobra.NoArgs(cmd, args)
@@ -78,6 +78,13 @@ Needs root; tears down any lab already up.`,
 				if err != nil {
 					return fmt.Errorf("%s: %w", from, err)
 				}
+				if profile != "" {
+					p, err := experiment.ReadProfile(profile)
+					if err != nil {
+						return err
+					}
+					experiment.Predict(&res, p)
+				}
 				return writeReport(out, res)
 			}
 			data, err := os.ReadFile(args[0])
@@ -87,6 +94,9 @@ Needs root; tears down any lab already up.`,
 			spec, err := experiment.ParseSpec(data)
 			if err != nil {
 				return fmt.Errorf("%s: %w", args[0], err)
+			}
+			if profile != "" {
+				spec.Profile = profile
 			}
 			if out == "" {
 				out = "ferry-experiment-" + spec.Name
@@ -126,6 +136,7 @@ Needs root; tears down any lab already up.`,
 	}
 	cmd.Flags().StringVar(&out, "out", "", "directory for results.json, results.csv and report.html (default ferry-experiment-NAME)")
 	cmd.Flags().StringVar(&from, "from-results", "", "write the CSV and the report again from a results.json, running nothing")
+	cmd.Flags().StringVar(&profile, "profile", "", "a calibrated profile (ferry calibrate): each run gets the model's prediction (overrides the file's; with --from-results, predicts again)")
 	cmd.Flags().BoolVar(&quiet, "quiet", false, "no progress lines or bar")
 	return cmd
 }

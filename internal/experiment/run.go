@@ -51,13 +51,9 @@ func Execute(ctx context.Context, o Options) (res Results, err error) {
 	res = Results{Name: s.Name, Machine: machine(), Started: time.Now().UTC().Format(time.RFC3339), Runs: []Run{}}
 	var profile *model.Profile
 	if s.Profile != "" {
-		data, err := os.ReadFile(s.Profile)
+		p, err := ReadProfile(s.Profile)
 		if err != nil {
-			return res, fmt.Errorf("profile: %w", err)
-		}
-		p, err := model.ParseProfile(data)
-		if err != nil {
-			return res, fmt.Errorf("profile %s: %w", s.Profile, err)
+			return res, err
 		}
 		profile = &p
 	}
@@ -260,6 +256,19 @@ func machine() string {
 		}
 	}
 	return b.String()
+}
+
+// ReadProfile reads a calibrated profile (ferry calibrate's file).
+func ReadProfile(path string) (model.Profile, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return model.Profile{}, fmt.Errorf("profile: %w", err)
+	}
+	p, err := model.ParseProfile(data)
+	if err != nil {
+		return p, fmt.Errorf("profile %s: %w", path, err)
+	}
+	return p, nil
 }
 
 // Predict fills each run's prediction from profile: the model's plan for
