@@ -31,6 +31,7 @@ PKGS=(runc iptables iproute2 iperf3 busybox-static podman uidmap
       python3-protobuf libnl-3-dev libnet1-dev libcap-dev pkg-config libbsd-dev
       libnftables-dev libgnutls28-dev uuid-dev gcc make xz-utils patch util-linux
       redis-server lxc mmdebstrap debootstrap memcached mosquitto mosquitto-clients
+      postgresql-15
       chromium)
 
 missing=()
