@@ -405,6 +405,9 @@ func TestDebianLabRun(t *testing.T) {
 	if err := l.RunWith(ctx, "h9", "bad", RunOptions{Rootfs: "alpine"}, []string{"true"}); err == nil || !strings.Contains(err.Error(), "unknown root filesystem") {
 		t.Errorf("RunWith an unknown rootfs: %v", err)
 	}
+	if err := l.RunWith(ctx, "h9", "bad", RunOptions{Packages: []string{"memcached"}}, []string{"true"}); err == nil || !strings.Contains(err.Error(), "packages need the debian root filesystem") {
+		t.Errorf("RunWith packages on busybox: %v", err)
+	}
 	start := time.Now()
 	if err := l.RunWith(ctx, "h9", "kv", RunOptions{Rootfs: RootfsDebian},
 		[]string{"redis-server", "--save", "", "--appendonly", "no"}); err != nil {
