@@ -44,7 +44,7 @@ The file (YAML; every list is an axis, empty ones take the default):
   name: redis-modes
   workloads: [redis]            # memhog, redis, memcached, mosquitto, postgresql
   runtimes: [runc]              # services: runc; memhog also podman, lxc
-  modes: [cold, precopy, postcopy, hybrid]
+  modes: [cold, precopy, postcopy, hybrid]   # precopy/1: at most one live round
   state_sizes: [64M, 256M]
   dirty_rates: [100]            # memhog: pages written per second
   loads: [200]                  # services: client requests per second

@@ -129,8 +129,10 @@ func (p Point) String() string {
 func (o Options) runPoint(ctx context.Context, l *lab.Lab, p Point, rep, n int) Run {
 	src, dst, client := &l.Hosts[0], &l.Hosts[1], &l.Hosts[2]
 	svc := workloads[p.Workload].service
+	mode, rounds, _ := SplitMode(p.Mode)
+	precopy := engine.PrecopyOptions{MaxRounds: rounds}
 	if svc == nil {
-		mo := bench.MigrateOptions{Runtime: p.Runtime, Mode: p.Mode, MemoryBytes: p.StateBytes, DirtyRate: p.DirtyRate,
+		mo := bench.MigrateOptions{Runtime: p.Runtime, Mode: mode, Precopy: precopy, MemoryBytes: p.StateBytes, DirtyRate: p.DirtyRate,
 			BandwidthBps: p.BandwidthBps, FerryBin: o.FerryBin, Log: o.Log}
 		start := time.Now()
 		br := mo.RunOnce(ctx, l, src, dst, client, fmt.Sprintf("memhog-%d", n))
@@ -169,7 +171,7 @@ func (o Options) runPoint(ctx context.Context, l *lab.Lab, p Point, rep, n int) 
 	}
 	sleep(ctx, o.Spec.Before)
 	start := time.Now()
-	rep2, merr := agent.Migrate(ctx, agent.Socket(src.ControlSock), engine.Request{Container: name, To: dst.AgentAddr, Mode: p.Mode, Runtime: p.Runtime}, nil)
+	rep2, merr := agent.Migrate(ctx, agent.Socket(src.ControlSock), engine.Request{Container: name, To: dst.AgentAddr, Mode: mode, Runtime: p.Runtime, Precopy: precopy}, nil)
 	sleep(ctx, o.Spec.After)
 	lr, lerr := load.Stop()
 	r.StartUnixMs = start.UnixMilli()
@@ -297,10 +299,11 @@ func Predict(res *Results, profile model.Profile) {
 			q.Mode = ""
 			rate = Median(measured[q])
 		}
-		in := model.Inputs{MemoryBytes: float64(r.MemoryBytes), DirtyRatePagesPerSec: rate, BandwidthBps: float64(r.BandwidthBps) / 8}
+		mode, rounds, _ := SplitMode(r.Mode)
+		in := model.Inputs{MemoryBytes: float64(r.MemoryBytes), DirtyRatePagesPerSec: rate, BandwidthBps: float64(r.BandwidthBps) / 8, MaxRounds: rounds}
 		preds, _, _, _ := model.Best(profile, in, 0)
 		for _, pr := range preds {
-			if pr.Mode == r.Mode {
+			if pr.Mode == mode {
 				r.Predicted = &Prediction{TotalMs: pr.TotalMs, DowntimeMs: pr.DowntimeMs, ClientDowntimeMs: pr.DowntimeMs}
 			}
 		}

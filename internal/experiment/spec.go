@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -26,7 +28,11 @@ type Spec struct {
 	// Runtimes: runc (the services run under runc; memhog also under
 	// podman and lxc).
 	Runtimes []string `yaml:"runtimes"`
-	Modes    []string `yaml:"modes"`
+	// Modes: cold, precopy, postcopy, hybrid; a live mode may carry a
+	// bound on its live rounds, precopy/1 (pre-copy with one round before
+	// the switchover, the seeds' plain pre-copy) against precopy (up to
+	// the engine's 8).
+	Modes []string `yaml:"modes"`
 	// StateSizes: memhog's memory, a service's preloaded data ("64M").
 	StateSizes []string `yaml:"state_sizes"`
 	// DirtyRates: memhog's pages written per second.
@@ -130,8 +136,8 @@ func (s Spec) check() error {
 		}
 	}
 	for _, m := range s.Modes {
-		if !slices.Contains(model.EngineModes, m) {
-			errs = append(errs, fmt.Errorf("modes: unknown %q (one of %v)", m, model.EngineModes))
+		if _, _, err := SplitMode(m); err != nil {
+			errs = append(errs, fmt.Errorf("modes: %w", err))
 		}
 	}
 	if len(s.StateSizes) == 0 {
@@ -197,4 +203,27 @@ func (s Spec) Grid() []Point {
 		}
 	}
 	return pts
+}
+
+// MaxModeRounds bounds a mode's round count (precopy/N).
+const MaxModeRounds = 32
+
+// SplitMode reads a spec's mode: the engine's mode, and the bound on its
+// live rounds (0: the engine's default).
+func SplitMode(m string) (mode string, rounds int, err error) {
+	mode, n, bounded := strings.Cut(m, "/")
+	if !slices.Contains(model.EngineModes, mode) {
+		return mode, 0, fmt.Errorf("unknown %q (one of %v; precopy/N or hybrid/N bound the live rounds)", m, model.EngineModes)
+	}
+	if !bounded {
+		return mode, 0, nil
+	}
+	if mode != model.ModePrecopy && mode != model.ModeHybrid {
+		return mode, 0, fmt.Errorf("%q: only precopy and hybrid have live rounds to bound", m)
+	}
+	rounds, err = strconv.Atoi(n)
+	if err != nil || rounds < 1 || rounds > MaxModeRounds {
+		return mode, 0, fmt.Errorf("%q: the round bound must be 1 to %d", m, MaxModeRounds)
+	}
+	return mode, rounds, nil
 }

@@ -34,6 +34,9 @@ func TestParseSpecRefusesBadValues(t *testing.T) {
 		{"workloads: [redis]\nstate_sizes: [64M]\nmodes: [warp]\n", `unknown "warp"`},
 		{"workloads: [redis]\nstate_sizes: [64M]\nruntimes: [podman]\n", "redis runs under runc only"},
 		{"workloads: [memhog]\nstate_sizes: [64M]\nruntimes: [rkt]\n", `unknown "rkt"`},
+		{"workloads: [memhog]\nstate_sizes: [64M]\nmodes: [cold/2]\n", "only precopy and hybrid have live rounds"},
+		{"workloads: [memhog]\nstate_sizes: [64M]\nmodes: [precopy/0]\n", "round bound must be 1 to 32"},
+		{"workloads: [memhog]\nstate_sizes: [64M]\nmodes: [hybrid/many]\n", "round bound must be 1 to 32"},
 		{"workloads: [memhog]\nstate_sizes: [64M]\nbandwidths: [fast]\n", "bandwidths"},
 		{"workloads: [memhog]\nstate_sizes: [64M]\nloads: [0]\n", "at least 1 request"},
 		{"workloads: [memhog]\nstate_sizes: [64M]\nrepeats: -1\n", "repeats"},
@@ -112,6 +115,24 @@ func TestShippedExperimentsParse(t *testing.T) {
 		}
 		if _, err := ParseSpec(data); err != nil {
 			t.Errorf("%s: %v", f, err)
+		}
+	}
+}
+
+func TestSplitMode(t *testing.T) {
+	for _, c := range []struct {
+		in     string
+		mode   string
+		rounds int
+	}{{"cold", "cold", 0}, {"precopy", "precopy", 0}, {"precopy/1", "precopy", 1}, {"hybrid/32", "hybrid", 32}} {
+		mode, rounds, err := SplitMode(c.in)
+		if err != nil || mode != c.mode || rounds != c.rounds {
+			t.Errorf("SplitMode(%q) = %q, %d, %v; want %q, %d", c.in, mode, rounds, err, c.mode, c.rounds)
+		}
+	}
+	for _, bad := range []string{"", "warm", "postcopy/2", "precopy/33", "precopy/"} {
+		if _, _, err := SplitMode(bad); err == nil {
+			t.Errorf("SplitMode(%q) accepted", bad)
 		}
 	}
 }

@@ -40,7 +40,10 @@ type factors struct{ runtime, state, dirty, load, bandwidth bool }
 var modeOrder = []string{engine.ModeCold, engine.ModePrecopy, engine.ModePostcopy, engine.ModeHybrid, engine.ModeAuto}
 
 func compareModes(a, b string) int {
-	ia, ib := slices.Index(modeOrder, a), slices.Index(modeOrder, b)
+	// precopy/1 (a bound on the rounds) sorts beside precopy.
+	ba, _, _ := strings.Cut(a, "/")
+	bb, _, _ := strings.Cut(b, "/")
+	ia, ib := slices.Index(modeOrder, ba), slices.Index(modeOrder, bb)
 	if ia < 0 {
 		ia = len(modeOrder)
 	}
