@@ -96,6 +96,10 @@ type Run struct {
 	// freeze and the commit.
 	TCPStallMs  float64 `json:"tcp_stall_ms,omitempty"`
 	HeldPackets int     `json:"held_packets,omitempty"`
+	// The root filesystem's live delta and frozen pass (engine.Report).
+	RootfsBytes       int64 `json:"rootfs_bytes"`
+	RootfsEntries     int   `json:"rootfs_entries"`
+	FrozenRootfsBytes int64 `json:"frozen_rootfs_bytes"`
 }
 
 // LinkBaseline is plain TCP over the same link.
@@ -363,7 +367,8 @@ func (o MigrateOptions) RunOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 		PathCutAtBytes: cutAt.Load(), OutageAtBytes: outageAt.Load(),
 		SourceState: rep.SourceState, Transport: rep.Transport,
 		RestoreMs: rep.RestoreMs, PagesFaulted: rep.PagesFaulted, PagesPushed: rep.PagesPushed, PushMs: rep.PushMs,
-		PagesReferenced: rep.PagesReferenced, PagesFetched: rep.PagesFetched, FillMs: rep.FillMs, Rounds: rep.Rounds, StopReason: rep.StopReason, ThrottlePct: rep.ThrottlePct}
+		PagesReferenced: rep.PagesReferenced, PagesFetched: rep.PagesFetched, FillMs: rep.FillMs, Rounds: rep.Rounds, StopReason: rep.StopReason, ThrottlePct: rep.ThrottlePct,
+		RootfsBytes: rep.RootfsBytes, RootfsEntries: rep.RootfsEntries, FrozenRootfsBytes: rep.FrozenRootfsBytes}
 	if r.Rounds == nil {
 		r.Rounds = []engine.Round{}
 	}

@@ -296,6 +296,12 @@ type Report struct {
 	// what changed since the live one: "N changed paths" (watched), or
 	// "full walk: WHY".
 	FrozenRootfsScan string `json:"frozen_rootfs_scan,omitempty"`
+	// RootfsBytes and RootfsEntries are the live root filesystem sync's
+	// delta (its tar stream, and the entries changed or added in it);
+	// FrozenRootfsBytes the frozen pass's, sent inside the downtime.
+	RootfsBytes       int64 `json:"rootfs_bytes"`
+	RootfsEntries     int   `json:"rootfs_entries"`
+	FrozenRootfsBytes int64 `json:"frozen_rootfs_bytes"`
 	// Auto is what mode auto measured and chose.
 	Auto *AutoChoice `json:"auto,omitempty"`
 	// MemoryEstimate is the memory the first round found, for predictions.

@@ -569,6 +569,11 @@ func (m *migration) syncRootfs(kind string) error {
 		return err
 	}
 	if kind == ChanRootfsLive {
+		m.report.RootfsBytes, m.report.RootfsEntries = sent.Bytes, len(delta.Changed)-len(sent.Skipped)
+	} else {
+		m.report.FrozenRootfsBytes = sent.Bytes
+	}
+	if kind == ChanRootfsLive {
 		// The destination now holds what was scanned, but for entries
 		// that vanished before they were sent: it keeps its own of those.
 		for _, p := range sent.Skipped {

@@ -388,6 +388,11 @@ func TestSourceColdCommits(t *testing.T) {
 	if rep.FrozenRootfsScan != "2 changed paths" { // etc/written-late, and etc's mtime
 		t.Errorf("frozen rootfs scan: %q, want the two changed paths", rep.FrozenRootfsScan)
 	}
+	// The live sync sent the tree (etc and etc/hostname at least), the
+	// frozen pass the late file: a tar stream of 512-byte blocks each.
+	if rep.RootfsEntries < 2 || rep.RootfsBytes < 1024 || rep.FrozenRootfsBytes < 1024 {
+		t.Errorf("root filesystem deltas: live %d entries, %d bytes; frozen %d bytes", rep.RootfsEntries, rep.RootfsBytes, rep.FrozenRootfsBytes)
+	}
 	if st := r.sourceJournaled(rep); st != journal.Removed {
 		t.Errorf("source journal says %q, want %q", st, journal.Removed)
 	}

@@ -48,6 +48,11 @@ type Run struct {
 	// written (pre-copy's rounds), for the model.
 	DirtyRateMeasured float64 `json:"dirty_rate_measured,omitempty"`
 	StateOK           bool    `json:"state_ok"`
+	// The root filesystem's live delta (tar bytes, entries) and its
+	// frozen pass's bytes.
+	RootfsBytes       int64 `json:"rootfs_bytes"`
+	RootfsEntries     int   `json:"rootfs_entries"`
+	FrozenRootfsBytes int64 `json:"frozen_rootfs_bytes"`
 
 	Rounds []engine.Round     `json:"rounds"`
 	Phases []engine.PhaseSpan `json:"phases"`

@@ -138,7 +138,8 @@ func (o Options) runPoint(ctx context.Context, l *lab.Lab, p Point, rep, n int) 
 		br := mo.RunOnce(ctx, l, src, dst, client, fmt.Sprintf("memhog-%d", n))
 		r := Run{Point: p, Repeat: rep, StartUnixMs: start.UnixMilli(), OK: br.OK && br.Error == "", Error: br.Error,
 			DowntimeMs: br.DowntimeMs, ClientDowntimeMs: br.ClientDowntimeMs, TotalMs: br.TotalMs, FrozenMs: br.FrozenMs,
-			BytesSent: br.BytesSent, MemoryBytes: br.MemoryBytes, StateOK: br.StateOK, Rounds: br.Rounds, Phases: br.Phases}
+			BytesSent: br.BytesSent, MemoryBytes: br.MemoryBytes, StateOK: br.StateOK, Rounds: br.Rounds, Phases: br.Phases,
+			RootfsBytes: br.RootfsBytes, RootfsEntries: br.RootfsEntries, FrozenRootfsBytes: br.FrozenRootfsBytes}
 		return r.settle()
 	}
 	r := Run{Point: p, Repeat: rep}
@@ -184,6 +185,7 @@ func (o Options) runPoint(ctx context.Context, l *lab.Lab, p Point, rep, n int) 
 	r.DowntimeMs, r.TotalMs, r.FrozenMs = rep2.DowntimeMs, rep2.TotalMs, rep2.FrozenMs
 	r.BytesSent, r.MemoryBytes = rep2.BytesSent, rep2.MemoryBytes
 	r.Rounds, r.Phases = rep2.Rounds, rep2.Phases
+	r.RootfsBytes, r.RootfsEntries, r.FrozenRootfsBytes = rep2.RootfsBytes, rep2.RootfsEntries, rep2.FrozenRootfsBytes
 	r.ClientDowntimeMs, r.StateOK = lr.LongestStallMs, lr.StateOK
 	if lerr != nil {
 		r.OK, r.Error = false, strings.TrimPrefix(errors.Join(errors.New(r.Error), lerr).Error(), "\n")
