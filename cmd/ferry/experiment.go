@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -15,6 +16,7 @@ import (
 
 func newLabExperimentCmd() *cobra.Command {
 	var out, from, profile string
+	var budget time.Duration
 	var quiet bool
 	cmd := &cobra.Command{
 		Use:   "experiment FILE.yaml",
@@ -56,6 +58,8 @@ The file (YAML; every list is an axis, empty ones take the default):
   tools: false                  # also the service's own benchmark beside it
                                 # (redis-benchmark, pgbench, mosquitto_pub)
   profile: host.json            # optional: ferry calibrate's profile
+  budget: 500ms                 # with a profile: is --mode auto's pick the
+                                # mode that measured best within this stall?
 
 Shipped experiments are in the repository's experiments/ directory.
 Needs root; tears down any lab already up.`,
@@ -78,6 +82,9 @@ Needs root; tears down any lab already up.`,
 				if err != nil {
 					return fmt.Errorf("%s: %w", from, err)
 				}
+				if cmd.Flags().Changed("budget") {
+					res.BudgetMs = float64(budget) / float64(time.Millisecond)
+				}
 				if profile != "" {
 					p, err := experiment.ReadProfile(profile)
 					if err != nil {
@@ -85,7 +92,13 @@ Needs root; tears down any lab already up.`,
 					}
 					experiment.Predict(&res, p)
 				}
-				return writeReport(out, res)
+				if err := writeReport(out, res); err != nil {
+					return err
+				}
+				if len(res.Auto) > 0 {
+					fmt.Println(experiment.AutoSummary(res.Auto, res.BudgetMs))
+				}
+				return nil
 			}
 			data, err := os.ReadFile(args[0])
 			if err != nil {
@@ -97,6 +110,9 @@ Needs root; tears down any lab already up.`,
 			}
 			if profile != "" {
 				spec.Profile = profile
+			}
+			if cmd.Flags().Changed("budget") {
+				spec.Budget = budget
 			}
 			if out == "" {
 				out = "ferry-experiment-" + spec.Name
@@ -128,6 +144,9 @@ Needs root; tears down any lab already up.`,
 				}
 			}
 			fmt.Printf("%d runs (%d failed or lost state): %s\n", len(res.Runs), failed, filepath.Join(out, "report.html"))
+			if len(res.Auto) > 0 {
+				fmt.Println(experiment.AutoSummary(res.Auto, res.BudgetMs))
+			}
 			if failed > 0 {
 				return exitError{exitFailed}
 			}
@@ -137,6 +156,7 @@ Needs root; tears down any lab already up.`,
 	cmd.Flags().StringVar(&out, "out", "", "directory for results.json, results.csv and report.html (default ferry-experiment-NAME)")
 	cmd.Flags().StringVar(&from, "from-results", "", "write the CSV and the report again from a results.json, running nothing")
 	cmd.Flags().StringVar(&profile, "profile", "", "a calibrated profile (ferry calibrate): each run gets the model's prediction (overrides the file's; with --from-results, predicts again)")
+	cmd.Flags().DurationVar(&budget, "budget", 0, "the client stall --mode auto is held to (overrides the file's; with --from-results, checks again)")
 	cmd.Flags().BoolVar(&quiet, "quiet", false, "no progress lines or bar")
 	return cmd
 }

@@ -75,4 +75,8 @@ type Results struct {
 	Machine string `json:"machine"`
 	Started string `json:"started"` // RFC 3339
 	Runs    []Run  `json:"runs"`
+	// BudgetMs is the spec's budget; Auto, with a profile, --mode auto
+	// held to it (CheckAuto).
+	BudgetMs float64     `json:"budget_ms,omitempty"`
+	Auto     []AutoCheck `json:"auto,omitempty"`
 }

@@ -48,7 +48,8 @@ const fillWait = 60 * time.Second
 // itself fails only when the lab cannot come up or the context ends.
 func Execute(ctx context.Context, o Options) (res Results, err error) {
 	s := o.Spec
-	res = Results{Name: s.Name, Machine: machine(), Started: time.Now().UTC().Format(time.RFC3339), Runs: []Run{}}
+	res = Results{Name: s.Name, Machine: machine(), Started: time.Now().UTC().Format(time.RFC3339), Runs: []Run{},
+		BudgetMs: float64(s.Budget) / float64(time.Millisecond)}
 	var profile *model.Profile
 	if s.Profile != "" {
 		p, err := ReadProfile(s.Profile)
@@ -279,7 +280,8 @@ func ReadProfile(path string) (model.Profile, error) {
 // the run's mode, from the memory the migration found, the dirty rate its
 // point's pre-copy rounds measured (memhog: the rate it was set to) and
 // the link. The model predicts the downtime; a client is expected to feel
-// that downtime, so it is the client's prediction too.
+// that downtime, so it is the client's prediction too. It holds --mode
+// auto to the results as well (CheckAuto, res.BudgetMs).
 func Predict(res *Results, profile model.Profile) {
 	measured := map[Point][]float64{}
 	for _, r := range res.Runs {
@@ -310,4 +312,5 @@ func Predict(res *Results, profile model.Profile) {
 			}
 		}
 	}
+	res.Auto = CheckAuto(*res, profile, res.BudgetMs)
 }

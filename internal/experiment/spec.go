@@ -53,6 +53,10 @@ type Spec struct {
 	// Tools also runs each service's own benchmark beside its client
 	// (redis-benchmark, pgbench, mosquitto_pub; Memcached has none).
 	Tools bool `yaml:"tools"`
+	// Budget is the client stall --mode auto is held to (with a profile:
+	// at each point where every mode was measured, the model's pick
+	// against the mode that measured best within it; 0: no budget).
+	Budget time.Duration `yaml:"budget"`
 	// Profile, when set, is a calibrated profile (ferry calibrate): each
 	// run gets the model's prediction beside its measurement.
 	Profile string `yaml:"profile"`
@@ -168,6 +172,9 @@ func (s Spec) check() error {
 	}
 	if s.Repeats < 1 {
 		errs = append(errs, fmt.Errorf("repeats: %d must be at least 1", s.Repeats))
+	}
+	if s.Budget < 0 {
+		errs = append(errs, errors.New("budget must not be negative"))
 	}
 	if s.Before < 0 || s.After < 0 {
 		errs = append(errs, errors.New("before and after must not be negative"))
