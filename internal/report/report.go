@@ -33,6 +33,14 @@ type view struct {
 	Workloads               []workloadView
 	MinRuns                 int
 	Level                   string
+	// Auto is --mode auto held to the measured best (with a profile).
+	Auto        []autoView
+	AutoSummary string
+}
+
+type autoView struct {
+	Point, Picked, Measured string
+	Agree                   bool
 }
 
 type workloadView struct {
@@ -112,6 +120,13 @@ func build(res experiment.Results) view {
 			}
 		}
 		v.Workloads = append(v.Workloads, wv)
+	}
+	for _, c := range res.Auto {
+		v.Auto = append(v.Auto, autoView{Point: c.Point.Workload + ": " + strings.TrimPrefix(pointName(c.Point), ", "), Agree: c.Agree,
+			Picked: orWord(c.Picked, "none within the budget"), Measured: orWord(c.Measured, "none within the budget")})
+	}
+	if len(res.Auto) > 0 {
+		v.AutoSummary = experiment.AutoSummary(res.Auto, res.BudgetMs)
 	}
 	return v
 }
@@ -299,6 +314,16 @@ nav ul { margin: 0; }
 </table>{{else}}<p>None.</p>{{end}}
 </section>
 {{end}}
+{{if .Auto}}<section id="auto">
+<h2>--mode auto against the measured best</h2>
+<p>{{.AutoSummary}}. At each grid point where every mode ran, the mode the model picks from what the migrations found (memory, dirty rate, link) against the mode that measured best by the planner's own rule: within the budget on the client's longest stall, the modes that keep the source resumable (cold, pre-copy) first, the lowest median total among them; the lazy modes only when neither fits.</p>
+<table class="auto">
+<thead><tr><th>grid point</th><th>auto picks</th><th>measured best</th><th>agree</th></tr></thead>
+<tbody>
+{{range .Auto}}<tr><td>{{.Point}}</td><td>{{.Picked}}</td><td>{{.Measured}}</td><td{{if not .Agree}} class="bad"{{end}}>{{if .Agree}}yes{{else}}no{{end}}</td></tr>
+{{end}}</tbody>
+</table>
+</section>{{end}}
 </body>
 </html>
 `))

@@ -547,3 +547,37 @@ func TestClientWithoutBucketWidth(t *testing.T) {
 		t.Errorf("omitted for %q", got)
 	}
 }
+
+// With --mode auto held to the results, the report has its table: one row
+// per point, each disagreement marked, and the summary.
+func TestAutoSection(t *testing.T) {
+	res := synthetic()
+	if _, doc := write(t, res); byID(doc, "auto") != nil {
+		t.Error("an auto section without checks")
+	}
+	p := res.Runs[0].Point
+	p.Mode = ""
+	res.Auto = []experiment.AutoCheck{
+		{Point: p, Picked: "precopy", Measured: "precopy", Agree: true},
+		{Point: p, Picked: "cold", Measured: "", Agree: false},
+	}
+	res.BudgetMs = 500
+	_, doc := write(t, res)
+	sec := byID(doc, "auto")
+	if sec == nil {
+		t.Fatal("no auto section")
+	}
+	rows := all(sec, tag("tr"))
+	if len(rows) != 3 {
+		t.Fatalf("%d rows, want a header and 2", len(rows))
+	}
+	text := textOf(sec)
+	for _, want := range []string{"at 1 of 2 points (a 500 ms budget)", "none within the budget", p.Workload + ": "} {
+		if !strings.Contains(text, want) {
+			t.Errorf("auto section lacks %q: %s", want, text)
+		}
+	}
+	if bad := all(sec, func(n *html.Node) bool { return attr(n, "class") == "bad" }); len(bad) != 1 {
+		t.Errorf("%d disagreements marked, want 1", len(bad))
+	}
+}
