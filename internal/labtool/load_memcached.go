@@ -8,7 +8,6 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,17 +20,12 @@ import (
 // missing key, since they explain it (start memcached with -m above the
 // fill and the load).
 type memcachedLoad struct {
-	addr, runName string
-	rec           *recorder
-	clients       []*memcache.Client
+	kvLoad
+	addr    string
+	rec     *recorder
+	clients []*memcache.Client
 	// evictions is the server's count when the load began.
 	evictions int64
-
-	mu       sync.Mutex
-	acked    []int
-	newest   atomic.Int64
-	reads    atomic.Int64
-	badReads atomic.Int64
 }
 
 // newMemcachedClient keeps one connection to addr (gomemcache dials again
@@ -52,8 +46,8 @@ func newMemcachedClient(addr string, dialed func()) *memcache.Client {
 }
 
 func connectMemcached(ctx context.Context, o LoadOptions, rec *recorder) (workload, error) {
-	w := &memcachedLoad{addr: o.Addr, runName: o.Run, rec: rec}
-	w.newest.Store(-1)
+	w := &memcachedLoad{addr: o.Addr, rec: rec}
+	w.init(o.Run)
 	ev, err := memcachedEvictions(ctx, o.Addr)
 	if err != nil {
 		return nil, err
@@ -82,43 +76,26 @@ func (w *memcachedLoad) run(ctx context.Context, rate float64, stop <-chan struc
 
 func (w *memcachedLoad) request(_ context.Context, lane, i int) error {
 	c := w.clients[lane]
-	if lane == 0 {
-		key := writeKey(w.runName, i)
-		if err := c.Set(&memcache.Item{Key: key, Value: value(key, loadValueSize)}); err != nil {
-			return err
-		}
-		w.mu.Lock()
-		w.acked = append(w.acked, i)
-		w.mu.Unlock()
-		w.newest.Store(int64(i))
-		return nil
-	}
-	j := w.newest.Load()
-	if j < 0 {
-		return c.Ping()
-	}
-	key := writeKey(w.runName, int(j))
-	it, err := c.Get(key)
-	if err != nil && !errors.Is(err, memcache.ErrCacheMiss) {
-		return err
-	}
-	w.reads.Add(1)
-	if err != nil || string(it.Value) != string(value(key, loadValueSize)) {
-		w.badReads.Add(1)
-	}
-	return nil
+	return w.exchange(kvConn{
+		set: func(key string, v []byte) error { return c.Set(&memcache.Item{Key: key, Value: v}) },
+		get: func(key string) ([]byte, bool, error) {
+			it, err := c.Get(key)
+			if errors.Is(err, memcache.ErrCacheMiss) {
+				return nil, false, nil
+			}
+			if err != nil {
+				return nil, false, err
+			}
+			return it.Value, true, nil
+		},
+		ping: c.Ping,
+	}, lane, i)
 }
 
 func (w *memcachedLoad) check(ctx context.Context) (bool, string, error) {
 	c := newMemcachedClient(w.addr, nil)
 	defer c.Close()
-	w.mu.Lock()
-	acked := append([]int(nil), w.acked...)
-	w.mu.Unlock()
-	keys := make([]string, len(acked))
-	for n, i := range acked {
-		keys[n] = writeKey(w.runName, i)
-	}
+	keys := w.ackedKeys()
 	missing, wrong, err := memcachedCompare(c, keys, loadValueSize)
 	if err != nil {
 		return false, "", err
@@ -127,12 +104,11 @@ func (w *memcachedLoad) check(ctx context.Context) (bool, string, error) {
 	if err != nil {
 		return false, "", err
 	}
-	state := fmt.Sprintf("sets: %d acknowledged, %d missing, %d wrong; gets: %d, %d without the acknowledged value; %s",
-		len(keys), missing, wrong, w.reads.Load(), w.badReads.Load(), fr)
+	ok, state := w.verdict(len(keys), missing, wrong, fr, "sets", "gets")
 	if ev, err := memcachedEvictions(ctx, w.addr); err == nil && ev > 0 {
 		state += fmt.Sprintf("; the server evicted %d items (%d during the load): give it more memory (-m)", ev, ev-w.evictions)
 	}
-	return missing == 0 && wrong == 0 && w.badReads.Load() == 0 && fr.ok(), state, nil
+	return ok, state, nil
 }
 
 func (w *memcachedLoad) close() {
@@ -144,24 +120,17 @@ func (w *memcachedLoad) close() {
 // memcachedCompare reads keys (GetMulti, in batches) and counts those
 // absent and those not holding value(key, size).
 func memcachedCompare(c *memcache.Client, keys []string, size int) (missing, wrong int, err error) {
-	for len(keys) > 0 {
-		batch := keys[:min(checkBatch, len(keys))]
-		keys = keys[len(batch):]
-		got, err := c.GetMulti(batch)
+	return compareValues(keys, size, func(batch []string) (map[string][]byte, error) {
+		items, err := c.GetMulti(batch)
 		if err != nil {
-			return 0, 0, err
+			return nil, err
 		}
-		for _, k := range batch {
-			it, ok := got[k]
-			switch {
-			case !ok:
-				missing++
-			case string(it.Value) != string(value(k, size)):
-				wrong++
-			}
+		got := make(map[string][]byte, len(items))
+		for k, it := range items {
+			got[k] = it.Value
 		}
-	}
-	return missing, wrong, nil
+		return got, nil
+	})
 }
 
 // memcachedEvictions reads the server's evictions counter ("stats"),
@@ -220,15 +189,5 @@ func checkFillMemcachedWith(c *memcache.Client) (fillReport, error) {
 	if err != nil {
 		return fillReport{}, err
 	}
-	items, size, err := parseFillMarker(string(it.Value))
-	if err != nil {
-		return fillReport{}, err
-	}
-	keys := make([]string, items)
-	for i := range keys {
-		keys[i] = fillKey(i)
-	}
-	r := fillReport{Items: items, Size: size}
-	r.Missing, r.Wrong, err = memcachedCompare(c, keys, size)
-	return r, err
+	return checkFillKeys(string(it.Value), func(keys []string, size int) (int, int, error) { return memcachedCompare(c, keys, size) })
 }

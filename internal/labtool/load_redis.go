@@ -28,19 +28,12 @@ const (
 // others, reads back the newest acknowledged write (GET): a read that
 // finds another value, or none, is a broken promise.
 type redisLoad struct {
-	addr, runName string
-	rec           *recorder
-	clients       []*redis.Client
-	dials         []atomic.Int64 // by lane: past the first, reconnects
-
-	mu       sync.Mutex
-	acked    []int // writes answered OK, by index
-	newest   atomic.Int64
-	reads    atomic.Int64
-	badReads atomic.Int64
+	kvLoad
+	addr    string
+	rec     *recorder
+	clients []*redis.Client
+	dials   []atomic.Int64 // by lane: past the first, reconnects
 }
-
-func writeKey(run string, i int) string { return fmt.Sprintf("w:%s:%d", run, i) }
 
 // newRedisClient holds one connection, never retried under a command: a
 // lost connection fails the command, and so does a failed dial (one
@@ -72,8 +65,8 @@ var silenceRedis sync.Once
 
 func connectRedis(ctx context.Context, o LoadOptions, rec *recorder) (workload, error) {
 	silenceRedis.Do(func() { redis.SetLogger(quietRedis{}) })
-	w := &redisLoad{addr: o.Addr, runName: o.Run, rec: rec, dials: make([]atomic.Int64, o.Conns)}
-	w.newest.Store(-1)
+	w := &redisLoad{addr: o.Addr, rec: rec, dials: make([]atomic.Int64, o.Conns)}
+	w.init(o.Run)
 	for lane := range o.Conns {
 		c := w.laneClient(lane)
 		w.clients = append(w.clients, c)
@@ -104,7 +97,18 @@ func (w *redisLoad) run(ctx context.Context, rate float64, stop <-chan struct{})
 // go-redis's own pool would, after a failed dial, fail fast for a second
 // and probe on its own, hiding when the server came back.
 func (w *redisLoad) request(ctx context.Context, lane, i int) error {
-	err := w.exchange(ctx, lane, i)
+	c := w.clients[lane]
+	err := w.exchange(kvConn{
+		set: func(key string, v []byte) error { return c.Set(ctx, key, v, 0).Err() },
+		get: func(key string) ([]byte, bool, error) {
+			got, err := c.Get(ctx, key).Bytes()
+			if errors.Is(err, redis.Nil) {
+				return nil, false, nil
+			}
+			return got, err == nil, err
+		},
+		ping: func() error { return c.Ping(ctx).Err() },
+	}, lane, i)
 	var reply redis.Error
 	if err != nil && !errors.As(err, &reply) {
 		w.clients[lane].Close()
@@ -113,47 +117,10 @@ func (w *redisLoad) request(ctx context.Context, lane, i int) error {
 	return err
 }
 
-// exchange is the request itself: lane 0 writes key i, the other lanes
-// read the newest key written (PING before the first).
-func (w *redisLoad) exchange(ctx context.Context, lane, i int) error {
-	c := w.clients[lane]
-	if lane == 0 {
-		key := writeKey(w.runName, i)
-		if err := c.Set(ctx, key, value(key, loadValueSize), 0).Err(); err != nil {
-			return err
-		}
-		w.mu.Lock()
-		w.acked = append(w.acked, i)
-		w.mu.Unlock()
-		w.newest.Store(int64(i))
-		return nil
-	}
-	j := w.newest.Load()
-	if j < 0 {
-		return c.Ping(ctx).Err()
-	}
-	key := writeKey(w.runName, int(j))
-	got, err := c.Get(ctx, key).Result()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return err
-	}
-	w.reads.Add(1)
-	if err != nil || got != string(value(key, loadValueSize)) {
-		w.badReads.Add(1)
-	}
-	return nil
-}
-
 func (w *redisLoad) check(ctx context.Context) (bool, string, error) {
 	c := newRedisClient(w.addr, nil)
 	defer c.Close()
-	w.mu.Lock()
-	acked := append([]int(nil), w.acked...)
-	w.mu.Unlock()
-	keys := make([]string, len(acked))
-	for n, i := range acked {
-		keys[n] = writeKey(w.runName, i)
-	}
+	keys := w.ackedKeys()
 	missing, wrong, err := redisCompare(ctx, c, keys, loadValueSize)
 	if err != nil {
 		return false, "", err
@@ -162,9 +129,8 @@ func (w *redisLoad) check(ctx context.Context) (bool, string, error) {
 	if err != nil {
 		return false, "", err
 	}
-	state := fmt.Sprintf("writes: %d acknowledged, %d missing, %d wrong; reads: %d, %d without the acknowledged value; %s",
-		len(keys), missing, wrong, w.reads.Load(), w.badReads.Load(), fr)
-	return missing == 0 && wrong == 0 && w.badReads.Load() == 0 && fr.ok(), state, nil
+	ok, state := w.verdict(len(keys), missing, wrong, fr, "writes", "reads")
+	return ok, state, nil
 }
 
 func (w *redisLoad) close() {
@@ -176,24 +142,23 @@ func (w *redisLoad) close() {
 // redisCompare reads keys (MGET, in batches) and counts those absent and
 // those not holding value(key, size).
 func redisCompare(ctx context.Context, c *redis.Client, keys []string, size int) (missing, wrong int, err error) {
-	for len(keys) > 0 {
-		batch := keys[:min(checkBatch, len(keys))]
-		keys = keys[len(batch):]
+	return compareValues(keys, size, func(batch []string) (map[string][]byte, error) {
 		vals, err := c.MGet(ctx, batch...).Result()
 		if err != nil {
-			return 0, 0, err
+			return nil, err
 		}
+		got := make(map[string][]byte, len(vals))
 		for n, v := range vals {
-			s, ok := v.(string)
-			switch {
-			case v == nil:
-				missing++
-			case !ok || s != string(value(batch[n], size)):
-				wrong++
+			switch s := v.(type) {
+			case nil:
+			case string:
+				got[batch[n]] = []byte(s)
+			default:
+				got[batch[n]] = []byte{} // not a string: never the value
 			}
 		}
-	}
-	return missing, wrong, nil
+		return got, nil
+	})
 }
 
 func fillKey(n int) string { return "fill:" + strconv.Itoa(n) }
@@ -231,15 +196,5 @@ func checkFillRedisWith(ctx context.Context, c *redis.Client) (fillReport, error
 	if err != nil {
 		return fillReport{}, err
 	}
-	items, size, err := parseFillMarker(marker)
-	if err != nil {
-		return fillReport{}, err
-	}
-	keys := make([]string, items)
-	for i := range keys {
-		keys[i] = fillKey(i)
-	}
-	r := fillReport{Items: items, Size: size}
-	r.Missing, r.Wrong, err = redisCompare(ctx, c, keys, size)
-	return r, err
+	return checkFillKeys(marker, func(keys []string, size int) (int, int, error) { return redisCompare(ctx, c, keys, size) })
 }
