@@ -39,16 +39,6 @@ type Interval struct {
 // min–max range.
 func (iv Interval) IsCI() bool { return iv.Coverage > 0 }
 
-// Median is the middle value, the mean of the two middle ones for an even
-// count, NaN for none. NaN values are left out.
-func Median(xs []float64) float64 {
-	s := sortedFinite(xs)
-	if len(s) == 0 {
-		return math.NaN()
-	}
-	return median(s)
-}
-
 // MedianCI is the median of xs (NaN left out) and its distribution-free
 // 95 % confidence interval, or the min–max range with fewer than
 // MinRunsForCI values. With none, every field but N is NaN.
