@@ -159,13 +159,20 @@ func TestRelayEndsWithTheDaemon(t *testing.T) {
 	}
 	time.Sleep(20 * time.Millisecond)
 	daemon.Close()
+	endsWithDaemonGone(t, out, "the relay waited on for an agent after its daemon ended")
+}
+
+// endsWithDaemonGone waits for the relay's outcome: ErrDaemonGone, within
+// 5 s (stuck says what waited instead).
+func endsWithDaemonGone(t *testing.T, out <-chan error, stuck string) {
+	t.Helper()
 	select {
 	case err := <-out:
 		if !errors.Is(err, ErrDaemonGone) {
 			t.Fatalf("relay ended with %v, want ErrDaemonGone", err)
 		}
 	case <-time.After(5 * time.Second):
-		t.Fatal("the relay waited on for an agent after its daemon ended")
+		t.Fatal(stuck)
 	}
 }
 
@@ -184,14 +191,7 @@ func TestRelayEndsWithTheDaemonWhileAnAgentOwesAReply(t *testing.T) {
 	}
 	readN(t, agent, headerSize) // the request reached the agent, which stays silent
 	daemon.Close()
-	select {
-	case err := <-out:
-		if !errors.Is(err, ErrDaemonGone) {
-			t.Fatalf("relay ended with %v, want ErrDaemonGone", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the relay waited on its agent's reply after its daemon ended")
-	}
+	endsWithDaemonGone(t, out, "the relay waited on its agent's reply after its daemon ended")
 	// The agent hears the end: its connection closes.
 	_ = agent.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := agent.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
