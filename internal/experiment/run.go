@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -251,9 +252,7 @@ func machine() string {
 	if v, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		fmt.Fprintf(&b, "Linux %s", strings.TrimSpace(string(v)))
 	}
-	if data, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		fmt.Fprintf(&b, ", %d CPUs", strings.Count(string(data), "\nprocessor")+1)
-	}
+	fmt.Fprintf(&b, ", %d CPUs", runtime.NumCPU())
 	if data, err := os.ReadFile("/proc/uptime"); err == nil {
 		var up float64
 		if _, err := fmt.Sscan(string(data), &up); err == nil {
