@@ -113,6 +113,7 @@ runs the agent with /etc/ferry/agent.toml, and the example file.`,
 	f.StringSliceVar(&segmentRanges, "segment-range", nil, "address ranges (CIDR) containers keeping their address may claim on --segment-bridge (repeatable); none: such containers are refused")
 	f.StringVar(&a.PodmanDir, "podman-dir", "", "a Podman instance of this agent's own under this directory (storage, run, network config); empty: the machine's Podman")
 	f.StringVar(&a.LXCPath, "lxc-path", "", "where LXC containers live (lxc-* -P); empty: LXC's default, /var/lib/lxc")
+	f.StringSliceVar(&a.ImageRoots, "image-root", nil, "directories holding unpacked images (repeatable): a runc container whose root is an overlay over an image below one of them moves only its own writable layer; none: such containers are refused here")
 	f.StringVar(&a.Host.CgroupParent, "cgroup-parent", "ferry", "cgroup under which restored containers live")
 	f.StringVar(&a.Host.NetNS, "netns", "", "network namespace path that restored containers join when their source joined one")
 	f.StringVar(&a.Host.ScratchDir, "scratch", "/dev/shm/ferry", "where migrations keep CRIU images while they run; a tmpfs makes restores fast")

@@ -63,6 +63,9 @@ type Agent struct {
 	// hosts); empty means the machine's Podman. LXCPath is where LXC
 	// containers live (lxc-* -P; empty: LXC's default).
 	PodmanDir, LXCPath string
+	// ImageRoots hold the images runc containers with an overlay root may
+	// sit on here: only such a container's own layer moves.
+	ImageRoots []string
 	// SegmentBridge is the host's bridge to the shared L2 segment, for
 	// containers that keep their address.
 	SegmentBridge string
@@ -123,7 +126,7 @@ func (a *Agent) runtimes(runcRoot string) runtime.Set {
 func (a *Agent) newRuntimes() runtime.Set {
 	set := runtime.Set{
 		"runc": &runc.Runtime{Host: runc.Host{Root: a.Host.RuncRoot()}, BundleRoot: filepath.Join(a.Host.StateDir, "bundles"), Admission: a.Admission,
-			CgroupParent: a.Host.CgroupParent, NetNS: a.Host.NetNS, Lazy: a.feats.LazyPages, DirtyTracking: a.feats.DirtyTracking},
+			ImageRoots: a.ImageRoots, CgroupParent: a.Host.CgroupParent, NetNS: a.Host.NetNS, Lazy: a.feats.LazyPages, DirtyTracking: a.feats.DirtyTracking},
 	}
 	// Other runtimes where their tools are installed.
 	if _, err := exec.LookPath("podman"); err == nil {

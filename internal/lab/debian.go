@@ -469,12 +469,20 @@ func LayDebianRootfs(ctx context.Context, dir string, o DebianOptions) error {
 	return layDebianRootfs(ctx, r.Tarball, dir, filepath.Dir(exe))
 }
 
-// layDebianRootfs extracts tarball into dir, keeping numeric owners, modes
-// and xattrs but no device files (the runtime makes /dev), writes the basic
-// /etc files the lab's own rootfs has where Debian lacks them, and installs
+// layDebianRootfs extracts tarball into dir (extractDebian) and installs
 // the workloads from binDir in /usr/local/bin (a real directory: /bin is a
 // symlink in a merged-/usr Debian).
 func layDebianRootfs(ctx context.Context, tarball, dir, binDir string) error {
+	if err := extractDebian(ctx, tarball, dir); err != nil {
+		return err
+	}
+	return installWorkloads(dir, binDir, "usr/local/bin")
+}
+
+// extractDebian extracts tarball into dir, keeping numeric owners, modes
+// and xattrs but no device files (the runtime makes /dev), and writes the
+// basic /etc files the lab's own rootfs has where Debian lacks them.
+func extractDebian(ctx context.Context, tarball, dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -491,21 +499,80 @@ func layDebianRootfs(ctx context.Context, tarball, dir, binDir string) error {
 			}
 		}
 	}
-	return installWorkloads(dir, binDir, "usr/local/bin")
+	return nil
 }
 
-// layRootfs fills a lab container's rootfs dir with the kind of root
-// filesystem asked for.
-func layRootfs(ctx context.Context, o RunOptions, dir, binDir string) error {
-	switch o.Rootfs {
-	case "", RootfsBusybox:
-		return buildRootfs(dir, binDir)
-	case RootfsDebian:
+// DebianImageRoot holds the Debian root filesystems unpacked as images
+// (EnsureDebianImage), which the lab's containers share as the lower layer
+// of an overlay root. The lab's agents take it as their --image-root.
+func DebianImageRoot() string { return filepath.Join(DefaultRootfsCache(), "images") }
+
+// EnsureDebianImage returns the directory of the Debian root filesystem
+// unpacked as an image below DebianImageRoot, unpacking it (into a
+// temporary directory renamed into place) if it is not there yet. Nothing
+// writes to it afterwards: the containers' writes go to their own layers.
+func EnsureDebianImage(ctx context.Context, o DebianOptions) (string, error) {
+	r, err := EnsureDebianRootfs(ctx, o)
+	if err != nil {
+		return "", err
+	}
+	root := DebianImageRoot()
+	dir := filepath.Join(root, o.name())
+	if _, err := os.Stat(dir); err == nil {
+		return dir, nil
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return "", err
+	}
+	unlock, err := lockFile(ctx, filepath.Join(root, o.name()+".lock"))
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	if _, err := os.Stat(dir); err == nil {
+		return dir, nil
+	}
+	tmp := filepath.Join(root, ".unpack-"+o.name())
+	if err := os.RemoveAll(tmp); err != nil {
+		return "", err
+	}
+	if err := extractDebian(ctx, r.Tarball, tmp); err != nil {
+		_ = os.RemoveAll(tmp)
+		return "", err
+	}
+	return dir, os.Rename(tmp, dir)
+}
+
+// layRootfs fills a lab container's bundle with the kind of root
+// filesystem asked for: a Debian one by default as an overlay, the image
+// below and the container's own layer (bundle/upper) above, with the
+// workloads installed through it.
+func layRootfs(ctx context.Context, o RunOptions, bundle, binDir string) error {
+	root := filepath.Join(bundle, "rootfs")
+	switch {
+	case o.Rootfs == "" || o.Rootfs == RootfsBusybox:
+		return buildRootfs(root, binDir)
+	case o.Rootfs == RootfsDebian && o.CopyImage:
 		r, err := EnsureDebianRootfs(ctx, DebianOptions{Packages: o.Packages})
 		if err != nil {
 			return err
 		}
-		return layDebianRootfs(ctx, r.Tarball, dir, binDir)
+		return layDebianRootfs(ctx, r.Tarball, root, binDir)
+	case o.Rootfs == RootfsDebian:
+		image, err := EnsureDebianImage(ctx, DebianOptions{Packages: o.Packages})
+		if err != nil {
+			return err
+		}
+		ov := mounts.Overlay{Lower: []string{image}, Upper: filepath.Join(bundle, "upper"), Work: filepath.Join(bundle, "work")}
+		for _, d := range []string{root, ov.Upper, ov.Work} {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				return err
+			}
+		}
+		if err := ov.Mount(root); err != nil {
+			return err
+		}
+		return installWorkloads(root, binDir, "usr/local/bin")
 	}
 	return fmt.Errorf("unknown root filesystem %q: want %s or %s", o.Rootfs, RootfsBusybox, RootfsDebian)
 }

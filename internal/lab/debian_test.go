@@ -392,8 +392,9 @@ func TestDebianLabRun(t *testing.T) {
 	l := &Lab{Hosts: []Host{h}, FerryBin: filepath.Join(bins, "ferry")}
 	rc := h.Runc()
 	t.Cleanup(func() {
-		if err := rc.Delete(context.Background(), "kv"); err != nil {
-			t.Errorf("runc delete: %v", err)
+		// The container, then its bundle with the overlay mounted there.
+		if err := l.RemoveFrom(context.Background(), "runc", h.Name, "kv"); err != nil {
+			t.Errorf("remove the container: %v", err)
 		}
 		dirs, _ := filepath.Glob(filepath.Join(cgroups.Root, "*", h.CgroupParent))
 		for _, d := range dirs {
@@ -425,8 +426,14 @@ func TestDebianLabRun(t *testing.T) {
 	if strings.TrimSpace(string(out)) != "PONG" {
 		t.Fatalf("redis-cli ping in the lab container: %q, %v", out, err)
 	}
-	if _, err := os.Stat(filepath.Join(h.BundleDir("kv"), "rootfs", "usr/local/bin/memhog")); err != nil {
-		t.Errorf("memhog in the bundle: %v", err)
+	// The image below, shared; the container's own layer above, where
+	// the workloads went.
+	if ov, err := mounts.OverlayAt(filepath.Join(h.BundleDir("kv"), "rootfs")); err != nil || ov == nil ||
+		len(ov.Lower) != 1 || filepath.Dir(ov.Lower[0]) != DebianImageRoot() {
+		t.Errorf("the root is not an overlay over an image below %s: %+v %v", DebianImageRoot(), ov, err)
+	}
+	if _, err := os.Stat(filepath.Join(h.BundleDir("kv"), "upper", "usr/local/bin/memhog")); err != nil {
+		t.Errorf("memhog in the container's own layer: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(cgroups.Root, "memory", h.CgroupParent, "kv")); err != nil {
 		t.Errorf("container cgroup: %v", err)

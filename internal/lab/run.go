@@ -12,6 +12,7 @@ import (
 	"regexp"
 
 	"github.com/ferry-migrate/ferry/internal/cnet"
+	"github.com/ferry-migrate/ferry/internal/mounts"
 
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 )
@@ -47,6 +48,10 @@ type RunOptions struct {
 	// filesystem with only what one service needs (built and cached once
 	// per package list).
 	Packages []string
+	// CopyImage, with RootfsDebian, copies the whole tree into the bundle
+	// (all of it moves) instead of an overlay over the shared image (only
+	// the container's own layer moves).
+	CopyImage bool
 }
 
 // RunWith starts a container on a lab host like Run and RunOnSegment, with
@@ -63,8 +68,8 @@ func (l *Lab) RunWith(ctx context.Context, hostName, container string, o RunOpti
 	default:
 		return fmt.Errorf("unknown root filesystem %q: want %s or %s", o.Rootfs, RootfsBusybox, RootfsDebian)
 	}
-	if len(o.Packages) > 0 && o.Rootfs != RootfsDebian {
-		return fmt.Errorf("packages need the %s root filesystem", RootfsDebian)
+	if (len(o.Packages) > 0 || o.CopyImage) && o.Rootfs != RootfsDebian {
+		return fmt.Errorf("packages need the %s root filesystem, and so does copying its image", RootfsDebian)
 	}
 	return l.run(ctx, hostName, container, o, args)
 }
@@ -103,7 +108,7 @@ func (l *Lab) run(ctx context.Context, hostName, container string, o RunOptions,
 	}
 	nsName := ""
 	err = func() error {
-		if err := layRootfs(ctx, o, filepath.Join(bundle, "rootfs"), filepath.Dir(bin)); err != nil {
+		if err := layRootfs(ctx, o, bundle, filepath.Dir(bin)); err != nil {
 			return err
 		}
 		for _, p := range o.HostPrograms {
@@ -139,7 +144,7 @@ func (l *Lab) run(ctx context.Context, hostName, container string, o RunOptions,
 	if err != nil {
 		// Leave the name free for another try; the log stays.
 		_ = rc.Delete(context.WithoutCancel(ctx), container)
-		_ = os.RemoveAll(bundle)
+		_ = mounts.RemoveAll(bundle)
 		if nsName != "" {
 			_ = cnet.Delete(nsName)
 		}

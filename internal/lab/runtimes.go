@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/runtime/lxc"
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
@@ -148,7 +149,7 @@ func (l *Lab) RemoveFrom(ctx context.Context, kind, hostName, container string) 
 	switch kind {
 	case "", "runc":
 		err := h.Runc().Delete(ctx, container)
-		return errors.Join(err, os.RemoveAll(h.BundleDir(container)))
+		return errors.Join(err, mounts.RemoveAll(h.BundleDir(container)))
 	case "podman":
 		return h.Podman().Remove(ctx, container)
 	case "lxc":

@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -104,4 +105,94 @@ func RemoveAll(dir string) error {
 		return errors.Join(err, fmt.Errorf("still mounted below %s: %v", dir, left))
 	}
 	return os.RemoveAll(dir)
+}
+
+// Overlay is an overlayfs mount's layers.
+type Overlay struct {
+	// Lower are the read-only layers, uppermost first.
+	Lower []string
+	// Upper and Work are the writable layer and overlayfs's scratch
+	// directory beside it.
+	Upper, Work string
+}
+
+// OverlayAt returns the layers of the overlayfs mounted at dir, or nil
+// when what is mounted there (the last mount, where several are stacked)
+// is not an overlay or dir is no mount point.
+func OverlayAt(dir string) (*Overlay, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return ParseOverlay(f, abs)
+}
+
+// ParseOverlay is OverlayAt over a mountinfo table.
+func ParseOverlay(mountinfo io.Reader, dir string) (*Overlay, error) {
+	dir = filepath.Clean(dir)
+	var found *Overlay
+	sc := bufio.NewScanner(mountinfo)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTS
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 || unescapeMount(fields[4]) != dir {
+			continue
+		}
+		found = nil
+		sep := slices.Index(fields, "-")
+		if sep < 0 || len(fields) < sep+4 || fields[sep+1] != "overlay" {
+			continue
+		}
+		o, err := parseOverlayOptions(fields[sep+3])
+		if err != nil {
+			return nil, fmt.Errorf("overlay at %s: %w", dir, err)
+		}
+		found = o
+	}
+	return found, sc.Err()
+}
+
+// parseOverlayOptions reads lowerdir, upperdir and workdir from an
+// overlay's super options. The kernel escapes a comma, space or backslash
+// in a path as an octal sequence; a colon inside a layer's path would be
+// escaped with a backslash, which ferry refuses rather than guess.
+func parseOverlayOptions(opts string) (*Overlay, error) {
+	var o Overlay
+	for _, kv := range strings.Split(opts, ",") {
+		k, v, _ := strings.Cut(kv, "=")
+		v = unescapeMount(v)
+		switch k {
+		case "lowerdir", "lowerdir+":
+			if strings.Contains(v, `\`) {
+				return nil, fmt.Errorf("a lower layer's path holds an escaped character: %q", v)
+			}
+			o.Lower = append(o.Lower, strings.Split(v, ":")...)
+		case "datadir+":
+			return nil, errors.New("data-only lower layers are not supported")
+		case "upperdir":
+			o.Upper = v
+		case "workdir":
+			o.Work = v
+		}
+	}
+	if len(o.Lower) == 0 {
+		return nil, errors.New("no lowerdir in its options")
+	}
+	return &o, nil
+}
+
+// Mount mounts the overlay at dir. The layers' paths must not hold ',' or
+// ':' (overlayfs's option syntax); the caller has checked them.
+func (o Overlay) Mount(dir string) error {
+	opts := "lowerdir=" + strings.Join(o.Lower, ":") + ",upperdir=" + o.Upper + ",workdir=" + o.Work
+	if err := unix.Mount("overlay", dir, "overlay", 0, opts); err != nil {
+		return fmt.Errorf("mount an overlay at %s: %w", dir, err)
+	}
+	return nil
 }

@@ -6,6 +6,8 @@
 package rootfs
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -348,6 +350,20 @@ func (m Manifest) MarshalJSON() ([]byte, error) {
 		out = append(out, w)
 	}
 	return json.Marshal(out)
+}
+
+// Digest names the tree the manifest describes: "sha256:" over its
+// entries in path order (names, types, modes, owners, sizes, times, link
+// targets; not contents). Two copies of one image unpacked with their
+// times kept have the same digest; scanning is cheap where hashing every
+// file's contents is not.
+func (m Manifest) Digest() (string, error) {
+	b, err := m.MarshalJSON()
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(sum[:]), nil
 }
 
 // UnmarshalJSON decodes what MarshalJSON produced.

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -678,5 +679,36 @@ func TestSendDeltaNamesWhatItSkipped(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dst, "b")); !os.IsNotExist(err) {
 		t.Errorf("a skipped entry arrived: %v", err)
+	}
+}
+
+func TestManifestDigest(t *testing.T) {
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "a", "f"), []byte("image"), 0o644)
+	write(t, filepath.Join(dir, "b"), []byte("layer"), 0o600)
+	a, err := Scan(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	da, err := a.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, _ := Scan(dir)
+	if d, _ := again.Digest(); d != da || !strings.HasPrefix(da, "sha256:") {
+		t.Fatalf("digest of one tree: %s, then %s", da, d)
+	}
+	// Any described change names another tree: a file's size, a mode, a
+	// new entry.
+	for name, change := range map[string]func(Manifest){
+		"size": func(m Manifest) { e := m["a/f"]; e.Size++; m["a/f"] = e },
+		"mode": func(m Manifest) { e := m["a/f"]; e.Mode ^= 0o001; m["a/f"] = e },
+		"new":  func(m Manifest) { m["zz"] = Entry{Path: "zz", Mode: 0o644} },
+	} {
+		m := maps.Clone(a)
+		change(m)
+		if d, _ := m.Digest(); d == da {
+			t.Errorf("%s: digest unchanged", name)
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/admission"
 	"github.com/ferry-migrate/ferry/internal/cgroups"
+	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 )
 
@@ -33,6 +34,9 @@ type Runtime struct {
 	// Admission is what this host accepts of an incoming config.json,
 	// which runc runs as it is.
 	Admission admission.Policy
+	// ImageRoots are the directories whose trees a container received
+	// here may have as its image (an overlay root's lower layers).
+	ImageRoots []string
 	// Lazy says CRIU's lazy dump works here (fs.pipe-max-size, uffd);
 	// DirtyTracking that CRIU's pre-dump does (soft-dirty).
 	Lazy, DirtyTracking bool
@@ -50,7 +54,8 @@ func (r *Runtime) Caps() runtime.Caps {
 }
 
 // Inspect reads `runc state` and the bundle's config.json. The rootfs is
-// where the spec's root.path points, relative to the bundle or absolute.
+// where the spec's root.path points, relative to the bundle or absolute;
+// where an overlay is mounted there, only its writable layer (layers.go).
 func (r *Runtime) Inspect(ctx context.Context, name string) (*runtime.Container, error) {
 	st, err := r.State(ctx, name)
 	if errors.Is(err, ErrNotFound) {
@@ -77,7 +82,15 @@ func (r *Runtime) Inspect(ctx context.Context, name string) (*runtime.Container,
 	if s.Process != nil && s.Process.Terminal {
 		return nil, fmt.Errorf("container %q has a terminal: CRIU can restore it only as a shell job, which ferry does not move", name)
 	}
-	return &runtime.Container{Runtime: r.Kind(), Name: name, ID: name, PID: st.Pid, Status: st.Status, Rootfs: root, Spec: spec}, nil
+	c := &runtime.Container{Runtime: r.Kind(), Name: name, ID: name, PID: st.Pid, Status: st.Status, Rootfs: root, Spec: spec}
+	upper, image, meta, err := overlayRoot(root)
+	if err != nil {
+		return nil, err
+	}
+	if upper != "" {
+		c.Rootfs, c.Image, c.Meta = upper, image, map[string][]byte{layersMeta: meta}
+	}
+	return c, nil
 }
 
 // Freeze is runc pause (the cgroup freezer).
@@ -96,7 +109,7 @@ func (r *Runtime) Remove(ctx context.Context, c *runtime.Container) error {
 	if r.BundleRoot != "" && c.Name != "" && filepath.Base(c.Name) == c.Name {
 		bundle := filepath.Join(r.BundleRoot, c.Name)
 		_ = os.Remove(bundle + ".log")
-		return os.RemoveAll(bundle)
+		return mounts.RemoveAll(bundle) // an overlay root is mounted there
 	}
 	return nil
 }
@@ -152,8 +165,9 @@ type lazyDump struct {
 func (d *lazyDump) Wait() error                         { <-d.done; return d.err }
 func (d *lazyDump) Release(context.Context, bool) error { return nil }
 
-// Prepare makes the container's bundle here: an empty rootfs and the
-// source's config.json adapted to this host.
+// Prepare makes the container's bundle here: an empty rootfs (for an
+// overlay root, an empty writable layer over the image, which must be
+// here) and the source's config.json adapted to this host.
 func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.PrepareOptions) (runtime.Target, error) {
 	if c.Name == "" || filepath.Base(c.Name) != c.Name || c.Name == "." || c.Name == ".." {
 		return nil, fmt.Errorf("bad container name %q", c.Name)
@@ -167,15 +181,24 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 		return nil, err
 	}
 	t := &target{r: r, name: c.Name, bundle: filepath.Join(r.BundleRoot, c.Name)}
+	if c.Meta[layersMeta] != nil {
+		lower, err := imageHere(c, r.ImageRoots)
+		if err != nil {
+			return nil, err
+		}
+		t.lower = lower
+	}
 	spec, err := r.adaptSpec(c, o.NetNS, t.criuConf())
 	if err != nil {
 		return nil, err
 	}
-	if err := os.RemoveAll(t.bundle); err != nil {
+	if err := mounts.RemoveAll(t.bundle); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(t.RootfsDir(), 0o700); err != nil {
-		return nil, err
+	for _, dir := range []string{t.root(), t.RootfsDir(), t.work()} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, err
+		}
 	}
 	// CRIU leaves the restored processes stopped until the commit (Start);
 	// the file is emptied once the restore has read it, so that a later
@@ -234,9 +257,24 @@ type target struct {
 	r      *Runtime
 	name   string
 	bundle string
+	// lower is the image an overlay root is mounted over, none for a
+	// plain root.
+	lower []string
 }
 
-func (t *target) RootfsDir() string { return filepath.Join(t.bundle, "rootfs") }
+// root is the bundle's root filesystem: where the layer is applied for a
+// plain root, the overlay's mount point otherwise.
+func (t *target) root() string { return filepath.Join(t.bundle, "rootfs") }
+
+// work is overlayfs's scratch directory (unused for a plain root).
+func (t *target) work() string { return filepath.Join(t.bundle, "work") }
+
+func (t *target) RootfsDir() string {
+	if t.lower == nil {
+		return t.root()
+	}
+	return filepath.Join(t.bundle, "upper")
+}
 
 // criuConf is the CRIU configuration file runc passes CRIU for this
 // container (its org.criu.config annotation).
@@ -253,7 +291,15 @@ func (r *Runtime) Continue(ctx context.Context, c *runtime.Container) error {
 	return r.ContinueAll(ctx, c.ID)
 }
 
+// Restore mounts an overlay root (only now: its layer is complete, and
+// overlayfs does not allow writing to a mounted upper directory) and runs
+// runc restore.
 func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, error) {
+	if t.lower != nil {
+		if err := (mounts.Overlay{Lower: t.lower, Upper: t.RootfsDir(), Work: t.work()}).Mount(t.root()); err != nil {
+			return 0, err
+		}
+	}
 	err := t.r.Host.Restore(ctx, t.name, RestoreOptions{ImagePath: o.ImagesDir, WorkPath: o.WorkDir, Bundle: t.bundle,
 		LogPath: t.bundle + ".log", TCPEstablished: o.TCPEstablished, LazyPages: o.Lazy})
 	// Read by now: later dumps of this container must not leave it stopped.
@@ -280,6 +326,6 @@ func (t *target) Discard(ctx context.Context) error {
 		return err
 	}
 	_ = os.Remove(t.bundle + ".log")
-	_ = os.RemoveAll(t.bundle)
+	_ = mounts.RemoveAll(t.bundle)
 	return nil
 }
