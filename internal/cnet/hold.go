@@ -64,6 +64,9 @@ type Hold struct {
 	mu     sync.Mutex
 	lastID uint32 // the last packet queued, 0 for none yet
 	held   int
+	// passing: released, so the reader accepts each packet as it comes
+	// until Close takes the rule away.
+	passing bool
 	done   chan struct{}
 	once   sync.Once
 }
@@ -155,12 +158,17 @@ func (h *Hold) read() {
 			}
 			return // closed
 		}
+		queued, passing := false, false
 		for _, m := range msgs {
 			if id, ok := packetID(m); ok {
 				h.mu.Lock()
-				h.lastID, h.held = id, h.held+1
+				h.lastID, h.held, passing = id, h.held+1, h.passing
 				h.mu.Unlock()
+				queued = true
 			}
+		}
+		if queued && passing {
+			_ = h.accept()
 		}
 	}
 }
@@ -196,21 +204,30 @@ func (h *Hold) accept() error {
 	return h.send(nfqnlMsgVerdictB, nl.NewRtAttr(nfqaVerdictHdr, hdr))
 }
 
-// Release delivers what was held, then lets packets through unheld. It
-// returns how many packets were held.
+// Release delivers what was held and from then on lets each packet
+// through as it is queued; it returns how many were held. The rule stays
+// until Close, which can wait until after the commit: removing it runs
+// iptables, tens of milliseconds the peers need not wait for.
 func (h *Hold) Release() (int, error) {
-	err := h.accept() // the peers' packets first: each is a peer waiting
-	if _, rerr := inNS(h.nsPath, holdRuleCmd("-D")...); rerr != nil {
-		err = errors.Join(err, fmt.Errorf("stop holding packets: %w", rerr))
+	h.mu.Lock()
+	h.passing = true
+	n := h.held
+	h.mu.Unlock()
+	return n, h.accept()
+}
+
+// Close stops holding after a Release: the rule goes, what was queued
+// before it went is accepted, and the queue's reader stops.
+func (h *Hold) Close() error {
+	_, err := inNS(h.nsPath, holdRuleCmd("-D")...)
+	if err != nil {
+		err = fmt.Errorf("stop holding packets: %w", err)
 	}
 	// What was queued before the rule went: its IDs are read in a moment.
 	time.Sleep(5 * time.Millisecond)
 	err = errors.Join(err, h.accept())
-	h.mu.Lock()
-	n := h.held
-	h.mu.Unlock()
 	h.close()
-	return n, err
+	return err
 }
 
 // Drop discards what was held and stops holding: the peers retransmit to

@@ -105,6 +105,17 @@ func TestHoldReleaseDelivers(t *testing.T) {
 	if got, err := readWithin(server, 4, 5*time.Second); err != nil || got != "ping" {
 		t.Fatalf("after the release: %q, %v", got, err)
 	}
+	// Released but not closed: what arrives passes at once, the rule
+	// still in place.
+	if _, err := client.Write([]byte("more")); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := readWithin(server, 4, 5*time.Second); err != nil || got != "more" {
+		t.Fatalf("between the release and the close: %q, %v", got, err)
+	}
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
 	// Unheld now: the rule is gone.
 	if out, err := inNS(path, "iptables", "-t", "raw", "-S", "PREROUTING"); err != nil || strings.Contains(string(out), "NFQUEUE") {
 		t.Errorf("the hold's rule stayed: %v: %s", err, out)

@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"encoding/binary"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +15,8 @@ import (
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/labtool"
+	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // startClient runs a lab-tool client on host that holds one TCP connection
@@ -129,4 +133,75 @@ func TestRedisKeepsItsClient(t *testing.T) {
 		t.Fatalf("the Redis client's connection did not survive: %+v", res)
 	}
 	t.Logf("redis: downtime %.0f ms; %d INCRs on one connection, counter continuous, longest wait %.0f ms", rep.DowntimeMs, res.Received, res.MaxGapMs)
+}
+
+// TestDumpLeavesTheNetworkUnlocked checks what a dump of a container with
+// a network of its own records as CRIU's network lock: none where the
+// engine keeps the network quiet itself (the restore takes the method
+// from the images, so neither side spends tens of milliseconds in
+// iptables), CRIU's iptables lock otherwise.
+func TestDumpLeavesTheNetworkUnlocked(t *testing.T) {
+	requireLab(t)
+	bin := ferryBin(t)
+	l := upLab(t, bin)
+	ctx := context.Background()
+	if err := l.RunOnSegment(ctx, "h1", "quiet", "10.79.0.11", nil, []string{"/bin/memhog", "--memory", "8M", "--port", memhogPort}); err != nil {
+		t.Fatal(err)
+	}
+	rc := l.Hosts[0].Runc()
+	for _, c := range []struct {
+		noLock bool
+		want   uint64
+	}{{true, criuNetworkLockSkip}, {false, criuNetworkLockIptables}} {
+		dir := t.TempDir()
+		if err := rc.Checkpoint(ctx, "quiet", runc.CheckpointOptions{ImagePath: dir, WorkPath: dir, LeaveRunning: true,
+			TCPEstablished: true, NoNetworkLock: c.noLock}); err != nil {
+			t.Fatal(err)
+		}
+		if got := inventoryLockMethod(t, dir); got != c.want {
+			t.Errorf("NoNetworkLock %v: CRIU's network lock method %d, want %d", c.noLock, got, c.want)
+		}
+	}
+}
+
+// CRIU's enum NETWORK_LOCK_METHOD, in inventory.img's field 11.
+const (
+	criuNetworkLockIptables = 0
+	criuNetworkLockSkip     = 2
+)
+
+// inventoryLockMethod reads the network lock method from a dump's
+// inventory image: its magic, then one length-prefixed entry.
+func inventoryLockMethod(t *testing.T, dir string) uint64 {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "inventory.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) < 8 {
+		t.Fatalf("inventory.img of %d bytes", len(b))
+	}
+	n := binary.LittleEndian.Uint32(b[4:])
+	entry := b[8:]
+	if int(n) > len(entry) {
+		t.Fatalf("inventory entry of %d bytes in %d", n, len(entry))
+	}
+	entry = entry[:n]
+	for len(entry) > 0 {
+		num, typ, l := protowire.ConsumeTag(entry)
+		if l < 0 {
+			t.Fatal("bad inventory entry")
+		}
+		entry = entry[l:]
+		if num == 11 && typ == protowire.VarintType {
+			v, _ := protowire.ConsumeVarint(entry)
+			return v
+		}
+		l = protowire.ConsumeFieldValue(num, typ, entry)
+		if l < 0 {
+			t.Fatal("bad inventory entry")
+		}
+		entry = entry[l:]
+	}
+	return criuNetworkLockIptables // a default is not written
 }

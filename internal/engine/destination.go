@@ -502,7 +502,9 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	if lp == nil {
 		in.recordFinal(in.peer, journal.Started)
 	}
-	if err := ctl.Send(Committed{HeldPackets: held, HoldError: in.holdErr}); err != nil {
+	err = ctl.Send(Committed{HeldPackets: held, HoldError: in.holdErr})
+	in.closeHold()
+	if err != nil {
 		if lp != nil {
 			// The source is gone as the pull begins: its pages cannot
 			// come, and the copy must not run on without them.

@@ -167,7 +167,8 @@ func (in *incoming) bringUpNetwork() error {
 	return cnet.Announce(in.netnsPath, *in.offer.Network)
 }
 
-// releaseHeld delivers what the hold kept, once the copy runs.
+// releaseHeld delivers what the hold kept, once the copy runs; what
+// arrives after passes at once (closeHold ends the hold after the commit).
 func (in *incoming) releaseHeld() int {
 	if in.hold == nil {
 		return 0
@@ -176,8 +177,18 @@ func (in *incoming) releaseHeld() int {
 	if err != nil {
 		slog.Warn("releasing the packets held for the container", "container", in.offer.Container, "error", err)
 	}
-	in.hold = nil
 	return n
+}
+
+// closeHold removes a released hold's rule, off the commit's path.
+func (in *incoming) closeHold() {
+	if in.hold == nil {
+		return
+	}
+	if err := in.hold.Close(); err != nil {
+		slog.Warn("ending the hold on the container's packets", "container", in.offer.Container, "error", err)
+	}
+	in.hold = nil
 }
 
 // dropHold lets go of a hold the migration did not release: the rule

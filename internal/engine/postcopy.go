@@ -101,7 +101,7 @@ func (m *migration) startLazyDump(ctx context.Context) (*lazyDump, error) {
 	dumpCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	d, err := m.rt.Checkpoint(dumpCtx, m.ctr, runtime.CheckpointOptions{
 		ImagesDir: filepath.Join(m.work, "images"), WorkDir: m.work, PageServer: ld.addr,
-		Lazy: true, TCPEstablished: m.network != nil, PageNet: pn,
+		Lazy: true, TCPEstablished: m.network != nil, NetworkQuiet: m.network != nil, PageNet: pn,
 	})
 	if err != nil {
 		stop()

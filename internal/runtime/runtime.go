@@ -94,6 +94,10 @@ type CheckpointOptions struct {
 	PreDump bool
 	// TCPEstablished carries established TCP connections.
 	TCPEstablished bool
+	// NetworkQuiet says the engine keeps the container's network silent
+	// itself (its links down from the freeze, the destination holding
+	// what arrives until the commit), so the dump need not lock it.
+	NetworkQuiet bool
 }
 
 // Dump is a checkpoint under way or done. Checkpoint returns it once the

@@ -125,7 +125,8 @@ func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtim
 // whose containers runc runs (Podman).
 func (h Host) Dump(ctx context.Context, id string, o runtime.CheckpointOptions) (runtime.Dump, error) {
 	opts := CheckpointOptions{ImagePath: o.ImagesDir, WorkPath: o.WorkDir, ParentPath: o.ParentDir, PageServer: o.PageServer,
-		LeaveRunning: !o.PreDump, TCPEstablished: o.TCPEstablished, PreDump: o.PreDump, LazyPages: o.Lazy, Netns: o.PageNet}
+		LeaveRunning: !o.PreDump, TCPEstablished: o.TCPEstablished, PreDump: o.PreDump, LazyPages: o.Lazy, Netns: o.PageNet,
+		NoNetworkLock: o.NetworkQuiet}
 	if !o.Lazy {
 		return doneDump{}, h.Checkpoint(ctx, id, opts)
 	}

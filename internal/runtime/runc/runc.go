@@ -166,6 +166,11 @@ type CheckpointOptions struct {
 	TCPEstablished bool
 	PreDump        bool
 	LazyPages      bool
+	// NoNetworkLock leaves the network as it is: CRIU's own lock (iptables
+	// rules added and removed inside the dump, and again inside the
+	// restore, about 70 ms each) is for callers that keep the network
+	// quiet themselves.
+	NoNetworkLock bool
 	// StatusFD, with LazyPages, receives a byte from CRIU once the images
 	// are written and its page server listens. Checkpoint closes it.
 	StatusFD *os.File
@@ -202,6 +207,19 @@ func (h Host) Checkpoint(ctx context.Context, id string, o CheckpointOptions) er
 	c := exec.CommandContext(ctx, h.bin(), full...)
 	var stderr bytes.Buffer
 	c.Stderr = &stderr
+	if o.NoNetworkLock {
+		// runc has no flag for it; CRIU reads a configuration file named
+		// by its environment before runc's requests (which leave the lock
+		// method unset). The restore takes the method from the images.
+		conf := filepath.Join(o.WorkPath, "criu-dump.conf")
+		if o.WorkPath == "" {
+			conf = filepath.Join(o.ImagePath, "criu-dump.conf")
+		}
+		if err := os.WriteFile(conf, []byte("network-lock skip\n"), 0o600); err != nil {
+			return err
+		}
+		c.Env = append(os.Environ(), "CRIU_CONFIG_FILE="+conf)
+	}
 	if o.StatusFD != nil {
 		c.ExtraFiles = []*os.File{o.StatusFD}
 		c.Args = append(c.Args[:len(c.Args)-1], "--status-fd", "3", id)
