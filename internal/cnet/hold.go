@@ -67,8 +67,8 @@ type Hold struct {
 	// passing: released, so the reader accepts each packet as it comes
 	// until Close takes the rule away.
 	passing bool
-	done   chan struct{}
-	once   sync.Once
+	done    chan struct{}
+	once    sync.Once
 }
 
 // HoldIncoming starts holding what reaches the namespace at nsPath.
