@@ -415,7 +415,7 @@ func (h *harness) syncRootfs(kind, root string) error {
 	if have.AsLive {
 		base = want // nothing changed here since the live sync
 	}
-	if _, err := rootfs.SendDelta(ch, root, rootfs.Diff(base, want)); err != nil {
+	if _, err := rootfs.SendDelta(ch, root, rootfs.Diff(base, want), nil); err != nil {
 		return err
 	}
 	if err := ch.CloseWrite(); err != nil {

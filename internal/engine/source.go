@@ -63,11 +63,13 @@ type migration struct {
 	ctl  *transport.Channel
 	// rootfsBase is what the destination's copy holds after the live
 	// sync, so the frozen sync scans only this side; rootfsWatch, from
-	// before the live sync's scan, what changed since (nil: walk it all).
-	rootfsBase  rootfs.Manifest
-	rootfsWatch *rootfs.Watcher
-	work        string
-	progress    func(Progress)
+	// before the live sync's scan, what changed since (nil: walk it all);
+	// rootfsBlocks, the large files it holds, for patches.
+	rootfsBase   rootfs.Manifest
+	rootfsBlocks rootfs.Blocks
+	rootfsWatch  *rootfs.Watcher
+	work         string
+	progress     func(Progress)
 	// phaseBegun wakes the progress reporter when a phase begins.
 	phaseBegun chan struct{}
 
@@ -564,7 +566,13 @@ func (m *migration) syncRootfs(kind string) error {
 	default:
 		delta = rootfs.Diff(base, want)
 	}
-	sent, err := rootfs.SendDelta(ch, root, delta)
+	// The frozen pass patches the large files the live sync sent: the
+	// destination holds them exactly as sent.
+	var known rootfs.Blocks
+	if kind != ChanRootfsLive && have.AsLive {
+		known = m.rootfsBlocks
+	}
+	sent, err := rootfs.SendDelta(ch, root, delta, known)
 	if err != nil {
 		return err
 	}
@@ -599,7 +607,7 @@ func (m *migration) syncRootfs(kind string) error {
 		return err
 	}
 	if kind == ChanRootfsLive {
-		m.rootfsBase = want
+		m.rootfsBase, m.rootfsBlocks = want, sent.Blocks
 	}
 	return nil
 }

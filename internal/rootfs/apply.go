@@ -114,6 +114,9 @@ func (a *applier) entry(hdr *tar.Header) error {
 	if hdr.Typeflag == tar.TypeDir {
 		return a.mkdir(dfd, p, name, hdr)
 	}
+	if _, ok := hdr.PAXRecords[patchKey]; ok && hdr.Typeflag == tar.TypeReg {
+		return a.patch(dfd, p, name, hdr)
+	}
 	return a.node(dfd, p, name, hdr)
 }
 

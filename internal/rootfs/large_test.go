@@ -336,7 +336,7 @@ func BenchmarkLargeTree(b *testing.B) {
 			if !d.Empty() {
 				b.Fatalf("nothing changed, yet the delta holds %d changes", len(d.Changed))
 			}
-			if _, err := SendDelta(io.Discard, src, d); err != nil {
+			if _, err := SendDelta(io.Discard, src, d, nil); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -371,7 +371,7 @@ func BenchmarkLargeTree(b *testing.B) {
 				if len(d.Changed) != changed {
 					b.Fatalf("%d changed, yet the delta holds %d changes", changed, len(d.Changed))
 				}
-				if _, err := SendDelta(io.Discard, src, d); err != nil {
+				if _, err := SendDelta(io.Discard, src, d, nil); err != nil {
 					b.Fatal(err)
 				}
 				b.StopTimer()

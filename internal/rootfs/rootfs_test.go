@@ -666,7 +666,7 @@ func TestSendDeltaNamesWhatItSkipped(t *testing.T) {
 		t.Fatal(err)
 	}
 	var buf bytes.Buffer
-	sent, err := SendDelta(&buf, src, Diff(Manifest{}, want))
+	sent, err := SendDelta(&buf, src, Diff(Manifest{}, want), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

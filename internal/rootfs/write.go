@@ -27,7 +27,7 @@ const (
 // entries that vanished since the scan are left out (the next sync sees
 // them). It returns the number of bytes written to w.
 func WriteDelta(w io.Writer, root string, d Delta) (int64, error) {
-	st, err := SendDelta(w, root, d)
+	st, err := SendDelta(w, root, d, nil)
 	return st.Bytes, err
 }
 
@@ -38,10 +38,16 @@ type Sent struct {
 	// (or became unsafe) since the scan: the receiver still has its own
 	// version of each, or none.
 	Skipped []string
+	// Blocks are the large files sent, as the receiver now holds them:
+	// the next sync's known.
+	Blocks Blocks
 }
 
-// SendDelta is WriteDelta, also saying which entries it left out.
-func SendDelta(w io.Writer, root string, d Delta) (Sent, error) {
+// SendDelta is WriteDelta, also saying which entries it left out. known
+// are the large files as the receiver holds them from the previous sync
+// (its copy exactly as that sync left it; nil: none): a changed one
+// travels as a patch of its changed blocks (blocks.go).
+func SendDelta(w io.Writer, root string, d Delta, known Blocks) (Sent, error) {
 	cw := &countWriter{w: w}
 	bw := bufio.NewWriterSize(cw, copyBufSize)
 	tw := tar.NewWriter(bw)
@@ -50,22 +56,22 @@ func SendDelta(w io.Writer, root string, d Delta) (Sent, error) {
 		return Sent{}, err
 	}
 	defer b.close()
-	s := sender{b: b, tw: tw, buf: make([]byte, copyBufSize)}
+	s := sender{b: b, tw: tw, buf: make([]byte, copyBufSize), known: known, blocks: Blocks{}}
 	for _, p := range d.Removed {
 		if err := s.removal(p); err != nil {
-			return Sent{Bytes: cw.n, Skipped: s.skipped}, err
+			return Sent{Bytes: cw.n, Skipped: s.skipped, Blocks: s.blocks}, err
 		}
 	}
 	for _, e := range d.Changed {
 		if err := s.entry(e.Path); err != nil {
-			return Sent{Bytes: cw.n, Skipped: s.skipped}, err
+			return Sent{Bytes: cw.n, Skipped: s.skipped, Blocks: s.blocks}, err
 		}
 	}
 	if err := tw.Close(); err != nil {
-		return Sent{Bytes: cw.n, Skipped: s.skipped}, err
+		return Sent{Bytes: cw.n, Skipped: s.skipped, Blocks: s.blocks}, err
 	}
 	err = bw.Flush()
-	return Sent{Bytes: cw.n, Skipped: s.skipped}, err
+	return Sent{Bytes: cw.n, Skipped: s.skipped, Blocks: s.blocks}, err
 }
 
 type countWriter struct {
@@ -84,6 +90,9 @@ type sender struct {
 	tw      *tar.Writer
 	buf     []byte
 	skipped []string
+	// known are the receiver's large files from the previous sync, blocks
+	// what this one leaves it with.
+	known, blocks Blocks
 }
 
 // skip records an entry left out of the stream.
@@ -206,6 +215,11 @@ func (s *sender) file(dfd int, name, p string) error {
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return nil
 	}
+	if old, ok := s.known[p]; ok {
+		if patched, err := s.patch(fd, p, &st, old); patched || err != nil {
+			return err
+		}
+	}
 	hdr := header(p, &st)
 	hdr.Typeflag = tar.TypeReg
 	hdr.Size = st.Size
@@ -215,20 +229,29 @@ func (s *sender) file(dfd int, name, p string) error {
 	if err := s.tw.WriteHeader(hdr); err != nil {
 		return err
 	}
+	w := io.Writer(s.tw)
+	var hashed *blockHasher
+	if st.Size >= minBlocksFile {
+		hashed = newBlockHasher(s.tw)
+		w = hashed
+	}
 	// The header promised st.Size bytes: a file that shrinks while being read
 	// is padded with zeros, one that grows is cut. Its mtime has moved past
 	// the one sent, so the next sync sends it again.
-	n, err := io.CopyBuffer(s.tw, io.LimitReader(fdReader(fd), st.Size), s.buf)
+	n, err := io.CopyBuffer(w, io.LimitReader(fdReader(fd), st.Size), s.buf)
 	if err != nil {
 		return fmt.Errorf("rootfs: read %s: %w", p, err)
 	}
 	for n < st.Size {
 		clear(s.buf)
-		k, err := s.tw.Write(s.buf[:min(int64(len(s.buf)), st.Size-n)])
+		k, err := w.Write(s.buf[:min(int64(len(s.buf)), st.Size-n)])
 		if err != nil {
 			return err
 		}
 		n += int64(k)
+	}
+	if hashed != nil {
+		s.blocks[p] = FileBlocks{Size: st.Size, MtimeNs: st.Mtim.Nano(), Hashes: hashed.sum()}
 	}
 	return nil
 }
