@@ -228,7 +228,10 @@ func startPostgres(t *testing.T) *testServer {
 	s := &testServer{t: t, addr: fmt.Sprintf("postgres://postgres@127.0.0.1:%s/postgres?sslmode=disable", port)}
 	s.command = func() *exec.Cmd {
 		cmd := exec.Command(filepath.Join(pgbin, "postgres"), "-D", data, "-k", dir, "-h", "127.0.0.1", "-p", port,
-			"-c", "fsync=off", "-c", "synchronous_commit=off")
+			"-c", "fsync=off", "-c", "synchronous_commit=off",
+			// Its dynamic shared memory in the data directory, not the
+			// host's /dev/shm, where a killed server leaves it.
+			"-c", "dynamic_shared_memory_type=mmap")
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: asPostgres.Credential}
 		return cmd
 	}

@@ -105,9 +105,14 @@ func Browser(t testing.TB) context.Context {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
+	// Chromium keeps its profile and, in $TMPDIR, its singleton socket's
+	// directory, which a killed browser leaves behind: both in the test's
+	// own temporary directory.
+	tmp := t.TempDir()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(Chromium),
 		chromedp.NoSandbox, // root has no sandbox
-		chromedp.DisableGPU, chromedp.WindowSize(1200, 900))
+		chromedp.DisableGPU, chromedp.WindowSize(1200, 900),
+		chromedp.UserDataDir(filepath.Join(tmp, "profile")), chromedp.Env("TMPDIR="+tmp))
 	alloc, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
 	t.Cleanup(cancelAlloc)
 	b, cancelBrowser := chromedp.NewContext(alloc)
