@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/google/renameio/v2"
 )
 
 // jobs are the migrations this agent runs as a source, by ID: running ones
@@ -96,11 +97,7 @@ func (js *jobs) keep(info engine.Job) error {
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(js.dir, info.ID+".json.tmp")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, filepath.Join(js.dir, info.ID+".json")); err != nil {
+	if err := renameio.WriteFile(filepath.Join(js.dir, info.ID+".json"), b, 0o600); err != nil {
 		return err
 	}
 	ended, _ := js.readEnded()

@@ -14,6 +14,8 @@ import (
 	"regexp"
 	"sort"
 	"time"
+
+	"github.com/google/renameio/v2"
 )
 
 // Roles.
@@ -111,23 +113,9 @@ func (j *Journal) Record(e Entry) error {
 	if err != nil {
 		return err
 	}
-	tmp := p + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, p)
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
+	// Written and synced under another name, then renamed over: a crash
+	// leaves the old entry or the new one, never half of either.
+	if err := renameio.WriteFile(p, b, 0o600); err != nil {
 		return fmt.Errorf("journal: %w", err)
 	}
 	// The rename is durable only once the directory is.

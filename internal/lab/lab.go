@@ -21,6 +21,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/host"
 	"github.com/ferry-migrate/ferry/internal/pki"
+	"github.com/google/renameio/v2"
 )
 
 const (
@@ -223,11 +224,7 @@ func (l *Lab) save() error {
 	if err := os.MkdirAll(RunDir, 0o755); err != nil {
 		return err
 	}
-	tmp := StateFile + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, StateFile)
+	return renameio.WriteFile(StateFile, append(b, '\n'), 0o644)
 }
 
 // existing says why a lab (or a crashed one's remains) is already there.

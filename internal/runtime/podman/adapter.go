@@ -18,6 +18,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 	"github.com/ferry-migrate/ferry/internal/tail"
+	"github.com/google/renameio/v2"
 )
 
 // Meta keys of a Podman container's records.
@@ -261,11 +262,7 @@ func writeScript(path, body string) error {
 	if b, err := os.ReadFile(path); err == nil && string(b) == want {
 		return nil
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(want), 0o700); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return renameio.WriteFile(path, []byte(want), 0o700)
 }
 
 // Freeze is `podman pause`: Podman knows the container is paused.
