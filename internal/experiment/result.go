@@ -47,7 +47,11 @@ type Run struct {
 	// DirtyRateMeasured is the pages per second the migration saw
 	// written (pre-copy's rounds), for the model.
 	DirtyRateMeasured float64 `json:"dirty_rate_measured,omitempty"`
-	StateOK           bool    `json:"state_ok"`
+	// WorkingSetBytes is the private memory the service's processes
+	// touched in the second before the migration, under the load (real
+	// services only): what a post-copy restore faults in first.
+	WorkingSetBytes int64 `json:"working_set_bytes,omitempty"`
+	StateOK         bool  `json:"state_ok"`
 	// The root filesystem's live delta (tar bytes, entries) and its
 	// frozen pass's bytes.
 	RootfsBytes       int64 `json:"rootfs_bytes"`

@@ -19,6 +19,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/model"
+	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
 
@@ -172,7 +173,7 @@ func (o Options) runPoint(ctx context.Context, l *lab.Lab, p Point, rep, n int) 
 		r.Error = err.Error()
 		return r
 	}
-	sleep(ctx, o.Spec.Before)
+	r.WorkingSetBytes = workingSet(ctx, src, name, o.Spec.Before)
 	start := time.Now()
 	rep2, merr := agent.Migrate(ctx, agent.Socket(src.ControlSock), engine.Request{Container: name, To: dst.AgentAddr, Mode: mode, Runtime: p.Runtime, Precopy: precopy}, nil)
 	sleep(ctx, o.Spec.After)
@@ -195,6 +196,33 @@ func (o Options) runPoint(ctx context.Context, l *lab.Lab, p Point, rep, n int) 
 		r.OK, r.Error = false, strings.TrimSpace(r.Error+" client: "+lr.Error)
 	}
 	return r.settle()
+}
+
+// workingSet lets the container run for d and returns the private memory
+// its processes touched in the last second of it (0 where the kernel
+// does not say).
+func workingSet(ctx context.Context, h *lab.Host, name string, d time.Duration) int64 {
+	window := min(time.Second, d)
+	sleep(ctx, d-window)
+	st, err := h.Runc().State(ctx, name)
+	if err != nil {
+		sleep(ctx, window)
+		return 0
+	}
+	pids := append([]int{st.Pid}, procs.Descendants(st.Pid, "")...)
+	for _, pid := range pids {
+		if procs.ClearReferenced(pid) != nil {
+			sleep(ctx, window)
+			return 0
+		}
+	}
+	sleep(ctx, window)
+	var total int64
+	for _, pid := range pids {
+		n, _ := procs.Referenced(pid)
+		total += n
+	}
+	return total
 }
 
 // settle fills what a run derives from its measurements.
