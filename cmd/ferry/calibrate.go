@@ -24,6 +24,7 @@ func newCalibrateCmd() *cobra.Command {
 		out, reportPath string
 		refit           string
 		quick, asJSON   bool
+		tcpClient       bool
 		repeat          int
 	)
 	cmd := &cobra.Command{
@@ -86,7 +87,7 @@ fits a profile from such a file again without touching the lab.`,
 			if err != nil {
 				return err
 			}
-			o := calibrate.Options{Quick: quick, Repeat: repeat, FerryBin: bin, Progress: progressReporter(os.Stderr, asJSON)}
+			o := calibrate.Options{Quick: quick, Repeat: repeat, FerryBin: bin, TCPClient: tcpClient, Progress: progressReporter(os.Stderr, asJSON)}
 			var (
 				prof model.Profile
 				rep  calibrate.Report
@@ -128,6 +129,7 @@ fits a profile from such a file again without touching the lab.`,
 	f.BoolVar(&quick, "quick", false, "a smaller grid: 64M and 256M at 100 pages/s")
 	f.BoolVar(&asJSON, "json", false, "print the full report as JSON instead of the fit table")
 	f.IntVar(&repeat, "repeat", 2, "migrations per grid point")
+	f.BoolVar(&tcpClient, "tcp-client", false, "run memhog as services run: an address of its own and a client on one TCP connection, so the fixed costs of its network and connections are in the profile (runc)")
 	f.StringVar(&reportPath, "report", "", "also write the full report (runs, fits, residuals) as JSON here")
 	f.StringVar(&refit, "refit", "", "fit again from a report written by --report, measuring nothing")
 	return cmd

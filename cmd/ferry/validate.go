@@ -124,6 +124,7 @@ validation.json with another profile without touching the lab.`,
 	f.StringVar(&profilePath, "profile", "", "host profile from 'ferry calibrate' (default: built-in defaults)")
 	f.StringVar(&out, "out", "validation", "directory for validation.json, validation.md and the SVG")
 	f.BoolVar(&o.Quick, "quick", false, "two points per mode instead of six")
+	f.BoolVar(&o.TCPClient, "tcp-client", false, "run memhog with an address of its own and a client on one TCP connection, as services run (runc)")
 	f.IntVar(&o.Repeat, "repeat", 3, "migrations per point (medians are compared)")
 	f.StringSliceVar(&o.Modes, "modes", nil, "modes to validate (default cold,precopy,postcopy,hybrid)")
 	f.StringSliceVar(&memories, "memory", nil, "memory sizes, replacing the design (e.g. 96M,1G)")

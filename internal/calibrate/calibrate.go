@@ -80,7 +80,7 @@ func Run(ctx context.Context, opts Options) (model.Profile, Report, error) {
 	case o.Quick:
 		rep.Grid = "quick"
 	}
-	measured, err := sweep(ctx, Grid(o), o.Repeat, o.FerryBin, o.Run, o.Progress, o.Log)
+	measured, err := sweep(ctx, Grid(o), o.sweep())
 	rep.Points = measured
 	rep.WallS = time.Since(rep.Started).Seconds()
 	if err != nil {

@@ -266,7 +266,7 @@ func TestSweepStopsOnBenchError(t *testing.T) {
 		}
 		return bench.MigrateResult{Runs: []bench.Run{{OK: false, Error: "restore failed"}}}, nil
 	}
-	ms, err := sweep(context.Background(), Grid(Options{Quick: true}), 1, "", run, nil, nil)
+	ms, err := sweep(context.Background(), Grid(Options{Quick: true}), sweepConfig{Repeat: 1, Run: run})
 	if err == nil || !strings.Contains(err.Error(), "already up") {
 		t.Fatalf("got %v", err)
 	}

@@ -59,8 +59,8 @@ type Progress struct {
 // bench brings one up per call, and only one lab can exist at a time).
 // A bench error (no lab, a cancelled context) stops the sweep; failed
 // migrations are recorded and the sweep goes on.
-func sweep(ctx context.Context, points []Point, repeat int, ferryBin string, run Runner,
-	progress func(Progress), log io.Writer) ([]Measured, error) {
+func sweep(ctx context.Context, points []Point, c sweepConfig) ([]Measured, error) {
+	repeat, ferryBin, run, progress, log := c.Repeat, c.FerryBin, c.Run, c.Progress, c.Log
 	if run == nil {
 		run = bench.Migrate
 	}
@@ -90,7 +90,7 @@ func sweep(ctx context.Context, points []Point, repeat int, ferryBin string, run
 		}}
 		t0 := time.Now()
 		res, err := run(ctx, bench.MigrateOptions{Mode: pt.Mode, MemoryBytes: pt.MemoryBytes, DirtyRate: pt.DirtyRate,
-			BandwidthBps: pt.BandwidthBps, Repeat: repeat, Baselines: pt.Baselines, FerryBin: ferryBin, Log: w,
+			BandwidthBps: pt.BandwidthBps, Repeat: repeat, Baselines: pt.Baselines, FerryBin: ferryBin, Log: w, TCPClient: c.TCPClient,
 			// Rounds that read all of memory measure read_hash_bps; the
 			// model adds write tracking's savings where the host has it.
 			Precopy: engine.PrecopyOptions{WriteTracking: engine.TrackingOff}})
@@ -156,6 +156,10 @@ type Options struct {
 	// term (fault_s) sees more than one rate; default 3000 pages/s, none
 	// with Quick.
 	FaultRates []int
+	// TCPClient runs memhog as a service is deployed: an address of its
+	// own (a network namespace ferry rebuilds) and a client on one TCP
+	// connection, whose costs then sit in the profile's fixed terms.
+	TCPClient bool
 	// FerryBin is the ferry binary the lab runs (memhog next to it).
 	FerryBin string
 	// Progress, if set, hears of every point and bench step.
@@ -169,6 +173,25 @@ type Options struct {
 	// WriteTracking says whether the kernel tracks writes for pre-copy's
 	// rounds (nil error); nil means dirty.Available.
 	WriteTracking func() error
+}
+
+// sweepConfig is how a sweep measures its points (Options and
+// ValidateOptions share it).
+type sweepConfig struct {
+	Repeat    int
+	FerryBin  string
+	TCPClient bool
+	Run       Runner
+	Progress  func(Progress)
+	Log       io.Writer
+}
+
+func (o Options) sweep() sweepConfig {
+	return sweepConfig{Repeat: o.Repeat, FerryBin: o.FerryBin, TCPClient: o.TCPClient, Run: o.Run, Progress: o.Progress, Log: o.Log}
+}
+
+func (o ValidateOptions) sweep() sweepConfig {
+	return sweepConfig{Repeat: o.Repeat, FerryBin: o.FerryBin, TCPClient: o.TCPClient, Run: o.Run, Progress: o.Progress, Log: o.Log}
 }
 
 // Defaults of the grid.

@@ -32,9 +32,11 @@ type ValidateOptions struct {
 	// Repeat is the migrations per point; 0 means 3.
 	Repeat   int
 	FerryBin string
-	Progress func(Progress)
-	Log      io.Writer
-	Run      Runner
+	// TCPClient: as Options.TCPClient.
+	TCPClient bool
+	Progress  func(Progress)
+	Log       io.Writer
+	Run       Runner
 }
 
 // Validation points are away from the calibration's (64M-512M in powers
@@ -178,7 +180,7 @@ func Validate(ctx context.Context, o ValidateOptions) (Validation, error) {
 	if err := o.Profile.Validate(); err != nil {
 		return v, err
 	}
-	measured, err := sweep(ctx, ValidationGrid(o), o.Repeat, o.FerryBin, o.Run, o.Progress, o.Log)
+	measured, err := sweep(ctx, ValidationGrid(o), o.sweep())
 	v.WallS = time.Since(v.Started).Seconds()
 	v.Raw = measured
 	v.Points, v.Modes = Compare(o.Profile, measured)
