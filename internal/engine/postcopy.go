@@ -258,6 +258,16 @@ func (ld *lazyDump) serve(ctx context.Context, ch *transport.Channel) error {
 	return ch.CloseWrite()
 }
 
+// quiet returns once the page server answers no fault (LazyProxy.Quiet).
+func (ld *lazyDump) quiet() {
+	ld.mu.Lock()
+	p := ld.proxy
+	ld.mu.Unlock()
+	if p != nil {
+		p.Quiet()
+	}
+}
+
 // lazySwitchover ships the images and the root filesystem's last changes,
 // opens the page tunnel, has the destination restore, commits, and waits
 // until the destination has pulled the memory.
@@ -275,7 +285,7 @@ func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
 	// now (it keeps little enough in flight not to hold up the commit).
 	stopPush := func() {}
 	if m.tech.push {
-		stopPush = m.startPush(ctx)
+		stopPush = m.startPush(ctx, ld.quiet)
 	}
 	defer stopPush()
 	// From here the destination's copy runs and changes: resuming the

@@ -31,25 +31,42 @@ import (
 // way, the destination's count of pages stored, every pushAckPages.
 const ChanPush = "push"
 
-// The push keeps at most pushWindowPages unacknowledged: a fault's page
-// travels the same connection, and would otherwise queue behind all the
-// push the session's window lets out (16 MiB, 130 ms at 1 Gbit/s); 1 MiB
-// is 8 ms there, and still fills the link at a few milliseconds' round
-// trip.
+// The push keeps little unacknowledged: a fault's page travels the same
+// connection and waits behind whatever push data is in flight, and a
+// thread that faults page after page (Redis's, after its restore) waits
+// that long for each. The window is what a 1 Gbit/s link carries in two
+// of the session's round trips, at least 256 KiB (2 ms there; less starves
+// the push on a LAN) and at most 16 MiB; the source flushes four times a
+// window. And while the source answers a fault, the push waits (quiet), so the reply goes ahead of the next push data.
 const (
-	pushWindowPages = 256
-	pushAckPages    = 64
+	minPushWindow  = 64   // pages
+	maxPushWindow  = 4096 // pages
+	nominalLinkBps = 125_000_000
+	// pushAckPages: the destination acknowledges every so many pages
+	// stored, well within the smallest window (or the push would wait
+	// for an acknowledgement that never comes).
+	pushAckPages = minPushWindow / 4
 )
+
+var _ = [minPushWindow - 2*pushAckPages]struct{}{} // pushAckPages < minPushWindow
+
+// pushWindow sizes the window for a session's round trip.
+func pushWindow(rtt time.Duration) (window, ack uint64) {
+	w := uint64(2 * rtt.Seconds() * nominalLinkBps / pageSize)
+	w = min(max(w, minPushWindow), maxPushWindow)
+	return w, w / 4 // the source flushes four times a window
+}
 
 // startPush sends the frozen container's memory on the push channel until
 // it is all sent or stop is called; stop returns once the push has ended.
-func (m *migration) startPush(ctx context.Context) (stop func()) {
+// quiet, if set, returns once the source answers no fault.
+func (m *migration) startPush(ctx context.Context, quiet func()) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	start := time.Now()
 	go func() {
 		defer close(done)
-		err := m.push(ctx)
+		err := m.push(ctx, quiet)
 		if err == nil {
 			m.report.PushMs = ms(time.Since(start)) // read once stop returned
 		}
@@ -61,7 +78,7 @@ func (m *migration) startPush(ctx context.Context) (stop func()) {
 	return func() { cancel(); <-done }
 }
 
-func (m *migration) push(ctx context.Context) error {
+func (m *migration) push(ctx context.Context, quiet func()) error {
 	ch, err := m.sess.Open(ChanPush)
 	if err != nil {
 		return err
@@ -81,6 +98,11 @@ func (m *migration) push(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	rtt, err := m.sess.RTT()
+	if err != nil {
+		return err
+	}
+	window, ackEvery := pushWindow(rtt)
 	acked := newCredit()
 	go acked.read(ch)
 	resident := procs.TreeResident(m.ctr.PID) / pageSize
@@ -88,14 +110,17 @@ func (m *migration) push(ctx context.Context) error {
 	defer m.setPushLeft(nil) // all stored, or the daemon asks the source for the rest
 	var sent uint64
 	if _, err := rd.Scan(func(p pages.Page) error {
-		if err := acked.waitFor(ctx, sent+1-pushWindowPages); err != nil {
+		if err := acked.waitFor(ctx, sent+1-window); err != nil {
 			return err
+		}
+		if quiet != nil {
+			quiet()
 		}
 		if err := enc.Page(p.Key, p.Data); err != nil {
 			return err
 		}
 		sent++
-		if sent%pushAckPages == 0 {
+		if sent%ackEvery == 0 {
 			return enc.Flush() // the window counts what left
 		}
 		return nil

@@ -82,3 +82,25 @@ func TestPushCredit(t *testing.T) {
 		t.Fatal("the acknowledgments ended, the wait did not")
 	}
 }
+
+// The push's window holds two round trips of a 1 Gbit/s link, within its
+// bounds, and the destination acknowledges well within the smallest.
+func TestPushWindow(t *testing.T) {
+	for _, c := range []struct {
+		rtt         time.Duration
+		window, ack uint64
+	}{
+		{0, minPushWindow, minPushWindow / 4},
+		{100 * time.Microsecond, minPushWindow, minPushWindow / 4}, // a LAN: 256 KiB
+		{2 * time.Millisecond, 122, 30},
+		{time.Second, maxPushWindow, maxPushWindow / 4},
+	} {
+		w, a := pushWindow(c.rtt)
+		if w != c.window || a != c.ack {
+			t.Errorf("round trip %v: window %d, flush every %d; want %d, %d", c.rtt, w, a, c.window, c.ack)
+		}
+		if pushAckPages > w/2 {
+			t.Errorf("round trip %v: acknowledgements every %d pages in a window of %d", c.rtt, pushAckPages, w)
+		}
+	}
+}

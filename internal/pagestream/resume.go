@@ -245,6 +245,14 @@ func NewLazyProxy(criu io.ReadWriter) *LazyProxy {
 	return &LazyProxy{criu: criu, in: bufio.NewReaderSize(criu, 256<<10)}
 }
 
+// Quiet returns once no request is being answered: a reply being made is
+// written by then. A sender sharing the destination's connection (the
+// push) waits here, so a fault's page does not queue behind its data.
+func (p *LazyProxy) Quiet() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+}
+
 // ErrPageServer wraps a failure of CRIU's side of a LazyProxy: the page
 // server is gone, and no destination can be served again.
 var ErrPageServer = errors.New("source page server")

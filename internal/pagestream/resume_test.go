@@ -299,3 +299,36 @@ func TestLazyProxyAsksThePageServerOnce(t *testing.T) {
 	}
 	dst.Close()
 }
+
+// Quiet waits out a fault being answered: by the time it returns, the
+// reply is written, so a sender on the same connection goes after it.
+func TestLazyProxyQuietWaitsForTheReply(t *testing.T) {
+	criuEnd, proxyEnd := net.Pipe()
+	defer criuEnd.Close()
+	defer proxyEnd.Close()
+	p := NewLazyProxy(proxyEnd)
+	p.Quiet() // nothing asked: at once
+	dst, src := net.Pipe()
+	defer dst.Close()
+	go func() { _, _ = p.Serve(src) }()
+	req := getReq(5, 0x20000, 1)
+	if _, err := dst.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	// The page server has the request and has not answered yet.
+	readN(t, criuEnd, headerSize)
+	quiet := make(chan struct{})
+	go func() { p.Quiet(); close(quiet) }()
+	select {
+	case <-quiet:
+		t.Fatal("Quiet returned while a fault was being answered")
+	case <-time.After(50 * time.Millisecond):
+	}
+	go func() { _, _ = criuEnd.Write(pageReply(5, 0x20000, 1)) }()
+	readN(t, dst, headerSize+PageSize) // the reply reaches the destination first
+	select {
+	case <-quiet:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Quiet did not return once the reply was written")
+	}
+}

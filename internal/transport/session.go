@@ -267,6 +267,9 @@ func (s *Session) BytesSent() int64 { return s.conn.sent.Load() }
 // BytesReceived is every byte read from the connection.
 func (s *Session) BytesReceived() int64 { return s.conn.received.Load() }
 
+// RTT measures the session's round trip now (a yamux ping).
+func (s *Session) RTT() (time.Duration, error) { return s.mux.Ping() }
+
 // Done is closed when the session ends.
 func (s *Session) Done() <-chan struct{} { return s.mux.CloseChan() }
 
