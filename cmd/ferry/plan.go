@@ -27,6 +27,7 @@ func newPlanCmd() *cobra.Command {
 	var (
 		memory, bandwidth, profilePath string
 		dirtyRate                      float64
+		shared, rootfsDelta            int64
 		maxDowntime                    time.Duration
 		asJSON                         bool
 	)
@@ -43,6 +44,7 @@ Predictions come from the models in docs/MODEL.md with a host profile:
 --profile FILE from 'ferry calibrate', or defaults measured on ferry's
 development machine.`,
 		Example: `  ferry plan --memory 256M --dirty-rate 1000 --bandwidth 1gbit
+  ferry plan --memory 24M --shared 100M --rootfs 224M --dirty-rate 200 --bandwidth 1gbit   # PostgreSQL
   ferry plan --memory 1G --dirty-rate 5000 --bandwidth 100mbit --max-downtime 500ms --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -61,7 +63,8 @@ development machine.`,
 			if err != nil {
 				return err
 			}
-			in := model.Inputs{MemoryBytes: float64(mem), DirtyRatePagesPerSec: dirtyRate, BandwidthBps: float64(bps) / 8}
+			in := model.Inputs{MemoryBytes: float64(mem), DirtyRatePagesPerSec: dirtyRate, BandwidthBps: float64(bps) / 8,
+				SharedBytes: float64(shared), RootfsBytes: float64(rootfsDelta)}
 			out := plan(prof, in, maxDowntime)
 			out.Profile = src
 			if asJSON {
@@ -80,6 +83,8 @@ development machine.`,
 	f := cmd.Flags()
 	f.StringVar(&memory, "memory", "", "container memory (256M, 1G)")
 	f.Float64Var(&dirtyRate, "dirty-rate", 0, "pages the container dirties per second")
+	f.Var(units.BytesVar(&shared), "shared", "shared memory its processes hold (a database's buffers): dumped while frozen in every mode")
+	f.Var(units.BytesVar(&rootfsDelta), "rootfs", "root filesystem bytes to send before the technique starts (its own layer, or its whole tree)")
 	f.StringVar(&bandwidth, "bandwidth", "", "link rate (1gbit, 100mbit)")
 	f.StringVar(&profilePath, "profile", "", "host profile from 'ferry calibrate' (default: built-in defaults)")
 	f.DurationVar(&maxDowntime, "max-downtime", 0, "downtime budget (e.g. 500ms); 0: none")

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/pages"
+	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/transport"
 )
 
@@ -26,8 +27,9 @@ const probeBytes = 16 << 20
 // AutoChoice records what mode auto measured and decided.
 type AutoChoice struct {
 	MemoryBytes   int64              `json:"memory_bytes"`
-	DirtyRate     float64            `json:"dirty_rate"`     // pages per second
-	ThroughputBps float64            `json:"throughput_bps"` // bits per second
+	SharedBytes   int64              `json:"shared_bytes,omitempty"` // dumped while frozen in every mode
+	DirtyRate     float64            `json:"dirty_rate"`             // pages per second
+	ThroughputBps float64            `json:"throughput_bps"`         // bits per second
 	Predictions   []model.Prediction `json:"predictions"`
 	Chosen        string             `json:"chosen"`
 	Rounds        int                `json:"rounds,omitempty"`
@@ -45,9 +47,13 @@ func (m *migration) chooseMode(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("measuring the link: %w", err)
 	}
-	in := model.Inputs{MemoryBytes: float64(mem), DirtyRatePagesPerSec: rate, BandwidthBps: bps / 8}
+	var shared int64
+	if pids, err := pages.ContainerPIDs(m.ctr.PID); err == nil {
+		shared = procs.SharedMemory(pids)
+	}
+	in := model.Inputs{MemoryBytes: float64(mem), DirtyRatePagesPerSec: rate, BandwidthBps: bps / 8, SharedBytes: float64(shared)}
 	preds, _, rec, reason := model.Best(m.profile, in, float64(m.req.Precopy.MaxDowntime.Microseconds())/1000)
-	c := &AutoChoice{MemoryBytes: mem, DirtyRate: rate, ThroughputBps: bps, Predictions: preds, Chosen: rec, Reason: reason}
+	c := &AutoChoice{MemoryBytes: mem, SharedBytes: shared, DirtyRate: rate, ThroughputBps: bps, Predictions: preds, Chosen: rec, Reason: reason}
 	m.report.Auto = c
 	if rec == "" {
 		return "", fmt.Errorf("no technique fits: %s", reason)

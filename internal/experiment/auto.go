@@ -30,7 +30,7 @@ type AutoCheck struct {
 // fits, again the lowest total. Bounded modes (precopy/1) are not
 // auto's to pick and are left out.
 func CheckAuto(res Results, profile model.Profile, budgetMs float64) []AutoCheck {
-	type medians struct{ stall, total, memory, rate []float64 }
+	type medians struct{ stall, total, memory, rate, shared, rootfs []float64 }
 	byPoint := map[Point]map[string]*medians{}
 	var order []Point
 	for _, r := range res.Runs {
@@ -51,6 +51,8 @@ func CheckAuto(res Results, profile model.Profile, budgetMs float64) []AutoCheck
 		m.stall = append(m.stall, r.ClientDowntimeMs)
 		m.total = append(m.total, r.TotalMs)
 		m.memory = append(m.memory, float64(r.MemoryBytes))
+		m.shared = append(m.shared, float64(r.SharedBytes))
+		m.rootfs = append(m.rootfs, float64(r.RootfsBytes))
 		if r.DirtyRateMeasured > 0 {
 			m.rate = append(m.rate, r.DirtyRateMeasured)
 		}
@@ -61,16 +63,19 @@ func CheckAuto(res Results, profile model.Profile, budgetMs float64) []AutoCheck
 		if len(modes) < len(model.EngineModes) {
 			continue // not every mode measured: the best is unknown
 		}
-		var memory, rates []float64
+		var memory, rates, shared, rootfs []float64
 		for _, m := range modes {
 			memory = append(memory, m.memory...)
 			rates = append(rates, m.rate...)
+			shared = append(shared, m.shared...)
+			rootfs = append(rootfs, m.rootfs...)
 		}
 		rate := float64(q.DirtyRate)
 		if workloads[q.Workload].service != nil {
 			rate = Median(rates)
 		}
-		in := model.Inputs{MemoryBytes: Median(memory), DirtyRatePagesPerSec: rate, BandwidthBps: float64(q.BandwidthBps) / 8}
+		in := model.Inputs{MemoryBytes: Median(memory), DirtyRatePagesPerSec: rate, BandwidthBps: float64(q.BandwidthBps) / 8,
+			SharedBytes: Median(shared), RootfsBytes: Median(rootfs)}
 		_, _, picked, _ := model.Best(profile, in, budgetMs)
 		measured := ""
 		for _, resumable := range []bool{true, false} {

@@ -51,7 +51,10 @@ type Run struct {
 	// touched in the second before the migration, under the load (real
 	// services only): what a post-copy restore faults in first.
 	WorkingSetBytes int64 `json:"working_set_bytes,omitempty"`
-	StateOK         bool  `json:"state_ok"`
+	// SharedBytes is the shared memory its processes hold (a database's
+	// buffers), measured then too: dumped while frozen in every mode.
+	SharedBytes int64 `json:"shared_bytes,omitempty"`
+	StateOK     bool  `json:"state_ok"`
 	// The root filesystem's live delta (tar bytes, entries) and its
 	// frozen pass's bytes.
 	RootfsBytes       int64 `json:"rootfs_bytes"`

@@ -40,7 +40,7 @@ func ReadResults(r io.Reader) (Results, error) {
 
 // csvHeader names WriteCSV's columns.
 var csvHeader = []string{"workload", "runtime", "mode", "state_bytes", "dirty_rate", "load", "bandwidth_bps", "repeat",
-	"ok", "state_ok", "downtime_ms", "client_downtime_ms", "total_ms", "frozen_ms", "bytes_sent", "memory_bytes", "rootfs_bytes", "rootfs_entries", "frozen_rootfs_bytes", "working_set_bytes", "rounds",
+	"ok", "state_ok", "downtime_ms", "client_downtime_ms", "total_ms", "frozen_ms", "bytes_sent", "memory_bytes", "rootfs_bytes", "rootfs_entries", "frozen_rootfs_bytes", "working_set_bytes", "shared_bytes", "rounds",
 	"dirty_rate_measured", "client_ops", "client_errors", "client_reconnects",
 	"p99_before_ms", "p99_during_ms", "p99_after_ms", "ops_per_s_before", "ops_per_s_during", "ops_per_s_after",
 	"predicted_total_ms", "predicted_downtime_ms", "error"}
@@ -57,7 +57,7 @@ func (res Results) WriteCSV(w io.Writer) error {
 		row := []string{r.Workload, r.Runtime, r.Mode, fmt.Sprint(r.StateBytes), fmt.Sprint(r.DirtyRate), fmt.Sprint(r.Load),
 			fmt.Sprint(r.BandwidthBps), fmt.Sprint(r.Repeat), fmt.Sprint(r.OK), fmt.Sprint(r.StateOK),
 			f(r.DowntimeMs), f(r.ClientDowntimeMs), f(r.TotalMs), f(r.FrozenMs), fmt.Sprint(r.BytesSent), fmt.Sprint(r.MemoryBytes),
-			fmt.Sprint(r.RootfsBytes), fmt.Sprint(r.RootfsEntries), fmt.Sprint(r.FrozenRootfsBytes), fmt.Sprint(r.WorkingSetBytes),
+			fmt.Sprint(r.RootfsBytes), fmt.Sprint(r.RootfsEntries), fmt.Sprint(r.FrozenRootfsBytes), fmt.Sprint(r.WorkingSetBytes), fmt.Sprint(r.SharedBytes),
 			fmt.Sprint(len(r.Rounds)), f(r.DirtyRateMeasured)}
 		var ops, errs, reconnects string
 		var w [3]Window

@@ -173,7 +173,7 @@ func (o Options) runPoint(ctx context.Context, l *lab.Lab, p Point, rep, n int) 
 		r.Error = err.Error()
 		return r
 	}
-	r.WorkingSetBytes = workingSet(ctx, src, name, o.Spec.Before)
+	r.WorkingSetBytes, r.SharedBytes = measureService(ctx, src, name, o.Spec.Before)
 	start := time.Now()
 	rep2, merr := agent.Migrate(ctx, agent.Socket(src.ControlSock), engine.Request{Container: name, To: dst.AgentAddr, Mode: mode, Runtime: p.Runtime, Precopy: precopy}, nil)
 	sleep(ctx, o.Spec.After)
@@ -198,31 +198,29 @@ func (o Options) runPoint(ctx context.Context, l *lab.Lab, p Point, rep, n int) 
 	return r.settle()
 }
 
-// workingSet lets the container run for d and returns the private memory
-// its processes touched in the last second of it (0 where the kernel
-// does not say).
-func workingSet(ctx context.Context, h *lab.Host, name string, d time.Duration) int64 {
+// measureService lets the container run for d and returns the private
+// memory its processes touched in the last second of it (0 where the
+// kernel does not say) and the shared memory they hold.
+func measureService(ctx context.Context, h *lab.Host, name string, d time.Duration) (working, shared int64) {
 	window := min(time.Second, d)
 	sleep(ctx, d-window)
 	st, err := h.Runc().State(ctx, name)
 	if err != nil {
 		sleep(ctx, window)
-		return 0
+		return 0, 0
 	}
 	pids := append([]int{st.Pid}, procs.Descendants(st.Pid, "")...)
+	cleared := true
 	for _, pid := range pids {
-		if procs.ClearReferenced(pid) != nil {
-			sleep(ctx, window)
-			return 0
-		}
+		cleared = cleared && procs.ClearReferenced(pid) == nil
 	}
 	sleep(ctx, window)
-	var total int64
 	for _, pid := range pids {
-		n, _ := procs.Referenced(pid)
-		total += n
+		if n, err := procs.Referenced(pid); cleared && err == nil {
+			working += n
+		}
 	}
-	return total
+	return working, procs.SharedMemory(pids)
 }
 
 // settle fills what a run derives from its measurements.
@@ -331,7 +329,8 @@ func Predict(res *Results, profile model.Profile) {
 			rate = Median(measured[q])
 		}
 		mode, rounds, _ := SplitMode(r.Mode)
-		in := model.Inputs{MemoryBytes: float64(r.MemoryBytes), DirtyRatePagesPerSec: rate, BandwidthBps: float64(r.BandwidthBps) / 8, MaxRounds: rounds}
+		in := model.Inputs{MemoryBytes: float64(r.MemoryBytes), DirtyRatePagesPerSec: rate, BandwidthBps: float64(r.BandwidthBps) / 8, MaxRounds: rounds,
+			SharedBytes: float64(r.SharedBytes), RootfsBytes: float64(r.RootfsBytes)}
 		preds, _, _, _ := model.Best(profile, in, 0)
 		for _, pr := range preds {
 			if pr.Mode == mode {

@@ -38,6 +38,13 @@ type Inputs struct {
 	HotBytes float64 `json:"hot_bytes,omitempty"`
 	// MaxRounds bounds Best's search over live rounds; 0 means DefaultMaxRounds.
 	MaxRounds int `json:"max_rounds,omitempty"`
+	// SharedBytes is shared memory (a database's buffers): no round reads
+	// it and no lazy dump leaves it behind, so CRIU dumps it whole while
+	// the container is frozen, in every mode.
+	SharedBytes float64 `json:"shared_bytes,omitempty"`
+	// RootfsBytes is the root filesystem's live delta (the container's
+	// own layer, or its whole tree), sent before the technique starts.
+	RootfsBytes float64 `json:"rootfs_bytes,omitempty"`
 }
 
 // Prediction is one technique's predicted cost.
@@ -63,6 +70,10 @@ func (in Inputs) check() error {
 		return fmt.Errorf("dirty rate must be a non-negative number, got %v", in.DirtyRatePagesPerSec)
 	case !(in.BandwidthBps >= 0):
 		return fmt.Errorf("bandwidth must not be negative, got %v", in.BandwidthBps)
+	case !(in.SharedBytes >= 0) || math.IsInf(in.SharedBytes, 0):
+		return fmt.Errorf("shared memory must be a non-negative number, got %v", in.SharedBytes)
+	case !(in.RootfsBytes >= 0) || math.IsInf(in.RootfsBytes, 0):
+		return fmt.Errorf("root filesystem bytes must be a non-negative number, got %v", in.RootfsBytes)
 	}
 	for _, b := range in.RoundBandwidthBps {
 		if !(b >= 0) {
@@ -102,6 +113,7 @@ func Predict(p Profile, in Inputs, mode string, rounds int) Prediction {
 	default:
 		return bad(fmt.Sprintf("unknown mode %q", mode))
 	}
+	t = p.unmoved(in, t)
 	return Prediction{
 		Mode: mode, Rounds: t.rounds,
 		DowntimeMs: t.down * 1000, TotalMs: (t.total + p.SetupS) * 1000, Bytes: t.bytes,

@@ -463,3 +463,28 @@ func TestWriteTracking(t *testing.T) {
 		t.Errorf("round 1 took %.4f s, want %.4f", last, wantLast)
 	}
 }
+
+// Shared memory goes with the frozen dump in every mode; the root
+// filesystem's delta adds to the total only.
+func TestUnmovedStateInEveryMode(t *testing.T) {
+	p := DefaultProfile()
+	base := Inputs{MemoryBytes: 256 << 20, DirtyRatePagesPerSec: 500, BandwidthBps: 125e6}
+	with := base
+	with.SharedBytes, with.RootfsBytes = 100<<20, 200<<20
+	wantDown := math.Max(with.SharedBytes/p.DumpBps, with.SharedBytes/(p.LinkEfficiency*base.BandwidthBps)) * 1000
+	wantRootfs := with.RootfsBytes / (p.LinkEfficiency * base.BandwidthBps) * 1000
+	for _, mode := range EngineModes {
+		a, b := Predict(p, base, mode, 2), Predict(p, with, mode, 2)
+		if d := b.DowntimeMs - a.DowntimeMs; math.Abs(d-wantDown) > 1e-6 {
+			t.Errorf("%s: downtime grew by %.1f ms, want %.1f", mode, d, wantDown)
+		}
+		if d := b.TotalMs - a.TotalMs; math.Abs(d-wantDown-wantRootfs) > 1e-6 {
+			t.Errorf("%s: total grew by %.1f ms, want %.1f", mode, d, wantDown+wantRootfs)
+		}
+	}
+	bad := base
+	bad.SharedBytes = -1
+	if q := Predict(p, bad, ModeCold, 1); !math.IsNaN(q.DowntimeMs) {
+		t.Error("negative shared memory predicted")
+	}
+}

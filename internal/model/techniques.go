@@ -28,6 +28,22 @@ func (p Profile) link(in Inputs, i int) float64 {
 	return p.LinkEfficiency * bw
 }
 
+// unmoved adds to a technique's timeline what no technique moves live: the
+// root filesystem's live delta, over the link before the technique starts,
+// and shared memory, streamed with the frozen dump (CRIU's page output and
+// the link in one pipeline, as cold's memory).
+func (p Profile) unmoved(in Inputs, t timeline) timeline {
+	if in.RootfsBytes > 0 {
+		t.total += xfer(in.RootfsBytes, p.link(in, 0))
+		t.bytes += in.RootfsBytes
+	}
+	if s := in.SharedBytes; s > 0 {
+		d := math.Max(s/p.DumpBps, xfer(s, p.link(in, t.rounds)))
+		t.down, t.total, t.bytes = t.down+d, t.total+d, t.bytes+s
+	}
+	return t
+}
+
 // dirtyCap bounds what one interval can find dirty: the working set when
 // given, else all of memory (a page written twice is sent once).
 func dirtyCap(in Inputs) float64 {

@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"os"
 	"strconv"
+
+	"golang.org/x/sys/unix"
 )
 
 // A process's working set, as the kernel's page-table accessed bits see it:
@@ -48,6 +50,41 @@ func referencedPrivate(smaps []byte) int64 {
 				if kb, err := strconv.ParseInt(string(f[0]), 10, 64); err == nil {
 					total += kb << 10
 				}
+			}
+		}
+	}
+	return total
+}
+
+// SharedMemory returns the bytes held by the shared memory objects the
+// processes map (anonymous shared mappings, System V and POSIX shared
+// memory, memfds: whatever tmpfs backs), each object counted once,
+// whatever the processes touched of it. CRIU dumps these whole, and while
+// the container is frozen: no pre-copy round reads them and no lazy dump
+// leaves them behind.
+func SharedMemory(pids []int) int64 {
+	type object struct{ dev, ino uint64 }
+	seen := map[object]bool{}
+	var total int64
+	for _, pid := range pids {
+		dir := "/proc/" + strconv.Itoa(pid) + "/"
+		maps, err := os.ReadFile(dir + "maps")
+		if err != nil {
+			continue
+		}
+		for _, m := range ParseMaps(maps) {
+			if m.Private() {
+				continue
+			}
+			path := dir + "map_files/" + strconv.FormatUint(m.Start, 16) + "-" + strconv.FormatUint(m.End, 16)
+			var fs unix.Statfs_t
+			var st unix.Stat_t
+			if unix.Statfs(path, &fs) != nil || fs.Type != unix.TMPFS_MAGIC || unix.Stat(path, &st) != nil {
+				continue
+			}
+			if o := (object{st.Dev, st.Ino}); !seen[o] {
+				seen[o] = true
+				total += st.Blocks * 512
 			}
 		}
 	}

@@ -60,3 +60,29 @@ func TestReferencedSeesTouchedPages(t *testing.T) {
 		t.Errorf("16 MiB touched of 64: Referenced grew by %d MiB (%d before)", got>>20, before>>20)
 	}
 }
+
+// An anonymous shared mapping counts what it holds, once however many
+// times it is mapped; private memory does not count.
+func TestSharedMemory(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("SKIP (not a pass): /proc/PID/map_files needs root")
+	}
+	before := SharedMemory([]int{os.Getpid()})
+	shared, err := unix.Mmap(-1, 0, 8<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(shared)
+	private, err := unix.Mmap(-1, 0, 8<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(private)
+	for i := 0; i < 4<<20; i += 4096 {
+		shared[i], private[i] = 1, 1
+	}
+	// The same process twice: each object once.
+	if got := SharedMemory([]int{os.Getpid(), os.Getpid()}) - before; got != 4<<20 {
+		t.Errorf("4 MiB written into a shared mapping: %d bytes counted", got)
+	}
+}
