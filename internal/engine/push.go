@@ -208,6 +208,11 @@ func (c *credit) waitFor(ctx context.Context, n uint64) error {
 	return nil
 }
 
+// pushStall is how long a request waits for a push that stores nothing
+// before the source is asked instead: a push that stalls (it is not
+// failing, so nothing ends it) must not stall the pull with it.
+const pushStall = 5 * time.Second
+
 // pushed is the destination's view of the push: the store it fills, and
 // whether more may come.
 type pushed struct {
@@ -215,10 +220,14 @@ type pushed struct {
 	mu    sync.Mutex
 	cond  *sync.Cond
 	done  bool
+	// progress is when the push last stored a page; stall, pushStall
+	// but in tests.
+	progress time.Time
+	stall    time.Duration
 }
 
 func newPushed(store *pages.Store) *pushed {
-	p := &pushed{store: store}
+	p := &pushed{store: store, progress: time.Now(), stall: pushStall}
 	p.cond = sync.NewCond(&p.mu)
 	return p
 }
@@ -246,6 +255,7 @@ func (p *pushed) receive(ctx context.Context, sess *transport.Session, router *t
 			return fmt.Errorf("post-copy push: %w", err)
 		}
 		p.mu.Lock()
+		p.progress = time.Now()
 		p.cond.Broadcast()
 		p.mu.Unlock()
 		if endOfRound {
@@ -270,6 +280,12 @@ func (p *pushed) finish() {
 
 // await waits until k is stored or the push has ended (pagestream.Await).
 func (p *pushed) await(k pages.Key) bool {
+	wake := time.AfterFunc(p.stall, func() {
+		p.mu.Lock()
+		p.cond.Broadcast()
+		p.mu.Unlock()
+	})
+	defer wake.Stop()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for {
@@ -278,6 +294,11 @@ func (p *pushed) await(k pages.Key) bool {
 		}
 		if p.done {
 			return false
+		}
+		if quiet := time.Since(p.progress); quiet >= p.stall {
+			return false // the source answers this one
+		} else {
+			wake.Reset(p.stall - quiet)
 		}
 		p.cond.Wait()
 	}

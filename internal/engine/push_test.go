@@ -42,6 +42,41 @@ func TestPushedAwait(t *testing.T) {
 	}
 }
 
+// A push that stores nothing for its stall time stops holding requests
+// up: the source is asked; while pages keep coming, a request waits on.
+func TestPushedAwaitGivesUpOnAStalledPush(t *testing.T) {
+	p := newPushed(pages.NewStore())
+	p.stall = 300 * time.Millisecond
+	k := pages.Key{PID: 1, Addr: 0x1000}
+	got := make(chan bool, 1)
+	start := time.Now()
+	go func() { got <- p.await(k) }()
+	// Pages that are not this one keep the push alive for 300 ms.
+	for i := 0; i < 6; i++ {
+		time.Sleep(50 * time.Millisecond)
+		p.mu.Lock()
+		p.progress = time.Now()
+		p.cond.Broadcast()
+		p.mu.Unlock()
+	}
+	select {
+	case <-got:
+		t.Fatal("await gave up on a push that was storing pages")
+	default:
+	}
+	select {
+	case ok := <-got:
+		if ok {
+			t.Fatal("await said yes for a page never stored")
+		}
+		if d := time.Since(start); d < 500*time.Millisecond {
+			t.Errorf("gave up %v after the start, before the push had been quiet for its stall time", d)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("await still waits on a push that stalled")
+	}
+}
+
 // waitFor lets the sender go once enough was acknowledged, and stops it
 // when the acknowledgments end or ctx does.
 func TestPushCredit(t *testing.T) {
