@@ -324,11 +324,20 @@ func fitLink(ms []Measured, p *model.Profile) (Term, error) {
 
 // fitOverhead measures what every migration spends before its technique
 // starts: connecting and the offer (prepare), the live root filesystem
-// sync, and the commit of non-lazy modes. It sets setup_s.
+// sync, and the commit of non-lazy modes. It sets setup_s, and
+// setup_rootfs_bytes, the root filesystem that sync sent (a prediction
+// adds what a container sends beyond it).
 func fitOverhead(ms []Measured, p *model.Profile) (Term, error) {
 	t := Term{Name: "setup", Kind: "constant",
 		From: "prepare + rootfs-sync (+ commit for cold and pre-copy): added to every predicted total"}
+	var rootfs []float64
+	defer func() {
+		if len(rootfs) > 0 {
+			p.SetupRootfsBytes = mean(rootfs)
+		}
+	}()
 	for _, s := range collect(ms, unshaped()) {
+		rootfs = append(rootfs, float64(s.r.RootfsBytes))
 		y := phaseS(s.r, "prepare", "rootfs-sync")
 		if !lazyMode(s.p.Mode) {
 			y += phaseS(s.r, "commit")

@@ -64,8 +64,11 @@ type Profile struct {
 	// SetupS is what every migration spends before its technique starts
 	// (connecting, the offer, the live root filesystem sync) and on the
 	// commit: part of the total, never of the downtime.
-	SetupS        float64 `json:"setup_s"`
-	DedupRefBytes float64 `json:"dedup_ref_bytes"` // link bytes for a page the destination already holds
+	SetupS float64 `json:"setup_s"`
+	// SetupRootfsBytes is the root filesystem the calibration's setup
+	// sent (memhog's); Inputs.RootfsBytes beyond it adds to a total.
+	SetupRootfsBytes float64 `json:"setup_rootfs_bytes,omitempty"`
+	DedupRefBytes    float64 `json:"dedup_ref_bytes"` // link bytes for a page the destination already holds
 
 	// SoftDirty: the kernel tracks dirty pages, so CRIU's native pre-copy
 	// (PAM) is possible; Best only considers it then.

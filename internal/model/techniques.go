@@ -29,13 +29,14 @@ func (p Profile) link(in Inputs, i int) float64 {
 }
 
 // unmoved adds to a technique's timeline what no technique moves live: the
-// root filesystem's live delta, over the link before the technique starts,
+// root filesystem's live delta beyond what setup_s holds, over the link
+// before the technique starts,
 // and shared memory, streamed with the frozen dump (CRIU's page output and
 // the link in one pipeline, as cold's memory).
 func (p Profile) unmoved(in Inputs, t timeline) timeline {
-	if in.RootfsBytes > 0 {
-		t.total += xfer(in.RootfsBytes, p.link(in, 0))
-		t.bytes += in.RootfsBytes
+	if extra := in.RootfsBytes - p.SetupRootfsBytes; extra > 0 {
+		t.total += xfer(extra, p.link(in, 0))
+		t.bytes += extra
 	}
 	if s := in.SharedBytes; s > 0 {
 		d := math.Max(s/p.DumpBps, xfer(s, p.link(in, t.rounds)))
