@@ -224,7 +224,7 @@ func Migrate(ctx context.Context, o MigrateOptions) (res MigrateResult, err erro
 	res.MedianTCPStallMs = median(res.Runs, func(r Run) float64 { return r.TCPStallMs })
 	if slices.Contains(o.Baselines, "podman") {
 		o.logf("podman baseline: checkpoint --export, copy over the link, restore --import")
-		pb := o.podmanOnce(ctx, src, dst, client)
+		pb := o.PodmanBaselineOnce(ctx, src, dst, client)
 		o.logf("podman: downtime %.0f ms, client downtime %.0f ms, state_ok=%v %s", pb.DowntimeMs, pb.ClientDowntimeMs, pb.StateOK, pb.Error)
 		res.Baselines.Podman = &pb
 	}
@@ -383,7 +383,10 @@ func (o MigrateOptions) RunOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 	return r
 }
 
-func (o MigrateOptions) podmanOnce(ctx context.Context, src, dst, client *lab.Host) (pb PodmanBaseline) {
+// PodmanBaselineOnce moves memhog the way Podman users do (checkpoint
+// --export, the archive copied over the lab's link, restore --import),
+// measured like ferry's migrations.
+func (o MigrateOptions) PodmanBaselineOnce(ctx context.Context, src, dst, client *lab.Host) (pb PodmanBaseline) {
 	const name, image = "memhog-podman", "localhost/ferry-memhog:latest"
 	ps, pd := src.Podman(), dst.Podman()
 	defer func() {

@@ -134,6 +134,9 @@ func (o Options) runPoint(ctx context.Context, l *lab.Lab, p Point, rep, n int) 
 	svc := workloads[p.Workload].service
 	mode, rounds, _ := SplitMode(p.Mode)
 	precopy := engine.PrecopyOptions{MaxRounds: rounds}
+	if p.Mode == ModeNormal {
+		return o.runNormal(ctx, p, rep, src, dst, client)
+	}
 	if svc == nil {
 		mo := bench.MigrateOptions{Runtime: p.Runtime, Mode: mode, Precopy: precopy, MemoryBytes: p.StateBytes, DirtyRate: p.DirtyRate,
 			BandwidthBps: p.BandwidthBps, FerryBin: o.FerryBin, Log: o.Log}
@@ -221,6 +224,27 @@ func measureService(ctx context.Context, h *lab.Host, name string, d time.Durati
 		}
 	}
 	return working, procs.SharedMemory(pids)
+}
+
+// runNormal measures the checkpoint-to-disk path (ModeNormal) at p.
+func (o Options) runNormal(ctx context.Context, p Point, rep int, src, dst, client *lab.Host) Run {
+	mo := bench.MigrateOptions{Runtime: "podman", MemoryBytes: p.StateBytes, DirtyRate: p.DirtyRate,
+		BandwidthBps: p.BandwidthBps, FerryBin: o.FerryBin, Log: o.Log}
+	start := time.Now()
+	pb := mo.PodmanBaselineOnce(ctx, src, dst, client)
+	r := Run{Point: p, Repeat: rep, StartUnixMs: start.UnixMilli(), OK: pb.Error == "", Error: pb.Error,
+		DowntimeMs: pb.DowntimeMs, ClientDowntimeMs: pb.ClientDowntimeMs, TotalMs: pb.DowntimeMs, FrozenMs: pb.DowntimeMs,
+		BytesSent: pb.ArchiveBytes, StateOK: pb.StateOK}
+	// The three steps, as the engine's phases are named.
+	at := 0.0
+	for _, ph := range []struct {
+		name string
+		ms   float64
+	}{{"checkpoint", pb.CheckpointMs}, {"copy", pb.CopyMs}, {"restore", pb.RestoreMs}} {
+		r.Phases = append(r.Phases, engine.PhaseSpan{Name: ph.name, StartMs: at, EndMs: at + ph.ms})
+		at += ph.ms
+	}
+	return r.settle()
 }
 
 // settle fills what a run derives from its measurements.

@@ -143,6 +143,14 @@ func (s Spec) check() error {
 		if _, _, err := SplitMode(m); err != nil {
 			errs = append(errs, fmt.Errorf("modes: %w", err))
 		}
+		if m != ModeNormal {
+			continue
+		}
+		for _, w := range s.Workloads {
+			if workloads[w].service != nil {
+				errs = append(errs, fmt.Errorf("modes: %s moves memhog only (through Podman's checkpoint --export), not %s", ModeNormal, w))
+			}
+		}
 	}
 	if len(s.StateSizes) == 0 {
 		errs = append(errs, errors.New("state_sizes: give at least one (e.g. 64M)"))
@@ -215,12 +223,20 @@ func (s Spec) Grid() []Point {
 // MaxModeRounds bounds a mode's round count (precopy/N).
 const MaxModeRounds = 32
 
+// ModeNormal is not ferry's: the container checkpointed to disk, the
+// archive copied, then restored (Podman's checkpoint --export and restore
+// --import; paper 003's "Normal"). memhog only, under Podman.
+const ModeNormal = "normal"
+
 // SplitMode reads a spec's mode: the engine's mode, and the bound on its
 // live rounds (0: the engine's default).
 func SplitMode(m string) (mode string, rounds int, err error) {
 	mode, n, bounded := strings.Cut(m, "/")
+	if m == ModeNormal {
+		return m, 0, nil
+	}
 	if !slices.Contains(model.EngineModes, mode) {
-		return mode, 0, fmt.Errorf("unknown %q (one of %v; precopy/N or hybrid/N bound the live rounds)", m, model.EngineModes)
+		return mode, 0, fmt.Errorf("unknown %q (one of %v, or %s; precopy/N or hybrid/N bound the live rounds)", m, model.EngineModes, ModeNormal)
 	}
 	if !bounded {
 		return mode, 0, nil

@@ -43,10 +43,26 @@ func TestParseSpecRefusesBadValues(t *testing.T) {
 		{"workloads: [redis]\nstate_sizes: [64M]\nconnections: -2\n", "connections"},
 		{"workloads: [memhog]\nstate_sizes: [64M]\nsizes: [1]\n", "field sizes not found"},
 		{"workloads: [memhog]\nstate_sizes: [64M]\nbefore: soon\n", "experiment file"},
+		{"workloads: [memhog, redis]\nstate_sizes: [64M]\nmodes: [normal]\n", "normal moves memhog only"},
+		{"workloads: [memhog]\nstate_sizes: [64M]\nmodes: [normal/2]\n", `unknown "normal/2"`},
 	} {
 		_, err := ParseSpec([]byte(c.yaml))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q: error %v, want one saying %q", c.yaml, err, c.want)
+		}
+	}
+	// Every shipped experiment parses.
+	files, _ := filepath.Glob("../../experiments/*.yaml")
+	if len(files) < 4 {
+		t.Fatalf("shipped experiments: %v", files)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err == nil {
+			_, err = ParseSpec(b)
+		}
+		if err != nil {
+			t.Errorf("%s: %v", f, err)
 		}
 	}
 	_, err := ParseSpec([]byte("workloads: [nginx]\nstate_sizes: [lots]\n"))
