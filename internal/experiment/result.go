@@ -49,7 +49,7 @@ type Run struct {
 	DirtyRateMeasured float64 `json:"dirty_rate_measured,omitempty"`
 	// WorkingSetBytes is the private memory the service's processes
 	// touched in the second before the migration, under the load (real
-	// services only): what a post-copy restore faults in first.
+	// services only).
 	WorkingSetBytes int64 `json:"working_set_bytes,omitempty"`
 	// SharedBytes is the shared memory its processes hold (a database's
 	// buffers), measured then too: dumped while frozen in every mode.

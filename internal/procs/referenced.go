@@ -12,9 +12,9 @@ import (
 // A process's working set, as the kernel's page-table accessed bits see it:
 // ClearReferenced clears them (/proc/PID/clear_refs), and Referenced sums,
 // over the mappings whose pages CRIU moves, the memory touched since
-// (smaps' Referenced). This kernel has no idle page tracking; the two
-// files are what is left, and what a post-copy restore must fault in
-// first.
+// (smaps' Referenced). This kernel has no idle page tracking; these two
+// files are what is left. (A service's working set did not predict how
+// long its first requests wait after a post-copy restore: docs/MODEL.md.)
 
 // ClearReferenced clears the accessed bits of pid's pages.
 func ClearReferenced(pid int) error {

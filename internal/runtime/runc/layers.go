@@ -33,7 +33,7 @@ type layers struct {
 
 // overlayRoot describes root when it is an overlay with a writable layer:
 // that layer is what moves, and the image is named by the digest of its
-// trees. Nil when root is a plain directory.
+// trees. All empty when root is a plain directory.
 func overlayRoot(root string) (upper, image string, meta []byte, err error) {
 	o, err := mounts.OverlayAt(root)
 	if err != nil || o == nil {
