@@ -118,6 +118,7 @@ func newLabRunCmd() *cobra.Command {
 		progs    []string
 		packages []string
 		rootfs   string
+		copyImg  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "run HOST NAME -- PROGRAM [ARGS...]",
@@ -133,8 +134,12 @@ with it its TCP connections).
 redis-server, redis-cli, python3 and ferry's workloads (in /usr/local/bin),
 built once with mmdebstrap from the mirror apt uses and cached in
 /var/cache/ferry/rootfs (the first time takes about a minute); --package
-names the packages instead (one set per service keeps each root filesystem,
-and what a migration syncs, small).
+names the packages instead (one set per service keeps each root filesystem
+small). The container's root is an overlay: the image, unpacked once under
+/var/cache/ferry/rootfs/images and shared, below; its own layer above. A
+migration moves only its own layer (every lab agent has the image there);
+--copy-image copies the whole tree into the container instead, so that all
+of it moves.
 runc's messages about it go to /var/lib/ferry/lab/HOST/bundles/NAME.log.`,
 		Example: `  ferry lab run h1 app -- memhog --memory 64M
   ferry lab run h1 web --ip 10.79.0.10 -- memhog --memory 64M --echo-port 7001
@@ -161,7 +166,7 @@ runc's messages about it go to /var/lib/ferry/lab/HOST/bundles/NAME.log.`,
 				return err
 			}
 			addr := h.Addr
-			o := lab.RunOptions{IP: ip, Rootfs: rootfs, Packages: packages}
+			o := lab.RunOptions{IP: ip, Rootfs: rootfs, Packages: packages, CopyImage: copyImg}
 			if ip != "" {
 				o.HostPrograms, addr = progs, ip
 			}
@@ -181,6 +186,7 @@ runc's messages about it go to /var/lib/ferry/lab/HOST/bundles/NAME.log.`,
 	cmd.Flags().StringSliceVar(&progs, "with", nil, "with --ip: programs of this machine to copy in with their libraries (e.g. /usr/bin/redis-server)")
 	cmd.Flags().StringVar(&rootfs, "rootfs", lab.RootfsBusybox, "root filesystem: "+lab.RootfsBusybox+" (small, static) or "+lab.RootfsDebian+" (Debian 12 minbase with redis-server, cached)")
 	cmd.Flags().StringSliceVar(&packages, "package", nil, "with --rootfs "+lab.RootfsDebian+": Debian packages to install instead of the default set (e.g. memcached); each set is built once and cached")
+	cmd.Flags().BoolVar(&copyImg, "copy-image", false, "with --rootfs "+lab.RootfsDebian+": copy the whole tree into the container instead of an overlay over the shared image (all of it moves)")
 	cmd.Flags().StringVar(&ip, "ip", "", "an address of its own on the service segment ("+lab.SegmentSubnet+"1-199), kept across migrations")
 	return cmd
 }
