@@ -75,13 +75,7 @@ func TestOwnLayerMoves(t *testing.T) {
 	}
 	from, to := &l.Hosts[0], &l.Hosts[1]
 	for _, mode := range []string{engine.ModeCold, engine.ModePrecopy} {
-		rep, err := agent.Migrate(ctx, agent.Socket(from.ControlSock), engine.Request{Container: name, To: to.AgentAddr, Mode: mode}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !rep.OK {
-			t.Fatalf("%s %s -> %s: %s (at %s)", mode, from.Name, to.Name, rep.Error, rep.FailedAt)
-		}
+		rep := moveOK(t, from, to, name, mode)
 		t.Logf("%s %s -> %s: downtime %.0f ms, total %.0f ms, rootfs %d bytes in %d entries", mode, from.Name, to.Name, rep.DowntimeMs, rep.TotalMs, rep.RootfsBytes, rep.RootfsEntries)
 		// The image is some 190 MB in about 9,000 entries; the layer is
 		// memhog and a handful of files.
@@ -162,13 +156,7 @@ func TestLargeRootfs(t *testing.T) {
 	// files at the destination, about a minute on this machine's disk, so
 	// the other modes are measured by hand (docs/BENCHMARKS.md).
 	for _, mode := range []string{engine.ModeCold, engine.ModeHybrid} {
-		rep, err := agent.Migrate(ctx, agent.Socket(from.ControlSock), engine.Request{Container: name, To: to.AgentAddr, Mode: mode}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !rep.OK {
-			t.Fatalf("%s %s -> %s: %s (at %s)", mode, from.Name, to.Name, rep.Error, rep.FailedAt)
-		}
+		rep := moveOK(t, from, to, name, mode)
 		t.Logf("%s %s -> %s: downtime %.0f ms, total %.0f ms, bytes %d, frozen rootfs scan: %s", mode, from.Name, to.Name, rep.DowntimeMs, rep.TotalMs, rep.BytesSent, rep.FrozenRootfsScan)
 		// The frozen pass looked only at what the watch saw change.
 		if !strings.HasSuffix(rep.FrozenRootfsScan, " changed paths") {
@@ -187,6 +175,20 @@ func TestLargeRootfs(t *testing.T) {
 	if perr != nil || !pr.StateOK {
 		t.Fatalf("workload state: %+v %v", pr, perr)
 	}
+}
+
+// moveOK migrates name from one lab host to another and fails the test
+// unless the migration succeeded.
+func moveOK(t *testing.T, from, to *lab.Host, name, mode string) engine.Report {
+	t.Helper()
+	rep, err := agent.Migrate(context.Background(), agent.Socket(from.ControlSock), engine.Request{Container: name, To: to.AgentAddr, Mode: mode}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK {
+		t.Fatalf("%s %s -> %s: %s (at %s)", mode, from.Name, to.Name, rep.Error, rep.FailedAt)
+	}
+	return rep
 }
 
 func countFiles(t *testing.T, root string) int {

@@ -66,17 +66,22 @@ func unescapeMount(s string) string {
 
 // Under lists this mount namespace's mount points at or below dir,
 // deepest first.
-func Under(dir string) ([]string, error) {
+func Under(dir string) ([]string, error) { return readMountinfo(dir, Parse) }
+
+// readMountinfo runs parse over this mount namespace's mountinfo table
+// for dir made absolute.
+func readMountinfo[T any](dir string, parse func(io.Reader, string) (T, error)) (T, error) {
+	var zero T
 	abs, err := filepath.Abs(dir)
 	if err != nil {
-		return nil, err
+		return zero, err
 	}
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
-		return nil, err
+		return zero, err
 	}
 	defer f.Close()
-	return Parse(f, abs)
+	return parse(f, abs)
 }
 
 // UnmountUnder detaches every mount at or below dir, so that removing dir
@@ -119,18 +124,7 @@ type Overlay struct {
 // OverlayAt returns the layers of the overlayfs mounted at dir, or nil
 // when what is mounted there (the last mount, where several are stacked)
 // is not an overlay or dir is no mount point.
-func OverlayAt(dir string) (*Overlay, error) {
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		return nil, err
-	}
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return ParseOverlay(f, abs)
-}
+func OverlayAt(dir string) (*Overlay, error) { return readMountinfo(dir, ParseOverlay) }
 
 // ParseOverlay is OverlayAt over a mountinfo table.
 func ParseOverlay(mountinfo io.Reader, dir string) (*Overlay, error) {

@@ -196,7 +196,11 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 	if err := mounts.RemoveAll(t.bundle); err != nil {
 		return nil, err
 	}
-	for _, dir := range []string{t.root(), t.RootfsDir(), t.work()} {
+	dirs := []string{t.RootfsDir()} // the root itself, for a plain root
+	if t.lower != nil {
+		dirs = append(dirs, t.root(), t.work())
+	}
+	for _, dir := range dirs {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, err
 		}
