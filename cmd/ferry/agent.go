@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
 	"github.com/ferry-migrate/ferry/internal/transport"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
@@ -112,6 +113,8 @@ runs the agent with /etc/ferry/agent.toml, and the example file.`,
 	f.Var(units.BytesVar(&a.Admission.MaxMemoryBytes), "max-incoming-memory", "refuse offers announcing more memory than this (8G, 512M; 0: this host's RAM)")
 	f.StringSliceVar(&segmentRanges, "segment-range", nil, "address ranges (CIDR) containers keeping their address may claim on --segment-bridge (repeatable); none: such containers are refused")
 	f.StringVar(&a.PodmanDir, "podman-dir", "", "a Podman instance of this agent's own under this directory (storage, run, network config); empty: the machine's Podman")
+	f.StringVar(&a.Containerd, "containerd", "", "containerd's socket, whose containers this agent moves and where it restores them (default "+containerd.DefaultAddress+", used when it exists)")
+	f.StringVar(&a.ContainerdRuncRoot, "containerd-runc-root", "", "runc root that containers restored through containerd get (the shim's --root); empty: the one their source used")
 	f.StringVar(&a.LXCPath, "lxc-path", "", "where LXC containers live (lxc-* -P); empty: LXC's default, /var/lib/lxc")
 	f.StringSliceVar(&a.ImageRoots, "image-root", nil, "directories holding unpacked images (repeatable): a runc container whose root is an overlay over an image below one of them moves only its own writable layer; none: such containers are refused here")
 	f.StringVar(&a.Host.CgroupParent, "cgroup-parent", "ferry", "cgroup under which restored containers live")

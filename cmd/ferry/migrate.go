@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
 
@@ -22,6 +24,8 @@ func newMigrateCmd() *cobra.Command {
 		asJSON bool
 		events bool
 		detach bool
+		// namespace is a containerd namespace.
+		namespace string
 	)
 	cmd := &cobra.Command{
 		Use:   "migrate CONTAINER --to DEST",
@@ -45,9 +49,10 @@ Techniques (--mode):
 Runtimes (--runtime): the container is found by name in the runtimes the
 source host has (auto, the default; the report says which) or in the one
 named: runc (under the agent's --runc-root, default /run/runc, or
---runc-root here), podman, lxc. It is restored at the destination into the
-same kind of runtime, under the same name, and that runtime manages it
-afterwards. A technique the runtime cannot do is refused before anything
+--runc-root here), podman, lxc, containerd (the agent's --containerd
+socket; NAME is the container's ID, in the namespace --namespace names,
+default "default"). It is restored at the destination into the same kind
+of runtime, under the same name, and that runtime manages it afterwards. A technique the runtime cannot do is refused before anything
 is frozen; ferry check lists what each runtime supports on a host.
 
 DEST is an agent address (10.0.0.2:7070), NAME@ADDR (the agent must prove it
@@ -85,10 +90,17 @@ stopped).`,
   ferry migrate web --to 192.0.2.10:7070 --json
   ferry migrate web --from node1@192.0.2.1:7070 --to node2@192.0.2.2:7070 --tls-dir ~/.ferry/alice
   ferry migrate web --to 192.0.2.10:7070 --mode precopy --events | jq -c .progress
-  ferry migrate db --runtime runc --runc-root /run/myapp/runc --to 192.0.2.10:7070`,
+  ferry migrate db --runtime runc --runc-root /run/myapp/runc --to 192.0.2.10:7070
+  ferry migrate redis --runtime containerd --namespace prod --to 192.0.2.10:7070`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req.Container = args[0]
+			if namespace != "" {
+				if req.Runtime != "containerd" {
+					return usageError{errors.New("--namespace names a containerd namespace: use it with --runtime containerd")}
+				}
+				req.Container = containerd.JoinName(namespace, args[0])
+			}
 			from, to, err := src.endpoints(req.To)
 			if err != nil {
 				return err
@@ -140,7 +152,8 @@ stopped).`,
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON, no progress line")
 	f.BoolVar(&events, "events", false, "print the job's ID, its progress and the report as JSON lines while it runs (see above)")
 	f.BoolVar(&detach, "detach", false, "print the migration's ID once the agent accepted it and leave it running (ferry ps, ferry wait ID, ferry cancel ID)")
-	f.StringVar(&req.Runtime, "runtime", engine.RuntimeAuto, "the container's runtime: auto (find it by name), runc, podman or lxc")
+	f.StringVar(&req.Runtime, "runtime", engine.RuntimeAuto, "the container's runtime: auto (find it by name), runc, podman, lxc or containerd")
+	f.StringVar(&namespace, "namespace", "", "containerd: the container's namespace (default: default)")
 	f.StringVar(&req.RuncRoot, "runc-root", "", "runc root the container lives under (default: the source agent's --runc-root)")
 	f.StringVar(&maxBW, "max-bandwidth", "", "cap the migration's sending rate (e.g. 500mbit) to leave room for other traffic")
 	f.StringSliceVar(&req.Faults, "inject-fault", nil, "inject a failure for testing (agents with --allow-faults only): ACTION@PHASE, e.g. kill-destination@restore (see ferry bench faults --help)")

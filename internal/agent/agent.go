@@ -4,6 +4,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -26,6 +27,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
 	"github.com/ferry-migrate/ferry/internal/runtime/lxc"
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
@@ -63,6 +65,9 @@ type Agent struct {
 	// hosts); empty means the machine's Podman. LXCPath is where LXC
 	// containers live (lxc-* -P; empty: LXC's default).
 	PodmanDir, LXCPath string
+	// Containerd is containerd's socket; ContainerdRuncRoot the runc root
+	// containers restored through it get ("": their source's).
+	Containerd, ContainerdRuncRoot string
 	// ImageRoots hold the images runc containers with an overlay root may
 	// sit on here: only such a container's own layer moves.
 	ImageRoots []string
@@ -133,6 +138,10 @@ func (a *Agent) newRuntimes() runtime.Set {
 		pm := podman.New(podman.Host{Dir: a.PodmanDir, NetNS: a.Host.NetNS})
 		pm.LazyDump, pm.Admission = a.feats.LazyPages, a.Admission
 		set["podman"] = pm
+	}
+	if _, err := os.Stat(cmp.Or(a.Containerd, containerd.DefaultAddress)); err == nil || a.Containerd != "" {
+		set["containerd"] = &containerd.Runtime{Address: a.Containerd, RuncRoot: a.ContainerdRuncRoot, CgroupParent: a.Host.CgroupParent,
+			NetNS: a.Host.NetNS, StateDir: filepath.Join(a.Host.StateDir, "containerd"), Admission: a.Admission, LazyDump: a.feats.LazyPages}
 	}
 	if _, err := exec.LookPath("lxc-checkpoint"); err == nil {
 		lx := lxc.New(a.LXCPath)

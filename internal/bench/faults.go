@@ -128,13 +128,13 @@ func FaultMatrix(runtimes, modes, phases, actions []string) []FaultCase {
 }
 
 // faultRuntimes are the runtimes the matrix can run a workload in.
-var faultRuntimes = []string{"runc", "podman", "lxc"}
+var faultRuntimes = []string{"runc", "podman", "lxc", "containerd"}
 
-// runtimeModes lists the techniques the lab can run in a runtime: Podman
-// and LXC restore only from complete images (no lazy restore; see
-// engine.Modes and ferry check).
+// runtimeModes lists the techniques the lab can run in a runtime: Podman,
+// LXC and containerd restore only from complete images (no lazy restore;
+// see engine.Modes and ferry check).
 func runtimeModes(rt string) []string {
-	if rt == "podman" || rt == "lxc" {
+	if rt == "podman" || rt == "lxc" || rt == "containerd" {
 		return []string{engine.ModeCold, engine.ModePrecopy}
 	}
 	return []string{engine.ModeCold, engine.ModePrecopy, engine.ModePostcopy, engine.ModeHybrid}
@@ -211,20 +211,22 @@ func Faults(ctx context.Context, o FaultsOptions) (res FaultsResult, err error) 
 		}
 		cases = FaultMatrix(o.Runtimes, o.Modes, o.Phases, o.Actions)
 	}
-	podman := false
+	var images []string // runtimes whose workload runs from an image
 	cases = slices.Clone(cases)
 	for i, c := range cases {
 		if c.Runtime == "" {
 			cases[i].Runtime = "runc"
 		}
-		tool := map[string]string{"podman": "podman", "lxc": "lxc-checkpoint"}[c.Runtime]
+		tool := map[string]string{"podman": "podman", "lxc": "lxc-checkpoint", "containerd": "containerd"}[c.Runtime]
 		if tool == "" {
 			continue
 		}
 		if _, err := exec.LookPath(tool); err != nil {
 			return res, fmt.Errorf("%s cases need %s, which this host lacks (make setup installs it)", c.Runtime, tool)
 		}
-		podman = podman || c.Runtime == "podman"
+		if lab.NeedsImage(c.Runtime) && !slices.Contains(images, c.Runtime) {
+			images = append(images, c.Runtime)
+		}
 	}
 	if len(cases) == 0 {
 		return res, errors.New("no fault case matches: see `ferry bench faults --help` for which faults apply to which phases")
@@ -234,9 +236,9 @@ func Faults(ctx context.Context, o FaultsOptions) (res FaultsResult, err error) 
 		return res, err
 	}
 	defer down(&err)
-	if podman {
-		o.logf("importing the workload image into h1's and h2's Podman")
-		if err := l.ImportWorkloadImage(ctx, l.Hosts[0].Name, l.Hosts[1].Name); err != nil {
+	for _, kind := range images {
+		o.logf("importing the workload image into h1's and h2's %s", kind)
+		if err := l.ImportWorkloadImage(ctx, kind, l.Hosts[0].Name, l.Hosts[1].Name); err != nil {
 			return res, err
 		}
 	}
@@ -486,6 +488,10 @@ func containerState(kind string, h *lab.Host, name string) string {
 		c, err = podman.New(h.Podman()).Inspect(ctx, name)
 	case "lxc":
 		c, err = h.LXC().Inspect(ctx, name)
+	case "containerd":
+		r := h.ContainerdRuntime()
+		defer r.Close()
+		c, err = r.Inspect(ctx, name)
 	default:
 		var st runc.State
 		if st, err = h.Runc().State(ctx, name); err == nil {

@@ -25,8 +25,8 @@ import (
 
 // MigrateOptions describe one `ferry bench migrate`.
 type MigrateOptions struct {
-	// Runtime runs the workload: runc (the lab's own bundles), podman or
-	// lxc (each lab host's own instance).
+	// Runtime runs the workload: runc (the lab's own bundles), podman,
+	// lxc or containerd (each lab host's own instance).
 	Runtime      string
 	Mode         string
 	Precopy      engine.PrecopyOptions
@@ -182,9 +182,9 @@ func Migrate(ctx context.Context, o MigrateOptions) (res MigrateResult, err erro
 	}
 	defer down(&err)
 	src, dst, client := &l.Hosts[0], &l.Hosts[1], &l.Hosts[2]
-	if o.Runtime == "podman" {
-		o.logf("importing the workload image into h1's and h2's Podman")
-		if err := l.ImportWorkloadImage(ctx, src.Name, dst.Name); err != nil {
+	if lab.NeedsImage(o.Runtime) {
+		o.logf("importing the workload image into h1's and h2's %s", o.Runtime)
+		if err := l.ImportWorkloadImage(ctx, o.Runtime, src.Name, dst.Name); err != nil {
 			return res, err
 		}
 	}

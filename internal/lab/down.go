@@ -261,8 +261,9 @@ func removeAllSettled(dir string) error {
 	return fmt.Errorf("%w (still there: %s)", err, strings.Join(left, ", "))
 }
 
-// deleteOtherRuntimes removes the host's LXC containers and its Podman
-// instance (containers, storage mounts, directory).
+// deleteOtherRuntimes removes the host's LXC containers, its containerd's
+// containers (and stops the daemon) and its Podman instance (containers,
+// storage mounts, directory).
 func deleteOtherRuntimes(ctx context.Context, h *Host) error {
 	var errs []error
 	// A half-removed lab: its namespace may be gone already.
@@ -278,6 +279,7 @@ func deleteOtherRuntimes(ctx context.Context, h *Host) error {
 			}
 		}
 	}
+	errs = append(errs, h.Containerd().Stop(ctx))
 	if _, err := os.Stat(h.PodmanDir()); err == nil {
 		ph := h.Podman()
 		if nsErr != nil {

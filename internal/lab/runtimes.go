@@ -8,14 +8,17 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
 	"github.com/ferry-migrate/ferry/internal/runtime/lxc"
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
 )
 
-// Lab containers under Podman and LXC: each lab host has a Podman instance
-// and an lxcpath of its own (PodmanDir, LXCPath), which its agent uses.
+// Lab containers under Podman, LXC and containerd: each lab host has a
+// Podman instance, an lxcpath and a containerd daemon of its own
+// (PodmanDir, LXCPath, Containerd), which its agent uses.
 
 // Podman is the host's own Podman instance.
 func (h *Host) Podman() podman.Host { return podman.Host{Dir: h.PodmanDir(), NetNS: h.NetNS} }
@@ -28,14 +31,35 @@ func (h *Host) LXC() *lxc.Runtime {
 	return r
 }
 
-// workloadImage is the image lab Podman containers run: the busybox root
-// filesystem with ferry's workloads.
+// Containerd is the host's own containerd daemon, run in its network
+// namespace (started by RunContainerd or ImportWorkloadImage).
+func (h *Host) Containerd() containerd.Daemon {
+	return containerd.Daemon{Dir: filepath.Join(h.StateDir, "containerd"), NetNS: h.NetNS}
+}
+
+// ContainerdRuntime is the adapter for the host's containerd daemon, as
+// its agent sees it (Close it after use).
+func (h *Host) ContainerdRuntime() *containerd.Runtime {
+	d := h.Containerd()
+	return &containerd.Runtime{Address: d.Socket(), RuncRoot: d.RuncRoot(), StateDir: filepath.Join(h.StateDir, "containerd")}
+}
+
+// workloadImage is the image lab Podman and containerd containers run: the
+// busybox root filesystem with ferry's workloads.
 const workloadImage = "ferry-workload"
 
+// workloadRef is workloadImage as containerd names it.
+const workloadRef = "localhost/" + workloadImage + ":latest"
+
+// NeedsImage says whether a runtime's lab containers run from an image
+// that ImportWorkloadImage must load on both hosts first.
+func NeedsImage(kind string) bool { return kind == "podman" || kind == "containerd" }
+
 // ImportWorkloadImage builds the busybox root filesystem with ferry's
-// workloads and imports it into the Podman instances of the named hosts,
-// with the same image ID on each (a restore needs the source's image).
-func (l *Lab) ImportWorkloadImage(ctx context.Context, hostNames ...string) error {
+// workloads and imports it into the named hosts' Podman instances or
+// containerd daemons (kind), with the same image ID on each (a restore
+// needs the source's image).
+func (l *Lab) ImportWorkloadImage(ctx context.Context, kind string, hostNames ...string) error {
 	bin, err := l.ferryBin()
 	if err != nil {
 		return err
@@ -53,7 +77,18 @@ func (l *Lab) ImportWorkloadImage(ctx context.Context, hostNames ...string) erro
 		if err != nil {
 			return err
 		}
-		if err := h.Podman().ImportRootfs(ctx, filepath.Join(dir, "rootfs"), workloadImage); err != nil {
+		switch kind {
+		case "podman":
+			err = h.Podman().ImportRootfs(ctx, filepath.Join(dir, "rootfs"), workloadImage)
+		case "containerd":
+			d := h.Containerd()
+			if err = d.Start(ctx); err == nil {
+				err = containerd.ImportRootfs(ctx, d.Socket(), namespaces.Default, filepath.Join(dir, "rootfs"), workloadRef)
+			}
+		default:
+			err = fmt.Errorf("%s containers run from no image", kind)
+		}
+		if err != nil {
 			return fmt.Errorf("import the workload image on %s: %w", n, err)
 		}
 	}
@@ -75,6 +110,22 @@ func (l *Lab) RunPodman(ctx context.Context, hostName, container string, args []
 		return fmt.Errorf("podman run %s on %s: %v: %s", container, h.Name, err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// RunContainerd starts a container in the host's containerd (default
+// namespace) from the workload image (ImportWorkloadImage), in the host's
+// network namespace, its cgroup under the host's parent.
+func (l *Lab) RunContainerd(ctx context.Context, hostName, container string, args []string) error {
+	h, err := l.Host(hostName)
+	if err != nil {
+		return err
+	}
+	d := h.Containerd()
+	if err := d.Start(ctx); err != nil {
+		return err
+	}
+	return d.Run(ctx, containerd.RunOptions{ID: container, Image: workloadRef, Args: args, NetNS: h.NetNS,
+		CgroupsPath: "/" + h.CgroupParent + "/" + namespaces.Default + "-" + container, Log: filepath.Join(d.Dir, container+".log")})
 }
 
 // RunLXC starts an LXC container under the host's lxcpath with the busybox
@@ -127,7 +178,7 @@ lxc.log.level = INFO
 }
 
 // RunIn starts a workload container in a runtime of a lab host: runc (the
-// lab's own bundles), podman or lxc.
+// lab's own bundles), podman, lxc or containerd.
 func (l *Lab) RunIn(ctx context.Context, kind, hostName, container string, args []string) error {
 	switch kind {
 	case "", "runc":
@@ -136,8 +187,10 @@ func (l *Lab) RunIn(ctx context.Context, kind, hostName, container string, args 
 		return l.RunPodman(ctx, hostName, container, args)
 	case "lxc":
 		return l.RunLXC(ctx, hostName, container, args)
+	case "containerd":
+		return l.RunContainerd(ctx, hostName, container, args)
 	}
-	return fmt.Errorf("unknown runtime %q (runc, podman, lxc)", kind)
+	return fmt.Errorf("unknown runtime %q (runc, podman, lxc, containerd)", kind)
 }
 
 // RemoveFrom deletes a container from a runtime of a lab host, if there.
@@ -154,6 +207,13 @@ func (l *Lab) RemoveFrom(ctx context.Context, kind, hostName, container string) 
 		return h.Podman().Remove(ctx, container)
 	case "lxc":
 		return h.LXC().Remove(ctx, &runtime.Container{Name: container, ID: container})
+	case "containerd":
+		if h.Containerd().PID() == 0 {
+			return nil
+		}
+		r := h.ContainerdRuntime()
+		defer r.Close()
+		return r.Remove(ctx, &runtime.Container{Name: container, ID: container})
 	}
 	return fmt.Errorf("unknown runtime %q", kind)
 }

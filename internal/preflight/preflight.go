@@ -17,6 +17,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/dirty"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
 	"github.com/ferry-migrate/ferry/internal/runtime/lxc"
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
 )
@@ -56,9 +57,10 @@ type Features struct {
 // Runtimes holds the versions of the container runtimes found; nil (JSON
 // null) means not installed.
 type Runtimes struct {
-	Runc   *string `json:"runc"`
-	Podman *string `json:"podman"`
-	LXC    *string `json:"lxc"`
+	Runc       *string `json:"runc"`
+	Podman     *string `json:"podman"`
+	LXC        *string `json:"lxc"`
+	Containerd *string `json:"containerd"`
 }
 
 // Cgroup says which cgroup hierarchies are mounted.
@@ -120,7 +122,7 @@ func (p Probes) Run(ctx context.Context) Report {
 		checkErr error
 		wtErr    error
 		feat     criu.Features
-		rt       [3]*string
+		rt       [4]*string
 	)
 	r.Root = p.IsRoot()
 	r.CriuPath, criuErr = p.CriuPath()
@@ -129,7 +131,7 @@ func (p Probes) Run(ctx context.Context) Report {
 		wg.Go(func() { checkErr = p.CriuCheck(ctx) })
 		wg.Go(func() { feat = p.Features(ctx) })
 	}
-	for i, name := range []string{"runc", "podman", "lxc"} {
+	for i, name := range runtimeKinds {
 		wg.Go(func() {
 			if v, ok := p.RuntimeVersion(ctx, name); ok {
 				rt[i] = &v
@@ -140,7 +142,7 @@ func (p Probes) Run(ctx context.Context) Report {
 	wtErr = p.WriteTracking()
 	wg.Wait()
 
-	r.Runtimes = Runtimes{Runc: rt[0], Podman: rt[1], LXC: rt[2]}
+	r.Runtimes = Runtimes{Runc: rt[0], Podman: rt[1], LXC: rt[2], Containerd: rt[3]}
 	r.Features = Features{
 		DirtyTracking: feat.DirtyTracking,
 		WriteTracking: wtErr == nil,
@@ -154,9 +156,10 @@ func (p Probes) Run(ctx context.Context) Report {
 		{Freeze: true, LazyDump: feat.LazyPages, LazyRestore: feat.LazyPages, PreDump: feat.DirtyTracking}, // runc
 		(&podman.Runtime{LazyDump: feat.LazyPages}).Caps(),
 		(&lxc.Runtime{}).Caps(),
+		(&containerd.Runtime{LazyDump: feat.LazyPages}).Caps(),
 	} {
 		if rt[i] != nil {
-			r.Modes[[]string{"runc", "podman", "lxc"}[i]] = engine.Modes(caps)
+			r.Modes[runtimeKinds[i]] = engine.Modes(caps)
 		}
 	}
 	if criuErr == nil && verErr == nil {
@@ -243,6 +246,9 @@ func (r *Report) judge(criuErr, verErr error, v criu.Version, checkErr error, f 
 	}
 }
 
+// runtimeKinds are the runtimes ferry check looks for, in Runtimes' order.
+var runtimeKinds = []string{"runc", "podman", "lxc", "containerd"}
+
 // RuntimeVersion runs `<tool> --version` for a runtime and returns the
 // version from the first line, without build metadata ("runc version
 // 1.1.5+ds1" gives "1.1.5"). For lxc it asks lxc-start, then lxc-info.
@@ -266,16 +272,21 @@ func RuntimeVersion(ctx context.Context, name string) (string, bool) {
 	return "", false
 }
 
-// parseToolVersion takes the last word of the first line: "runc version
-// 1.1.5+ds1", "podman version 4.3.1" and lxc's bare "5.0.2" all end in it.
+// parseToolVersion takes the first word of the first line that starts
+// with a digit, without build metadata: "runc version 1.1.5+ds1", "podman
+// version 4.3.1", lxc's bare "5.0.2" and "containerd
+// github.com/containerd/containerd 1.6.20~ds1 ..." give 1.1.5, 4.3.1,
+// 5.0.2 and 1.6.20.
 func parseToolVersion(out string) string {
 	line, _, _ := strings.Cut(strings.TrimSpace(out), "\n")
-	fields := strings.Fields(line)
-	if len(fields) == 0 {
-		return ""
+	for _, f := range strings.Fields(line) {
+		if f[0] >= '0' && f[0] <= '9' {
+			v, _, _ := strings.Cut(f, "+")
+			v, _, _ = strings.Cut(v, "~")
+			return strings.TrimSuffix(v, ",")
+		}
 	}
-	v, _, _ := strings.Cut(fields[len(fields)-1], "+")
-	return v
+	return ""
 }
 
 // ProbeCgroup looks at a cgroup mount point (normally /sys/fs/cgroup). A v1
@@ -339,6 +350,7 @@ func (r Report) Text() string {
 	line(need(r.Runtimes.Runc != nil), "runc", deref(r.Runtimes.Runc)+modes("runc"))
 	line(pick(r.Runtimes.Podman != nil, "✓", "-"), "podman", deref(r.Runtimes.Podman)+modes("podman"))
 	line(pick(r.Runtimes.LXC != nil, "✓", "-"), "lxc", deref(r.Runtimes.LXC)+modes("lxc"))
+	line(pick(r.Runtimes.Containerd != nil, "✓", "-"), "containerd", deref(r.Runtimes.Containerd)+modes("containerd"))
 	cg := []string{}
 	if r.Cgroup.V1 {
 		cg = append(cg, "v1")

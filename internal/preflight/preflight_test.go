@@ -187,7 +187,10 @@ func TestParseToolVersion(t *testing.T) {
 		"runc version 1.1.5+ds1\ncommit: 1.1.5+ds1-1+deb12u1\nspec: 1.0.2-dev\n": "1.1.5",
 		"podman version 4.3.1\n": "4.3.1",
 		"5.0.2\n":                "5.0.2",
-		"":                       "",
+		"containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+deb12u3\n": "1.6.20",
+		"Docker version 20.10.24+dfsg1, build 5d6db84\n":                                "20.10.24",
+		"Docker version 20.10.24, build 5d6db84\n":                                      "20.10.24",
+		"": "",
 	} {
 		if got := parseToolVersion(in); got != want {
 			t.Errorf("parseToolVersion(%q) = %q, want %q", in, got, want)

@@ -235,18 +235,11 @@ func (r *Runtime) adaptSpec(c *runtime.Container, netns, criuConf string) ([]byt
 		s.Linux = &specs.Linux{}
 	}
 	s.Linux.CgroupsPath = "/" + r.CgroupParent + "/" + c.Name
-	for i, ns := range s.Linux.Namespaces {
-		if ns.Type != specs.NetworkNamespace || ns.Path == "" {
-			continue
-		}
-		switch {
-		case netns != "":
-			s.Linux.Namespaces[i].Path = netns
-		case r.NetNS != "":
-			s.Linux.Namespaces[i].Path = r.NetNS
-		default:
-			return nil, errors.New("the container joins a network namespace at the source, but this host has none configured for it (agent --netns)")
-		}
+	if netns == "" {
+		netns = r.NetNS
+	}
+	if err := JoinNetNS(&s, netns); err != nil {
+		return nil, err
 	}
 	// ferry's own CRIU configuration file, instead of one the source named
 	// (runc reads /etc/criu/runc.conf when none is named).
@@ -255,6 +248,25 @@ func (r *Runtime) adaptSpec(c *runtime.Container, netns, criuConf string) ([]byt
 	}
 	s.Annotations[CRIUConfigAnnotation] = criuConf
 	return json.MarshalIndent(&s, "", "  ")
+}
+
+// JoinNetNS points a spec that joins a network namespace by path (one
+// ferry rebuilt, or the host's) at netns, this host's; "" refuses such a
+// spec. A spec making a namespace of its own is left as it is.
+func JoinNetNS(s *specs.Spec, netns string) error {
+	if s.Linux == nil {
+		return nil
+	}
+	for i, ns := range s.Linux.Namespaces {
+		if ns.Type != specs.NetworkNamespace || ns.Path == "" {
+			continue
+		}
+		if netns == "" {
+			return errors.New("the container joins a network namespace at the source, but this host has none configured for it (agent --netns)")
+		}
+		s.Linux.Namespaces[i].Path = netns
+	}
+	return nil
 }
 
 // target is a bundle waiting for its restore.

@@ -1,0 +1,272 @@
+package containerd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/containerd/containerd/api/types/runc/options"
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/ferry-migrate/ferry/internal/mounts"
+	"github.com/ferry-migrate/ferry/internal/tail"
+)
+
+// Daemon is a containerd of ferry's own whose state lives under one
+// directory: each lab host runs one, and so do the tests, beside (never
+// instead of) the machine's own. Its shims keep their runc state under
+// RuncRoot, given to every container made through it (WithRuntime's
+// options), so two daemons on one machine never share a container ID.
+type Daemon struct {
+	// Dir holds the configuration, the socket, content, snapshots, the
+	// shims' bundles and the log.
+	Dir string
+	// NetNS, when set, is the network namespace (a path) the daemon and
+	// its shims run in.
+	NetNS string
+}
+
+// Socket is the daemon's gRPC address.
+func (d Daemon) Socket() string { return filepath.Join(d.Dir, "containerd.sock") }
+
+// RuncRoot is the runc root its containers use (runc adds the namespace).
+func (d Daemon) RuncRoot() string { return filepath.Join(d.Dir, "runc") }
+
+func (d Daemon) pidFile() string { return filepath.Join(d.Dir, "containerd.pid") }
+func (d Daemon) logFile() string { return filepath.Join(d.Dir, "containerd.log") }
+
+// config is the daemon's configuration (containerd 1.6's version 2): its
+// own root, state and sockets; Kubernetes' CRI plugin off (ferry does not
+// use it, and it wants a CNI setup).
+func (d Daemon) config() string {
+	return fmt.Sprintf(`version = 2
+root = %q
+state = %q
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+
+[grpc]
+  address = %q
+
+[ttrpc]
+  address = %q
+`, filepath.Join(d.Dir, "root"), filepath.Join(d.Dir, "state"), d.Socket(), d.Socket()+".ttrpc")
+}
+
+// PID is the running daemon's PID, 0 if none runs.
+func (d Daemon) PID() int {
+	b, err := os.ReadFile(d.pidFile())
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 || syscall.Kill(pid, 0) != nil {
+		return 0
+	}
+	if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err != nil || filepath.Base(exe) != "containerd" {
+		return 0 // a recycled PID
+	}
+	return pid
+}
+
+// Start runs the daemon unless it runs already, and returns once it
+// answers.
+func (d Daemon) Start(ctx context.Context) error {
+	if d.PID() != 0 {
+		return d.waitReady(ctx, 10*time.Second)
+	}
+	bin, err := exec.LookPath("containerd")
+	if err != nil {
+		return errors.New("containerd is not installed (apt-get install containerd)")
+	}
+	if err := os.MkdirAll(d.Dir, 0o700); err != nil {
+		return err
+	}
+	conf := filepath.Join(d.Dir, "config.toml")
+	if err := os.WriteFile(conf, []byte(d.config()), 0o600); err != nil {
+		return err
+	}
+	log, err := os.OpenFile(d.logFile(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	args := []string{bin, "--config", conf}
+	if d.NetNS != "" {
+		args = append([]string{"nsenter", "--net=" + d.NetNS, "--"}, args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdout, cmd.Stderr = log, log
+	// Its own session: it outlives the process that started it (the lab's
+	// command), as a daemon does.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	pid := cmd.Process.Pid
+	// Reaped here if it ends while this process lives; adopted by init
+	// when this process ends first.
+	go func() { _ = cmd.Wait() }()
+	if err := os.WriteFile(d.pidFile(), []byte(strconv.Itoa(pid)), 0o600); err != nil {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		return err
+	}
+	if err := d.waitReady(ctx, 20*time.Second); err != nil {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		b, _ := os.ReadFile(d.logFile())
+		return fmt.Errorf("containerd (%s) did not start: %w: %s", d.Dir, err, tail.Lines(string(b), 6))
+	}
+	return nil
+}
+
+func (d Daemon) waitReady(ctx context.Context, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		err := d.ping(ctx)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (d Daemon) ping(ctx context.Context) error {
+	if _, err := os.Stat(d.Socket()); err != nil {
+		return err
+	}
+	c, err := client.New(d.Socket(), client.WithTimeout(2*time.Second))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ok, err := c.IsServing(ctx)
+	if err == nil && !ok {
+		err = errors.New("not serving")
+	}
+	return err
+}
+
+// Stop kills every container's task, deletes the containers and their
+// snapshots in every namespace, stops the daemon (by its PID) and detaches
+// what it left mounted under Dir. The directory itself stays.
+func (d Daemon) Stop(ctx context.Context) error {
+	pid := d.PID()
+	if pid == 0 {
+		return mounts.UnmountUnder(d.Dir)
+	}
+	var errs []error
+	if err := d.ping(ctx); err == nil {
+		errs = append(errs, d.deleteAll(ctx))
+	}
+	_ = syscall.Kill(pid, syscall.SIGTERM)
+	for deadline := time.Now().Add(10 * time.Second); d.PID() != 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	_ = os.Remove(d.pidFile())
+	errs = append(errs, mounts.UnmountUnder(d.Dir))
+	return errors.Join(errs...)
+}
+
+// deleteAll removes every container the daemon has, with its task.
+func (d Daemon) deleteAll(ctx context.Context) error {
+	c, err := client.New(d.Socket())
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	nss, err := c.NamespaceService().List(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, ns := range nss {
+		r := &Runtime{Address: d.Socket()}
+		ctrs, err := c.Containers(withNS(ctx, ns))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, ctr := range ctrs {
+			if err := r.remove(withNS(ctx, ns), c, ctr.ID()); err != nil && !errdefs.IsNotFound(err) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// RunOptions describe a container Run starts.
+type RunOptions struct {
+	// Namespace, ID and Image (a reference this daemon holds) name it.
+	Namespace, ID, Image string
+	// Args is the command.
+	Args []string
+	// NetNS is a network namespace (a path) it joins; "" makes its own.
+	NetNS string
+	// CgroupsPath is its cgroup; "" is containerd's default.
+	CgroupsPath string
+	// Log receives its output.
+	Log string
+}
+
+// Run creates a container from an image and starts its task, under the
+// daemon's runc root, as `ctr run -d` would.
+func (d Daemon) Run(ctx context.Context, o RunOptions) error {
+	c, err := client.New(d.Socket())
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if o.Namespace == "" {
+		o.Namespace = namespaces.Default
+	}
+	ctx = withNS(ctx, o.Namespace)
+	img, err := c.GetImage(ctx, o.Image)
+	if err != nil {
+		return fmt.Errorf("containerd (%s): image %s: %w", d.Dir, o.Image, err)
+	}
+	specOpts := []oci.SpecOpts{oci.WithImageConfig(img), oci.WithProcessArgs(o.Args...)}
+	if o.NetNS != "" {
+		specOpts = append(specOpts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: o.NetNS}))
+	}
+	if o.CgroupsPath != "" {
+		specOpts = append(specOpts, oci.WithCgroup(o.CgroupsPath))
+	}
+	ctr, err := c.NewContainer(ctx, o.ID, client.WithImage(img), client.WithSnapshotter("overlayfs"),
+		client.WithNewSnapshot(o.ID, img), client.WithRuntime("io.containerd.runc.v2", &options.Options{Root: d.RuncRoot()}),
+		client.WithNewSpec(specOpts...))
+	if err != nil {
+		return fmt.Errorf("containerd (%s): create %s: %w", d.Dir, o.ID, err)
+	}
+	creator := cio.NullIO
+	if o.Log != "" {
+		creator = cio.LogFile(o.Log)
+	}
+	task, err := ctr.NewTask(ctx, creator)
+	if err == nil {
+		if err = task.Start(ctx); err != nil {
+			_, _ = task.Delete(ctx, client.WithProcessKill)
+		}
+	}
+	if err != nil {
+		_ = ctr.Delete(ctx, client.WithSnapshotCleanup)
+		return fmt.Errorf("containerd (%s): start %s: %w", d.Dir, o.ID, err)
+	}
+	return nil
+}
