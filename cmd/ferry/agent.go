@@ -13,6 +13,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
+	"github.com/ferry-migrate/ferry/internal/runtime/docker"
 	"github.com/ferry-migrate/ferry/internal/transport"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
@@ -115,6 +116,8 @@ runs the agent with /etc/ferry/agent.toml, and the example file.`,
 	f.StringVar(&a.PodmanDir, "podman-dir", "", "a Podman instance of this agent's own under this directory (storage, run, network config); empty: the machine's Podman")
 	f.StringVar(&a.Containerd, "containerd", "", "containerd's socket, whose containers this agent moves and where it restores them (default "+containerd.DefaultAddress+", used when it exists)")
 	f.StringVar(&a.ContainerdRuncRoot, "containerd-runc-root", "", "runc root that containers restored through containerd get (the shim's --root); empty: the one their source used")
+	f.StringVar(&a.Docker, "docker", "", "dockerd's address (unix://PATH), whose containers this agent moves and where it restores them (default "+docker.DefaultHost+", used when it exists; restores need dockerd --experimental)")
+	f.StringVar(&a.DockerExecRoot, "docker-exec-root", "", "dockerd's --exec-root, where runc keeps its containers (default "+docker.DefaultExecRoot+")")
 	f.StringVar(&a.LXCPath, "lxc-path", "", "where LXC containers live (lxc-* -P); empty: LXC's default, /var/lib/lxc")
 	f.StringSliceVar(&a.ImageRoots, "image-root", nil, "directories holding unpacked images (repeatable): a runc container whose root is an overlay over an image below one of them moves only its own writable layer; none: such containers are refused here")
 	f.StringVar(&a.Host.CgroupParent, "cgroup-parent", "ferry", "cgroup under which restored containers live")

@@ -105,7 +105,7 @@ and podman (podman checkpoint --export, copy over the link, podman restore
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.Mode, "mode", engine.ModeCold, "technique: cold, precopy, postcopy, hybrid")
-	f.StringVar(&o.Runtime, "runtime", "runc", "runtime the workload runs under: runc (the lab's own bundles), podman, lxc or containerd (each lab host's own instance); ferry check lists the modes each supports")
+	f.StringVar(&o.Runtime, "runtime", "runc", "runtime the workload runs under: runc (the lab's own bundles), podman, lxc, containerd or docker (each lab host's own instance); ferry check lists the modes each supports")
 	addPrecopyFlags(cmd, &o.Precopy)
 	f.StringVar(&memory, "memory", "256M", "workload memory (64M, 1G, ...)")
 	f.IntVar(&o.DirtyRate, "dirty-rate", 100, "pages the workload dirties per second")

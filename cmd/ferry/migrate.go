@@ -51,8 +51,10 @@ source host has (auto, the default; the report says which) or in the one
 named: runc (under the agent's --runc-root, default /run/runc, or
 --runc-root here), podman, lxc, containerd (the agent's --containerd
 socket; NAME is the container's ID, in the namespace --namespace names,
-default "default"). It is restored at the destination into the same kind
-of runtime, under the same name, and that runtime manages it afterwards. A technique the runtime cannot do is refused before anything
+default "default"), docker (the agent's --docker; restores need dockerd
+--experimental, and Docker's restore copies the memory twice). It is
+restored at the destination into the same kind of runtime, under the same
+name, and that runtime manages it afterwards. A technique the runtime cannot do is refused before anything
 is frozen; ferry check lists what each runtime supports on a host.
 
 DEST is an agent address (10.0.0.2:7070), NAME@ADDR (the agent must prove it
@@ -152,7 +154,7 @@ stopped).`,
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON, no progress line")
 	f.BoolVar(&events, "events", false, "print the job's ID, its progress and the report as JSON lines while it runs (see above)")
 	f.BoolVar(&detach, "detach", false, "print the migration's ID once the agent accepted it and leave it running (ferry ps, ferry wait ID, ferry cancel ID)")
-	f.StringVar(&req.Runtime, "runtime", engine.RuntimeAuto, "the container's runtime: auto (find it by name), runc, podman, lxc or containerd")
+	f.StringVar(&req.Runtime, "runtime", engine.RuntimeAuto, "the container's runtime: auto (find it by name), runc, podman, lxc, containerd or docker")
 	f.StringVar(&namespace, "namespace", "", "containerd: the container's namespace (default: default)")
 	f.StringVar(&req.RuncRoot, "runc-root", "", "runc root the container lives under (default: the source agent's --runc-root)")
 	f.StringVar(&maxBW, "max-bandwidth", "", "cap the migration's sending rate (e.g. 500mbit) to leave room for other traffic")

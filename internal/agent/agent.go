@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +29,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
+	"github.com/ferry-migrate/ferry/internal/runtime/docker"
 	"github.com/ferry-migrate/ferry/internal/runtime/lxc"
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
@@ -68,6 +70,8 @@ type Agent struct {
 	// Containerd is containerd's socket; ContainerdRuncRoot the runc root
 	// containers restored through it get ("": their source's).
 	Containerd, ContainerdRuncRoot string
+	// Docker is dockerd's address; DockerExecRoot its --exec-root.
+	Docker, DockerExecRoot string
 	// ImageRoots hold the images runc containers with an overlay root may
 	// sit on here: only such a container's own layer moves.
 	ImageRoots []string
@@ -142,6 +146,9 @@ func (a *Agent) newRuntimes() runtime.Set {
 	if _, err := os.Stat(cmp.Or(a.Containerd, containerd.DefaultAddress)); err == nil || a.Containerd != "" {
 		set["containerd"] = &containerd.Runtime{Address: a.Containerd, RuncRoot: a.ContainerdRuncRoot, CgroupParent: a.Host.CgroupParent,
 			NetNS: a.Host.NetNS, StateDir: filepath.Join(a.Host.StateDir, "containerd"), Admission: a.Admission, LazyDump: a.feats.LazyPages}
+	}
+	if _, err := os.Stat(strings.TrimPrefix(cmp.Or(a.Docker, docker.DefaultHost), "unix://")); err == nil || a.Docker != "" {
+		set["docker"] = &docker.Runtime{Host: a.Docker, ExecRoot: a.DockerExecRoot, NetNS: a.Host.NetNS, Admission: a.Admission, LazyDump: a.feats.LazyPages}
 	}
 	if _, err := exec.LookPath("lxc-checkpoint"); err == nil {
 		lx := lxc.New(a.LXCPath)

@@ -128,13 +128,13 @@ func FaultMatrix(runtimes, modes, phases, actions []string) []FaultCase {
 }
 
 // faultRuntimes are the runtimes the matrix can run a workload in.
-var faultRuntimes = []string{"runc", "podman", "lxc", "containerd"}
+var faultRuntimes = []string{"runc", "podman", "lxc", "containerd", "docker"}
 
-// runtimeModes lists the techniques the lab can run in a runtime: Podman,
-// LXC and containerd restore only from complete images (no lazy restore;
-// see engine.Modes and ferry check).
+// runtimeModes lists the techniques the lab can run in a runtime: all but
+// runc restore only from complete images (no lazy restore; see
+// engine.Modes and ferry check).
 func runtimeModes(rt string) []string {
-	if rt == "podman" || rt == "lxc" || rt == "containerd" {
+	if rt != "runc" {
 		return []string{engine.ModeCold, engine.ModePrecopy}
 	}
 	return []string{engine.ModeCold, engine.ModePrecopy, engine.ModePostcopy, engine.ModeHybrid}
@@ -217,7 +217,7 @@ func Faults(ctx context.Context, o FaultsOptions) (res FaultsResult, err error) 
 		if c.Runtime == "" {
 			cases[i].Runtime = "runc"
 		}
-		tool := map[string]string{"podman": "podman", "lxc": "lxc-checkpoint", "containerd": "containerd"}[c.Runtime]
+		tool := map[string]string{"podman": "podman", "lxc": "lxc-checkpoint", "containerd": "containerd", "docker": "dockerd"}[c.Runtime]
 		if tool == "" {
 			continue
 		}
@@ -490,6 +490,10 @@ func containerState(kind string, h *lab.Host, name string) string {
 		c, err = h.LXC().Inspect(ctx, name)
 	case "containerd":
 		r := h.ContainerdRuntime()
+		defer r.Close()
+		c, err = r.Inspect(ctx, name)
+	case "docker":
+		r := h.DockerRuntime()
 		defer r.Close()
 		c, err = r.Inspect(ctx, name)
 	default:

@@ -26,7 +26,7 @@ import (
 // MigrateOptions describe one `ferry bench migrate`.
 type MigrateOptions struct {
 	// Runtime runs the workload: runc (the lab's own bundles), podman,
-	// lxc or containerd (each lab host's own instance).
+	// lxc, containerd or docker (each lab host's own instance).
 	Runtime      string
 	Mode         string
 	Precopy      engine.PrecopyOptions

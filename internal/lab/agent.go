@@ -40,7 +40,8 @@ func agentArgs(h *Host, l *Lab) []string {
 	args := []string{"agent", "--name", h.Name, "--listen", strings.Join(listen, ","), "--control", h.ControlSock,
 		"--state", h.StateDir, "--runc-root", h.RuncRoot(),
 		"--podman-dir", h.PodmanDir(), "--lxc-path", h.LXCPath(),
-		"--containerd", h.Containerd().Socket(), "--containerd-runc-root", h.Containerd().RuncRoot(), "--image-root", DebianImageRoot(), "--cgroup-parent", h.CgroupParent, "--netns", h.NetNS, "--scratch", h.ScratchDir,
+		"--containerd", h.Containerd().Socket(), "--containerd-runc-root", h.Containerd().RuncRoot(),
+		"--docker", h.Docker().Host(), "--docker-exec-root", h.Docker().ExecRoot(), "--image-root", DebianImageRoot(), "--cgroup-parent", h.CgroupParent, "--netns", h.NetNS, "--scratch", h.ScratchDir,
 		"--tls-dir", h.TLSDir(), "--allow", strings.Join(l.hostNames(), ","), "--segment-bridge", SegmentBridge,
 		"--segment-range", SegmentSubnet + "0/" + fmt.Sprint(segmentPrefixLen), "--allow-faults"}
 	if l.OutageTimeout > 0 {

@@ -262,7 +262,7 @@ func removeAllSettled(dir string) error {
 }
 
 // deleteOtherRuntimes removes the host's LXC containers, its containerd's
-// containers (and stops the daemon) and its Podman instance (containers,
+// and Docker's containers (and stops the daemons) and its Podman instance (containers,
 // storage mounts, directory).
 func deleteOtherRuntimes(ctx context.Context, h *Host) error {
 	var errs []error
@@ -279,7 +279,7 @@ func deleteOtherRuntimes(ctx context.Context, h *Host) error {
 			}
 		}
 	}
-	errs = append(errs, h.Containerd().Stop(ctx))
+	errs = append(errs, h.Containerd().Stop(ctx), h.Docker().Stop(ctx))
 	if _, err := os.Stat(h.PodmanDir()); err == nil {
 		ph := h.Podman()
 		if nsErr != nil {

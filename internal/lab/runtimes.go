@@ -12,6 +12,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
+	"github.com/ferry-migrate/ferry/internal/runtime/docker"
 	"github.com/ferry-migrate/ferry/internal/runtime/lxc"
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
 )
@@ -44,6 +45,19 @@ func (h *Host) ContainerdRuntime() *containerd.Runtime {
 	return &containerd.Runtime{Address: d.Socket(), RuncRoot: d.RuncRoot(), StateDir: filepath.Join(h.StateDir, "containerd")}
 }
 
+// Docker is the host's own dockerd, run in its network namespace (started
+// by RunDocker or ImportWorkloadImage).
+func (h *Host) Docker() docker.Daemon {
+	return docker.Daemon{Dir: filepath.Join(h.StateDir, "docker"), NetNS: h.NetNS}
+}
+
+// DockerRuntime is the adapter for the host's dockerd, as its agent sees
+// it (Close it after use).
+func (h *Host) DockerRuntime() *docker.Runtime {
+	d := h.Docker()
+	return &docker.Runtime{Host: d.Host(), ExecRoot: d.ExecRoot(), NetNS: h.NetNS}
+}
+
 // workloadImage is the image lab Podman and containerd containers run: the
 // busybox root filesystem with ferry's workloads.
 const workloadImage = "ferry-workload"
@@ -53,7 +67,9 @@ const workloadRef = "localhost/" + workloadImage + ":latest"
 
 // NeedsImage says whether a runtime's lab containers run from an image
 // that ImportWorkloadImage must load on both hosts first.
-func NeedsImage(kind string) bool { return kind == "podman" || kind == "containerd" }
+func NeedsImage(kind string) bool {
+	return kind == "podman" || kind == "containerd" || kind == "docker"
+}
 
 // ImportWorkloadImage builds the busybox root filesystem with ferry's
 // workloads and imports it into the named hosts' Podman instances or
@@ -84,6 +100,11 @@ func (l *Lab) ImportWorkloadImage(ctx context.Context, kind string, hostNames ..
 			d := h.Containerd()
 			if err = d.Start(ctx); err == nil {
 				err = containerd.ImportRootfs(ctx, d.Socket(), namespaces.Default, filepath.Join(dir, "rootfs"), workloadRef)
+			}
+		case "docker":
+			d := h.Docker()
+			if err = d.Start(ctx); err == nil {
+				err = d.ImportRootfs(ctx, filepath.Join(dir, "rootfs"), workloadRef)
 			}
 		default:
 			err = fmt.Errorf("%s containers run from no image", kind)
@@ -126,6 +147,20 @@ func (l *Lab) RunContainerd(ctx context.Context, hostName, container string, arg
 	}
 	return d.Run(ctx, containerd.RunOptions{ID: container, Image: workloadRef, Args: args, NetNS: h.NetNS,
 		CgroupsPath: "/" + h.CgroupParent + "/" + namespaces.Default + "-" + container, Log: filepath.Join(d.Dir, container+".log")})
+}
+
+// RunDocker starts a container in the host's dockerd from the workload
+// image (ImportWorkloadImage), on the host's network.
+func (l *Lab) RunDocker(ctx context.Context, hostName, container string, args []string) error {
+	h, err := l.Host(hostName)
+	if err != nil {
+		return err
+	}
+	d := h.Docker()
+	if err := d.Start(ctx); err != nil {
+		return err
+	}
+	return d.Run(ctx, container, workloadRef, args)
 }
 
 // RunLXC starts an LXC container under the host's lxcpath with the busybox
@@ -178,7 +213,7 @@ lxc.log.level = INFO
 }
 
 // RunIn starts a workload container in a runtime of a lab host: runc (the
-// lab's own bundles), podman, lxc or containerd.
+// lab's own bundles), podman, lxc, containerd or docker.
 func (l *Lab) RunIn(ctx context.Context, kind, hostName, container string, args []string) error {
 	switch kind {
 	case "", "runc":
@@ -189,8 +224,10 @@ func (l *Lab) RunIn(ctx context.Context, kind, hostName, container string, args 
 		return l.RunLXC(ctx, hostName, container, args)
 	case "containerd":
 		return l.RunContainerd(ctx, hostName, container, args)
+	case "docker":
+		return l.RunDocker(ctx, hostName, container, args)
 	}
-	return fmt.Errorf("unknown runtime %q (runc, podman, lxc, containerd)", kind)
+	return fmt.Errorf("unknown runtime %q (runc, podman, lxc, containerd, docker)", kind)
 }
 
 // RemoveFrom deletes a container from a runtime of a lab host, if there.
@@ -214,6 +251,13 @@ func (l *Lab) RemoveFrom(ctx context.Context, kind, hostName, container string) 
 		r := h.ContainerdRuntime()
 		defer r.Close()
 		return r.Remove(ctx, &runtime.Container{Name: container, ID: container})
+	case "docker":
+		if h.Docker().PID() == 0 {
+			return nil
+		}
+		r := h.DockerRuntime()
+		defer r.Close()
+		return r.Remove(ctx, &runtime.Container{Name: container})
 	}
 	return fmt.Errorf("unknown runtime %q", kind)
 }

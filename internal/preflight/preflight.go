@@ -18,6 +18,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
+	"github.com/ferry-migrate/ferry/internal/runtime/docker"
 	"github.com/ferry-migrate/ferry/internal/runtime/lxc"
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
 )
@@ -61,6 +62,7 @@ type Runtimes struct {
 	Podman     *string `json:"podman"`
 	LXC        *string `json:"lxc"`
 	Containerd *string `json:"containerd"`
+	Docker     *string `json:"docker"`
 }
 
 // Cgroup says which cgroup hierarchies are mounted.
@@ -122,7 +124,7 @@ func (p Probes) Run(ctx context.Context) Report {
 		checkErr error
 		wtErr    error
 		feat     criu.Features
-		rt       [4]*string
+		rt       [5]*string
 	)
 	r.Root = p.IsRoot()
 	r.CriuPath, criuErr = p.CriuPath()
@@ -142,7 +144,7 @@ func (p Probes) Run(ctx context.Context) Report {
 	wtErr = p.WriteTracking()
 	wg.Wait()
 
-	r.Runtimes = Runtimes{Runc: rt[0], Podman: rt[1], LXC: rt[2], Containerd: rt[3]}
+	r.Runtimes = Runtimes{Runc: rt[0], Podman: rt[1], LXC: rt[2], Containerd: rt[3], Docker: rt[4]}
 	r.Features = Features{
 		DirtyTracking: feat.DirtyTracking,
 		WriteTracking: wtErr == nil,
@@ -157,6 +159,7 @@ func (p Probes) Run(ctx context.Context) Report {
 		(&podman.Runtime{LazyDump: feat.LazyPages}).Caps(),
 		(&lxc.Runtime{}).Caps(),
 		(&containerd.Runtime{LazyDump: feat.LazyPages}).Caps(),
+		(&docker.Runtime{LazyDump: feat.LazyPages}).Caps(),
 	} {
 		if rt[i] != nil {
 			r.Modes[runtimeKinds[i]] = engine.Modes(caps)
@@ -247,15 +250,18 @@ func (r *Report) judge(criuErr, verErr error, v criu.Version, checkErr error, f 
 }
 
 // runtimeKinds are the runtimes ferry check looks for, in Runtimes' order.
-var runtimeKinds = []string{"runc", "podman", "lxc", "containerd"}
+var runtimeKinds = []string{"runc", "podman", "lxc", "containerd", "docker"}
 
 // RuntimeVersion runs `<tool> --version` for a runtime and returns the
 // version from the first line, without build metadata ("runc version
 // 1.1.5+ds1" gives "1.1.5"). For lxc it asks lxc-start, then lxc-info.
 func RuntimeVersion(ctx context.Context, name string) (string, bool) {
 	tools := []string{name}
-	if name == "lxc" {
+	switch name {
+	case "lxc":
 		tools = []string{"lxc-start", "lxc-info"}
+	case "docker":
+		tools = []string{"dockerd"} // the daemon's version; a CLI may be newer
 	}
 	for _, tool := range tools {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -351,6 +357,7 @@ func (r Report) Text() string {
 	line(pick(r.Runtimes.Podman != nil, "✓", "-"), "podman", deref(r.Runtimes.Podman)+modes("podman"))
 	line(pick(r.Runtimes.LXC != nil, "✓", "-"), "lxc", deref(r.Runtimes.LXC)+modes("lxc"))
 	line(pick(r.Runtimes.Containerd != nil, "✓", "-"), "containerd", deref(r.Runtimes.Containerd)+modes("containerd"))
+	line(pick(r.Runtimes.Docker != nil, "✓", "-"), "docker", deref(r.Runtimes.Docker)+modes("docker"))
 	cg := []string{}
 	if r.Cgroup.V1 {
 		cg = append(cg, "v1")

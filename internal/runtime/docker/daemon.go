@@ -1,0 +1,208 @@
+package docker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/client"
+
+	"github.com/ferry-migrate/ferry/internal/imagearchive"
+	"github.com/ferry-migrate/ferry/internal/mounts"
+	"github.com/ferry-migrate/ferry/internal/tail"
+)
+
+// Daemon is a dockerd of ferry's own whose state lives under one
+// directory (data root, exec root, socket, its containerd's unpacked
+// checkpoints): each lab host runs one, beside (never instead of) the
+// machine's own. It runs with experimental features (checkpoint restore
+// needs them) and touches no firewall or bridge: its containers use the
+// host's network or none.
+type Daemon struct {
+	Dir string
+	// NetNS, when set, is the network namespace (a path) the daemon, and
+	// so its host-network containers, run in.
+	NetNS string
+}
+
+// Host is the daemon's address for the client.
+func (d Daemon) Host() string { return "unix://" + d.socket() }
+
+// ExecRoot is its --exec-root.
+func (d Daemon) ExecRoot() string { return filepath.Join(d.Dir, "exec") }
+
+func (d Daemon) socket() string  { return filepath.Join(d.Dir, "docker.sock") }
+func (d Daemon) pidFile() string { return filepath.Join(d.Dir, "docker.pid") }
+func (d Daemon) logFile() string { return filepath.Join(d.Dir, "dockerd.log") }
+
+// PID is the running daemon's PID, 0 if none runs.
+func (d Daemon) PID() int {
+	b, err := os.ReadFile(d.pidFile())
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err != nil || filepath.Base(exe) != "dockerd" {
+		return 0
+	}
+	return pid
+}
+
+// Start runs the daemon unless it runs already, and returns once it
+// answers.
+func (d Daemon) Start(ctx context.Context) error {
+	if d.PID() != 0 {
+		return d.waitReady(ctx, 20*time.Second)
+	}
+	bin, err := exec.LookPath("dockerd")
+	if err != nil {
+		return errors.New("dockerd is not installed (apt-get install docker.io)")
+	}
+	xdg := filepath.Join(d.Dir, "xdg")
+	if err := os.MkdirAll(xdg, 0o700); err != nil {
+		return err
+	}
+	log, err := os.OpenFile(d.logFile(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	args := []string{bin, "--experimental", "--iptables=false", "--ip6tables=false", "--ip-masq=false", "--bridge=none",
+		"--data-root", filepath.Join(d.Dir, "data"), "--exec-root", d.ExecRoot(), "--pidfile", d.pidFile(), "-H", d.Host()}
+	if d.NetNS != "" {
+		args = append([]string{"nsenter", "--net=" + d.NetNS, "--"}, args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdout, cmd.Stderr = log, log
+	// Its containerd keeps the checkpoints it unpacks under xdg; its
+	// shims' runc finds a CRIU ferry built in /usr/local/sbin.
+	cmd.Env = append(os.Environ(), "XDG_RUNTIME_DIR="+xdg, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	go func() { _ = cmd.Wait() }()
+	if err := d.waitReady(ctx, 60*time.Second); err != nil {
+		_ = syscall.Kill(cmd.Process.Pid, syscall.SIGKILL)
+		b, _ := os.ReadFile(d.logFile())
+		return fmt.Errorf("dockerd (%s) did not start: %w: %s", d.Dir, err, tail.Lines(string(b), 6))
+	}
+	return nil
+}
+
+func (d Daemon) waitReady(ctx context.Context, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		err := d.ping(ctx)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func (d Daemon) ping(ctx context.Context) error {
+	if _, err := os.Stat(d.socket()); err != nil {
+		return err
+	}
+	c, err := client.NewClientWithOpts(client.WithHost(d.Host()), client.WithAPIVersionNegotiation())
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_, err = c.Ping(ctx)
+	return err
+}
+
+// Stop removes every container, stops the daemon (by its PID; its
+// containerd goes with it) and detaches what it left mounted under Dir.
+func (d Daemon) Stop(ctx context.Context) error {
+	pid := d.PID()
+	if pid == 0 {
+		return mounts.UnmountUnder(d.Dir)
+	}
+	var errs []error
+	if c, err := client.NewClientWithOpts(client.WithHost(d.Host()), client.WithAPIVersionNegotiation()); err == nil {
+		if cs, err := c.ContainerList(ctx, container.ListOptions{All: true}); err == nil {
+			for _, ct := range cs {
+				errs = append(errs, c.ContainerRemove(ctx, ct.ID, container.RemoveOptions{Force: true}))
+			}
+		}
+		_ = c.Close()
+	}
+	_ = syscall.Kill(pid, syscall.SIGTERM)
+	for deadline := time.Now().Add(20 * time.Second); d.PID() != 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	errs = append(errs, mounts.UnmountUnder(d.Dir))
+	return errors.Join(errs...)
+}
+
+// ImportRootfs packs rootfsDir as a one-layer image tagged tag and loads
+// it into the daemon; the same directory gives the same image ID on every
+// host (imagearchive).
+func (d Daemon) ImportRootfs(ctx context.Context, rootfsDir, tag string) error {
+	tmp, err := os.MkdirTemp("", "ferry-docker-image-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	archive := filepath.Join(tmp, "image.tar")
+	if _, err := imagearchive.FromDir(ctx, rootfsDir, archive, tag); err != nil {
+		return err
+	}
+	c, err := client.NewClientWithOpts(client.WithHost(d.Host()), client.WithAPIVersionNegotiation())
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	f, err := os.Open(archive)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	resp, err := c.ImageLoad(ctx, f, client.ImageLoadWithQuiet(true))
+	if err != nil {
+		return fmt.Errorf("docker: load %s: %w", tag, err)
+	}
+	defer resp.Body.Close()
+	_, err = io.Copy(io.Discard, resp.Body)
+	return err
+}
+
+// Run starts a container from an image, detached, as `docker run -d`
+// would, on the host's network (the daemon's namespace).
+func (d Daemon) Run(ctx context.Context, name, image string, args []string) error {
+	c, err := client.NewClientWithOpts(client.WithHost(d.Host()), client.WithAPIVersionNegotiation())
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	resp, err := c.ContainerCreate(ctx, &container.Config{Image: image, Cmd: args},
+		&container.HostConfig{NetworkMode: "host"}, nil, nil, name)
+	if err != nil {
+		return fmt.Errorf("docker (%s): create %s: %w", d.Dir, name, err)
+	}
+	if err := c.ContainerStart(ctx, resp.ID, container.StartOptions{}); err != nil {
+		_ = c.ContainerRemove(ctx, resp.ID, container.RemoveOptions{Force: true})
+		return fmt.Errorf("docker (%s): start %s: %w", d.Dir, name, err)
+	}
+	return nil
+}

@@ -1,0 +1,288 @@
+// Package docker is Docker (20.10, on containerd) as a ferry runtime,
+// through Docker's Go client: a container moves to another host's Docker,
+// which runs it afterwards under the same name (docker ps, logs, stop and
+// rm work there) while the source's no longer lists it.
+//
+// Source. A Docker container is a runc container under Docker's runc root
+// (EXEC-ROOT/runtime-runc/moby). Freeze is `docker pause`, so Docker too
+// says paused; the dump is ferry's usual `runc checkpoint --leave-running
+// --page-server` of it, memory streaming to ferry's page server (Docker's
+// own checkpoint writes it to a directory first, and needs the daemon's
+// experimental mode). The container stays paused, resumable by `docker
+// unpause` until the commit; Remove is `docker rm --force`.
+//
+// Destination. Prepare checks the source's configuration against this
+// host's admission policy, that the image is here (by ID: only the
+// container's writable layer moves) and the name is free, then has Docker
+// create the container from the source's configuration: same name, a new
+// ID (Docker chooses it). Its writable layer, not mounted yet, is
+// RootfsDir. Restore is `docker start --checkpoint`: Docker reads a
+// checkpoint only from the container's own checkpoints directory, where
+// ferry's images directory is bind-mounted (no copy there); but Docker
+// 20.10 then tars the images into containerd's content store and
+// containerd unpacks them again for the restore, two copies of the memory
+// that ferry cannot avoid (docs/BENCHMARKS.md measures them). The restore
+// needs the daemon's experimental mode.
+//
+// Docker passes no OCI annotations to its containers (20.10), so CRIU
+// cannot be told to leave the restored processes stopped: a restored copy
+// runs at once (Caps.RestoreStopped false), before the commit.
+//
+// Not moved: volumes and bind mounts, Docker networks (containers on the
+// host network or none only), logs written before the move.
+package docker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/client"
+	"github.com/docker/docker/errdefs"
+
+	"github.com/ferry-migrate/ferry/internal/admission"
+	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+)
+
+// DefaultHost is Docker's own socket.
+const DefaultHost = "unix:///var/run/docker.sock"
+
+// DefaultExecRoot is dockerd's --exec-root default.
+const DefaultExecRoot = "/var/run/docker"
+
+// metaConfig is the Container.Meta key of the source's configuration.
+const metaConfig = "docker.config"
+
+// Runtime is one host's Docker daemon.
+type Runtime struct {
+	// Host is the daemon's address (unix://PATH); empty means DefaultHost.
+	Host string
+	// ExecRoot is dockerd's --exec-root, below which runc keeps its
+	// containers; empty means DefaultExecRoot.
+	ExecRoot string
+	// NetNS is set where the daemon runs in a network namespace ferry's
+	// host gives containers: a host-network container joins it.
+	NetNS string
+	// Admission is what this host accepts of an incoming configuration.
+	Admission admission.Policy
+	// LazyDump says CRIU's lazy dump works here (pre-copy's rebuild
+	// switchover at the source).
+	LazyDump bool
+
+	mu     sync.Mutex
+	client *client.Client
+}
+
+var _ runtime.Runtime = (*Runtime)(nil)
+
+// Kind is "docker".
+func (r *Runtime) Kind() string { return "docker" }
+
+// Caps: Docker pauses without a dump and the container stays paused
+// through ferry's runc dump; its restore reads complete images only and
+// cannot leave the processes stopped.
+func (r *Runtime) Caps() runtime.Caps { return runtime.Caps{Freeze: true, LazyDump: r.LazyDump} }
+
+func (r *Runtime) host() string {
+	if r.Host == "" {
+		return DefaultHost
+	}
+	return r.Host
+}
+
+func (r *Runtime) runc() runc.Host {
+	root := r.ExecRoot
+	if root == "" {
+		root = DefaultExecRoot
+	}
+	return runc.Host{Root: filepath.Join(root, "runtime-runc", "moby")}
+}
+
+// connect returns the client, made once; the API version is the daemon's.
+func (r *Runtime) connect() (*client.Client, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.client != nil {
+		return r.client, nil
+	}
+	c, err := client.NewClientWithOpts(client.WithHost(r.host()), client.WithAPIVersionNegotiation())
+	if err != nil {
+		return nil, fmt.Errorf("docker at %s: %w", r.host(), err)
+	}
+	r.client = c
+	return c, nil
+}
+
+// Close drops the connection to the daemon.
+func (r *Runtime) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.client == nil {
+		return nil
+	}
+	err := r.client.Close()
+	r.client = nil
+	return err
+}
+
+// config is what the destination needs to create the container again.
+type config struct {
+	Name       string                `json:"name"`
+	Image      string                `json:"image"` // by ID
+	Config     *container.Config     `json:"config"`
+	HostConfig *container.HostConfig `json:"host_config"`
+}
+
+func parseConfig(c *runtime.Container) (*config, error) {
+	b := c.Meta[metaConfig]
+	if len(b) == 0 {
+		return nil, errors.New("docker: the container's description carries no Docker configuration")
+	}
+	var cfg config
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return nil, fmt.Errorf("docker: bad container configuration: %w", err)
+	}
+	if cfg.Name == "" || cfg.Image == "" || cfg.Config == nil || cfg.HostConfig == nil {
+		return nil, errors.New("docker: the container configuration is incomplete")
+	}
+	return &cfg, nil
+}
+
+// inspect reads a container; ErrNotFound when Docker does not know it.
+func (r *Runtime) inspect(ctx context.Context, name string) (container.InspectResponse, error) {
+	cl, err := r.connect()
+	if err != nil {
+		return container.InspectResponse{}, err
+	}
+	j, err := cl.ContainerInspect(ctx, name)
+	if errdefs.IsNotFound(err) {
+		return j, fmt.Errorf("docker (%s): no container %q: %w", r.host(), name, runtime.ErrNotFound)
+	}
+	if err == nil && (j.ContainerJSONBase == nil || j.State == nil || j.Config == nil) {
+		err = fmt.Errorf("docker (%s): container %q: incomplete inspect answer", r.host(), name)
+	}
+	return j, err
+}
+
+// status maps Docker's states on the engine's running, paused, stopped.
+func status(s string) string {
+	switch s {
+	case "running", "paused":
+		return s
+	}
+	return "stopped" // created, restarting, removing, exited, dead
+}
+
+// Inspect describes a container; for a running or paused one also its
+// writable layer and configuration.
+func (r *Runtime) Inspect(ctx context.Context, name string) (*runtime.Container, error) {
+	j, err := r.inspect(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	c := &runtime.Container{Runtime: r.Kind(), Name: strings.TrimPrefix(j.Name, "/"), ID: j.ID, Status: status(j.State.Status), Image: j.Image}
+	if c.Status == "stopped" {
+		return c, nil
+	}
+	c.PID = j.State.Pid
+	if j.GraphDriver.Name != "overlay2" {
+		return nil, fmt.Errorf("docker container %q uses the %q storage driver: ferry moves the writable layer of overlay2 only", c.Name, j.GraphDriver.Name)
+	}
+	if c.Rootfs = j.GraphDriver.Data["UpperDir"]; c.Rootfs == "" {
+		return nil, fmt.Errorf("docker container %q has no writable layer", c.Name)
+	}
+	if j.Config.Tty {
+		return nil, fmt.Errorf("docker container %q has a terminal: CRIU can restore it only as a shell job, which ferry does not move", c.Name)
+	}
+	b, err := json.Marshal(config{Name: c.Name, Image: j.Image, Config: j.Config, HostConfig: j.HostConfig})
+	if err != nil {
+		return nil, err
+	}
+	c.Meta = map[string][]byte{metaConfig: b}
+	return c, nil
+}
+
+// Freeze is `docker pause`.
+func (r *Runtime) Freeze(ctx context.Context, c *runtime.Container) error {
+	cl, err := r.connect()
+	if err != nil {
+		return err
+	}
+	return cl.ContainerPause(ctx, c.ID)
+}
+
+// Thaw is `docker unpause`. A CRIU killed mid-dump leaves the cgroup
+// thawed while Docker still says paused, and runc refuses to resume a
+// container that is not paused: Thaw pauses it through runc first.
+func (r *Runtime) Thaw(ctx context.Context, c *runtime.Container) error {
+	cl, err := r.connect()
+	if err != nil {
+		return err
+	}
+	err = cl.ContainerUnpause(ctx, c.ID)
+	if err == nil || !strings.Contains(err.Error(), "not paused") {
+		return err
+	}
+	id := c.ID
+	if j, ierr := r.inspect(ctx, c.Name); ierr == nil {
+		id = j.ID // a recovering agent has the name from its journal
+	}
+	if perr := r.runc().Pause(ctx, id); perr != nil {
+		return errors.Join(err, perr)
+	}
+	return cl.ContainerUnpause(ctx, c.ID)
+}
+
+// Checkpoint dumps the paused container with ferry's runc checkpoint (see
+// the package comment); it stays paused.
+func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtime.CheckpointOptions) (runtime.Dump, error) {
+	switch {
+	case o.Lazy && !r.LazyDump:
+		return nil, errors.New("docker: lazy dumps are not available on this host (see ferry check)")
+	case o.PreDump || o.ParentDir != "":
+		return nil, errors.New("docker: CRIU pre-dumps are not supported")
+	}
+	cfg, err := parseConfig(c)
+	if err != nil {
+		return nil, err
+	}
+	if rt := cfg.HostConfig.Runtime; rt != "" && rt != "runc" {
+		return nil, fmt.Errorf("docker container %q runs under runtime %q: ferry checkpoints Docker containers only under runc", c.Name, rt)
+	}
+	rc := r.runc()
+	st, err := rc.State(ctx, c.ID)
+	if errors.Is(err, runc.ErrNotFound) {
+		return nil, fmt.Errorf("docker container %q is not in runc's root %s (dockerd with another --exec-root? agent --docker-exec-root)", c.Name, rc.Root)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if st.Status != "paused" {
+		return nil, fmt.Errorf("docker container %q is %s: freeze it before the dump", c.Name, st.Status)
+	}
+	return rc.Dump(ctx, c.ID, o)
+}
+
+// Remove is `docker rm --force` (a paused container too); a container
+// already gone counts as removed.
+func (r *Runtime) Remove(ctx context.Context, c *runtime.Container) error {
+	cl, err := r.connect()
+	if err != nil {
+		return err
+	}
+	id := c.ID
+	if id == "" {
+		id = c.Name
+	}
+	err = cl.ContainerRemove(ctx, id, container.RemoveOptions{Force: true})
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	return err
+}

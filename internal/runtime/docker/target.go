@@ -1,0 +1,223 @@
+package docker
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/errdefs"
+	"golang.org/x/sys/unix"
+
+	"github.com/ferry-migrate/ferry/internal/admission"
+	"github.com/ferry-migrate/ferry/internal/procs"
+	"github.com/ferry-migrate/ferry/internal/runtime"
+)
+
+// checkpointName is the checkpoint ferry's images appear as in the
+// restored container's checkpoints directory.
+const checkpointName = "ferry"
+
+// Prepare has this host's Docker create the container from the source's
+// configuration, under the same name and a new ID, not started. It
+// refuses first, with nothing created, another runtime's container, what
+// this host's admission policy refuses (admit), a missing image, a taken
+// name.
+func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.PrepareOptions) (runtime.Target, error) {
+	if c.Runtime != r.Kind() {
+		return nil, fmt.Errorf("docker cannot receive a %s container", c.Runtime)
+	}
+	if o.NetNS != "" {
+		return nil, errors.New("docker: the container had a network namespace of its own that ferry rebuilt; Docker sets up its containers' networks itself: not supported")
+	}
+	cfg, err := parseConfig(c)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.admit(cfg); err != nil {
+		return nil, err
+	}
+	cl, err := r.connect()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := cl.ImageInspect(ctx, cfg.Image); errdefs.IsNotFound(err) {
+		return nil, fmt.Errorf("docker (%s) does not have the image of %s, %s (ID %s): ferry moves only the container's writable layer; load the same image here first",
+			r.host(), cfg.Name, cfg.Config.Image, cfg.Image)
+	} else if err != nil {
+		return nil, err
+	}
+	if _, err := cl.ContainerInspect(ctx, cfg.Name); err == nil {
+		return nil, fmt.Errorf("docker (%s) already has a container named %q: remove it or rename it before moving this one here", r.host(), cfg.Name)
+	} else if !errdefs.IsNotFound(err) {
+		return nil, err
+	}
+	// The image by ID: the name may point elsewhere here.
+	conf := *cfg.Config
+	conf.Image = cfg.Image
+	conf.Hostname = cfg.Config.Hostname // the restored UTS namespace keeps the source's anyway
+	resp, err := cl.ContainerCreate(ctx, &conf, cfg.HostConfig, nil, nil, cfg.Name)
+	if err != nil {
+		return nil, fmt.Errorf("docker: create %s: %w", cfg.Name, err)
+	}
+	t := &target{r: r, id: resp.ID, name: cfg.Name}
+	j, err := r.inspect(ctx, resp.ID)
+	if err == nil && j.GraphDriver.Data["UpperDir"] == "" {
+		err = fmt.Errorf("docker created %s without a writable layer", cfg.Name)
+	}
+	if err != nil {
+		_ = t.Discard(ctx)
+		return nil, err
+	}
+	t.upper = j.GraphDriver.Data["UpperDir"]
+	info, err := cl.Info(ctx)
+	if err != nil {
+		_ = t.Discard(ctx)
+		return nil, err
+	}
+	t.checkpoints = filepath.Join(info.DockerRootDir, "containers", resp.ID, "checkpoints")
+	return t, nil
+}
+
+// admit applies this host's admission policy to the source's host
+// configuration: what would reach into this host (privileges, host
+// namespaces, volumes and bind mounts, devices, capabilities beyond the
+// policy's) is refused unless the operator allowed it. A container on the
+// host network shares the daemon's: with NetNS set, the namespace this
+// host gives containers.
+func (r *Runtime) admit(cfg *config) error {
+	p := r.Admission
+	if p.Privileged {
+		return nil
+	}
+	h := cfg.HostConfig
+	var why []string
+	add := func(ok bool, format string, args ...any) {
+		if !ok {
+			why = append(why, fmt.Sprintf(format, args...))
+		}
+	}
+	add(!h.Privileged, "is privileged (--privileged)")
+	add(len(h.Binds) == 0 && len(h.Mounts) == 0 && len(cfg.Config.Volumes) == 0, "has volumes or bind mounts: their contents are not moved")
+	add(len(h.Devices) == 0, "has host devices (--device)")
+	add(!h.PidMode.IsHost(), "shares the host's PID namespace")
+	add(!h.IpcMode.IsHost(), "shares the host's IPC namespace")
+	add(!h.UTSMode.IsHost(), "shares the host's UTS namespace")
+	add(!h.UsernsMode.IsHost(), "runs in the host's user namespace")
+	add(!h.NetworkMode.IsHost() || p.HostNetwork || r.NetNS != "", "shares the host's network (--network host; the agent allows it with --allow-host-network)")
+	add(h.NetworkMode.IsHost() || h.NetworkMode.IsNone(), "is on Docker network %q: ferry moves Docker containers on the host network or none only", h.NetworkMode)
+	for _, s := range h.SecurityOpt {
+		add(!strings.Contains(s, "unconfined"), "relaxes its confinement (--security-opt %s)", s)
+	}
+	allowed := p.MaxCaps
+	if len(allowed) == 0 {
+		allowed = admission.DefaultCaps
+	}
+	for _, cp := range h.CapAdd {
+		name := strings.ToUpper(cp)
+		if !strings.HasPrefix(name, "CAP_") {
+			name = "CAP_" + name
+		}
+		add(slices.Contains(allowed, name), "adds capability %s", name)
+	}
+	if len(why) > 0 {
+		return &admission.Refused{Reasons: why}
+	}
+	return nil
+}
+
+// target is a container Docker created here, waiting for its restore.
+type target struct {
+	r           *Runtime
+	id, name    string
+	upper       string
+	checkpoints string // the container's checkpoints directory
+}
+
+func (t *target) RootfsDir() string { return t.upper }
+
+// Restore bind-mounts the images directory as a checkpoint of the
+// container and starts it from there; returns once Docker says running.
+func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, error) {
+	if o.Lazy {
+		return 0, errors.New("docker: lazy restores are not supported")
+	}
+	cl, err := t.r.connect()
+	if err != nil {
+		return 0, err
+	}
+	dir := filepath.Join(t.checkpoints, checkpointName)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return 0, err
+	}
+	if err := unix.Mount(o.ImagesDir, dir, "", unix.MS_BIND, ""); err != nil {
+		return 0, fmt.Errorf("docker: bind %s as the container's checkpoint: %w", o.ImagesDir, err)
+	}
+	start := time.Now()
+	err = cl.ContainerStart(ctx, t.id, container.StartOptions{CheckpointID: checkpointName})
+	_ = unix.Unmount(dir, unix.MNT_DETACH)
+	_ = os.Remove(dir)
+	removeUnpacked(o.ImagesDir, start)
+	if err != nil {
+		return 0, fmt.Errorf("docker: restore %s: %w", t.name, err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		j, err := t.r.inspect(ctx, t.id)
+		if err != nil {
+			return 0, err
+		}
+		if j.State.Running && j.State.Pid > 0 {
+			return j.State.Pid, nil
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("docker: the restored container is %s, not running", j.State.Status)
+		}
+	}
+}
+
+// removeUnpacked deletes the copy of the images containerd 1.6 unpacked
+// for the restore and never removes (ctrd-checkpoint* in its
+// XDG_RUNTIME_DIR, else the temporary directory): the one made since
+// start whose inventory is the images'.
+func removeUnpacked(images string, since time.Time) {
+	inv, err := os.ReadFile(filepath.Join(images, "inventory.img"))
+	if err != nil {
+		return
+	}
+	dirs := []string{os.TempDir()}
+	for _, pid := range procs.Named("containerd") {
+		if env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid)); err == nil {
+			for _, kv := range bytes.Split(env, []byte{0}) {
+				if v, ok := bytes.CutPrefix(kv, []byte("XDG_RUNTIME_DIR=")); ok && len(v) > 0 {
+					dirs = append(dirs, string(v))
+				}
+			}
+		}
+	}
+	for _, d := range dirs {
+		found, _ := filepath.Glob(filepath.Join(d, "ctrd-checkpoint*"))
+		for _, f := range found {
+			st, err := os.Stat(f)
+			if err != nil || st.ModTime().Before(since.Add(-time.Second)) {
+				continue
+			}
+			if b, err := os.ReadFile(filepath.Join(f, "inventory.img")); err == nil && bytes.Equal(b, inv) {
+				_ = os.RemoveAll(f)
+			}
+		}
+	}
+}
+
+// Start is a no-op: the restored copy runs already.
+func (t *target) Start(context.Context) error { return nil }
+
+// Discard removes the container Docker created here (running or not).
+func (t *target) Discard(ctx context.Context) error {
+	return t.r.Remove(ctx, &runtime.Container{ID: t.id, Name: t.name})
+}
