@@ -231,9 +231,13 @@ func runcRoot(opts any, ns string) string {
 func (r *Runtime) Inspect(ctx context.Context, name string) (*runtime.Container, error) {
 	ns, id := SplitName(name)
 	if identifiers.Validate(ns) != nil || identifiers.Validate(id) != nil {
-		return nil, fmt.Errorf("containerd: bad container name %q (NS/ID or ID)", name)
+		return nil, fmt.Errorf("containerd: %q is no containerd name (NS/ID or ID): %w", name, runtime.ErrNotFound)
 	}
 	cl, err := r.connect()
+	if errors.Is(err, os.ErrNotExist) {
+		// No daemon here, so none of its containers.
+		return nil, fmt.Errorf("%w: %w", err, runtime.ErrNotFound)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -37,6 +37,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -71,9 +72,6 @@ type Runtime struct {
 	NetNS string
 	// Admission is what this host accepts of an incoming configuration.
 	Admission admission.Policy
-	// LazyDump says CRIU's lazy dump works here (pre-copy's rebuild
-	// switchover at the source).
-	LazyDump bool
 
 	mu     sync.Mutex
 	client *client.Client
@@ -86,8 +84,12 @@ func (r *Runtime) Kind() string { return "docker" }
 
 // Caps: Docker pauses without a dump and the container stays paused
 // through ferry's runc dump; its restore reads complete images only and
-// cannot leave the processes stopped.
-func (r *Runtime) Caps() runtime.Caps { return runtime.Caps{Freeze: true, LazyDump: r.LazyDump} }
+// cannot leave the processes stopped. No lazy dump: the images pre-copy's
+// rebuild switchover completes at the destination restore under runc,
+// Podman and containerd, but Docker's restore of them failed ("criu
+// failed: type NOTIFY"), its log gone with the container Docker removes;
+// pre-copy switches over with a full dump instead.
+func (r *Runtime) Caps() runtime.Caps { return runtime.Caps{Freeze: true} }
 
 func (r *Runtime) host() string {
 	if r.Host == "" {
@@ -156,6 +158,12 @@ func parseConfig(c *runtime.Container) (*config, error) {
 
 // inspect reads a container; ErrNotFound when Docker does not know it.
 func (r *Runtime) inspect(ctx context.Context, name string) (container.InspectResponse, error) {
+	if sock, ok := strings.CutPrefix(r.host(), "unix://"); ok {
+		if _, err := os.Stat(sock); err != nil {
+			// No daemon here, so none of its containers.
+			return container.InspectResponse{}, fmt.Errorf("docker: no socket at %s (is dockerd running? agent --docker): %w: %w", sock, err, runtime.ErrNotFound)
+		}
+	}
 	cl, err := r.connect()
 	if err != nil {
 		return container.InspectResponse{}, err
@@ -243,8 +251,8 @@ func (r *Runtime) Thaw(ctx context.Context, c *runtime.Container) error {
 // the package comment); it stays paused.
 func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtime.CheckpointOptions) (runtime.Dump, error) {
 	switch {
-	case o.Lazy && !r.LazyDump:
-		return nil, errors.New("docker: lazy dumps are not available on this host (see ferry check)")
+	case o.Lazy:
+		return nil, errors.New("docker: lazy dumps are not supported (see Caps)")
 	case o.PreDump || o.ParentDir != "":
 		return nil, errors.New("docker: CRIU pre-dumps are not supported")
 	}

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ferry-migrate/ferry/internal/admission"
+	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 )
@@ -81,6 +82,7 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 		_ = t.Discard(ctx)
 		return nil, err
 	}
+	t.dataRoot = info.DockerRootDir
 	t.checkpoints = filepath.Join(info.DockerRootDir, "containers", resp.ID, "checkpoints")
 	return t, nil
 }
@@ -138,6 +140,7 @@ type target struct {
 	id, name    string
 	upper       string
 	checkpoints string // the container's checkpoints directory
+	dataRoot    string // dockerd's --data-root
 }
 
 func (t *target) RootfsDir() string { return t.upper }
@@ -165,6 +168,11 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	_ = os.Remove(dir)
 	removeUnpacked(o.ImagesDir, start)
 	if err != nil {
+		// CRIU's own words, from the bundle's work directory.
+		log := filepath.Join(t.dataRoot, "containerd", "daemon", "io.containerd.runtime.v2.task", "moby", t.id, "restore.log")
+		if e := criu.LogErrors(log); e != "" {
+			err = fmt.Errorf("%w: %s", err, e)
+		}
 		return 0, fmt.Errorf("docker: restore %s: %w", t.name, err)
 	}
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
