@@ -31,7 +31,7 @@ PKGS=(runc iptables iproute2 iperf3 busybox-static podman uidmap
       python3-protobuf libnl-3-dev libnet1-dev libcap-dev pkg-config libbsd-dev
       libnftables-dev libgnutls28-dev uuid-dev gcc make xz-utils patch util-linux
       redis-server lxc mmdebstrap debootstrap memcached mosquitto mosquitto-clients
-      postgresql-15
+      postgresql-15 containerd docker.io
       chromium)
 
 missing=()
@@ -41,7 +41,15 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing: ${missing[*]}"
   apt-get update -qq
+  # No service starts on install: the machine's own dockerd would set the
+  # firewall's FORWARD policy to DROP, cutting the lab's bridge. The tests
+  # and the lab run daemons of their own.
+  guard=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && guard=1
+  fi
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  [ -z "$guard" ] || rm -f /usr/sbin/policy-rc.d
 fi
 
 # version_ge A B: true when version A >= B.
