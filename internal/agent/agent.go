@@ -145,7 +145,7 @@ func (a *Agent) newRuntimes() runtime.Set {
 	}
 	if _, err := os.Stat(cmp.Or(a.Containerd, containerd.DefaultAddress)); err == nil || a.Containerd != "" {
 		set["containerd"] = &containerd.Runtime{Address: a.Containerd, RuncRoot: a.ContainerdRuncRoot, CgroupParent: a.Host.CgroupParent,
-			NetNS: a.Host.NetNS, StateDir: filepath.Join(a.Host.StateDir, "containerd"), Admission: a.Admission, LazyDump: a.feats.LazyPages}
+			NetNS: a.Host.NetNS, StateDir: containerd.StateDir(a.Host.StateDir), Admission: a.Admission, LazyDump: a.feats.LazyPages}
 	}
 	if _, err := os.Stat(strings.TrimPrefix(cmp.Or(a.Docker, docker.DefaultHost), "unix://")); err == nil || a.Docker != "" {
 		set["docker"] = &docker.Runtime{Host: a.Docker, ExecRoot: a.DockerExecRoot, NetNS: a.Host.NetNS, Admission: a.Admission}

@@ -13,6 +13,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/lazyrelay"
 	"github.com/ferry-migrate/ferry/internal/procs"
+	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
 )
 
 // leakSet is what a lab holds that a migration could leave behind, each
@@ -21,7 +22,7 @@ type leakSet map[string]bool
 
 // snapshot lists CRIU processes and post-copy relays, network namespaces, mounts under the
 // lab's directories, the lab hosts' container cgroups and scratch
-// entries, and what Podman and LXC keep of a container (runtimeLeftovers).
+// entries, and what the other runtimes keep of a container (runtimeLeftovers).
 func snapshot(l *lab.Lab) leakSet {
 	s := leakSet{}
 	for _, pid := range labCRIUs(l) {
@@ -68,13 +69,14 @@ func snapshot(l *lab.Lab) leakSet {
 	return s
 }
 
-// runtimeLeftovers adds to s what Podman and LXC keep of a container
-// outside the lab's cgroup parent and scratch: Podman's cgroups
-// (libpod_parent/libpod-ID, its cgroupfs manager's layout) and LXC's
+// runtimeLeftovers adds to s what Podman, LXC, containerd and Docker keep
+// of a container outside the lab's cgroup parent and scratch: Podman's
+// cgroups (libpod_parent/libpod-ID, its cgroupfs manager's layout), LXC's
 // (lxc.payload.NAME and lxc.monitor.NAME at each hierarchy's top, with a
-// suffix when the name was taken), and their storage: Podman's
-// containers and layers under each host's instance, LXC's container
-// directories under each host's lxcpath. The machine's cgroups are
+// suffix when the name was taken) and Docker's (docker/ID), and their
+// storage: Podman's containers and layers under each host's instance,
+// LXC's container directories under each host's lxcpath, containerd's
+// snapshots and bundles, Docker's containers and unpacked checkpoints. The machine's cgroups are
 // shared by every lab host, so they are listed once.
 func runtimeLeftovers(s leakSet, root string, hosts []lab.Host) {
 	// unified: the hybrid layout's v2 tree, where CRIU puts a restored
@@ -93,6 +95,13 @@ func runtimeLeftovers(s leakSet, root string, hosts []lab.Host) {
 				s["cgroup: "+filepath.Join(ctl, "libpod_parent", e.Name())] = true
 			}
 		}
+		// Docker's cgroupfs layout: docker/ID.
+		ents, _ = os.ReadDir(filepath.Join(top, "docker"))
+		for _, e := range ents {
+			if e.IsDir() {
+				s["cgroup: "+filepath.Join(ctl, "docker", e.Name())] = true
+			}
+		}
 	}
 	for _, h := range hosts {
 		storage := filepath.Join(h.PodmanDir(), "storage")
@@ -105,10 +114,24 @@ func runtimeLeftovers(s leakSet, root string, hosts []lab.Host) {
 				}
 			}
 		}
-		ents, _ := os.ReadDir(h.LXCPath())
-		for _, e := range ents {
-			if e.IsDir() {
-				s["storage: "+filepath.Join(h.LXCPath(), e.Name())] = true
+		ctr, dk := h.Containerd().Dir, h.Docker().Dir
+		for _, dir := range []string{
+			h.LXCPath(),
+			// containerd's snapshots (the image's too, there before),
+			// its shims' bundles and ferry's files of its containers.
+			filepath.Join(ctr, "root", "io.containerd.snapshotter.v1.overlayfs", "snapshots"),
+			filepath.Join(ctr, "state", "io.containerd.runtime.v2.task", "default"),
+			filepath.Join(containerd.StateDir(h.StateDir), "default"),
+			// Docker's containers and the checkpoints its containerd
+			// unpacked for a restore.
+			filepath.Join(dk, "data", "containers"),
+			filepath.Join(dk, "xdg"),
+		} {
+			ents, _ := os.ReadDir(dir)
+			for _, e := range ents {
+				if e.IsDir() {
+					s["storage: "+filepath.Join(dir, e.Name())] = true
+				}
 			}
 		}
 	}

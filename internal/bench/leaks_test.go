@@ -9,7 +9,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/lab"
 )
 
-// What Podman and LXC leave of a container is seen, and only that: a
+// What Podman, LXC, containerd and Docker leave of a container is seen, and only that: a
 // container's cgroups and storage appear in a snapshot taken after it
 // was made, the shared ones (conmon's cgroup, the layers' links) do not.
 func TestRuntimeLeftovers(t *testing.T) {
@@ -30,6 +30,7 @@ func TestRuntimeLeftovers(t *testing.T) {
 		filepath.Join(cgroups, "memory", "lxc.pivot"),
 		filepath.Join(storage, "overlay", "l"),
 		filepath.Join(storage, "overlay", "image-layer"),
+		filepath.Join(h.Containerd().Dir, "root", "io.containerd.snapshotter.v1.overlayfs", "snapshots", "1"),
 		h.LXCPath())
 	snap := func() leakSet {
 		s := leakSet{}
@@ -43,12 +44,21 @@ func TestRuntimeLeftovers(t *testing.T) {
 		filepath.Join(cgroups, "memory", "lxc.pivot", "ignored"),
 		filepath.Join(storage, "overlay-containers", "abc"),
 		filepath.Join(storage, "overlay", "abc-layer"),
-		filepath.Join(h.LXCPath(), "web", "rootfs"))
+		filepath.Join(h.LXCPath(), "web", "rootfs"),
+		filepath.Join(cgroups, "cpu", "docker", "d0c"),
+		filepath.Join(h.Containerd().Dir, "root", "io.containerd.snapshotter.v1.overlayfs", "snapshots", "2"),
+		filepath.Join(h.Docker().Dir, "data", "containers", "d0c"),
+		filepath.Join(h.Docker().Dir, "xdg", "ctrd-checkpoint1"))
 	got := snap().since(before)
+	ctrSnaps := filepath.Join(h.Containerd().Dir, "root", "io.containerd.snapshotter.v1.overlayfs", "snapshots")
 	want := []string{
+		"cgroup: cpu/docker/d0c",
 		"cgroup: freezer/lxc.payload.web-1",
 		"cgroup: memory/libpod_parent/libpod-abc",
 		"cgroup: pids/lxc.monitor.web",
+		"storage: " + filepath.Join(ctrSnaps, "2"),
+		"storage: " + filepath.Join(h.Docker().Dir, "data", "containers", "d0c"),
+		"storage: " + filepath.Join(h.Docker().Dir, "xdg", "ctrd-checkpoint1"),
 		"storage: " + filepath.Join(h.LXCPath(), "web"),
 		"storage: " + filepath.Join(storage, "overlay-containers", "abc"),
 		"storage: " + filepath.Join(storage, "overlay", "abc-layer"),

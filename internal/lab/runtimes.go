@@ -42,7 +42,7 @@ func (h *Host) Containerd() containerd.Daemon {
 // its agent sees it (Close it after use).
 func (h *Host) ContainerdRuntime() *containerd.Runtime {
 	d := h.Containerd()
-	return &containerd.Runtime{Address: d.Socket(), RuncRoot: d.RuncRoot(), StateDir: filepath.Join(h.StateDir, "containerd")}
+	return &containerd.Runtime{Address: d.Socket(), RuncRoot: d.RuncRoot(), StateDir: containerd.StateDir(h.StateDir)}
 }
 
 // Docker is the host's own dockerd, run in its network namespace (started

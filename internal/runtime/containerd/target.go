@@ -158,6 +158,10 @@ func (t *target) dir() string       { return t.r.containerDir(t.ns, t.id) }
 func (t *target) criuConf() string  { return filepath.Join(t.dir(), "criu.conf") }
 func (t *target) RootfsDir() string { return t.upper }
 
+// StateDir is where an agent whose state lives in agentState keeps its
+// containerd containers' files (Runtime.StateDir).
+func StateDir(agentState string) string { return filepath.Join(agentState, "containerd-tasks") }
+
 // LogPath is where a restored container's task writes its output.
 func (r *Runtime) LogPath(name string) string {
 	ns, id := SplitName(name)
