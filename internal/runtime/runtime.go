@@ -1,5 +1,6 @@
 // Package runtime is the narrow interface between ferry's migration engine
-// and the container runtimes whose containers it moves (runc, Podman, LXC).
+// and the container runtimes whose containers it moves (runc, Podman, LXC,
+// containerd, Docker).
 // A technique never knows which runtime it drives: it inspects, freezes,
 // checkpoints with typed options, and at the destination prepares a target
 // and restores into it. Each runtime is one adapter package below this one.
@@ -150,7 +151,7 @@ type Target interface {
 
 // Runtime drives one container runtime on this host.
 type Runtime interface {
-	// Kind names the runtime: runc, podman, lxc.
+	// Kind names the runtime: runc, podman, lxc, containerd, docker.
 	Kind() string
 	// Caps says what it can do here.
 	Caps() Caps
