@@ -148,7 +148,7 @@ func (a *Agent) newRuntimes() runtime.Set {
 			NetNS: a.Host.NetNS, StateDir: containerd.StateDir(a.Host.StateDir), Admission: a.Admission, LazyDump: a.feats.LazyPages}
 	}
 	if _, err := os.Stat(strings.TrimPrefix(cmp.Or(a.Docker, docker.DefaultHost), "unix://")); err == nil || a.Docker != "" {
-		set["docker"] = &docker.Runtime{Host: a.Docker, ExecRoot: a.DockerExecRoot, NetNS: a.Host.NetNS, Admission: a.Admission}
+		set["docker"] = &docker.Runtime{Host: a.Docker, ExecRoot: a.DockerExecRoot, NetNS: a.Host.NetNS, Admission: a.Admission, LazyDump: a.feats.LazyPages}
 	}
 	if _, err := exec.LookPath("lxc-checkpoint"); err == nil {
 		lx := lxc.New(a.LXCPath)

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 )
@@ -75,10 +76,14 @@ func TestDockerThroughAgents(t *testing.T) {
 
 	for _, c := range []struct{ name, mode, runtime, switchover string }{
 		{"cold", engine.ModeCold, "docker", ""},
-		{"precopy", engine.ModePrecopy, "docker", ""}, // the dump switchover: no lazy dump (docker.Runtime.Caps)
+		{"precopy-rebuild", engine.ModePrecopy, "docker", engine.SwitchoverRebuild},
+		{"precopy-dump", engine.ModePrecopy, "docker", engine.SwitchoverDump},
 		{"auto", engine.ModeCold, "", ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			if c.switchover == engine.SwitchoverRebuild && !criu.ProbeFeatures(context.Background()).LazyPages {
+				t.Skip("CRIU's lazy dump is unavailable here (see ferry check): no rebuild switchover")
+			}
 			name := "dk-" + c.name
 			dockerRun(t, l, name, "64M")
 			p := startProbe(t, l, bin, "64M")

@@ -10,6 +10,8 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/journal"
+	"github.com/ferry-migrate/ferry/internal/pages"
+	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
 )
 
@@ -497,4 +499,17 @@ func TestDestinationGivesUpASilentSource(t *testing.T) {
 	h.failure("the source sent nothing for")
 	h.sessionClosed()
 	h.abandoned()
+}
+
+// TestNoParentWhereTheRestoreCopiesImages: a runtime whose restore reads a
+// copy of the images (Docker) gets whole images, never a parent directory
+// that the copy would leave behind; the others get the parent.
+func TestNoParentWhereTheRestoreCopiesImages(t *testing.T) {
+	for _, copies := range []bool{false, true} {
+		in := &incoming{rt: &fakeRuntime{caps: runtime.Caps{Freeze: true, LazyDump: true, CopiesImages: copies}}, work: t.TempDir(), store: pages.NewStore()}
+		in.startParent()
+		if got := in.parent != nil; got == copies {
+			t.Errorf("CopiesImages %v: parent image made: %v", copies, got)
+		}
+	}
 }

@@ -159,7 +159,7 @@ func (p Probes) Run(ctx context.Context) Report {
 		(&podman.Runtime{LazyDump: feat.LazyPages}).Caps(),
 		(&lxc.Runtime{}).Caps(),
 		(&containerd.Runtime{LazyDump: feat.LazyPages}).Caps(),
-		(&docker.Runtime{}).Caps(),
+		(&docker.Runtime{LazyDump: feat.LazyPages}).Caps(),
 	} {
 		if rt[i] != nil {
 			r.Modes[runtimeKinds[i]] = engine.Modes(caps)

@@ -45,6 +45,10 @@ type Caps struct {
 	// RestoreStopped: a restored copy can stay stopped until the commit
 	// (CRIU's leave-stopped), so an uncommitted copy never runs.
 	RestoreStopped bool
+	// CopiesImages: the restore reads a copy of the images directory
+	// (Docker's), so the images must be whole: no parent directory that
+	// pre-copy's switchover could refer to pages in.
+	CopiesImages bool
 }
 
 // Container is what a runtime says about one of its containers, at the

@@ -21,8 +21,10 @@
 // ferry's images directory is bind-mounted (no copy there); but Docker
 // 20.10 then tars the images into containerd's content store and
 // containerd unpacks them again for the restore, two copies of the memory
-// that ferry cannot avoid (docs/BENCHMARKS.md measures them). The restore
-// needs the daemon's experimental mode.
+// that ferry cannot avoid (docs/BENCHMARKS.md measures them): symbolic
+// links to the images instead cross both copies, but CRIU opens the
+// memory's images from inside the container's root, where they lead
+// nowhere. The restore needs the daemon's experimental mode.
 //
 // Docker passes no OCI annotations to its containers (20.10), so CRIU
 // cannot be told to leave the restored processes stopped: a restored copy
@@ -72,6 +74,9 @@ type Runtime struct {
 	NetNS string
 	// Admission is what this host accepts of an incoming configuration.
 	Admission admission.Policy
+	// LazyDump says CRIU's lazy dump works here (pre-copy's rebuild
+	// switchover at the source).
+	LazyDump bool
 
 	mu     sync.Mutex
 	client *client.Client
@@ -83,13 +88,12 @@ var _ runtime.Runtime = (*Runtime)(nil)
 func (r *Runtime) Kind() string { return "docker" }
 
 // Caps: Docker pauses without a dump and the container stays paused
-// through ferry's runc dump; its restore reads complete images only and
-// cannot leave the processes stopped. No lazy dump: the images pre-copy's
-// rebuild switchover completes at the destination restore under runc,
-// Podman and containerd, but Docker's restore of them failed ("criu
-// failed: type NOTIFY"), its log gone with the container Docker removes;
-// pre-copy switches over with a full dump instead.
-func (r *Runtime) Caps() runtime.Caps { return runtime.Caps{Freeze: true} }
+// through ferry's runc dump; its restore reads a copy of complete images
+// (so pre-copy's switchover refers to no parent directory) and cannot
+// leave the processes stopped.
+func (r *Runtime) Caps() runtime.Caps {
+	return runtime.Caps{Freeze: true, LazyDump: r.LazyDump, CopiesImages: true}
+}
 
 func (r *Runtime) host() string {
 	if r.Host == "" {
@@ -251,8 +255,8 @@ func (r *Runtime) Thaw(ctx context.Context, c *runtime.Container) error {
 // the package comment); it stays paused.
 func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtime.CheckpointOptions) (runtime.Dump, error) {
 	switch {
-	case o.Lazy:
-		return nil, errors.New("docker: lazy dumps are not supported (see Caps)")
+	case o.Lazy && !r.LazyDump:
+		return nil, errors.New("docker: lazy dumps are not available on this host (see ferry check)")
 	case o.PreDump || o.ParentDir != "":
 		return nil, errors.New("docker: CRIU pre-dumps are not supported")
 	}
