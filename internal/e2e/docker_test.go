@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
 	"slices"
 	"strings"
@@ -11,6 +12,8 @@ import (
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/procs"
+	"github.com/ferry-migrate/ferry/internal/runtime/docker"
 )
 
 // Docker containers moved through the agents and the engine: h1 and h2
@@ -129,6 +132,41 @@ func TestDockerThroughAgents(t *testing.T) {
 			t.Errorf("h2's Docker kept %v", got)
 		}
 		noScratch(t, h2)
+	})
+
+	t.Run("destination agent dies after restore", func(t *testing.T) {
+		name := "dk-dies"
+		dockerRun(t, l, name, "64M")
+		p := startProbe(t, l, bin, "64M")
+		state := func(h *lab.Host) string {
+			for _, c := range dockerPs(t, h, true) {
+				if n, st, _ := strings.Cut(c, ":"); n == name {
+					return st
+				}
+			}
+			return "absent"
+		}
+		// Docker says running; CRIU, through ferry's runtime, left every
+		// process stopped.
+		held := func() error {
+			out := dk(t, h2, "inspect", "--format", "{{.State.Pid}} {{.HostConfig.Runtime}}", name)
+			var pid int
+			var rt string
+			if _, err := fmt.Sscan(out, &pid, &rt); err != nil {
+				return err
+			}
+			if rt != docker.StoppedRuntime {
+				return fmt.Errorf("restored under runtime %q, not %s", rt, docker.StoppedRuntime)
+			}
+			for _, q := range append([]int{pid}, procs.Descendants(pid, "")...) {
+				if st, ok := procs.State(q); ok && st != 'T' {
+					return fmt.Errorf("process %d is in state %c", q, st)
+				}
+			}
+			return nil
+		}
+		w := struct{ frozen, held, running string }{"paused", "running", "running"}
+		destinationDiesAfterRestore(t, l, p, name, "docker", state, w, held)
 	})
 
 	t.Run("bad input", func(t *testing.T) {

@@ -25,8 +25,8 @@ import (
 // directory (data root, exec root, socket, its containerd's unpacked
 // checkpoints): each lab host runs one, beside (never instead of) the
 // machine's own. It runs with experimental features (checkpoint restore
-// needs them) and touches no firewall or bridge: its containers use the
-// host's network or none.
+// needs them) and ferry's StoppedRuntime, and touches no firewall or
+// bridge: its containers use the host's network or none.
 type Daemon struct {
 	Dir string
 	// NetNS, when set, is the network namespace (a path) the daemon, and
@@ -79,8 +79,13 @@ func (d Daemon) Start(ctx context.Context) error {
 		return err
 	}
 	defer log.Close()
+	wrapper := filepath.Join(d.Dir, "ferry-runc")
+	if err := os.WriteFile(wrapper, Wrapper, 0o755); err != nil {
+		return err
+	}
 	args := []string{bin, "--experimental", "--iptables=false", "--ip6tables=false", "--ip-masq=false", "--bridge=none",
-		"--data-root", filepath.Join(d.Dir, "data"), "--exec-root", d.ExecRoot(), "--pidfile", d.pidFile(), "-H", d.Host()}
+		"--data-root", filepath.Join(d.Dir, "data"), "--exec-root", d.ExecRoot(), "--pidfile", d.pidFile(), "-H", d.Host(),
+		"--add-runtime", StoppedRuntime + "=" + wrapper}
 	if d.NetNS != "" {
 		args = append([]string{"nsenter", "--net=" + d.NetNS, "--"}, args...)
 	}

@@ -26,9 +26,14 @@
 // memory's images from inside the container's root, where they lead
 // nowhere. The restore needs the daemon's experimental mode.
 //
-// Docker passes no OCI annotations to its containers (20.10), so CRIU
-// cannot be told to leave the restored processes stopped: a restored copy
-// runs at once (Caps.RestoreStopped false), before the commit.
+// Docker passes no OCI annotations to its containers (20.10), through
+// which runc would hand CRIU ferry's configuration file (leave-stopped, so
+// that a copy that is never committed never runs). Where the daemon has
+// ferry's runtime, StoppedRuntime (ferry-runc.sh: runc, except that a
+// restore of ferry's checkpoint runs CRIU with the file the checkpoint
+// carries), the container is created under it at the destination and its
+// processes stay stopped until the commit; elsewhere the restored copy
+// runs at once (Caps.RestoreStopped false).
 //
 // Not moved: volumes and bind mounts, Docker networks (containers on the
 // host network or none only), logs written before the move.
@@ -36,6 +41,7 @@ package docker
 
 import (
 	"context"
+	_ "embed" // ferry-runc.sh
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -43,6 +49,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/client"
@@ -58,6 +65,19 @@ const DefaultHost = "unix:///var/run/docker.sock"
 
 // DefaultExecRoot is dockerd's --exec-root default.
 const DefaultExecRoot = "/var/run/docker"
+
+// StoppedRuntime is the name of the Docker runtime that runs
+// ferry-runc.sh (dockerd --add-runtime, or daemon.json's "runtimes").
+const StoppedRuntime = "ferry-runc"
+
+// Wrapper is ferry-runc.sh, for a daemon's StoppedRuntime.
+//
+//go:embed ferry-runc.sh
+var Wrapper []byte
+
+// criuConf is the CRIU configuration file a checkpoint of ferry's
+// carries for StoppedRuntime.
+const criuConf = "ferry-criu.conf"
 
 // metaConfig is the Container.Meta key of the source's configuration.
 const metaConfig = "docker.config"
@@ -78,8 +98,9 @@ type Runtime struct {
 	// switchover at the source).
 	LazyDump bool
 
-	mu     sync.Mutex
-	client *client.Client
+	mu      sync.Mutex
+	client  *client.Client
+	stopped *bool // whether the daemon has StoppedRuntime, once asked
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -89,10 +110,40 @@ func (r *Runtime) Kind() string { return "docker" }
 
 // Caps: Docker pauses without a dump and the container stays paused
 // through ferry's runc dump; its restore reads a copy of complete images
-// (so pre-copy's switchover refers to no parent directory) and cannot
-// leave the processes stopped.
+// (so pre-copy's switchover refers to no parent directory), and leaves
+// the processes stopped where the daemon has StoppedRuntime.
 func (r *Runtime) Caps() runtime.Caps {
-	return runtime.Caps{Freeze: true, LazyDump: r.LazyDump, CopiesImages: true}
+	return runtime.Caps{Freeze: true, LazyDump: r.LazyDump, CopiesImages: true, RestoreStopped: r.hasStoppedRuntime()}
+}
+
+// hasStoppedRuntime asks the daemon, once, whether it has StoppedRuntime.
+func (r *Runtime) hasStoppedRuntime() bool {
+	r.mu.Lock()
+	known := r.stopped
+	r.mu.Unlock()
+	if known != nil {
+		return *known
+	}
+	if sock, ok := strings.CutPrefix(r.host(), "unix://"); ok {
+		if _, err := os.Stat(sock); err != nil {
+			return false // no daemon: ask again later
+		}
+	}
+	cl, err := r.connect()
+	if err != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	info, err := cl.Info(ctx)
+	if err != nil {
+		return false
+	}
+	_, has := info.Runtimes[StoppedRuntime]
+	r.mu.Lock()
+	r.stopped = &has
+	r.mu.Unlock()
+	return has
 }
 
 func (r *Runtime) host() string {
@@ -102,6 +153,8 @@ func (r *Runtime) host() string {
 	return r.Host
 }
 
+// runc is runc for the daemon's containers: Docker 20.10 keeps every
+// runtime's (StoppedRuntime's too) under runtime-runc.
 func (r *Runtime) runc() runc.Host {
 	root := r.ExecRoot
 	if root == "" {
@@ -241,11 +294,11 @@ func (r *Runtime) Thaw(ctx context.Context, c *runtime.Container) error {
 	if err == nil || !strings.Contains(err.Error(), "not paused") {
 		return err
 	}
-	id := c.ID
-	if j, ierr := r.inspect(ctx, c.Name); ierr == nil {
-		id = j.ID // a recovering agent has the name from its journal
+	j, ierr := r.inspect(ctx, c.Name) // a recovering agent has the name from its journal
+	if ierr != nil {
+		return errors.Join(err, ierr)
 	}
-	if perr := r.runc().Pause(ctx, id); perr != nil {
+	if perr := r.runc().Pause(ctx, j.ID); perr != nil {
 		return errors.Join(err, perr)
 	}
 	return cl.ContainerUnpause(ctx, c.ID)
@@ -264,7 +317,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtim
 	if err != nil {
 		return nil, err
 	}
-	if rt := cfg.HostConfig.Runtime; rt != "" && rt != "runc" {
+	if rt := cfg.HostConfig.Runtime; rt != "" && rt != "runc" && rt != StoppedRuntime {
 		return nil, fmt.Errorf("docker container %q runs under runtime %q: ferry checkpoints Docker containers only under runc", c.Name, rt)
 	}
 	rc := r.runc()

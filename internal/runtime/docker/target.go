@@ -62,12 +62,18 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 	// The image by ID: the name may point elsewhere here.
 	conf := *cfg.Config
 	conf.Image = cfg.Image
-	conf.Hostname = cfg.Config.Hostname // the restored UTS namespace keeps the source's anyway
-	resp, err := cl.ContainerCreate(ctx, &conf, cfg.HostConfig, nil, nil, cfg.Name)
+	hc := *cfg.HostConfig
+	stopped := r.hasStoppedRuntime()
+	if stopped {
+		hc.Runtime = StoppedRuntime
+	} else if hc.Runtime == StoppedRuntime {
+		hc.Runtime = "runc"
+	}
+	resp, err := cl.ContainerCreate(ctx, &conf, &hc, nil, nil, cfg.Name)
 	if err != nil {
 		return nil, fmt.Errorf("docker: create %s: %w", cfg.Name, err)
 	}
-	t := &target{r: r, id: resp.ID, name: cfg.Name}
+	t := &target{r: r, id: resp.ID, name: cfg.Name, stopped: stopped}
 	j, err := r.inspect(ctx, resp.ID)
 	if err == nil && j.GraphDriver.Data["UpperDir"] == "" {
 		err = fmt.Errorf("docker created %s without a writable layer", cfg.Name)
@@ -141,6 +147,9 @@ type target struct {
 	upper       string
 	checkpoints string // the container's checkpoints directory
 	dataRoot    string // dockerd's --data-root
+	// stopped: the container runs under StoppedRuntime here, whose
+	// restore leaves the processes stopped.
+	stopped bool
 }
 
 func (t *target) RootfsDir() string { return t.upper }
@@ -154,6 +163,15 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	cl, err := t.r.connect()
 	if err != nil {
 		return 0, err
+	}
+	if t.stopped {
+		conf := "leave-stopped\n"
+		if o.TCPEstablished {
+			conf += "tcp-established\n"
+		}
+		if err := os.WriteFile(filepath.Join(o.ImagesDir, criuConf), []byte(conf), 0o600); err != nil {
+			return 0, err
+		}
 	}
 	dir := filepath.Join(t.checkpoints, checkpointName)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -222,8 +240,23 @@ func removeUnpacked(images string, since time.Time) {
 	}
 }
 
-// Start is a no-op: the restored copy runs already.
-func (t *target) Start(context.Context) error { return nil }
+// Start continues the processes CRIU left stopped (a no-op where the
+// restored copy runs already).
+func (t *target) Start(ctx context.Context) error {
+	if !t.stopped {
+		return nil
+	}
+	return t.r.runc().ContinueAll(ctx, t.id)
+}
+
+// Continue sends every process of a container restored here SIGCONT.
+func (r *Runtime) Continue(ctx context.Context, c *runtime.Container) error {
+	j, err := r.inspect(ctx, c.Name)
+	if err != nil {
+		return err
+	}
+	return r.runc().ContinueAll(ctx, j.ID)
+}
 
 // Discard removes the container Docker created here (running or not).
 func (t *target) Discard(ctx context.Context) error {
