@@ -42,9 +42,11 @@ func snapshot(l *lab.Lab) leakSet {
 			fs := strings.Fields(sc.Text())
 			// Podman's overlay driver bind-mounts its own storage directory
 			// the first time Podman runs on a host (the agent asks it
-			// whether it knows a container) and keeps it: not a leak.
+			// whether it knows a container) and keeps it, and dockerd
+			// its network namespace the first time a container joins it:
+			// the daemons' own, not leaks.
 			if len(fs) > 4 && (strings.HasPrefix(fs[4], lab.StateDir) || strings.HasPrefix(fs[4], lab.ScratchDir)) &&
-				!strings.HasSuffix(fs[4], "/podman/storage/overlay") {
+				!strings.HasSuffix(fs[4], "/podman/storage/overlay") && !strings.HasSuffix(fs[4], "/docker/exec/netns/default") {
 				s["mount: "+fs[4]] = true
 			}
 		}
