@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every benchmark docs/BENCHMARKS.md reports, one after another (they
 # share the lab's names), each as its own `ferry bench` command, and keeps
-# the JSON in $OUT. Takes about 15 minutes on a 2-core machine.
+# the JSON in $OUT. Takes about 25 minutes on a 2-core machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-results}
@@ -20,3 +20,9 @@ run postcopy-64M-1000 --mode postcopy --memory 64M --dirty-rate 1000 --bandwidth
 run postcopy-1G-1000 --mode postcopy --memory 1G --dirty-rate 1000 --bandwidth 1gbit --repeat 3
 # Pre-copy total time at 100 pages/s.
 run precopy-256M-100 --mode precopy --memory 256M --dirty-rate 100 --bandwidth 1gbit --repeat 3 --baseline link
+# The runtimes: the same container under runc, containerd and Docker.
+for rt in runc containerd docker; do
+  for m in cold precopy; do
+    run "$rt-$m-256M-100" --runtime "$rt" --mode "$m" --memory 256M --dirty-rate 100 --bandwidth 1gbit --repeat 2
+  done
+done
