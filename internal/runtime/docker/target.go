@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
-	"github.com/docker/docker/errdefs"
 	"golang.org/x/sys/unix"
 
 	"github.com/ferry-migrate/ferry/internal/admission"
