@@ -17,6 +17,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/images"
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/lazyrelay"
+	"github.com/ferry-migrate/ferry/internal/pages"
 	"github.com/ferry-migrate/ferry/internal/pagestream"
 	"github.com/ferry-migrate/ferry/internal/privnet"
 	"github.com/ferry-migrate/ferry/internal/runtime"
@@ -81,6 +82,9 @@ type lazyDump struct {
 	mu    sync.Mutex
 	conn  net.Conn
 	proxy *pagestream.LazyProxy
+	// faults has the pages that follow each fault the page server
+	// answers, for the push to send next (dropped when it lags).
+	faults chan pages.Range
 }
 
 // startLazyDump dumps the frozen container without its memory and returns
@@ -90,7 +94,7 @@ func (m *migration) startLazyDump(ctx context.Context) (*lazyDump, error) {
 	if err != nil {
 		return nil, failAt("dump", err)
 	}
-	ld := &lazyDump{m: m, net: pn, exited: make(chan struct{})}
+	ld := &lazyDump{m: m, net: pn, exited: make(chan struct{}), faults: make(chan pages.Range, 64)}
 	port, err := freeLoopbackPort(pn)
 	if err != nil {
 		ld.closeNet()
@@ -240,6 +244,7 @@ func (ld *lazyDump) serve(ctx context.Context, ch *transport.Channel) error {
 		}
 		ld.mu.Lock()
 		ld.conn, ld.proxy = conn, pagestream.NewLazyProxy(conn)
+		ld.proxy.OnFault(ld.fault)
 		p = ld.proxy
 		ld.mu.Unlock()
 	}
@@ -256,6 +261,17 @@ func (ld *lazyDump) serve(ctx context.Context, ch *transport.Channel) error {
 		return err
 	}
 	return ch.CloseWrite()
+}
+
+// fault passes the pages after a fault on to the push: a thread that
+// faults (Redis's, serving its first requests) likely touches its
+// neighbours next, and a page the push brought is not a fault.
+func (ld *lazyDump) fault(pid uint32, addr, n uint64) {
+	start := addr + n*pageSize
+	select {
+	case ld.faults <- pages.Range{PID: pid, Start: start, End: start + pushAhead*pageSize}:
+	default:
+	}
 }
 
 // quiet returns once the page server answers no fault (LazyProxy.Quiet).
@@ -285,7 +301,7 @@ func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
 	// now (it keeps little enough in flight not to hold up the commit).
 	stopPush := func() {}
 	if m.tech.push {
-		stopPush = m.startPush(ctx, ld.quiet)
+		stopPush = m.startPush(ctx, ld.quiet, ld.faults)
 	}
 	defer stopPush()
 	// From here the destination's copy runs and changes: resuming the

@@ -24,7 +24,9 @@ import (
 // destination keeps it in a page store and answers the daemon's background
 // requests from there, waiting for pages on their way instead of asking
 // for them again (pagestream.ServeLazyAwaiting). Faults still go to the
-// source's page server at once.
+// source's page server at once, and the push sends the pages after each
+// fault next (pushAhead), as QEMU's post-copy moves its background stream
+// to the faulted address.
 
 // ChanPush carries post-copy's push (source -> destination): every page of
 // the frozen container, in the rounds' encoding, as one round; the other
@@ -50,6 +52,10 @@ const (
 
 var _ = [minPushWindow - 2*pushAckPages]struct{}{} // pushAckPages < minPushWindow
 
+// pushAhead is how many pages after a fault the push sends before it
+// goes on where it was.
+const pushAhead = 256
+
 // pushWindow sizes the window for a session's round trip.
 func pushWindow(rtt time.Duration) (window, ack uint64) {
 	w := uint64(2 * rtt.Seconds() * nominalLinkBps / pageSize)
@@ -60,13 +66,13 @@ func pushWindow(rtt time.Duration) (window, ack uint64) {
 // startPush sends the frozen container's memory on the push channel until
 // it is all sent or stop is called; stop returns once the push has ended.
 // quiet, if set, returns once the source answers no fault.
-func (m *migration) startPush(ctx context.Context, quiet func()) (stop func()) {
+func (m *migration) startPush(ctx context.Context, quiet func(), faults <-chan pages.Range) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	start := time.Now()
 	go func() {
 		defer close(done)
-		err := m.push(ctx, quiet)
+		err := m.push(ctx, quiet, faults)
 		if err == nil {
 			m.report.PushMs = ms(time.Since(start)) // read once stop returned
 		}
@@ -78,7 +84,7 @@ func (m *migration) startPush(ctx context.Context, quiet func()) (stop func()) {
 	return func() { cancel(); <-done }
 }
 
-func (m *migration) push(ctx context.Context, quiet func()) error {
+func (m *migration) push(ctx context.Context, quiet func(), faults <-chan pages.Range) error {
 	ch, err := m.sess.Open(ChanPush)
 	if err != nil {
 		return err
@@ -109,7 +115,7 @@ func (m *migration) push(ctx context.Context, quiet func()) error {
 	m.setPushLeft(func() int64 { return max(0, resident-int64(acked.count())) })
 	defer m.setPushLeft(nil) // all stored, or the daemon asks the source for the rest
 	var sent uint64
-	if _, err := rd.Scan(func(p pages.Page) error {
+	send := func(p pages.Page) error {
 		if err := acked.waitFor(ctx, sent+1-window); err != nil {
 			return err
 		}
@@ -124,6 +130,40 @@ func (m *migration) push(ctx context.Context, quiet func()) error {
 			return enc.Flush() // the window counts what left
 		}
 		return nil
+	}
+	// The pages after faults go first, read by a reader of their own
+	// (a page's data is the scan's buffer); the scan skips them later.
+	ahead, err := pages.NewReader(pids)
+	if err != nil {
+		return err
+	}
+	done := map[pages.Key]bool{}
+	followFaults := func() error {
+		for {
+			select {
+			case rg := <-faults:
+				if err := ahead.ReadRange(rg, func(p pages.Page) error {
+					if done[p.Key] {
+						return nil
+					}
+					done[p.Key] = true
+					return send(p)
+				}); err != nil {
+					return err
+				}
+			default:
+				return nil
+			}
+		}
+	}
+	if _, err := rd.Scan(func(p pages.Page) error {
+		if err := followFaults(); err != nil {
+			return err
+		}
+		if done[p.Key] {
+			return nil
+		}
+		return send(p)
 	}); err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -300,12 +301,35 @@ func (r *Reader) Scan(fn func(p Page) error) (Stats, error) {
 	return st, nil
 }
 
+// ReadRange reports the pages of rg that Scan would, in address order: of
+// process rg.PID (in its pid namespace), in its private mappings. Nothing
+// when the process is not among the reader's or has gone.
+func (r *Reader) ReadRange(rg Range, fn func(p Page) error) error {
+	for _, p := range r.procs {
+		if p.ns != rg.PID {
+			continue
+		}
+		err := r.scanProcRange(p, rg, fn, &Stats{})
+		if errors.Is(err, errGone) {
+			return nil
+		}
+		return err
+	}
+	return nil
+}
+
 // gone reports whether err means that the process or its memory went away.
 func gone(err error) bool {
 	return errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH)
 }
 
 func (r *Reader) scanProc(p proc, fn func(Page) error, st *Stats) error {
+	return r.scanProcRange(p, Range{PID: p.ns, End: math.MaxUint64}, fn, st)
+}
+
+// scanProcRange is scanProc within rg's addresses (no write tracking
+// there: a range is read whole).
+func (r *Reader) scanProcRange(p proc, rg Range, fn func(Page) error, st *Stats) error {
 	dir := fmt.Sprintf("/proc/%d/", p.host)
 	maps, err := os.ReadFile(dir + "maps")
 	if gone(err) {
@@ -336,6 +360,18 @@ func (r *Reader) scanProc(p proc, fn func(Page) error, st *Stats) error {
 	defer mem.Close()
 
 	s := procScan{r: r, p: p, pm: int(pm.Fd()), mem: int(mem.Fd()), fn: fn, st: st}
+	if rg.Start > 0 || rg.End < math.MaxUint64 {
+		for _, v := range vmas {
+			v.Start, v.End = max(v.Start, rg.Start), min(v.End, rg.End)
+			if v.Start >= v.End {
+				continue
+			}
+			if err := s.vma(v); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	if t := r.trackers[p.host]; t != nil && r.held != nil && r.unchanged != nil {
 		st.VMAs += len(vmas)
 		err := s.tracked(t)

@@ -265,3 +265,38 @@ func TestScanWithTracker(t *testing.T) {
 		t.Errorf("stats: %d unchanged of %d pages, want 15 of %d", st.Unchanged, st.Pages, n)
 	}
 }
+
+// TestReadRange: a range reads the holder's pages there, in order, with
+// their data, and nothing of another process's or outside the range.
+func TestReadRange(t *testing.T) {
+	needRoot(t)
+	h := startHolder(t, 8)
+	r, err := NewReader([]int{h.pid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := nsPID(h.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	from, to := h.addr+10*PageSize, h.addr+30*PageSize
+	var got []uint64
+	want := make([]byte, PageSize)
+	if err := r.ReadRange(Range{PID: ns, Start: from, End: to}, func(p Page) error {
+		fillPage(want, int((p.Key.Addr-h.addr)/PageSize), 0)
+		if !bytes.Equal(p.Data, want) || p.Key.PID != ns {
+			t.Errorf("page %#x: wrong data or pid %d", p.Key.Addr, p.Key.PID)
+		}
+		got = append(got, p.Key.Addr)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 20 || got[0] != from || got[19] != to-PageSize || !slices.IsSorted(got) {
+		t.Fatalf("read %d pages from %#x to %#x, want the 20 of [%#x, %#x)", len(got), got[0], got[len(got)-1], from, to)
+	}
+	n := 0
+	if err := r.ReadRange(Range{PID: ns + 1000000, Start: from, End: to}, func(Page) error { n++; return nil }); err != nil || n != 0 {
+		t.Fatalf("another pid: %d pages, %v", n, err)
+	}
+}

@@ -3,9 +3,11 @@ package pagestream
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -240,6 +242,15 @@ func TestLazyProxyAsksThePageServerOnce(t *testing.T) {
 	ps := &fakePageServer{}
 	go ps.serve(criuEnd)
 	p := NewLazyProxy(proxyEnd)
+	var (
+		fmu    sync.Mutex
+		faults []string
+	)
+	p.OnFault(func(pid uint32, addr, n uint64) {
+		fmu.Lock()
+		defer fmu.Unlock()
+		faults = append(faults, fmt.Sprintf("%d:%#x:%d", pid, addr, n))
+	})
 
 	serve := func(peer net.Conn) <-chan error {
 		out := make(chan error, 1)
@@ -296,6 +307,13 @@ func TestLazyProxyAsksThePageServerOnce(t *testing.T) {
 	}
 	if n := ps.count(); n != 3 {
 		t.Errorf("the page server was asked %d times, want 3 (the lost reply's request once)", n)
+	}
+	// The push hears of each page request CRIU answers, once: not of the
+	// one answered again from the kept reply, nor of the close.
+	fmu.Lock()
+	defer fmu.Unlock()
+	if want := []string{"5:0x20000:4", "5:0x40000:1"}; !slices.Equal(faults, want) {
+		t.Errorf("faults told %q, want %q", faults, want)
 	}
 	dst.Close()
 }
