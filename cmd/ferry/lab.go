@@ -119,6 +119,7 @@ func newLabRunCmd() *cobra.Command {
 		packages []string
 		rootfs   string
 		copyImg  bool
+		kind     string
 	)
 	cmd := &cobra.Command{
 		Use:   "run HOST NAME -- PROGRAM [ARGS...]",
@@ -140,13 +141,19 @@ small). The container's root is an overlay: the image, unpacked once under
 migration moves only its own layer (every lab agent has the image there);
 --copy-image copies the whole tree into the container instead, so that all
 of it moves.
-runc's messages about it go to /var/lib/ferry/lab/HOST/bundles/NAME.log.`,
+runc's messages about it go to /var/lib/ferry/lab/HOST/bundles/NAME.log.
+--runtime podman, lxc, containerd or docker runs it under that runtime
+instead, the host's own instance (its agent moves it with --runtime, or
+finds it by name): the busybox root filesystem, on the host's network. For
+Podman, containerd and Docker it is an image, loaded into every lab host's
+instance first (a move needs it at the destination).`,
 		Example: `  ferry lab run h1 app -- memhog --memory 64M
   ferry lab run h1 web --ip 10.79.0.10 -- memhog --memory 64M --echo-port 7001
   ferry lab run h1 db --ip 10.79.0.11 --with /usr/bin/redis-server -- redis-server --protected-mode no --save ""
   ferry lab run h2 idle -- sleep 1000
   ferry lab run h1 kv --rootfs debian --ip 10.79.0.12 -- redis-server --protected-mode no --save ""
-  ferry lab run h1 mc --rootfs debian --package memcached --ip 10.79.0.13 -- memcached -u memcache -m 256`,
+  ferry lab run h1 mc --rootfs debian --package memcached --ip 10.79.0.13 -- memcached -u memcache -m 256
+  ferry lab run h1 app --runtime containerd -- memhog --memory 64M   # then: ferry migrate app --from h1 --to h2 --runtime containerd`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if dash := cmd.ArgsLenAtDash(); dash >= 0 && dash != 2 {
 				return fmt.Errorf("want HOST NAME -- PROGRAM [ARGS...], got %d arguments before --", dash)
@@ -166,6 +173,25 @@ runc's messages about it go to /var/lib/ferry/lab/HOST/bundles/NAME.log.`,
 				return err
 			}
 			addr := h.Addr
+			if kind != "runc" {
+				if ip != "" || rootfs != lab.RootfsBusybox || len(progs) > 0 || len(packages) > 0 || copyImg {
+					return usageError{fmt.Errorf("--runtime %s runs the busybox root filesystem on the host's network: no --ip, --rootfs, --with, --package or --copy-image", kind)}
+				}
+				if lab.NeedsImage(kind) {
+					var names []string
+					for _, lh := range l.Hosts {
+						names = append(names, lh.Name)
+					}
+					if err := l.ImportWorkloadImage(cmd.Context(), kind, names...); err != nil {
+						return err
+					}
+				}
+				if err := l.RunIn(cmd.Context(), kind, h.Name, args[1], args[2:]); err != nil {
+					return err
+				}
+				fmt.Printf("%s running on %s (%s) under %s\n", args[1], h.Name, addr, kind)
+				return nil
+			}
 			o := lab.RunOptions{IP: ip, Rootfs: rootfs, Packages: packages, CopyImage: copyImg}
 			if ip != "" {
 				o.HostPrograms, addr = progs, ip
@@ -188,6 +214,7 @@ runc's messages about it go to /var/lib/ferry/lab/HOST/bundles/NAME.log.`,
 	cmd.Flags().StringSliceVar(&packages, "package", nil, "with --rootfs "+lab.RootfsDebian+": Debian packages to install instead of the default set (e.g. memcached); each set is built once and cached")
 	cmd.Flags().BoolVar(&copyImg, "copy-image", false, "with --rootfs "+lab.RootfsDebian+": copy the whole tree into the container instead of an overlay over the shared image (all of it moves)")
 	cmd.Flags().StringVar(&ip, "ip", "", "an address of its own on the service segment ("+lab.SegmentSubnet+"1-199), kept across migrations")
+	cmd.Flags().StringVar(&kind, "runtime", "runc", "runtime to run it under: runc (the lab's own bundles), podman, lxc, containerd or docker (each host's own instance)")
 	return cmd
 }
 
