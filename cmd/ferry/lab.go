@@ -164,6 +164,9 @@ instance first (a move needs it at the destination).`,
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if kind != "runc" && (ip != "" || rootfs != lab.RootfsBusybox || len(progs) > 0 || len(packages) > 0 || copyImg) {
+				return usageError{fmt.Errorf("--runtime %s runs the busybox root filesystem on the host's network: no --ip, --rootfs, --with, --package or --copy-image", kind)}
+			}
 			l, err := lab.Load()
 			if err != nil {
 				return err
@@ -174,9 +177,6 @@ instance first (a move needs it at the destination).`,
 			}
 			addr := h.Addr
 			if kind != "runc" {
-				if ip != "" || rootfs != lab.RootfsBusybox || len(progs) > 0 || len(packages) > 0 || copyImg {
-					return usageError{fmt.Errorf("--runtime %s runs the busybox root filesystem on the host's network: no --ip, --rootfs, --with, --package or --copy-image", kind)}
-				}
 				if lab.NeedsImage(kind) {
 					var names []string
 					for _, lh := range l.Hosts {
