@@ -457,7 +457,7 @@ func (r *Runtime) Remove(ctx context.Context, c *runtime.Container) error {
 		return err
 	}
 	ns, id := SplitName(c.Name)
-	if err := r.remove(withNS(ctx, ns), cl, id); err != nil && !errdefs.IsNotFound(err) {
+	if err := removeContainer(withNS(ctx, ns), cl, id); err != nil && !errdefs.IsNotFound(err) {
 		return err
 	}
 	if r.StateDir != "" {
@@ -466,8 +466,9 @@ func (r *Runtime) Remove(ctx context.Context, c *runtime.Container) error {
 	return nil
 }
 
-// remove deletes a container of ctx's namespace, its task killed first.
-func (r *Runtime) remove(ctx context.Context, cl *client.Client, id string) error {
+// removeContainer deletes a container of ctx's namespace, its task
+// killed first.
+func removeContainer(ctx context.Context, cl *client.Client, id string) error {
 	ctr, err := cl.LoadContainer(ctx, id)
 	if err != nil {
 		return err

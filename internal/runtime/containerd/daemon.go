@@ -196,14 +196,13 @@ func (d Daemon) deleteAll(ctx context.Context) error {
 	}
 	var errs []error
 	for _, ns := range nss {
-		r := &Runtime{Address: d.Socket()}
 		ctrs, err := c.Containers(withNS(ctx, ns))
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		for _, ctr := range ctrs {
-			if err := r.remove(withNS(ctx, ns), c, ctr.ID()); err != nil && !errdefs.IsNotFound(err) {
+			if err := removeContainer(withNS(ctx, ns), c, ctr.ID()); err != nil && !errdefs.IsNotFound(err) {
 				errs = append(errs, err)
 			}
 		}

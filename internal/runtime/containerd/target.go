@@ -222,7 +222,7 @@ func (r *Runtime) Continue(ctx context.Context, c *runtime.Container) error {
 // Discard deletes the task, the container and its snapshot, and the
 // cgroup a restore whose CRIU was killed may have left.
 func (t *target) Discard(ctx context.Context) error {
-	if err := t.r.remove(withNS(ctx, t.ns), t.cl, t.id); err != nil && !errdefs.IsNotFound(err) {
+	if err := removeContainer(withNS(ctx, t.ns), t.cl, t.id); err != nil && !errdefs.IsNotFound(err) {
 		return err
 	}
 	if t.r.CgroupParent != "" {
