@@ -1,8 +1,11 @@
 package docker
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/mount"
@@ -59,6 +62,40 @@ func TestStatus(t *testing.T) {
 	for in, want := range map[string]string{"running": "running", "paused": "paused", "created": "stopped", "exited": "stopped", "restarting": "stopped"} {
 		if got := status(in); got != want {
 			t.Errorf("status(%q) = %q", in, got)
+		}
+	}
+}
+
+// TestRemoveUnpacked: of containerd's unpacked checkpoints, the one made
+// since the restore began from these images goes; another restore's, and
+// one older than the restore, stay.
+func TestRemoveUnpacked(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	images := t.TempDir()
+	write := func(dir, inventory string) string {
+		t.Helper()
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "inventory.img"), []byte(inventory), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	write(images, "ours")
+	old := write(filepath.Join(tmp, "ctrd-checkpoint1"), "ours")
+	past := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(old, past, past); err != nil {
+		t.Fatal(err)
+	}
+	since := time.Now()
+	ours := write(filepath.Join(tmp, "ctrd-checkpoint2"), "ours")
+	theirs := write(filepath.Join(tmp, "ctrd-checkpoint3"), "another container's")
+	removeUnpacked(images, since)
+	for dir, want := range map[string]bool{old: true, ours: false, theirs: true} {
+		if _, err := os.Stat(dir); (err == nil) != want {
+			t.Errorf("%s: kept %v, want %v", filepath.Base(dir), err == nil, want)
 		}
 	}
 }
