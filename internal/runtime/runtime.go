@@ -105,6 +105,19 @@ type CheckpointOptions struct {
 	NetworkQuiet bool
 }
 
+// Refuse says why a runtime of kind, which can do what c says, cannot make
+// this dump (a lazy dump without LazyDump, a pre-dump without PreDump);
+// nil when it can. The engine asks no such dump; adapters check anyway.
+func (o CheckpointOptions) Refuse(kind string, c Caps) error {
+	switch {
+	case o.Lazy && !c.LazyDump:
+		return fmt.Errorf("%s: lazy dumps are not available on this host (see ferry check)", kind)
+	case (o.PreDump || o.ParentDir != "") && !c.PreDump:
+		return fmt.Errorf("%s: CRIU pre-dumps are not supported", kind)
+	}
+	return nil
+}
+
 // Dump is a checkpoint under way or done. Checkpoint returns it once the
 // images are written (for a lazy dump: once CRIU's page server listens).
 type Dump interface {

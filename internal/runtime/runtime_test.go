@@ -56,3 +56,23 @@ func TestSetFind(t *testing.T) {
 		t.Errorf("empty set: %v", err)
 	}
 }
+
+func TestCheckpointOptionsRefuse(t *testing.T) {
+	for _, c := range []struct {
+		o    CheckpointOptions
+		caps Caps
+		want string // "" for none
+	}{
+		{CheckpointOptions{}, Caps{}, ""},
+		{CheckpointOptions{Lazy: true}, Caps{}, "x: lazy dumps are not available on this host (see ferry check)"},
+		{CheckpointOptions{Lazy: true}, Caps{LazyDump: true}, ""},
+		{CheckpointOptions{PreDump: true}, Caps{LazyDump: true}, "x: CRIU pre-dumps are not supported"},
+		{CheckpointOptions{ParentDir: "../0"}, Caps{}, "x: CRIU pre-dumps are not supported"},
+		{CheckpointOptions{PreDump: true, ParentDir: "../0"}, Caps{PreDump: true}, ""},
+	} {
+		err := c.o.Refuse("x", c.caps)
+		if (err == nil) != (c.want == "") || (err != nil && err.Error() != c.want) {
+			t.Errorf("%+v with %+v: %v, want %q", c.o, c.caps, err, c.want)
+		}
+	}
+}

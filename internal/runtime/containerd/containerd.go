@@ -418,11 +418,8 @@ func (r *Runtime) runcOf(ctx context.Context, name string) (runc.Host, error) {
 // Checkpoint dumps the paused task's container with ferry's runc
 // checkpoint (see the package comment); it stays paused.
 func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtime.CheckpointOptions) (runtime.Dump, error) {
-	switch {
-	case o.Lazy && !r.LazyDump:
-		return nil, errors.New("containerd: lazy dumps are not available on this host (see ferry check)")
-	case o.PreDump || o.ParentDir != "":
-		return nil, errors.New("containerd: CRIU pre-dumps are not supported")
+	if err := o.Refuse(r.Kind(), r.Caps()); err != nil {
+		return nil, err
 	}
 	rec, err := parseRecord(c)
 	if err != nil {
@@ -436,15 +433,8 @@ func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtim
 		return nil, err
 	}
 	rc := runc.Host{Root: runcRoot(opts, rec.Namespace)}
-	st, err := rc.State(ctx, rec.ID)
-	if errors.Is(err, runc.ErrNotFound) {
-		return nil, fmt.Errorf("containerd container %q is not in runc's root %s", c.Name, rc.Root)
-	}
-	if err != nil {
+	if err := rc.RequirePaused(ctx, rec.ID, fmt.Sprintf("containerd container %q", c.Name), ""); err != nil {
 		return nil, err
-	}
-	if st.Status != "paused" {
-		return nil, fmt.Errorf("containerd container %q is %s: freeze it before the dump", c.Name, st.Status)
 	}
 	return rc.Dump(ctx, rec.ID, o)
 }

@@ -307,11 +307,8 @@ func (r *Runtime) Thaw(ctx context.Context, c *runtime.Container) error {
 // Checkpoint dumps the paused container with ferry's runc checkpoint (see
 // the package comment); it stays paused.
 func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtime.CheckpointOptions) (runtime.Dump, error) {
-	switch {
-	case o.Lazy && !r.LazyDump:
-		return nil, errors.New("docker: lazy dumps are not available on this host (see ferry check)")
-	case o.PreDump || o.ParentDir != "":
-		return nil, errors.New("docker: CRIU pre-dumps are not supported")
+	if err := o.Refuse(r.Kind(), r.Caps()); err != nil {
+		return nil, err
 	}
 	cfg, err := parseConfig(c)
 	if err != nil {
@@ -321,15 +318,8 @@ func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtim
 		return nil, fmt.Errorf("docker container %q runs under runtime %q: ferry checkpoints Docker containers only under runc", c.Name, rt)
 	}
 	rc := r.runc()
-	st, err := rc.State(ctx, c.ID)
-	if errors.Is(err, runc.ErrNotFound) {
-		return nil, fmt.Errorf("docker container %q is not in runc's root %s (dockerd with another --exec-root? agent --docker-exec-root)", c.Name, rc.Root)
-	}
-	if err != nil {
+	if err := rc.RequirePaused(ctx, c.ID, fmt.Sprintf("docker container %q", c.Name), " (dockerd with another --exec-root? agent --docker-exec-root)"); err != nil {
 		return nil, err
-	}
-	if st.Status != "paused" {
-		return nil, fmt.Errorf("docker container %q is %s: freeze it before the dump", c.Name, st.Status)
 	}
 	return rc.Dump(ctx, c.ID, o)
 }

@@ -332,11 +332,8 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''
 // outside the writable layer, which CRIU does not dump) go to o.ImagesDir
 // as Podman's own checkpoints carry them.
 func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtime.CheckpointOptions) (runtime.Dump, error) {
-	switch {
-	case o.Lazy && !r.LazyDump:
-		return nil, errors.New("podman: lazy dumps are not available on this host (see ferry check)")
-	case o.PreDump || o.ParentDir != "":
-		return nil, errors.New("podman: CRIU pre-dumps are not supported")
+	if err := o.Refuse(r.Kind(), r.Caps()); err != nil {
+		return nil, err
 	}
 	cfg, err := parseConfig(c.Meta[MetaConfig])
 	if err != nil {
@@ -349,15 +346,8 @@ func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtim
 	if err != nil {
 		return nil, err
 	}
-	st, err := rc.State(ctx, c.ID)
-	if errors.Is(err, runc.ErrNotFound) {
-		return nil, fmt.Errorf("podman container %q is not in runc's root %s (Podman run with --runtime-flag root=...? set RuncRoot)", c.Name, rc.Root)
-	}
-	if err != nil {
+	if err := rc.RequirePaused(ctx, c.ID, fmt.Sprintf("podman container %q", c.Name), " (Podman run with --runtime-flag root=...? set RuncRoot)"); err != nil {
 		return nil, err
-	}
-	if st.Status != "paused" {
-		return nil, fmt.Errorf("podman container %q is %s: freeze it before the dump", c.Name, st.Status)
 	}
 	if err := os.MkdirAll(o.ImagesDir, 0o700); err != nil {
 		return nil, err

@@ -151,6 +151,24 @@ func (h Host) Dump(ctx context.Context, id string, o runtime.CheckpointOptions) 
 	return d, nil
 }
 
+// RequirePaused checks that runc knows container id and sees it paused, as
+// another runtime's freeze (Podman's, containerd's, Docker's) leaves it: a
+// dump then leaves it paused, resumable by that runtime. what names the
+// container in errors; hint follows one runc does not know.
+func (h Host) RequirePaused(ctx context.Context, id, what, hint string) error {
+	st, err := h.State(ctx, id)
+	if errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("%s is not in runc's root %s%s", what, h.Root, hint)
+	}
+	if err != nil {
+		return err
+	}
+	if st.Status != "paused" {
+		return fmt.Errorf("%s is %s: freeze it before the dump", what, st.Status)
+	}
+	return nil
+}
+
 // doneDump is a dump that had finished when Checkpoint returned.
 type doneDump struct{}
 
