@@ -136,45 +136,7 @@ func isAgentOf(pid int, h *Host) bool {
 
 // AgentAlive says whether the host's recorded agent is running.
 func (h *Host) AgentAlive() bool {
-	return h.AgentPID > 0 && alive(h.AgentPID) && isAgentOf(h.AgentPID, h)
-}
-
-// alive is true for a live process, false for a gone or zombie one.
-func alive(pid int) bool {
-	st, ok := procs.State(pid)
-	return ok && st != 'Z'
-}
-
-// terminate sends SIGTERM to every pid, SIGKILL to those still alive after
-// the grace period, and waits briefly for them to go.
-func terminate(pids []int, grace time.Duration) error {
-	for _, p := range pids {
-		_ = syscall.Kill(p, syscall.SIGTERM)
-	}
-	left := waitGone(pids, grace)
-	for _, p := range left {
-		_ = syscall.Kill(p, syscall.SIGKILL)
-	}
-	if left = waitGone(left, 2*time.Second); len(left) > 0 {
-		return fmt.Errorf("processes %v survived SIGKILL", left)
-	}
-	return nil
-}
-
-func waitGone(pids []int, d time.Duration) []int {
-	deadline := time.Now().Add(d)
-	for {
-		var left []int
-		for _, p := range pids {
-			if alive(p) {
-				left = append(left, p)
-			}
-		}
-		if len(left) == 0 || time.Now().After(deadline) {
-			return left
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return h.AgentPID > 0 && procs.Alive(h.AgentPID) && isAgentOf(h.AgentPID, h)
 }
 
 // RestartAgent starts a lab host's agent again after it died (a test's
@@ -184,7 +146,7 @@ func (l *Lab) RestartAgent(ctx context.Context, hostName string) error {
 	if err != nil {
 		return err
 	}
-	if h.AgentPID > 0 && alive(h.AgentPID) && isAgentOf(h.AgentPID, h) {
+	if h.AgentPID > 0 && procs.Alive(h.AgentPID) && isAgentOf(h.AgentPID, h) {
 		return fmt.Errorf("the agent of %s still runs (pid %d)", h.Name, h.AgentPID)
 	}
 	a, err := startAgent(l, h)

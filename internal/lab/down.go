@@ -3,6 +3,7 @@ package lab
 import (
 	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/mounts"
+	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 
 	"context"
@@ -80,11 +81,11 @@ func Down(ctx context.Context) error {
 	// Agents first, so that none starts or restores a container meanwhile.
 	var pids []int
 	for _, h := range hosts {
-		if h.AgentPID > 0 && alive(h.AgentPID) && isAgentOf(h.AgentPID, h) {
+		if h.AgentPID > 0 && procs.Alive(h.AgentPID) && isAgentOf(h.AgentPID, h) {
 			pids = append(pids, h.AgentPID)
 		}
 	}
-	if err := terminate(pids, stopGrace); err != nil {
+	if err := procs.Terminate(pids, stopGrace); err != nil {
 		errs = append(errs, err)
 	}
 	for _, h := range hosts {
@@ -110,7 +111,7 @@ func Down(ctx context.Context) error {
 			}
 		}
 	}
-	if err := terminate(processesIn(names), stopGrace); err != nil {
+	if err := procs.Terminate(processesIn(names), stopGrace); err != nil {
 		errs = append(errs, err)
 	}
 	for _, n := range names {
@@ -178,7 +179,7 @@ func processesIn(nsNames []string) []int {
 			continue
 		}
 		link, err := os.Readlink("/proc/" + e.Name() + "/ns/net")
-		if err == nil && inodes[link] && alive(pid) {
+		if err == nil && inodes[link] && procs.Alive(pid) {
 			pids = append(pids, pid)
 		}
 	}

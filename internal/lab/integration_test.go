@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/cgroups"
+	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/vishvananda/netlink"
 )
 
@@ -283,7 +284,7 @@ func TestAgents(t *testing.T) {
 	if err := Down(ctx); err != nil {
 		t.Fatalf("Down: %v", err)
 	}
-	if left := waitGone(pids, 2*time.Second); len(left) > 0 {
+	if left := procs.WaitGone(pids, 2*time.Second); len(left) > 0 {
 		t.Errorf("agents %v survived Down", left)
 	}
 	assertNoLab(t)
@@ -350,7 +351,7 @@ func TestRunContainer(t *testing.T) {
 	if err := Down(ctx); err != nil {
 		t.Fatalf("Down: %v", err)
 	}
-	if left := waitGone([]int{st.Pid}, 2*time.Second); len(left) > 0 {
+	if left := procs.WaitGone([]int{st.Pid}, 2*time.Second); len(left) > 0 {
 		t.Errorf("container process %d survived Down", st.Pid)
 	}
 	assertNoLab(t)

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -148,5 +149,38 @@ time.sleep(60)
 	}
 	if got := WrittenFiles(1 << 30); len(got) != 0 {
 		t.Errorf("a process that does not exist holds %q", got)
+	}
+}
+
+// TestFromPIDFileAndTerminate: a PID file names a live process of the
+// executable it says, not once the process is gone or of another name;
+// Terminate ends one that ignores nothing within the grace period.
+func TestFromPIDFileAndTerminate(t *testing.T) {
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	if err := os.WriteFile(pidFile, []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := FromPIDFile(pidFile, "sleep"); got != cmd.Process.Pid {
+		t.Fatalf("FromPIDFile = %d, want %d", got, cmd.Process.Pid)
+	}
+	if got := FromPIDFile(pidFile, "containerd"); got != 0 {
+		t.Errorf("another executable's name: %d", got)
+	}
+	if got := FromPIDFile(filepath.Join(t.TempDir(), "none"), "sleep"); got != 0 {
+		t.Errorf("no file: %d", got)
+	}
+	if err := Terminate([]int{cmd.Process.Pid}, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if got := FromPIDFile(pidFile, "sleep"); got != 0 {
+		t.Errorf("after Terminate: %d", got)
 	}
 }

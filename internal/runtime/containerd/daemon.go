@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -21,6 +20,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/ferry-migrate/ferry/internal/mounts"
+	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/tail"
 )
 
@@ -65,20 +65,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 }
 
 // PID is the running daemon's PID, 0 if none runs.
-func (d Daemon) PID() int {
-	b, err := os.ReadFile(d.pidFile())
-	if err != nil {
-		return 0
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || pid <= 0 || syscall.Kill(pid, 0) != nil {
-		return 0
-	}
-	if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err != nil || filepath.Base(exe) != "containerd" {
-		return 0 // a recycled PID
-	}
-	return pid
-}
+func (d Daemon) PID() int { return procs.FromPIDFile(d.pidFile(), "containerd") }
 
 // Start runs the daemon unless it runs already, and returns once it
 // answers.
@@ -172,12 +159,7 @@ func (d Daemon) Stop(ctx context.Context) error {
 	if err := d.ping(ctx); err == nil {
 		errs = append(errs, d.deleteAll(ctx))
 	}
-	_ = syscall.Kill(pid, syscall.SIGTERM)
-	for deadline := time.Now().Add(10 * time.Second); d.PID() != 0; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-	}
+	errs = append(errs, procs.Terminate([]int{pid}, 10*time.Second))
 	_ = os.Remove(d.pidFile())
 	errs = append(errs, mounts.UnmountUnder(d.Dir))
 	return errors.Join(errs...)

@@ -8,8 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/imagearchive"
 	"github.com/ferry-migrate/ferry/internal/mounts"
+	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/tail"
 )
 
@@ -45,20 +44,7 @@ func (d Daemon) pidFile() string { return filepath.Join(d.Dir, "docker.pid") }
 func (d Daemon) logFile() string { return filepath.Join(d.Dir, "dockerd.log") }
 
 // PID is the running daemon's PID, 0 if none runs.
-func (d Daemon) PID() int {
-	b, err := os.ReadFile(d.pidFile())
-	if err != nil {
-		return 0
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || pid <= 0 {
-		return 0
-	}
-	if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err != nil || filepath.Base(exe) != "dockerd" {
-		return 0
-	}
-	return pid
-}
+func (d Daemon) PID() int { return procs.FromPIDFile(d.pidFile(), "dockerd") }
 
 // Start runs the daemon unless it runs already, and returns once it
 // answers.
@@ -150,12 +136,7 @@ func (d Daemon) Stop(ctx context.Context) error {
 		}
 		_ = c.Close()
 	}
-	_ = syscall.Kill(pid, syscall.SIGTERM)
-	for deadline := time.Now().Add(20 * time.Second); d.PID() != 0; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-	}
+	errs = append(errs, procs.Terminate([]int{pid}, 20*time.Second))
 	errs = append(errs, mounts.UnmountUnder(d.Dir))
 	return errors.Join(errs...)
 }
