@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
-	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/procs"
@@ -86,30 +84,15 @@ func TestContainerdThroughAgents(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	for _, c := range []struct{ name, mode, runtime, switchover string }{
-		{"cold", engine.ModeCold, "containerd", ""},
-		{"precopy-rebuild", engine.ModePrecopy, "containerd", engine.SwitchoverRebuild},
-		{"precopy-dump", engine.ModePrecopy, "containerd", engine.SwitchoverDump},
-		{"auto", engine.ModeCold, "", ""},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			if c.switchover == engine.SwitchoverRebuild && !criu.ProbeFeatures(context.Background()).LazyPages {
-				t.Skip("CRIU's lazy dump is unavailable here (see ferry check): no rebuild switchover")
-			}
-			name := "ctr-" + c.name
-			ctrRun(t, l, name, "64M")
-			p := startProbe(t, l, bin, "64M")
-			rep, pr, perr := migrate(t, l, p, engine.Request{Container: name, Mode: c.mode, Runtime: c.runtime,
-				Precopy: engine.PrecopyOptions{Switchover: c.switchover}})
-			checkMoved(t, "containerd", c.mode, rep, pr, perr)
+	moveInEachMode(t, l, bin, "containerd", "ctr",
+		func(t *testing.T, name string) { ctrRun(t, l, name, "64M") },
+		func(t *testing.T, name string) {
 			if got := ctrTasks(t, h2); got != name+":RUNNING" {
 				t.Errorf("ctr tasks ls on h2: %q, want %s RUNNING", got, name)
 			}
 			if got := ctrContainers(t, h1); got != "" {
 				t.Errorf("ctr containers ls on h1 still lists %q", got)
 			}
-			noScratch(t, h1)
-			noScratch(t, h2)
 			ctr(t, h2, "tasks", "kill", "--signal", "SIGKILL", name)
 			for deadline := time.Now().Add(10 * time.Second); strings.Contains(ctrTasks(t, h2), "RUNNING") && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 			}
@@ -119,7 +102,6 @@ func TestContainerdThroughAgents(t *testing.T) {
 				t.Errorf("after ctr containers rm on h2: %q", got)
 			}
 		})
-	}
 
 	t.Run("failed restore", func(t *testing.T) {
 		name := "ctr-fail"
@@ -187,33 +169,16 @@ func TestContainerdThroughAgents(t *testing.T) {
 		ctrRun(t, l, name, "16M")
 		// h2 loses the image: only the container's own layer moves.
 		ctr(t, h2, "images", "rm", "--sync", "localhost/ferry-workload:latest")
-		cases := []struct {
-			req      engine.Request
-			want     string
-			atPrefix string
-		}{
+		expectRefused(t, l, []refusal{
 			{engine.Request{Container: "ctr-nosuch", Mode: engine.ModeCold, Runtime: "containerd"}, `no container "ctr-nosuch"`, "prepare"},
 			{engine.Request{Container: "other/" + name, Mode: engine.ModeCold, Runtime: "containerd"}, "in namespace other", "prepare"},
 			{engine.Request{Container: name, Mode: engine.ModePostcopy, Runtime: "containerd"}, "cannot move containerd containers", "prepare"},
 			{engine.Request{Container: name, Mode: engine.ModeCold, Runtime: "containerd"}, "has no image localhost/ferry-workload:latest", "destination"},
-		}
-		for _, c := range cases {
-			c.req.To = h2.AgentAddr
-			rep, err := agent.Migrate(context.Background(), agent.Socket(h1.ControlSock), c.req, nil)
-			if err != nil {
-				t.Fatal(err)
+		}, func() {
+			if got := ctrTasks(t, h1); got != name+":RUNNING" {
+				t.Fatalf("ctr tasks ls on h1 after a refusal: %q", got)
 			}
-			t.Logf("%s %s: %s (at %s)", c.req.Mode, c.req.Container, rep.Error, rep.FailedAt)
-			if rep.OK || !strings.Contains(rep.Error, c.want) || !strings.HasPrefix(rep.FailedAt, c.atPrefix) {
-				t.Errorf("%s %s: ok=%v at %q: %s (want %q at %s...)", c.req.Mode, c.req.Container, rep.OK, rep.FailedAt, rep.Error, c.want, c.atPrefix)
-			}
-			if rep.SourceState != "" || rep.FrozenMs != 0 {
-				t.Errorf("%s %s: the source was touched (%q, frozen %v ms)", c.req.Mode, c.req.Container, rep.SourceState, rep.FrozenMs)
-			}
-		}
-		if got := ctrTasks(t, h1); got != name+":RUNNING" {
-			t.Errorf("ctr tasks ls on h1 after the refusals: %q", got)
-		}
+		})
 		if got := ctrContainers(t, h2); got != "" {
 			t.Errorf("h2's containerd has %q after the refusals", got)
 		}

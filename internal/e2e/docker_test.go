@@ -8,8 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
-	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/procs"
@@ -77,30 +75,15 @@ func TestDockerThroughAgents(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	for _, c := range []struct{ name, mode, runtime, switchover string }{
-		{"cold", engine.ModeCold, "docker", ""},
-		{"precopy-rebuild", engine.ModePrecopy, "docker", engine.SwitchoverRebuild},
-		{"precopy-dump", engine.ModePrecopy, "docker", engine.SwitchoverDump},
-		{"auto", engine.ModeCold, "", ""},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			if c.switchover == engine.SwitchoverRebuild && !criu.ProbeFeatures(context.Background()).LazyPages {
-				t.Skip("CRIU's lazy dump is unavailable here (see ferry check): no rebuild switchover")
-			}
-			name := "dk-" + c.name
-			dockerRun(t, l, name, "64M")
-			p := startProbe(t, l, bin, "64M")
-			rep, pr, perr := migrate(t, l, p, engine.Request{Container: name, Mode: c.mode, Runtime: c.runtime,
-				Precopy: engine.PrecopyOptions{Switchover: c.switchover}})
-			checkMoved(t, "docker", c.mode, rep, pr, perr)
+	moveInEachMode(t, l, bin, "docker", "dk",
+		func(t *testing.T, name string) { dockerRun(t, l, name, "64M") },
+		func(t *testing.T, name string) {
 			if got := dockerPs(t, h2, false); !slices.Equal(got, []string{name + ":running"}) {
 				t.Errorf("docker ps on h2: %v, want %s running", got, name)
 			}
 			if got := dockerPs(t, h1, true); len(got) != 0 {
 				t.Errorf("docker ps --all on h1 still lists %v", got)
 			}
-			noScratch(t, h1)
-			noScratch(t, h2)
 			dk(t, h2, "logs", name)
 			dk(t, h2, "stop", "--time", "10", name)
 			if got := dockerPs(t, h2, true); !slices.Equal(got, []string{name + ":exited"}) {
@@ -111,7 +94,6 @@ func TestDockerThroughAgents(t *testing.T) {
 				t.Errorf("after docker rm on h2: %v", got)
 			}
 		})
-	}
 
 	t.Run("failed restore", func(t *testing.T) {
 		name := "dk-fail"
@@ -173,32 +155,15 @@ func TestDockerThroughAgents(t *testing.T) {
 		name := "dk-bad"
 		dockerRun(t, l, name, "16M")
 		dk(t, h2, "image", "rm", "localhost/ferry-workload:latest")
-		cases := []struct {
-			req      engine.Request
-			want     string
-			atPrefix string
-		}{
+		expectRefused(t, l, []refusal{
 			{engine.Request{Container: "dk-nosuch", Mode: engine.ModeCold, Runtime: "docker"}, `no container "dk-nosuch"`, "prepare"},
 			{engine.Request{Container: name, Mode: engine.ModePostcopy, Runtime: "docker"}, "cannot move docker containers", "prepare"},
 			{engine.Request{Container: name, Mode: engine.ModeCold, Runtime: "docker"}, "does not have the image", "destination"},
-		}
-		for _, c := range cases {
-			c.req.To = h2.AgentAddr
-			rep, err := agent.Migrate(context.Background(), agent.Socket(h1.ControlSock), c.req, nil)
-			if err != nil {
-				t.Fatal(err)
+		}, func() {
+			if got := dockerPs(t, h1, false); !slices.Equal(got, []string{name + ":running"}) {
+				t.Fatalf("docker ps on h1 after a refusal: %v", got)
 			}
-			t.Logf("%s %s: %s (at %s)", c.req.Mode, c.req.Container, rep.Error, rep.FailedAt)
-			if rep.OK || !strings.Contains(rep.Error, c.want) || !strings.HasPrefix(rep.FailedAt, c.atPrefix) {
-				t.Errorf("%s %s: ok=%v at %q: %s (want %q at %s...)", c.req.Mode, c.req.Container, rep.OK, rep.FailedAt, rep.Error, c.want, c.atPrefix)
-			}
-			if rep.SourceState != "" || rep.FrozenMs != 0 {
-				t.Errorf("%s %s: the source was touched (%q, frozen %v ms)", c.req.Mode, c.req.Container, rep.SourceState, rep.FrozenMs)
-			}
-		}
-		if got := dockerPs(t, h1, false); !slices.Equal(got, []string{name + ":running"}) {
-			t.Errorf("docker ps on h1 after the refusals: %v", got)
-		}
+		})
 		if got := dockerPs(t, h2, true); len(got) != 0 {
 			t.Errorf("h2's Docker has %v after the refusals", got)
 		}

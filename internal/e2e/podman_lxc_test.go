@@ -266,6 +266,65 @@ func checkMoved(t *testing.T, runtime, mode string, rep engine.Report, pr probe.
 	t.Logf("%s %s: downtime %.0f ms, client downtime %.0f ms, total %.0f ms, sent %d", runtime, mode, rep.DowntimeMs, pr.ClientDowntimeMs, rep.TotalMs, rep.BytesSent)
 }
 
+// moveInEachMode moves a fresh 64 MiB memhog of runtime kind (run starts
+// it on h1 as name) from h1 to h2 in each technique a runtime without a
+// lazy restore runs: cold and pre-copy with either switchover by
+// --runtime kind, cold by --runtime auto; each in a subtest named
+// prefix-MODE, the report and the workload checked, then the runtimes'
+// own view of both hosts (moved).
+func moveInEachMode(t *testing.T, l *lab.Lab, bin, kind, prefix string, run func(t *testing.T, name string), moved func(t *testing.T, name string)) {
+	for _, c := range []struct{ name, mode, runtime, switchover string }{
+		{"cold", engine.ModeCold, kind, ""},
+		{"precopy-rebuild", engine.ModePrecopy, kind, engine.SwitchoverRebuild},
+		{"precopy-dump", engine.ModePrecopy, kind, engine.SwitchoverDump},
+		{"auto", engine.ModeCold, "", ""}, // --runtime auto (the default)
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.switchover == engine.SwitchoverRebuild && !criu.ProbeFeatures(context.Background()).LazyPages {
+				t.Skip("CRIU's lazy dump is unavailable here (see ferry check): no rebuild switchover")
+			}
+			name := prefix + "-" + c.name
+			run(t, name)
+			p := startProbe(t, l, bin, "64M")
+			rep, pr, perr := migrate(t, l, p, engine.Request{Container: name, Mode: c.mode, Runtime: c.runtime,
+				Precopy: engine.PrecopyOptions{Switchover: c.switchover}})
+			checkMoved(t, kind, c.mode, rep, pr, perr)
+			noScratch(t, &l.Hosts[0])
+			noScratch(t, &l.Hosts[1])
+			moved(t, name)
+		})
+	}
+}
+
+// refusal is a request h1's agent must refuse before anything is frozen,
+// its error holding want, at a phase that begins with at.
+type refusal struct {
+	req      engine.Request
+	want, at string
+}
+
+// expectRefused sends each request from h1 to h2 and checks that it was
+// refused as said with nothing frozen, then (after) that the container
+// runs on at h1.
+func expectRefused(t *testing.T, l *lab.Lab, cases []refusal, after func()) {
+	t.Helper()
+	for _, c := range cases {
+		c.req.To = l.Hosts[1].AgentAddr
+		rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock), c.req, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s %s: %s (at %s)", c.req.Mode, c.req.Container, rep.Error, rep.FailedAt)
+		if rep.OK || !strings.Contains(rep.Error, c.want) || !strings.HasPrefix(rep.FailedAt, c.at) {
+			t.Errorf("%s %s: ok=%v at %q: %s (want %q at %s...)", c.req.Mode, c.req.Container, rep.OK, rep.FailedAt, rep.Error, c.want, c.at)
+		}
+		if rep.SourceState != "" || rep.FrozenMs != 0 {
+			t.Errorf("%s %s: something was frozen: source %q, frozen %.0f ms", c.req.Mode, c.req.Container, rep.SourceState, rep.FrozenMs)
+		}
+		after()
+	}
+}
+
 // TestPodmanThroughAgents moves Podman containers from h1's Podman to
 // h2's through the agents: cold and pre-copy by --runtime podman, cold by
 // --runtime auto; a failing restore; bad input.
@@ -279,22 +338,9 @@ func TestPodmanThroughAgents(t *testing.T) {
 	// Pre-copy's rebuild switchover needs only a lazy dump at the source
 	// (ferry's runc dump) and a plain restore: Podman gets it where CRIU's
 	// lazy dump works; the dump switchover everywhere.
-	for _, c := range []struct{ name, mode, runtime, switchover string }{
-		{"cold", engine.ModeCold, "podman", ""},
-		{"precopy-rebuild", engine.ModePrecopy, "podman", engine.SwitchoverRebuild},
-		{"precopy-dump", engine.ModePrecopy, "podman", engine.SwitchoverDump},
-		{"auto", engine.ModeCold, "", ""}, // --runtime auto (the default)
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			if c.switchover == engine.SwitchoverRebuild && !criu.ProbeFeatures(context.Background()).LazyPages {
-				t.Skip("CRIU's lazy dump is unavailable here (see ferry check): no rebuild switchover")
-			}
-			name := "pm-" + c.name
-			podmanRun(t, l, name, podmanImage, memhogArgs("64M", "200"))
-			p := startProbe(t, l, bin, "64M")
-			rep, pr, perr := migrate(t, l, p, engine.Request{Container: name, Mode: c.mode, Runtime: c.runtime,
-				Precopy: engine.PrecopyOptions{Switchover: c.switchover}})
-			checkMoved(t, "podman", c.mode, rep, pr, perr)
+	moveInEachMode(t, l, bin, "podman", "pm",
+		func(t *testing.T, name string) { podmanRun(t, l, name, podmanImage, memhogArgs("64M", "200")) },
+		func(t *testing.T, name string) {
 			// h2's Podman runs it under the same name; h1's has forgotten it.
 			if got := podmanPs(t, h2, false); !slices.Equal(got, []string{name + ":running"}) {
 				t.Errorf("podman ps on h2: %v, want %s running", got, name)
@@ -302,8 +348,6 @@ func TestPodmanThroughAgents(t *testing.T) {
 			if got := podmanPs(t, h1, true); len(got) != 0 {
 				t.Errorf("podman ps --all on h1 still lists %v", got)
 			}
-			noScratch(t, h1)
-			noScratch(t, h2)
 			ctx := context.Background()
 			if _, err := pm(ctx, h2, "logs", name); err != nil {
 				t.Errorf("podman logs on h2: %v", err)
@@ -321,7 +365,6 @@ func TestPodmanThroughAgents(t *testing.T) {
 				t.Errorf("after podman rm on h2: %s", st)
 			}
 		})
-	}
 
 	t.Run("failed restore", func(t *testing.T) {
 		name := "pm-fail"
@@ -397,33 +440,16 @@ func TestPodmanThroughAgents(t *testing.T) {
 		podmanImport(t, bin, "ferry-e2e-only-h1", "only on h1\n", h1)
 		name := "pm-bad"
 		podmanRun(t, l, name, "ferry-e2e-only-h1", memhogArgs("16M", "100"))
-		cases := []struct {
-			req      engine.Request
-			want     string
-			atPrefix string
-		}{
+		expectRefused(t, l, []refusal{
 			{engine.Request{Container: "pm-nosuch", Mode: engine.ModeCold, Runtime: "podman"}, `no container "pm-nosuch"`, "prepare"},
 			{engine.Request{Container: name, Mode: engine.ModePostcopy, Runtime: "podman"}, "cannot move podman containers", "prepare"},
 			{engine.Request{Container: name, Mode: engine.ModeHybrid, Runtime: "podman"}, "cannot move podman containers", "prepare"},
 			{engine.Request{Container: name, Mode: engine.ModeCold, Runtime: "podman"}, "does not have the image", "destination"},
-		}
-		for _, c := range cases {
-			c.req.To = h2.AgentAddr
-			rep, err := agent.Migrate(context.Background(), agent.Socket(h1.ControlSock), c.req, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Logf("%s %s: %s (at %s)", c.req.Mode, c.req.Container, rep.Error, rep.FailedAt)
-			if rep.OK || !strings.Contains(rep.Error, c.want) || !strings.HasPrefix(rep.FailedAt, c.atPrefix) {
-				t.Errorf("%s %s: ok=%v at %q: %s (want %q at %s...)", c.req.Mode, c.req.Container, rep.OK, rep.FailedAt, rep.Error, c.want, c.atPrefix)
-			}
-			if rep.SourceState != "" || rep.FrozenMs != 0 {
-				t.Errorf("something was frozen: source %q, frozen %.0f ms", rep.SourceState, rep.FrozenMs)
-			}
+		}, func() {
 			if st := podmanState(t, h1, name); st != "running" {
 				t.Fatalf("after a refused request the container is %s", st)
 			}
-		}
+		})
 		if got := podmanPs(t, h2, true); len(got) != 0 {
 			t.Errorf("h2's Podman lists %v after refused requests", got)
 		}
@@ -619,31 +645,15 @@ func TestLXCThroughAgents(t *testing.T) {
 	t.Run("bad input", func(t *testing.T) {
 		name := "lx-bad"
 		lxcRun(t, l, name, memhogArgs("16M", "100"))
-		cases := []struct {
-			req  engine.Request
-			want string
-		}{
-			{engine.Request{Container: "lx-nosuch", Mode: engine.ModeCold, Runtime: "lxc"}, `no container "lx-nosuch"`},
-			{engine.Request{Container: name, Mode: engine.ModePostcopy, Runtime: "lxc"}, "cannot move lxc containers"},
-			{engine.Request{Container: name, Mode: engine.ModeHybrid, Runtime: "lxc"}, "cannot move lxc containers"},
-		}
-		for _, c := range cases {
-			c.req.To = h2.AgentAddr
-			rep, err := agent.Migrate(context.Background(), agent.Socket(h1.ControlSock), c.req, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Logf("%s %s: %s (at %s)", c.req.Mode, c.req.Container, rep.Error, rep.FailedAt)
-			if rep.OK || !strings.Contains(rep.Error, c.want) || !strings.HasPrefix(rep.FailedAt, "prepare") {
-				t.Errorf("%s %s: ok=%v at %q: %s (want %q)", c.req.Mode, c.req.Container, rep.OK, rep.FailedAt, rep.Error, c.want)
-			}
-			if rep.SourceState != "" || rep.FrozenMs != 0 {
-				t.Errorf("something was frozen: source %q, frozen %.0f ms", rep.SourceState, rep.FrozenMs)
-			}
+		expectRefused(t, l, []refusal{
+			{engine.Request{Container: "lx-nosuch", Mode: engine.ModeCold, Runtime: "lxc"}, `no container "lx-nosuch"`, "prepare"},
+			{engine.Request{Container: name, Mode: engine.ModePostcopy, Runtime: "lxc"}, "cannot move lxc containers", "prepare"},
+			{engine.Request{Container: name, Mode: engine.ModeHybrid, Runtime: "lxc"}, "cannot move lxc containers", "prepare"},
+		}, func() {
 			if st := lxcState(t, h1, name); st != "RUNNING" {
 				t.Fatalf("after a refused request the container is %s", st)
 			}
-		}
+		})
 		if ents, _ := os.ReadDir(h2.LXCPath()); len(ents) > 0 {
 			t.Errorf("h2's lxcpath holds %d entries after refused requests", len(ents))
 		}
