@@ -6,12 +6,10 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/procs"
@@ -26,7 +24,7 @@ const (
 type agent struct {
 	host   *Host
 	pid    int
-	exited chan error // receives cmd.Wait's result
+	exited <-chan error // receives the process's end
 }
 
 // agentArgs is the agent's command line after the binary. It listens on
@@ -62,22 +60,11 @@ func startAgent(l *Lab, h *Host) (*agent, error) {
 	if err := os.Remove(h.ControlSock); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
-	logf, err := os.OpenFile(h.agentLog(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	p, err := procs.StartDetached(append([]string{l.FerryBin}, agentArgs(h, l)...), h.NetNS, h.agentLog(), nil)
 	if err != nil {
-		return nil, err
-	}
-	defer logf.Close()
-	args := append([]string{"--net=" + h.NetNS, "--", l.FerryBin}, agentArgs(h, l)...)
-	cmd := exec.Command("nsenter", args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start agent of %s: %w", h.Name, err)
 	}
-	a := &agent{host: h, pid: cmd.Process.Pid, exited: make(chan error, 1)}
-	// Reap it whenever it ends, so a long-lived caller keeps no zombie.
-	go func() { a.exited <- cmd.Wait() }()
-	return a, nil
+	return &agent{host: h, pid: p.PID, exited: p.Exited}, nil
 }
 
 // waitReady waits until the agent's control socket accepts a connection.

@@ -2,6 +2,8 @@ package procs
 
 import (
 	"bufio"
+	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -182,5 +184,37 @@ func TestFromPIDFileAndTerminate(t *testing.T) {
 	<-done
 	if got := FromPIDFile(pidFile, "sleep"); got != 0 {
 		t.Errorf("after Terminate: %d", got)
+	}
+}
+
+// AwaitReady returns once ready succeeds, and says so at once when the
+// process exits first.
+func TestAwaitReady(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "log")
+	p, err := StartDetached([]string{"sh", "-c", "echo started; exit 3"}, "", log, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err = p.AwaitReady(t.Context(), time.Minute, 10*time.Millisecond, func(context.Context) error { return errors.New("not yet") })
+	if err == nil || !strings.Contains(err.Error(), "exited") || time.Since(start) > 10*time.Second {
+		t.Fatalf("a process that exited: %v after %v", err, time.Since(start))
+	}
+	if b, _ := os.ReadFile(log); string(b) != "started\n" {
+		t.Errorf("log %q", b)
+	}
+	q, err := StartDetached([]string{"sleep", "60"}, "", log, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = Terminate([]int{q.PID}, time.Second) }()
+	n := 0
+	if err := q.AwaitReady(t.Context(), time.Minute, 10*time.Millisecond, func(context.Context) error {
+		if n++; n < 3 {
+			return errors.New("not yet")
+		}
+		return nil
+	}); err != nil || n != 3 {
+		t.Fatalf("ready on the third try: %v after %d", err, n)
 	}
 }

@@ -1,8 +1,10 @@
 package procs
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -64,5 +66,63 @@ func WaitGone(pids []int, d time.Duration) []int {
 			return left
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Started is a process StartDetached started.
+type Started struct {
+	PID int
+	// Exited gets the process's end, once (it is reaped while the starter
+	// lives; init adopts it when the starter ends first).
+	Exited <-chan error
+}
+
+// StartDetached starts argv in a session of its own, so that it outlives
+// its starter as a daemon does: in the network namespace netns (a path;
+// "" the starter's, through nsenter, which execs argv so that the PID is
+// its), its output appended to logPath, env added to the starter's
+// environment.
+func StartDetached(argv []string, netns, logPath string, env []string) (Started, error) {
+	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return Started{}, err
+	}
+	defer log.Close()
+	if netns != "" {
+		argv = append([]string{"nsenter", "--net=" + netns, "--"}, argv...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdout, cmd.Stderr = log, log
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return Started{}, err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	return Started{PID: cmd.Process.Pid, Exited: exited}, nil
+}
+
+// AwaitReady polls ready every interval until it succeeds (nil), the
+// process ends, limit passes or ctx ends; the error says which.
+func (s Started) AwaitReady(ctx context.Context, limit, interval time.Duration, ready func(context.Context) error) error {
+	deadline := time.Now().Add(limit)
+	for {
+		err := ready(ctx)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case werr := <-s.Exited:
+			return fmt.Errorf("it exited (%v)", werr)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(interval):
+		}
 	}
 }

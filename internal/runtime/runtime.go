@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sort"
 	"strings"
 	"sync"
@@ -270,4 +271,39 @@ func (s Set) kinds() string {
 		return "none"
 	}
 	return strings.Join(s.sorted(), ", ")
+}
+
+// Client is an adapter's connection to its runtime's daemon (containerd,
+// Docker): dialled at first use, kept until Close.
+type Client[C io.Closer] struct {
+	mu   sync.Mutex
+	c    C
+	open bool
+}
+
+// Get returns the connection, dialling it first if there is none.
+func (l *Client[C]) Get(dial func() (C, error)) (C, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.open {
+		c, err := dial()
+		if err != nil {
+			return c, err
+		}
+		l.c, l.open = c, true
+	}
+	return l.c, nil
+}
+
+// Close drops the connection, if there is one.
+func (l *Client[C]) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.open {
+		return nil
+	}
+	var zero C
+	err := l.c.Close()
+	l.c, l.open = zero, false
+	return err
 }

@@ -76,3 +76,43 @@ func TestCheckpointOptionsRefuse(t *testing.T) {
 		}
 	}
 }
+
+type fakeConn struct{ closed *int }
+
+func (f fakeConn) Close() error { *f.closed++; return nil }
+
+// A Client dials once, keeps the connection, dials again after Close, and
+// keeps no failed dial.
+func TestClientDialsOnce(t *testing.T) {
+	var l Client[fakeConn]
+	dials, closed := 0, 0
+	fail := true
+	dial := func() (fakeConn, error) {
+		dials++
+		if fail {
+			return fakeConn{}, errors.New("no daemon")
+		}
+		return fakeConn{&closed}, nil
+	}
+	if _, err := l.Get(dial); err == nil {
+		t.Fatal("a failed dial gave a connection")
+	}
+	fail = false
+	for i := 0; i < 3; i++ {
+		if _, err := l.Get(dial); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if dials != 2 {
+		t.Errorf("%d dials, want 2 (the failed one, then one kept)", dials)
+	}
+	if err := l.Close(); err != nil || closed != 1 {
+		t.Fatalf("Close: %v, closed %d", err, closed)
+	}
+	if err := l.Close(); err != nil || closed != 1 {
+		t.Fatalf("Close again: %v, closed %d", err, closed)
+	}
+	if _, err := l.Get(dial); err != nil || dials != 3 {
+		t.Fatalf("after Close: %v, %d dials", err, dials)
+	}
+}

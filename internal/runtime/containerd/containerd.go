@@ -42,7 +42,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -91,8 +90,7 @@ type Runtime struct {
 	// switchover at the source).
 	LazyDump bool
 
-	mu     sync.Mutex
-	client *client.Client
+	conn runtime.Client[*client.Client]
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -117,33 +115,20 @@ func (r *Runtime) address() string {
 
 // connect returns the client, dialled once.
 func (r *Runtime) connect() (*client.Client, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.client != nil {
-		return r.client, nil
-	}
-	if _, err := os.Stat(r.address()); err != nil {
-		return nil, fmt.Errorf("containerd: no socket at %s (is containerd running? agent --containerd): %w", r.address(), err)
-	}
-	c, err := client.New(r.address(), client.WithTimeout(5*time.Second))
-	if err != nil {
-		return nil, fmt.Errorf("containerd at %s: %w", r.address(), err)
-	}
-	r.client = c
-	return c, nil
+	return r.conn.Get(func() (*client.Client, error) {
+		if _, err := os.Stat(r.address()); err != nil {
+			return nil, fmt.Errorf("containerd: no socket at %s (is containerd running? agent --containerd): %w", r.address(), err)
+		}
+		c, err := client.New(r.address(), client.WithTimeout(5*time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("containerd at %s: %w", r.address(), err)
+		}
+		return c, nil
+	})
 }
 
 // Close drops the connection to containerd.
-func (r *Runtime) Close() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.client == nil {
-		return nil
-	}
-	err := r.client.Close()
-	r.client = nil
-	return err
-}
+func (r *Runtime) Close() error { return r.conn.Close() }
 
 // SplitName returns a name's namespace and container ID: NS/ID, or ID in
 // the default namespace.

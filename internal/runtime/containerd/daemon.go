@@ -70,8 +70,8 @@ func (d Daemon) PID() int { return procs.FromPIDFile(d.pidFile(), "containerd") 
 // Start runs the daemon unless it runs already, and returns once it
 // answers.
 func (d Daemon) Start(ctx context.Context) error {
-	if d.PID() != 0 {
-		return d.waitReady(ctx, 10*time.Second)
+	if pid := d.PID(); pid != 0 {
+		return procs.Started{PID: pid}.AwaitReady(ctx, 10*time.Second, 100*time.Millisecond, d.ping)
 	}
 	bin, err := exec.LookPath("containerd")
 	if err != nil {
@@ -84,51 +84,21 @@ func (d Daemon) Start(ctx context.Context) error {
 	if err := os.WriteFile(conf, []byte(d.config()), 0o600); err != nil {
 		return err
 	}
-	log, err := os.OpenFile(d.logFile(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	// It outlives the process that started it (the lab's command).
+	p, err := procs.StartDetached([]string{bin, "--config", conf}, d.NetNS, d.logFile(), nil)
 	if err != nil {
 		return err
 	}
-	defer log.Close()
-	args := []string{bin, "--config", conf}
-	if d.NetNS != "" {
-		args = append([]string{"nsenter", "--net=" + d.NetNS, "--"}, args...)
-	}
-	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Stdout, cmd.Stderr = log, log
-	// Its own session: it outlives the process that started it (the lab's
-	// command), as a daemon does.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
+	if err := os.WriteFile(d.pidFile(), []byte(strconv.Itoa(p.PID)), 0o600); err != nil {
+		_ = syscall.Kill(p.PID, syscall.SIGKILL)
 		return err
 	}
-	pid := cmd.Process.Pid
-	// Reaped here if it ends while this process lives; adopted by init
-	// when this process ends first.
-	go func() { _ = cmd.Wait() }()
-	if err := os.WriteFile(d.pidFile(), []byte(strconv.Itoa(pid)), 0o600); err != nil {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-		return err
-	}
-	if err := d.waitReady(ctx, 20*time.Second); err != nil {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
+	if err := p.AwaitReady(ctx, 20*time.Second, 100*time.Millisecond, d.ping); err != nil {
+		_ = syscall.Kill(p.PID, syscall.SIGKILL)
 		b, _ := os.ReadFile(d.logFile())
 		return fmt.Errorf("containerd (%s) did not start: %w: %s", d.Dir, err, tail.Lines(string(b), 6))
 	}
 	return nil
-}
-
-func (d Daemon) waitReady(ctx context.Context, limit time.Duration) error {
-	deadline := time.Now().Add(limit)
-	for {
-		err := d.ping(ctx)
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return err
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 func (d Daemon) ping(ctx context.Context) error {

@@ -49,8 +49,8 @@ func (d Daemon) PID() int { return procs.FromPIDFile(d.pidFile(), "dockerd") }
 // Start runs the daemon unless it runs already, and returns once it
 // answers.
 func (d Daemon) Start(ctx context.Context) error {
-	if d.PID() != 0 {
-		return d.waitReady(ctx, 20*time.Second)
+	if pid := d.PID(); pid != 0 {
+		return procs.Started{PID: pid}.AwaitReady(ctx, 20*time.Second, 200*time.Millisecond, d.ping)
 	}
 	bin, err := exec.LookPath("dockerd")
 	if err != nil {
@@ -60,11 +60,6 @@ func (d Daemon) Start(ctx context.Context) error {
 	if err := os.MkdirAll(xdg, 0o700); err != nil {
 		return err
 	}
-	log, err := os.OpenFile(d.logFile(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer log.Close()
 	wrapper := filepath.Join(d.Dir, "ferry-runc")
 	if err := os.WriteFile(wrapper, Wrapper, 0o755); err != nil {
 		return err
@@ -72,39 +67,19 @@ func (d Daemon) Start(ctx context.Context) error {
 	args := []string{bin, "--experimental", "--iptables=false", "--ip6tables=false", "--ip-masq=false", "--bridge=none",
 		"--data-root", filepath.Join(d.Dir, "data"), "--exec-root", d.ExecRoot(), "--pidfile", d.pidFile(), "-H", d.Host(),
 		"--add-runtime", StoppedRuntime + "=" + wrapper}
-	if d.NetNS != "" {
-		args = append([]string{"nsenter", "--net=" + d.NetNS, "--"}, args...)
-	}
-	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Stdout, cmd.Stderr = log, log
 	// Its containerd keeps the checkpoints it unpacks under xdg; its
 	// shims' runc finds a CRIU ferry built in /usr/local/sbin.
-	cmd.Env = append(os.Environ(), "XDG_RUNTIME_DIR="+xdg, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
+	p, err := procs.StartDetached(args, d.NetNS, d.logFile(),
+		[]string{"XDG_RUNTIME_DIR=" + xdg, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"})
+	if err != nil {
 		return err
 	}
-	go func() { _ = cmd.Wait() }()
-	if err := d.waitReady(ctx, 60*time.Second); err != nil {
-		_ = syscall.Kill(cmd.Process.Pid, syscall.SIGKILL)
+	if err := p.AwaitReady(ctx, 60*time.Second, 200*time.Millisecond, d.ping); err != nil {
+		_ = syscall.Kill(p.PID, syscall.SIGKILL)
 		b, _ := os.ReadFile(d.logFile())
 		return fmt.Errorf("dockerd (%s) did not start: %w: %s", d.Dir, err, tail.Lines(string(b), 6))
 	}
 	return nil
-}
-
-func (d Daemon) waitReady(ctx context.Context, limit time.Duration) error {
-	deadline := time.Now().Add(limit)
-	for {
-		err := d.ping(ctx)
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return err
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 }
 
 func (d Daemon) ping(ctx context.Context) error {

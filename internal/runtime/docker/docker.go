@@ -98,8 +98,8 @@ type Runtime struct {
 	// switchover at the source).
 	LazyDump bool
 
+	conn    runtime.Client[*client.Client]
 	mu      sync.Mutex
-	client  *client.Client
 	stopped *bool // whether the daemon has StoppedRuntime, once asked
 }
 
@@ -165,30 +165,17 @@ func (r *Runtime) runc() runc.Host {
 
 // connect returns the client, made once; the API version is the daemon's.
 func (r *Runtime) connect() (*client.Client, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.client != nil {
-		return r.client, nil
-	}
-	c, err := client.NewClientWithOpts(client.WithHost(r.host()), client.WithAPIVersionNegotiation())
-	if err != nil {
-		return nil, fmt.Errorf("docker at %s: %w", r.host(), err)
-	}
-	r.client = c
-	return c, nil
+	return r.conn.Get(func() (*client.Client, error) {
+		c, err := client.NewClientWithOpts(client.WithHost(r.host()), client.WithAPIVersionNegotiation())
+		if err != nil {
+			return nil, fmt.Errorf("docker at %s: %w", r.host(), err)
+		}
+		return c, nil
+	})
 }
 
 // Close drops the connection to the daemon.
-func (r *Runtime) Close() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.client == nil {
-		return nil
-	}
-	err := r.client.Close()
-	r.client = nil
-	return err
-}
+func (r *Runtime) Close() error { return r.conn.Close() }
 
 // config is what the destination needs to create the container again.
 type config struct {
