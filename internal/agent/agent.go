@@ -140,15 +140,15 @@ func (a *Agent) newRuntimes() runtime.Set {
 	// Other runtimes where their tools are installed.
 	if _, err := exec.LookPath("podman"); err == nil {
 		pm := podman.New(podman.Host{Dir: a.PodmanDir, NetNS: a.Host.NetNS})
-		pm.LazyDump, pm.Admission = a.feats.LazyPages, a.Admission
+		pm.Lazy, pm.Admission = a.feats.LazyPages, a.Admission
 		set["podman"] = pm
 	}
 	if _, err := os.Stat(cmp.Or(a.Containerd, containerd.DefaultAddress)); err == nil || a.Containerd != "" {
 		set["containerd"] = &containerd.Runtime{Address: a.Containerd, RuncRoot: a.ContainerdRuncRoot, CgroupParent: a.Host.CgroupParent,
-			NetNS: a.Host.NetNS, StateDir: containerd.StateDir(a.Host.StateDir), Admission: a.Admission, LazyDump: a.feats.LazyPages}
+			NetNS: a.Host.NetNS, StateDir: containerd.StateDir(a.Host.StateDir), Admission: a.Admission, Lazy: a.feats.LazyPages}
 	}
 	if _, err := os.Stat(strings.TrimPrefix(cmp.Or(a.Docker, docker.DefaultHost), "unix://")); err == nil || a.Docker != "" {
-		set["docker"] = &docker.Runtime{Host: a.Docker, ExecRoot: a.DockerExecRoot, NetNS: a.Host.NetNS, Admission: a.Admission, LazyDump: a.feats.LazyPages}
+		set["docker"] = &docker.Runtime{Host: a.Docker, ExecRoot: a.DockerExecRoot, NetNS: a.Host.NetNS, Admission: a.Admission, Lazy: a.feats.LazyPages}
 	}
 	if _, err := exec.LookPath("lxc-checkpoint"); err == nil {
 		lx := lxc.New(a.LXCPath)

@@ -267,9 +267,9 @@ func checkMoved(t *testing.T, runtime, mode string, rep engine.Report, pr probe.
 }
 
 // moveInEachMode moves a fresh 64 MiB memhog of runtime kind (run starts
-// it on h1 as name) from h1 to h2 in each technique a runtime without a
-// lazy restore runs: cold and pre-copy with either switchover by
-// --runtime kind, cold by --runtime auto; each in a subtest named
+// it on h1 as name) from h1 to h2 in each technique: cold, pre-copy with
+// either switchover, post-copy and hybrid by --runtime kind (the lazy
+// ones where CRIU's lazy pages work), cold by --runtime auto; each in a subtest named
 // prefix-MODE, the report and the workload checked, then the runtimes'
 // own view of both hosts (moved).
 func moveInEachMode(t *testing.T, l *lab.Lab, bin, kind, prefix string, run func(t *testing.T, name string), moved func(t *testing.T, name string)) {
@@ -277,11 +277,14 @@ func moveInEachMode(t *testing.T, l *lab.Lab, bin, kind, prefix string, run func
 		{"cold", engine.ModeCold, kind, ""},
 		{"precopy-rebuild", engine.ModePrecopy, kind, engine.SwitchoverRebuild},
 		{"precopy-dump", engine.ModePrecopy, kind, engine.SwitchoverDump},
+		{"postcopy", engine.ModePostcopy, kind, ""},
+		{"hybrid", engine.ModeHybrid, kind, ""},
 		{"auto", engine.ModeCold, "", ""}, // --runtime auto (the default)
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if c.switchover == engine.SwitchoverRebuild && !criu.ProbeFeatures(context.Background()).LazyPages {
-				t.Skip("CRIU's lazy dump is unavailable here (see ferry check): no rebuild switchover")
+			lazy := c.switchover == engine.SwitchoverRebuild || c.mode == engine.ModePostcopy || c.mode == engine.ModeHybrid
+			if lazy && !criu.ProbeFeatures(context.Background()).LazyPages {
+				t.Skipf("CRIU's lazy pages are unavailable here (see ferry check): no %s", c.name)
 			}
 			name := prefix + "-" + c.name
 			run(t, name)

@@ -156,10 +156,10 @@ func (p Probes) Run(ctx context.Context) Report {
 	r.Modes = map[string][]string{}
 	for i, caps := range []runtime.Caps{
 		{Freeze: true, LazyDump: feat.LazyPages, LazyRestore: feat.LazyPages, PreDump: feat.DirtyTracking}, // runc
-		(&podman.Runtime{LazyDump: feat.LazyPages}).Caps(),
+		(&podman.Runtime{Lazy: feat.LazyPages}).Caps(),
 		(&lxc.Runtime{}).Caps(),
-		(&containerd.Runtime{LazyDump: feat.LazyPages}).Caps(),
-		(&docker.Runtime{LazyDump: feat.LazyPages}).Caps(),
+		(&containerd.Runtime{Lazy: feat.LazyPages}).Caps(),
+		(&docker.Runtime{Lazy: feat.LazyPages}).Caps(),
 	} {
 		if rt[i] != nil {
 			r.Modes[runtimeKinds[i]] = engine.Modes(caps)

@@ -86,9 +86,11 @@ type Runtime struct {
 	StateDir string
 	// Admission is what this host accepts of an incoming spec.
 	Admission admission.Policy
-	// LazyDump says CRIU's lazy dump works here (pre-copy's rebuild
-	// switchover at the source).
-	LazyDump bool
+	// Lazy says CRIU's lazy pages work here: a lazy dump at the source
+	// (post-copy, hybrid, pre-copy's rebuild switchover) and a lazy
+	// restore at the destination, which the shim's runc runs with the
+	// options of the container's CRIU configuration file.
+	Lazy bool
 
 	conn runtime.Client[*client.Client]
 }
@@ -99,11 +101,11 @@ var _ runtime.Runtime = (*Runtime)(nil)
 func (r *Runtime) Kind() string { return "containerd" }
 
 // Caps: the task pauses without a dump and stays paused through ferry's
-// runc dump; the shim restores only from a complete images directory (no
-// lazy pages, so no post-copy or hybrid), leaving the processes stopped
-// through CRIU's configuration file.
+// runc dump; the shim's restore reads ferry's images in place, lazily
+// where CRIU's lazy pages work, and leaves the processes stopped: both
+// through the CRIU configuration file the spec names.
 func (r *Runtime) Caps() runtime.Caps {
-	return runtime.Caps{Freeze: true, LazyDump: r.LazyDump, RestoreStopped: true}
+	return runtime.Caps{Freeze: true, LazyDump: r.Lazy, LazyRestore: r.Lazy, RestoreStopped: true}
 }
 
 func (r *Runtime) address() string {

@@ -171,15 +171,12 @@ func (r *Runtime) LogPath(name string) string {
 // Restore creates the task from the images in place and starts it (the
 // shim's runc restore), and returns once containerd reports it running.
 func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, error) {
-	if o.Lazy {
-		return 0, errors.New("containerd: lazy restores are not supported")
-	}
-	if o.TCPEstablished {
-		// The shim passes no TCP option to its restore: CRIU reads it
-		// from the configuration file.
-		if err := os.WriteFile(t.criuConf(), []byte("leave-stopped\ntcp-established\n"), 0o600); err != nil {
-			return 0, err
-		}
+	// The shim passes CRIU neither the TCP nor the lazy option: CRIU reads
+	// them from the configuration file (the work directory, where a lazy
+	// restore finds the lazy-pages daemon's socket, the shim does pass).
+	conf := runc.CRIUConfig{LeaveStopped: true, TCPEstablished: o.TCPEstablished, LazyPages: o.Lazy}
+	if err := conf.Write(t.criuConf()); err != nil {
+		return 0, err
 	}
 	ctx = withNS(ctx, t.ns)
 	task, err := t.ctr.NewTask(ctx, cio.LogFile(t.r.LogPath(JoinName(t.ns, t.id))),

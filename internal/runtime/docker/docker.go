@@ -94,9 +94,11 @@ type Runtime struct {
 	NetNS string
 	// Admission is what this host accepts of an incoming configuration.
 	Admission admission.Policy
-	// LazyDump says CRIU's lazy dump works here (pre-copy's rebuild
-	// switchover at the source).
-	LazyDump bool
+	// Lazy says CRIU's lazy pages work here: a lazy dump at the source
+	// (post-copy, hybrid, pre-copy's rebuild switchover), and a lazy
+	// restore where the daemon has StoppedRuntime, which hands CRIU the
+	// lazy option and the lazy-pages daemon's work directory.
+	Lazy bool
 
 	conn    runtime.Client[*client.Client]
 	mu      sync.Mutex
@@ -110,10 +112,12 @@ func (r *Runtime) Kind() string { return "docker" }
 
 // Caps: Docker pauses without a dump and the container stays paused
 // through ferry's runc dump; its restore reads a copy of complete images
-// (so pre-copy's switchover refers to no parent directory), and leaves
-// the processes stopped where the daemon has StoppedRuntime.
+// (so pre-copy's switchover refers to no parent directory). Where the
+// daemon has StoppedRuntime, the restore leaves the processes stopped and
+// can be lazy: the copy Docker makes then holds no memory.
 func (r *Runtime) Caps() runtime.Caps {
-	return runtime.Caps{Freeze: true, LazyDump: r.LazyDump, CopiesImages: true, RestoreStopped: r.hasStoppedRuntime()}
+	stopped := r.hasStoppedRuntime()
+	return runtime.Caps{Freeze: true, LazyDump: r.Lazy, LazyRestore: r.Lazy && stopped, CopiesImages: true, RestoreStopped: stopped}
 }
 
 // hasStoppedRuntime asks the daemon, once, whether it has StoppedRuntime.

@@ -19,6 +19,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 )
 
 // checkpointName is the checkpoint ferry's images appear as in the
@@ -157,19 +158,22 @@ func (t *target) RootfsDir() string { return t.upper }
 // Restore bind-mounts the images directory as a checkpoint of the
 // container and starts it from there; returns once Docker says running.
 func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, error) {
-	if o.Lazy {
-		return 0, errors.New("docker: lazy restores are not supported")
+	if o.Lazy && !t.stopped {
+		return 0, fmt.Errorf("docker: a lazy restore needs the daemon's %s runtime", StoppedRuntime)
 	}
 	cl, err := t.r.connect()
 	if err != nil {
 		return 0, err
 	}
+	logDir := filepath.Join(t.dataRoot, "containerd", "daemon", "io.containerd.runtime.v2.task", "moby", t.id)
 	if t.stopped {
-		conf := "leave-stopped\n"
-		if o.TCPEstablished {
-			conf += "tcp-established\n"
+		// StoppedRuntime hands CRIU this file, and a lazy restore its work
+		// directory, where the lazy-pages daemon's socket is.
+		conf := runc.CRIUConfig{LeaveStopped: true, TCPEstablished: o.TCPEstablished, LazyPages: o.Lazy}
+		if o.Lazy {
+			conf.WorkDir, logDir = o.WorkDir, o.WorkDir
 		}
-		if err := os.WriteFile(filepath.Join(o.ImagesDir, criuConf), []byte(conf), 0o600); err != nil {
+		if err := conf.Write(filepath.Join(o.ImagesDir, criuConf)); err != nil {
 			return 0, err
 		}
 	}
@@ -186,9 +190,8 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	_ = os.Remove(dir)
 	removeUnpacked(o.ImagesDir, start)
 	if err != nil {
-		// CRIU's own words, from the bundle's work directory.
-		log := filepath.Join(t.dataRoot, "containerd", "daemon", "io.containerd.runtime.v2.task", "moby", t.id, "restore.log")
-		if e := criu.LogErrors(log); e != "" {
+		// CRIU's own words, from its work directory.
+		if e := criu.LogErrors(filepath.Join(logDir, "restore.log")); e != "" {
 			err = fmt.Errorf("%w: %s", err, e)
 		}
 		return 0, fmt.Errorf("docker: restore %s: %w", t.name, err)

@@ -2,7 +2,9 @@ package docker
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/docker/docker/api/types/mount"
 
 	"github.com/ferry-migrate/ferry/internal/admission"
+	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 )
 
 func TestAdmit(t *testing.T) {
@@ -97,5 +100,65 @@ func TestRemoveUnpacked(t *testing.T) {
 		if _, err := os.Stat(dir); (err == nil) != want {
 			t.Errorf("%s: kept %v, want %v", filepath.Base(dir), err == nil, want)
 		}
+	}
+}
+
+// TestWrapper runs ferry-runc.sh over a runc that records what it was
+// given: a checkpoint of ferry's gets CRIU its configuration file and, for
+// a lazy restore, the work directory the file names in place of the
+// shim's, and the options runc's RPC would otherwise turn off; anything
+// else reaches runc untouched.
+func TestWrapper(t *testing.T) {
+	dir := t.TempDir()
+	wrapper := filepath.Join(dir, "ferry-runc")
+	if err := os.WriteFile(wrapper, Wrapper, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "out")
+	fake := "#!/bin/sh\n{ echo \"CRIU_CONFIG_FILE=$CRIU_CONFIG_FILE\"; for a; do echo \"$a\"; done; } > " + out + "\n"
+	if err := os.WriteFile(filepath.Join(dir, "runc"), []byte(fake), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+":"+os.Getenv("PATH"))
+	t.Setenv("CRIU_CONFIG_FILE", "")
+	plain, ferrys, lazy := filepath.Join(dir, "plain"), filepath.Join(dir, "ferrys"), filepath.Join(dir, "lazy")
+	for _, d := range []string{plain, ferrys, lazy} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := (runc.CRIUConfig{LeaveStopped: true, TCPEstablished: true}).Write(filepath.Join(ferrys, criuConf)); err != nil {
+		t.Fatal(err)
+	}
+	if err := (runc.CRIUConfig{LeaveStopped: true, LazyPages: true, WorkDir: "/ferry/work dir"}).Write(filepath.Join(lazy, criuConf)); err != nil {
+		t.Fatal(err)
+	}
+	restore := func(images string) []string {
+		return []string{"--root", "/r", "restore", "--detach", "--work-path", "/shim/work", "--image-path", images, "--bundle", "/b", "id"}
+	}
+	for _, c := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"another verb", []string{"--root", "/r", "state", "restore"}, []string{"CRIU_CONFIG_FILE=", "--root", "/r", "state", "restore"}},
+		{"a checkpoint not ferry's", restore(plain), append([]string{"CRIU_CONFIG_FILE="}, restore(plain)...)},
+		{"ferry's, with TCP", restore(ferrys), []string{"CRIU_CONFIG_FILE=" + filepath.Join(ferrys, criuConf),
+			"--root", "/r", "restore", "--tcp-established", "--detach", "--work-path", "/shim/work", "--image-path", ferrys, "--bundle", "/b", "id"}},
+		{"ferry's, lazy", restore(lazy), []string{"CRIU_CONFIG_FILE=" + filepath.Join(lazy, criuConf),
+			"--root", "/r", "restore", "--work-path", "/ferry/work dir", "--lazy-pages", "--detach", "--image-path", lazy, "--bundle", "/b", "id"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if b, err := exec.Command(wrapper, c.args...).CombinedOutput(); err != nil {
+				t.Fatalf("%v: %s", err, b)
+			}
+			b, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n"); !slices.Equal(got, c.want) {
+				t.Errorf("runc got\n%q\nwant\n%q", got, c.want)
+			}
+		})
 	}
 }

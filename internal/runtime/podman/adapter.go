@@ -94,7 +94,7 @@ type Runtime struct {
 	// LazyDump says CRIU's lazy dump works on this host (ferry check):
 	// the source side of pre-copy's rebuild switchover, whose
 	// destination restores a plain dump.
-	LazyDump bool
+	Lazy bool
 	// Admission is what this host accepts of an incoming container's
 	// records, which Podman here runs as root (see Prepare).
 	Admission admission.Policy
@@ -119,14 +119,14 @@ func (r *Runtime) Kind() string { return "podman" }
 
 // Caps: Podman pauses a container without dumping it (cgroup freezer) and
 // a paused container stays paused through ferry's runc dump, which can be
-// lazy where CRIU's lazy dump works (pre-copy's rebuild switchover). A
-// lazy restore: no, Podman's restore cannot start CRIU in lazy mode, so no
-// post-copy or hybrid. CRIU's pre-dump: not offered (needs soft-dirty
-// tracking, absent on the machines this was built on, so never tried).
-// A restore leaves the processes stopped until Start (CRIU's
-// leave-stopped, through the config.json Podman restores from).
+// lazy where CRIU's lazy pages work (post-copy, hybrid, pre-copy's
+// rebuild switchover). Podman's restore has no lazy option, but the CRIU
+// configuration file the restored config.json names does, and it leaves
+// the processes stopped until Start. CRIU's pre-dump: not offered (needs
+// soft-dirty tracking, absent on the machines this was built on, so never
+// tried).
 func (r *Runtime) Caps() runtime.Caps {
-	return runtime.Caps{Freeze: true, LazyDump: r.LazyDump, RestoreStopped: true}
+	return runtime.Caps{Freeze: true, LazyDump: r.Lazy, LazyRestore: r.Lazy, RestoreStopped: true}
 }
 
 // inspectData is the part of `podman container inspect` the adapter uses.

@@ -351,8 +351,15 @@ func (t *target) criuConf() string { return filepath.Join(t.bundle, "ferry-criu.
 // Restore links the images in as the container's checkpoint and has
 // Podman restore it, then reads the running container's PID back.
 func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, error) {
+	// runc hands CRIU this file, which overrides what Podman asks of it:
+	// a lazy restore's work directory is where the lazy-pages daemon's
+	// socket is.
+	conf := runc.CRIUConfig{LeaveStopped: true, LazyPages: o.Lazy}
 	if o.Lazy {
-		return 0, errors.New("podman: lazy restores are not supported")
+		conf.WorkDir = o.WorkDir
+	}
+	if err := conf.Write(t.criuConf()); err != nil {
+		return 0, err
 	}
 	images, err := filepath.Abs(o.ImagesDir)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 )
 
 // CRIUConfigAnnotation is the OCI annotation naming the CRIU configuration
@@ -11,15 +12,50 @@ import (
 // /etc/criu/runc.conf).
 const CRIUConfigAnnotation = "org.criu.config"
 
-// LeaveStopped writes a CRIU configuration file at path that leaves the
-// processes a restore brings back stopped (SIGSTOP), so that a copy that
-// is never committed never runs; ContinueAll lets them run. The runtime
-// reports such a container running. After the restore, call
+// CRIUConfig is what a restore asks of CRIU through a configuration file,
+// for runtimes that pass CRIU no such option themselves (runc reads the
+// file the container's CRIUConfigAnnotation names; ferry-runc, Docker's,
+// the one a checkpoint carries). A file runc names overrides what runc
+// asks over RPC, work directory included.
+type CRIUConfig struct {
+	// LeaveStopped leaves the processes a restore brings back stopped
+	// (SIGSTOP), so that a copy that is never committed never runs;
+	// ContinueAll lets them run. The runtime reports such a container
+	// running.
+	LeaveStopped bool
+	// TCPEstablished restores established TCP connections.
+	TCPEstablished bool
+	// LazyPages restores with the memory left to a lazy-pages daemon,
+	// whose socket is in WorkDir (CRIU connects to it relative to its
+	// work directory).
+	LazyPages bool
+	WorkDir   string
+}
+
+// String is the file's contents.
+func (c CRIUConfig) String() string {
+	var b strings.Builder
+	for _, o := range []struct {
+		on   bool
+		line string
+	}{{c.LeaveStopped, "leave-stopped"}, {c.TCPEstablished, "tcp-established"}, {c.LazyPages, "lazy-pages"}, {c.WorkDir != "", "work-dir " + c.WorkDir}} {
+		if o.on {
+			b.WriteString(o.line + "\n")
+		}
+	}
+	return b.String()
+}
+
+// Write writes the file at path. After the restore, call
 // ClearCRIUConfig: runc hands the same file to later dumps, which must
 // not leave the container stopped.
-func LeaveStopped(path string) error {
-	return os.WriteFile(path, []byte("leave-stopped\n"), 0o600)
+func (c CRIUConfig) Write(path string) error {
+	return os.WriteFile(path, []byte(c.String()), 0o600)
 }
+
+// LeaveStopped writes a CRIU configuration file at path that leaves the
+// restored processes stopped (CRIUConfig.LeaveStopped).
+func LeaveStopped(path string) error { return CRIUConfig{LeaveStopped: true}.Write(path) }
 
 // ClearCRIUConfig empties the file LeaveStopped wrote, keeping it: the
 // container's annotation still names it.
