@@ -172,7 +172,9 @@ func TestContainerdThroughAgents(t *testing.T) {
 		expectRefused(t, l, []refusal{
 			{engine.Request{Container: "ctr-nosuch", Mode: engine.ModeCold, Runtime: "containerd"}, `no container "ctr-nosuch"`, "prepare"},
 			{engine.Request{Container: "other/" + name, Mode: engine.ModeCold, Runtime: "containerd"}, "in namespace other", "prepare"},
-			{engine.Request{Container: name, Mode: engine.ModePostcopy, Runtime: "containerd"}, "cannot move containerd containers", "prepare"},
+			// CRIU's pre-dump is runc's alone.
+			{engine.Request{Container: name, Mode: engine.ModePrecopy, Runtime: "containerd", Precopy: engine.PrecopyOptions{Engine: engine.PrecopyNative}}, "native needs CRIU's pre-dump", "prepare"},
+			{engine.Request{Container: name, Mode: engine.ModePostcopy, Runtime: "containerd"}, "has no image localhost/ferry-workload:latest", "destination"},
 			{engine.Request{Container: name, Mode: engine.ModeCold, Runtime: "containerd"}, "has no image localhost/ferry-workload:latest", "destination"},
 		}, func() {
 			if got := ctrTasks(t, h1); got != name+":RUNNING" {

@@ -157,7 +157,9 @@ func TestDockerThroughAgents(t *testing.T) {
 		dk(t, h2, "image", "rm", "localhost/ferry-workload:latest")
 		expectRefused(t, l, []refusal{
 			{engine.Request{Container: "dk-nosuch", Mode: engine.ModeCold, Runtime: "docker"}, `no container "dk-nosuch"`, "prepare"},
-			{engine.Request{Container: name, Mode: engine.ModePostcopy, Runtime: "docker"}, "cannot move docker containers", "prepare"},
+			// CRIU's pre-dump is runc's alone.
+			{engine.Request{Container: name, Mode: engine.ModePrecopy, Runtime: "docker", Precopy: engine.PrecopyOptions{Engine: engine.PrecopyNative}}, "native needs CRIU's pre-dump", "prepare"},
+			{engine.Request{Container: name, Mode: engine.ModePostcopy, Runtime: "docker"}, "does not have the image", "destination"},
 			{engine.Request{Container: name, Mode: engine.ModeCold, Runtime: "docker"}, "does not have the image", "destination"},
 		}, func() {
 			if got := dockerPs(t, h1, false); !slices.Equal(got, []string{name + ":running"}) {

@@ -445,8 +445,9 @@ func TestPodmanThroughAgents(t *testing.T) {
 		podmanRun(t, l, name, "ferry-e2e-only-h1", memhogArgs("16M", "100"))
 		expectRefused(t, l, []refusal{
 			{engine.Request{Container: "pm-nosuch", Mode: engine.ModeCold, Runtime: "podman"}, `no container "pm-nosuch"`, "prepare"},
-			{engine.Request{Container: name, Mode: engine.ModePostcopy, Runtime: "podman"}, "cannot move podman containers", "prepare"},
-			{engine.Request{Container: name, Mode: engine.ModeHybrid, Runtime: "podman"}, "cannot move podman containers", "prepare"},
+			// CRIU's pre-dump is runc's alone.
+			{engine.Request{Container: name, Mode: engine.ModePrecopy, Runtime: "podman", Precopy: engine.PrecopyOptions{Engine: engine.PrecopyNative}}, "native needs CRIU's pre-dump", "prepare"},
+			{engine.Request{Container: name, Mode: engine.ModePostcopy, Runtime: "podman"}, "does not have the image", "destination"},
 			{engine.Request{Container: name, Mode: engine.ModeCold, Runtime: "podman"}, "does not have the image", "destination"},
 		}, func() {
 			if st := podmanState(t, h1, name); st != "running" {
