@@ -130,11 +130,11 @@ func FaultMatrix(runtimes, modes, phases, actions []string) []FaultCase {
 // faultRuntimes are the runtimes the matrix can run a workload in.
 var faultRuntimes = []string{"runc", "podman", "lxc", "containerd", "docker"}
 
-// runtimeModes lists the techniques the lab can run in a runtime: all but
-// runc restore only from complete images (no lazy restore; see
-// engine.Modes and ferry check).
+// runtimeModes lists the techniques the lab can run in a runtime: LXC
+// restores only from complete images (liblxc never asks CRIU for lazy
+// pages; see engine.Modes and ferry check), the others lazily too.
 func runtimeModes(rt string) []string {
-	if rt != "runc" {
+	if rt == "lxc" {
 		return []string{engine.ModeCold, engine.ModePrecopy}
 	}
 	return []string{engine.ModeCold, engine.ModePrecopy, engine.ModePostcopy, engine.ModeHybrid}
