@@ -447,7 +447,7 @@ func (o FaultsOptions) runCase(ctx context.Context, l *lab.Lab, c FaultCase, nam
 	}
 	// What is left once the container is gone counts as leaked.
 	c.Leaks = append(c.Leaks, removeBoth()...)
-	c.Leaks = append(c.Leaks, snapshot(l).since(before)...)
+	c.Leaks = append(c.Leaks, leftSince(l, before)...)
 	cleanLeaks(l)
 	c.Note = strings.TrimSpace(strings.Join(append([]string{c.Note}, notes...), "; "))
 	return c

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/lab"
@@ -149,6 +150,19 @@ func (s leakSet) since(before leakSet) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// leftSince is what is here now and was not before, once the runtimes'
+// stores have had a few seconds to finish removing: containerd deletes a
+// removed container's snapshot directory in its next garbage collection,
+// not in the call that removed it.
+func leftSince(l *lab.Lab, before leakSet) []string {
+	left := snapshot(l).since(before)
+	for deadline := time.Now().Add(5 * time.Second); len(left) > 0 && time.Now().Before(deadline); {
+		time.Sleep(250 * time.Millisecond)
+		left = snapshot(l).since(before)
+	}
+	return left
 }
 
 // cleanLeaks removes what a case left, so the next starts clean: CRIU

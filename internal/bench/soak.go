@@ -131,7 +131,7 @@ func Soak(ctx context.Context, o SoakOptions) (res SoakResult, err error) {
 	res.StateOK = perr == nil && pr.StateOK
 	res.ClientDowntimeMs = pr.ClientDowntimeMs
 	remove()
-	res.Leaks = snapshot(l).since(before)
+	res.Leaks = leftSince(l, before)
 	if res.Leaks == nil {
 		res.Leaks = []string{}
 	}
