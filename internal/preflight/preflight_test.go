@@ -300,8 +300,8 @@ func TestModesPerRuntime(t *testing.T) {
 	if got := join("runc"); got != "cold,precopy,precopy/rebuild,precopy/native,postcopy,hybrid" {
 		t.Errorf("runc on a fully equipped host: %s", got)
 	}
-	if join("podman") != "cold,precopy,precopy/rebuild" || join("lxc") != "cold,precopy" {
-		t.Errorf("podman %s (a lazy dump, no lazy restore), lxc %s (neither)", join("podman"), join("lxc"))
+	if join("podman") != "cold,precopy,precopy/rebuild,postcopy,hybrid" || join("lxc") != "cold,precopy" {
+		t.Errorf("podman %s (a lazy dump and restore, no pre-dump), lxc %s (neither)", join("podman"), join("lxc"))
 	}
 	p := goodHost()
 	p.Features = func(context.Context) criu.Features { return criu.Features{PipeMaxSize: 1 << 20} }
