@@ -130,7 +130,7 @@ func TestWrapper(t *testing.T) {
 	if err := (runc.CRIUConfig{LeaveStopped: true, TCPEstablished: true}).Write(filepath.Join(ferrys, criuConf)); err != nil {
 		t.Fatal(err)
 	}
-	if err := (runc.CRIUConfig{LeaveStopped: true, LazyPages: true, WorkDir: "/ferry/work dir"}).Write(filepath.Join(lazy, criuConf)); err != nil {
+	if err := (runc.CRIUConfig{LeaveStopped: true, LazyPages: true, WorkDir: "/ferry/work-dir"}).Write(filepath.Join(lazy, criuConf)); err != nil {
 		t.Fatal(err)
 	}
 	restore := func(images string) []string {
@@ -146,7 +146,7 @@ func TestWrapper(t *testing.T) {
 		{"ferry's, with TCP", restore(ferrys), []string{"CRIU_CONFIG_FILE=" + filepath.Join(ferrys, criuConf),
 			"--root", "/r", "restore", "--tcp-established", "--detach", "--work-path", "/shim/work", "--image-path", ferrys, "--bundle", "/b", "id"}},
 		{"ferry's, lazy", restore(lazy), []string{"CRIU_CONFIG_FILE=" + filepath.Join(lazy, criuConf),
-			"--root", "/r", "restore", "--work-path", "/ferry/work dir", "--lazy-pages", "--detach", "--image-path", lazy, "--bundle", "/b", "id"}},
+			"--root", "/r", "restore", "--work-path", "/ferry/work-dir", "--lazy-pages", "--detach", "--image-path", lazy, "--bundle", "/b", "id"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if b, err := exec.Command(wrapper, c.args...).CombinedOutput(); err != nil {

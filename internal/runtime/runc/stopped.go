@@ -50,6 +50,10 @@ func (c CRIUConfig) String() string {
 // ClearCRIUConfig: runc hands the same file to later dumps, which must
 // not leave the container stopped.
 func (c CRIUConfig) Write(path string) error {
+	// CRIU splits a line at white space and reads quotes and # itself.
+	if strings.ContainsAny(c.WorkDir, " \t\n\"#\\") {
+		return fmt.Errorf("CRIU's configuration file cannot name the work directory %q: choose a scratch directory without spaces, quotes or #", c.WorkDir)
+	}
 	return os.WriteFile(path, []byte(c.String()), 0o600)
 }
 

@@ -1,0 +1,43 @@
+package runc
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// CRIU reads the file line by line as long options without their dashes;
+// an empty one (ClearCRIUConfig) asks for nothing.
+func TestCRIUConfig(t *testing.T) {
+	for _, c := range []struct {
+		conf CRIUConfig
+		want string
+	}{
+		{CRIUConfig{}, ""},
+		{CRIUConfig{LeaveStopped: true}, "leave-stopped\n"},
+		{CRIUConfig{LeaveStopped: true, TCPEstablished: true, LazyPages: true, WorkDir: "/w/d"}, "leave-stopped\ntcp-established\nlazy-pages\nwork-dir /w/d\n"},
+		{CRIUConfig{LazyPages: true}, "lazy-pages\n"},
+	} {
+		if got := c.conf.String(); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.conf, got, c.want)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "criu.conf")
+	for _, bad := range []string{"/w d", "/w#d", `/w"d`, "/w\nd"} {
+		if err := (CRIUConfig{LazyPages: true, WorkDir: bad}).Write(path); err == nil {
+			t.Errorf("work directory %q written", bad)
+		}
+	}
+	if err := LeaveStopped(path); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(path); err != nil || string(b) != "leave-stopped\n" {
+		t.Fatalf("LeaveStopped wrote %q, %v", b, err)
+	}
+	if err := ClearCRIUConfig(path); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(path); err != nil || st.Size() != 0 || st.Mode().Perm() != 0o600 {
+		t.Fatalf("cleared: %v, %v", st, err)
+	}
+}
