@@ -51,7 +51,9 @@ func (m *migration) chooseMode(ctx context.Context) (string, error) {
 	if pids, err := pages.ContainerPIDs(m.ctr.PID); err == nil {
 		shared = procs.SharedMemory(pids)
 	}
-	in := model.Inputs{MemoryBytes: float64(mem), DirtyRatePagesPerSec: rate, BandwidthBps: bps / 8, SharedBytes: float64(shared)}
+	caps := m.rt.Caps()
+	in := model.Inputs{MemoryBytes: float64(mem), DirtyRatePagesPerSec: rate, BandwidthBps: bps / 8, SharedBytes: float64(shared),
+		NoLazyRestore: !caps.LazyDump || !caps.LazyRestore, CopiesImages: caps.CopiesImages}
 	preds, _, rec, reason := model.Best(m.profile, in, float64(m.req.Precopy.MaxDowntime.Microseconds())/1000)
 	c := &AutoChoice{MemoryBytes: mem, SharedBytes: shared, DirtyRate: rate, ThroughputBps: bps, Predictions: preds, Chosen: rec, Reason: reason}
 	m.report.Auto = c

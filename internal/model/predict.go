@@ -45,6 +45,13 @@ type Inputs struct {
 	// RootfsBytes is the root filesystem's live delta (the container's
 	// own layer, or its whole tree), sent before the technique starts.
 	RootfsBytes float64 `json:"rootfs_bytes,omitempty"`
+	// NoLazyRestore: the container's runtime restores only from complete
+	// images (LXC), so post-copy and hybrid cannot move it.
+	NoLazyRestore bool `json:"no_lazy_restore,omitempty"`
+	// CopiesImages: the runtime's restore copies the images first (Docker
+	// streams them into containerd, which unpacks them), at the profile's
+	// ImageCopyBps, while the container is down.
+	CopiesImages bool `json:"copies_images,omitempty"`
 }
 
 // Prediction is one technique's predicted cost.
@@ -98,6 +105,10 @@ func Predict(p Profile, in Inputs, mode string, rounds int) Prediction {
 		return bad(err.Error())
 	}
 	rounds = max(rounds, 1)
+	lazy := mode == ModePostcopy || mode == ModeHybrid
+	if lazy && in.NoLazyRestore {
+		return bad("the container's runtime cannot restore lazily")
+	}
 	var t timeline
 	switch mode {
 	case ModeCold:
@@ -114,6 +125,16 @@ func Predict(p Profile, in Inputs, mode string, rounds int) Prediction {
 		return bad(fmt.Sprintf("unknown mode %q", mode))
 	}
 	t = p.unmoved(in, t)
+	if in.CopiesImages {
+		// A full restore's images hold all of memory; a lazy one's only
+		// what CRIU dumps whole.
+		img := in.MemoryBytes + in.SharedBytes
+		if lazy {
+			img = in.SharedBytes
+		}
+		c := img / p.imageCopyBps()
+		t.down, t.total = t.down+c, t.total+c
+	}
 	return Prediction{
 		Mode: mode, Rounds: t.rounds,
 		DowntimeMs: t.down * 1000, TotalMs: (t.total + p.SetupS) * 1000, Bytes: t.bytes,

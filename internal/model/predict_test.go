@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -486,5 +487,55 @@ func TestUnmovedStateInEveryMode(t *testing.T) {
 	bad.SharedBytes = -1
 	if q := Predict(p, bad, ModeCold, 1); !math.IsNaN(q.DowntimeMs) {
 		t.Error("negative shared memory predicted")
+	}
+}
+
+// The runtime's limits: one that cannot restore lazily gets no post-copy
+// or hybrid, and Best never recommends them; one that copies the images
+// before its restore pays for all of memory in cold and pre-copy, for
+// none of it in the lazy modes, which Best then prefers.
+func TestRuntimeLimits(t *testing.T) {
+	p := DefaultProfile()
+	in := Inputs{MemoryBytes: 256 << 20, DirtyRatePagesPerSec: 100, BandwidthBps: 125e6}
+	plain := map[string]Prediction{}
+	for _, mode := range EngineModes {
+		plain[mode] = Predict(p, in, mode, 2)
+	}
+
+	noLazy := in
+	noLazy.NoLazyRestore = true
+	for _, mode := range []string{ModePostcopy, ModeHybrid} {
+		if q := Predict(p, noLazy, mode, 2); !math.IsNaN(q.DowntimeMs) || !strings.Contains(q.Note, "lazily") {
+			t.Errorf("%s without a lazy restore: %+v", mode, q)
+		}
+	}
+	if q := Predict(p, noLazy, ModeCold, 1); q.DowntimeMs != plain[ModeCold].DowntimeMs {
+		t.Errorf("cold changed without a lazy restore: %v, was %v", q.DowntimeMs, plain[ModeCold].DowntimeMs)
+	}
+	_, feasible, rec, _ := Best(p, noLazy, 0)
+	if rec == ModePostcopy || rec == ModeHybrid || slices.Contains(feasible, ModePostcopy) || slices.Contains(feasible, ModeHybrid) {
+		t.Errorf("without a lazy restore: feasible %v, recommended %s", feasible, rec)
+	}
+
+	copies := in
+	copies.CopiesImages = true
+	p.ImageCopyBps = 64 << 20 // 4 s for 256 MiB
+	for _, mode := range EngineModes {
+		q := Predict(p, copies, mode, 2)
+		extra := q.DowntimeMs - plain[mode].DowntimeMs
+		want := 4000.0
+		if mode == ModePostcopy || mode == ModeHybrid {
+			want = 0
+		}
+		if math.Abs(extra-want) > 1 || math.Abs(q.TotalMs-plain[mode].TotalMs-want) > 1 {
+			t.Errorf("%s copying the images: downtime +%.0f ms, total +%.0f ms, want +%.0f", mode, extra, q.TotalMs-plain[mode].TotalMs, want)
+		}
+	}
+	if _, _, rec, _ := Best(p, copies, 1000); rec != ModePostcopy && rec != ModeHybrid {
+		t.Errorf("copying the images, within 1 s: recommended %q", rec)
+	}
+	p.ImageCopyBps = -1
+	if q := Predict(p, copies, ModeCold, 1); !math.IsNaN(q.DowntimeMs) {
+		t.Errorf("a negative copy rate predicted %+v", q)
 	}
 }

@@ -60,6 +60,11 @@ type Profile struct {
 	// its parent image holds are referenced, the few others written).
 	ImageFillBps float64 `json:"image_fill_bps"`
 
+	// ImageCopyBps is how fast a runtime that copies the images before
+	// its restore (Inputs.CopiesImages: Docker) gets through them, both
+	// copies together (0: DefaultImageCopyBps).
+	ImageCopyBps float64 `json:"image_copy_bps,omitempty"`
+
 	LinkEfficiency float64 `json:"link_efficiency"` // payload throughput / link capacity
 	// SetupS is what every migration spends before its technique starts
 	// (connecting, the offer, the live root filesystem sync) and on the
@@ -85,6 +90,18 @@ type Profile struct {
 	WriteTracking bool      `json:"write_tracking,omitempty"`
 	TrackScanBps  float64   `json:"track_scan_bps,omitempty"`
 	PAM           PAMParams `json:"pam"`
+}
+
+// DefaultImageCopyBps is Docker 20.10's images copy on the development
+// machine: its restore took 4.1-4.7 s longer than runc's at 256 MiB
+// (docs/BENCHMARKS.md, "containerd and Docker").
+const DefaultImageCopyBps = 61e6
+
+func (p Profile) imageCopyBps() float64 {
+	if p.ImageCopyBps > 0 {
+		return p.ImageCopyBps
+	}
+	return DefaultImageCopyBps
 }
 
 // DefaultProfile returns rough values measured on the development machine
@@ -146,7 +163,7 @@ func (p Profile) Validate() error {
 	}
 	for _, f := range []field{{"freeze_s", p.FreezeS}, {"dump_fixed_s", p.DumpFixedS},
 		{"restore_fixed_s", p.RestoreFixedS}, {"lazy_setup_s", p.LazySetupS}, {"lazy_request_s", p.LazyRequestS}, {"fault_s", p.FaultS}, {"fault_wait_s", p.FaultWaitS}, {"lazy_serial_share", p.LazySerialShare},
-		{"dedup_ref_bytes", p.DedupRefBytes}} {
+		{"dedup_ref_bytes", p.DedupRefBytes}, {"image_copy_bps", p.ImageCopyBps}} {
 		if !(f.v >= 0) {
 			return fmt.Errorf("profile: %s must not be negative, got %v", f.name, f.v)
 		}
