@@ -254,6 +254,13 @@ func checkMoved(t *testing.T, runtime, mode string, rep engine.Report, pr probe.
 	if !rep.OK {
 		t.Fatalf("migration failed: %s (at %s)", rep.Error, rep.FailedAt)
 	}
+	if mode == engine.ModeAuto {
+		// The planner's choice, which the runtime can run.
+		if rep.Auto == nil || rep.Auto.Chosen != rep.Mode {
+			t.Errorf("mode auto: report mode %q, plan %+v", rep.Mode, rep.Auto)
+		}
+		mode = rep.Mode
+	}
 	if rep.Runtime != runtime || rep.SourceState != "removed" || rep.Mode != mode {
 		t.Errorf("report: runtime %q, mode %q, source %q", rep.Runtime, rep.Mode, rep.SourceState)
 	}
@@ -279,6 +286,7 @@ func moveInEachMode(t *testing.T, l *lab.Lab, bin, kind, prefix string, run func
 		{"precopy-dump", engine.ModePrecopy, kind, engine.SwitchoverDump},
 		{"postcopy", engine.ModePostcopy, kind, ""},
 		{"hybrid", engine.ModeHybrid, kind, ""},
+		{"mode-auto", engine.ModeAuto, kind, ""},
 		{"auto", engine.ModeCold, "", ""}, // --runtime auto (the default)
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -563,6 +571,8 @@ func TestLXCThroughAgents(t *testing.T) {
 		{"cold", engine.ModeCold, "lxc"},
 		{"precopy", engine.ModePrecopy, "lxc"},
 		{"auto", engine.ModeCold, engine.RuntimeAuto},
+		// The planner knows LXC cannot restore lazily.
+		{"mode-auto", engine.ModeAuto, "lxc"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			name := "lx-" + c.name
