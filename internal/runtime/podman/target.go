@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/ferry-migrate/ferry/internal/admission"
 	"github.com/ferry-migrate/ferry/internal/criu"
@@ -440,11 +441,36 @@ func (r *Runtime) continueID(ctx context.Context, id string) error {
 
 // Discard removes the container Prepare created (restored or not); one
 // already gone counts as removed.
+//
+// A post-copy copy whose page source broke dies (SIGBUS on a page that
+// never comes) about when it is discarded. Podman, still recording it
+// running or paused, then fails to kill it ("container not running",
+// "state improper: stopped") and only afterwards reads that it exited: a
+// second try, once Podman has caught up, removes it.
 func (t *target) Discard(ctx context.Context) error {
 	ref := t.id
 	if ref == "" {
 		ref = t.name
 	}
-	_, err := t.r.Host.podman(ctx, "rm", "--force", "--ignore", "--time", "0", ref)
+	var err error
+	for try := 0; try < 5; try++ {
+		if try > 0 {
+			select {
+			case <-ctx.Done():
+				return errors.Join(err, ctx.Err())
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+		if _, err = t.r.Host.podman(ctx, "rm", "--force", "--ignore", "--time", "0", ref); err == nil || !staleState(err) {
+			return err
+		}
+	}
 	return err
+}
+
+// staleState says a podman error came from its record of a container's
+// state lagging behind the runtime's.
+func staleState(err error) bool {
+	s := err.Error()
+	return strings.Contains(s, "state improper") || strings.Contains(s, "not running") || strings.Contains(s, "not paused")
 }
