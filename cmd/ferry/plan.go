@@ -3,14 +3,20 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/ferry-migrate/ferry/internal/dirty"
+	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/model"
+	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
+	"github.com/ferry-migrate/ferry/internal/runtime/lxc"
+	"github.com/ferry-migrate/ferry/internal/runtime/podman"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
 
@@ -26,6 +32,7 @@ type planOutput struct {
 func newPlanCmd() *cobra.Command {
 	var (
 		memory, bandwidth, profilePath string
+		runtimeKind                    string
 		dirtyRate                      float64
 		shared, rootfsDelta            int64
 		maxDowntime                    time.Duration
@@ -40,12 +47,19 @@ and bytes of every technique (and the best number of rounds for pre-copy and
 hybrid), says which fit --max-downtime, and recommends one with the reason.
 It exits with status 1 when no technique fits the budget.
 
+--runtime says which runtime the container runs under, for what its
+restore can do: lxc restores only from complete images (no post-copy or
+hybrid); docker copies the images into containerd before it restores them
+(all of memory in cold and pre-copy, none in the lazy modes), which costs
+downtime; runc, podman and containerd read them in place.
+
 Predictions come from the models in docs/MODEL.md with a host profile:
 --profile FILE from 'ferry calibrate', or defaults measured on ferry's
 development machine.`,
 		Example: `  ferry plan --memory 256M --dirty-rate 1000 --bandwidth 1gbit
   ferry plan --memory 24M --shared 100M --rootfs 224M --dirty-rate 200 --bandwidth 1gbit   # PostgreSQL
-  ferry plan --memory 1G --dirty-rate 5000 --bandwidth 100mbit --max-downtime 500ms --json`,
+  ferry plan --memory 1G --dirty-rate 5000 --bandwidth 100mbit --max-downtime 500ms --json
+  ferry plan --memory 256M --dirty-rate 100 --bandwidth 1gbit --runtime docker --max-downtime 1s`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			mem, err := units.ParseBytes(memory)
@@ -63,8 +77,12 @@ development machine.`,
 			if err != nil {
 				return err
 			}
-			in := model.Inputs{MemoryBytes: float64(mem), DirtyRatePagesPerSec: dirtyRate, BandwidthBps: float64(bps) / 8,
-				SharedBytes: float64(shared), RootfsBytes: float64(rootfsDelta)}
+			caps, ok := planCaps[runtimeKind]
+			if !ok {
+				return fmt.Errorf("--runtime: %q is not one of runc, podman, lxc, containerd, docker", runtimeKind)
+			}
+			in := engine.PlanFor(model.Inputs{MemoryBytes: float64(mem), DirtyRatePagesPerSec: dirtyRate, BandwidthBps: float64(bps) / 8,
+				SharedBytes: float64(shared), RootfsBytes: float64(rootfsDelta)}, caps)
 			out := plan(prof, in, maxDowntime)
 			out.Profile = src
 			if asJSON {
@@ -89,9 +107,20 @@ development machine.`,
 	f.StringVar(&profilePath, "profile", "", "host profile from 'ferry calibrate' (default: built-in defaults)")
 	f.DurationVar(&maxDowntime, "max-downtime", 0, "downtime budget (e.g. 500ms); 0: none")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
+	f.StringVar(&runtimeKind, "runtime", "runc", "the container's runtime: runc, podman, lxc, containerd, docker")
 	_ = cmd.MarkFlagRequired("memory")
 	_ = cmd.MarkFlagRequired("bandwidth")
 	return cmd
+}
+
+// planCaps is what each runtime can do where CRIU's lazy pages work (and,
+// for Docker, with ferry's ferry-runc runtime), as far as a plan cares.
+var planCaps = map[string]runtime.Caps{
+	"runc":       {Freeze: true, LazyDump: true, LazyRestore: true},
+	"podman":     (&podman.Runtime{Lazy: true}).Caps(),
+	"lxc":        (&lxc.Runtime{}).Caps(),
+	"containerd": (&containerd.Runtime{Lazy: true}).Caps(),
+	"docker":     {Freeze: true, LazyDump: true, LazyRestore: true, CopiesImages: true, RestoreStopped: true},
 }
 
 // loadProfile reads a calibrated profile, or returns the defaults with
@@ -127,6 +156,10 @@ func plan(p model.Profile, in model.Inputs, maxDowntime time.Duration) planOutpu
 func printPlan(w io.Writer, o planOutput) {
 	fmt.Fprintf(w, "%-15s %6s %12s %12s %12s\n", "MODE", "ROUNDS", "DOWNTIME", "TOTAL", "SENT")
 	for _, p := range o.Predictions {
+		if math.IsNaN(p.DowntimeMs) {
+			fmt.Fprintf(w, "%-15s %6s %12s %12s %12s  (%s)\n", p.Mode, "-", "-", "-", "-", p.Note)
+			continue
+		}
 		fmt.Fprintf(w, "%-15s %6d %9.0f ms %9.0f ms %12s\n", p.Mode, p.Rounds, p.DowntimeMs, p.TotalMs, humanBytes(int64(p.Bytes)))
 	}
 	if o.Recommended == "" {

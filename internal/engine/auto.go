@@ -9,6 +9,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/pages"
 	"github.com/ferry-migrate/ferry/internal/procs"
+	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
 )
 
@@ -51,9 +52,7 @@ func (m *migration) chooseMode(ctx context.Context) (string, error) {
 	if pids, err := pages.ContainerPIDs(m.ctr.PID); err == nil {
 		shared = procs.SharedMemory(pids)
 	}
-	caps := m.rt.Caps()
-	in := model.Inputs{MemoryBytes: float64(mem), DirtyRatePagesPerSec: rate, BandwidthBps: bps / 8, SharedBytes: float64(shared),
-		NoLazyRestore: !caps.LazyDump || !caps.LazyRestore, CopiesImages: caps.CopiesImages}
+	in := PlanFor(model.Inputs{MemoryBytes: float64(mem), DirtyRatePagesPerSec: rate, BandwidthBps: bps / 8, SharedBytes: float64(shared)}, m.rt.Caps())
 	preds, _, rec, reason := model.Best(m.profile, in, float64(m.req.Precopy.MaxDowntime.Microseconds())/1000)
 	c := &AutoChoice{MemoryBytes: mem, SharedBytes: shared, DirtyRate: rate, ThroughputBps: bps, Predictions: preds, Chosen: rec, Reason: reason}
 	m.report.Auto = c
@@ -73,6 +72,15 @@ func (m *migration) chooseMode(ctx context.Context) (string, error) {
 		}
 	}
 	return rec, nil
+}
+
+// PlanFor adds to a plan's inputs what a runtime with caps can do: no
+// post-copy or hybrid without a lazy dump and restore, and the copy of the
+// images a runtime's restore makes first.
+func PlanFor(in model.Inputs, c runtime.Caps) model.Inputs {
+	in.NoLazyRestore = !c.LazyDump || !c.LazyRestore
+	in.CopiesImages = c.CopiesImages
+	return in
 }
 
 // measureMemory reads the container's memory twice, window apart, and

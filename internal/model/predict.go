@@ -142,8 +142,9 @@ func Predict(p Profile, in Inputs, mode string, rounds int) Prediction {
 	}
 }
 
-// Best predicts every mode this host can run (native pre-copy only with
-// soft-dirty), each live mode at its best round count, and recommends one.
+// Best predicts every mode this host and runtime can run (native pre-copy
+// only with soft-dirty, post-copy and hybrid only with a lazy restore),
+// each live mode at its best round count, and recommends one.
 //
 // A mode is feasible when its downtime is within maxDowntimeMs (≤ 0: no
 // budget, every mode is). The recommendation is the feasible mode with the
@@ -166,6 +167,9 @@ func Best(p Profile, in Inputs, maxDowntimeMs float64) (preds []Prediction, feas
 		modes = append(modes, ModeNativePrecopy)
 	}
 	for _, mode := range modes {
+		if in.NoLazyRestore && (mode == ModePostcopy || mode == ModeHybrid) {
+			continue // not on offer: no prediction to list
+		}
 		best := Predict(p, in, mode, 1)
 		if mode == ModePrecopy || mode == ModeHybrid || mode == ModeNativePrecopy {
 			for n := 2; n <= maxRounds; n++ {

@@ -512,9 +512,14 @@ func TestRuntimeLimits(t *testing.T) {
 	if q := Predict(p, noLazy, ModeCold, 1); q.DowntimeMs != plain[ModeCold].DowntimeMs {
 		t.Errorf("cold changed without a lazy restore: %v, was %v", q.DowntimeMs, plain[ModeCold].DowntimeMs)
 	}
-	_, feasible, rec, _ := Best(p, noLazy, 0)
+	preds, feasible, rec, _ := Best(p, noLazy, 0)
 	if rec == ModePostcopy || rec == ModeHybrid || slices.Contains(feasible, ModePostcopy) || slices.Contains(feasible, ModeHybrid) {
 		t.Errorf("without a lazy restore: feasible %v, recommended %s", feasible, rec)
+	}
+	for _, q := range preds {
+		if q.Mode == ModePostcopy || q.Mode == ModeHybrid || math.IsNaN(q.DowntimeMs) {
+			t.Errorf("without a lazy restore Best lists %+v (reports carry its predictions as JSON, which has no NaN)", q)
+		}
 	}
 
 	copies := in

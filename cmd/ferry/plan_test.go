@@ -1,0 +1,46 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/model"
+)
+
+// A plan for a runtime offers only what it can run and counts what its
+// restore costs: LXC gets no lazy mode, Docker's copy of the images makes
+// a 1 s budget one that only the lazy modes fit.
+func TestPlanPerRuntime(t *testing.T) {
+	in := model.Inputs{MemoryBytes: 256 << 20, DirtyRatePagesPerSec: 100, BandwidthBps: 125e6}
+	p := model.DefaultProfile()
+	for kind := range planCaps {
+		out := plan(p, engine.PlanFor(in, planCaps[kind]), time.Second)
+		lazy := 0
+		for _, q := range out.Predictions {
+			if q.Mode == model.ModePostcopy || q.Mode == model.ModeHybrid {
+				lazy++
+			}
+		}
+		switch kind {
+		case "lxc":
+			if lazy != 0 || out.Recommended == "" {
+				t.Errorf("lxc: %d lazy predictions, recommended %q", lazy, out.Recommended)
+			}
+		case "docker":
+			if out.Recommended != model.ModePostcopy && out.Recommended != model.ModeHybrid {
+				t.Errorf("docker within 1 s: recommended %q (%s)", out.Recommended, out.Reason)
+			}
+		default:
+			if lazy != 2 {
+				t.Errorf("%s: %d lazy predictions", kind, lazy)
+			}
+		}
+	}
+	root := newRootCmd()
+	root.SetArgs([]string{"plan", "--memory", "64M", "--bandwidth", "1gbit", "--runtime", "nope"})
+	root.SilenceErrors, root.SilenceUsage = true, true
+	if err := root.Execute(); err == nil {
+		t.Error("plan --runtime nope accepted")
+	}
+}
