@@ -88,19 +88,23 @@ type Probes struct {
 	WriteTracking  func() error
 	RuntimeVersion func(ctx context.Context, name string) (string, bool) // "runc", "podman", "lxc"
 	Cgroup         func() Cgroup
+	// DockerFerryRunc: the machine's dockerd runs and offers ferry's
+	// ferry-runc runtime.
+	DockerFerryRunc func() bool
 }
 
 // HostProbes asks the real host.
 func HostProbes() Probes {
 	return Probes{
-		IsRoot:         func() bool { return os.Geteuid() == 0 },
-		CriuPath:       criu.Binary,
-		CriuVersion:    criu.InstalledVersion,
-		CriuCheck:      criu.Check,
-		Features:       criu.ProbeFeatures,
-		WriteTracking:  dirty.Available,
-		RuntimeVersion: RuntimeVersion,
-		Cgroup:         func() Cgroup { return ProbeCgroup("/sys/fs/cgroup") },
+		IsRoot:          func() bool { return os.Geteuid() == 0 },
+		CriuPath:        criu.Binary,
+		CriuVersion:     criu.InstalledVersion,
+		CriuCheck:       criu.Check,
+		Features:        criu.ProbeFeatures,
+		WriteTracking:   dirty.Available,
+		RuntimeVersion:  RuntimeVersion,
+		Cgroup:          func() Cgroup { return ProbeCgroup("/sys/fs/cgroup") },
+		DockerFerryRunc: func() bool { return docker.HasStoppedRuntime("") },
 	}
 }
 
@@ -142,6 +146,10 @@ func (p Probes) Run(ctx context.Context) Report {
 	}
 	r.Cgroup = p.Cgroup()
 	wtErr = p.WriteTracking()
+	var ferryRunc bool
+	if p.DockerFerryRunc != nil {
+		wg.Go(func() { ferryRunc = p.DockerFerryRunc() })
+	}
 	wg.Wait()
 
 	r.Runtimes = Runtimes{Runc: rt[0], Podman: rt[1], LXC: rt[2], Containerd: rt[3], Docker: rt[4]}
@@ -159,7 +167,7 @@ func (p Probes) Run(ctx context.Context) Report {
 		(&podman.Runtime{Lazy: feat.LazyPages}).Caps(),
 		(&lxc.Runtime{}).Caps(),
 		(&containerd.Runtime{Lazy: feat.LazyPages}).Caps(),
-		(&docker.Runtime{Lazy: feat.LazyPages}).Caps(),
+		docker.CapsFor(feat.LazyPages, ferryRunc),
 	} {
 		if rt[i] != nil {
 			r.Modes[runtimeKinds[i]] = engine.Modes(caps)
@@ -177,6 +185,11 @@ func (p Probes) Run(ctx context.Context) Report {
 		r.CriuCheck = "ok"
 	}
 	r.judge(criuErr, verErr, version, checkErr, feat)
+	if r.Runtimes.Docker != nil && !ferryRunc {
+		r.Warnings = append(r.Warnings, Problem{
+			"Docker's daemon is not running or has no ferry-runc runtime: a Docker copy restored here runs before the commit, and Docker containers move only cold and pre-copy",
+			`add "runtimes": {"ferry-runc": {"path": "/usr/libexec/ferry/docker-runc"}} to /etc/docker/daemon.json and restart dockerd (docs/DEPLOY.md)`})
+	}
 	return r
 }
 

@@ -28,8 +28,9 @@ func goodHost() Probes {
 		RuntimeVersion: func(_ context.Context, name string) (string, bool) {
 			return map[string]string{"runc": "1.1.5", "podman": "4.3.1", "lxc": "5.0.2"}[name], true
 		},
-		Cgroup:        func() Cgroup { return Cgroup{V1: true, V2: true, V2Path: "/sys/fs/cgroup/unified"} },
-		WriteTracking: func() error { return nil },
+		Cgroup:          func() Cgroup { return Cgroup{V1: true, V2: true, V2Path: "/sys/fs/cgroup/unified"} },
+		WriteTracking:   func() error { return nil },
+		DockerFerryRunc: func() bool { return true },
 	}
 }
 
@@ -303,7 +304,16 @@ func TestModesPerRuntime(t *testing.T) {
 	if join("podman") != "cold,precopy,precopy/rebuild,postcopy,hybrid" || join("lxc") != "cold,precopy" {
 		t.Errorf("podman %s (a lazy dump and restore, no pre-dump), lxc %s (neither)", join("podman"), join("lxc"))
 	}
+	if got := join("docker"); got != "cold,precopy,precopy/rebuild,postcopy,hybrid" {
+		t.Errorf("docker with ferry-runc: %s", got)
+	}
 	p := goodHost()
+	p.DockerFerryRunc = func() bool { return false }
+	r = p.Run(context.Background())
+	if got := join("docker"); got != "cold,precopy,precopy/rebuild" || len(r.Warnings) != 1 || !strings.Contains(r.Warnings[0].Fix, "ferry-runc") {
+		t.Errorf("docker without ferry-runc: modes %s, warnings %v", got, r.Warnings)
+	}
+	p = goodHost()
 	p.Features = func(context.Context) criu.Features { return criu.Features{PipeMaxSize: 1 << 20} }
 	p.RuntimeVersion = func(_ context.Context, name string) (string, bool) { return "1.1.5", name == "runc" }
 	r = p.Run(context.Background())

@@ -115,10 +115,17 @@ func (r *Runtime) Kind() string { return "docker" }
 // (so pre-copy's switchover refers to no parent directory). Where the
 // daemon has StoppedRuntime, the restore leaves the processes stopped and
 // can be lazy: the copy Docker makes then holds no memory.
-func (r *Runtime) Caps() runtime.Caps {
-	stopped := r.hasStoppedRuntime()
-	return runtime.Caps{Freeze: true, LazyDump: r.Lazy, LazyRestore: r.Lazy && stopped, CopiesImages: true, RestoreStopped: stopped}
+func (r *Runtime) Caps() runtime.Caps { return CapsFor(r.Lazy, r.hasStoppedRuntime()) }
+
+// CapsFor is Caps where CRIU's lazy pages work (lazy) and the daemon has
+// StoppedRuntime (stopped).
+func CapsFor(lazy, stopped bool) runtime.Caps {
+	return runtime.Caps{Freeze: true, LazyDump: lazy, LazyRestore: lazy && stopped, CopiesImages: true, RestoreStopped: stopped}
 }
+
+// HasStoppedRuntime says whether the daemon at host (empty: DefaultHost)
+// runs and has StoppedRuntime.
+func HasStoppedRuntime(host string) bool { return (&Runtime{Host: host}).hasStoppedRuntime() }
 
 // hasStoppedRuntime asks the daemon, once, whether it has StoppedRuntime.
 func (r *Runtime) hasStoppedRuntime() bool {
