@@ -52,7 +52,8 @@ named: runc (under the agent's --runc-root, default /run/runc, or
 --runc-root here), podman, lxc, containerd (the agent's --containerd
 socket; NAME is the container's ID, in the namespace --namespace names,
 default "default"), docker (the agent's --docker; restores need dockerd
---experimental, and Docker's restore copies the memory twice). It is
+--experimental, and Docker's restore copies the images twice: all of
+memory in cold and pre-copy, next to nothing in post-copy and hybrid). It is
 restored at the destination into the same kind of runtime, under the same
 name, and that runtime manages it afterwards. A technique the runtime cannot do is refused before anything
 is frozen; ferry check lists what each runtime supports on a host.
