@@ -31,12 +31,15 @@ Each container moves by an ordinary migration (see ferry migrate --help for
 where its report says, and the others go on. The exit status is 1 if any
 failed.
 
---concurrency N moves N at once. They share the link and the source's CPU
-(reading and hashing memory): on a two-core host, four at once took as long
-in all as one at a time and doubled each container's downtime. More at once
-pays where one migration cannot fill the link (a long round trip, many
-cores). The destination takes at most its --max-incoming migrations at a
-time (4 by default).`,
+--concurrency N moves N at once. A migration that has committed (its
+downtime over, its memory across) makes way for the next while it ends;
+post-copy's memory crosses after its commit, so it keeps its place to the
+end. Those running at once share the link and the source's CPU (reading
+and hashing memory): on a two-core host, four at once took as long in all
+as one at a time and doubled each container's downtime. More at once pays
+where one migration cannot fill the link (a long round trip, many cores).
+The destination takes at most its --max-incoming migrations at a time (4 by
+default).`,
 		Example: `  ferry drain --from h1 --to h2 --mode precopy
   ferry drain --to 192.0.2.10:7070 --mode auto --max-downtime 300ms web db`,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -82,7 +85,7 @@ time (4 by default).`,
 	f := cmd.Flags()
 	f.StringVar(&o.To, "to", "", "destination agent: NAME@ADDR, ADDR, or a lab host name (required)")
 	src.add(cmd, "the source agent (the host to empty)")
-	f.IntVar(&o.Concurrency, "concurrency", 1, "migrations at once")
+	f.IntVar(&o.Concurrency, "concurrency", 1, "migrations at once until they commit")
 	f.StringVar(&o.Request.Mode, "mode", engine.ModePrecopy, "technique for every container: cold, precopy, postcopy, hybrid, or auto")
 	f.StringVar(&o.Request.Runtime, "runtime", engine.RuntimeAuto, "the containers' runtime: auto, runc, podman or lxc")
 	addPrecopyFlags(cmd, &o.Request.Precopy)

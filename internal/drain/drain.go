@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -26,9 +27,11 @@ type Options struct {
 	// Containers to move; empty: every container running in the source
 	// agent's runc root (other runtimes' containers are named).
 	Containers []string
-	// Concurrency is how many migrations run at once (default 1: see
-	// docs/BENCHMARKS.md, "Draining a host": on a two-core host four at
-	// once took as long in all and doubled each one's downtime).
+	// Concurrency is how many migrations run at once until they commit
+	// (default 1: see docs/BENCHMARKS.md, "Draining a host": on a
+	// two-core host four at once took as long in all and doubled each
+	// one's downtime). A committed migration makes way for the next while
+	// it ends (see madeWay).
 	Concurrency int
 	// Started and Finished, when set, hear of each migration.
 	Started  func(name string)
@@ -36,7 +39,7 @@ type Options struct {
 
 	// The agent, replaced in tests.
 	status  func(ctx context.Context, ep agent.Endpoint) (engine.Status, error)
-	migrate func(ctx context.Context, ep agent.Endpoint, req engine.Request) (engine.Report, error)
+	migrate func(ctx context.Context, ep agent.Endpoint, req engine.Request, progress func(engine.Progress)) (engine.Report, error)
 }
 
 func (o *Options) defaults() {
@@ -47,9 +50,7 @@ func (o *Options) defaults() {
 		o.status = agent.Status
 	}
 	if o.migrate == nil {
-		o.migrate = func(ctx context.Context, ep agent.Endpoint, req engine.Request) (engine.Report, error) {
-			return agent.Migrate(ctx, ep, req, nil)
-		}
+		o.migrate = agent.Migrate
 	}
 }
 
@@ -91,13 +92,19 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer func() { <-slots }()
+			free := sync.OnceFunc(func() { <-slots })
+			defer free()
 			if o.Started != nil {
 				o.Started(name)
 			}
 			req := o.Request
 			req.Container, req.To = name, o.To
-			r, err := o.migrate(ctx, o.From, req)
+			done := madeWay(req.Mode)
+			r, err := o.migrate(ctx, o.From, req, func(p engine.Progress) {
+				if done(p.Phase) {
+					free()
+				}
+			})
 			if r.Container == "" {
 				r.Container = name
 			}
@@ -115,6 +122,25 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		}
 	}
 	return res, errors.Join(errs...)
+}
+
+// madeWay returns a test of a migration's phases (as progress tells them)
+// that says when it makes way for the next: once it commits. Its downtime
+// is then over and its memory has crossed; what is left (hybrid's pull
+// from the destination's own copy, removing the source) needs little of
+// the link or the CPU. Post-copy's memory crosses after its commit, so it
+// keeps its place to the end, as does a mode auto has yet to choose.
+// Making way sooner, at the freeze, shortened a drain further but raised
+// each container's downtime (docs/BENCHMARKS.md, "Draining a host, third
+// time").
+func madeWay(mode string) func(phase string) bool {
+	return func(phase string) bool {
+		switch mode {
+		case engine.ModeCold, engine.ModePrecopy, engine.ModeHybrid:
+			return slices.Contains([]string{"commit", "lazy-pages", "cleanup"}, phase)
+		}
+		return false
+	}
 }
 
 // pick lists the containers to move, smallest resident memory first.

@@ -16,8 +16,10 @@ import (
 // fakeHost lists containers (of sizes in MiB) and migrates them slowly,
 // counting how many run at once.
 type fakeHost struct {
-	list                []engine.ContainerStatus
-	fail                map[string]bool
+	list []engine.ContainerStatus
+	fail map[string]bool
+	// phases are told as progress, 20 ms apart, before each migration ends.
+	phases              []string
 	mu                  sync.Mutex
 	started             []string
 	running, mostAtOnce atomic.Int32
@@ -27,7 +29,7 @@ func (h *fakeHost) options(o Options) Options {
 	o.status = func(context.Context, agent.Endpoint) (engine.Status, error) {
 		return engine.Status{Host: "h1", Containers: h.list}, nil
 	}
-	o.migrate = func(ctx context.Context, _ agent.Endpoint, req engine.Request) (engine.Report, error) {
+	o.migrate = func(ctx context.Context, _ agent.Endpoint, req engine.Request, progress func(engine.Progress)) (engine.Report, error) {
 		n := h.running.Add(1)
 		defer h.running.Add(-1)
 		for {
@@ -39,6 +41,10 @@ func (h *fakeHost) options(o Options) Options {
 		h.mu.Lock()
 		h.started = append(h.started, req.Container)
 		h.mu.Unlock()
+		for _, p := range h.phases {
+			progress(engine.Progress{Phase: p})
+			time.Sleep(20 * time.Millisecond)
+		}
 		time.Sleep(20 * time.Millisecond)
 		if h.fail[req.Container] {
 			return engine.Report{Container: req.Container, Error: "restore failed"}, nil
@@ -118,11 +124,42 @@ func TestDrainCannotList(t *testing.T) {
 	o.status = func(context.Context, agent.Endpoint) (engine.Status, error) {
 		return engine.Status{}, errors.New("connection refused")
 	}
-	o.migrate = func(context.Context, agent.Endpoint, engine.Request) (engine.Report, error) {
+	o.migrate = func(context.Context, agent.Endpoint, engine.Request, func(engine.Progress)) (engine.Report, error) {
 		t.Fatal("migrated without a list")
 		return engine.Report{}, nil
 	}
 	if _, err := Run(context.Background(), o); err == nil {
 		t.Fatal("no error")
+	}
+}
+
+// A migration makes way for the next once it commits; post-copy, whose
+// memory crosses after its commit, and a mode auto has yet to choose do
+// not until they end. The progress may skip a short phase.
+func TestDrainMakesWayOnceCommitted(t *testing.T) {
+	for _, c := range []struct {
+		mode     string
+		phases   []string
+		makesWay bool
+	}{
+		{engine.ModePrecopy, []string{"prepare", "rootfs-sync", "round-0", "round-1", "dump", "images", "restore", "commit", "cleanup"}, true},
+		{engine.ModeHybrid, []string{"prepare", "round-0", "freeze", "dump", "restore", "lazy-pages", "cleanup"}, true},
+		{engine.ModeCold, []string{"prepare", "rootfs-sync", "freeze", "dump", "images", "restore", "commit", "cleanup"}, true},
+		{engine.ModePrecopy, []string{"prepare", "rootfs-sync", "round-0", "freeze", "dump", "restore"}, false}, // never committed
+		{engine.ModePostcopy, []string{"prepare", "rootfs-sync", "freeze", "dump", "restore", "commit", "lazy-pages", "cleanup"}, false},
+		{engine.ModeAuto, []string{"measure", "prepare", "freeze", "dump", "restore", "commit", "lazy-pages", "cleanup"}, false},
+	} {
+		h := hostOf(map[string]int{"a": 1, "b": 2, "c": 3})
+		h.phases = c.phases
+		res, err := Run(context.Background(), h.options(Options{To: "h2", Concurrency: 1, Request: engine.Request{Mode: c.mode}}))
+		if err != nil || !res.OK {
+			t.Fatalf("%s: %v %+v", c.mode, err, res)
+		}
+		if m := h.mostAtOnce.Load(); (m > 1) != c.makesWay {
+			t.Errorf("%s, phases %v: %d at once with a concurrency of 1", c.mode, c.phases, m)
+		}
+		if !reflect.DeepEqual(h.started, []string{"a", "b", "c"}) {
+			t.Errorf("%s: started %v", c.mode, h.started)
+		}
 	}
 }
