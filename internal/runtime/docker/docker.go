@@ -167,11 +167,20 @@ func (r *Runtime) host() string {
 // runc is runc for the daemon's containers: Docker 20.10 keeps every
 // runtime's (StoppedRuntime's too) under runtime-runc.
 func (r *Runtime) runc() runc.Host {
-	root := r.ExecRoot
-	if root == "" {
-		root = DefaultExecRoot
+	return runc.Host{Root: filepath.Join(r.execRoot(), "runtime-runc", "moby")}
+}
+
+func (r *Runtime) execRoot() string {
+	if r.ExecRoot == "" {
+		return DefaultExecRoot
 	}
-	return runc.Host{Root: filepath.Join(root, "runtime-runc", "moby")}
+	return r.ExecRoot
+}
+
+// shimWorkDir is where containerd's shim has CRIU work (and log) for the
+// daemon's container id.
+func (r *Runtime) shimWorkDir(id string) string {
+	return filepath.Join(r.execRoot(), "containerd", "daemon", "io.containerd.runtime.v2.task", "moby", id, "work")
 }
 
 // connect returns the client, made once; the API version is the daemon's.

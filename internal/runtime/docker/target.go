@@ -89,7 +89,6 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 		_ = t.Discard(ctx)
 		return nil, err
 	}
-	t.dataRoot = info.DockerRootDir
 	t.checkpoints = filepath.Join(info.DockerRootDir, "containers", resp.ID, "checkpoints")
 	return t, nil
 }
@@ -147,7 +146,6 @@ type target struct {
 	id, name    string
 	upper       string
 	checkpoints string // the container's checkpoints directory
-	dataRoot    string // dockerd's --data-root
 	// stopped: the container runs under StoppedRuntime here, whose
 	// restore leaves the processes stopped.
 	stopped bool
@@ -165,7 +163,7 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	if err != nil {
 		return 0, err
 	}
-	logDir := filepath.Join(t.dataRoot, "containerd", "daemon", "io.containerd.runtime.v2.task", "moby", t.id)
+	logDir := t.r.shimWorkDir(t.id)
 	if t.stopped {
 		// StoppedRuntime hands CRIU this file, and a lazy restore its work
 		// directory, where the lazy-pages daemon's socket is.
