@@ -104,10 +104,7 @@ func TestDockerThroughAgents(t *testing.T) {
 		if rep.OK || !strings.Contains(rep.FailedAt, "restore") || rep.SourceState != "resumed" {
 			t.Fatalf("report: ok=%v at %q, source %q: %s", rep.OK, rep.FailedAt, rep.SourceState, rep.Error)
 		}
-		// CRIU's own words, from the shim's work directory.
-		if !strings.Contains(rep.Error, "pstree") {
-			t.Errorf("the error does not quote CRIU: %s", rep.Error)
-		}
+
 		if perr != nil || !pr.StateOK {
 			t.Fatalf("workload state after resume: %+v %v", pr, perr)
 		}

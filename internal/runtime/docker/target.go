@@ -188,7 +188,9 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	_ = os.Remove(dir)
 	removeUnpacked(o.ImagesDir, start)
 	if err != nil {
-		// CRIU's own words, from its work directory.
+		// CRIU's own words, from its work directory (the shim's, for a
+		// restore that is not lazy, is gone once the shim gave up on the
+		// task: then only Docker's message is left).
 		if e := criu.LogErrors(filepath.Join(logDir, "restore.log")); e != "" {
 			err = fmt.Errorf("%w: %s", err, e)
 		}
