@@ -90,11 +90,6 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 	if err := os.MkdirAll(t.dir(), 0o700); err != nil {
 		return nil, err
 	}
-	// CRIU leaves the restored processes stopped until the commit
-	// (Start); emptied once the restore has read it.
-	if err := runc.LeaveStopped(t.criuConf()); err != nil {
-		return nil, err
-	}
 	ctr, err := cl.NewContainer(ctx, rec.ID,
 		client.WithImageName(rec.Image),
 		client.WithSnapshotter(rec.Snapshotter),

@@ -125,7 +125,11 @@ func CapsFor(lazy, stopped bool) runtime.Caps {
 
 // HasStoppedRuntime says whether the daemon at host (empty: DefaultHost)
 // runs and has StoppedRuntime.
-func HasStoppedRuntime(host string) bool { return (&Runtime{Host: host}).hasStoppedRuntime() }
+func HasStoppedRuntime(host string) bool {
+	r := &Runtime{Host: host}
+	defer r.Close()
+	return r.hasStoppedRuntime()
+}
 
 // hasStoppedRuntime asks the daemon, once, whether it has StoppedRuntime.
 func (r *Runtime) hasStoppedRuntime() bool {

@@ -122,13 +122,9 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 			return nil, err
 		}
 	}
-	// The restored processes stay stopped until the commit (Start).
 	// Podman's restore reads the bundle's config.json and keeps its
-	// annotations, so runc hands CRIU this file.
-	if err := runc.LeaveStopped(t.criuConf()); err != nil {
-		_ = t.Discard(ctx)
-		return nil, err
-	}
+	// annotations, so runc hands CRIU the file Restore writes (the
+	// processes stay stopped until the commit, Start).
 	if err := runc.AnnotateCRIUConfig(filepath.Join(t.bundle, "config.json"), t.criuConf()); err != nil {
 		_ = t.Discard(ctx)
 		return nil, err
