@@ -15,8 +15,10 @@ import (
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
+	"github.com/ferry-migrate/ferry/internal/runtime/docker"
 	"github.com/ferry-migrate/ferry/internal/runtime/lxc"
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
+	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
 
@@ -116,11 +118,11 @@ development machine.`,
 // planCaps is what each runtime can do where CRIU's lazy pages work (and,
 // for Docker, with ferry's ferry-runc runtime), as far as a plan cares.
 var planCaps = map[string]runtime.Caps{
-	"runc":       {Freeze: true, LazyDump: true, LazyRestore: true},
+	"runc":       (&runc.Runtime{Lazy: true}).Caps(),
 	"podman":     (&podman.Runtime{Lazy: true}).Caps(),
 	"lxc":        (&lxc.Runtime{}).Caps(),
 	"containerd": (&containerd.Runtime{Lazy: true}).Caps(),
-	"docker":     {Freeze: true, LazyDump: true, LazyRestore: true, CopiesImages: true, RestoreStopped: true},
+	"docker":     docker.CapsFor(true, true),
 }
 
 // loadProfile reads a calibrated profile, or returns the defaults with

@@ -8,7 +8,6 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/engine"
-	"github.com/ferry-migrate/ferry/internal/model"
 )
 
 // Helpers that turn a run's phase spans into the quantities the model
@@ -53,9 +52,6 @@ func liveRounds(r bench.Run) int {
 	}
 	return n
 }
-
-// lazyMode says whether the mode restores lazily (pages follow the restore).
-func lazyMode(mode string) bool { return mode == model.ModePostcopy || mode == model.ModeHybrid }
 
 // okRuns returns the successful runs.
 func okRuns(res bench.MigrateResult) []bench.Run {

@@ -339,7 +339,7 @@ func fitOverhead(ms []Measured, p *model.Profile) (Term, error) {
 	for _, s := range collect(ms, unshaped()) {
 		rootfs = append(rootfs, float64(s.r.RootfsBytes))
 		y := phaseS(s.r, "prepare", "rootfs-sync")
-		if !lazyMode(s.p.Mode) {
+		if !model.LazyMode(s.p.Mode) {
 			y += phaseS(s.r, "commit")
 		}
 		t.X, t.Y = append(t.X, s.m), append(t.Y, y)

@@ -250,7 +250,7 @@ func measuredTerms(mode string, r bench.Run) TermTimes {
 		Restore: phaseS(r, "restore") * 1000,
 		Other:   phaseS(r, "prepare", "rootfs-sync") * 1000,
 	}
-	if lazyMode(mode) {
+	if model.LazyMode(mode) {
 		t.Lazy = phaseS(r, "commit", "lazy-pages") * 1000
 	} else {
 		t.Other += phaseS(r, "commit") * 1000
@@ -262,7 +262,7 @@ func measuredTerms(mode string, r bench.Run) TermTimes {
 // the profile gives it, the dump as the rest of the downtime.
 func predictedTerms(p model.Profile, in model.Inputs, mode string, pr model.Prediction) TermTimes {
 	t := TermTimes{Freeze: p.FreezeS * 1000, Lazy: pr.DegradedMs}
-	if lazyMode(mode) {
+	if model.LazyMode(mode) {
 		t.Restore = (p.RestoreFixedS + p.LazySetupS) * 1000
 	} else {
 		t.Restore = (p.RestoreFixedS + in.MemoryBytes/p.RestoreBps) * 1000

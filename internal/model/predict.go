@@ -20,6 +20,10 @@ const (
 // reports and grids list them.
 var EngineModes = []string{ModeCold, ModePrecopy, ModePostcopy, ModeHybrid}
 
+// LazyMode says whether mode restores lazily: the copy runs while its
+// pages still arrive.
+func LazyMode(mode string) bool { return mode == ModePostcopy || mode == ModeHybrid }
+
 // DefaultMaxRounds is how many live rounds Best tries when Inputs does not
 // say (the engine's own default).
 const DefaultMaxRounds = 8
@@ -105,7 +109,7 @@ func Predict(p Profile, in Inputs, mode string, rounds int) Prediction {
 		return bad(err.Error())
 	}
 	rounds = max(rounds, 1)
-	lazy := mode == ModePostcopy || mode == ModeHybrid
+	lazy := LazyMode(mode)
 	if lazy && in.NoLazyRestore {
 		return bad("the container's runtime cannot restore lazily")
 	}
@@ -167,7 +171,7 @@ func Best(p Profile, in Inputs, maxDowntimeMs float64) (preds []Prediction, feas
 		modes = append(modes, ModeNativePrecopy)
 	}
 	for _, mode := range modes {
-		if in.NoLazyRestore && (mode == ModePostcopy || mode == ModeHybrid) {
+		if in.NoLazyRestore && LazyMode(mode) {
 			continue // not on offer: no prediction to list
 		}
 		best := Predict(p, in, mode, 1)

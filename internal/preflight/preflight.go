@@ -21,6 +21,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/runtime/docker"
 	"github.com/ferry-migrate/ferry/internal/runtime/lxc"
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
+	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 )
 
 // Report is the result of a check. Its JSON form is a public contract.
@@ -163,7 +164,7 @@ func (p Probes) Run(ctx context.Context) Report {
 	r.PipeMaxSize = feat.PipeMaxSize
 	r.Modes = map[string][]string{}
 	for i, caps := range []runtime.Caps{
-		{Freeze: true, LazyDump: feat.LazyPages, LazyRestore: feat.LazyPages, PreDump: feat.DirtyTracking}, // runc
+		(&runc.Runtime{Lazy: feat.LazyPages, DirtyTracking: feat.DirtyTracking}).Caps(),
 		(&podman.Runtime{Lazy: feat.LazyPages}).Caps(),
 		(&lxc.Runtime{}).Caps(),
 		(&containerd.Runtime{Lazy: feat.LazyPages}).Caps(),
