@@ -99,7 +99,13 @@ func (c DaemonConn) Close() error {
 // would exit, and the kernel would fill the restored process's missing
 // pages with zeros; this one waits, the faults blocked, until someone
 // stops it.
-func StartLazyPages(imagesDir, workDir string) (*LazyPages, DaemonConn, error) {
+//
+// servedHere says the caller answers from pages held on this host (or on
+// their way to it), not from the source across the link: ferry's CRIU then
+// keeps its background requests large through faults and goes on after
+// each fault (CRIU_LAZY_PAGES_LOCAL, scripts/criu-patches/0004); another
+// CRIU ignores it.
+func StartLazyPages(imagesDir, workDir string, servedHere bool) (*LazyPages, DaemonConn, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, DaemonConn{}, err
@@ -118,6 +124,9 @@ func StartLazyPages(imagesDir, workDir string) (*LazyPages, DaemonConn, error) {
 		"--images-dir", imagesDir, "--work-dir", workDir, "-o", "lazy-pages.log", "-v4")
 	// fd 3 is the daemon's end; fd 4, ours, only held.
 	cmd.ExtraFiles = []*os.File{daemonEnd, ourEnd}
+	if servedHere {
+		cmd.Env = append(os.Environ(), "CRIU_LAZY_PAGES_LOCAL=1")
+	}
 	if err := cmd.Start(); err != nil {
 		conn.UnixConn.Close()
 		return nil, DaemonConn{}, fmt.Errorf("start criu lazy-pages: %w", err)

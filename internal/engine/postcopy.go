@@ -17,7 +17,6 @@ import (
 	"github.com/ferry-migrate/ferry/internal/images"
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/lazyrelay"
-	"github.com/ferry-migrate/ferry/internal/pages"
 	"github.com/ferry-migrate/ferry/internal/pagestream"
 	"github.com/ferry-migrate/ferry/internal/privnet"
 	"github.com/ferry-migrate/ferry/internal/runtime"
@@ -82,9 +81,9 @@ type lazyDump struct {
 	mu    sync.Mutex
 	conn  net.Conn
 	proxy *pagestream.LazyProxy
-	// faults has the pages that follow each fault the page server
-	// answers, for the push to send next (dropped when it lags).
-	faults chan pages.Range
+	// faults has each request the page server answers, for the push
+	// (dropped when it lags).
+	faults chan served
 }
 
 // startLazyDump dumps the frozen container without its memory and returns
@@ -94,7 +93,7 @@ func (m *migration) startLazyDump(ctx context.Context) (*lazyDump, error) {
 	if err != nil {
 		return nil, failAt("dump", err)
 	}
-	ld := &lazyDump{m: m, net: pn, exited: make(chan struct{}), faults: make(chan pages.Range, 64)}
+	ld := &lazyDump{m: m, net: pn, exited: make(chan struct{}), faults: make(chan served, 64)}
 	port, err := freeLoopbackPort(pn)
 	if err != nil {
 		ld.closeNet()
@@ -263,13 +262,13 @@ func (ld *lazyDump) serve(ctx context.Context, ch *transport.Channel) error {
 	return ch.CloseWrite()
 }
 
-// fault passes the pages after a fault on to the push: a thread that
-// faults (Redis's, serving its first requests) likely touches its
+// fault tells the push of a request the page server answers: those
+// pages need not be pushed, and the ones after them go next, for a thread
+// that faults (Redis's, serving its first requests) likely touches its
 // neighbours next, and a page the push brought is not a fault.
 func (ld *lazyDump) fault(pid uint32, addr, n uint64) {
-	start := addr + n*pageSize
 	select {
-	case ld.faults <- pages.Range{PID: pid, Start: start, End: start + pushAhead*pageSize}:
+	case ld.faults <- served{pid: pid, start: addr, pages: n}:
 	default:
 	}
 }
@@ -504,7 +503,7 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 			return errors.Join(err, ch.CloseWrite())
 		}
 	}
-	daemon, dconn, err := criu.StartLazyPages(in.images, in.work)
+	daemon, dconn, err := criu.StartLazyPages(in.images, in.work, in.store != nil)
 	if err != nil {
 		ch.Close()
 		return nil, err

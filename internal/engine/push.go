@@ -56,6 +56,19 @@ var _ = [minPushWindow - 2*pushAckPages]struct{}{} // pushAckPages < minPushWind
 // goes on where it was.
 const pushAhead = 256
 
+// served is a request the source's page server answered: a fault, or a
+// background request the destination could not answer from the push.
+type served struct {
+	pid          uint32
+	start, pages uint64
+}
+
+// ahead is what the push sends next: the pushAhead pages after it.
+func (f served) ahead() pages.Range {
+	start := f.start + f.pages*pageSize
+	return pages.Range{PID: f.pid, Start: start, End: start + pushAhead*pageSize}
+}
+
 // pushWindow sizes the window for a session's round trip.
 func pushWindow(rtt time.Duration) (window, ack uint64) {
 	w := uint64(2 * rtt.Seconds() * nominalLinkBps / pageSize)
@@ -66,7 +79,7 @@ func pushWindow(rtt time.Duration) (window, ack uint64) {
 // startPush sends the frozen container's memory on the push channel until
 // it is all sent or stop is called; stop returns once the push has ended.
 // quiet, if set, returns once the source answers no fault.
-func (m *migration) startPush(ctx context.Context, quiet func(), faults <-chan pages.Range) (stop func()) {
+func (m *migration) startPush(ctx context.Context, quiet func(), faults <-chan served) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	start := time.Now()
@@ -84,7 +97,7 @@ func (m *migration) startPush(ctx context.Context, quiet func(), faults <-chan p
 	return func() { cancel(); <-done }
 }
 
-func (m *migration) push(ctx context.Context, quiet func(), faults <-chan pages.Range) error {
+func (m *migration) push(ctx context.Context, quiet func(), faults <-chan served) error {
 	ch, err := m.sess.Open(ChanPush)
 	if err != nil {
 		return err
@@ -132,7 +145,8 @@ func (m *migration) push(ctx context.Context, quiet func(), faults <-chan pages.
 		return nil
 	}
 	// The pages after faults go first, read by a reader of their own
-	// (a page's data is the scan's buffer); the scan skips them later.
+	// (a page's data is the scan's buffer); the scan skips them later,
+	// and the pages the page server sent itself.
 	ahead, err := pages.NewReader(pids)
 	if err != nil {
 		return err
@@ -141,8 +155,11 @@ func (m *migration) push(ctx context.Context, quiet func(), faults <-chan pages.
 	followFaults := func() error {
 		for {
 			select {
-			case rg := <-faults:
-				if err := ahead.ReadRange(rg, func(p pages.Page) error {
+			case f := <-faults:
+				for i := range f.pages {
+					done[pages.Key{PID: f.pid, Addr: f.start + i*pageSize}] = true
+				}
+				if err := ahead.ReadRange(f.ahead(), func(p pages.Page) error {
 					if done[p.Key] {
 						return nil
 					}
@@ -248,10 +265,13 @@ func (c *credit) waitFor(ctx context.Context, n uint64) error {
 	return nil
 }
 
-// pushStall is how long a request waits for a push that stores nothing
-// before the source is asked instead: a push that stalls (it is not
-// failing, so nothing ends it) must not stall the pull with it.
-const pushStall = 5 * time.Second
+// pushWait is how long a background request of the lazy-pages daemon
+// waits for a page that is not stored yet before the source is asked for
+// it. The push's window is a few milliseconds of the link, so a page on
+// its way comes within that; one the push has not reached yet is better
+// asked for (the source then pushes the pages after it next, as after a
+// fault), for the daemon's faults queue behind its background request.
+const pushWait = 4 * time.Millisecond
 
 // pushed is the destination's view of the push: the store it fills, and
 // whether more may come.
@@ -260,14 +280,11 @@ type pushed struct {
 	mu    sync.Mutex
 	cond  *sync.Cond
 	done  bool
-	// progress is when the push last stored a page; stall, pushStall
-	// but in tests.
-	progress time.Time
-	stall    time.Duration
+	wait  time.Duration // pushWait but in tests
 }
 
 func newPushed(store *pages.Store) *pushed {
-	p := &pushed{store: store, progress: time.Now(), stall: pushStall}
+	p := &pushed{store: store, wait: pushWait}
 	p.cond = sync.NewCond(&p.mu)
 	return p
 }
@@ -295,7 +312,6 @@ func (p *pushed) receive(ctx context.Context, sess *transport.Session, router *t
 			return fmt.Errorf("post-copy push: %w", err)
 		}
 		p.mu.Lock()
-		p.progress = time.Now()
 		p.cond.Broadcast()
 		p.mu.Unlock()
 		if endOfRound {
@@ -318,10 +334,13 @@ func (p *pushed) finish() {
 	p.mu.Unlock()
 }
 
-// await waits until k is stored or the push has ended (pagestream.Await).
+// await waits until k is stored, for at most p.wait, or until the push
+// has ended (pagestream.Await).
 func (p *pushed) await(k pages.Key) bool {
-	wake := time.AfterFunc(p.stall, func() {
+	timedOut := false
+	wake := time.AfterFunc(p.wait, func() {
 		p.mu.Lock()
+		timedOut = true
 		p.cond.Broadcast()
 		p.mu.Unlock()
 	})
@@ -332,13 +351,8 @@ func (p *pushed) await(k pages.Key) bool {
 		if _, ok := p.store.Hash(k); ok {
 			return true
 		}
-		if p.done {
+		if p.done || timedOut {
 			return false
-		}
-		if quiet := time.Since(p.progress); quiet >= p.stall {
-			return false // the source answers this one
-		} else {
-			wake.Reset(p.stall - quiet)
 		}
 		p.cond.Wait()
 	}

@@ -20,12 +20,16 @@ type LazyStats struct {
 }
 
 // ServeLazy plays CRIU's page server for a destination's lazy-pages daemon
-// (hybrid migration): a GET whose pages the destination holds, all of them,
-// is answered from have; any other request goes to upstream, the source's
-// CRIU page server, and its reply is relayed. The daemon reads replies in
-// the order it asked (criu/page-xfer.c keeps its pending reads in a FIFO),
-// so requests are served strictly one after another. The daemon's closing
-// command goes upstream too, so the source's page server ends cleanly.
+// (hybrid migration): a GET is answered from have when the destination
+// holds its first page, with the pages held from there on (a page server
+// may answer fewer pages than asked: the daemon asks again for the rest);
+// any other request goes to upstream, the source's CRIU page server, and
+// its reply is relayed (for a background request, only the pages missing
+// from its first on: the daemon asks again for the rest). The daemon reads
+// replies in the order it asked
+// (criu/page-xfer.c keeps its pending reads in a FIFO), so requests are
+// served strictly one after another. The daemon's closing command goes
+// upstream too, so the source's page server ends cleanly.
 //
 // In a GET, dst_id is the task's pid itself, not an encoded pagemap id.
 func ServeLazy(daemon io.ReadWriter, upstream io.ReadWriter, have Source) (LazyStats, error) {
@@ -33,13 +37,15 @@ func ServeLazy(daemon io.ReadWriter, upstream io.ReadWriter, have Source) (LazyS
 }
 
 // Await waits until the page k is in the destination's copy, and says
-// whether it is (false: it will not come).
+// whether it is (false: not soon, ask the source).
 type Await func(k PageKey) bool
 
 // ServeLazyAwaiting is ServeLazy for a copy still filling (post-copy's
-// push): a background request (more than one page) waits through await
-// for pages not yet there instead of asking the source for what is on its
-// way. A request for one page is a fault: the source is asked at once.
+// push): a background request (more than one page) whose first page is
+// not there yet waits for it through await (briefly: faults queue behind
+// it) instead of asking the source for what is on its way, then takes the
+// pages held from there on. A request for one page is a fault: the source
+// is asked at once.
 func ServeLazyAwaiting(daemon io.ReadWriter, upstream io.ReadWriter, have Source, await Await) (LazyStats, error) {
 	var st LazyStats
 	in := bufio.NewReaderSize(daemon, 64<<10)
@@ -57,15 +63,20 @@ func ServeLazyAwaiting(daemon io.ReadWriter, upstream io.ReadWriter, have Source
 		switch h.cmd & (1<<psCmdBits - 1) {
 		case psIOVGet:
 			st.Requests++
-			if served, err := serveLocal(out, h, have, await); err != nil {
+			if n, err := serveLocal(out, h, have, await); err != nil {
 				return st, err
-			} else if served {
+			} else if n > 0 {
 				st.Local++
-				st.Pages += h.nrPages
-				st.LocalPages += h.nrPages
+				st.Pages += n
+				st.LocalPages += n
 				continue
 			}
 			st.Forwarded++
+			if h.nrPages > 1 {
+				h.nrPages = missingRun(h, have, await != nil)
+				b := h.encode()
+				copy(hdr, b[:])
+			}
 			if err := forward(upstream, up, out, hdr); err != nil {
 				return st, err
 			}
@@ -87,32 +98,65 @@ func ServeLazyAwaiting(daemon io.ReadWriter, upstream io.ReadWriter, have Source
 // chunk, far below this.
 const maxLazyPages = 1 << 16
 
-// serveLocal answers a GET from have when every page is there.
-func serveLocal(out *bufio.Writer, h header, have Source, await Await) (bool, error) {
+// serveLocal answers a GET from have with the pages held from its first
+// on, and says how many it sent (0: none held, the caller forwards it).
+func serveLocal(out *bufio.Writer, h header, have Source, await Await) (uint64, error) {
 	if h.nrPages == 0 || h.nrPages > maxLazyPages || h.dstID > 1<<32-1 {
-		return false, nil
+		return 0, nil
 	}
 	pid := uint32(h.dstID)
-	for i := uint64(0); i < h.nrPages; i++ {
-		k := PageKey{PID: pid, Addr: h.vaddr + i*PageSize}
-		if _, _, ok := have(k); !ok && (await == nil || h.nrPages == 1 || !await(k)) {
-			return false, nil
+	key := func(i uint64) PageKey { return PageKey{PID: pid, Addr: h.vaddr + i*PageSize} }
+	if _, _, ok := have(key(0)); !ok && (await == nil || h.nrPages == 1 || !await(key(0))) {
+		return 0, nil
+	}
+	n := uint64(1)
+	for n < h.nrPages {
+		if _, _, ok := have(key(n)); !ok {
+			break
 		}
+		n++
 	}
-	rh := header{cmd: pePresent<<psCmdBits | psIOVAddF, nrPages: h.nrPages, vaddr: h.vaddr, dstID: h.dstID}.encode()
+	rh := header{cmd: pePresent<<psCmdBits | psIOVAddF, nrPages: n, vaddr: h.vaddr, dstID: h.dstID}.encode()
 	if _, err := out.Write(rh[:]); err != nil {
-		return false, err
+		return 0, err
 	}
-	for i := uint64(0); i < h.nrPages; i++ {
-		data, _, ok := have(PageKey{PID: pid, Addr: h.vaddr + i*PageSize})
+	for i := range n {
+		data, _, ok := have(key(i))
 		if !ok || len(data) != PageSize {
-			return false, fmt.Errorf("page %#x of pid %d vanished from the store", h.vaddr+i*PageSize, pid)
+			return 0, fmt.Errorf("page %#x of pid %d vanished from the store", h.vaddr+i*PageSize, pid)
 		}
 		if _, err := out.Write(data); err != nil {
-			return false, err
+			return 0, err
 		}
 	}
-	return true, out.Flush()
+	return n, out.Flush()
+}
+
+// maxForwardPages bounds what a background request asks of the source
+// while the push fills the destination's copy: the daemon's faults wait
+// behind the reply, and the source pushes the pages after it next anyway.
+const maxForwardPages = 16
+
+// missingRun is how many pages of a background request, from its first
+// on, to ask of the source: those the destination does not hold, and
+// while the push runs at most maxForwardPages. The daemon asks again for
+// the rest.
+func missingRun(h header, have Source, pushing bool) uint64 {
+	if h.nrPages > maxLazyPages || h.dstID > 1<<32-1 {
+		return h.nrPages // not ours to shorten: the source refuses it
+	}
+	limit := h.nrPages
+	if pushing {
+		limit = min(limit, maxForwardPages)
+	}
+	n := uint64(1)
+	for n < limit {
+		if _, _, ok := have(PageKey{PID: uint32(h.dstID), Addr: h.vaddr + n*PageSize}); ok {
+			break
+		}
+		n++
+	}
+	return n
 }
 
 // forward sends a GET upstream and relays the reply: a header, then the

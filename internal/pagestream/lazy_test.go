@@ -54,12 +54,7 @@ func TestServeLazyLocalAndForwarded(t *testing.T) {
 	req.Write(getHeader(7, 0x3000, 1)) // not held: forwarded
 	req.Write(closeHeader())
 	up := &fakeUpstream{}
-	reply := make([]byte, headerSize)
-	binary.LittleEndian.PutUint32(reply[0:], pePresent<<psCmdBits|psIOVAddF)
-	binary.LittleEndian.PutUint64(reply[8:], 1)
-	binary.LittleEndian.PutUint64(reply[16:], 0x3000)
-	binary.LittleEndian.PutUint64(reply[24:], 7)
-	up.out.Write(reply)
+	up.out.Write(replyHeader(7, 0x3000, 1))
 	up.out.Write(bytes.Repeat([]byte{3}, PageSize))
 	up.out.Write([]byte{0, 0, 0, 0})
 	var out bytes.Buffer
@@ -149,11 +144,12 @@ func TestLazyClientRefusesAWrongReply(t *testing.T) {
 	}
 }
 
-// A background request waits for pages still on their way; a fault (one
-// page) does not; a page that will not come sends the request upstream.
+// A background request waits for its first page while it is on its way,
+// then takes the pages that came with it; a fault (one page) does not
+// wait; a first page that will not come sends the request upstream.
 func TestServeLazyAwaiting(t *testing.T) {
 	var req bytes.Buffer
-	req.Write(getHeader(7, 0x3000, 2)) // background: both pages arrive while it waits
+	req.Write(getHeader(7, 0x3000, 3)) // background: 0x3000 and 0x4000 arrive while it waits
 	req.Write(getHeader(7, 0x5000, 1)) // a fault on a page not there: upstream at once
 	req.Write(getHeader(7, 0x6000, 2)) // background, 0x6000 never comes: upstream
 	req.Write(closeHeader())
@@ -167,20 +163,16 @@ func TestServeLazyAwaiting(t *testing.T) {
 	var awaited []uint64
 	await := func(k PageKey) bool {
 		awaited = append(awaited, k.Addr)
-		if k.Addr == 0x3000 || k.Addr == 0x4000 {
+		if k.Addr == 0x3000 {
 			arrived[k] = true
+			arrived[PageKey{PID: 7, Addr: 0x4000}] = true
 			return true
 		}
 		return false
 	}
 	up := &fakeUpstream{}
 	for _, r := range []struct{ addr, n uint64 }{{0x5000, 1}, {0x6000, 2}} {
-		reply := make([]byte, headerSize)
-		binary.LittleEndian.PutUint32(reply[0:], pePresent<<psCmdBits|psIOVAddF)
-		binary.LittleEndian.PutUint64(reply[8:], r.n)
-		binary.LittleEndian.PutUint64(reply[16:], r.addr)
-		binary.LittleEndian.PutUint64(reply[24:], 7)
-		up.out.Write(reply)
+		up.out.Write(replyHeader(7, r.addr, r.n))
 		up.out.Write(bytes.Repeat([]byte{5}, int(r.n)*PageSize))
 	}
 	up.out.Write([]byte{0, 0, 0, 0})
@@ -192,10 +184,84 @@ func TestServeLazyAwaiting(t *testing.T) {
 	if st.Local != 1 || st.Forwarded != 2 || st.LocalPages != 2 {
 		t.Fatalf("stats %+v", st)
 	}
-	if len(awaited) != 3 || awaited[0] != 0x3000 || awaited[1] != 0x4000 || awaited[2] != 0x6000 {
-		t.Fatalf("awaited %#x: want 0x3000 and 0x4000 (arrived) and 0x6000 (never), not the fault's 0x5000", awaited)
+	if len(awaited) != 2 || awaited[0] != 0x3000 || awaited[1] != 0x6000 {
+		t.Fatalf("awaited %#x: want the first pages 0x3000 (arrived) and 0x6000 (never), not the fault's 0x5000", awaited)
+	}
+	if got := out.Bytes()[:headerSize]; !bytes.Equal(got, replyHeader(7, 0x3000, 2)) {
+		t.Fatalf("the background request's reply %x: want the two pages that came", got)
 	}
 	if !bytes.Equal(up.in.Bytes()[:headerSize], getHeader(7, 0x5000, 1)) || !bytes.Equal(up.in.Bytes()[headerSize:2*headerSize], getHeader(7, 0x6000, 2)) {
 		t.Fatal("the forwarded requests changed on their way")
 	}
+}
+
+// A request whose first pages are held is answered with those alone,
+// however far it reaches; the daemon asks again for the rest.
+func TestServeLazyAnswersTheHeldPrefix(t *testing.T) {
+	var req bytes.Buffer
+	req.Write(getHeader(7, 0x2000, 16)) // 0x2000 held, 0x3000 not
+	req.Write(closeHeader())
+	up := &fakeUpstream{}
+	up.out.Write([]byte{0, 0, 0, 0})
+	var out bytes.Buffer
+	st, err := ServeLazy(duplex{&req, &out}, up, fakeStore)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Local != 1 || st.Forwarded != 0 || st.Pages != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	b := out.Bytes()
+	if len(b) != headerSize+PageSize+4 || !bytes.Equal(b[:headerSize], replyHeader(7, 0x2000, 1)) || b[headerSize] != 2 {
+		t.Fatalf("daemon got %d bytes, header %x", len(b), b[:headerSize])
+	}
+	if !bytes.Equal(up.in.Bytes(), closeHeader()) {
+		t.Fatal("only the close should have gone upstream")
+	}
+}
+
+// A background request the destination cannot answer asks the source
+// only for the pages missing from its first on; while the push runs, at
+// most maxForwardPages of them.
+func TestServeLazyForwardsTheMissingRun(t *testing.T) {
+	never := func(PageKey) bool { return false }
+	for _, c := range []struct {
+		await  Await
+		asked2 uint64
+	}{{nil, 40}, {never, maxForwardPages}} {
+		var req bytes.Buffer
+		req.Write(getHeader(7, 0x0, 8))     // 0x0 missing, 0x1000 held: one page asked
+		req.Write(getHeader(7, 0x3000, 40)) // nothing held
+		req.Write(closeHeader())
+		up := &fakeUpstream{}
+		for _, r := range []struct{ addr, n uint64 }{{0x0, 1}, {0x3000, c.asked2}} {
+			up.out.Write(replyHeader(7, r.addr, r.n))
+			up.out.Write(bytes.Repeat([]byte{5}, int(r.n)*PageSize))
+		}
+		up.out.Write([]byte{0, 0, 0, 0})
+		var out bytes.Buffer
+		st, err := ServeLazyAwaiting(duplex{&req, &out}, up, fakeStore, c.await)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Forwarded != 2 || st.Pages != 1+c.asked2 {
+			t.Fatalf("pushing %v: stats %+v", c.await != nil, st)
+		}
+		asked := up.in.Bytes()
+		if !bytes.Equal(asked[:headerSize], getHeader(7, 0x0, 1)) || !bytes.Equal(asked[headerSize:2*headerSize], getHeader(7, 0x3000, c.asked2)) {
+			t.Fatalf("pushing %v: asked the source %x", c.await != nil, asked[:2*headerSize])
+		}
+		if len(out.Bytes()) != 2*headerSize+int(1+c.asked2)*PageSize+4 {
+			t.Fatalf("pushing %v: daemon got %d bytes", c.await != nil, len(out.Bytes()))
+		}
+	}
+}
+
+func replyHeader(pid uint32, addr, n uint64) []byte {
+	h := make([]byte, headerSize)
+	binary.LittleEndian.PutUint32(h[0:], pePresent<<psCmdBits|psIOVAddF)
+	binary.LittleEndian.PutUint64(h[8:], n)
+	binary.LittleEndian.PutUint64(h[16:], addr)
+	binary.LittleEndian.PutUint64(h[24:], uint64(pid))
+	return h
 }

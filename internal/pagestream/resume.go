@@ -242,9 +242,9 @@ type LazyProxy struct {
 	fault     func(pid uint32, addr, pages uint64)
 }
 
-// OnFault has f told of every page request passed to CRIU (a process's
-// pid, the first page's address, the pages asked), before it is answered;
-// f must not block.
+// OnFault has f told of every page request CRIU answered (a process's
+// pid, the first page's address, the pages sent), before the answer is
+// passed on; f must not block.
 func (p *LazyProxy) OnFault(f func(pid uint32, addr, pages uint64)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -297,10 +297,6 @@ func (p *LazyProxy) answer(peer io.Writer, req []byte) (closed bool, err error) 
 		return false, fmt.Errorf("%w: the destination sent command %#x", ErrMalformed, h.cmd)
 	}
 	if p.lastReply == nil || string(req) != string(p.last[:]) {
-		// A lazy request names the process by its bare pid (lazy.go).
-		if p.fault != nil && h.cmd&(1<<psCmdBits-1) == psIOVGet && h.dstID <= math.MaxUint32 {
-			p.fault(uint32(h.dstID), h.vaddr, h.nrPages)
-		}
 		if _, err := p.criu.Write(req); err != nil {
 			return false, fmt.Errorf("%w: %v", ErrPageServer, err)
 		}
@@ -311,6 +307,10 @@ func (p *LazyProxy) answer(peer io.Writer, req []byte) (closed bool, err error) 
 		}
 		copy(p.last[:], req)
 		p.lastReply = reply
+		// A lazy request names the process by its bare pid (lazy.go).
+		if p.fault != nil && h.cmd&(1<<psCmdBits-1) == psIOVGet && h.dstID <= math.MaxUint32 {
+			p.fault(uint32(h.dstID), h.vaddr, parseHeader(reply).payloadPages())
+		}
 	}
 	p.closed = h.cmd&(1<<psCmdBits-1) != psIOVGet
 	_, err = peer.Write(p.lastReply)
