@@ -76,6 +76,10 @@ type Destination struct {
 	// and a pull ends with the agent.
 	RelayExe string
 
+	// pushWait, when set, is how long every background request waits for
+	// post-copy's push (tests, on machines too loaded for pushWait).
+	pushWait time.Duration
+
 	// pulls are the post-copy pulls an earlier run of this agent left,
 	// waiting for their sources to go on with them (resume.go).
 	pullsMu sync.Mutex

@@ -218,6 +218,9 @@ func newHarness(t *testing.T, change ...func(*harness)) *harness {
 			Journal:     j,
 			NoPrewarm:   true,
 			Admission:   admission.Policy{MaxMemoryBytes: 1 << 30},
+			// What the push brings is asked of no one else, however
+			// loaded the machine (-race).
+			pushWait: 2 * time.Second,
 		}}
 	for _, c := range change {
 		c(h)

@@ -81,9 +81,9 @@ type lazyDump struct {
 	mu    sync.Mutex
 	conn  net.Conn
 	proxy *pagestream.LazyProxy
-	// faults has each request the page server answers, for the push
-	// (dropped when it lags).
-	faults chan served
+	// faults has each request the page server answers, and the pages
+	// the destination waits for, for the push (dropped when it lags).
+	faults chan pushNext
 }
 
 // startLazyDump dumps the frozen container without its memory and returns
@@ -93,7 +93,7 @@ func (m *migration) startLazyDump(ctx context.Context) (*lazyDump, error) {
 	if err != nil {
 		return nil, failAt("dump", err)
 	}
-	ld := &lazyDump{m: m, net: pn, exited: make(chan struct{}), faults: make(chan served, 64)}
+	ld := &lazyDump{m: m, net: pn, exited: make(chan struct{}), faults: make(chan pushNext, 64)}
 	port, err := freeLoopbackPort(pn)
 	if err != nil {
 		ld.closeNet()
@@ -268,7 +268,7 @@ func (ld *lazyDump) serve(ctx context.Context, ch *transport.Channel) error {
 // neighbours next, and a page the push brought is not a fault.
 func (ld *lazyDump) fault(pid uint32, addr, n uint64) {
 	select {
-	case ld.faults <- served{pid: pid, start: addr, pages: n}:
+	case ld.faults <- pushNext{pid: pid, start: addr, served: n, ahead: pushAhead}:
 	default:
 	}
 }

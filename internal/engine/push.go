@@ -56,17 +56,59 @@ var _ = [minPushWindow - 2*pushAckPages]struct{}{} // pushAckPages < minPushWind
 // goes on where it was.
 const pushAhead = 256
 
-// served is a request the source's page server answered: a fault, or a
-// background request the destination could not answer from the push.
-type served struct {
-	pid          uint32
-	start, pages uint64
+// pushNext is where the push goes next: after a request the source's page
+// server answered (a fault, or a background request the destination could
+// not answer; the pages it sent need no push), or to pages the
+// destination's lazy-pages daemon waits for.
+type pushNext struct {
+	pid    uint32
+	start  uint64 // the first page's address
+	served uint64 // pages the page server sent from start on
+	ahead  uint64 // pages to push after those
 }
 
-// ahead is what the push sends next: the pushAhead pages after it.
-func (f served) ahead() pages.Range {
-	start := f.start + f.pages*pageSize
-	return pages.Range{PID: f.pid, Start: start, End: start + pushAhead*pageSize}
+// ahead is what the push sends next.
+func (n pushNext) aheadRange() pages.Range {
+	start := n.start + n.served*pageSize
+	return pages.Range{PID: n.pid, Start: start, End: start + n.ahead*pageSize}
+}
+
+// wantedAhead is what the push sends where the daemon waits, before it
+// goes on where it was: the first pages of a request are what it waits
+// for (the rest follows as it asks on), and it has a few requests out at
+// once.
+const wantedAhead = 64
+
+// The destination's words on the push channel, fixed records: how many
+// pages it stored (the window's credit), or pages a request of its
+// lazy-pages daemon waits for (the push goes there next).
+const (
+	recStored      = 1
+	recWanted      = 2
+	pushRecordSize = 24
+)
+
+type pushRecord struct {
+	kind, pid uint32
+	addr, n   uint64 // recStored: n pages stored; recWanted: n pages from addr
+}
+
+func (r pushRecord) encode() [pushRecordSize]byte {
+	var b [pushRecordSize]byte
+	binary.LittleEndian.PutUint32(b[0:], r.kind)
+	binary.LittleEndian.PutUint32(b[4:], r.pid)
+	binary.LittleEndian.PutUint64(b[8:], r.addr)
+	binary.LittleEndian.PutUint64(b[16:], r.n)
+	return b
+}
+
+func parsePushRecord(b []byte) pushRecord {
+	return pushRecord{
+		kind: binary.LittleEndian.Uint32(b[0:]),
+		pid:  binary.LittleEndian.Uint32(b[4:]),
+		addr: binary.LittleEndian.Uint64(b[8:]),
+		n:    binary.LittleEndian.Uint64(b[16:]),
+	}
 }
 
 // pushWindow sizes the window for a session's round trip.
@@ -79,7 +121,7 @@ func pushWindow(rtt time.Duration) (window, ack uint64) {
 // startPush sends the frozen container's memory on the push channel until
 // it is all sent or stop is called; stop returns once the push has ended.
 // quiet, if set, returns once the source answers no fault.
-func (m *migration) startPush(ctx context.Context, quiet func(), faults <-chan served) (stop func()) {
+func (m *migration) startPush(ctx context.Context, quiet func(), faults <-chan pushNext) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	start := time.Now()
@@ -97,7 +139,7 @@ func (m *migration) startPush(ctx context.Context, quiet func(), faults <-chan s
 	return func() { cancel(); <-done }
 }
 
-func (m *migration) push(ctx context.Context, quiet func(), faults <-chan served) error {
+func (m *migration) push(ctx context.Context, quiet func(), faults <-chan pushNext) error {
 	ch, err := m.sess.Open(ChanPush)
 	if err != nil {
 		return err
@@ -123,7 +165,15 @@ func (m *migration) push(ctx context.Context, quiet func(), faults <-chan served
 	}
 	window, ackEvery := pushWindow(rtt)
 	acked := newCredit()
-	go acked.read(ch)
+	// Where the destination's daemon waits goes first: it has few
+	// requests out, and its faults may wait behind them.
+	wanted := make(chan pushNext, 16)
+	go acked.read(ch, func(w pushNext) {
+		select {
+		case wanted <- w:
+		default: // the push goes there in its turn
+		}
+	})
 	resident := procs.TreeResident(m.ctr.PID) / pageSize
 	m.setPushLeft(func() int64 { return max(0, resident-int64(acked.count())) })
 	defer m.setPushLeft(nil) // all stored, or the daemon asks the source for the rest
@@ -152,24 +202,33 @@ func (m *migration) push(ctx context.Context, quiet func(), faults <-chan served
 		return err
 	}
 	done := map[pages.Key]bool{}
+	follow := func(f pushNext) error {
+		for i := range f.served {
+			done[pages.Key{PID: f.pid, Addr: f.start + i*pageSize}] = true
+		}
+		return ahead.ReadRange(f.aheadRange(), func(p pages.Page) error {
+			if done[p.Key] {
+				return nil
+			}
+			done[p.Key] = true
+			return send(p)
+		})
+	}
 	followFaults := func() error {
 		for {
+			var f pushNext
 			select {
-			case f := <-faults:
-				for i := range f.pages {
-					done[pages.Key{PID: f.pid, Addr: f.start + i*pageSize}] = true
-				}
-				if err := ahead.ReadRange(f.ahead(), func(p pages.Page) error {
-					if done[p.Key] {
-						return nil
-					}
-					done[p.Key] = true
-					return send(p)
-				}); err != nil {
-					return err
-				}
+			case f = <-wanted:
 			default:
-				return nil
+				select {
+				case f = <-wanted:
+				case f = <-faults:
+				default:
+					return nil
+				}
+			}
+			if err := follow(f); err != nil {
+				return err
 			}
 		}
 	}
@@ -214,18 +273,27 @@ func newCredit() *credit {
 	return c
 }
 
-// read takes the destination's counts until the channel ends.
-func (c *credit) read(r io.Reader) {
-	var b [8]byte
+// read takes the destination's records until the channel ends: the
+// counts, and where its daemon waits (wanted, which must not block).
+func (c *credit) read(r io.Reader, wanted func(pushNext)) {
+	var b [pushRecordSize]byte
 	for {
 		_, err := io.ReadFull(r, b[:])
+		rec := parsePushRecord(b[:])
+		if err == nil && rec.kind == recWanted {
+			wanted(pushNext{pid: rec.pid, start: rec.addr, ahead: min(rec.n, wantedAhead)})
+			continue
+		}
 		c.mu.Lock()
 		if err != nil {
 			c.err = fmt.Errorf("push acknowledgments: %w", err)
-		} else if n := binary.LittleEndian.Uint64(b[:]); n > c.pages {
-			c.pages = n
+		} else if rec.kind != recStored {
+			c.err = fmt.Errorf("push acknowledgments: a record of kind %d", rec.kind)
+		} else if rec.n > c.pages {
+			c.pages = rec.n
 		}
 		c.cond.Broadcast()
+		err = c.err
 		c.mu.Unlock()
 		if err != nil {
 			return
@@ -267,11 +335,15 @@ func (c *credit) waitFor(ctx context.Context, n uint64) error {
 
 // pushWait is how long a background request of the lazy-pages daemon
 // waits for a page that is not stored yet before the source is asked for
-// it. The push's window is a few milliseconds of the link, so a page on
-// its way comes within that; one the push has not reached yet is better
-// asked for (the source then pushes the pages after it next, as after a
-// fault), for the daemon's faults queue behind its background request.
+// it, when the daemon reads its replies in order (stock CRIU): its faults
+// queue behind the request. The push's window is a few milliseconds of the
+// link, so a page on its way comes within that.
 const pushWait = 4 * time.Millisecond
+
+// pushPatience is that wait for a daemon that takes replies in any order
+// (ferry's CRIU): the source, told where the daemon waits, pushes those
+// pages next, and a fault waits only when it falls inside such a request.
+const pushPatience = 25 * time.Millisecond
 
 // pushed is the destination's view of the push: the store it fills, and
 // whether more may come.
@@ -280,13 +352,31 @@ type pushed struct {
 	mu    sync.Mutex
 	cond  *sync.Cond
 	done  bool
-	wait  time.Duration // pushWait but in tests
+	// wait, patience: pushWait and pushPatience but in tests.
+	wait, patience time.Duration
+
+	// wmu orders the records sent back to the source on ch, once open.
+	wmu sync.Mutex
+	ch  io.Writer
 }
 
 func newPushed(store *pages.Store) *pushed {
-	p := &pushed{store: store, wait: pushWait}
+	p := &pushed{store: store, wait: pushWait, patience: pushPatience}
 	p.cond = sync.NewCond(&p.mu)
 	return p
+}
+
+// send writes a record to the source; one that cannot be sent is the
+// channel gone, which receive hears.
+func (p *pushed) send(r pushRecord) error {
+	p.wmu.Lock()
+	defer p.wmu.Unlock()
+	if p.ch == nil {
+		return nil
+	}
+	b := r.encode()
+	_, err := p.ch.Write(b[:])
+	return err
 }
 
 // receive stores the push's pages as they come, until it ends or fails.
@@ -297,12 +387,19 @@ func (p *pushed) receive(ctx context.Context, sess *transport.Session, router *t
 		return err
 	}
 	defer ch.Close()
+	p.wmu.Lock()
+	p.ch = ch
+	p.wmu.Unlock()
+	defer func() {
+		p.wmu.Lock()
+		p.ch = nil
+		p.wmu.Unlock()
+	}()
 	dec, err := pages.NewDecoder(ch)
 	if err != nil {
 		return err
 	}
 	var stored uint64
-	var ack [8]byte
 	for {
 		_, endOfRound, err := dec.Next(p.store)
 		if errors.Is(err, io.EOF) {
@@ -318,8 +415,7 @@ func (p *pushed) receive(ctx context.Context, sess *transport.Session, router *t
 			continue
 		}
 		if stored++; stored%pushAckPages == 0 {
-			binary.LittleEndian.PutUint64(ack[:], stored)
-			if _, err := ch.Write(ack[:]); err != nil {
+			if err := p.send(pushRecord{kind: recStored, n: stored}); err != nil {
 				return fmt.Errorf("post-copy push: %w", err)
 			}
 		}
@@ -334,11 +430,21 @@ func (p *pushed) finish() {
 	p.mu.Unlock()
 }
 
-// await waits until k is stored, for at most p.wait, or until the push
-// has ended (pagestream.Await).
-func (p *pushed) await(k pages.Key) bool {
+// await waits until k is stored, for at most p.wait (briefly) or
+// p.patience, or until the push has ended (pagestream.Await). The source
+// hears that the daemon waits for the n pages from k on, and pushes them
+// next.
+func (p *pushed) await(k pages.Key, n uint64, briefly bool) bool {
+	if _, ok := p.store.Hash(k); ok {
+		return true
+	}
+	_ = p.send(pushRecord{kind: recWanted, pid: k.PID, addr: k.Addr, n: n})
+	limit := p.patience
+	if briefly {
+		limit = p.wait
+	}
 	timedOut := false
-	wake := time.AfterFunc(p.wait, func() {
+	wake := time.AfterFunc(limit, func() {
 		p.mu.Lock()
 		timedOut = true
 		p.cond.Broadcast()
@@ -352,7 +458,7 @@ func (p *pushed) await(k pages.Key) bool {
 			return true
 		}
 		if p.done || timedOut {
-			return false
+			return false // the source answers this one
 		}
 		p.cond.Wait()
 	}

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"io"
 	"testing"
@@ -15,15 +14,15 @@ import (
 // gives up on one the push ended without.
 func TestPushedAwait(t *testing.T) {
 	p := newPushed(pages.NewStore())
-	p.wait = time.Minute
+	p.wait, p.patience = time.Minute, time.Minute
 	k1, k2, k3 := pages.Key{PID: 1, Addr: 0x1000}, pages.Key{PID: 1, Addr: 0x2000}, pages.Key{PID: 1, Addr: 0x3000}
 	page := make([]byte, pages.PageSize)
 	p.store.Put(k1, page)
-	if !p.await(k1) {
+	if !p.await(k1, 1, false) {
 		t.Fatal("a stored page awaited in vain")
 	}
 	got := make(chan bool)
-	go func() { got <- p.await(k2) }()
+	go func() { got <- p.await(k2, 1, false) }()
 	select {
 	case <-got:
 		t.Fatal("await returned before the page came")
@@ -36,48 +35,85 @@ func TestPushedAwait(t *testing.T) {
 	if !<-got {
 		t.Fatal("the page came, await said no")
 	}
-	go func() { got <- p.await(k3) }()
+	go func() { got <- p.await(k3, 1, false) }()
 	p.finish()
 	if <-got {
 		t.Fatal("await said yes for a page the push never brought")
 	}
 }
 
-// A page the push has not brought within the wait is asked of the source,
-// though other pages keep coming.
-func TestPushedAwaitGivesUpAfterItsWait(t *testing.T) {
-	p := newPushed(pages.NewStore())
-	p.wait = 200 * time.Millisecond
-	k := pages.Key{PID: 1, Addr: 0x1000}
-	got := make(chan bool, 1)
-	start := time.Now()
-	go func() { got <- p.await(k) }()
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() { // other pages keep coming
-		for i := uint64(2); ; i++ {
-			select {
-			case <-stop:
-				return
-			case <-time.After(10 * time.Millisecond):
+// A page the push has not brought within the wait, brief (the daemon
+// reads replies in order) or patient, is asked of the source, though
+// other pages keep coming.
+func TestPushedAwaitGivesUp(t *testing.T) {
+	for _, briefly := range []bool{true, false} {
+		p := newPushed(pages.NewStore())
+		p.wait, p.patience = 50*time.Millisecond, 250*time.Millisecond
+		want := p.patience
+		if briefly {
+			want = p.wait
+		}
+		k := pages.Key{PID: 1, Addr: 0x1000}
+		got := make(chan bool, 1)
+		start := time.Now()
+		go func() { got <- p.await(k, 1, briefly) }()
+		stop := make(chan struct{})
+		go func() { // other pages keep coming
+			for i := uint64(2); ; i++ {
+				select {
+				case <-stop:
+					return
+				case <-time.After(10 * time.Millisecond):
+				}
+				p.store.Put(pages.Key{PID: 1, Addr: i << 12}, make([]byte, pages.PageSize))
+				p.mu.Lock()
+				p.cond.Broadcast()
+				p.mu.Unlock()
 			}
-			p.store.Put(pages.Key{PID: 1, Addr: i << 12}, make([]byte, pages.PageSize))
-			p.mu.Lock()
-			p.cond.Broadcast()
-			p.mu.Unlock()
+		}()
+		select {
+		case ok := <-got:
+			if ok {
+				t.Fatal("await said yes for a page never stored")
+			}
+			if d := time.Since(start); d < want || d > want+time.Second {
+				t.Errorf("briefly %v: gave up after %v, want about %v", briefly, d, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("briefly %v: await still waits for a page that does not come", briefly)
 		}
-	}()
-	select {
-	case ok := <-got:
-		if ok {
-			t.Fatal("await said yes for a page never stored")
-		}
-		if d := time.Since(start); d < p.wait {
-			t.Errorf("gave up %v after the start, within its wait of %v", d, p.wait)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("await still waits for a page that does not come")
+		close(stop)
 	}
+}
+
+// The destination tells the source which pages its daemon waits for, on
+// the push channel between the counts of pages stored; the source's reader
+// passes them on and keeps counting.
+func TestPushRecordsBackToTheSource(t *testing.T) {
+	pr, pw := io.Pipe()
+	p := newPushed(pages.NewStore())
+	p.ch = pw
+	c := newCredit()
+	wanted := make(chan pushNext, 4)
+	go c.read(pr, func(w pushNext) { wanted <- w })
+	go func() {
+		_ = p.send(pushRecord{kind: recStored, n: 16})
+		p.wait = time.Millisecond
+		p.await(pages.Key{PID: 9, Addr: 0x7000}, 2000, true)
+		_ = p.send(pushRecord{kind: recStored, n: 32})
+	}()
+	if err := c.waitFor(context.Background(), 32); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case w := <-wanted:
+		if w.pid != 9 || w.start != 0x7000 || w.served != 0 || w.ahead != wantedAhead {
+			t.Fatalf("wanted %+v: want pid 9 from 0x7000, %d pages ahead", w, wantedAhead)
+		}
+	default:
+		t.Fatal("the wanted pages did not reach the source")
+	}
+	pw.Close()
 }
 
 // waitFor lets the sender go once enough was acknowledged, and stops it
@@ -85,15 +121,14 @@ func TestPushedAwaitGivesUpAfterItsWait(t *testing.T) {
 func TestPushCredit(t *testing.T) {
 	pr, pw := io.Pipe()
 	c := newCredit()
-	go c.read(pr)
+	go c.read(pr, func(pushNext) {})
 	if err := c.waitFor(context.Background(), 0); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- c.waitFor(context.Background(), 128) }()
 	ack := func(n uint64) {
-		var b [8]byte
-		binary.LittleEndian.PutUint64(b[:], n)
+		b := pushRecord{kind: recStored, n: n}.encode()
 		if _, err := pw.Write(b[:]); err != nil {
 			t.Fatal(err)
 		}

@@ -117,6 +117,9 @@ var techniques = map[string]technique{
 			// not wait for it (not in rx.g).
 			in.store = pages.NewStore()
 			in.push = newPushed(in.store)
+			if in.d.pushWait > 0 {
+				in.push.wait, in.push.patience = in.d.pushWait, in.d.pushWait
+			}
 			go func() {
 				if err := in.push.receive(ctx, rx.sess, rx.router); err != nil && ctx.Err() == nil {
 					slog.Warn("post-copy: the push broke off; the lazy-pages daemon asks the source for the rest", "error", err)

@@ -56,6 +56,11 @@ func (h header) encode() [headerSize]byte {
 	return b
 }
 
+func (h header) encodeBytes() []byte {
+	b := h.encode()
+	return b[:]
+}
+
 // check rejects commands the page server does not know: their payload
 // length cannot be known.
 func (h header) check() error {

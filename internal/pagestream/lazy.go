@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 )
 
 // LazyStats counts what ServeLazy answered.
@@ -25,73 +26,184 @@ type LazyStats struct {
 // may answer fewer pages than asked: the daemon asks again for the rest);
 // any other request goes to upstream, the source's CRIU page server, and
 // its reply is relayed (for a background request, only the pages missing
-// from its first on: the daemon asks again for the rest). The daemon reads
-// replies in the order it asked
-// (criu/page-xfer.c keeps its pending reads in a FIFO), so requests are
-// served strictly one after another. The daemon's closing command goes
-// upstream too, so the source's page server ends cleanly.
+// from its first on). The daemon's closing command goes upstream too, so
+// the source's page server ends cleanly.
+//
+// Stock CRIU reads the replies in the order it asked (criu/page-xfer.c
+// keeps its pending reads in a FIFO), so its requests are served one after
+// another. ferry's CRIU marks its GETs getAnyOrder: it matches each reply
+// to its request by address, so each is answered as soon as it can be, a
+// fault before a background request still waiting for its pages.
 //
 // In a GET, dst_id is the task's pid itself, not an encoded pagemap id.
 func ServeLazy(daemon io.ReadWriter, upstream io.ReadWriter, have Source) (LazyStats, error) {
 	return ServeLazyAwaiting(daemon, upstream, have, nil)
 }
 
+// getAnyOrder is the flag of a GET from ferry's CRIU
+// (scripts/criu-patches/0004): its replies may come in any order. It is
+// the daemon's word to this server; the source's page server never sees it.
+const getAnyOrder = 1 << 15
+
 // Await waits until the page k is in the destination's copy, and says
-// whether it is (false: not soon, ask the source).
-type Await func(k PageKey) bool
+// whether it is (false: not soon, ask the source). The request waits for
+// n pages from k on; briefly: the daemon reads replies in order, so its
+// faults wait too.
+type Await func(k PageKey, n uint64, briefly bool) bool
 
 // ServeLazyAwaiting is ServeLazy for a copy still filling (post-copy's
 // push): a background request (more than one page) whose first page is
-// not there yet waits for it through await (briefly: faults queue behind
-// it) instead of asking the source for what is on its way, then takes the
-// pages held from there on. A request for one page is a fault: the source
-// is asked at once.
+// not there yet waits for it through await (briefly when the daemon reads
+// replies in order: its faults queue behind) instead of asking the source
+// for what is on its way, then takes the pages held from there on. A
+// request for one page is a fault: the source is asked at once.
 func ServeLazyAwaiting(daemon io.ReadWriter, upstream io.ReadWriter, have Source, await Await) (LazyStats, error) {
-	var st LazyStats
-	in := bufio.NewReaderSize(daemon, 64<<10)
-	out := bufio.NewWriterSize(daemon, 256<<10)
-	up := bufio.NewReaderSize(upstream, 256<<10)
-	hdr := make([]byte, headerSize)
-	for {
-		if _, err := io.ReadFull(in, hdr); err != nil {
-			if errors.Is(err, io.EOF) {
-				return st, nil
+	s := &lazyServer{
+		out:   bufio.NewWriterSize(daemon, 256<<10),
+		upW:   upstream,
+		up:    bufio.NewReaderSize(upstream, 256<<10),
+		have:  have,
+		await: await,
+		bad:   make(chan struct{}),
+	}
+	reqs := make(chan header)
+	readErr := make(chan error, 1)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		in := bufio.NewReaderSize(daemon, 64<<10)
+		hdr := make([]byte, headerSize)
+		for {
+			if _, err := io.ReadFull(in, hdr); err != nil {
+				readErr <- err
+				return
 			}
-			return st, fmt.Errorf("lazy-pages daemon: %w", err)
+			select {
+			case reqs <- parseHeader(hdr):
+			case <-stop:
+				return
+			}
 		}
-		h := parseHeader(hdr)
+	}()
+	var inFlight sync.WaitGroup
+	ended := func(err error) (LazyStats, error) {
+		inFlight.Wait()
+		st, ferr := s.result()
+		return st, errors.Join(err, ferr)
+	}
+	for {
+		var h header
+		select {
+		case h = <-reqs:
+		case err := <-readErr:
+			if errors.Is(err, io.EOF) {
+				return ended(nil)
+			}
+			return ended(fmt.Errorf("lazy-pages daemon: %w", err))
+		case <-s.bad:
+			return ended(nil)
+		}
 		switch h.cmd & (1<<psCmdBits - 1) {
 		case psIOVGet:
-			st.Requests++
-			if n, err := serveLocal(out, h, have, await); err != nil {
-				return st, err
-			} else if n > 0 {
-				st.Local++
-				st.Pages += n
-				st.LocalPages += n
+			if h.cmd>>psCmdBits&getAnyOrder != 0 {
+				h.cmd = psIOVGet
+				inFlight.Add(1)
+				go func() {
+					defer inFlight.Done()
+					s.get(h, false)
+				}()
 				continue
 			}
-			st.Forwarded++
-			if h.nrPages > 1 {
-				h.nrPages = missingRun(h, have, await != nil)
-				b := h.encode()
-				copy(hdr, b[:])
-			}
-			if err := forward(upstream, up, out, hdr); err != nil {
-				return st, err
-			}
-			st.Pages += h.nrPages
+			s.get(h, true)
 		case psIOVClose, psIOVForceClose:
+			// The daemon closes once every request was answered.
+			inFlight.Wait()
+			s.upMu.Lock()
+			s.mu.Lock()
 			// The reply is a 4-byte status.
-			if err := forwardReply(upstream, up, out, hdr, 4); err != nil {
-				return st, err
-			}
-			st.Closed = true
-			return st, nil
+			err := forwardReply(s.upW, s.up, s.out, h.encodeBytes(), 4)
+			s.st.Closed = err == nil
+			s.mu.Unlock()
+			s.upMu.Unlock()
+			return ended(err)
 		default:
-			return st, fmt.Errorf("%w: lazy-pages daemon sent command %#x", ErrMalformed, h.cmd)
+			return ended(fmt.Errorf("%w: lazy-pages daemon sent command %#x", ErrMalformed, h.cmd))
 		}
 	}
+}
+
+// lazyServer answers one daemon's requests, some at once (getAnyOrder).
+type lazyServer struct {
+	have  Source
+	await Await
+
+	// mu: the daemon's side (whole replies) and the stats.
+	mu  sync.Mutex
+	out *bufio.Writer
+	st  LazyStats
+	err error
+	bad chan struct{} // closed at the first error
+
+	// upMu: one request at a time to the source, its reply read whole.
+	upMu sync.Mutex
+	upW  io.Writer
+	up   *bufio.Reader
+}
+
+// get answers a GET from the pages held here, or from the source;
+// inOrder: the daemon reads replies in order, so a wait holds up the rest.
+func (s *lazyServer) get(h header, inOrder bool) {
+	s.mu.Lock()
+	s.st.Requests++
+	s.mu.Unlock()
+	if s.await != nil && h.nrPages > 1 && h.nrPages <= maxLazyPages && h.dstID <= 1<<32-1 {
+		k := PageKey{PID: uint32(h.dstID), Addr: h.vaddr}
+		if _, _, ok := s.have(k); !ok {
+			s.await(k, h.nrPages, inOrder)
+		}
+	}
+	s.mu.Lock()
+	n, err := serveLocal(s.out, h, s.have)
+	if n > 0 {
+		s.st.Local++
+		s.st.Pages += n
+		s.st.LocalPages += n
+	}
+	s.mu.Unlock()
+	if err != nil || n > 0 {
+		s.fail(err)
+		return
+	}
+	if h.nrPages > 1 {
+		h.nrPages = missingRun(h, s.have, s.await != nil)
+	}
+	s.upMu.Lock()
+	s.mu.Lock()
+	err = forward(s.upW, s.up, s.out, h.encodeBytes())
+	s.st.Forwarded++
+	s.st.Pages += h.nrPages
+	s.mu.Unlock()
+	s.upMu.Unlock()
+	s.fail(err)
+}
+
+// fail records the first error; nil is no error.
+func (s *lazyServer) fail(err error) {
+	if err == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err == nil {
+		s.err = err
+		close(s.bad)
+	}
+}
+
+func (s *lazyServer) result() (LazyStats, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.st, s.err
 }
 
 // maxLazyPages bounds one GET: the daemon asks for at most its transfer
@@ -100,13 +212,13 @@ const maxLazyPages = 1 << 16
 
 // serveLocal answers a GET from have with the pages held from its first
 // on, and says how many it sent (0: none held, the caller forwards it).
-func serveLocal(out *bufio.Writer, h header, have Source, await Await) (uint64, error) {
+func serveLocal(out *bufio.Writer, h header, have Source) (uint64, error) {
 	if h.nrPages == 0 || h.nrPages > maxLazyPages || h.dstID > 1<<32-1 {
 		return 0, nil
 	}
 	pid := uint32(h.dstID)
 	key := func(i uint64) PageKey { return PageKey{PID: pid, Addr: h.vaddr + i*PageSize} }
-	if _, _, ok := have(key(0)); !ok && (await == nil || h.nrPages == 1 || !await(key(0))) {
+	if _, _, ok := have(key(0)); !ok {
 		return 0, nil
 	}
 	n := uint64(1)

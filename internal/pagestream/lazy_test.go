@@ -6,7 +6,9 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync"
 	"testing"
+	"time"
 )
 
 func getHeader(pid uint32, addr, n uint64) []byte {
@@ -161,7 +163,7 @@ func TestServeLazyAwaiting(t *testing.T) {
 		return fakeStore(k)
 	}
 	var awaited []uint64
-	await := func(k PageKey) bool {
+	await := func(k PageKey, _ uint64, _ bool) bool {
 		awaited = append(awaited, k.Addr)
 		if k.Addr == 0x3000 {
 			arrived[k] = true
@@ -224,7 +226,7 @@ func TestServeLazyAnswersTheHeldPrefix(t *testing.T) {
 // only for the pages missing from its first on; while the push runs, at
 // most maxForwardPages of them.
 func TestServeLazyForwardsTheMissingRun(t *testing.T) {
-	never := func(PageKey) bool { return false }
+	never := func(PageKey, uint64, bool) bool { return false }
 	for _, c := range []struct {
 		await  Await
 		asked2 uint64
@@ -264,4 +266,86 @@ func replyHeader(pid uint32, addr, n uint64) []byte {
 	binary.LittleEndian.PutUint64(h[16:], addr)
 	binary.LittleEndian.PutUint64(h[24:], uint64(pid))
 	return h
+}
+
+// anyOrderGet is ferry's CRIU's GET: replies may come in any order.
+func anyOrderGet(pid uint32, addr, n uint64) []byte {
+	b := header{cmd: getAnyOrder<<psCmdBits | psIOVGet, nrPages: n, vaddr: addr, dstID: uint64(pid)}.encode()
+	return b[:]
+}
+
+// With a daemon that matches replies by address, a fault is answered
+// while a background request before it still waits for its first page;
+// the source is asked without the daemon's flag; the close waits for the
+// background request's answer.
+func TestServeLazyAnswersAFaultBeforeAWaitingRequest(t *testing.T) {
+	daemon, ours := net.Pipe()
+	defer daemon.Close()
+	daemon.SetDeadline(time.Now().Add(10 * time.Second)) // served in order, the faults would wait for good
+	release := make(chan struct{})
+	var mu sync.Mutex
+	arrived := false
+	have := func(k PageKey) ([]byte, Hash, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if k.PID == 7 && k.Addr == 0x3000 && arrived {
+			return bytes.Repeat([]byte{3}, PageSize), Hash{}, true
+		}
+		return fakeStore(k)
+	}
+	await := func(k PageKey, n uint64, briefly bool) bool {
+		if briefly || n != 2 {
+			t.Errorf("awaited %d pages, briefly %v: want 2 pages, patiently (the daemon takes replies in any order)", n, briefly)
+		}
+		<-release
+		mu.Lock()
+		defer mu.Unlock()
+		arrived = true
+		return true
+	}
+	upDaemon, upOurs := net.Pipe() // the source's page server
+	defer upDaemon.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := ServeLazyAwaiting(ours, upOurs, have, await)
+		ours.Close()
+		done <- err
+	}()
+	go func() { // the source: one fault of pid 7 at 0x9000, then the close
+		if got := readN(t, upDaemon, headerSize); !bytes.Equal(got, getReq(7, 0x9000, 1)) {
+			t.Errorf("the source was asked %x, want a plain GET of 0x9000", got)
+		}
+		upDaemon.Write(pageReply(7, 0x9000, 1))
+		if got := readN(t, upDaemon, headerSize); !bytes.Equal(got, closeReq) {
+			t.Errorf("the source was asked %x, want the close", got)
+		}
+		upDaemon.Write([]byte{0, 0, 0, 0})
+	}()
+	for _, r := range [][]byte{anyOrderGet(7, 0x3000, 2), anyOrderGet(7, 0x1000, 1), anyOrderGet(7, 0x9000, 1)} {
+		if _, err := daemon.Write(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The held fault and the forwarded one come first, in either order.
+	got := map[uint64]bool{}
+	for range 2 {
+		h := parseHeader(readN(t, daemon, headerSize))
+		readN(t, daemon, int(h.nrPages)*PageSize)
+		got[h.vaddr] = true
+	}
+	if !got[0x1000] || !got[0x9000] {
+		t.Fatalf("first replies at %v, want the faults at 0x1000 and 0x9000", got)
+	}
+	close(release)
+	if h := parseHeader(readN(t, daemon, headerSize)); h.vaddr != 0x3000 || h.nrPages != 1 {
+		t.Fatalf("the background request's reply: %d pages at %#x, want the one page that came at 0x3000", h.nrPages, h.vaddr)
+	}
+	readN(t, daemon, PageSize)
+	if _, err := daemon.Write(closeHeader()); err != nil {
+		t.Fatal(err)
+	}
+	readN(t, daemon, 4)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
 }

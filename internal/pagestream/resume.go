@@ -144,9 +144,14 @@ func (r *Relay) Serve(agent io.ReadWriteCloser) error {
 	for {
 		r.mu.Lock()
 		n := len(r.pending)
-		var head header
-		if n > 0 {
-			head = r.pending[0]
+		// A close is asked once every page came: while a GET is pending,
+		// the next reply is a GET's, whichever (getAnyOrder).
+		next := header{cmd: psIOVClose}
+		for _, h := range r.pending {
+			if h.cmd&(1<<psCmdBits-1) == psIOVGet {
+				next = h
+				break
+			}
 		}
 		r.mu.Unlock()
 		if n == 0 {
@@ -158,7 +163,7 @@ func (r *Relay) Serve(agent io.ReadWriteCloser) error {
 			}
 		}
 		var err error
-		if reply, err = readReply(in, head, reply[:0]); err != nil {
+		if reply, err = readReply(in, next, reply[:0]); err != nil {
 			select {
 			case <-r.ended:
 				return ErrDaemonGone
@@ -170,9 +175,34 @@ func (r *Relay) Serve(agent io.ReadWriteCloser) error {
 			return fmt.Errorf("%w: %v", ErrDaemonGone, err)
 		}
 		r.mu.Lock()
-		r.pending = r.pending[1:]
+		i := r.answered(next, reply)
+		r.pending = append(r.pending[:i], r.pending[i+1:]...)
 		r.mu.Unlock()
 	}
+}
+
+// answered finds the pending request reply answers: the close, or the GET
+// of the same task and first page, else the first GET (a reply in order
+// that names no page, as CRIU's daemon takes it). Called with r.mu held.
+func (r *Relay) answered(kind header, reply []byte) int {
+	get := kind.cmd&(1<<psCmdBits-1) == psIOVGet
+	var rh header
+	if get {
+		rh = parseHeader(reply)
+	}
+	first := -1
+	for i, h := range r.pending {
+		if isGet := h.cmd&(1<<psCmdBits-1) == psIOVGet; isGet != get {
+			continue
+		}
+		if !get || h.vaddr == rh.vaddr && h.dstID == rh.dstID {
+			return i
+		}
+		if first < 0 {
+			first = i
+		}
+	}
+	return first
 }
 
 // readReply reads, into buf, the whole reply to request req: a header and

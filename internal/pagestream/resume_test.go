@@ -350,3 +350,48 @@ func TestLazyProxyQuietWaitsForTheReply(t *testing.T) {
 		t.Fatal("Quiet did not return once the reply was written")
 	}
 }
+
+// Replies that come in another order than their requests (getAnyOrder)
+// reach the daemon whole, each settles its own request, and a new agent
+// is asked again for the one left unanswered only.
+func TestRelayMatchesRepliesInAnyOrder(t *testing.T) {
+	daemon, sock, out := relayUnder(t)
+	a, b, c := getReq(7, 0x1000, 4), getReq(7, 0x9000, 1), getReq(9, 0x2000, 1)
+	for _, r := range [][]byte{a, b, c} {
+		if _, err := daemon.Write(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := dialRelay(t, sock)
+	readN(t, first, 3*headerSize)
+	// c, then a in part (fewer pages than asked), then the agent is gone.
+	replies := append(pageReply(9, 0x2000, 1), pageReply(7, 0x1000, 2)...)
+	if _, err := first.Write(replies); err != nil {
+		t.Fatal(err)
+	}
+	if got := readN(t, daemon, len(replies)); !bytes.Equal(got, replies) {
+		t.Fatal("the daemon did not get the replies whole, as they came")
+	}
+	first.Close()
+
+	second := dialRelay(t, sock)
+	if got := readN(t, second, headerSize); !bytes.Equal(got, b) {
+		t.Fatalf("the next agent was asked %x, want only the unanswered request at 0x9000", got)
+	}
+	if _, err := second.Write(pageReply(7, 0x9000, 1)); err != nil {
+		t.Fatal(err)
+	}
+	readN(t, daemon, len(pageReply(7, 0x9000, 1)))
+	if _, err := daemon.Write(closeReq); err != nil {
+		t.Fatal(err)
+	}
+	readN(t, second, headerSize)
+	if _, err := second.Write([]byte{0, 0, 0, 0}); err != nil {
+		t.Fatal(err)
+	}
+	readN(t, daemon, 4)
+	daemon.Close()
+	if err := <-out; err != nil {
+		t.Fatalf("relay: %v", err)
+	}
+}

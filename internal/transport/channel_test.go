@@ -465,14 +465,15 @@ func TestFrameTypes(t *testing.T) {
 	}
 }
 
-// A peer of protocol version 2 (frames capped, no continuation) is told
-// apart by the version byte of its first frame.
+// A peer of an earlier protocol version is told apart by the version byte
+// of its first frame.
 func TestPreviousVersionRefused(t *testing.T) {
 	b := script(control([]byte(`"hello"`)))
-	b[3] = 2
+	b[3] = ProtocolVersion - 1
 	var v any
 	err := readChannel(b).Recv(&v)
-	if err == nil || !strings.Contains(err.Error(), "peer speaks protocol version 2, this ferry speaks 3") {
-		t.Fatalf("got %v", err)
+	want := fmt.Sprintf("peer speaks protocol version %d, this ferry speaks %d", ProtocolVersion-1, ProtocolVersion)
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("got %v, want %q", err, want)
 	}
 }
