@@ -208,21 +208,24 @@ func (p Profile) postcopy(in Inputs) timeline {
 
 // PushPull is post-copy's pull with the push (engine/push.go): the source
 // sends all of the memory at the slower of the link and its read of the
-// frozen task. Meanwhile the daemon, answered from what arrived, places
-// little: each fault goes to the source and holds up its background
-// requests, and after a fault the next is back at 64 KiB, so about one
-// 64 KiB request is placed per fault (faults come at the write rate on the
-// missing half of memory, on average). The rest it places from the local
-// copy once the push is in. linkBps 0: the link does not limit.
+// frozen task, and the lazy-pages daemon (ferry's CRIU, patch 0004) places
+// what arrives as it comes, a few requests in flight. What it has left
+// once the push is in are the holes the faults cut in the memory's runs:
+// one request each (fault_s), lazyDepth at once. linkBps 0: the link does
+// not limit.
 func (p Profile) PushPull(m, linkBps, rate float64) float64 {
 	send := p.frozenRead()
 	if linkBps > 0 {
 		send = math.Min(send, linkBps)
 	}
 	push := m / send
-	placed := math.Min(m, p.FaultRate(rate, 0.5)*push*lazyRequestStep)
-	return push + (m-placed)/p.localFill()
+	faults := p.FaultRate(rate, 0.5) * push
+	return push + faults*p.FaultS/lazyDepth
 }
+
+// lazyDepth is how many background requests ferry's CRIU keeps in flight
+// when the pages are near (criu/uffd.c, xfer_depth).
+const lazyDepth = 4
 
 // The lengths of CRIU's background requests (criu/uffd.c): the lazy-pages
 // daemon asks for 64 KiB, 64 KiB more each request after, up to 4 MiB, and
