@@ -118,13 +118,10 @@ func ServeLazyAwaiting(daemon io.ReadWriter, upstream io.ReadWriter, have Source
 		case psIOVClose, psIOVForceClose:
 			// The daemon closes once every request was answered.
 			inFlight.Wait()
-			s.upMu.Lock()
+			err := s.forward(h)
 			s.mu.Lock()
-			// The reply is a 4-byte status.
-			err := forwardReply(s.upW, s.up, s.out, h.encodeBytes(), 4)
 			s.st.Closed = err == nil
 			s.mu.Unlock()
-			s.upMu.Unlock()
 			return ended(err)
 		default:
 			return ended(fmt.Errorf("%w: lazy-pages daemon sent command %#x", ErrMalformed, h.cmd))
@@ -144,10 +141,33 @@ type lazyServer struct {
 	err error
 	bad chan struct{} // closed at the first error
 
-	// upMu: one request at a time to the source, its reply read whole.
+	// upMu: one request at a time to the source, its reply read whole
+	// before it is passed on, so the source's round trip holds up no
+	// answer from here.
 	upMu sync.Mutex
 	upW  io.Writer
 	up   *bufio.Reader
+}
+
+// forward passes a request to the source's page server and its whole
+// reply to the daemon.
+func (s *lazyServer) forward(h header) error {
+	s.upMu.Lock()
+	_, err := s.upW.Write(h.encodeBytes())
+	var reply []byte
+	if err == nil {
+		reply, err = readReply(s.up, h, nil)
+	}
+	s.upMu.Unlock()
+	if err != nil {
+		return fmt.Errorf("source page server: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.out.Write(reply); err != nil {
+		return err
+	}
+	return s.out.Flush()
 }
 
 // get answers a GET from the pages held here, or from the source;
@@ -177,13 +197,11 @@ func (s *lazyServer) get(h header, inOrder bool) {
 	if h.nrPages > 1 {
 		h.nrPages = missingRun(h, s.have, s.await != nil)
 	}
-	s.upMu.Lock()
+	err = s.forward(h)
 	s.mu.Lock()
-	err = forward(s.upW, s.up, s.out, h.encodeBytes())
 	s.st.Forwarded++
 	s.st.Pages += h.nrPages
 	s.mu.Unlock()
-	s.upMu.Unlock()
 	s.fail(err)
 }
 
@@ -269,41 +287,6 @@ func missingRun(h header, have Source, pushing bool) uint64 {
 		n++
 	}
 	return n
-}
-
-// forward sends a GET upstream and relays the reply: a header, then the
-// pages it announces.
-func forward(upstream io.Writer, up *bufio.Reader, out *bufio.Writer, hdr []byte) error {
-	if _, err := upstream.Write(hdr); err != nil {
-		return fmt.Errorf("source page server: %w", err)
-	}
-	reply := make([]byte, headerSize)
-	if _, err := io.ReadFull(up, reply); err != nil {
-		return fmt.Errorf("source page server: %w", err)
-	}
-	rh := parseHeader(reply)
-	n := rh.payloadPages()
-	if n > maxLazyPages {
-		return fmt.Errorf("%w: source page server announced %d pages", ErrMalformed, n)
-	}
-	if _, err := out.Write(reply); err != nil {
-		return err
-	}
-	if _, err := io.CopyN(out, up, int64(n)*PageSize); err != nil {
-		return fmt.Errorf("source page server: %w", err)
-	}
-	return out.Flush()
-}
-
-// forwardReply sends a header upstream and relays a fixed-size reply.
-func forwardReply(upstream io.Writer, up *bufio.Reader, out *bufio.Writer, hdr []byte, n int64) error {
-	if _, err := upstream.Write(hdr); err != nil {
-		return fmt.Errorf("source page server: %w", err)
-	}
-	if _, err := io.CopyN(out, up, n); err != nil {
-		return fmt.Errorf("source page server: %w", err)
-	}
-	return out.Flush()
 }
 
 // LazyClient asks a lazy dump's page server for pages the way CRIU's
