@@ -21,16 +21,18 @@ import (
 // not the link, and the source's frozen copy stays needed that much longer.
 // So once the copy runs at the destination, the source reads the frozen
 // memory once and sends all of it on the push channel at link speed; the
-// destination keeps it in a page store and answers the daemon's background
-// requests from there, waiting for pages on their way instead of asking
-// for them again (pagestream.ServeLazyAwaiting). Faults still go to the
-// source's page server at once, and the push sends the pages after each
-// fault next (pushAhead), as QEMU's post-copy moves its background stream
-// to the faulted address.
+// destination keeps it in a page store and answers the daemon's requests
+// from there, waiting a little for pages on their way instead of asking
+// for them again (pagestream.ServeLazyAwaiting), and telling the source
+// where the daemon waits, which the push sends next (wantedAhead). Faults
+// still go to the source's page server at once, and the push sends the
+// pages after each fault next (pushAhead), as QEMU's post-copy moves its
+// background stream to the faulted address.
 
 // ChanPush carries post-copy's push (source -> destination): every page of
 // the frozen container, in the rounds' encoding, as one round; the other
-// way, the destination's count of pages stored, every pushAckPages.
+// way, pushRecords: the destination's count of pages stored, every
+// pushAckPages, and the pages its daemon waits for.
 const ChanPush = "push"
 
 // The push keeps little unacknowledged: a fault's page travels the same
@@ -67,7 +69,7 @@ type pushNext struct {
 	ahead  uint64 // pages to push after those
 }
 
-// ahead is what the push sends next.
+// aheadRange is what the push sends next.
 func (n pushNext) aheadRange() pages.Range {
 	start := n.start + n.served*pageSize
 	return pages.Range{PID: n.pid, Start: start, End: start + n.ahead*pageSize}
