@@ -335,17 +335,20 @@ func (c *credit) waitFor(ctx context.Context, n uint64) error {
 	return nil
 }
 
-// pushWait is how long a background request of the lazy-pages daemon
-// waits for a page that is not stored yet before the source is asked for
-// it, when the daemon reads its replies in order (stock CRIU): its faults
-// queue behind the request. The push's window is a few milliseconds of the
-// link, so a page on its way comes within that.
-const pushWait = 4 * time.Millisecond
+// pushWait is how long a background request of ferry's CRIU waits for a
+// page not stored yet before the source is asked for it. The source, told
+// where the daemon waits, pushes those pages next: they come within a few
+// milliseconds, and a fault waits for the request only when it falls
+// inside it.
+const pushWait = 25 * time.Millisecond
 
-// pushPatience is that wait for a daemon that takes replies in any order
-// (ferry's CRIU): the source, told where the daemon waits, pushes those
-// pages next, and a fault waits only when it falls inside such a request.
-const pushPatience = 25 * time.Millisecond
+// pushStall is how long a request of stock CRIU waits for a push that
+// stores nothing before the source is asked instead. That daemon asks for
+// its lowest missing pages, where the push is anyway, and reads replies in
+// order: its requests wait as long as the push brings pages, but a push
+// that stalls (it is not failing, so nothing ends it) must not stall the
+// pull with it.
+const pushStall = 5 * time.Second
 
 // pushed is the destination's view of the push: the store it fills, and
 // whether more may come.
@@ -354,8 +357,10 @@ type pushed struct {
 	mu    sync.Mutex
 	cond  *sync.Cond
 	done  bool
-	// wait, patience: pushWait and pushPatience but in tests.
-	wait, patience time.Duration
+	// progress is when the push last stored a page.
+	progress time.Time
+	// wait, stall: pushWait and pushStall but in tests.
+	wait, stall time.Duration
 
 	// wmu orders the records sent back to the source on ch, once open.
 	wmu sync.Mutex
@@ -363,7 +368,7 @@ type pushed struct {
 }
 
 func newPushed(store *pages.Store) *pushed {
-	p := &pushed{store: store, wait: pushWait, patience: pushPatience}
+	p := &pushed{store: store, progress: time.Now(), wait: pushWait, stall: pushStall}
 	p.cond = sync.NewCond(&p.mu)
 	return p
 }
@@ -411,6 +416,7 @@ func (p *pushed) receive(ctx context.Context, sess *transport.Session, router *t
 			return fmt.Errorf("post-copy push: %w", err)
 		}
 		p.mu.Lock()
+		p.progress = time.Now()
 		p.cond.Broadcast()
 		p.mu.Unlock()
 		if endOfRound {
@@ -432,23 +438,21 @@ func (p *pushed) finish() {
 	p.mu.Unlock()
 }
 
-// await waits until k is stored, for at most p.wait (briefly) or
-// p.patience, or until the push has ended (pagestream.Await). The source
-// hears that the daemon waits for the n pages from k on, and pushes them
-// next.
-func (p *pushed) await(k pages.Key, n uint64, briefly bool) bool {
+// await waits until k is stored, or the push has ended, or it is better
+// to ask the source (pagestream.Await). With a hint (ferry's CRIU), the
+// source hears that the daemon waits for the hint pages from k on, and
+// pushes them next; the wait lasts p.wait at most. Without (stock CRIU),
+// it lasts while the push stores pages, up to p.stall without one.
+func (p *pushed) await(k pages.Key, hint uint64) bool {
 	if _, ok := p.store.Hash(k); ok {
 		return true
 	}
-	_ = p.send(pushRecord{kind: recWanted, pid: k.PID, addr: k.Addr, n: n})
-	limit := p.patience
-	if briefly {
-		limit = p.wait
+	if hint > 0 {
+		_ = p.send(pushRecord{kind: recWanted, pid: k.PID, addr: k.Addr, n: hint})
 	}
-	timedOut := false
-	wake := time.AfterFunc(limit, func() {
+	start := time.Now()
+	wake := time.AfterFunc(p.wait, func() {
 		p.mu.Lock()
-		timedOut = true
 		p.cond.Broadcast()
 		p.mu.Unlock()
 	})
@@ -459,9 +463,17 @@ func (p *pushed) await(k pages.Key, n uint64, briefly bool) bool {
 		if _, ok := p.store.Hash(k); ok {
 			return true
 		}
-		if p.done || timedOut {
+		if p.done {
+			return false
+		}
+		left := p.stall - time.Since(p.progress)
+		if hint > 0 {
+			left = p.wait - time.Since(start)
+		}
+		if left <= 0 {
 			return false // the source answers this one
 		}
+		wake.Reset(left)
 		p.cond.Wait()
 	}
 }

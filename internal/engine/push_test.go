@@ -14,15 +14,15 @@ import (
 // gives up on one the push ended without.
 func TestPushedAwait(t *testing.T) {
 	p := newPushed(pages.NewStore())
-	p.wait, p.patience = time.Minute, time.Minute
+	p.wait = time.Minute
 	k1, k2, k3 := pages.Key{PID: 1, Addr: 0x1000}, pages.Key{PID: 1, Addr: 0x2000}, pages.Key{PID: 1, Addr: 0x3000}
 	page := make([]byte, pages.PageSize)
 	p.store.Put(k1, page)
-	if !p.await(k1, 1, false) {
+	if !p.await(k1, 1) {
 		t.Fatal("a stored page awaited in vain")
 	}
 	got := make(chan bool)
-	go func() { got <- p.await(k2, 1, false) }()
+	go func() { got <- p.await(k2, 1) }()
 	select {
 	case <-got:
 		t.Fatal("await returned before the page came")
@@ -35,54 +35,82 @@ func TestPushedAwait(t *testing.T) {
 	if !<-got {
 		t.Fatal("the page came, await said no")
 	}
-	go func() { got <- p.await(k3, 1, false) }()
+	go func() { got <- p.await(k3, 1) }()
 	p.finish()
 	if <-got {
 		t.Fatal("await said yes for a page the push never brought")
 	}
 }
 
-// A page the push has not brought within the wait, brief (the daemon
-// reads replies in order) or patient, is asked of the source, though
-// other pages keep coming.
+// A page the push has not brought within the wait is asked of the source,
+// though other pages keep coming.
 func TestPushedAwaitGivesUp(t *testing.T) {
-	for _, briefly := range []bool{true, false} {
-		p := newPushed(pages.NewStore())
-		p.wait, p.patience = 50*time.Millisecond, 250*time.Millisecond
-		want := p.patience
-		if briefly {
-			want = p.wait
+	p := newPushed(pages.NewStore())
+	p.wait = 200 * time.Millisecond
+	k := pages.Key{PID: 1, Addr: 0x1000}
+	got := make(chan bool, 1)
+	start := time.Now()
+	go func() { got <- p.await(k, 1) }()
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() { // other pages keep coming
+		for i := uint64(2); ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			p.store.Put(pages.Key{PID: 1, Addr: i << 12}, make([]byte, pages.PageSize))
+			p.mu.Lock()
+			p.cond.Broadcast()
+			p.mu.Unlock()
 		}
-		k := pages.Key{PID: 1, Addr: 0x1000}
-		got := make(chan bool, 1)
-		start := time.Now()
-		go func() { got <- p.await(k, 1, briefly) }()
-		stop := make(chan struct{})
-		go func() { // other pages keep coming
-			for i := uint64(2); ; i++ {
-				select {
-				case <-stop:
-					return
-				case <-time.After(10 * time.Millisecond):
-				}
-				p.store.Put(pages.Key{PID: 1, Addr: i << 12}, make([]byte, pages.PageSize))
-				p.mu.Lock()
-				p.cond.Broadcast()
-				p.mu.Unlock()
-			}
-		}()
-		select {
-		case ok := <-got:
-			if ok {
-				t.Fatal("await said yes for a page never stored")
-			}
-			if d := time.Since(start); d < want || d > want+time.Second {
-				t.Errorf("briefly %v: gave up after %v, want about %v", briefly, d, want)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatalf("briefly %v: await still waits for a page that does not come", briefly)
+	}()
+	select {
+	case ok := <-got:
+		if ok {
+			t.Fatal("await said yes for a page never stored")
 		}
-		close(stop)
+		if d := time.Since(start); d < p.wait {
+			t.Errorf("gave up after %v, within its wait of %v", d, p.wait)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("await still waits for a page that does not come")
+	}
+}
+
+// Without a hint (stock CRIU's request), a request waits while the push
+// stores pages, and gives up once it stored none for its stall time.
+func TestPushedAwaitWithoutAHintFollowsThePush(t *testing.T) {
+	p := newPushed(pages.NewStore())
+	p.wait, p.stall = 10*time.Millisecond, 300*time.Millisecond
+	k := pages.Key{PID: 1, Addr: 0x1000}
+	got := make(chan bool, 1)
+	start := time.Now()
+	go func() { got <- p.await(k, 0) }()
+	// Pages that are not this one keep the push alive for 300 ms.
+	for i := 0; i < 6; i++ {
+		time.Sleep(50 * time.Millisecond)
+		p.mu.Lock()
+		p.progress = time.Now()
+		p.cond.Broadcast()
+		p.mu.Unlock()
+	}
+	select {
+	case <-got:
+		t.Fatal("await gave up on a push that was storing pages")
+	default:
+	}
+	select {
+	case ok := <-got:
+		if ok {
+			t.Fatal("await said yes for a page never stored")
+		}
+		if d := time.Since(start); d < 500*time.Millisecond {
+			t.Errorf("gave up %v after the start, before the push had been quiet for its stall time", d)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("await still waits on a push that stalled")
 	}
 }
 
@@ -99,7 +127,7 @@ func TestPushRecordsBackToTheSource(t *testing.T) {
 	go func() {
 		_ = p.send(pushRecord{kind: recStored, n: 16})
 		p.wait = time.Millisecond
-		p.await(pages.Key{PID: 9, Addr: 0x7000}, 2000, true)
+		p.await(pages.Key{PID: 9, Addr: 0x7000}, 2000)
 		_ = p.send(pushRecord{kind: recStored, n: 32})
 	}()
 	if err := c.waitFor(context.Background(), 32); err != nil {

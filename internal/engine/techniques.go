@@ -118,7 +118,7 @@ var techniques = map[string]technique{
 			in.store = pages.NewStore()
 			in.push = newPushed(in.store)
 			if in.d.pushWait > 0 {
-				in.push.wait, in.push.patience = in.d.pushWait, in.d.pushWait
+				in.push.wait = in.d.pushWait
 			}
 			go func() {
 				if err := in.push.receive(ctx, rx.sess, rx.router); err != nil && ctx.Err() == nil {

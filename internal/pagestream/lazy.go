@@ -46,17 +46,18 @@ func ServeLazy(daemon io.ReadWriter, upstream io.ReadWriter, have Source) (LazyS
 const getAnyOrder = 1 << 15
 
 // Await waits until the page k is in the destination's copy, and says
-// whether it is (false: not soon, ask the source). The request waits for
-// n pages from k on; briefly: the daemon reads replies in order, so its
-// faults wait too.
-type Await func(k PageKey, n uint64, briefly bool) bool
+// whether it is (false: not soon, ask the source). hint is how many pages
+// from k on a request of ferry's CRIU waits for, which the copy's filler
+// may fetch next; 0 for stock CRIU's, whose requests follow the filling
+// anyway and hold up the daemon's other replies.
+type Await func(k PageKey, hint uint64) bool
 
 // ServeLazyAwaiting is ServeLazy for a copy still filling (post-copy's
-// push): a background request (more than one page) whose first page is
-// not there yet waits for it through await (briefly when the daemon reads
-// replies in order: its faults queue behind) instead of asking the source
-// for what is on its way, then takes the pages held from there on. A
-// request for one page is a fault: the source is asked at once.
+// push): a background request (more than one page) waits through await
+// for pages not there yet instead of asking the source for what is on its
+// way (its first page, then the pages held from there on; stock CRIU's,
+// all of its pages). A request for one page is a fault: the source is
+// asked at once.
 func ServeLazyAwaiting(daemon io.ReadWriter, upstream io.ReadWriter, have Source, await Await) (LazyStats, error) {
 	s := &lazyServer{
 		out:   bufio.NewWriterSize(daemon, 256<<10),
@@ -170,16 +171,24 @@ func (s *lazyServer) forward(h header) error {
 	return s.out.Flush()
 }
 
-// get answers a GET from the pages held here, or from the source;
-// inOrder: the daemon reads replies in order, so a wait holds up the rest.
+// get answers a GET from the pages held here, or from the source.
+//
+// inOrder: the daemon is stock CRIU's, which reads replies in order and,
+// after a partial one, goes back to its lowest missing page with a small
+// request: a request is answered from here only whole (waiting for the
+// pages on their way), else the source answers all of it.
 func (s *lazyServer) get(h header, inOrder bool) {
 	s.mu.Lock()
 	s.st.Requests++
 	s.mu.Unlock()
+	if inOrder && !s.holdsAll(h) {
+		s.fail(s.forwardCounted(h))
+		return
+	}
 	if s.await != nil && h.nrPages > 1 && h.nrPages <= maxLazyPages && h.dstID <= 1<<32-1 {
 		k := PageKey{PID: uint32(h.dstID), Addr: h.vaddr}
 		if _, _, ok := s.have(k); !ok {
-			s.await(k, h.nrPages, inOrder)
+			s.await(k, h.nrPages)
 		}
 	}
 	s.mu.Lock()
@@ -197,12 +206,32 @@ func (s *lazyServer) get(h header, inOrder bool) {
 	if h.nrPages > 1 {
 		h.nrPages = missingRun(h, s.have, s.await != nil)
 	}
-	err = s.forward(h)
+	s.fail(s.forwardCounted(h))
+}
+
+// holdsAll says whether every page of a GET is here, waiting (through
+// await, for a background request) for those on their way.
+func (s *lazyServer) holdsAll(h header) bool {
+	if h.nrPages == 0 || h.nrPages > maxLazyPages || h.dstID > 1<<32-1 {
+		return false
+	}
+	for i := range h.nrPages {
+		k := PageKey{PID: uint32(h.dstID), Addr: h.vaddr + i*PageSize}
+		if _, _, ok := s.have(k); !ok && (s.await == nil || h.nrPages == 1 || !s.await(k, 0)) {
+			return false
+		}
+	}
+	return true
+}
+
+// forwardCounted is forward, counted in the stats.
+func (s *lazyServer) forwardCounted(h header) error {
+	err := s.forward(h)
 	s.mu.Lock()
 	s.st.Forwarded++
 	s.st.Pages += h.nrPages
 	s.mu.Unlock()
-	s.fail(err)
+	return err
 }
 
 // fail records the first error; nil is no error.

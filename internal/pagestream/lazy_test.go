@@ -146,12 +146,12 @@ func TestLazyClientRefusesAWrongReply(t *testing.T) {
 	}
 }
 
-// A background request waits for its first page while it is on its way,
-// then takes the pages that came with it; a fault (one page) does not
-// wait; a first page that will not come sends the request upstream.
+// Stock CRIU's daemon (replies in order): a background request waits for
+// its pages still on their way and is answered whole; a fault (one page)
+// does not wait; a page that will not come sends the request upstream whole.
 func TestServeLazyAwaiting(t *testing.T) {
 	var req bytes.Buffer
-	req.Write(getHeader(7, 0x3000, 3)) // background: 0x3000 and 0x4000 arrive while it waits
+	req.Write(getHeader(7, 0x3000, 2)) // background: both pages arrive while it waits
 	req.Write(getHeader(7, 0x5000, 1)) // a fault on a page not there: upstream at once
 	req.Write(getHeader(7, 0x6000, 2)) // background, 0x6000 never comes: upstream
 	req.Write(closeHeader())
@@ -163,11 +163,10 @@ func TestServeLazyAwaiting(t *testing.T) {
 		return fakeStore(k)
 	}
 	var awaited []uint64
-	await := func(k PageKey, _ uint64, _ bool) bool {
+	await := func(k PageKey, _ uint64) bool {
 		awaited = append(awaited, k.Addr)
-		if k.Addr == 0x3000 {
+		if k.Addr == 0x3000 || k.Addr == 0x4000 {
 			arrived[k] = true
-			arrived[PageKey{PID: 7, Addr: 0x4000}] = true
 			return true
 		}
 		return false
@@ -186,22 +185,19 @@ func TestServeLazyAwaiting(t *testing.T) {
 	if st.Local != 1 || st.Forwarded != 2 || st.LocalPages != 2 {
 		t.Fatalf("stats %+v", st)
 	}
-	if len(awaited) != 2 || awaited[0] != 0x3000 || awaited[1] != 0x6000 {
-		t.Fatalf("awaited %#x: want the first pages 0x3000 (arrived) and 0x6000 (never), not the fault's 0x5000", awaited)
-	}
-	if got := out.Bytes()[:headerSize]; !bytes.Equal(got, replyHeader(7, 0x3000, 2)) {
-		t.Fatalf("the background request's reply %x: want the two pages that came", got)
+	if len(awaited) != 3 || awaited[0] != 0x3000 || awaited[1] != 0x4000 || awaited[2] != 0x6000 {
+		t.Fatalf("awaited %#x: want 0x3000 and 0x4000 (arrived) and 0x6000 (never), not the fault's 0x5000", awaited)
 	}
 	if !bytes.Equal(up.in.Bytes()[:headerSize], getHeader(7, 0x5000, 1)) || !bytes.Equal(up.in.Bytes()[headerSize:2*headerSize], getHeader(7, 0x6000, 2)) {
 		t.Fatal("the forwarded requests changed on their way")
 	}
 }
 
-// A request whose first pages are held is answered with those alone,
-// however far it reaches; the daemon asks again for the rest.
+// A request of ferry's CRIU whose first pages are held is answered with
+// those alone, however far it reaches; the daemon asks again for the rest.
 func TestServeLazyAnswersTheHeldPrefix(t *testing.T) {
 	var req bytes.Buffer
-	req.Write(getHeader(7, 0x2000, 16)) // 0x2000 held, 0x3000 not
+	req.Write(anyOrderGet(7, 0x2000, 16)) // 0x2000 held, 0x3000 not
 	req.Write(closeHeader())
 	up := &fakeUpstream{}
 	up.out.Write([]byte{0, 0, 0, 0})
@@ -222,39 +218,24 @@ func TestServeLazyAnswersTheHeldPrefix(t *testing.T) {
 	}
 }
 
-// A background request the destination cannot answer asks the source
-// only for the pages missing from its first on; while the push runs, at
-// most maxForwardPages of them.
-func TestServeLazyForwardsTheMissingRun(t *testing.T) {
-	never := func(PageKey, uint64, bool) bool { return false }
+// What a background request the destination cannot answer asks of the
+// source: the pages missing from its first on; while the push runs, at
+// most maxForwardPages of them; a request not ours to read, unchanged.
+func TestMissingRun(t *testing.T) {
 	for _, c := range []struct {
-		await  Await
-		asked2 uint64
-	}{{nil, 40}, {never, maxForwardPages}} {
-		var req bytes.Buffer
-		req.Write(getHeader(7, 0x0, 8))     // 0x0 missing, 0x1000 held: one page asked
-		req.Write(getHeader(7, 0x3000, 40)) // nothing held
-		req.Write(closeHeader())
-		up := &fakeUpstream{}
-		for _, r := range []struct{ addr, n uint64 }{{0x0, 1}, {0x3000, c.asked2}} {
-			up.out.Write(replyHeader(7, r.addr, r.n))
-			up.out.Write(bytes.Repeat([]byte{5}, int(r.n)*PageSize))
-		}
-		up.out.Write([]byte{0, 0, 0, 0})
-		var out bytes.Buffer
-		st, err := ServeLazyAwaiting(duplex{&req, &out}, up, fakeStore, c.await)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st.Forwarded != 2 || st.Pages != 1+c.asked2 {
-			t.Fatalf("pushing %v: stats %+v", c.await != nil, st)
-		}
-		asked := up.in.Bytes()
-		if !bytes.Equal(asked[:headerSize], getHeader(7, 0x0, 1)) || !bytes.Equal(asked[headerSize:2*headerSize], getHeader(7, 0x3000, c.asked2)) {
-			t.Fatalf("pushing %v: asked the source %x", c.await != nil, asked[:2*headerSize])
-		}
-		if len(out.Bytes()) != 2*headerSize+int(1+c.asked2)*PageSize+4 {
-			t.Fatalf("pushing %v: daemon got %d bytes", c.await != nil, len(out.Bytes()))
+		h       header
+		pushing bool
+		want    uint64
+	}{
+		{header{cmd: psIOVGet, nrPages: 8, vaddr: 0x0, dstID: 7}, false, 1},                            // 0x1000 held
+		{header{cmd: psIOVGet, nrPages: 40, vaddr: 0x3000, dstID: 7}, false, 40},                       // nothing held
+		{header{cmd: psIOVGet, nrPages: 40, vaddr: 0x3000, dstID: 7}, true, maxForwardPages},           // the push runs
+		{header{cmd: psIOVGet, nrPages: 3, vaddr: 0x3000, dstID: 7}, true, 3},                          // fewer than the bound
+		{header{cmd: psIOVGet, nrPages: 40, vaddr: 0x3000, dstID: 1 << 40}, true, 40},                  // no pid of ours
+		{header{cmd: psIOVGet, nrPages: maxLazyPages + 1, vaddr: 0, dstID: 7}, true, maxLazyPages + 1}, // too long: the source refuses it
+	} {
+		if got := missingRun(c.h, fakeStore, c.pushing); got != c.want {
+			t.Errorf("%d pages at %#x of %d, pushing %v: asked %d, want %d", c.h.nrPages, c.h.vaddr, c.h.dstID, c.pushing, got, c.want)
 		}
 	}
 }
@@ -293,9 +274,9 @@ func TestServeLazyAnswersAFaultBeforeAWaitingRequest(t *testing.T) {
 		}
 		return fakeStore(k)
 	}
-	await := func(k PageKey, n uint64, briefly bool) bool {
-		if briefly || n != 2 {
-			t.Errorf("awaited %d pages, briefly %v: want 2 pages, patiently (the daemon takes replies in any order)", n, briefly)
+	await := func(k PageKey, n uint64) bool {
+		if n != 2 {
+			t.Errorf("awaited %d pages, want the request's 2", n)
 		}
 		<-release
 		mu.Lock()
