@@ -56,6 +56,9 @@ func (h header) encode() [headerSize]byte {
 	return b
 }
 
+// isGet says whether the header is a lazy-pages daemon's GET.
+func (h header) isGet() bool { return h.cmd&(1<<psCmdBits-1) == psIOVGet }
+
 func (h header) encodeBytes() []byte {
 	b := h.encode()
 	return b[:]

@@ -185,10 +185,9 @@ func (s *lazyServer) get(h header, inOrder bool) {
 		s.fail(s.forwardCounted(h))
 		return
 	}
-	if s.await != nil && h.nrPages > 1 && h.nrPages <= maxLazyPages && h.dstID <= 1<<32-1 {
-		k := PageKey{PID: uint32(h.dstID), Addr: h.vaddr}
-		if _, _, ok := s.have(k); !ok {
-			s.await(k, h.nrPages)
+	if _, ok := h.storeGet(); ok && s.await != nil && h.nrPages > 1 {
+		if _, _, held := s.have(h.page(0)); !held {
+			s.await(h.page(0), h.nrPages)
 		}
 	}
 	s.mu.Lock()
@@ -212,11 +211,11 @@ func (s *lazyServer) get(h header, inOrder bool) {
 // holdsAll says whether every page of a GET is here, waiting (through
 // await, for a background request) for those on their way.
 func (s *lazyServer) holdsAll(h header) bool {
-	if h.nrPages == 0 || h.nrPages > maxLazyPages || h.dstID > 1<<32-1 {
+	if _, ok := h.storeGet(); !ok {
 		return false
 	}
 	for i := range h.nrPages {
-		k := PageKey{PID: uint32(h.dstID), Addr: h.vaddr + i*PageSize}
+		k := h.page(i)
 		if _, _, ok := s.have(k); !ok && (s.await == nil || h.nrPages == 1 || !s.await(k, 0)) {
 			return false
 		}
@@ -257,33 +256,48 @@ func (s *lazyServer) result() (LazyStats, error) {
 // chunk, far below this.
 const maxLazyPages = 1 << 16
 
+// storeGet says whether the destination's copy may answer GET h, and the
+// task it names (dst_id is the bare pid): a pid, and a length within
+// maxLazyPages. Any other request goes to the source as it is.
+func (h header) storeGet() (uint32, bool) {
+	if h.nrPages == 0 || h.nrPages > maxLazyPages || h.dstID > 1<<32-1 {
+		return 0, false
+	}
+	return uint32(h.dstID), true
+}
+
+// page is the key of the i-th page GET h asks for.
+func (h header) page(i uint64) PageKey {
+	return PageKey{PID: uint32(h.dstID), Addr: h.vaddr + i*PageSize}
+}
+
 // serveLocal answers a GET from have with the pages held from its first
 // on, and says how many it sent (0: none held, the caller forwards it).
 func serveLocal(out *bufio.Writer, h header, have Source) (uint64, error) {
-	if h.nrPages == 0 || h.nrPages > maxLazyPages || h.dstID > 1<<32-1 {
+	pid, ok := h.storeGet()
+	if !ok {
 		return 0, nil
 	}
-	pid := uint32(h.dstID)
-	key := func(i uint64) PageKey { return PageKey{PID: pid, Addr: h.vaddr + i*PageSize} }
-	if _, _, ok := have(key(0)); !ok {
-		return 0, nil
-	}
-	n := uint64(1)
-	for n < h.nrPages {
-		if _, _, ok := have(key(n)); !ok {
+	var held [][]byte
+	for i := range h.nrPages {
+		data, _, ok := have(h.page(i))
+		if !ok {
 			break
 		}
-		n++
+		if len(data) != PageSize {
+			return 0, fmt.Errorf("page %#x of pid %d is %d bytes in the store", h.vaddr+i*PageSize, pid, len(data))
+		}
+		held = append(held, data)
 	}
+	if len(held) == 0 {
+		return 0, nil
+	}
+	n := uint64(len(held))
 	rh := header{cmd: pePresent<<psCmdBits | psIOVAddF, nrPages: n, vaddr: h.vaddr, dstID: h.dstID}.encode()
 	if _, err := out.Write(rh[:]); err != nil {
 		return 0, err
 	}
-	for i := range n {
-		data, _, ok := have(key(i))
-		if !ok || len(data) != PageSize {
-			return 0, fmt.Errorf("page %#x of pid %d vanished from the store", h.vaddr+i*PageSize, pid)
-		}
+	for _, data := range held {
 		if _, err := out.Write(data); err != nil {
 			return 0, err
 		}
@@ -301,7 +315,7 @@ const maxForwardPages = 16
 // while the push runs at most maxForwardPages. The daemon asks again for
 // the rest.
 func missingRun(h header, have Source, pushing bool) uint64 {
-	if h.nrPages > maxLazyPages || h.dstID > 1<<32-1 {
+	if _, ok := h.storeGet(); !ok {
 		return h.nrPages // not ours to shorten: the source refuses it
 	}
 	limit := h.nrPages
@@ -310,7 +324,7 @@ func missingRun(h header, have Source, pushing bool) uint64 {
 	}
 	n := uint64(1)
 	for n < limit {
-		if _, _, ok := have(PageKey{PID: uint32(h.dstID), Addr: h.vaddr + n*PageSize}); ok {
+		if _, _, ok := have(h.page(n)); ok {
 			break
 		}
 		n++

@@ -148,7 +148,7 @@ func (r *Relay) Serve(agent io.ReadWriteCloser) error {
 		// the next reply is a GET's, whichever (getAnyOrder).
 		next := header{cmd: psIOVClose}
 		for _, h := range r.pending {
-			if h.cmd&(1<<psCmdBits-1) == psIOVGet {
+			if h.isGet() {
 				next = h
 				break
 			}
@@ -185,14 +185,14 @@ func (r *Relay) Serve(agent io.ReadWriteCloser) error {
 // of the same task and first page, else the first GET (a reply in order
 // that names no page, as CRIU's daemon takes it). Called with r.mu held.
 func (r *Relay) answered(kind header, reply []byte) int {
-	get := kind.cmd&(1<<psCmdBits-1) == psIOVGet
+	get := kind.isGet()
 	var rh header
 	if get {
 		rh = parseHeader(reply)
 	}
 	first := -1
 	for i, h := range r.pending {
-		if isGet := h.cmd&(1<<psCmdBits-1) == psIOVGet; isGet != get {
+		if h.isGet() != get {
 			continue
 		}
 		if !get || h.vaddr == rh.vaddr && h.dstID == rh.dstID {
@@ -338,11 +338,11 @@ func (p *LazyProxy) answer(peer io.Writer, req []byte) (closed bool, err error) 
 		copy(p.last[:], req)
 		p.lastReply = reply
 		// A lazy request names the process by its bare pid (lazy.go).
-		if p.fault != nil && h.cmd&(1<<psCmdBits-1) == psIOVGet && h.dstID <= math.MaxUint32 {
+		if p.fault != nil && h.isGet() && h.dstID <= math.MaxUint32 {
 			p.fault(uint32(h.dstID), h.vaddr, parseHeader(reply).payloadPages())
 		}
 	}
-	p.closed = h.cmd&(1<<psCmdBits-1) != psIOVGet
+	p.closed = !h.isGet()
 	_, err = peer.Write(p.lastReply)
 	return p.closed, err
 }

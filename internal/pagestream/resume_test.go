@@ -76,6 +76,20 @@ func readN(t *testing.T, r io.Reader, n int) []byte {
 	return b
 }
 
+// closeThrough has the daemon close through the relay: agent receives
+// the close and answers its status, which reaches the daemon.
+func closeThrough(t *testing.T, daemon, agent net.Conn) {
+	t.Helper()
+	if _, err := daemon.Write(closeReq); err != nil {
+		t.Fatal(err)
+	}
+	readN(t, agent, headerSize)
+	if _, err := agent.Write([]byte{0, 0, 0, 0}); err != nil {
+		t.Fatal(err)
+	}
+	readN(t, daemon, 4)
+}
+
 func dialRelay(t *testing.T, sock string) net.Conn {
 	t.Helper()
 	c, err := net.Dial("unix", sock)
@@ -133,14 +147,7 @@ func TestRelayHandsUnansweredRequestsToTheNextAgent(t *testing.T) {
 	}
 
 	// The daemon's close, answered, then its end: the relay is done.
-	if _, err := daemon.Write(closeReq); err != nil {
-		t.Fatal(err)
-	}
-	readN(t, second, headerSize)
-	if _, err := second.Write([]byte{0, 0, 0, 0}); err != nil {
-		t.Fatal(err)
-	}
-	readN(t, daemon, 4)
+	closeThrough(t, daemon, second)
 	daemon.Close()
 	select {
 	case err := <-out:
@@ -382,14 +389,7 @@ func TestRelayMatchesRepliesInAnyOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	readN(t, daemon, len(pageReply(7, 0x9000, 1)))
-	if _, err := daemon.Write(closeReq); err != nil {
-		t.Fatal(err)
-	}
-	readN(t, second, headerSize)
-	if _, err := second.Write([]byte{0, 0, 0, 0}); err != nil {
-		t.Fatal(err)
-	}
-	readN(t, daemon, 4)
+	closeThrough(t, daemon, second)
 	daemon.Close()
 	if err := <-out; err != nil {
 		t.Fatalf("relay: %v", err)
