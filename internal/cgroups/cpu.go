@@ -1,15 +1,16 @@
-// Package cgroups reads and sets a container's CPU bandwidth limit in its
-// cgroup, on cgroup v1 (cpu.cfs_quota_us, cpu.cfs_period_us) and v2
-// (cpu.max). Auto-converge throttles a container with it while pre-copy
-// rounds fail to converge. It also lists the mounted hierarchies, for
-// those who clean up cgroups by name (Hierarchies). Finding the cgroup (mountinfo, cgroup
+// Package cgroups is what ferry does with a container's cgroups itself:
+// reads and sets its CPU bandwidth limit, on cgroup v1 (cpu.cfs_quota_us,
+// cpu.cfs_period_us) and v2 (cpu.max), which auto-converge throttles
+// while pre-copy rounds fail to converge; continues the processes of a
+// container restored stopped (Continue); destroys a cgroup a failed
+// restore left (Destroy); lists the mounted hierarchies (Hierarchies) and
+// makes CRIU a yard of them (Yard). Finding a cgroup (mountinfo, cgroup
 // namespaces, hybrid hierarchies) and opening its files safely is runc's
-// cgroups library; this package only speaks the two file formats.
+// cgroups library; this package only speaks the file formats.
 package cgroups
 
 import (
 	"fmt"
-	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -43,30 +44,11 @@ type CPU struct {
 
 // CPUOf finds the CPU controller of pid's cgroup.
 func CPUOf(pid int) (*CPU, error) {
-	paths, err := occgroups.ParseCgroupFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	dir, err := dirOf(pid, "cpu")
 	if err != nil {
 		return nil, err
 	}
-	if occgroups.IsCgroup2UnifiedMode() {
-		p, ok := paths[""]
-		if !ok {
-			return nil, fmt.Errorf("pid %d has no cgroup v2 path", pid)
-		}
-		return &CPU{dir: filepath.Join(unifiedMountpoint, p), v2: true}, nil
-	}
-	p, ok := paths["cpu"]
-	if !ok {
-		return nil, fmt.Errorf("pid %d has no cpu cgroup", pid)
-	}
-	mnt, root, err := occgroups.FindCgroupMountpointAndRoot("", "cpu")
-	if err != nil {
-		return nil, fmt.Errorf("cpu cgroup mount: %w", err)
-	}
-	rel, err := filepath.Rel(root, p)
-	if err != nil {
-		return nil, err
-	}
-	return &CPU{dir: filepath.Join(mnt, rel)}, nil
+	return &CPU{dir: dir, v2: occgroups.IsCgroup2UnifiedMode()}, nil
 }
 
 // Dir is the cgroup's directory.

@@ -90,11 +90,48 @@ func (c DaemonConn) Close() error {
 	return c.UnixConn.Close()
 }
 
-// StartLazyPages starts the daemon for the images in imagesDir and returns
-// once its socket exists, so that a restore can connect, with the page
-// server's end of its connection: the caller answers the daemon's page
-// requests there. No port is open: nothing else can ask for pages or
-// answer them. The daemon also holds a copy of the caller's end, so that
+// LazyPagesLink is the socketpair a lazy-pages daemon fetches its pages
+// through. It is made before the daemon, which needs the images, so that
+// what will serve it (a relay: a process to exec) can start while the
+// images are still on their way.
+type LazyPagesLink struct {
+	daemonEnd, ourEnd *os.File
+	// Conn is the page server's end: the caller answers the daemon's page
+	// requests there.
+	Conn DaemonConn
+}
+
+// NewLazyPagesLink makes the socketpair.
+func NewLazyPagesLink() (*LazyPagesLink, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	l := &LazyPagesLink{daemonEnd: os.NewFile(uintptr(fds[0]), "criu-lazy-ps"), ourEnd: os.NewFile(uintptr(fds[1]), "ferry-lazy-ps")}
+	fc, err := net.FileConn(l.ourEnd) // a descriptor of its own
+	if err != nil {
+		l.closeEnds()
+		return nil, err
+	}
+	l.Conn = DaemonConn{fc.(*net.UnixConn)}
+	return l, nil
+}
+
+// Close drops a link no daemon was started on: whoever holds its
+// connection reads end-of-stream.
+func (l *LazyPagesLink) Close() {
+	l.closeEnds()
+	l.Conn.Close()
+}
+
+func (l *LazyPagesLink) closeEnds() {
+	l.daemonEnd.Close()
+	l.ourEnd.Close()
+}
+
+// StartLazyPages starts the daemon for the images in imagesDir on link and
+// returns at once (Listening waits until a restore can connect). No port
+// is open: nothing else can ask for pages or answer them. The daemon also holds a copy of the caller's end, so that
 // the caller dying is not its page server closing: a daemon that saw that
 // would exit, and the kernel would fill the restored process's missing
 // pages with zeros; this one waits, the faults blocked, until someone
@@ -105,52 +142,44 @@ func (c DaemonConn) Close() error {
 // keeps its background requests large through faults and goes on after
 // each fault (CRIU_LAZY_PAGES_LOCAL, scripts/criu-patches/0004); another
 // CRIU ignores it.
-func StartLazyPages(imagesDir, workDir string, servedHere bool) (*LazyPages, DaemonConn, error) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return nil, DaemonConn{}, err
-	}
-	daemonEnd := os.NewFile(uintptr(fds[0]), "criu-lazy-ps")
-	ourEnd := os.NewFile(uintptr(fds[1]), "ferry-lazy-ps")
-	defer daemonEnd.Close()
-	defer ourEnd.Close() // net.FileConn holds its own descriptor
-	fc, err := net.FileConn(ourEnd)
-	if err != nil {
-		return nil, DaemonConn{}, err
-	}
-	conn := DaemonConn{fc.(*net.UnixConn)}
+func StartLazyPages(link *LazyPagesLink, imagesDir, workDir string, servedHere bool) (*LazyPages, error) {
+	defer link.closeEnds() // the daemon has its copies
 	lp := &LazyPages{logPath: filepath.Join(workDir, "lazy-pages.log"), exited: make(chan error, 1)}
 	cmd := exec.Command("criu", "lazy-pages", "--page-server", "--ps-socket", "3",
 		"--images-dir", imagesDir, "--work-dir", workDir, "-o", "lazy-pages.log", "-v4")
 	// fd 3 is the daemon's end; fd 4, ours, only held.
-	cmd.ExtraFiles = []*os.File{daemonEnd, ourEnd}
+	cmd.ExtraFiles = []*os.File{link.daemonEnd, link.ourEnd}
 	if servedHere {
 		cmd.Env = append(os.Environ(), "CRIU_LAZY_PAGES_LOCAL=1")
 	}
 	if err := cmd.Start(); err != nil {
-		conn.UnixConn.Close()
-		return nil, DaemonConn{}, fmt.Errorf("start criu lazy-pages: %w", err)
+		link.Conn.Close()
+		return nil, fmt.Errorf("start criu lazy-pages: %w", err)
 	}
 	lp.started, lp.pid, lp.kill = time.Now(), cmd.Process.Pid, cmd.Process.Kill
 	go func() { lp.exited <- cmd.Wait() }()
-	sock := filepath.Join(workDir, "lazy-pages.socket")
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	return lp, nil
+}
+
+// Listening returns once the daemon's socket exists, so that a restore can
+// connect (the caller starts what else it needs meanwhile: the daemon
+// takes a few milliseconds). A daemon that exits or does not listen in 10
+// s is an error; the caller stops it.
+func (lp *LazyPages) Listening() error {
+	sock := filepath.Join(filepath.Dir(lp.logPath), "lazy-pages.socket")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
 		if _, err := os.Stat(sock); err == nil {
-			return lp, conn, nil
+			return nil
 		}
 		select {
 		case err := <-lp.exited:
 			lp.exited <- err
-			conn.Close()
-			return nil, DaemonConn{}, fmt.Errorf("criu lazy-pages exited early: %v: %s", err, tail.File(lp.logPath, 3))
+			return fmt.Errorf("criu lazy-pages exited early: %v: %s", err, tail.File(lp.logPath, 3))
 		default:
 		}
 		if time.Now().After(deadline) {
-			lp.Stop()
-			conn.Close()
-			return nil, DaemonConn{}, errors.New("criu lazy-pages did not start in 10 s")
+			return errors.New("criu lazy-pages did not start in 10 s")
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 

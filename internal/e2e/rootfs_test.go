@@ -199,3 +199,56 @@ func countFiles(t *testing.T, root string) int {
 	}
 	return n
 }
+
+// TestTmpfsMountsMove moves a container's tmpfs mounts both ways CRIU
+// now dumps them: /dev/shm with a file in it (archived), then without
+// (an empty tmpfs is its mount alone, scripts/criu-patches/0005); the
+// masked /proc/acpi stays an empty read-only tmpfs whose root is 1777.
+func TestTmpfsMountsMove(t *testing.T) {
+	requireLab(t)
+	bin := ferryBin(t)
+	l := upLab(t, bin)
+	ctx := context.Background()
+	const name = "shm"
+	if err := l.Run(ctx, "h1", name, []string{"/bin/memhog", "--memory", "16M", "--dirty-rate", "100", "--port", memhogPort}); err != nil {
+		t.Fatal(err)
+	}
+	root := func(h *lab.Host) string {
+		t.Helper()
+		st, err := h.Runc().State(ctx, name)
+		if err != nil || st.Status != "running" {
+			t.Fatalf("%s on %s: %+v %v", name, h.Name, st, err)
+		}
+		return fmt.Sprintf("/proc/%d/root", st.Pid)
+	}
+	emptyTmpfs := func(h *lab.Host, dir string) {
+		t.Helper()
+		p := filepath.Join(root(h), dir)
+		ents, err := os.ReadDir(p)
+		if err != nil || len(ents) != 0 {
+			t.Errorf("%s on %s: %d entries, %v; want an empty directory", dir, h.Name, len(ents), err)
+		}
+		if st, err := os.Stat(p); err != nil || st.Mode().Perm()|st.Mode()&fs.ModeSticky != 0o777|fs.ModeSticky {
+			t.Errorf("%s on %s: mode %v, %v; want 1777", dir, h.Name, st.Mode(), err)
+		}
+	}
+	shm := filepath.Join(root(&l.Hosts[0]), "dev", "shm", "kept")
+	if err := os.WriteFile(shm, []byte("in /dev/shm\n"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	moveOK(t, &l.Hosts[0], &l.Hosts[1], name, engine.ModePostcopy)
+	kept := filepath.Join(root(&l.Hosts[1]), "dev", "shm", "kept")
+	if b, err := os.ReadFile(kept); err != nil || string(b) != "in /dev/shm\n" {
+		t.Errorf("/dev/shm/kept after the move: %q, %v", b, err)
+	}
+	emptyTmpfs(&l.Hosts[1], "proc/acpi")
+	if err := os.Remove(kept); err != nil {
+		t.Fatal(err)
+	}
+	moveOK(t, &l.Hosts[1], &l.Hosts[0], name, engine.ModeCold)
+	emptyTmpfs(&l.Hosts[0], "dev/shm")
+	emptyTmpfs(&l.Hosts[0], "proc/acpi")
+	if err := os.WriteFile(filepath.Join(root(&l.Hosts[0]), "dev", "shm", "new"), nil, 0o600); err != nil {
+		t.Errorf("/dev/shm is not writable after the move: %v", err)
+	}
+}

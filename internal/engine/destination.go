@@ -360,7 +360,8 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 		return err
 	})
 	// A lazy restore needs CRIU's lazy-pages daemon; it starts as soon as
-	// the images are here, not when the source asks for the restore.
+	// the images are here (its relay, now), not when the source asks for
+	// the restore.
 	type started struct {
 		lp  *lazyPages
 		err error
@@ -368,11 +369,7 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	lazyReady := make(chan started, 1)
 	if lazy {
 		go func() {
-			if err := <-imagesIn; err != nil {
-				lazyReady <- started{err: err}
-				return
-			}
-			lp, err := in.startLazyPages(rctx, sess, router)
+			lp, err := in.startLazyPages(rctx, sess, router, imagesIn)
 			lazyReady <- started{lp, err}
 		}()
 	}

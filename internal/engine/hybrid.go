@@ -60,7 +60,7 @@ func (m *migration) dumpWithFinalRound(ctx context.Context, rs *precopySource) (
 		m.roundDone(r, nil, 0, nil)
 		return failAt("final round", rs.finish(true))
 	})
-	if err := g.Wait(); err != nil {
+	if err := m.syncRootfsBeside(&g); err != nil {
 		if ld != nil {
 			ld.stop()
 		}

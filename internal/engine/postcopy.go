@@ -55,12 +55,37 @@ func (m *migration) postcopy(ctx context.Context) error {
 		return m.abort(ctx, err)
 	}
 	m.begin("dump")
-	ld, err := m.startLazyDump(ctx)
-	if err != nil {
+	var ld *lazyDump
+	var g errgroup.Group
+	g.Go(func() (err error) {
+		ld, err = m.startLazyDump(ctx)
+		return err
+	})
+	if err := m.syncRootfsBeside(&g); err != nil {
+		if ld != nil {
+			ld.stop()
+		}
 		return m.abort(ctx, err)
 	}
 	defer ld.stop()
 	return m.lazySwitchover(ctx, ld)
+}
+
+// syncRootfsBeside runs the frozen root filesystem sync beside what g runs
+// (the dump) and waits for both. The container is frozen, so what the sync
+// finds is final, and the link is idle while CRIU dumps: the sync is off
+// the downtime's path. Where the runtime could not freeze the container
+// without the dump, the dump is what freezes it, and the sync follows.
+func (m *migration) syncRootfsBeside(g *errgroup.Group) error {
+	sync := func() error { return failAt("rootfs sync (frozen)", m.syncRootfs(ChanRootfsFinal)) }
+	if !m.rt.Caps().Freeze {
+		if err := g.Wait(); err != nil {
+			return err
+		}
+		return sync()
+	}
+	g.Go(sync)
+	return g.Wait()
 }
 
 // lazyDump is the runtime's lazy dump of the frozen container: its images
@@ -358,17 +383,15 @@ func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
 	return m.removeSource(ctx)
 }
 
-// shipLazyDump sends a lazy dump's images and the root filesystem's last
-// changes, and opens the channel to the dump's page server.
+// shipLazyDump sends a lazy dump's images (the root filesystem's last
+// changes went beside the dump) and opens the channel to the dump's page
+// server.
 //
 // resumable serves the page server through ld.serve, whose proxy a
 // destination can come back to (post-copy and hybrid); otherwise its bytes
 // are spliced as they come.
 func (m *migration) shipLazyDump(ctx context.Context, ld *lazyDump, resumable bool) (*transport.Channel, error) {
-	var g errgroup.Group
-	g.Go(func() error { return failAt("rootfs sync (frozen)", m.syncRootfs(ChanRootfsFinal)) })
-	g.Go(func() error { return m.sendImages() })
-	if err := g.Wait(); err != nil {
+	if err := m.sendImages(); err != nil {
 		return nil, err
 	}
 	lazyCh, err := m.sess.Open(ChanLazy)
@@ -463,15 +486,15 @@ func (lp *lazyPages) broken() {
 	})
 }
 
-// startLazyPages waits for the source's lazy channel, starts `criu
-// lazy-pages` with its page requests served through that channel, and
-// waits until the daemon's socket exists, so a restore can connect.
-func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session, router *transport.Router) (*lazyPages, error) {
-	ch, err := router.Wait(ctx, sess, ChanLazy)
-	if err != nil {
-		return nil, err
-	}
-	lp := &lazyPages{ch: ch}
+// startLazyPages starts the relay that will serve `criu lazy-pages` at
+// once, the daemon when the images are in (imagesIn), and waits until the
+// daemon's socket exists, so a restore can connect; it serves the daemon's
+// page requests through the source's lazy channel once that opens. Each
+// is a process to exec: the relay starts while the state is on its way,
+// the daemon while the source asks for the restore.
+func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session, router *transport.Router, imagesIn <-chan error) (*lazyPages, error) {
+	var ch *transport.Channel
+	lp := &lazyPages{}
 	if in.push != nil {
 		lp.endPush = in.push.finish
 	}
@@ -503,23 +526,41 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 			return errors.Join(err, ch.CloseWrite())
 		}
 	}
-	daemon, dconn, err := criu.StartLazyPages(in.images, in.work, in.store != nil)
+	link, err := criu.NewLazyPagesLink()
 	if err != nil {
-		ch.Close()
 		return nil, err
 	}
-	lp.daemon = daemon
-	var conn halfCloser = dconn
+	var conn halfCloser = link.Conn
 	if in.d.RelayExe != "" {
-		relay, rconn, err := lazyrelay.Start(in.d.RelayExe, dconn.UnixConn, in.work)
-		dconn.UnixConn.Close() // this copy only: the relay's stays open
+		relay, rconn, err := lazyrelay.Start(in.d.RelayExe, link.Conn.UnixConn, in.work)
+		link.Conn.UnixConn.Close() // this copy only: the relay's stays open
 		if err != nil {
-			daemon.Stop()
-			ch.Close()
+			link.Close()
 			return nil, err
 		}
 		lp.relay, conn = relay, rconn
 	}
+	if err := <-imagesIn; err != nil {
+		link.Close() // the relay, if any, ends with it
+		conn.Close()
+		return nil, err
+	}
+	daemon, err := criu.StartLazyPages(link, in.images, in.work, in.store != nil)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	lp.daemon = daemon
+	err = daemon.Listening()
+	if err == nil {
+		ch, err = router.Wait(ctx, sess, ChanLazy)
+	}
+	if err != nil {
+		daemon.Stop() // and with it the relay
+		conn.Close()
+		return nil, err
+	}
+	lp.ch = ch
 	served := make(chan error, 1)
 	go func() {
 		hc := newHoldingReads(conn, daemon)

@@ -62,7 +62,7 @@ func Start(exe string, daemon *net.UnixConn, dir string) (*Process, *net.UnixCon
 	}
 	p := &Process{Pid: cmd.Process.Pid, exited: make(chan error, 1)}
 	go func() { p.exited <- cmd.Wait() }()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
 		if conn, err := Dial(dir); err == nil {
 			return p, conn, nil
 		}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/criu"
 	"golang.org/x/sys/unix"
 )
 
@@ -115,5 +116,32 @@ func TestRelayProcessOutlivesTheAgent(t *testing.T) {
 	}
 	if _, err := os.Stat(Socket(dir)); !os.IsNotExist(err) {
 		t.Errorf("the relay's socket outlived it: %v", err)
+	}
+}
+
+// A relay started before its daemon (the destination starts it while the
+// images are on their way) ends when the migration drops the link before
+// any daemon was started on it: no relay outlives a migration that failed
+// early.
+func TestRelayEndsWithALinkNoDaemonTook(t *testing.T) {
+	link, err := criu.NewLazyPagesLink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, agent, err := Start(os.Args[0], link.Conn.UnixConn, t.TempDir())
+	link.Conn.UnixConn.Close() // the relay holds its own copy
+	if err != nil {
+		link.Close()
+		t.Fatal(err)
+	}
+	defer func() { _ = unix.Kill(p.Pid, unix.SIGKILL) }()
+	agent.Close()
+	link.Close()
+	exited := make(chan error, 1)
+	go func() { exited <- p.Wait() }()
+	select {
+	case <-exited:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the relay still runs 5 s after its link was dropped")
 	}
 }

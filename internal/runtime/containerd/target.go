@@ -147,6 +147,7 @@ type target struct {
 	ctr    client.Container
 	upper  string
 	runc   runc.Host
+	pid    int // the restored task's, once restored
 }
 
 func (t *target) dir() string       { return t.r.containerDir(t.ns, t.id) }
@@ -191,7 +192,8 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 			return 0, err
 		}
 		if st.Status == client.Running {
-			return int(task.Pid()), nil
+			t.pid = int(task.Pid())
+			return t.pid, nil
 		}
 		if time.Now().After(deadline) {
 			return 0, fmt.Errorf("containerd: the restored task is %s, not running", st.Status)
@@ -200,7 +202,7 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 }
 
 // Start continues the processes CRIU left stopped.
-func (t *target) Start(ctx context.Context) error { return t.runc.ContinueAll(ctx, t.id) }
+func (t *target) Start(ctx context.Context) error { return t.runc.ContinueRestored(ctx, t.id, t.pid) }
 
 // Continue sends every process of a container restored here SIGCONT.
 func (r *Runtime) Continue(ctx context.Context, c *runtime.Container) error {

@@ -149,6 +149,7 @@ type target struct {
 	// stopped: the container runs under StoppedRuntime here, whose
 	// restore leaves the processes stopped.
 	stopped bool
+	pid     int // the restored init's, once restored
 }
 
 func (t *target) RootfsDir() string { return t.upper }
@@ -202,7 +203,8 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 			return 0, err
 		}
 		if j.State.Running && j.State.Pid > 0 {
-			return j.State.Pid, nil
+			t.pid = j.State.Pid
+			return t.pid, nil
 		}
 		if time.Now().After(deadline) {
 			return 0, fmt.Errorf("docker: the restored container is %s, not running", j.State.Status)
@@ -249,7 +251,7 @@ func (t *target) Start(ctx context.Context) error {
 	if !t.stopped {
 		return nil
 	}
-	return t.r.runc().ContinueAll(ctx, t.id)
+	return t.r.runc().ContinueRestored(ctx, t.id, t.pid)
 }
 
 // Continue sends every process of a container restored here SIGCONT.

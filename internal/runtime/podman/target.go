@@ -338,6 +338,7 @@ type target struct {
 	id     string // Podman's ID here (not the source's)
 	bundle string // Podman's directory for it (config.json, checkpoint)
 	upper  string // its writable layer
+	pid    int    // the restored init's, once restored
 }
 
 func (t *target) RootfsDir() string { return t.upper }
@@ -402,7 +403,8 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	if d.State.Status != "running" || d.State.Pid <= 0 {
 		return 0, fmt.Errorf("podman restored %s, which is %s (pid %d), not running", t.name, d.State.Status, d.State.Pid)
 	}
-	return d.State.Pid, nil
+	t.pid = d.State.Pid
+	return t.pid, nil
 }
 
 // relink makes link a symbolic link to dst, replacing whatever was there.
@@ -414,7 +416,13 @@ func relink(dst, link string) error {
 }
 
 // Start lets the processes CRIU left stopped run.
-func (t *target) Start(ctx context.Context) error { return t.r.continueID(ctx, t.id) }
+func (t *target) Start(ctx context.Context) error {
+	rc, err := t.r.runc()
+	if err != nil {
+		return err
+	}
+	return rc.ContinueRestored(ctx, t.id, t.pid)
+}
 
 // Continue lets a container restored stopped run, found by name (its ID
 // here is not the source's).

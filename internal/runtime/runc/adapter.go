@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
+	"strconv"
+	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/ferry-migrate/ferry/internal/admission"
 	"github.com/ferry-migrate/ferry/internal/cgroups"
@@ -295,6 +297,7 @@ type target struct {
 	// lower is the image an overlay root is mounted over, none for a
 	// plain root.
 	lower []string
+	pid   int // the restored init, once restored
 }
 
 // root is the bundle's root filesystem: where the layer is applied for a
@@ -317,13 +320,23 @@ func (t *target) criuConf() string { return filepath.Join(t.bundle, "criu.conf")
 
 // Start continues the processes CRIU left stopped.
 func (t *target) Start(ctx context.Context) error {
-	return t.r.Continue(ctx, &runtime.Container{Name: t.name, ID: t.name})
+	return t.r.ContinueRestored(ctx, t.name, t.pid)
 }
 
 // Continue sends every process of the container SIGCONT: a container
 // restored stopped runs (one that runs already is unaffected).
 func (r *Runtime) Continue(ctx context.Context, c *runtime.Container) error {
 	return r.ContinueAll(ctx, c.ID)
+}
+
+// ContinueRestored continues container id, which this process restored
+// with its init at pid: from its cgroup, without an exec of runc; through
+// runc where the cgroup cannot tell (pid 0: not restored here).
+func (h Host) ContinueRestored(ctx context.Context, id string, pid int) error {
+	if pid > 0 && cgroups.Continue(pid) == nil {
+		return nil
+	}
+	return h.ContinueAll(ctx, id)
 }
 
 // Restore mounts an overlay root (only now: its layer is complete, and
@@ -335,18 +348,40 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 			return 0, err
 		}
 	}
+	pidFile := t.bundle + ".pid"
 	err := t.r.Host.Restore(ctx, t.name, RestoreOptions{ImagePath: o.ImagesDir, WorkPath: o.WorkDir, Bundle: t.bundle,
-		LogPath: t.bundle + ".log", TCPEstablished: o.TCPEstablished, LazyPages: o.Lazy})
+		LogPath: t.bundle + ".log", TCPEstablished: o.TCPEstablished, LazyPages: o.Lazy, PidFile: pidFile})
 	// Read by now: later dumps of this container must not leave it stopped.
 	_ = ClearCRIUConfig(t.criuConf())
 	if err != nil {
 		return 0, err
 	}
-	st, err := t.r.WaitStatus(ctx, t.name, "running", 10*time.Second)
+	// runc wrote the init's PID once CRIU had restored it; asking runc's
+	// state instead costs an exec inside the downtime.
+	pid, err := restoredPid(pidFile)
 	if err != nil {
 		return 0, fmt.Errorf("restored container is not running: %w", err)
 	}
-	return st.Pid, nil
+	t.pid = pid
+	return pid, nil
+}
+
+// restoredPid reads a pid file runc wrote and checks that the process is
+// there.
+func restoredPid(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	_ = os.Remove(path)
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("runc's pid file %s holds %q", path, b)
+	}
+	if err := unix.Kill(pid, 0); err != nil {
+		return 0, fmt.Errorf("restored init %d: %w", pid, err)
+	}
+	return pid, nil
 }
 
 // Discard deletes the container and its bundle. Its error says the

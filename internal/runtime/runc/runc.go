@@ -20,6 +20,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/privnet"
 	"github.com/ferry-migrate/ferry/internal/tail"
@@ -207,18 +208,26 @@ func (h Host) Checkpoint(ctx context.Context, id string, o CheckpointOptions) er
 	c := exec.CommandContext(ctx, h.bin(), full...)
 	var stderr bytes.Buffer
 	c.Stderr = &stderr
+	// What runc has no flag for goes in a configuration file CRIU reads,
+	// named by its environment, before runc's requests (which leave these
+	// unset).
+	var conf []string
 	if o.NoNetworkLock {
-		// runc has no flag for it; CRIU reads a configuration file named
-		// by its environment before runc's requests (which leave the lock
-		// method unset). The restore takes the method from the images.
-		conf := filepath.Join(o.WorkPath, "criu-dump.conf")
+		// The restore takes the lock method from the images.
+		conf = append(conf, "network-lock skip")
+	}
+	if yard := filepath.Join(o.WorkPath, "cgroup-yard"); o.WorkPath != "" && configSafe(yard) && cgroups.Yard(yard) == nil {
+		conf = append(conf, "cgroup-yard "+yard)
+	}
+	if len(conf) > 0 {
+		path := filepath.Join(o.WorkPath, "criu-dump.conf")
 		if o.WorkPath == "" {
-			conf = filepath.Join(o.ImagePath, "criu-dump.conf")
+			path = filepath.Join(o.ImagePath, "criu-dump.conf")
 		}
-		if err := os.WriteFile(conf, []byte("network-lock skip\n"), 0o600); err != nil {
+		if err := os.WriteFile(path, []byte(strings.Join(conf, "\n")+"\n"), 0o600); err != nil {
 			return err
 		}
-		c.Env = append(os.Environ(), "CRIU_CONFIG_FILE="+conf)
+		c.Env = append(os.Environ(), "CRIU_CONFIG_FILE="+path)
 	}
 	if o.StatusFD != nil {
 		c.ExtraFiles = []*os.File{o.StatusFD}
@@ -252,6 +261,8 @@ type RestoreOptions struct {
 	LogPath        string // runc's own messages
 	TCPEstablished bool
 	LazyPages      bool
+	// PidFile, when set, receives the restored init's PID from runc.
+	PidFile string
 }
 
 // Restore restores a container from images, detached, under id.
@@ -266,6 +277,9 @@ func (h Host) Restore(ctx context.Context, id string, o RestoreOptions) error {
 	}
 	if o.LazyPages {
 		args = append(args, "--lazy-pages")
+	}
+	if o.PidFile != "" {
+		args = append(args, "--pid-file", o.PidFile)
 	}
 	args = append(args, id)
 	err := h.detached(ctx, o.LogPath, args...)

@@ -50,12 +50,15 @@ func (c CRIUConfig) String() string {
 // ClearCRIUConfig: runc hands the same file to later dumps, which must
 // not leave the container stopped.
 func (c CRIUConfig) Write(path string) error {
-	// CRIU splits a line at white space and reads quotes and # itself.
-	if strings.ContainsAny(c.WorkDir, " \t\n\"#\\") {
+	if !configSafe(c.WorkDir) {
 		return fmt.Errorf("CRIU's configuration file cannot name the work directory %q: choose a scratch directory without spaces, quotes or #", c.WorkDir)
 	}
 	return os.WriteFile(path, []byte(c.String()), 0o600)
 }
+
+// configSafe says a path can go in a CRIU configuration file as it is:
+// CRIU splits a line at white space and reads quotes and # itself.
+func configSafe(path string) bool { return !strings.ContainsAny(path, " \t\n\"#\\") }
 
 // LeaveStopped writes a CRIU configuration file at path that leaves the
 // restored processes stopped (CRIUConfig.LeaveStopped).
