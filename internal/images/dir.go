@@ -4,6 +4,7 @@ package images
 
 import (
 	"archive/tar"
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -22,7 +23,11 @@ func SendDir(w io.Writer, dir string, skip func(name string) bool) (int64, error
 		return 0, err
 	}
 	sort.Slice(ents, func(i, j int) bool { return ents[i].Name() < ents[j].Name() })
-	tw := tar.NewWriter(w)
+	// A dump's images are dozens of small files, and every write to a
+	// session channel is a frame of its own: buffered, they go in a few,
+	// inside the downtime.
+	bw := bufio.NewWriterSize(w, 256<<10)
+	tw := tar.NewWriter(bw)
 	var total int64
 	for _, e := range ents {
 		if !e.Type().IsRegular() || (skip != nil && skip(e.Name())) {
@@ -34,7 +39,10 @@ func SendDir(w io.Writer, dir string, skip func(name string) bool) (int64, error
 			return total, err
 		}
 	}
-	return total, tw.Close()
+	if err := tw.Close(); err != nil {
+		return total, err
+	}
+	return total, bw.Flush()
 }
 
 func sendFile(tw *tar.Writer, path, name string) (int64, error) {

@@ -170,7 +170,7 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	// The shim passes CRIU neither the TCP nor the lazy option: CRIU reads
 	// them from the configuration file (the work directory, where a lazy
 	// restore finds the lazy-pages daemon's socket, the shim does pass).
-	conf := runc.CRIUConfig{LeaveStopped: true, TCPEstablished: o.TCPEstablished, LazyPages: o.Lazy}
+	conf := runc.CRIUConfig{LeaveStopped: true, TCPEstablished: o.TCPEstablished, LazyPages: o.Lazy}.WithYard(o.WorkDir)
 	if err := conf.Write(t.criuConf()); err != nil {
 		return 0, err
 	}

@@ -168,7 +168,7 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	if t.stopped {
 		// StoppedRuntime hands CRIU this file, and a lazy restore its work
 		// directory, where the lazy-pages daemon's socket is.
-		conf := runc.CRIUConfig{LeaveStopped: true, TCPEstablished: o.TCPEstablished, LazyPages: o.Lazy}
+		conf := runc.CRIUConfig{LeaveStopped: true, TCPEstablished: o.TCPEstablished, LazyPages: o.Lazy}.WithYard(o.WorkDir)
 		if o.Lazy {
 			conf.WorkDir, logDir = o.WorkDir, o.WorkDir
 		}

@@ -352,7 +352,7 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	// runc hands CRIU this file, which overrides what Podman asks of it:
 	// a lazy restore's work directory is where the lazy-pages daemon's
 	// socket is.
-	conf := runc.CRIUConfig{LeaveStopped: true, LazyPages: o.Lazy}
+	conf := runc.CRIUConfig{LeaveStopped: true, LazyPages: o.Lazy}.WithYard(o.WorkDir)
 	if o.Lazy {
 		conf.WorkDir = o.WorkDir
 	}

@@ -348,6 +348,10 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 			return 0, err
 		}
 	}
+	// The file Prepare wrote, now with a cgroup yard in the work directory.
+	if err := (CRIUConfig{LeaveStopped: true}).WithYard(o.WorkDir).Write(t.criuConf()); err != nil {
+		return 0, err
+	}
 	pidFile := t.bundle + ".pid"
 	err := t.r.Host.Restore(ctx, t.name, RestoreOptions{ImagePath: o.ImagesDir, WorkPath: o.WorkDir, Bundle: t.bundle,
 		LogPath: t.bundle + ".log", TCPEstablished: o.TCPEstablished, LazyPages: o.Lazy, PidFile: pidFile})

@@ -20,7 +20,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/privnet"
 	"github.com/ferry-migrate/ferry/internal/tail"
@@ -216,7 +215,7 @@ func (h Host) Checkpoint(ctx context.Context, id string, o CheckpointOptions) er
 		// The restore takes the lock method from the images.
 		conf = append(conf, "network-lock skip")
 	}
-	if yard := filepath.Join(o.WorkPath, "cgroup-yard"); o.WorkPath != "" && configSafe(yard) && cgroups.Yard(yard) == nil {
+	if yard := yardIn(o.WorkPath); yard != "" {
 		conf = append(conf, "cgroup-yard "+yard)
 	}
 	if len(conf) > 0 {

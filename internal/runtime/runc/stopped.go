@@ -4,7 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
+
+	"github.com/ferry-migrate/ferry/internal/cgroups"
 )
 
 // CRIUConfigAnnotation is the OCI annotation naming the CRIU configuration
@@ -30,6 +33,25 @@ type CRIUConfig struct {
 	// work directory).
 	LazyPages bool
 	WorkDir   string
+	// CgroupYard is a cgroup yard (cgroups.Yard): CRIU opens the
+	// hierarchies there instead of mounting each anew (WithYard).
+	CgroupYard string
+}
+
+// WithYard gives c a cgroup yard in dir, or none where one cannot be made
+// there: CRIU then mounts the hierarchies itself, only slower.
+func (c CRIUConfig) WithYard(dir string) CRIUConfig {
+	c.CgroupYard = yardIn(dir)
+	return c
+}
+
+// yardIn makes a cgroup yard in dir and returns its path, or "".
+func yardIn(dir string) string {
+	y := filepath.Join(dir, "cgroup-yard")
+	if dir == "" || !configSafe(y) || cgroups.Yard(y) != nil {
+		return ""
+	}
+	return y
 }
 
 // String is the file's contents.
@@ -38,7 +60,7 @@ func (c CRIUConfig) String() string {
 	for _, o := range []struct {
 		on   bool
 		line string
-	}{{c.LeaveStopped, "leave-stopped"}, {c.TCPEstablished, "tcp-established"}, {c.LazyPages, "lazy-pages"}, {c.WorkDir != "", "work-dir " + c.WorkDir}} {
+	}{{c.LeaveStopped, "leave-stopped"}, {c.TCPEstablished, "tcp-established"}, {c.LazyPages, "lazy-pages"}, {c.WorkDir != "", "work-dir " + c.WorkDir}, {c.CgroupYard != "", "cgroup-yard " + c.CgroupYard}} {
 		if o.on {
 			b.WriteString(o.line + "\n")
 		}
