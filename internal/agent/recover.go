@@ -104,6 +104,17 @@ func (a *Agent) recoverDestination(ctx context.Context) {
 			}
 			continue
 		}
+		if e.State == journal.Pulling && e.Pull != nil && e.Pull.Local {
+			// Pre-copy's copy, its memory arriving from its own images: the
+			// daemon needs no agent, only to finish.
+			if err := a.dst.AdoptLocalPull(e, rt); err != nil {
+				a.Log.Error("a committed copy's local pull could not be taken over", "migration", e.ID, "container", e.Container, "error", err)
+			}
+			if err := a.startCommitted(ctx, rt, c); err != nil {
+				a.Log.Error("a committed copy could not be started", "migration", e.ID, "container", e.Container, "error", err)
+			}
+			continue
+		}
 		if e.State == journal.Pulling {
 			// Its memory came through this agent, which died. With a relay
 			// the pull is only paused: its source, which has not lost its

@@ -161,6 +161,23 @@ func StartLazyPages(link *LazyPagesLink, imagesDir, workDir string, servedHere b
 	return lp, nil
 }
 
+// StartLocalLazyPages starts a lazy-pages daemon that reads the pages from
+// the images in imagesDir (filled for a lazy restore: images.FillForLazyRestore)
+// instead of asking a page server, and returns at once (Listening waits
+// until a restore can connect). Pre-copy restores so: the restore maps
+// the memory without copying it, and the daemon copies it in after the
+// copy already runs. Nothing outside this host is asked for anything.
+func StartLocalLazyPages(imagesDir, workDir string) (*LazyPages, error) {
+	lp := &LazyPages{logPath: filepath.Join(workDir, "lazy-pages.log"), exited: make(chan error, 1)}
+	cmd := exec.Command("criu", "lazy-pages", "--images-dir", imagesDir, "--work-dir", workDir, "-o", "lazy-pages.log", "-v4")
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start criu lazy-pages: %w", err)
+	}
+	lp.started, lp.pid, lp.kill = time.Now(), cmd.Process.Pid, cmd.Process.Kill
+	go func() { lp.exited <- cmd.Wait() }()
+	return lp, nil
+}
+
 // Listening returns once the daemon's socket exists, so that a restore can
 // connect (the caller starts what else it needs meanwhile: the daemon
 // takes a few milliseconds). A daemon that exits or does not listen in 10

@@ -91,14 +91,18 @@ func TestFaultMatrixRuntimes(t *testing.T) {
 //     destination waited on its relay, the relay on the agent's reply, the
 //     agent on the push, and the source on the destination (2 runs in ~20
 //     hung); now the restore fails and the source resumes.
+//   - Pre-copy's destination agent killed while its copy's memory arrives
+//     from its own images: the restarted agent lets the daemon finish, and
+//     the source, in doubt meanwhile, hears the copy runs and removes its.
 func TestFaultMatrixLazy(t *testing.T) {
 	requireLab(t)
 	bin := ferryBin(t)
 	cases := []bench.FaultCase{
 		{Mode: engine.ModeHybrid, Phase: fault.Commit, Fault: fault.KillDestination},
 		{Mode: engine.ModePostcopy, Phase: fault.Restore, Fault: fault.KillDestinationCRIU},
+		{Mode: engine.ModePrecopy, Phase: fault.LazyPages, Fault: fault.KillDestination},
 	}
-	want := []string{bench.RunningAtDestination, bench.RunningAtSource}
+	want := []string{bench.RunningAtDestination, bench.RunningAtSource, bench.RunningAtDestination}
 	res, err := bench.Faults(context.Background(), bench.FaultsOptions{Cases: cases, FerryBin: bin, Log: testLog{t}})
 	if err != nil {
 		t.Fatal(err)

@@ -445,9 +445,21 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	}
 	release()
 	var filled filled
+	var local *criu.LazyPages // pre-copy's lazy restore from these images
 	if rebuild {
 		if filled, err = in.fillImages(ctx, sess, router); err != nil {
 			return false, fmt.Errorf("completing the images on %s: %w", in.d.Host.Name, err)
+		}
+		if in.restoresFromOwnImages() {
+			if local, err = in.startLocalPull(); err != nil {
+				return false, fmt.Errorf("restoring from the images on %s: %w", in.d.Host.Name, err)
+			}
+			defer func() {
+				if !committed {
+					local.Stop()
+					local.ReleaseFaults()
+				}
+			}()
 		}
 	}
 	start := time.Now()
@@ -457,9 +469,12 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 		return false, err
 	}
 	in.journaled, in.restoring = true, true
-	pid, err := in.restore(ctx, lazy)
+	pid, err := in.restore(ctx, lazy || local != nil)
 	if err != nil {
 		return false, err
+	}
+	if local != nil {
+		holdLocalFaults(local)
 	}
 	if in.offer.Precopy.AutoConverge {
 		if err := liftThrottle(pid, in.offer.Spec); err != nil {
@@ -468,7 +483,7 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	}
 	if err := ctl.Send(Restored{Pid: pid, WaitMs: ms(start.Sub(asked)), RestoreMs: ms(time.Since(start)),
 		FillMs: filled.ms, PagesLocal: filled.Local + filled.Parent, PagesFetched: filled.Fetched,
-		MemoryBytes: int64(filled.Local+filled.Parent+filled.Fetched+filled.Dumped) * pageSize}); err != nil {
+		MemoryBytes: int64(filled.Local+filled.Parent+filled.Fetched+filled.Dumped) * pageSize, FromOwnImages: local != nil}); err != nil {
 		return false, err
 	}
 	// The source owns the container until it commits.
@@ -486,11 +501,14 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 		return false, fmt.Errorf("migration not committed, restored copy dropped: %w", err)
 	}
 	// A lazy copy is not this host's alone until its memory is here.
-	owns := journal.Committed
+	owns, pull := journal.Committed, lp.pull(in.work)
 	if lp != nil {
 		owns = journal.Pulling
 	}
-	if err := in.recordPull(sess.Peer.Name, owns, lp.pull(in.work)); err != nil {
+	if local != nil {
+		owns, pull = journal.Pulling, &journal.Pull{Daemon: local.Pid(), Dir: in.work, Local: true}
+	}
+	if err := in.recordPull(sess.Peer.Name, owns, pull); err != nil {
 		return false, fmt.Errorf("migration not committed, restored copy dropped: %w", err)
 	}
 	in.faults.At(fault.Destination, fault.Commit)
@@ -500,7 +518,7 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 		return true, fmt.Errorf("start the committed copy on %s: %w", in.d.Host.Name, err)
 	}
 	held := in.releaseHeld()
-	if lp == nil {
+	if lp == nil && local == nil {
 		in.recordFinal(in.peer, journal.Started)
 	}
 	err = ctl.Send(Committed{HeldPackets: held, HoldError: in.holdErr})
@@ -530,6 +548,15 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 		} else {
 			in.recordFinal(in.peer, journal.Started)
 		}
+		err := ctl.Send(done)
+		in.faults.At(fault.Destination, fault.Cleanup)
+		return done.Error == "", err
+	}
+	if local != nil {
+		// The copy runs; its memory goes on arriving from the images here,
+		// and the source keeps its frozen copy until it hears the end.
+		in.faults.At(fault.Destination, fault.LazyPages)
+		done := in.finishLocalPull(context.WithoutCancel(ctx), local)
 		err := ctl.Send(done)
 		in.faults.At(fault.Destination, fault.Cleanup)
 		return done.Error == "", err
@@ -642,7 +669,11 @@ func (in *incoming) fillImages(ctx context.Context, sess *transport.Session, rou
 			src.Parent = in.parent.Has
 		}
 	}
-	st, err := images.FillLazy(in.images, src)
+	fill := images.FillLazy
+	if in.restoresFromOwnImages() {
+		fill = images.FillForLazyRestore
+	}
+	st, err := fill(in.images, src)
 	if err != nil {
 		ch.Close()
 		return filled{}, err

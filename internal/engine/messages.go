@@ -150,6 +150,9 @@ type Restored struct {
 	PagesLocal   uint64  `json:"pages_local,omitempty"`
 	PagesFetched uint64  `json:"pages_fetched,omitempty"`
 	MemoryBytes  int64   `json:"memory_bytes,omitempty"` // the completed images'
+	// FromOwnImages: the restore left the memory to a lazy-pages daemon
+	// reading the completed images there (localpull.go).
+	FromOwnImages bool `json:"from_own_images,omitempty"`
 }
 
 // Committed acknowledges a commit: the destination owns the container.
@@ -292,6 +295,10 @@ type Report struct {
 	// took while the container was down.
 	PagesFetched uint64  `json:"pages_fetched,omitempty"`
 	FillMs       float64 `json:"fill_ms,omitempty"`
+	// RestoreFromOwnImages: the destination restored without copying the
+	// memory in; a lazy-pages daemon there copies it from the completed
+	// images after the commit, the source no longer needed.
+	RestoreFromOwnImages bool `json:"restore_from_own_images,omitempty"`
 	// FrozenRootfsScan says how the frozen root filesystem sync found
 	// what changed since the live one: "N changed paths" (watched), or
 	// "full walk: WHY".

@@ -679,8 +679,23 @@ func (m *migration) switchover(ctx context.Context) error {
 		m.report.PagesReferenced, m.report.PagesFetched, m.report.FillMs = rs.PagesLocal, rs.PagesFetched, rs.FillMs
 		m.report.MemoryBytes = rs.MemoryBytes
 	}
+	m.report.RestoreFromOwnImages = rs.FromOwnImages
 	if err := m.commit(ctx); err != nil {
 		return err
+	}
+	if rs.FromOwnImages {
+		// The copy runs while its memory arrives from the destination's
+		// own images (localpull.go); this one stays, frozen, until that
+		// ended, so that a pull that fails leaves a whole copy here.
+		m.begin("lazy-pages")
+		var done LazyDone
+		if err := m.ctl.Recv(&done); err != nil {
+			return m.inDoubt(failAt("lazy pages", fmt.Errorf("lost the destination while its copy's memory arrived from its images: %w", err)))
+		}
+		m.report.PagesFaulted = done.Faulted
+		if done.Error != "" {
+			return m.abort(ctx, failAt("lazy pages on "+m.sess.Peer.Name, fmt.Errorf("%s: the destination dropped the container; the source copy resumes as it was at the freeze", done.Error)))
+		}
 	}
 	m.report.FrozenMs = ms(time.Since(m.frozenAt))
 	return m.removeSource(ctx)

@@ -22,7 +22,7 @@ const PageSize = 4096
 // Pagemap entry flags (criu/include/pagemap.h).
 const (
 	PageParent  = 1 << 0 // the pages are in the parent images
-	PageLazy    = 1 << 1 // left for the lazy page server: not in pages-*.img
+	PageLazy    = 1 << 1 // restored by a lazy-pages daemon; alone: not in pages-*.img
 	PagePresent = 1 << 2 // in this directory's pages-*.img, in entry order
 )
 
@@ -229,21 +229,32 @@ type FillStats struct {
 // lazy run's pages are written into the task's pages image, in pagemap
 // order, and marked present. Pre-copy's switchover uses it with the pages
 // its rounds brought: the dump itself carried no memory.
-func FillLazy(dir string, src PageSource) (FillStats, error) {
+func FillLazy(dir string, src PageSource) (FillStats, error) { return fill(dir, src, 0) }
+
+// FillForLazyRestore is FillLazy for a lazy restore from dir itself: the
+// pages written stay marked lazy (present, or in the parent image, and
+// lazy), so that the restore leaves them to a lazy-pages daemon reading
+// this directory instead of copying them into the process. The pages the
+// dump carried itself are restored as before.
+func FillForLazyRestore(dir string, src PageSource) (FillStats, error) {
+	return fill(dir, src, PageLazy)
+}
+
+func fill(dir string, src PageSource, keep uint32) (FillStats, error) {
 	var st FillStats
 	pms, err := ReadPagemaps(dir)
 	if err != nil {
 		return st, err
 	}
 	for _, pm := range pms {
-		if err := fillOne(dir, pm, src, &st); err != nil {
+		if err := fillOne(dir, pm, src, keep, &st); err != nil {
 			return st, fmt.Errorf("task %d: %w", pm.PID, err)
 		}
 	}
 	return st, nil
 }
 
-func fillOne(dir string, pm Pagemap, src PageSource, st *FillStats) error {
+func fillOne(dir string, pm Pagemap, src PageSource, keep uint32, st *FillStats) error {
 	pagesPath := filepath.Join(dir, fmt.Sprintf("pages-%d.img", pm.PagesID))
 	var old io.Reader = bytes.NewReader(nil) // no pages image: every page was lazy
 	if f, err := os.Open(pagesPath); err == nil {
@@ -259,7 +270,7 @@ func fillOne(dir string, pm Pagemap, src PageSource, st *FillStats) error {
 	}
 	defer os.Remove(tmp) // after the rename, a no-op
 	w := bufio.NewWriterSize(out, 1<<20)
-	if err := fillEntries(w, old, &pm, src, st); err != nil {
+	if err := fillEntries(w, old, &pm, src, keep, st); err != nil {
 		out.Close()
 		return err
 	}
@@ -279,7 +290,9 @@ func fillOne(dir string, pm Pagemap, src PageSource, st *FillStats) error {
 // maxFetchRun bounds one request for missing pages.
 const maxFetchRun = 256
 
-func fillEntries(w *bufio.Writer, old io.Reader, pm *Pagemap, src PageSource, st *FillStats) error {
+// fillEntries writes the pages; keep is the flag (PageLazy or 0) the
+// pages that were lazy keep.
+func fillEntries(w *bufio.Writer, old io.Reader, pm *Pagemap, src PageSource, keep uint32, st *FillStats) error {
 	page := make([]byte, PageSize)
 	missing := make([]byte, 0, maxFetchRun*PageSize)
 	var missingAt uint64
@@ -320,10 +333,10 @@ func fillEntries(w *bufio.Writer, old io.Reader, pm *Pagemap, src PageSource, st
 						return err
 					}
 					st.Parent++
-					emit(addr, PageParent)
+					emit(addr, PageParent|keep)
 					continue
 				}
-				emit(addr, PagePresent)
+				emit(addr, PagePresent|keep)
 				if src.Local != nil && src.Local(pm.PID, addr, page) {
 					if err := flush(); err != nil {
 						return err

@@ -195,3 +195,55 @@ func BenchmarkFillLazy(b *testing.B) {
 		b.StartTimer()
 	}
 }
+
+// For a lazy restore from the filled images, the pages that were lazy keep
+// the flag beside where they now are (this directory's pages image, or
+// the parent's); the pages the dump carried stay plain; the image holds
+// the same bytes as FillLazy's.
+func TestFillForLazyRestore(t *testing.T) {
+	entries := []PagemapEntry{
+		{Vaddr: 0x1000, NrPages: 2, Flags: PagePresent},
+		{Vaddr: 0x10000, NrPages: 4, Flags: PageLazy},
+		{Vaddr: 0x30000, NrPages: 3, Flags: PageLazy},
+	}
+	src := PageSource{
+		Local: func(pid uint32, addr uint64, dst []byte) bool {
+			copy(dst, pageOf(pid, addr))
+			return true
+		},
+		Parent: func(_ uint32, addr uint64) bool { return addr == 0x31000 },
+	}
+	plain, lazy := t.TempDir(), t.TempDir()
+	for _, dir := range []string{plain, lazy} {
+		writeLazyDump(t, dir, Pagemap{PID: 7, PagesID: 1, Entries: entries})
+	}
+	if _, err := FillLazy(plain, src); err != nil {
+		t.Fatal(err)
+	}
+	st, err := FillForLazyRestore(lazy, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Local != 6 || st.Parent != 1 || st.Dumped != 2 {
+		t.Errorf("stats %+v, want 6 local, 1 in the parent, 2 dumped", st)
+	}
+	pms, err := ReadPagemaps(lazy)
+	if err != nil || len(pms) != 1 {
+		t.Fatalf("read back: %v %v", pms, err)
+	}
+	want := []PagemapEntry{
+		{Vaddr: 0x1000, NrPages: 2, Flags: PagePresent},
+		{Vaddr: 0x10000, NrPages: 4, Flags: PagePresent | PageLazy},
+		{Vaddr: 0x30000, NrPages: 1, Flags: PagePresent | PageLazy},
+		{Vaddr: 0x31000, NrPages: 1, Flags: PageParent | PageLazy},
+		{Vaddr: 0x32000, NrPages: 1, Flags: PagePresent | PageLazy},
+	}
+	if fmt.Sprint(pms[0].Entries) != fmt.Sprint(want) {
+		t.Errorf("entries %v, want %v", pms[0].Entries, want)
+	}
+	a, _ := os.ReadFile(filepath.Join(plain, "pages-1.img"))
+	b, _ := os.ReadFile(filepath.Join(lazy, "pages-1.img"))
+	if len(a) == 0 || !bytes.Equal(a, b) {
+		t.Errorf("pages images differ: %d and %d bytes", len(a), len(b))
+	}
+}

@@ -72,13 +72,15 @@ type Entry struct {
 	Pull *Pull `json:"pull,omitempty"`
 }
 
-// Pull is where a post-copy copy's memory comes through at the
+// Pull is where a lazily restored copy's memory comes through at the
 // destination while no agent serves it: the lazy-pages daemon, and the
 // work directory where it and its relay (whose socket is found there)
-// work.
+// work. A local pull has no relay: its daemon reads the images in Dir
+// (pre-copy's restore), and only has to be let finish.
 type Pull struct {
 	Daemon int    `json:"daemon"` // criu lazy-pages
 	Dir    string `json:"dir"`
+	Local  bool   `json:"local,omitempty"`
 }
 
 // Journal is one host's records, in a directory.
