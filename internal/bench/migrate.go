@@ -78,19 +78,22 @@ type Run struct {
 	PathCutAtBytes int64 `json:"path_cut_at_bytes,omitempty"`
 	OutageAtBytes  int64 `json:"outage_at_bytes,omitempty"`
 	// SourceState is what became of the source copy (removed, resumed).
-	SourceState     string             `json:"source_state,omitempty"`
-	Transport       string             `json:"transport,omitempty"`
-	RestoreMs       float64            `json:"restore_ms"`
-	PagesFaulted    uint64             `json:"pages_faulted,omitempty"`
-	PagesPushed     uint64             `json:"pages_pushed,omitempty"`
-	PushMs          float64            `json:"push_ms,omitempty"`
-	PagesReferenced uint64             `json:"pages_referenced,omitempty"`
-	PagesFetched    uint64             `json:"pages_fetched,omitempty"`
-	FillMs          float64            `json:"fill_ms,omitempty"`
-	Rounds          []engine.Round     `json:"rounds"`
-	StopReason      string             `json:"stop_reason,omitempty"`
-	ThrottlePct     int                `json:"throttle_pct,omitempty"`
-	Phases          []engine.PhaseSpan `json:"phases,omitempty"`
+	SourceState     string  `json:"source_state,omitempty"`
+	Transport       string  `json:"transport,omitempty"`
+	RestoreMs       float64 `json:"restore_ms"`
+	PagesFaulted    uint64  `json:"pages_faulted,omitempty"`
+	PagesPushed     uint64  `json:"pages_pushed,omitempty"`
+	PushMs          float64 `json:"push_ms,omitempty"`
+	PagesReferenced uint64  `json:"pages_referenced,omitempty"`
+	PagesFetched    uint64  `json:"pages_fetched,omitempty"`
+	FillMs          float64 `json:"fill_ms,omitempty"`
+	// RestoreFromOwnImages: pre-copy's destination restored lazily from
+	// its images (engine.Report's).
+	RestoreFromOwnImages bool               `json:"restore_from_own_images,omitempty"`
+	Rounds               []engine.Round     `json:"rounds"`
+	StopReason           string             `json:"stop_reason,omitempty"`
+	ThrottlePct          int                `json:"throttle_pct,omitempty"`
+	Phases               []engine.PhaseSpan `json:"phases,omitempty"`
 	// With TCPClient: the longest wait of the client on one established
 	// connection, and the packets the destination held for it between the
 	// freeze and the commit.
@@ -367,7 +370,7 @@ func (o MigrateOptions) RunOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 		PathCutAtBytes: cutAt.Load(), OutageAtBytes: outageAt.Load(),
 		SourceState: rep.SourceState, Transport: rep.Transport,
 		RestoreMs: rep.RestoreMs, PagesFaulted: rep.PagesFaulted, PagesPushed: rep.PagesPushed, PushMs: rep.PushMs,
-		PagesReferenced: rep.PagesReferenced, PagesFetched: rep.PagesFetched, FillMs: rep.FillMs, Rounds: rep.Rounds, StopReason: rep.StopReason, ThrottlePct: rep.ThrottlePct,
+		PagesReferenced: rep.PagesReferenced, PagesFetched: rep.PagesFetched, FillMs: rep.FillMs, RestoreFromOwnImages: rep.RestoreFromOwnImages, Rounds: rep.Rounds, StopReason: rep.StopReason, ThrottlePct: rep.ThrottlePct,
 		RootfsBytes: rep.RootfsBytes, RootfsEntries: rep.RootfsEntries, FrozenRootfsBytes: rep.FrozenRootfsBytes}
 	if r.Rounds == nil {
 		r.Rounds = []engine.Round{}

@@ -133,9 +133,12 @@ func fitDump(ms []Measured, p *model.Profile, phiKnown bool) (Term, error) {
 }
 
 func fitRestore(ms []Measured, p *model.Profile) (Term, error) {
-	t := Term{Name: "restore", Kind: "line", From: "restore phase of cold and pre-copy (restore until the destination answers; pre-copy's image fill taken out) vs memory: ψ + M/restore_bps"}
+	t := Term{Name: "restore", Kind: "line", From: "restore phase of cold and pre-copy (restore until the destination answers; pre-copy's image fill taken out; not pre-copy restored lazily from its own images, which writes no memory) vs memory: ψ + M/restore_bps"}
 	var rx, ry, cx, cy, px, py []float64
 	for _, s := range collect(ms, unshaped(model.ModeCold, model.ModePrecopy)) {
+		if s.r.RestoreFromOwnImages {
+			continue
+		}
 		// The rebuild switchover writes the pages image first (image-fill).
 		y := phaseS(s.r, "restore") - s.r.FillMs/1000
 		t.X, t.Y = append(t.X, s.m), append(t.Y, y)

@@ -262,7 +262,7 @@ func measuredTerms(mode string, r bench.Run) TermTimes {
 // the profile gives it, the dump as the rest of the downtime.
 func predictedTerms(p model.Profile, in model.Inputs, mode string, pr model.Prediction) TermTimes {
 	t := TermTimes{Freeze: p.FreezeS * 1000, Lazy: pr.DegradedMs}
-	if model.LazyMode(mode) {
+	if model.LazyMode(mode) || (mode == model.ModePrecopy && p.LazyDump && !in.NoLazyRestore) {
 		t.Restore = (p.RestoreFixedS + p.LazySetupS) * 1000
 	} else {
 		t.Restore = (p.RestoreFixedS + in.MemoryBytes/p.RestoreBps) * 1000

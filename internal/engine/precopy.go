@@ -399,7 +399,7 @@ func predictSwitchover(r Round, prev *Round, i int, switchover func(left, throug
 // contentSwitchover predicts content-based pre-copy's downtime with this
 // host's profile (calibrated, or the defaults).
 func (m *migration) contentSwitchover(left, throughput float64) time.Duration {
-	return seconds(m.profile.SwitchoverS(float64(m.report.MemoryEstimate), left, throughput))
+	return seconds(m.profile.SwitchoverS(float64(m.report.MemoryEstimate), left, throughput, m.rt.Caps().LazyRestore))
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

@@ -157,22 +157,28 @@ func (p Profile) notConverging(in Inputs) bool {
 }
 
 // precopy is ferry's content-based pre-copy: n live rounds, then the
-// switchover (SwitchoverS), then a normal restore.
+// switchover (SwitchoverS) and its restore; a lazy one leaves the memory
+// to a lazy-pages daemon reading the destination's images, which copies
+// it in at LocalPullBps after the commit.
 func (p Profile) precopy(in Inputs, n int) timeline {
 	m := in.MemoryBytes
 	sent, elapsed, last := p.liveRounds(in, n)
 	delta := p.switchoverDirty(in, last)
-	var down, bytes float64
+	lazy := p.LazyDump && !in.NoLazyRestore
+	var down, bytes, pull float64
 	if p.LazyDump {
 		delta *= p.redirty(n)
-		down = p.SwitchoverS(m, delta, p.link(in, n))
+		down = p.SwitchoverS(m, delta, p.link(in, n), lazy)
 		bytes = delta
 	} else {
 		refs := (m - delta) / p.PageSize * p.DedupRefBytes
-		down = p.SwitchoverS(m, delta+refs, p.link(in, n))
+		down = p.SwitchoverS(m, delta+refs, p.link(in, n), false)
 		bytes = delta + refs
 	}
-	t := timeline{rounds: n, down: down, total: elapsed + down, bytes: sent + bytes}
+	if lazy {
+		pull = m / LocalPullBps
+	}
+	t := timeline{rounds: n, down: down, total: elapsed + down + pull, bytes: sent + bytes, degraded: pull}
 	if p.notConverging(in) {
 		t.note = "dirty rate at or above link throughput: rounds do not shrink"
 	}
@@ -184,13 +190,20 @@ func (p Profile) precopy(in Inputs, n int) timeline {
 // bytes/s. Where CRIU's lazy dump works (LazyDump), the memory-less dump
 // runs alongside a read of the frozen memory whose changes go as a last
 // round, and the destination completes the images from its copy (a parent
-// image it kept current during the rounds) before a normal restore. Otherwise a full local dump streams through the
-// deduplicating proxy, which hashes every page (dump and hashing share the
-// CPUs; the link carries what is left alongside).
-func (p Profile) SwitchoverS(m, left, linkBps float64) float64 {
+// image it kept current during the rounds) before the restore: a lazy one
+// (lazyRestore: the runtime restores lazily) costs what post-copy's does,
+// whatever the memory, a normal one writes all of it. Otherwise a full
+// local dump streams through the deduplicating proxy, which hashes every
+// page (dump and hashing share the CPUs; the link carries what is left
+// alongside).
+func (p Profile) SwitchoverS(m, left, linkBps float64, lazyRestore bool) float64 {
 	if p.LazyDump {
 		final := math.Max(p.DumpFixedS, p.frozenScan(m, left)+xfer(left, linkBps))
-		return p.FreezeS + final + m/p.ImageFillBps + p.restore(m)
+		restore := p.restore(m)
+		if lazyRestore {
+			restore = p.RestoreFixedS + p.LazySetupS
+		}
+		return p.FreezeS + final + m/p.ImageFillBps + restore
 	}
 	stream := math.Max(p.dumpTime(m)+m/p.ReadHashBps, xfer(left, linkBps))
 	return p.FreezeS + p.DumpFixedS + stream + p.restore(m)
@@ -222,6 +235,11 @@ func (p Profile) PushPull(m, linkBps, rate float64) float64 {
 	faults := p.FaultRate(rate, 0.5) * push
 	return push + faults*p.FaultS/lazyDepth
 }
+
+// LocalPullBps is how fast a lazy-pages daemon reading the destination's
+// own images copies them into the restored process (pre-copy's lazy
+// restore): 64 MiB in ~60 ms on the development machine, ferry's CRIU.
+const LocalPullBps = 1e9
 
 // lazyDepth is how many background requests ferry's CRIU keeps in flight
 // when the pages are near (criu/uffd.c, xfer_depth).
