@@ -97,13 +97,13 @@ func TestPrecopyRebuild(t *testing.T) {
 	approx(t, "bytes", q.Bytes, 1e9+d1)
 	approx(t, "degraded", q.DegradedMs, 0)
 	// Restored lazily: restore fixed 0.1 + lazy setup 0.05 instead of
-	// 0.6, and 1e9 B at 1e9 B/s after the commit.
+	// 0.6, and 1e9 B at LocalPullBps (2e9 B/s) after the commit.
 	in.NoLazyRestore = false
 	lazy := down - 0.6 + 0.1 + 0.05
 	q = Predict(p, in, ModePrecopy, 1)
 	approx(t, "lazy downtime", q.DowntimeMs, lazy*1000)
-	approx(t, "lazy total", q.TotalMs, (10.25+lazy+1)*1000)
-	approx(t, "lazy degraded", q.DegradedMs, 1000)
+	approx(t, "lazy total", q.TotalMs, (10.25+lazy+0.5)*1000)
+	approx(t, "lazy degraded", q.DegradedMs, 500)
 	// No dirtying: the memory-less dump's fixed cost bounds the last round.
 	q = Predict(p, Inputs{MemoryBytes: 1e8, BandwidthBps: 1e8, NoLazyRestore: true}, ModePrecopy, 1)
 	approx(t, "quiet downtime", q.DowntimeMs, (0.01+0.1+0.1+0.1+0.05)*1000)

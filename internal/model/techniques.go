@@ -238,8 +238,9 @@ func (p Profile) PushPull(m, linkBps, rate float64) float64 {
 
 // LocalPullBps is how fast a lazy-pages daemon reading the destination's
 // own images copies them into the restored process (pre-copy's lazy
-// restore): 64 MiB in ~60 ms on the development machine, ferry's CRIU.
-const LocalPullBps = 1e9
+// restore): 256 MiB in ~124 ms, 1 GiB in 430-550 ms on the development
+// machine (docs/BENCHMARKS.md), ferry's CRIU.
+const LocalPullBps = 2e9
 
 // lazyDepth is how many background requests ferry's CRIU keeps in flight
 // when the pages are near (criu/uffd.c, xfer_depth).
