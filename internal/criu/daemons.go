@@ -377,6 +377,20 @@ func LazyCounts(logPath string) (faulted, pushed uint64) {
 	return faulted, pushed
 }
 
+// LazyPagesFinished says whether a lazy-pages daemon's log shows it done:
+// a summary for every task the restore handed it (and for those they
+// forked), and no error. A daemon killed before it finished writes
+// neither its last summaries nor an error; only its log is left to ask
+// when it was not this process's child.
+func LazyPagesFinished(logPath string) bool {
+	b, err := os.ReadFile(logPath)
+	if err != nil || LogErrors(logPath) != "" {
+		return false
+	}
+	received := strings.Count(string(b), "uffd: Received PID:")
+	return received > 0 && len(transferredRE.FindAllIndex(b, -1)) >= received
+}
+
 // LogErrors quotes what a CRIU log says went wrong, for an error
 // message: its error lines, lines saying it "Can't" do something (a page
 // server it cannot reach is not logged as an error), and the two lines

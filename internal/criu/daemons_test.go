@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -137,4 +138,33 @@ func userfaultfdsHere(t *testing.T) int {
 		}
 	}
 	return n
+}
+
+// A daemon's log says it finished when every task it was handed has its
+// summary and nothing went wrong; one killed midway wrote neither.
+func TestLazyPagesFinished(t *testing.T) {
+	dir := t.TempDir()
+	const start = "(00.000834) uffd: Waiting for incoming connections on lazy-pages.socket\n" +
+		"(00.001066) Error (criu/util.c:1534): rlimit: Can't setup RLIMIT_NOFILE for self: Operation not permitted\n" +
+		"(00.027301) uffd: Received PID: 1, uffd: 8\n"
+	for _, c := range []struct {
+		log  string
+		want bool
+	}{
+		{start + "(00.563310) uffd: 1-8: UFFD transferred pages: (16633/16633)\n", true},
+		{start + "(00.100000) uffd: 1-8: #PF at 0x6a0000\n", false}, // killed mid-pull
+		{start + "(00.560000) Error (criu/uffd.c:700): uffd: 1-8: failed reading pages at 6a0000\n(00.563310) uffd: 1-8: UFFD transferred pages: (10/16633)\n", false},
+		{"", false},
+	} {
+		path := filepath.Join(dir, "lazy-pages.log")
+		if err := os.WriteFile(path, []byte(c.log), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if got := LazyPagesFinished(path); got != c.want {
+			t.Errorf("LazyPagesFinished(%q) = %v, want %v", c.log, got, c.want)
+		}
+	}
+	if LazyPagesFinished(filepath.Join(dir, "none.log")) {
+		t.Error("a missing log says finished")
+	}
 }

@@ -534,6 +534,13 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	}
 	err = ctl.Send(Committed{HeldPackets: held, HoldError: in.holdErr})
 	in.closeHold()
+	if err != nil && local != nil {
+		// The source may not hear it, but the copy runs: all of its memory
+		// must arrive before anything here goes (the source, in doubt,
+		// asks the journal later).
+		done := in.finishLocalPull(context.WithoutCancel(ctx), local)
+		return done.Error == "", err
+	}
 	if err != nil {
 		if lp != nil {
 			// The source is gone as the pull begins: its pages cannot

@@ -104,7 +104,11 @@ func (d *Destination) AdoptLocalPull(e journal.Entry, rt runtime.Runtime) error 
 			daemon.Wait()
 		}
 		state := journal.Started
-		if why := criu.LogErrors(filepath.Join(e.Pull.Dir, "lazy-pages.log")); why != "" {
+		if log := filepath.Join(e.Pull.Dir, "lazy-pages.log"); !criu.LazyPagesFinished(log) {
+			why := criu.LogErrors(log)
+			if why == "" {
+				why = "it ended before every page was in"
+			}
 			state = journal.Dropped
 			c := &runtime.Container{Runtime: e.Runtime, Name: e.Container, ID: e.Container}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
