@@ -684,7 +684,7 @@ func (in *incoming) fillImages(ctx context.Context, sess *transport.Session, rou
 			err = os.Symlink(rel, filepath.Join(in.images, "parent"))
 		}
 		if err == nil {
-			src.Parent = in.parent.Has
+			src.ParentRun = in.parent.HeldRun
 		}
 	}
 	fill := images.FillLazy

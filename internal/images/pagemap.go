@@ -214,6 +214,20 @@ type PageSource struct {
 	// Parent, when set, says the dump's parent image holds the page's
 	// current contents: the page becomes a parent reference, no copy.
 	Parent func(pid uint32, addr uint64) bool
+	// ParentRun, when set, is Parent for a run: how many pages from addr
+	// on, at most n, the parent holds current (ParentImage.HeldRun).
+	ParentRun func(pid uint32, addr, n uint64) uint64
+}
+
+// inParent is how many pages from addr on, at most n, the parent holds.
+func (s PageSource) inParent(pid uint32, addr, n uint64) uint64 {
+	switch {
+	case s.ParentRun != nil:
+		return s.ParentRun(pid, addr, n)
+	case s.Parent != nil && s.Parent(pid, addr):
+		return 1
+	}
+	return 0
 }
 
 // FillStats counts where the pages of a filled-in dump came from.
@@ -328,12 +342,15 @@ func fillEntries(w *bufio.Writer, old io.Reader, pm *Pagemap, src PageSource, ke
 		case e.Flags&PageLazy != 0:
 			for p := uint64(0); p < uint64(e.NrPages); p++ {
 				addr := e.Vaddr + p*PageSize
-				if src.Parent != nil && src.Parent(pm.PID, addr) {
+				if k := src.inParent(pm.PID, addr, uint64(e.NrPages)-p); k > 0 {
 					if err := flush(); err != nil {
 						return err
 					}
-					st.Parent++
-					emit(addr, PageParent|keep)
+					st.Parent += k
+					for j := uint64(0); j < k; j++ {
+						emit(addr+j*PageSize, PageParent|keep)
+					}
+					p += k - 1
 					continue
 				}
 				emit(addr, PagePresent|keep)

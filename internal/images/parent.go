@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"sync"
 )
 
@@ -30,8 +31,11 @@ type PageRef struct {
 type ParentImage struct {
 	dir string
 
-	mu     sync.Mutex
-	at     map[PageRef]int64 // offset of each page in its task's pages image
+	mu sync.Mutex
+	at map[PageRef]int64 // offset of each page in its task's pages image
+	// gone holds the pages laid out, then forgotten: the pagemaps' runs
+	// less these are what at holds (a page forgotten never comes back).
+	gone   map[PageRef]struct{}
 	files  map[uint32]*os.File
 	maps   map[uint32]*Pagemap
 	sealed bool
@@ -48,7 +52,7 @@ func NewParent(dir string) (*ParentImage, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	return &ParentImage{dir: dir, at: map[PageRef]int64{}, files: map[uint32]*os.File{}, maps: map[uint32]*Pagemap{}}, nil
+	return &ParentImage{dir: dir, at: map[PageRef]int64{}, gone: map[PageRef]struct{}{}, files: map[uint32]*os.File{}, maps: map[uint32]*Pagemap{}}, nil
 }
 
 // Put records a page's contents: before Seal it lays the page out (when it
@@ -155,7 +159,10 @@ func (p *ParentImage) Seal() error {
 func (p *ParentImage) Forget(r PageRef) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	delete(p.at, r)
+	if _, ok := p.at[r]; ok {
+		delete(p.at, r)
+		p.gone[r] = struct{}{}
+	}
 }
 
 // Has reports whether the sealed, intact image holds the page's current
@@ -168,6 +175,33 @@ func (p *ParentImage) Has(pid uint32, addr uint64) bool {
 	}
 	_, ok := p.at[PageRef{pid, addr}]
 	return ok
+}
+
+// HeldRun is how many pages from addr on, at most n, the sealed, intact
+// image holds current: Has for a run of pages, answered from the task's
+// pagemap (one search) and the few pages forgotten since, not a look-up
+// per page (at 1 GiB those took ~50 ms of pre-copy's downtime).
+func (p *ParentImage) HeldRun(pid uint32, addr, n uint64) uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pm := p.maps[pid]
+	if !p.sealed || p.broken != nil || pm == nil {
+		return 0
+	}
+	es := pm.Entries
+	i := sort.Search(len(es), func(i int) bool { return es[i].Vaddr+uint64(es[i].NrPages)*PageSize > addr })
+	if i == len(es) || es[i].Vaddr > addr {
+		return 0
+	}
+	k := min(n, (es[i].Vaddr+uint64(es[i].NrPages)*PageSize-addr)/PageSize)
+	if len(p.gone) > 0 {
+		for j := uint64(0); j < k; j++ {
+			if _, ok := p.gone[PageRef{pid, addr + j*PageSize}]; ok {
+				return j
+			}
+		}
+	}
+	return k
 }
 
 // Usable reports whether the image is sealed and intact.

@@ -133,6 +133,21 @@ func TestParentImage(t *testing.T) {
 	if parent.Has(pid, refs[5].Addr) || !parent.Has(pid, refs[6].Addr) || parent.Has(pid, 0x5000) || parent.Has(pid, 0x90000) {
 		t.Fatal("Has disagrees with what the image holds")
 	}
+	// HeldRun says for a run what Has says page by page.
+	for addr := uint64(0x4000); addr < 0x86000; addr += PageSize {
+		for _, n := range []uint64{1, 3, 200} {
+			var want uint64
+			for want < n && parent.Has(pid, addr+want*PageSize) {
+				want++
+			}
+			if got := parent.HeldRun(pid, addr, n); got != want {
+				t.Fatalf("HeldRun(%#x, %d) = %d, Has says %d", addr, n, got, want)
+			}
+		}
+	}
+	if parent.HeldRun(pid+1, refs[0].Addr, 4) != 0 {
+		t.Fatal("HeldRun answers for a task the image does not hold")
+	}
 
 	// The lazy dump: one present page (say, the vdso), a run from 0x5000
 	// the image left out (written from the store), the held run, and a run
@@ -148,7 +163,7 @@ func TestParentImage(t *testing.T) {
 		{Vaddr: 0x80000, NrPages: 6, Flags: PageLazy},
 	}})
 	st, err := FillLazy(dir, PageSource{
-		Parent: parent.Has,
+		ParentRun: parent.HeldRun,
 		Local: func(pid uint32, addr uint64, dst []byte) bool {
 			return store.read(PageRef{pid, addr}, dst)
 		},
