@@ -17,16 +17,17 @@ import (
 
 // Pre-copy's restore from the destination's own images. Once the images
 // are completed from the pages the rounds brought, every page is on this
-// host, and the source has nothing left to give: its copy goes at the
-// commit as before. A plain restore writes all of that memory into the
-// new process while the container is frozen (260 ms for 256 MiB here, a
-// second for 1 GiB). Restored lazily instead, the process is mapped
-// without its memory, and a lazy-pages daemon reading these images
-// copies it in after the copy already runs, serving its faults first:
-// the downtime no longer grows with memory. The price is that daemon: it
-// must be let finish (the journal names it, so that a restarted agent
-// spares it), and while it runs this agent holds the copy's faults, so
-// that a daemon that dies leaves them waiting, not filled with zeros.
+// host. A plain restore writes all of that memory into the new process
+// while the container is frozen (260 ms for 256 MiB here, a second for 1
+// GiB). Restored lazily instead, the process is mapped without its
+// memory, and a lazy-pages daemon reading these images copies it in
+// after the copy already runs, serving its faults first: the downtime no
+// longer grows with memory. The price is that daemon. It must be let
+// finish (the journal names it, so that a restarted agent spares it);
+// while it runs this agent holds the copy's faults, so that a daemon that
+// dies leaves them waiting, not filled with zeros; and the source keeps
+// its frozen copy until the pull ended, so that such a death costs the
+// container only the time since the freeze, as in hybrid.
 
 // restoresFromOwnImages says this migration's restore is such a lazy one:
 // pre-copy's rebuild switchover, on a runtime that restores lazily.
