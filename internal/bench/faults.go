@@ -117,7 +117,7 @@ func FaultMatrix(runtimes, modes, phases, actions []string) []FaultCase {
 					if len(actions) > 0 && !slices.Contains(actions, a) {
 						continue
 					}
-					if applies(m, p, a) && (p != fault.LazyPages || m != engine.ModePrecopy || rt != "lxc") {
+					if applies(rt, m, p, a) {
 						out = append(out, FaultCase{Runtime: rt, Mode: m, Phase: p, Fault: a})
 					}
 				}
@@ -140,13 +140,13 @@ func runtimeModes(rt string) []string {
 	return []string{engine.ModeCold, engine.ModePrecopy, engine.ModePostcopy, engine.ModeHybrid}
 }
 
-// applies says whether fault a at phase p of mode m breaks something.
-// Pre-copy has a lazy-pages phase too where the runtime restores lazily
-// (not LXC): the destination's copy runs while its memory arrives from
-// the destination's own images, the source waiting, frozen.
-func applies(m, p, a string) bool {
+// applies says whether fault a at phase p of mode m in runtime rt breaks
+// something. Pre-copy has a lazy-pages phase too where the runtime
+// restores lazily (not LXC): the destination's copy runs while its memory
+// arrives from the destination's own images, the source waiting, frozen.
+func applies(rt, m, p, a string) bool {
 	lazy := m == engine.ModePostcopy || m == engine.ModeHybrid
-	pulls := lazy || m == engine.ModePrecopy
+	pulls := lazy || (m == engine.ModePrecopy && rt != "lxc")
 	switch p {
 	case fault.Rounds:
 		if m != engine.ModePrecopy && m != engine.ModeHybrid {

@@ -52,14 +52,7 @@ func TestCPUOfRealCgroup(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to make a cgroup")
 	}
-	parent := unifiedMountpoint
-	if !occgroups.IsCgroup2UnifiedMode() {
-		mnt, err := occgroups.FindCgroupMountpoint("", "cpu")
-		if err != nil {
-			t.Skipf("no cpu cgroup controller mounted: %v", err)
-		}
-		parent = mnt
-	}
+	parent := controllerRoot(t, "cpu")
 	dir := filepath.Join(parent, fmt.Sprintf("ferry-cgroups-test-%d", os.Getpid()))
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Skipf("cannot make a cgroup under %s: %v", parent, err)
@@ -133,4 +126,18 @@ func TestHierarchies(t *testing.T) {
 	if got := Hierarchies(t.TempDir()); len(got) != 0 {
 		t.Errorf("a plain directory: %v", got)
 	}
+}
+
+// controllerRoot is where this host mounts the hierarchy of subsystem (v1)
+// or the one tree (v2); the test skips where it is not mounted.
+func controllerRoot(t *testing.T, subsystem string) string {
+	t.Helper()
+	if occgroups.IsCgroup2UnifiedMode() {
+		return unifiedMountpoint
+	}
+	mnt, err := occgroups.FindCgroupMountpoint("", subsystem)
+	if err != nil {
+		t.Skipf("no %s cgroup controller mounted: %v", subsystem, err)
+	}
+	return mnt
 }

@@ -5,10 +5,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/moby/sys/mountinfo"
 	occgroups "github.com/opencontainers/cgroups"
 	"golang.org/x/sys/unix"
@@ -84,24 +84,16 @@ func TestContinue(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to make cgroups")
 	}
-	parent := unifiedMountpoint
-	if !occgroups.IsCgroup2UnifiedMode() {
-		mnt, err := occgroups.FindCgroupMountpoint("", "freezer")
-		if err != nil {
-			t.Skipf("no freezer cgroup controller mounted: %v", err)
-		}
-		parent = mnt
-	}
-	dir := filepath.Join(parent, "ferry-continue-test-"+strconv.Itoa(os.Getpid()))
+	dir := filepath.Join(controllerRoot(t, "freezer"), "ferry-continue-test-"+strconv.Itoa(os.Getpid()))
 	child := filepath.Join(dir, "child")
 	for _, d := range []string{dir, child} {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	var procs []*exec.Cmd
+	var started []*exec.Cmd
 	t.Cleanup(func() {
-		for _, c := range procs {
+		for _, c := range started {
 			_ = c.Process.Kill()
 			_ = c.Wait()
 		}
@@ -113,7 +105,7 @@ func TestContinue(t *testing.T) {
 		if err := c.Start(); err != nil {
 			t.Fatal(err)
 		}
-		procs = append(procs, c)
+		started = append(started, c)
 		if in != "" {
 			if err := occgroups.WriteCgroupProc(in, c.Process.Pid); err != nil {
 				t.Fatal(err)
@@ -131,28 +123,15 @@ func TestContinue(t *testing.T) {
 	}
 	waitState(t, init.Process.Pid, 'S')
 	waitState(t, below.Process.Pid, 'S')
-	if s := state(outside.Process.Pid); s != 'T' {
+	if s, _ := procs.State(outside.Process.Pid); s != 'T' {
 		t.Errorf("a process outside the cgroup is %c, want still stopped", s)
 	}
-}
-
-// state is a process's state letter from /proc/PID/stat.
-func state(pid int) byte {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 || i+2 >= len(b) {
-		return 0
-	}
-	return b[i+2]
 }
 
 func waitState(t *testing.T, pid int, want byte) {
 	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		s := state(pid)
+		s, _ := procs.State(pid)
 		if s == want || (want == 'S' && s == 'R') {
 			return
 		}

@@ -144,21 +144,17 @@ func (l *LazyPagesLink) closeEnds() {
 // CRIU ignores it.
 func StartLazyPages(link *LazyPagesLink, imagesDir, workDir string, servedHere bool) (*LazyPages, error) {
 	defer link.closeEnds() // the daemon has its copies
-	lp := &LazyPages{logPath: filepath.Join(workDir, "lazy-pages.log"), exited: make(chan error, 1)}
-	cmd := exec.Command("criu", "lazy-pages", "--page-server", "--ps-socket", "3",
-		"--images-dir", imagesDir, "--work-dir", workDir, "-o", "lazy-pages.log", "-v4")
+	cmd := lazyPagesCmd(imagesDir, workDir, "--page-server", "--ps-socket", "3")
 	// fd 3 is the daemon's end; fd 4, ours, only held.
 	cmd.ExtraFiles = []*os.File{link.daemonEnd, link.ourEnd}
 	if servedHere {
 		cmd.Env = append(os.Environ(), "CRIU_LAZY_PAGES_LOCAL=1")
 	}
-	if err := cmd.Start(); err != nil {
+	lp, err := startLazyPages(cmd, workDir)
+	if err != nil {
 		link.Conn.Close()
-		return nil, fmt.Errorf("start criu lazy-pages: %w", err)
 	}
-	lp.started, lp.pid, lp.kill = time.Now(), cmd.Process.Pid, cmd.Process.Kill
-	go func() { lp.exited <- cmd.Wait() }()
-	return lp, nil
+	return lp, err
 }
 
 // StartLocalLazyPages starts a lazy-pages daemon that reads the pages from
@@ -168,12 +164,29 @@ func StartLazyPages(link *LazyPagesLink, imagesDir, workDir string, servedHere b
 // the memory without copying it, and the daemon copies it in after the
 // copy already runs. Nothing outside this host is asked for anything.
 func StartLocalLazyPages(imagesDir, workDir string) (*LazyPages, error) {
-	lp := &LazyPages{logPath: filepath.Join(workDir, "lazy-pages.log"), exited: make(chan error, 1)}
-	cmd := exec.Command("criu", "lazy-pages", "--images-dir", imagesDir, "--work-dir", workDir, "-o", "lazy-pages.log", "-v4")
+	return startLazyPages(lazyPagesCmd(imagesDir, workDir), workDir)
+}
+
+// The lazy-pages daemon's log and socket, in its work directory.
+const (
+	lazyPagesLog    = "lazy-pages.log"
+	lazyPagesSocket = "lazy-pages.socket"
+)
+
+// lazyPagesCmd is `criu lazy-pages` for the images in imagesDir, logging
+// in workDir, with extra options.
+func lazyPagesCmd(imagesDir, workDir string, extra ...string) *exec.Cmd {
+	args := append([]string{"lazy-pages"}, extra...)
+	return exec.Command("criu", append(args, "--images-dir", imagesDir, "--work-dir", workDir, "-o", lazyPagesLog, "-v4")...)
+}
+
+// startLazyPages starts cmd and keeps the daemon's exit for Wait.
+func startLazyPages(cmd *exec.Cmd, workDir string) (*LazyPages, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start criu lazy-pages: %w", err)
 	}
-	lp.started, lp.pid, lp.kill = time.Now(), cmd.Process.Pid, cmd.Process.Kill
+	lp := &LazyPages{logPath: filepath.Join(workDir, lazyPagesLog), exited: make(chan error, 1),
+		started: time.Now(), pid: cmd.Process.Pid, kill: cmd.Process.Kill}
 	go func() { lp.exited <- cmd.Wait() }()
 	return lp, nil
 }
@@ -183,7 +196,7 @@ func StartLocalLazyPages(imagesDir, workDir string) (*LazyPages, error) {
 // takes a few milliseconds). A daemon that exits or does not listen in 10
 // s is an error; the caller stops it.
 func (lp *LazyPages) Listening() error {
-	sock := filepath.Join(filepath.Dir(lp.logPath), "lazy-pages.socket")
+	sock := filepath.Join(filepath.Dir(lp.logPath), lazyPagesSocket)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
 		if _, err := os.Stat(sock); err == nil {
 			return nil
@@ -322,7 +335,7 @@ func AttachLazyPages(pid int, workDir string) (*LazyPages, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pidfd of criu lazy-pages: %w", err)
 	}
-	lp := &LazyPages{pid: pid, logPath: filepath.Join(workDir, "lazy-pages.log"), started: time.Now(), exited: make(chan error, 1)}
+	lp := &LazyPages{pid: pid, logPath: filepath.Join(workDir, lazyPagesLog), started: time.Now(), exited: make(chan error, 1)}
 	var mu sync.Mutex // pidfd is closed once the daemon exited: never signal a reused number
 	lp.kill = func() error {
 		mu.Lock()
@@ -377,18 +390,23 @@ func LazyCounts(logPath string) (faulted, pushed uint64) {
 	return faulted, pushed
 }
 
-// LazyPagesFinished says whether a lazy-pages daemon's log shows it done:
-// a summary for every task the restore handed it (and for those they
-// forked), and no error. A daemon killed before it finished writes
-// neither its last summaries nor an error; only its log is left to ask
-// when it was not this process's child.
-func LazyPagesFinished(logPath string) bool {
-	b, err := os.ReadFile(logPath)
-	if err != nil || LogErrors(logPath) != "" {
-		return false
+// LazyPagesFinished says whether the log of the lazy-pages daemon that
+// worked in workDir shows it done: a summary for every task the restore
+// handed it (and for those they forked), and no error; if not, why is what
+// the log says went wrong, "" when it says nothing. A daemon killed before
+// it finished writes neither its last summaries nor an error; only its log
+// is left to ask when it was not this process's child.
+func LazyPagesFinished(workDir string) (done bool, why string) {
+	path := filepath.Join(workDir, lazyPagesLog)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false, ""
+	}
+	if why := logErrors(path, b); why != "" {
+		return false, why
 	}
 	received := strings.Count(string(b), "uffd: Received PID:")
-	return received > 0 && len(transferredRE.FindAllIndex(b, -1)) >= received
+	return received > 0 && len(transferredRE.FindAllIndex(b, -1)) >= received, ""
 }
 
 // LogErrors quotes what a CRIU log says went wrong, for an error
@@ -401,6 +419,11 @@ func LogErrors(path string) string {
 	if err != nil {
 		return ""
 	}
+	return logErrors(path, b)
+}
+
+// logErrors is LogErrors for the log at path, read already into b.
+func logErrors(path string, b []byte) string {
 	lines := strings.Split(string(b), "\n")
 	var errs []string
 	for i, l := range lines {

@@ -350,16 +350,6 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	}
 	release := sync.OnceFunc(func() { (<-warm)() })
 	defer release()
-	afterRestore := func() {}
-	if in.restoresFromOwnImages() {
-		// Its memory is written after the copy runs, by the lazy-pages
-		// daemon: the warmed pages are given back once the restore is
-		// done, beside the copy's first steps, not before the images are
-		// completed (unmapping 1 GiB took ~150 ms here, frozen, and slowed
-		// the completion when beside it).
-		plain := release
-		release, afterRestore = func() {}, func() { go plain() }
-	}
 	recv.Go(func() error { return in.receiveRootfs(rctx, sess, router, ChanRootfsLive) })
 	recv.Go(func() error { return in.receiveRootfs(rctx, sess, router, ChanRootfsFinal) })
 	in.tech.receive(in, rctx, receivers{sess: sess, router: router, g: recv})
@@ -453,7 +443,9 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 		lp = st.lp
 		defer lp.stop()
 	}
-	release()
+	if !in.restoresFromOwnImages() {
+		release() // before the restore writes the memory
+	}
 	var filled filled
 	var local *criu.LazyPages // pre-copy's lazy restore from these images
 	if rebuild {
@@ -480,7 +472,13 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	}
 	in.journaled, in.restoring = true, true
 	pid, err := in.restore(ctx, lazy || local != nil)
-	afterRestore()
+	if in.restoresFromOwnImages() {
+		// Its memory is written after the copy runs, by the lazy-pages
+		// daemon: the warmed pages go back now, beside the copy's first
+		// steps, not before the images are completed (unmapping 1 GiB took
+		// ~150 ms here, frozen, and slowed the completion when beside it).
+		go release()
+	}
 	if err != nil {
 		return false, err
 	}

@@ -5,13 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/journal"
-	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 )
 
@@ -105,8 +102,7 @@ func (d *Destination) AdoptLocalPull(e journal.Entry, rt runtime.Runtime) error 
 			daemon.Wait()
 		}
 		state := journal.Started
-		if log := filepath.Join(e.Pull.Dir, "lazy-pages.log"); !criu.LazyPagesFinished(log) {
-			why := criu.LogErrors(log)
+		if done, why := criu.LazyPagesFinished(e.Pull.Dir); !done {
 			if why == "" {
 				why = "it ended before every page was in"
 			}
@@ -127,14 +123,7 @@ func (d *Destination) AdoptLocalPull(e journal.Entry, rt runtime.Runtime) error 
 		if daemon != nil {
 			daemon.ReleaseFaults()
 		}
-		if d.Journal != nil {
-			if err := d.Journal.Set(e.ID, state); err != nil {
-				slog.Error("journal", "migration", e.ID, "error", err)
-			}
-		}
-		if _, err := os.Stat(e.Pull.Dir); err == nil {
-			_ = mounts.RemoveAll(e.Pull.Dir)
-		}
+		d.endPull(&strandedPull{e: e}, state)
 	}()
 	return nil
 }

@@ -374,7 +374,7 @@ func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
 	if done.Error != "" {
 		// The destination dropped its copy before it said so: the source's,
 		// complete but as it was at the freeze, is the one left.
-		return m.abort(ctx, failAt("lazy pages on "+m.sess.Peer.Name, fmt.Errorf("%s: the destination dropped the container; the source copy resumes as it was at the freeze", done.Error)))
+		return m.pullFailed(ctx, done)
 	}
 	if derr != nil {
 		// Every page arrived; the dump's own exit status is only advisory.
@@ -698,4 +698,11 @@ func (lp *lazyPages) pull(dir string) *journal.Pull {
 		return nil
 	}
 	return &journal.Pull{Daemon: lp.daemon.Pid(), Dir: dir}
+}
+
+// pullFailed ends a migration whose destination dropped its copy because
+// the pull after the commit failed (it said so in done): the source's
+// copy, complete but as it was at the freeze, is the one left.
+func (m *migration) pullFailed(ctx context.Context, done LazyDone) error {
+	return m.abort(ctx, failAt("lazy pages on "+m.sess.Peer.Name, fmt.Errorf("%s: the destination dropped the container; the source copy resumes as it was at the freeze", done.Error)))
 }

@@ -694,7 +694,7 @@ func (m *migration) switchover(ctx context.Context) error {
 		}
 		m.report.PagesFaulted = done.Faulted
 		if done.Error != "" {
-			return m.abort(ctx, failAt("lazy pages on "+m.sess.Peer.Name, fmt.Errorf("%s: the destination dropped the container; the source copy resumes as it was at the freeze", done.Error)))
+			return m.pullFailed(ctx, done)
 		}
 	}
 	m.report.FrozenMs = ms(time.Since(m.frozenAt))

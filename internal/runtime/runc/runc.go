@@ -210,20 +210,12 @@ func (h Host) Checkpoint(ctx context.Context, id string, o CheckpointOptions) er
 	// What runc has no flag for goes in a configuration file CRIU reads,
 	// named by its environment, before runc's requests (which leave these
 	// unset).
-	var conf []string
-	if o.NoNetworkLock {
-		// The restore takes the lock method from the images.
-		conf = append(conf, "network-lock skip")
-	}
-	if yard := yardIn(o.WorkPath); yard != "" {
-		conf = append(conf, "cgroup-yard "+yard)
-	}
-	if len(conf) > 0 {
+	if conf := (CRIUConfig{NoNetworkLock: o.NoNetworkLock}).WithYard(o.WorkPath); conf.String() != "" {
 		path := filepath.Join(o.WorkPath, "criu-dump.conf")
 		if o.WorkPath == "" {
 			path = filepath.Join(o.ImagePath, "criu-dump.conf")
 		}
-		if err := os.WriteFile(path, []byte(strings.Join(conf, "\n")+"\n"), 0o600); err != nil {
+		if err := conf.Write(path); err != nil {
 			return err
 		}
 		c.Env = append(os.Environ(), "CRIU_CONFIG_FILE="+path)

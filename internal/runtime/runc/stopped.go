@@ -15,12 +15,15 @@ import (
 // /etc/criu/runc.conf).
 const CRIUConfigAnnotation = "org.criu.config"
 
-// CRIUConfig is what a restore asks of CRIU through a configuration file,
-// for runtimes that pass CRIU no such option themselves (runc reads the
+// CRIUConfig is what a dump or a restore asks of CRIU through a
+// configuration file, for runtimes that pass CRIU no such option themselves (runc reads the
 // file the container's CRIUConfigAnnotation names; ferry-runc, Docker's,
 // the one a checkpoint carries). A file runc names overrides what runc
 // asks over RPC, work directory included.
 type CRIUConfig struct {
+	// NoNetworkLock (a dump's) leaves the network as it is: the caller
+	// keeps it quiet; the restore takes the lock method from the images.
+	NoNetworkLock bool
 	// LeaveStopped leaves the processes a restore brings back stopped
 	// (SIGSTOP), so that a copy that is never committed never runs;
 	// ContinueAll lets them run. The runtime reports such a container
@@ -41,17 +44,11 @@ type CRIUConfig struct {
 // WithYard gives c a cgroup yard in dir, or none where one cannot be made
 // there: CRIU then mounts the hierarchies itself, only slower.
 func (c CRIUConfig) WithYard(dir string) CRIUConfig {
-	c.CgroupYard = yardIn(dir)
-	return c
-}
-
-// yardIn makes a cgroup yard in dir and returns its path, or "".
-func yardIn(dir string) string {
-	y := filepath.Join(dir, "cgroup-yard")
-	if dir == "" || !configSafe(y) || cgroups.Yard(y) != nil {
-		return ""
+	c.CgroupYard = ""
+	if y := filepath.Join(dir, "cgroup-yard"); dir != "" && configSafe(y) && cgroups.Yard(y) == nil {
+		c.CgroupYard = y
 	}
-	return y
+	return c
 }
 
 // String is the file's contents.
@@ -60,7 +57,7 @@ func (c CRIUConfig) String() string {
 	for _, o := range []struct {
 		on   bool
 		line string
-	}{{c.LeaveStopped, "leave-stopped"}, {c.TCPEstablished, "tcp-established"}, {c.LazyPages, "lazy-pages"}, {c.WorkDir != "", "work-dir " + c.WorkDir}, {c.CgroupYard != "", "cgroup-yard " + c.CgroupYard}} {
+	}{{c.NoNetworkLock, "network-lock skip"}, {c.LeaveStopped, "leave-stopped"}, {c.TCPEstablished, "tcp-established"}, {c.LazyPages, "lazy-pages"}, {c.WorkDir != "", "work-dir " + c.WorkDir}, {c.CgroupYard != "", "cgroup-yard " + c.CgroupYard}} {
 		if o.on {
 			b.WriteString(o.line + "\n")
 		}

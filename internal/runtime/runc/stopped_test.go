@@ -18,6 +18,7 @@ func TestCRIUConfig(t *testing.T) {
 		{CRIUConfig{LeaveStopped: true, TCPEstablished: true, LazyPages: true, WorkDir: "/w/d"}, "leave-stopped\ntcp-established\nlazy-pages\nwork-dir /w/d\n"},
 		{CRIUConfig{LazyPages: true}, "lazy-pages\n"},
 		{CRIUConfig{LeaveStopped: true, CgroupYard: "/w/d/cgroup-yard"}, "leave-stopped\ncgroup-yard /w/d/cgroup-yard\n"},
+		{CRIUConfig{NoNetworkLock: true, CgroupYard: "/w/cgroup-yard"}, "network-lock skip\ncgroup-yard /w/cgroup-yard\n"},
 	} {
 		if got := c.conf.String(); got != c.want {
 			t.Errorf("%+v: %q, want %q", c.conf, got, c.want)
