@@ -178,7 +178,7 @@ func addPrecopyFlags(cmd *cobra.Command, o *engine.PrecopyOptions) {
 	f.StringVar(&o.Compress, "compress", "none", "pre-copy round stream compression: none or zstd")
 	f.StringVar(&o.Engine, "precopy-engine", "auto", "pre-copy engine: auto (native where the kernel tracks dirty pages), native (CRIU pre-dump), content (ferry's page hashing)")
 	f.StringVar(&o.WriteTracking, "write-tracking", engine.TrackingAuto, "content pre-copy and hybrid: auto (rounds read only the pages the kernel saw written since the round before: userfaultfd write protection, Linux 6.7+; processes it cannot track are read whole) or off (every round reads and hashes all memory)")
-	f.StringVar(&o.Switchover, "switchover", "auto", "content pre-copy's last step: rebuild (CRIU dumps without memory while the frozen memory's changes go as a last round; the destination completes the images from its copy) or dump (a full CRIU dump that refers to the pages the destination holds); auto: rebuild where CRIU's lazy dump works")
+	f.StringVar(&o.Switchover, "switchover", "auto", "how content pre-copy and cold end: rebuild (CRIU dumps without memory while the frozen memory goes as a last round, for pre-copy only what changed; the destination completes the images from its copy) or dump (a full CRIU dump; pre-copy's refers to the pages the destination holds); auto: pre-copy rebuilds where CRIU's lazy dump works, cold where the runtime's restore copies its images (Docker) and it can restore lazily")
 }
 
 // Exit statuses of a migration (ferry migrate, wait, drain): a contract

@@ -300,6 +300,17 @@ func moveInEachMode(t *testing.T, l *lab.Lab, bin, kind, prefix string, run func
 			rep, pr, perr := migrate(t, l, p, engine.Request{Container: name, Mode: c.mode, Runtime: c.runtime,
 				Precopy: engine.PrecopyOptions{Switchover: c.switchover}})
 			checkMoved(t, kind, c.mode, rep, pr, perr)
+			// Restored from the destination's own images: pre-copy's
+			// rebuild where the runtime restores lazily, and Docker's
+			// cold too (its restore would copy the memory twice).
+			mode := c.mode
+			if mode == engine.ModeAuto {
+				mode = rep.Mode
+			}
+			rebuild := mode == engine.ModePrecopy && c.switchover != engine.SwitchoverDump || kind == "docker" && mode == engine.ModeCold
+			if own := rebuild && kind != "lxc" && criu.ProbeFeatures(context.Background()).LazyPages; rep.RestoreFromOwnImages != own {
+				t.Errorf("restored from its own images: %v, want %v", rep.RestoreFromOwnImages, own)
+			}
 			noScratch(t, &l.Hosts[0])
 			noScratch(t, &l.Hosts[1])
 			moved(t, name)

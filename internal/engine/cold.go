@@ -31,6 +31,32 @@ func (m *migration) cold(ctx context.Context) error {
 	return m.switchover(ctx)
 }
 
+// coldRebuild is cold for a runtime whose restore copies its images
+// (Docker's: into containerd's content store, then out again, 3.4-4.2 s
+// for 256 MiB here). Frozen, CRIU dumps without memory while ferry reads
+// all of it and sends it as pre-copy's one and final round; the
+// destination completes the images beside the dump as it came and, where
+// the runtime restores lazily, restores that dump with a lazy-pages
+// daemon reading the completed ones (localpull.go): what the runtime
+// copies holds no memory. Everything still moves while the container is
+// frozen, and the source stays resumable until the commit.
+func (m *migration) coldRebuild(ctx context.Context) error {
+	if err := m.syncRootfsLive(ctx); err != nil {
+		return err
+	}
+	rs, err := m.startRounds()
+	if err != nil {
+		return m.abort(ctx, failAt("cold", err))
+	}
+	defer rs.close()
+	ld, err := m.dumpWithFinalRound(ctx, rs)
+	if err != nil {
+		return m.abort(ctx, err)
+	}
+	defer ld.stop()
+	return m.rebuildSwitchover(ctx, ld)
+}
+
 // checkpoint runs the runtime's checkpoint to its end whatever becomes of
 // ctx: a killed runtime leaves CRIU running, and CRIU puts back the
 // freezer state it found when it ends, freezing again a container resumed

@@ -676,20 +676,26 @@ func (in *incoming) fillImages(ctx context.Context, sess *transport.Session, rou
 		},
 		Fetch: client.Get,
 	}
+	dir, fill := in.images, images.FillLazy
+	if in.restoresFromOwnImages() {
+		// The restore reads the dump as it came, the daemon the completed
+		// images beside it.
+		dir, fill = in.lazyImages(), images.FillForLazyRestore
+		if err := images.LinkDir(in.images, dir); err != nil {
+			ch.Close()
+			return filled{}, err
+		}
+	}
 	if in.parent != nil && in.parent.Usable() {
-		rel, err := filepath.Rel(in.images, in.parent.Dir())
+		rel, err := filepath.Rel(dir, in.parent.Dir())
 		if err == nil {
-			err = os.Symlink(rel, filepath.Join(in.images, "parent"))
+			err = os.Symlink(rel, filepath.Join(dir, "parent"))
 		}
 		if err == nil {
 			src.ParentRun = in.parent.HeldRun
 		}
 	}
-	fill := images.FillLazy
-	if in.restoresFromOwnImages() {
-		fill = images.FillForLazyRestore
-	}
-	st, err := fill(in.images, src)
+	st, err := fill(dir, src)
 	if err != nil {
 		ch.Close()
 		return filled{}, err

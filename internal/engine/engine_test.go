@@ -121,6 +121,8 @@ func TestTechniquesRefuseWhatTheRuntimeCannotDo(t *testing.T) {
 		want string
 	}{
 		{ModeCold, PrecopyOptions{}, ModeCold},
+		{ModeCold, PrecopyOptions{Engine: PrecopyContent, Switchover: SwitchoverDump}, ModeCold},
+		{ModeCold, PrecopyOptions{Switchover: SwitchoverRebuild}, keyColdRebuild},
 		{ModePrecopy, PrecopyOptions{Engine: PrecopyContent, Switchover: SwitchoverDump}, ModePrecopy},
 		{ModePrecopy, PrecopyOptions{Engine: PrecopyContent, Switchover: SwitchoverRebuild}, keyPrecopyRebuild},
 		{ModePrecopy, PrecopyOptions{Engine: PrecopyNative}, keyPrecopyNative},
@@ -133,7 +135,7 @@ func TestTechniquesRefuseWhatTheRuntimeCannotDo(t *testing.T) {
 	// Podman: a lazy dump at the source but no lazy restore: the rebuild
 	// switchover (a plain restore) but no post-copy or hybrid.
 	podman := runtime.Caps{Freeze: true, LazyDump: true}
-	if got := strings.Join(Modes(podman), ","); got != "cold,precopy,precopy/rebuild" {
+	if got := strings.Join(Modes(podman), ","); got != "cold,cold/rebuild,precopy,precopy/rebuild" {
 		t.Errorf("lazy dump without lazy restore: %s", got)
 	}
 	if err := techniques[ModePostcopy].allows(ModePostcopy, "podman", podman); err == nil || !strings.Contains(err.Error(), "lazy restore") {
@@ -145,6 +147,27 @@ func TestTechniquesRefuseWhatTheRuntimeCannotDo(t *testing.T) {
 	}
 	if sw := precopySwitchover(PrecopyOptions{Engine: PrecopyContent}, runtime.Caps{LazyDump: true}); sw != SwitchoverDump {
 		t.Errorf("a runtime that cannot freeze without dumping got switchover %s", sw)
+	}
+	// Cold rebuilds by itself only where the restore would copy the
+	// memory and need not (Docker with ferry-runc).
+	docker := runtime.Caps{Freeze: true, LazyDump: true, LazyRestore: true, CopiesImages: true}
+	runcCaps := runtime.Caps{Freeze: true, LazyDump: true, LazyRestore: true}
+	for _, c := range []struct {
+		name  string
+		asked string
+		caps  runtime.Caps
+		want  string
+	}{
+		{"docker", PrecopyAuto, docker, SwitchoverRebuild},
+		{"docker, nothing asked", "", docker, SwitchoverRebuild},
+		{"docker without a lazy restore", PrecopyAuto, runtime.Caps{Freeze: true, LazyDump: true, CopiesImages: true}, SwitchoverDump},
+		{"docker, dump asked", SwitchoverDump, docker, SwitchoverDump},
+		{"runc", PrecopyAuto, runcCaps, SwitchoverDump},
+		{"runc, rebuild asked", SwitchoverRebuild, runcCaps, SwitchoverRebuild},
+	} {
+		if got := coldSwitchover(c.asked, c.caps); got != c.want {
+			t.Errorf("cold's switchover, %s: %s, want %s", c.name, got, c.want)
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/criu"
@@ -32,10 +33,15 @@ func (in *incoming) restoresFromOwnImages() bool {
 	return in.tech.rebuild && in.rt.Caps().LazyRestore
 }
 
+// lazyImages is where the images are completed for the daemon; the
+// restore reads the dump as it came, which holds no lazy page: a runtime
+// whose restore copies its images (Docker's, twice) copies only those.
+func (in *incoming) lazyImages() string { return filepath.Join(in.work, "lazy-images") }
+
 // startLocalPull starts the daemon for the completed images and waits
 // until a restore can connect to it.
 func (in *incoming) startLocalPull() (*criu.LazyPages, error) {
-	daemon, err := criu.StartLocalLazyPages(in.images, in.work)
+	daemon, err := criu.StartLocalLazyPages(in.lazyImages(), in.work)
 	if err != nil {
 		return nil, err
 	}

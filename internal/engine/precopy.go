@@ -532,8 +532,8 @@ func (in *incoming) receiveRounds(ctx context.Context, sess *transport.Session, 
 // of copying those pages while the container is down. Set before the
 // rounds start, so no change is missed.
 func (in *incoming) startParent() {
-	if in.rt.Caps().CopiesImages {
-		return // the switchover copies every page: the images go elsewhere whole
+	if in.rt.Caps().CopiesImages && !in.restoresFromOwnImages() {
+		return // the restore copies the images: they must be whole
 	}
 	parent, err := images.NewParent(filepath.Join(in.work, "parent"))
 	if err != nil {

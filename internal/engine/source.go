@@ -59,6 +59,9 @@ type migration struct {
 	// key names the technique (see techniques.go), tech is it.
 	key  string
 	tech technique
+	// coldSwitchover is how cold would switch over here (mode auto may
+	// choose cold after prepare resolved the options for pre-copy).
+	coldSwitchover string
 	sess *transport.Session
 	ctl  *transport.Channel
 	// rootfsBase is what the destination's copy holds after the live
@@ -368,6 +371,9 @@ func (m *migration) run(ctx context.Context) error {
 			return failAt("plan", err)
 		}
 		m.req.Mode, m.report.Mode = mode, mode
+		if mode == ModeCold {
+			m.req.Precopy.Switchover = m.coldSwitchover
+		}
 		if m.key, m.tech, err = techniqueFor(mode, m.req.Precopy, m.rt); err != nil {
 			return m.abort(ctx, failAt("plan", err))
 		}
@@ -407,6 +413,7 @@ func (m *migration) prepare(ctx context.Context) error {
 	}
 	caps := m.rt.Caps()
 	m.req.Precopy.Engine = precopyEngine(m.req.Precopy.Engine, caps)
+	m.coldSwitchover = coldSwitchover(m.req.Precopy.Switchover, caps)
 	m.req.Precopy.Switchover = precopySwitchover(m.req.Precopy, caps)
 	// Predictions (the stop rule, mode auto) follow what this migration
 	// can use.
@@ -415,6 +422,9 @@ func (m *migration) prepare(ctx context.Context) error {
 	m.profile.WriteTracking = m.req.Precopy.WriteTracking != TrackingOff && dirty.Available() == nil
 	if err := m.validatePrecopy(caps); err != nil {
 		return err
+	}
+	if m.req.Mode == ModeCold {
+		m.req.Precopy.Switchover = m.coldSwitchover
 	}
 	if m.req.Mode != ModeAuto {
 		if m.key, m.tech, err = techniqueFor(m.req.Mode, m.req.Precopy, m.rt); err != nil {
@@ -452,6 +462,20 @@ func precopySwitchover(o PrecopyOptions, c runtime.Caps) string {
 		return SwitchoverDump
 	}
 	return o.Switchover
+}
+
+// coldSwitchover resolves cold's: rebuild (coldRebuild) where asked, and
+// by default where the runtime's restore copies its images and can
+// restore lazily from the destination's own (it then copies no memory);
+// otherwise CRIU's dump with the pages streaming.
+func coldSwitchover(asked string, c runtime.Caps) string {
+	if asked == SwitchoverRebuild || asked == SwitchoverDump {
+		return asked
+	}
+	if c.CopiesImages && c.Freeze && c.LazyDump && c.LazyRestore {
+		return SwitchoverRebuild
+	}
+	return SwitchoverDump
 }
 
 func validateMode(mode string) error {

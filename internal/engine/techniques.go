@@ -47,7 +47,17 @@ type receivers struct {
 const (
 	keyPrecopyRebuild = ModePrecopy + "/" + SwitchoverRebuild
 	keyPrecopyNative  = ModePrecopy + "/" + PrecopyNative
+	keyColdRebuild    = ModeCold + "/" + SwitchoverRebuild
 )
+
+// receiveRebuild is the destination half of the techniques that complete
+// a memory-less dump's images from rounds: the rounds go into a store and,
+// as a parent image, into the images.
+func receiveRebuild(in *incoming, ctx context.Context, rx receivers) {
+	in.store = pages.NewStore()
+	in.startParent()
+	rx.g.Go(func() error { return in.receiveRounds(ctx, rx.sess, rx.router) })
+}
 
 func fixed(chans ...string) func(PrecopyOptions) []string {
 	return func(PrecopyOptions) []string { return chans }
@@ -80,16 +90,22 @@ var techniques = map[string]technique{
 			})
 		},
 	},
+	// Cold through pre-copy's rebuild switchover with no live round: all
+	// of the frozen memory goes as one round beside CRIU's memory-less
+	// dump (coldRebuild). For runtimes whose restore copies its images.
+	keyColdRebuild: {
+		needs:    runtime.Caps{Freeze: true, LazyDump: true},
+		rebuild:  true,
+		channels: fixed(ChanRounds, ChanLazy),
+		source:   (*migration).coldRebuild,
+		receive:  receiveRebuild,
+	},
 	keyPrecopyRebuild: {
 		needs:    runtime.Caps{Freeze: true, LazyDump: true},
 		rebuild:  true,
 		channels: fixed(ChanRounds, ChanLazy),
 		source:   (*migration).precopy,
-		receive: func(in *incoming, ctx context.Context, rx receivers) {
-			in.store = pages.NewStore()
-			in.startParent()
-			rx.g.Go(func() error { return in.receiveRounds(ctx, rx.sess, rx.router) })
-		},
+		receive:  receiveRebuild,
 	},
 	keyPrecopyNative: {
 		needs: runtime.Caps{PreDump: true},
@@ -141,6 +157,9 @@ var techniques = map[string]technique{
 
 // techniqueKey names the technique a mode and its pre-copy options select.
 func techniqueKey(mode string, o PrecopyOptions) string {
+	if mode == ModeCold && o.Switchover == SwitchoverRebuild {
+		return keyColdRebuild
+	}
 	if mode != ModePrecopy {
 		return mode
 	}
@@ -189,7 +208,7 @@ func (t technique) allows(key string, kind string, c runtime.Caps) error {
 // check and error messages.
 func Modes(c runtime.Caps) []string {
 	var out []string
-	for _, k := range []string{ModeCold, ModePrecopy, keyPrecopyRebuild, keyPrecopyNative, ModePostcopy, ModeHybrid} {
+	for _, k := range []string{ModeCold, keyColdRebuild, ModePrecopy, keyPrecopyRebuild, keyPrecopyNative, ModePostcopy, ModeHybrid} {
 		if techniques[k].allows(k, "", c) == nil {
 			out = append(out, k)
 		}

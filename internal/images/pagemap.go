@@ -245,11 +245,14 @@ type FillStats struct {
 // its rounds brought: the dump itself carried no memory.
 func FillLazy(dir string, src PageSource) (FillStats, error) { return fill(dir, src, 0) }
 
-// FillForLazyRestore is FillLazy for a lazy restore from dir itself: the
-// pages written stay marked lazy (present, or in the parent image, and
-// lazy), so that the restore leaves them to a lazy-pages daemon reading
-// this directory instead of copying them into the process. The pages the
-// dump carried itself are restored as before.
+// FillForLazyRestore is FillLazy for a lazy restore whose lazy-pages
+// daemon reads dir: the pages written stay marked lazy (present, or in
+// the parent image, and lazy), so that a restore leaves them to the
+// daemon instead of copying them into the process. The pages the dump
+// carried itself are restored as before. The restore itself may as well
+// read the dump as it came (LinkDir keeps it): it never reads a lazy
+// page, and a runtime that copies the restore's images then copies only
+// what the dump carried.
 func FillForLazyRestore(dir string, src PageSource) (FillStats, error) {
 	return fill(dir, src, PageLazy)
 }
@@ -387,5 +390,37 @@ func fillEntries(w *bufio.Writer, old io.Reader, pm *Pagemap, src PageSource, ke
 		}
 	}
 	pm.Entries = out
+	return nil
+}
+
+// LinkDir makes dst a copy of the images in src that costs no copying:
+// a hard link to each file, the same symbolic links (a parent image's is
+// relative, so dst must sit beside src). Writing a file anew in one
+// (FillLazy writes and renames) leaves the other's as it was.
+func LinkDir(src, dst string) error {
+	if err := os.MkdirAll(dst, 0o700); err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		from, to := filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())
+		switch {
+		case e.Type().IsRegular():
+			err = os.Link(from, to)
+		case e.Type()&os.ModeSymlink != 0:
+			var target string
+			if target, err = os.Readlink(from); err == nil {
+				err = os.Symlink(target, to)
+			}
+		default:
+			err = fmt.Errorf("%s is neither a file nor a link", from)
+		}
+		if err != nil {
+			return err
+		}
+	}
 	return nil
 }

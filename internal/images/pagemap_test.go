@@ -247,3 +247,54 @@ func TestFillForLazyRestore(t *testing.T) {
 		t.Errorf("pages images differ: %d and %d bytes", len(a), len(b))
 	}
 }
+
+func TestLinkDirKeepsTheDumpAsItCame(t *testing.T) {
+	entries := []PagemapEntry{
+		{Vaddr: 0x1000, NrPages: 2, Flags: PagePresent},
+		{Vaddr: 0x10000, NrPages: 4, Flags: PageLazy},
+	}
+	root := t.TempDir()
+	dump, lazy := filepath.Join(root, "images"), filepath.Join(root, "lazy-images")
+	if err := os.Mkdir(dump, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeLazyDump(t, dump, Pagemap{PID: 7, PagesID: 1, Entries: entries})
+	if err := os.Symlink("../parent", filepath.Join(dump, "parent")); err != nil {
+		t.Fatal(err)
+	}
+	before := map[string][]byte{}
+	for _, n := range []string{"pagemap-7.img", "pages-1.img"} {
+		before[n], _ = os.ReadFile(filepath.Join(dump, n))
+	}
+	if err := LinkDir(dump, lazy); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := os.Readlink(filepath.Join(lazy, "parent")); err != nil || l != "../parent" {
+		t.Errorf("parent link %q, %v; want ../parent", l, err)
+	}
+	src := PageSource{Local: func(pid uint32, addr uint64, dst []byte) bool {
+		copy(dst, pageOf(pid, addr))
+		return true
+	}}
+	if _, err := FillForLazyRestore(lazy, src); err != nil {
+		t.Fatal(err)
+	}
+	for n, b := range before {
+		if got, _ := os.ReadFile(filepath.Join(dump, n)); !bytes.Equal(got, b) {
+			t.Errorf("%s changed in the dump (%d -> %d bytes) when its linked copy was filled", n, len(b), len(got))
+		}
+	}
+	filled, _ := os.ReadFile(filepath.Join(lazy, "pages-1.img"))
+	if want := len(before["pages-1.img"]) + 4*PageSize; len(filled) != want {
+		t.Errorf("the filled copy's pages image has %d bytes, want %d", len(filled), want)
+	}
+	if err := LinkDir(dump, lazy); err == nil {
+		t.Error("linking into a directory that holds the files already succeeded")
+	}
+	if err := os.Mkdir(filepath.Join(dump, "sub"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := LinkDir(dump, filepath.Join(root, "other")); err == nil {
+		t.Error("a directory among the images was linked")
+	}
+}

@@ -116,7 +116,11 @@ func Predict(p Profile, in Inputs, mode string, rounds int) Prediction {
 	var t timeline
 	switch mode {
 	case ModeCold:
-		t = p.cold(in)
+		if p.coldRebuilds(in) {
+			t = p.coldRebuild(in)
+		} else {
+			t = p.cold(in)
+		}
 	case ModePrecopy:
 		t = p.precopy(in, rounds)
 	case ModePostcopy:
@@ -130,10 +134,11 @@ func Predict(p Profile, in Inputs, mode string, rounds int) Prediction {
 	}
 	t = p.unmoved(in, t)
 	if in.CopiesImages {
-		// A full restore's images hold all of memory; a lazy one's only
-		// what CRIU dumps whole.
+		// A full restore's images hold all of memory; a lazy one's (and
+		// one from the destination's own images, pre-copy's and cold's
+		// rebuild) only what CRIU dumps whole.
 		img := in.MemoryBytes + in.SharedBytes
-		if lazy {
+		if lazy || p.LazyDump && !in.NoLazyRestore && (mode == ModePrecopy || mode == ModeCold) {
 			img = in.SharedBytes
 		}
 		c := img / p.imageCopyBps()

@@ -72,6 +72,23 @@ func (p Profile) cold(in Inputs) timeline {
 	return timeline{down: down, total: down, bytes: m}
 }
 
+// coldRebuilds says cold goes through the rebuild switchover (the
+// engine's coldRebuild): where the runtime's restore copies its images
+// and a lazy dump and restore spare it the memory.
+func (p Profile) coldRebuilds(in Inputs) bool {
+	return in.CopiesImages && p.LazyDump && !in.NoLazyRestore
+}
+
+// coldRebuild is pre-copy's rebuild switchover with no live round: all of
+// memory is the frozen last round, and the destination's lazy-pages
+// daemon copies it in from its own images after the commit.
+func (p Profile) coldRebuild(in Inputs) timeline {
+	m := in.MemoryBytes
+	down := p.SwitchoverS(m, m, p.link(in, 0), true)
+	pull := m / LocalPullBps
+	return timeline{down: down, total: down + pull, bytes: m, degraded: pull}
+}
+
 // liveRounds models n ≥ 1 content-based rounds while the service runs:
 // round 0 sends all of memory, round i the pages written since round i−1
 // read them; each round also reads and hashes all of memory. Both rounds

@@ -298,19 +298,19 @@ func TestRunHost(t *testing.T) {
 func TestModesPerRuntime(t *testing.T) {
 	r := goodHost().Run(context.Background())
 	join := func(k string) string { return strings.Join(r.Modes[k], ",") }
-	if got := join("runc"); got != "cold,precopy,precopy/rebuild,precopy/native,postcopy,hybrid" {
+	if got := join("runc"); got != "cold,cold/rebuild,precopy,precopy/rebuild,precopy/native,postcopy,hybrid" {
 		t.Errorf("runc on a fully equipped host: %s", got)
 	}
-	if join("podman") != "cold,precopy,precopy/rebuild,postcopy,hybrid" || join("lxc") != "cold,precopy" {
+	if join("podman") != "cold,cold/rebuild,precopy,precopy/rebuild,postcopy,hybrid" || join("lxc") != "cold,precopy" {
 		t.Errorf("podman %s (a lazy dump and restore, no pre-dump), lxc %s (neither)", join("podman"), join("lxc"))
 	}
-	if got := join("docker"); got != "cold,precopy,precopy/rebuild,postcopy,hybrid" {
+	if got := join("docker"); got != "cold,cold/rebuild,precopy,precopy/rebuild,postcopy,hybrid" {
 		t.Errorf("docker with ferry-runc: %s", got)
 	}
 	p := goodHost()
 	p.DockerFerryRunc = func() bool { return false }
 	r = p.Run(context.Background())
-	if got := join("docker"); got != "cold,precopy,precopy/rebuild" || len(r.Warnings) != 1 || !strings.Contains(r.Warnings[0].Fix, "ferry-runc") {
+	if got := join("docker"); got != "cold,cold/rebuild,precopy,precopy/rebuild" || len(r.Warnings) != 1 || !strings.Contains(r.Warnings[0].Fix, "ferry-runc") {
 		t.Errorf("docker without ferry-runc: modes %s, warnings %v", got, r.Warnings)
 	}
 	p = goodHost()
