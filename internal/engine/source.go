@@ -62,8 +62,8 @@ type migration struct {
 	// coldSwitchover is how cold would switch over here (mode auto may
 	// choose cold after prepare resolved the options for pre-copy).
 	coldSwitchover string
-	sess *transport.Session
-	ctl  *transport.Channel
+	sess           *transport.Session
+	ctl            *transport.Channel
 	// rootfsBase is what the destination's copy holds after the live
 	// sync, so the frozen sync scans only this side; rootfsWatch, from
 	// before the live sync's scan, what changed since (nil: walk it all);
