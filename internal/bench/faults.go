@@ -144,9 +144,12 @@ func runtimeModes(rt string) []string {
 // something. Pre-copy has a lazy-pages phase too where the runtime
 // restores lazily (not LXC): the destination's copy runs while its memory
 // arrives from the destination's own images, the source waiting, frozen.
+// So has Docker's cold (the rebuild switchover), which runs no page server
+// at the destination during the dump.
 func applies(rt, m, p, a string) bool {
 	lazy := m == engine.ModePostcopy || m == engine.ModeHybrid
-	pulls := lazy || (m == engine.ModePrecopy && rt != "lxc")
+	coldRebuild := m == engine.ModeCold && rt == "docker"
+	pulls := lazy || (m == engine.ModePrecopy && rt != "lxc") || coldRebuild
 	switch p {
 	case fault.Rounds:
 		if m != engine.ModePrecopy && m != engine.ModeHybrid {
@@ -165,7 +168,7 @@ func applies(rt, m, p, a string) bool {
 	case fault.KillSourceCRIU: // the dump, and a lazy dump's page server
 		return p == fault.Dump || (lazy && p == fault.LazyPages)
 	case fault.KillDestinationCRIU: // the page server, the restore, the lazy-pages daemon
-		return (p == fault.Dump && !lazy) || p == fault.Restore || (pulls && p == fault.LazyPages)
+		return (p == fault.Dump && !lazy && !coldRebuild) || p == fault.Restore || (pulls && p == fault.LazyPages)
 	case fault.RestoreFails:
 		return p == fault.Restore
 	case fault.CutLink:

@@ -48,8 +48,12 @@ func TestFaultMatrix(t *testing.T) {
 	// The runtime axis: LXC cases only in the modes it runs, the same
 	// cells as runc's there; the runtimes that restore lazily all of them.
 	byRuntime := map[string]int{}
+	docker := map[string]bool{}
 	for _, c := range FaultMatrix([]string{"runc", "podman", "lxc", "containerd", "docker"}, nil, nil, nil) {
 		byRuntime[c.Runtime]++
+		if c.Runtime == "docker" {
+			docker[c.Mode+" "+c.Fault+"@"+c.Phase] = true
+		}
 		if c.Runtime == "lxc" && (c.Mode == engine.ModePostcopy || c.Mode == engine.ModeHybrid) {
 			t.Errorf("a %s case in %s, which it cannot run", c.Runtime, c.Mode)
 		}
@@ -63,10 +67,24 @@ func TestFaultMatrix(t *testing.T) {
 	if byRuntime["lxc"] != len(all)-lazy {
 		t.Errorf("cases by runtime %v; runc alone has %d, %d of them lazy", byRuntime, len(all), lazy)
 	}
-	for _, rt := range []string{"runc", "podman", "containerd", "docker"} {
+	for _, rt := range []string{"runc", "podman", "containerd"} {
 		if byRuntime[rt] != len(all) {
 			t.Errorf("cases by runtime %v; runc alone has %d", byRuntime, len(all))
 		}
+	}
+	// Docker's cold restores from the destination's own images: it pulls,
+	// and no page server runs at the destination during its dump.
+	coldPull := 0
+	for _, c := range all {
+		if c.Mode == engine.ModePrecopy && c.Phase == fault.LazyPages {
+			coldPull++ // the same faults break a local pull in either mode
+		}
+	}
+	if want := len(all) + coldPull - 1; byRuntime["docker"] != want {
+		t.Errorf("docker has %d cases, want runc's %d, %d more for cold's pull, one fewer at its dump", byRuntime["docker"], len(all), coldPull)
+	}
+	if !docker["cold kill-destination-criu@lazy-pages"] || docker["cold kill-destination-criu@dump"] || !docker["cold cut-link@lazy-pages"] {
+		t.Errorf("docker's cold cases: %v", docker)
 	}
 }
 
