@@ -38,7 +38,11 @@ type DrainRun struct {
 	TotalMs          float64 `json:"total_ms"`
 	// VsCold is the client downtime against the cold reference's.
 	VsCold float64 `json:"vs_cold"`
-	Error  string  `json:"error,omitempty"`
+	// StartMs is when the migration started, from the drain's start; with
+	// its phases, how the migrations overlapped.
+	StartMs float64            `json:"start_ms"`
+	Phases  []engine.PhaseSpan `json:"phases,omitempty"`
+	Error   string             `json:"error,omitempty"`
 }
 
 // DrainResult is what `ferry bench drain --json` prints.
@@ -142,9 +146,10 @@ func Drain(ctx context.Context, o DrainOptions) (res DrainResult, err error) {
 	res.Ratio = res.TotalMs / res.FloorMs
 	for i, name := range names {
 		r := DrainRun{Container: name}
-		for _, rep := range dr.Reports {
+		for j, rep := range dr.Reports {
 			if rep.Container == name {
 				r.OK, r.DowntimeMs, r.TotalMs, r.Error = rep.OK, rep.DowntimeMs, rep.TotalMs, rep.Error
+				r.StartMs, r.Phases = dr.StartMs[j], rep.Phases
 			}
 		}
 		pr, err := probes[i].Stop()

@@ -27,11 +27,13 @@ type Options struct {
 	// Containers to move; empty: every container running in the source
 	// agent's runc root (other runtimes' containers are named).
 	Containers []string
-	// Concurrency is how many migrations run at once until they commit
-	// (default 1: see docs/BENCHMARKS.md, "Draining a host": on a
-	// two-core host four at once took as long in all and doubled each
-	// one's downtime). A committed migration makes way for the next while
-	// it ends (see madeWay).
+	// Concurrency is how many migrations' memory crosses at once (default
+	// 1: see docs/BENCHMARKS.md, "Draining a host": on a two-core host
+	// four at once took as long in all and doubled each one's downtime).
+	// One more migration runs its setup meanwhile and waits in the
+	// drain's line at the source (engine.LineSpec) until one of those
+	// freezes; a committed migration makes way for the next while it ends
+	// (see madeWay).
 	Concurrency int
 	// Started and Finished, when set, hear of each migration.
 	Started  func(name string)
@@ -58,14 +60,17 @@ func (o *Options) defaults() {
 // started, and the wall time of the whole.
 type Result struct {
 	Reports []engine.Report `json:"reports"`
-	TotalMs float64         `json:"total_ms"`
-	OK      bool            `json:"ok"`
+	// StartMs is when each started, from the drain's start.
+	StartMs []float64 `json:"start_ms"`
+	TotalMs float64   `json:"total_ms"`
+	OK      bool      `json:"ok"`
 }
 
 // Run drains: it starts the smallest containers first (each one done
 // frees the link and the CPU for the others sooner, which lowers the mean
-// time to move one) and keeps Concurrency migrations going until all are
-// done.
+// time to move one) and keeps Concurrency migrations' memory crossing, and
+// the next one's setup going, until all are done. One starts once the one
+// before has set up: two setups at once only slow the first.
 // A failed migration does not stop the others; its container stays where
 // its report says.
 func Run(ctx context.Context, o Options) (Result, error) {
@@ -75,14 +80,21 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		return Result{}, err
 	}
 	if len(names) == 0 {
-		return Result{OK: true, Reports: []engine.Report{}}, nil
+		return Result{OK: true, Reports: []engine.Report{}, StartMs: []float64{}}, nil
 	}
-	res := Result{Reports: make([]engine.Report, len(names)), OK: true}
+	res := Result{Reports: make([]engine.Report, len(names)), StartMs: make([]float64, len(names)), OK: true}
 	errs := make([]error, len(names))
 	start := time.Now()
-	slots := make(chan struct{}, o.Concurrency)
+	line := &engine.LineSpec{Name: "drain-" + engine.NewID(), Width: o.Concurrency}
+	slots := make(chan struct{}, o.Concurrency+1)
 	var wg sync.WaitGroup
+	setUp := make(chan struct{})
+	close(setUp)
 	for i, name := range names {
+		select {
+		case <-setUp:
+		case <-ctx.Done():
+		}
 		select {
 		case slots <- struct{}{}:
 		case <-ctx.Done():
@@ -90,17 +102,25 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			continue
 		}
 		wg.Add(1)
+		thisSetUp := make(chan struct{})
+		setUp = thisSetUp
 		go func() {
 			defer wg.Done()
 			free := sync.OnceFunc(func() { <-slots })
 			defer free()
+			ready := sync.OnceFunc(func() { close(thisSetUp) })
+			defer ready()
 			if o.Started != nil {
 				o.Started(name)
 			}
+			res.StartMs[i] = float64(time.Since(start)) / float64(time.Millisecond)
 			req := o.Request
-			req.Container, req.To = name, o.To
+			req.Container, req.To, req.Line = name, o.To, line
 			done := madeWay(req.Mode)
 			r, err := o.migrate(ctx, o.From, req, func(p engine.Progress) {
+				if !slices.Contains(setupPhases, p.Phase) {
+					ready()
+				}
 				if done(p.Phase) {
 					free()
 				}
@@ -123,6 +143,9 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	}
 	return res, errors.Join(errs...)
 }
+
+// setupPhases come before a migration's memory starts crossing.
+var setupPhases = []string{"", "measure", "prepare", "rootfs-sync", "queued"}
 
 // madeWay returns a test of a migration's phases (as progress tells them)
 // that says when it makes way for the next: once it commits. Its downtime

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,7 +23,19 @@ type fakeHost struct {
 	phases              []string
 	mu                  sync.Mutex
 	started             []string
+	lines               map[engine.LineSpec]int // requests in each
 	running, mostAtOnce atomic.Int32
+	// setting up counts those in a setup phase; mostSettingUp at once.
+	settingUp, mostSettingUp atomic.Int32
+}
+
+func most(m *atomic.Int32, n int32) {
+	for {
+		old := m.Load()
+		if n <= old || m.CompareAndSwap(old, n) {
+			return
+		}
+	}
 }
 
 func (h *fakeHost) options(o Options) Options {
@@ -30,20 +43,32 @@ func (h *fakeHost) options(o Options) Options {
 		return engine.Status{Host: "h1", Containers: h.list}, nil
 	}
 	o.migrate = func(ctx context.Context, _ agent.Endpoint, req engine.Request, progress func(engine.Progress)) (engine.Report, error) {
-		n := h.running.Add(1)
+		most(&h.mostAtOnce, h.running.Add(1))
 		defer h.running.Add(-1)
-		for {
-			m := h.mostAtOnce.Load()
-			if n <= m || h.mostAtOnce.CompareAndSwap(m, n) {
-				break
-			}
-		}
 		h.mu.Lock()
 		h.started = append(h.started, req.Container)
+		if req.Line != nil {
+			if h.lines == nil {
+				h.lines = map[engine.LineSpec]int{}
+			}
+			h.lines[*req.Line]++
+		}
 		h.mu.Unlock()
+		inSetup := false
 		for _, p := range h.phases {
+			if setup := slices.Contains(setupPhases, p); setup != inSetup {
+				inSetup = setup
+				if setup {
+					most(&h.mostSettingUp, h.settingUp.Add(1))
+				} else {
+					h.settingUp.Add(-1)
+				}
+			}
 			progress(engine.Progress{Phase: p})
 			time.Sleep(20 * time.Millisecond)
+		}
+		if inSetup {
+			h.settingUp.Add(-1)
 		}
 		time.Sleep(20 * time.Millisecond)
 		if h.fail[req.Container] {
@@ -64,9 +89,11 @@ func hostOf(sizes map[string]int) *fakeHost {
 }
 
 // Every running container moves, smallest first, never more at once than
-// asked; a stopped one stays.
+// asked and one waiting in the drain's line (at the source agent, not
+// here); a stopped one stays.
 func TestDrainAllSmallestFirst(t *testing.T) {
 	h := hostOf(map[string]int{"big": 900, "small": 10, "mid": 300, "tiny": 1, "huge": 4000})
+	h.phases = []string{"prepare", "rootfs-sync", "queued", "round-0", "round-1", "round-2"}
 	res, err := Run(context.Background(), h.options(Options{To: "h2", Concurrency: 2, Request: engine.Request{Mode: engine.ModePrecopy}}))
 	if err != nil || !res.OK {
 		t.Fatalf("drain: %v %+v", err, res)
@@ -82,12 +109,23 @@ func TestDrainAllSmallestFirst(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("reports in order %v, want %v", got, want)
 	}
-	// The first two start together: in either order.
-	if first := map[string]bool{h.started[0]: true, h.started[1]: true}; !first["tiny"] || !first["small"] {
-		t.Errorf("started %v: the two smallest first", h.started)
+	// The first three start together: in any order.
+	if first := map[string]bool{h.started[0]: true, h.started[1]: true, h.started[2]: true}; !first["tiny"] || !first["small"] || !first["mid"] {
+		t.Errorf("started %v: the three smallest first", h.started)
 	}
-	if m := h.mostAtOnce.Load(); m != 2 {
-		t.Errorf("%d migrations at once, want 2", m)
+	if m := h.mostAtOnce.Load(); m != 3 {
+		t.Errorf("%d migrations at once, want 3 (two crossing, one in line)", m)
+	}
+	if m := h.mostSettingUp.Load(); m != 1 {
+		t.Errorf("%d migrations set up at once, want one after the other", m)
+	}
+	if len(h.lines) != 1 {
+		t.Fatalf("the migrations' lines: %v, want one", h.lines)
+	}
+	for l, n := range h.lines {
+		if l.Width != 2 || l.Name == "" || n != 5 {
+			t.Errorf("line %+v for %d migrations, want one of width 2 for all 5", l, n)
+		}
 	}
 }
 
@@ -103,8 +141,12 @@ func TestDrainNamedAndAFailure(t *testing.T) {
 	if res.OK {
 		t.Error("a failed migration, yet the drain says ok")
 	}
-	if !reflect.DeepEqual(h.started, []string{"b", "c", "podman-web"}) {
-		t.Errorf("started %v", h.started)
+	var order []string
+	for _, r := range res.Reports {
+		order = append(order, r.Container)
+	}
+	if !reflect.DeepEqual(order, []string{"b", "c", "podman-web"}) || len(res.StartMs) != 3 || !(res.StartMs[0] <= res.StartMs[2]) {
+		t.Errorf("reports %v, started at %v ms", order, res.StartMs)
 	}
 }
 
@@ -133,9 +175,10 @@ func TestDrainCannotList(t *testing.T) {
 	}
 }
 
-// A migration makes way for the next once it commits; post-copy, whose
-// memory crosses after its commit, and a mode auto has yet to choose do
-// not until they end. The progress may skip a short phase.
+// A migration makes way for the next once it commits (besides the one
+// waiting in line); post-copy, whose memory crosses after its commit, and
+// a mode auto has yet to choose do not until they end. The progress may
+// skip a short phase.
 func TestDrainMakesWayOnceCommitted(t *testing.T) {
 	for _, c := range []struct {
 		mode     string
@@ -155,11 +198,8 @@ func TestDrainMakesWayOnceCommitted(t *testing.T) {
 		if err != nil || !res.OK {
 			t.Fatalf("%s: %v %+v", c.mode, err, res)
 		}
-		if m := h.mostAtOnce.Load(); (m > 1) != c.makesWay {
+		if m := h.mostAtOnce.Load(); (m > 2) != c.makesWay {
 			t.Errorf("%s, phases %v: %d at once with a concurrency of 1", c.mode, c.phases, m)
-		}
-		if !reflect.DeepEqual(h.started, []string{"a", "b", "c"}) {
-			t.Errorf("%s: started %v", c.mode, h.started)
 		}
 	}
 }

@@ -339,11 +339,15 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	recv := &receiving{failed: make(chan error, 1)}
 	warm := make(chan func(), 1)
 	lazy, rebuild := in.tech.lazy, in.tech.rebuild
-	if in.d.NoPrewarm || lazy {
-		warm <- func() {} // a lazy restore fills memory page by page
+	if in.d.NoPrewarm || lazy || in.restoresFromOwnImages() {
+		// A lazy restore fills memory page by page, after the commit: warm
+		// memory gave that pull nothing measurable, and the warming itself
+		// slowed the rounds of a drain's migration before (BENCHMARKS.md,
+		// "A drain in line").
+		warm <- func() {}
 	} else {
 		size := in.offer.MemoryBytes
-		if rebuild && !in.restoresFromOwnImages() {
+		if rebuild {
 			size *= 2 // the completed pages image, then the restored memory
 		}
 		go func() { warm <- memwarm.Warm(size) }()
@@ -443,9 +447,7 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 		lp = st.lp
 		defer lp.stop()
 	}
-	if !in.restoresFromOwnImages() {
-		release() // before the restore writes the memory
-	}
+	release() // before the restore writes the memory
 	var filled filled
 	var local *criu.LazyPages // pre-copy's lazy restore from these images
 	if rebuild {
@@ -472,13 +474,6 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	}
 	in.journaled, in.restoring = true, true
 	pid, err := in.restore(ctx, lazy || local != nil)
-	if in.restoresFromOwnImages() {
-		// Its memory is written after the copy runs, by the lazy-pages
-		// daemon: the warmed pages go back now, beside the copy's first
-		// steps, not before the images are completed (unmapping 1 GiB took
-		// ~150 ms here, frozen, and slowed the completion when beside it).
-		go release()
-	}
 	if err != nil {
 		return false, err
 	}

@@ -201,6 +201,9 @@ type Request struct {
 	Precopy PrecopyOptions `json:"precopy,omitempty"`
 	// MaxBandwidthBps caps what the source sends, in bits per second.
 	MaxBandwidthBps int64 `json:"max_bandwidth_bps,omitempty"`
+	// Line puts the migration in a line of this host's migrations (a
+	// drain's) whose memory crosses a few at a time (line.go).
+	Line *LineSpec `json:"line,omitempty"`
 }
 
 // Progress is a live update from a running migration.

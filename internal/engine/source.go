@@ -46,6 +46,8 @@ type Source struct {
 	Journal *journal.Journal
 	// AllowFaults honours a request's injected faults (tests).
 	AllowFaults bool
+
+	lines lines
 }
 
 // migration is the source side's state for one run.
@@ -62,8 +64,10 @@ type migration struct {
 	// coldSwitchover is how cold would switch over here (mode auto may
 	// choose cold after prepare resolved the options for pre-copy).
 	coldSwitchover string
-	sess           *transport.Session
-	ctl            *transport.Channel
+	// ticket is its place in its line (Request.Line), if any.
+	ticket *ticket
+	sess   *transport.Session
+	ctl    *transport.Channel
 	// rootfsBase is what the destination's copy holds after the live
 	// sync, so the frozen sync scans only this side; rootfsWatch, from
 	// before the live sync's scan, what changed since (nil: walk it all);
@@ -281,6 +285,8 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 			return transport.Dial(ctx, addr, c)
 		}
 	}
+	m.ticket = s.lines.join(req.Line)
+	defer m.ticket.leave()
 	pctx, stopProgress := context.WithCancel(ctx)
 	go m.reportProgress(pctx, 200*time.Millisecond)
 	err := m.run(ctx)
@@ -523,7 +529,7 @@ func (m *migration) validatePrecopy(c runtime.Caps) error {
 }
 
 // syncRootfsLive is every technique's first step: the root filesystem,
-// synced while the container runs.
+// synced while the container runs; then, in a line, its turn.
 func (m *migration) syncRootfsLive(ctx context.Context) error {
 	m.begin("rootfs-sync")
 	// Watched from before the live sync's scan, so that the frozen sync
@@ -535,6 +541,19 @@ func (m *migration) syncRootfsLive(ctx context.Context) error {
 	m.rootfsWatch = w
 	if err := m.syncRootfs(ChanRootfsLive); err != nil {
 		return m.abort(ctx, failAt("rootfs sync", err))
+	}
+	return m.awaitTurn(ctx)
+}
+
+// awaitTurn waits, in a line, until the memory of enough migrations
+// before this one has crossed (line.go).
+func (m *migration) awaitTurn(ctx context.Context) error {
+	if m.ticket == nil {
+		return nil
+	}
+	m.begin("queued")
+	if err := m.ticket.wait(ctx); err != nil {
+		return m.abort(ctx, failAt("queued", withdrawn(err)))
 	}
 	return nil
 }
@@ -688,6 +707,9 @@ func (m *migration) freeze(ctx context.Context) error {
 	}
 	if err := m.tellFrozen(); err != nil {
 		return failAt("freeze on "+m.host.Name, err)
+	}
+	if m.tech.rounds {
+		m.ticket.leave() // what is left of its memory is small
 	}
 	return nil
 }

@@ -25,6 +25,9 @@ type technique struct {
 	// push: once the copy runs at the destination, the source sends all
 	// of the frozen memory at link speed (push.go).
 	push bool
+	// rounds: live rounds carry the memory before the freeze, so in a
+	// line (line.go) the next may start at this one's freeze.
+	rounds bool
 	// channels lists the channels the source opens, besides the rootfs
 	// and images channels every technique uses.
 	channels func(o PrecopyOptions) []string
@@ -75,6 +78,7 @@ var techniques = map[string]technique{
 	// Content pre-copy, dump switchover: rounds, then a full dump whose
 	// pages the destination holds travel as references.
 	ModePrecopy: {
+		rounds:   true,
 		channels: fixed(ChanRounds, ChanPages),
 		source:   (*migration).precopy,
 		receive: func(in *incoming, ctx context.Context, rx receivers) {
@@ -101,6 +105,7 @@ var techniques = map[string]technique{
 		receive:  receiveRebuild,
 	},
 	keyPrecopyRebuild: {
+		rounds:   true,
 		needs:    runtime.Caps{Freeze: true, LazyDump: true},
 		rebuild:  true,
 		channels: fixed(ChanRounds, ChanLazy),
@@ -108,7 +113,8 @@ var techniques = map[string]technique{
 		receive:  receiveRebuild,
 	},
 	keyPrecopyNative: {
-		needs: runtime.Caps{PreDump: true},
+		rounds: true,
+		needs:  runtime.Caps{PreDump: true},
 		channels: func(o PrecopyOptions) []string {
 			chans := []string{ChanPages}
 			for i := 0; i < o.withDefaults().MaxRounds; i++ {
@@ -144,6 +150,7 @@ var techniques = map[string]technique{
 		},
 	},
 	ModeHybrid: {
+		rounds:   true,
 		needs:    runtime.Caps{Freeze: true, LazyDump: true, LazyRestore: true},
 		lazy:     true,
 		channels: fixed(ChanRounds, ChanLazy),
