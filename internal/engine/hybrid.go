@@ -15,10 +15,7 @@ import (
 // server at the source. A stored page is used only if the frozen memory's
 // page has its hash: the final round replaced every page that differed.
 func (m *migration) hybrid(ctx context.Context) error {
-	if err := m.syncRootfsLive(ctx); err != nil {
-		return err
-	}
-	rs, err := m.liveRounds(ctx)
+	rs, err := m.liveRoundsBesideRootfs(ctx)
 	if err != nil {
 		return err
 	}
