@@ -131,10 +131,7 @@ func (ps *precopySource) close() {
 }
 
 func (m *migration) precopy(ctx context.Context) error {
-	if err := m.syncRootfsLive(ctx); err != nil {
-		return err
-	}
-	rs, err := m.liveRounds(ctx)
+	rs, err := m.liveRoundsBesideRootfs(ctx)
 	if err != nil {
 		return err
 	}
