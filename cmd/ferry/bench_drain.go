@@ -54,7 +54,8 @@ its downtime and its client's downtime against the cold reference's
 	f.IntVar(&o.DirtyRate, "dirty-rate", 100, "pages each workload dirties per second")
 	f.StringVar(&bandwidth, "bandwidth", "1gbit", "link rate between lab hosts (empty = unshaped)")
 	f.StringVar(&o.Mode, "mode", engine.ModePrecopy, "technique for every workload")
-	f.IntVar(&o.Concurrency, "concurrency", 1, "migrations at once until they commit (see ferry drain --help)")
+	f.IntVar(&o.Concurrency, "concurrency", 1, "migrations whose memory crosses at once (see ferry drain --help)")
+	f.StringVar(&o.Handoff, "handoff", engine.HandoffCommit, "when a pre-copy or hybrid migration lets the next one's memory cross: commit or freeze (see ferry drain --help)")
 	addPrecopyFlags(cmd, &o.Precopy)
 	return cmd
 }

@@ -6,11 +6,14 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/model"
+	"github.com/ferry-migrate/ferry/internal/runtime/docker"
 )
 
 // A plan for a runtime offers only what it can run and counts what its
-// restore costs: LXC gets no lazy mode, Docker's copy of the images makes
-// a 1 s budget one that only the lazy modes fit.
+// restore costs: LXC gets no lazy mode; Docker, whose restore copies the
+// images, fits a 1 s budget in a live mode where it restores lazily
+// (pre-copy from the destination's own images), and in none without
+// ferry's runtime (cold and pre-copy then copy all of memory twice).
 func TestPlanPerRuntime(t *testing.T) {
 	in := model.Inputs{MemoryBytes: 256 << 20, DirtyRatePagesPerSec: 100, BandwidthBps: 125e6}
 	p := model.DefaultProfile()
@@ -28,7 +31,7 @@ func TestPlanPerRuntime(t *testing.T) {
 				t.Errorf("lxc: %d lazy predictions, recommended %q", lazy, out.Recommended)
 			}
 		case "docker":
-			if out.Recommended != model.ModePostcopy && out.Recommended != model.ModeHybrid {
+			if out.Recommended != model.ModePrecopy && out.Recommended != model.ModePostcopy && out.Recommended != model.ModeHybrid {
 				t.Errorf("docker within 1 s: recommended %q (%s)", out.Recommended, out.Reason)
 			}
 		default:
@@ -36,6 +39,9 @@ func TestPlanPerRuntime(t *testing.T) {
 				t.Errorf("%s: %d lazy predictions", kind, lazy)
 			}
 		}
+	}
+	if out := plan(p, engine.PlanFor(in, docker.CapsFor(true, false)), time.Second); out.Recommended != "" {
+		t.Errorf("docker without ferry-runc within 1 s: recommended %q (%s)", out.Recommended, out.Reason)
 	}
 	root := newRootCmd()
 	root.SetArgs([]string{"plan", "--memory", "64M", "--bandwidth", "1gbit", "--runtime", "nope"})

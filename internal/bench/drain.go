@@ -24,6 +24,7 @@ type DrainOptions struct {
 	Mode         string
 	Precopy      engine.PrecopyOptions
 	Concurrency  int
+	Handoff      string // engine.HandoffCommit or HandoffFreeze
 	FerryBin     string
 	Log          io.Writer
 }
@@ -51,6 +52,7 @@ type DrainResult struct {
 	MemoryBytes int64   `json:"memory_bytes"`
 	DirtyRate   int     `json:"dirty_rate"`
 	Mode        string  `json:"mode"`
+	Handoff     string  `json:"handoff,omitempty"`
 	LinkBps     float64 `json:"link_bps"`
 	TotalMs     float64 `json:"total_ms"`
 	// FloorMs is all of the memory at the link's measured throughput;
@@ -81,7 +83,7 @@ func Drain(ctx context.Context, o DrainOptions) (res DrainResult, err error) {
 	if o.Containers < 1 {
 		return res, fmt.Errorf("--containers must be 1 or more")
 	}
-	res = DrainResult{Containers: o.Containers, MemoryBytes: o.MemoryBytes, DirtyRate: o.DirtyRate, Mode: o.Mode, Runs: []DrainRun{}}
+	res = DrainResult{Containers: o.Containers, MemoryBytes: o.MemoryBytes, DirtyRate: o.DirtyRate, Mode: o.Mode, Handoff: o.Handoff, Runs: []DrainRun{}}
 	o.logf("bringing up a 3-host lab (bandwidth %d bit/s)", o.BandwidthBps)
 	l, down, err := upLab(ctx, lab.Options{Hosts: 3, BandwidthBps: o.BandwidthBps, FerryBin: o.FerryBin})
 	if err != nil {
@@ -138,7 +140,7 @@ func Drain(ctx context.Context, o DrainOptions) (res DrainResult, err error) {
 	}
 	time.Sleep(300 * time.Millisecond)
 	o.logf("draining %d containers of %d MiB (%s, %d at once)", o.Containers, o.MemoryBytes>>20, o.Mode, o.Concurrency)
-	dr, derr := drain.Run(ctx, drain.Options{From: agent.Socket(src.ControlSock), To: dst.AgentAddr, Containers: names, Concurrency: o.Concurrency,
+	dr, derr := drain.Run(ctx, drain.Options{From: agent.Socket(src.ControlSock), To: dst.AgentAddr, Containers: names, Concurrency: o.Concurrency, Handoff: o.Handoff,
 		Request: engine.Request{Mode: o.Mode, Precopy: o.Precopy}})
 	time.Sleep(300 * time.Millisecond)
 	res.TotalMs, res.OK = dr.TotalMs, dr.OK && derr == nil

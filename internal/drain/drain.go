@@ -35,6 +35,10 @@ type Options struct {
 	// freezes; a committed migration makes way for the next while it ends
 	// (see madeWay).
 	Concurrency int
+	// Handoff is when a pre-copy or hybrid migration lets the next one's
+	// memory start crossing: engine.HandoffCommit (default) or
+	// engine.HandoffFreeze.
+	Handoff string
 	// Started and Finished, when set, hear of each migration.
 	Started  func(name string)
 	Finished func(name string, r engine.Report, err error)
@@ -47,6 +51,9 @@ type Options struct {
 func (o *Options) defaults() {
 	if o.Concurrency <= 0 {
 		o.Concurrency = 1
+	}
+	if o.Handoff == "" {
+		o.Handoff = engine.HandoffCommit
 	}
 	if o.status == nil {
 		o.status = agent.Status
@@ -75,6 +82,9 @@ type Result struct {
 // its report says.
 func Run(ctx context.Context, o Options) (Result, error) {
 	o.defaults()
+	if o.Handoff != engine.HandoffCommit && o.Handoff != engine.HandoffFreeze {
+		return Result{}, fmt.Errorf("unknown handoff %q (commit, freeze)", o.Handoff)
+	}
 	names, err := pick(ctx, o)
 	if err != nil {
 		return Result{}, err
@@ -85,7 +95,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	res := Result{Reports: make([]engine.Report, len(names)), StartMs: make([]float64, len(names)), OK: true}
 	errs := make([]error, len(names))
 	start := time.Now()
-	line := &engine.LineSpec{Name: "drain-" + engine.NewID(), Width: o.Concurrency}
+	line := &engine.LineSpec{Name: "drain-" + engine.NewID(), Width: o.Concurrency, Handoff: o.Handoff}
 	slots := make(chan struct{}, o.Concurrency+1)
 	var wg sync.WaitGroup
 	setUp := make(chan struct{})

@@ -150,6 +150,32 @@ func TestDrainNamedAndAFailure(t *testing.T) {
 	}
 }
 
+// A handoff it does not know stops the drain before anything moves; the
+// one it knows reaches every migration's line.
+func TestDrainHandoff(t *testing.T) {
+	h := hostOf(map[string]int{"a": 1, "b": 2})
+	if _, err := Run(context.Background(), h.options(Options{To: "h2", Handoff: "restore"})); err == nil || len(h.started) != 0 {
+		t.Fatalf("handoff restore: %v, started %v", err, h.started)
+	}
+	if _, err := Run(context.Background(), h.options(Options{To: "h2", Handoff: engine.HandoffFreeze})); err != nil {
+		t.Fatal(err)
+	}
+	for l := range h.lines {
+		if l.Handoff != engine.HandoffFreeze {
+			t.Errorf("line %+v", l)
+		}
+	}
+	h = hostOf(map[string]int{"a": 1})
+	if _, err := Run(context.Background(), h.options(Options{To: "h2"})); err != nil {
+		t.Fatal(err)
+	}
+	for l := range h.lines {
+		if l.Handoff != engine.HandoffCommit {
+			t.Errorf("default line %+v, want a handoff at the commit", l)
+		}
+	}
+}
+
 // Nothing running: nothing to do, and no error.
 func TestDrainNothing(t *testing.T) {
 	h := hostOf(nil)

@@ -11,8 +11,11 @@ import (
 // setup is done (the offer, the live root filesystem sync), waits for its
 // turn: so its setup overlaps the memory of those before it, and no more
 // than the line's width of memory streams share the link. One whose live
-// rounds carry its memory gives its turn away at the freeze (its last
-// round is small); the others at their end.
+// rounds carry its memory gives its turn away at its commit, or at its
+// freeze where the line says so (its last round is small, but its
+// switchover then shares the two cores and the link with the next one's
+// first round: docs/BENCHMARKS.md, "A drain in line"); the others at their
+// end.
 type lines struct {
 	mu sync.Mutex
 	m  map[string]*line
@@ -30,6 +33,8 @@ type ticket struct {
 	turn  chan struct{} // closed once it is this one's turn
 	given bool          // turn closed
 	gone  sync.Once
+	// atFreeze: it gives its turn away at its freeze (LineSpec.Handoff).
+	atFreeze bool
 }
 
 // LineSpec names a line and how many of its migrations cross at once.
@@ -37,7 +42,16 @@ type LineSpec struct {
 	Name string `json:"name"`
 	// Width is how many cross at once (0: one).
 	Width int `json:"width,omitempty"`
+	// Handoff is when a migration with live rounds gives its turn away:
+	// HandoffCommit (the default) or HandoffFreeze.
+	Handoff string `json:"handoff,omitempty"`
 }
+
+// When a migration in a line gives its turn to the next.
+const (
+	HandoffCommit = "commit"
+	HandoffFreeze = "freeze"
+)
 
 // join puts a migration at the end of its line.
 func (ls *lines) join(spec *LineSpec) *ticket {
@@ -54,7 +68,7 @@ func (ls *lines) join(spec *LineSpec) *ticket {
 		l = &line{width: max(spec.Width, 1)}
 		ls.m[spec.Name] = l
 	}
-	t := &ticket{ls: ls, name: spec.Name, turn: make(chan struct{})}
+	t := &ticket{ls: ls, name: spec.Name, turn: make(chan struct{}), atFreeze: spec.Handoff == HandoffFreeze}
 	l.queued = append(l.queued, t)
 	l.giveTurns()
 	return t
@@ -80,6 +94,22 @@ func (t *ticket) wait(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
+	}
+}
+
+// handsOffAtFreeze says its line lets the next cross from its freeze on.
+func (t *ticket) handsOffAtFreeze() bool { return t != nil && t.atFreeze }
+
+// ready says it is this migration's turn now; outside a line, always.
+func (t *ticket) ready() bool {
+	if t == nil {
+		return true
+	}
+	select {
+	case <-t.turn:
+		return true
+	default:
+		return false
 	}
 }
 

@@ -6,14 +6,7 @@ import (
 	"time"
 )
 
-func hasTurn(t *ticket) bool {
-	select {
-	case <-t.turn:
-		return true
-	default:
-		return false
-	}
-}
+func hasTurn(t *ticket) bool { return t.ready() }
 
 // Turns go in the order the migrations joined, width at a time, whoever
 // leaves; a line that empties is gone.
@@ -77,6 +70,9 @@ func TestLineWaitEnds(t *testing.T) {
 	}
 	second.leave()
 	var none *ticket
+	if !none.ready() {
+		t.Error("outside any line, not ready")
+	}
 	if ls.join(nil) != nil || ls.join(&LineSpec{}) != nil {
 		t.Error("a ticket without a line")
 	}

@@ -401,6 +401,9 @@ func (m *migration) prepare(ctx context.Context) error {
 	if err := validateMode(m.req.Mode); err != nil {
 		return err
 	}
+	if l := m.req.Line; l != nil && l.Handoff != "" && l.Handoff != HandoffCommit && l.Handoff != HandoffFreeze {
+		return fmt.Errorf("unknown handoff %q (commit, freeze)", l.Handoff)
+	}
 	var err error
 	switch kind := m.req.Runtime; kind {
 	case "", RuntimeAuto:
@@ -553,10 +556,10 @@ func (m *migration) watchRootfs() {
 // rounds and, beside them, the live root filesystem sync, which they need
 // nothing of (its apply at the destination, a file at a time, took 80-300
 // ms here, time the link no longer idles through). Both end before the
-// freeze. In a line the sync goes first instead, beside the memory of the
-// migration before this one.
+// freeze. In a line, waiting for its turn, the sync goes first instead,
+// beside the memory of the migration before this one.
 func (m *migration) liveRoundsBesideRootfs(ctx context.Context) (*precopySource, error) {
-	if m.ticket != nil {
+	if !m.ticket.ready() {
 		if err := m.syncRootfsLive(ctx); err != nil {
 			return nil, err
 		}
@@ -741,7 +744,7 @@ func (m *migration) freeze(ctx context.Context) error {
 	if err := m.tellFrozen(); err != nil {
 		return failAt("freeze on "+m.host.Name, err)
 	}
-	if m.tech.rounds {
+	if m.tech.rounds && m.ticket.handsOffAtFreeze() {
 		m.ticket.leave() // what is left of its memory is small
 	}
 	return nil
@@ -824,6 +827,9 @@ func (m *migration) commitAnswer() (Committed, error) {
 func (m *migration) committed(c Committed) {
 	m.noteHold(c)
 	m.report.DowntimeMs = ms(time.Since(m.frozenAt))
+	if m.tech.rounds {
+		m.ticket.leave() // its downtime is over, its memory across
+	}
 }
 
 // requestRestore asks the destination to restore and waits until it says
