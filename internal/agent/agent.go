@@ -203,7 +203,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.set = a.newRuntimes()
 	dst.Runtimes, dst.Journal, dst.Admission = a.set, j, a.Admission
 	src := &engine.Source{Host: a.Host, Runtimes: dst.Runtimes, KeepWork: a.KeepWork, Version: a.Version,
-		Dial: a.dialPeer, Profile: a.Profile, Journal: j, AllowFaults: a.AllowFaults}
+		Dial: a.dialPeer, Profile: a.Profile, Journal: j, AllowFaults: a.AllowFaults, Lines: &engine.Lines{}}
 	// Before anyone is answered: copies restored here and never committed
 	// go, so sources asking afterwards resume theirs.
 	a.clearScratch()

@@ -10,11 +10,14 @@ import (
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/drain"
 	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/lab"
 )
 
-// TestDrain moves every running container off h1 with one drain, two at a
-// time: each arrives at h2 running, with its state, and none is left at
-// h1.
+// TestDrain moves every running container off h1 with one drain, one at
+// a time, and back with another whose turns go at the freeze: each
+// arrives running, with its state, none is left behind, and no
+// migration's memory started crossing before the one before it in the
+// line gave its turn away.
 func TestDrain(t *testing.T) {
 	requireLab(t)
 	bin := ferryBin(t)
@@ -38,17 +41,39 @@ func TestDrain(t *testing.T) {
 		}
 		probes = append(probes, p)
 	}
-	res, err := drain.Run(ctx, drain.Options{From: agent.Socket(l.Hosts[0].ControlSock), To: l.Hosts[1].AgentAddr,
-		Concurrency: 2, Request: engine.Request{Mode: engine.ModePrecopy}})
-	if err != nil || !res.OK {
-		t.Fatalf("drain: %v %+v", err, res)
-	}
-	if len(res.Reports) != len(names) {
-		t.Fatalf("%d reports for %d containers", len(res.Reports), len(names))
-	}
-	// Smallest first: drain-a holds 16 MiB, drain-c 48 MiB.
-	if res.Reports[0].Container != "drain-a" || res.Reports[2].Container != "drain-c" {
-		t.Errorf("order: %s, %s, %s", res.Reports[0].Container, res.Reports[1].Container, res.Reports[2].Container)
+	for _, c := range []struct {
+		from, to *lab.Host
+		handoff  string
+	}{
+		{&l.Hosts[0], &l.Hosts[1], engine.HandoffCommit},
+		{&l.Hosts[1], &l.Hosts[0], engine.HandoffFreeze},
+	} {
+		res, err := drain.Run(ctx, drain.Options{From: agent.Socket(c.from.ControlSock), To: c.to.AgentAddr,
+			Containers: names, Handoff: c.handoff, Request: engine.Request{Mode: engine.ModePrecopy}})
+		if err != nil || !res.OK {
+			t.Fatalf("drain %s -> %s: %v %+v", c.from.Name, c.to.Name, err, res)
+		}
+		if len(res.Reports) != len(names) {
+			t.Fatalf("%d reports for %d containers", len(res.Reports), len(names))
+		}
+		// Smallest first: drain-a holds 16 MiB, drain-c 48 MiB.
+		if res.Reports[0].Container != "drain-a" || res.Reports[2].Container != "drain-c" {
+			t.Errorf("order: %s, %s, %s", res.Reports[0].Container, res.Reports[1].Container, res.Reports[2].Container)
+		}
+		for i := 1; i < len(res.Reports); i++ {
+			gave := phaseAt(t, res, i-1, c.handoff)
+			// The phases are the agent's, from when it took the request,
+			// a millisecond or so after the drain's clock says it started.
+			if crossed := phaseAt(t, res, i, "round-0"); crossed < gave-5 {
+				t.Errorf("%s's first round began at %.0f ms, before %s's %s at %.0f ms", res.Reports[i].Container, crossed, res.Reports[i-1].Container, c.handoff, gave)
+			}
+		}
+		for _, name := range names {
+			if s, d := status(t, c.from, name), status(t, c.to, name); s != "absent" || d != "running" {
+				t.Errorf("%s: %s at %s, %s at %s", name, s, c.from.Name, d, c.to.Name)
+			}
+		}
+		t.Logf("drained %d containers %s -> %s (handoff at the %s) in %.0f ms", len(res.Reports), c.from.Name, c.to.Name, c.handoff, res.TotalMs)
 	}
 	time.Sleep(300 * time.Millisecond)
 	for i, name := range names {
@@ -56,9 +81,18 @@ func TestDrain(t *testing.T) {
 		if err != nil || !pr.StateOK {
 			t.Errorf("%s: state %+v %v", name, pr, err)
 		}
-		if s, d := status(t, &l.Hosts[0], name), status(t, &l.Hosts[1], name); s != "absent" || d != "running" {
-			t.Errorf("%s: %s at h1, %s at h2", name, s, d)
+	}
+}
+
+// phaseAt is when the i-th migration of a drain began phase name, in ms
+// from the drain's start.
+func phaseAt(t *testing.T, res drain.Result, i int, name string) float64 {
+	t.Helper()
+	for _, p := range res.Reports[i].Phases {
+		if p.Name == name {
+			return res.StartMs[i] + p.StartMs
 		}
 	}
-	t.Logf("drained %d containers in %.0f ms", len(res.Reports), res.TotalMs)
+	t.Fatalf("%s has no %s phase: %+v", res.Reports[i].Container, name, res.Reports[i].Phases)
+	return 0
 }

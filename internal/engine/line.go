@@ -15,8 +15,8 @@ import (
 // freeze where the line says so (its last round is small, but its
 // switchover then shares the two cores and the link with the next one's
 // first round: docs/BENCHMARKS.md, "A drain in line"); the others at their
-// end.
-type lines struct {
+// end. Lines holds a host's lines; its zero value is ready.
+type Lines struct {
 	mu sync.Mutex
 	m  map[string]*line
 }
@@ -28,7 +28,7 @@ type line struct {
 
 // ticket is one migration's place in a line; nil outside any.
 type ticket struct {
-	ls    *lines
+	ls    *Lines
 	name  string
 	turn  chan struct{} // closed once it is this one's turn
 	given bool          // turn closed
@@ -54,8 +54,8 @@ const (
 )
 
 // join puts a migration at the end of its line.
-func (ls *lines) join(spec *LineSpec) *ticket {
-	if spec == nil || spec.Name == "" {
+func (ls *Lines) join(spec *LineSpec) *ticket {
+	if ls == nil || spec == nil || spec.Name == "" {
 		return nil
 	}
 	ls.mu.Lock()

@@ -11,7 +11,7 @@ func hasTurn(t *ticket) bool { return t.ready() }
 // Turns go in the order the migrations joined, width at a time, whoever
 // leaves; a line that empties is gone.
 func TestLineTurns(t *testing.T) {
-	var ls lines
+	var ls Lines
 	spec := &LineSpec{Name: "drain-1"}
 	a, b, c := ls.join(spec), ls.join(spec), ls.join(spec)
 	if !hasTurn(a) || hasTurn(b) || hasTurn(c) {
@@ -59,7 +59,7 @@ func TestLineTurns(t *testing.T) {
 // A migration waiting for its turn gives up with its context; one outside
 // any line never waits.
 func TestLineWaitEnds(t *testing.T) {
-	var ls lines
+	var ls Lines
 	spec := &LineSpec{Name: "drain"}
 	first, second := ls.join(spec), ls.join(spec)
 	defer first.leave()
@@ -69,6 +69,10 @@ func TestLineWaitEnds(t *testing.T) {
 		t.Fatal("waited past its context")
 	}
 	second.leave()
+	var noLines *Lines
+	if noLines.join(spec) != nil {
+		t.Error("a ticket from a host that keeps no lines")
+	}
 	var none *ticket
 	if !none.ready() {
 		t.Error("outside any line, not ready")

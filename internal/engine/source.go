@@ -46,8 +46,9 @@ type Source struct {
 	Journal *journal.Journal
 	// AllowFaults honours a request's injected faults (tests).
 	AllowFaults bool
-
-	lines lines
+	// Lines are this host's lines of migrations (line.go); nil: a
+	// request's line is not kept, and it never waits.
+	Lines *Lines
 }
 
 // migration is the source side's state for one run.
@@ -285,7 +286,7 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 			return transport.Dial(ctx, addr, c)
 		}
 	}
-	m.ticket = s.lines.join(req.Line)
+	m.ticket = s.Lines.join(req.Line)
 	defer m.ticket.leave()
 	pctx, stopProgress := context.WithCancel(ctx)
 	go m.reportProgress(pctx, 200*time.Millisecond)
