@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every benchmark docs/BENCHMARKS.md reports, one after another (they
 # share the lab's names), each as its own `ferry bench` command, and keeps
-# the JSON in $OUT. Takes about 25 minutes on a 2-core machine.
+# the JSON in $OUT. Takes about 27 minutes on a 2-core machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-results}
@@ -25,4 +25,9 @@ for rt in runc containerd docker; do
   for m in cold precopy; do
     run "$rt-$m-256M-100" --runtime "$rt" --mode "$m" --memory 256M --dirty-rate 100 --bandwidth 1gbit --repeat 2
   done
+done
+# Draining a host: four containers, the line's turn at the commit and at the freeze.
+for h in commit freeze; do
+  echo "bench: drain-precopy-$h: $F bench drain --mode precopy --handoff $h" >&2
+  "$F" bench drain --containers 4 --memory 256M --dirty-rate 100 --bandwidth 1gbit --mode precopy --handoff "$h" >"$OUT/drain-precopy-$h.json"
 done
