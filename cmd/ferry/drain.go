@@ -36,9 +36,9 @@ the next connects and syncs its root filesystem, then waits for its turn.
 A pre-copy or hybrid migration gives its turn away at its commit (its
 downtime over, its memory across), or with --handoff freeze at its freeze:
 the next one's first round then overlaps its switchover, which ends the
-drain sooner (four 256 MiB containers: 1.18-1.24x the link's time against
-1.26-1.30x) but can raise a container's downtime (up to 0.22x its cold
-migration's, against 0.09x). Post-copy's memory crosses after its commit,
+drain sooner (four 256 MiB containers on a two-core host: 1.18-1.34x the
+link's time against 1.23-1.40x) but can raise a container's downtime (up
+to 0.22x its cold migration's, against 0.10x). Post-copy's memory crosses after its commit,
 so it keeps its turn to the end.
 
 --concurrency N lets N migrations' memory cross at once (and one more set
