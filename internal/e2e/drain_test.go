@@ -62,10 +62,8 @@ func TestDrain(t *testing.T) {
 		}
 		for i := 1; i < len(res.Reports); i++ {
 			gave := phaseAt(t, res, i-1, c.handoff)
-			// The phases are the agent's, from when it took the request,
-			// a millisecond or so after the drain's clock says it started.
-			if crossed := phaseAt(t, res, i, "round-0"); crossed < gave-5 {
-				t.Errorf("%s's first round began at %.0f ms, before %s's %s at %.0f ms", res.Reports[i].Container, crossed, res.Reports[i-1].Container, c.handoff, gave)
+			if crossed := phaseAt(t, res, i, "round-0"); crossed.Before(gave) {
+				t.Errorf("%s's first round began at %s, before %s's %s at %s", res.Reports[i].Container, crossed.Format(time.StampMicro), res.Reports[i-1].Container, c.handoff, gave.Format(time.StampMicro))
 			}
 		}
 		for _, name := range names {
@@ -84,15 +82,16 @@ func TestDrain(t *testing.T) {
 	}
 }
 
-// phaseAt is when the i-th migration of a drain began phase name, in ms
-// from the drain's start.
-func phaseAt(t *testing.T, res drain.Result, i int, name string) float64 {
+// phaseAt is when the i-th migration of a drain began phase name, by the
+// source agent's clock (its reports' phases count from their start).
+func phaseAt(t *testing.T, res drain.Result, i int, name string) time.Time {
 	t.Helper()
-	for _, p := range res.Reports[i].Phases {
+	r := res.Reports[i]
+	for _, p := range r.Phases {
 		if p.Name == name {
-			return res.StartMs[i] + p.StartMs
+			return r.StartedAt.Add(time.Duration(p.StartMs * float64(time.Millisecond)))
 		}
 	}
-	t.Fatalf("%s has no %s phase: %+v", res.Reports[i].Container, name, res.Reports[i].Phases)
-	return 0
+	t.Fatalf("%s has no %s phase: %+v", r.Container, name, r.Phases)
+	return time.Time{}
 }
