@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ferry-migrate/ferry/internal/dirty"
 	"github.com/ferry-migrate/ferry/internal/host"
@@ -577,4 +578,70 @@ func TestSourcePrecopyCommits(t *testing.T) {
 	r.returned()
 	r.want(counts{prepared: 1, restored: 1, started: 1})
 	r.pagesArrived()
+}
+
+// A migration waiting in its line (a drain's) freezes nothing while it
+// waits: cancelled there, it leaves the container untouched and the
+// destination's prepared copy gone; let through, it commits, its wait a
+// phase of its own. Each case is a session of its own.
+func TestSourceWaitsInLine(t *testing.T) {
+	spec := &LineSpec{Name: "drain-1"}
+	req := Request{Container: "web", To: "h2@127.0.0.1:1", Mode: ModeCold, Runtime: "fake", Line: spec}
+
+	t.Run("cancelled", func(t *testing.T) {
+		r := newSourceRun(t, func(r *sourceRun) { r.s.Lines = &Lines{} })
+		ahead := r.s.Lines.join(spec) // a migration before it, never done
+		defer ahead.leave()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		rep := r.s.Migrate(ctx, req, func(p Progress) {
+			if p.Phase == "queued" {
+				cancel() // the request withdrawn while it waits
+			}
+		})
+		if rep.OK || rep.FailedAt != "queued" || !strings.Contains(rep.Error, "cancelled") {
+			t.Fatalf("report: ok %v at %q: %s", rep.OK, rep.FailedAt, rep.Error)
+		}
+		r.calls()
+		if rep.SourceState != "" || r.src.state() != "running" || rep.FrozenMs != 0 {
+			t.Errorf("report says %q (frozen %.0f ms), the runtime holds it %q; want untouched and running", rep.SourceState, rep.FrozenMs, r.src.state())
+		}
+		if st := r.sourceJournaled(rep); st != "" {
+			t.Errorf("source journal holds %q for a migration that froze nothing", st)
+		}
+		r.returned()
+		r.want(counts{prepared: 1, discarded: 1})
+	})
+
+	t.Run("let through", func(t *testing.T) {
+		r := newSourceRun(t, func(r *sourceRun) { r.s.Lines = &Lines{} })
+		ahead := r.s.Lines.join(spec)
+		done := make(chan Report, 1)
+		go func() { done <- r.s.Migrate(context.Background(), req, nil) }()
+		select {
+		case rep := <-done:
+			t.Fatalf("ran past the migration ahead of it: %+v", rep)
+		case <-time.After(300 * time.Millisecond):
+		}
+		r.calls() // nothing frozen while it waits
+		ahead.leave()
+		var rep Report
+		select {
+		case rep = <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatal("never got its turn")
+		}
+		if !rep.OK {
+			t.Fatalf("migration failed at %s: %s", rep.FailedAt, rep.Error)
+		}
+		r.calls("freeze", "checkpoint", "release(kill)", "remove")
+		i := slices.IndexFunc(rep.Phases, func(p PhaseSpan) bool { return p.Name == "queued" })
+		j := slices.IndexFunc(rep.Phases, func(p PhaseSpan) bool { return p.Name == "freeze" })
+		if i < 0 || j < i || rep.Phases[i].EndMs-rep.Phases[i].StartMs < 250 {
+			t.Errorf("phases %+v: want a queued phase of about 300 ms before the freeze", rep.Phases)
+		}
+		if len(r.s.Lines.m) != 0 {
+			t.Errorf("lines left behind: %v", r.s.Lines.m)
+		}
+	})
 }
