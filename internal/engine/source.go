@@ -207,8 +207,11 @@ func (m *migration) reportProgress(ctx context.Context, interval time.Duration) 
 		case <-m.phaseBegun: // a new phase is told at once
 		}
 		var b int64
-		if m.sess != nil {
-			b = m.sess.BytesSent()
+		m.mu.Lock()
+		sess := m.sess
+		m.mu.Unlock()
+		if sess != nil {
+			b = sess.BytesSent()
 		}
 		if now := time.Now(); tick {
 			rate = float64(b-last) * 8 / now.Sub(lastAt).Seconds()
@@ -351,7 +354,9 @@ func (m *migration) run(ctx context.Context) error {
 	if err != nil {
 		return failAt("connect to destination", err)
 	}
+	m.mu.Lock() // the progress reporter reads it
 	m.sess = sess
+	m.mu.Unlock()
 	if !strings.Contains(m.req.To, "@") {
 		m.report.Warnings = append(m.report.Warnings, fmt.Sprintf("the destination was not named: any agent the CA vouches for was accepted at %s (name it: --to NAME@ADDR)", m.req.To))
 	}
