@@ -38,8 +38,9 @@ downtime over, its memory across), or with --handoff freeze at its freeze:
 the next one's first round then overlaps its switchover, which ends the
 drain sooner (four 256 MiB containers on a two-core host: 1.18-1.34x the
 link's time against 1.23-1.40x) but can raise a container's downtime (up
-to 0.22x its cold migration's, against 0.10x). Post-copy's memory crosses after its commit,
-so it keeps its turn to the end.
+to 0.22x its cold migration's, against 0.10x). Cold and post-copy keep
+their turn to their end: cold's memory crosses while it is frozen,
+post-copy's after its commit.
 
 --concurrency N lets N migrations' memory cross at once (and one more set
 up). Those share the link and the source's CPU (reading and hashing
