@@ -211,23 +211,18 @@ type PageSource struct {
 	// Fetch fills dst (a multiple of PageSize) with the pages from addr on,
 	// from the dumped task itself; called for the runs Local lacks.
 	Fetch func(pid uint32, addr uint64, dst []byte) error
-	// Parent, when set, says the dump's parent image holds the page's
-	// current contents: the page becomes a parent reference, no copy.
-	Parent func(pid uint32, addr uint64) bool
-	// ParentRun, when set, is Parent for a run: how many pages from addr
-	// on, at most n, the parent holds current (ParentImage.HeldRun).
+	// ParentRun, when set, says how many pages from addr on, at most n,
+	// the dump's parent image holds current (ParentImage.HeldRun): those
+	// become parent references, no copy.
 	ParentRun func(pid uint32, addr, n uint64) uint64
 }
 
 // inParent is how many pages from addr on, at most n, the parent holds.
 func (s PageSource) inParent(pid uint32, addr, n uint64) uint64 {
-	switch {
-	case s.ParentRun != nil:
-		return s.ParentRun(pid, addr, n)
-	case s.Parent != nil && s.Parent(pid, addr):
-		return 1
+	if s.ParentRun == nil {
+		return 0
 	}
-	return 0
+	return s.ParentRun(pid, addr, n)
 }
 
 // FillStats counts where the pages of a filled-in dump came from.

@@ -211,7 +211,12 @@ func TestFillForLazyRestore(t *testing.T) {
 			copy(dst, pageOf(pid, addr))
 			return true
 		},
-		Parent: func(_ uint32, addr uint64) bool { return addr == 0x31000 },
+		ParentRun: func(_ uint32, addr, _ uint64) uint64 {
+			if addr == 0x31000 {
+				return 1
+			}
+			return 0
+		},
 	}
 	plain, lazy := t.TempDir(), t.TempDir()
 	for _, dir := range []string{plain, lazy} {
