@@ -49,12 +49,7 @@ func (m *migration) coldRebuild(ctx context.Context) error {
 		return m.abort(ctx, failAt("cold", err))
 	}
 	defer rs.close()
-	ld, err := m.dumpWithFinalRound(ctx, rs)
-	if err != nil {
-		return m.abort(ctx, err)
-	}
-	defer ld.stop()
-	return m.rebuildSwitchover(ctx, ld)
+	return m.finalRoundThen(ctx, rs, m.rebuildSwitchover)
 }
 
 // checkpoint runs the runtime's checkpoint to its end whatever becomes of

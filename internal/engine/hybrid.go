@@ -20,12 +20,19 @@ func (m *migration) hybrid(ctx context.Context) error {
 		return err
 	}
 	defer rs.close()
+	return m.finalRoundThen(ctx, rs, m.lazySwitchover)
+}
+
+// finalRoundThen ends pre-copy's rebuild, hybrid and cold's rebuild:
+// dumpWithFinalRound, then switchover with the lazy dump, which stops
+// when the migration ends.
+func (m *migration) finalRoundThen(ctx context.Context, rs *precopySource, switchover func(context.Context, *lazyDump) error) error {
 	ld, err := m.dumpWithFinalRound(ctx, rs)
 	if err != nil {
 		return m.abort(ctx, err)
 	}
 	defer ld.stop()
-	return m.lazySwitchover(ctx, ld)
+	return switchover(ctx, ld)
 }
 
 // dumpWithFinalRound freezes the container, has CRIU dump it without its

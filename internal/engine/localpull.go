@@ -13,9 +13,9 @@ import (
 	"github.com/ferry-migrate/ferry/internal/runtime"
 )
 
-// Pre-copy's restore from the destination's own images. Once the images
-// are completed from the pages the rounds brought, every page is on this
-// host. A plain restore writes all of that memory into the new process
+// A restore from the destination's own images: pre-copy's rebuild, and
+// cold's (coldRebuild). Once the images are completed from the pages the
+// rounds brought, every page is on this host. A plain restore writes all of that memory into the new process
 // while the container is frozen (260 ms for 256 MiB here, a second for 1
 // GiB). Restored lazily instead, the process is mapped without its
 // memory, and a lazy-pages daemon reading these images copies it in
@@ -28,7 +28,8 @@ import (
 // container only the time since the freeze, as in hybrid.
 
 // restoresFromOwnImages says this migration's restore is such a lazy one:
-// pre-copy's rebuild switchover, on a runtime that restores lazily.
+// a rebuild switchover (pre-copy's, cold's), on a runtime that restores
+// lazily.
 func (in *incoming) restoresFromOwnImages() bool {
 	return in.tech.rebuild && in.rt.Caps().LazyRestore
 }

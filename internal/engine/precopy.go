@@ -137,12 +137,7 @@ func (m *migration) precopy(ctx context.Context) error {
 	}
 	defer rs.close()
 	if m.req.Precopy.Switchover == SwitchoverRebuild {
-		ld, err := m.dumpWithFinalRound(ctx, rs)
-		if err != nil {
-			return m.abort(ctx, err)
-		}
-		defer ld.stop()
-		return m.rebuildSwitchover(ctx, ld)
+		return m.finalRoundThen(ctx, rs, m.rebuildSwitchover)
 	}
 	if err := rs.finish(false); err != nil {
 		return m.abort(ctx, failAt("pre-copy", err))
