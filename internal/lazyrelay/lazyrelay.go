@@ -17,6 +17,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/pagestream"
 	"github.com/ferry-migrate/ferry/internal/tail"
+	"golang.org/x/sys/unix"
 )
 
 // Command is the subcommand of the ferry binary that runs a relay.
@@ -43,6 +44,9 @@ type Process struct {
 // it. The relay has a session of its own: what stops the agent does not
 // stop it.
 func Start(exe string, daemon *net.UnixConn, dir string) (*Process, *net.UnixConn, error) {
+	if err := bigSendBuffer(daemon); err != nil {
+		return nil, nil, err
+	}
 	f, err := daemon.File()
 	if err != nil {
 		return nil, nil, err
@@ -81,7 +85,34 @@ func Start(exe string, daemon *net.UnixConn, dir string) (*Process, *net.UnixCon
 
 // Dial connects to the relay of work directory dir.
 func Dial(dir string) (*net.UnixConn, error) {
-	return net.DialUnix("unix", nil, &net.UnixAddr{Name: Socket(dir), Net: "unix"})
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: Socket(dir), Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	if err := bigSendBuffer(c); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// sendBuffer is what the agent's and the relay's replies may queue ahead
+// of their reader: two of the daemon's largest requests (4 MiB each).
+// With the default (208 KiB) the agent, the relay and the daemon took
+// turns, each waiting for the next to read; with room for whole replies
+// each stage works while the next one does.
+const sendBuffer = 8 << 20
+
+// bigSendBuffer gives c's socket sendBuffer, past net.core.wmem_max
+// (SO_SNDBUFFORCE: the agent runs as root; elsewhere the default stays).
+func bigSendBuffer(c syscall.Conn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return rc.Control(func(fd uintptr) {
+		_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, sendBuffer)
+	})
 }
 
 // Wait returns once the relay has exited (only for one this process

@@ -145,3 +145,44 @@ func TestRelayEndsWithALinkNoDaemonTook(t *testing.T) {
 		t.Fatal("the relay still runs 5 s after its link was dropped")
 	}
 }
+
+// The agent's connection to the relay and the relay's to the daemon hold
+// whole replies: each side writes a reply while the next reads the one
+// before.
+func TestRepliesQueueWhole(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("SO_SNDBUFFORCE needs root (CAP_NET_ADMIN); without it the default buffer stays")
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	theirsF := os.NewFile(uintptr(fds[1]), "relay-end")
+	theirs, err := net.FileConn(theirsF)
+	theirsF.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer theirs.Close()
+	p, agent, err := Start(os.Args[0], theirs.(*net.UnixConn), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = unix.Kill(p.Pid, unix.SIGKILL) }()
+	defer agent.Close()
+	for name, c := range map[string]*net.UnixConn{"relay to daemon": theirs.(*net.UnixConn), "agent to relay": agent} {
+		rc, err := c.SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var size int
+		var serr error
+		if err := rc.Control(func(fd uintptr) { size, serr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF) }); err != nil || serr != nil {
+			t.Fatal(err, serr)
+		}
+		if size < sendBuffer {
+			t.Errorf("%s: send buffer %d bytes, want at least %d", name, size, sendBuffer)
+		}
+	}
+}
