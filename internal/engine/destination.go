@@ -658,8 +658,8 @@ type filled struct {
 // fillImages completes the source's memory-less dump with the pages the
 // rounds brought, asking the source's CRIU page server for any they lack,
 // then closes that page server so the source's dump ends. The close is not
-// waited for: CRIU's reply sits in a corked socket for 200 ms, and nothing
-// here depends on it.
+// waited for: nothing here depends on it, and stock CRIU's reply sits in a
+// corked socket for 200 ms (ferry's CRIU, patch 0008, sends it at once).
 func (in *incoming) fillImages(ctx context.Context, sess *transport.Session, router *transport.Router) (filled, error) {
 	start := time.Now()
 	ch, err := router.Wait(ctx, sess, ChanLazy)
