@@ -141,7 +141,7 @@ small). The container's root is an overlay: the image, unpacked once under
 migration moves only its own layer (every lab agent has the image there);
 --copy-image copies the whole tree into the container instead, so that all
 of it moves.
-runc's messages about it go to /var/lib/ferry/lab/HOST/bundles/NAME.log.
+runc's messages about it go to /dev/shm/ferry-lab/bundles/HOST/NAME.log.
 --runtime podman, lxc, containerd or docker runs it under that runtime
 instead, the host's own instance (its agent moves it with --runtime, or
 finds it by name): the busybox root filesystem, on the host's network. For

@@ -134,7 +134,7 @@ func (a *Agent) runtimes(runcRoot string) runtime.Set {
 // newRuntimes makes the runtimes this host has, once at start.
 func (a *Agent) newRuntimes() runtime.Set {
 	set := runtime.Set{
-		"runc": &runc.Runtime{Host: runc.Host{Root: a.Host.RuncRoot()}, BundleRoot: filepath.Join(a.Host.StateDir, "bundles"), Admission: a.Admission,
+		"runc": &runc.Runtime{Host: runc.Host{Root: a.Host.RuncRoot()}, BundleRoot: a.Host.BundleRoot(), Admission: a.Admission,
 			ImageRoots: a.ImageRoots, CgroupParent: a.Host.CgroupParent, NetNS: a.Host.NetNS, Lazy: a.feats.LazyPages, DirtyTracking: a.feats.DirtyTracking},
 	}
 	// Other runtimes where their tools are installed.

@@ -14,9 +14,13 @@ import (
 type Config struct {
 	// Name identifies the host in reports and logs (e.g. "h1").
 	Name string `json:"name"`
-	// StateDir holds bundles, migration work directories and, unless
-	// RuncRootDir says otherwise, the runc root.
+	// StateDir holds the journal and, unless the fields below say
+	// otherwise, the bundles, the migrations' work directories and the
+	// runc root.
 	StateDir string `json:"state_dir"`
+	// BundlesDir holds the OCI bundles (config.json, rootfs) of the runc
+	// containers this host runs and restores ("": StateDir/bundles).
+	BundlesDir string `json:"bundles_dir,omitempty"`
 	// RuncRootDir is the runc root whose containers this host moves and
 	// restores ("": StateDir/runc, as the lab's hosts use).
 	RuncRootDir string `json:"runc_root,omitempty"`
@@ -43,15 +47,23 @@ func (c Config) RuncRoot() string {
 // Runc returns the runc driver for this host.
 func (c Config) Runc() runc.Host { return runc.Host{Root: c.RuncRoot()} }
 
+// BundleRoot holds the bundles, one directory per container.
+func (c Config) BundleRoot() string {
+	if c.BundlesDir != "" {
+		return c.BundlesDir
+	}
+	return filepath.Join(c.StateDir, "bundles")
+}
+
 // BundleDir is where a container's OCI bundle (config.json, rootfs) lives.
 func (c Config) BundleDir(container string) string {
-	return filepath.Join(c.StateDir, "bundles", container)
+	return filepath.Join(c.BundleRoot(), container)
 }
 
 // LogPath is where runc's messages about a container go (its stdio is
 // /dev/null: see runc.Host.Run).
 func (c Config) LogPath(container string) string {
-	return filepath.Join(c.StateDir, "bundles", container+".log")
+	return filepath.Join(c.BundleRoot(), container+".log")
 }
 
 // WorkDir is a migration's scratch directory (images, CRIU logs).

@@ -75,7 +75,7 @@ func TestNewHostNames(t *testing.T) {
 	}
 	l := &Lab{Hosts: []Host{newHost(1), newHost(2), h}}
 	args := strings.Join(agentArgs(&h, l), " ")
-	want := "agent --name h3 --listen 10.77.0.3:7070 --control /run/ferry/lab/h3.sock --state /var/lib/ferry/lab/h3 --runc-root /var/lib/ferry/lab/h3/runc --podman-dir /var/lib/ferry/lab/h3/podman --lxc-path /var/lib/ferry/lab/h3/lxc --containerd /var/lib/ferry/lab/h3/containerd/containerd.sock --containerd-runc-root /var/lib/ferry/lab/h3/containerd/runc --docker unix:///var/lib/ferry/lab/h3/docker/docker.sock --docker-exec-root /var/lib/ferry/lab/h3/docker/exec --image-root " + DebianImageRoot() + " --cgroup-parent ferry-h3 --netns /var/run/netns/ferry-h3 --scratch /dev/shm/ferry-lab/h3 --tls-dir /var/lib/ferry/lab/pki/h3 --allow h1,h2,h3 --segment-bridge svc0 --segment-range 10.79.0.0/24 --allow-faults"
+	want := "agent --name h3 --listen 10.77.0.3:7070 --control /run/ferry/lab/h3.sock --state /var/lib/ferry/lab/h3 --runc-root /var/lib/ferry/lab/h3/runc --podman-dir /var/lib/ferry/lab/h3/podman --lxc-path /var/lib/ferry/lab/h3/lxc --containerd /var/lib/ferry/lab/h3/containerd/containerd.sock --containerd-runc-root /var/lib/ferry/lab/h3/containerd/runc --docker unix:///var/lib/ferry/lab/h3/docker/docker.sock --docker-exec-root /var/lib/ferry/lab/h3/docker/exec --image-root " + DebianImageRoot() + " --cgroup-parent ferry-h3 --netns /var/run/netns/ferry-h3 --scratch /dev/shm/ferry-lab/h3 --bundles /dev/shm/ferry-lab/bundles/h3 --tls-dir /var/lib/ferry/lab/pki/h3 --allow h1,h2,h3 --segment-bridge svc0 --segment-range 10.79.0.0/24 --allow-faults"
 	if args != want {
 		t.Errorf("agent args\n got %s\nwant %s", args, want)
 	}
