@@ -63,6 +63,9 @@ runs the agent with /etc/ferry/agent.toml, and the example file.`,
 			if !filepath.IsAbs(a.Host.StateDir) {
 				return fmt.Errorf("--state must be an absolute path, got %q", a.Host.StateDir)
 			}
+			if a.Host.BundlesDir != "" && !filepath.IsAbs(a.Host.BundlesDir) {
+				return fmt.Errorf("--bundles must be an absolute path, got %q", a.Host.BundlesDir)
+			}
 			for _, r := range segmentRanges {
 				p, err := netip.ParsePrefix(r)
 				if err != nil {

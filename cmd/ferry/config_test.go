@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -69,6 +70,26 @@ func TestApplyConfigErrors(t *testing.T) {
 		err := applyConfig(fs, writeConfig(t, c.text))
 		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "agent.toml") {
 			t.Errorf("%q: %v, want an error naming the file and %q", c.text, err, c.want)
+		}
+	}
+}
+
+// The agent refuses relative state and bundle directories before it
+// starts anything.
+func TestAgentRelativeDirs(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"agent", "--insecure", "--state", "state"}, "--state must be an absolute path"},
+		{[]string{"agent", "--insecure", "--state", t.TempDir(), "--bundles", "bundles"}, "--bundles must be an absolute path"},
+	} {
+		root := newRootCmd()
+		root.SetArgs(c.args)
+		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
+		if err := root.Execute(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v, want %q", c.args, err, c.want)
 		}
 	}
 }
