@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -380,6 +381,7 @@ func testMigrationWith(t *testing.T, req engine.Request) engine.Report {
 	p := startMemhog(t, l, bin, "hog")
 	mode := req.Mode
 	req.Container, req.To = "hog", l.Hosts[1].AgentAddr
+	rssBefore := residentBytes(t, l.Hosts[1].AgentPID)
 	rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock), req, nil)
 	time.Sleep(200 * time.Millisecond)
 	pr, perr := p.Stop()
@@ -419,8 +421,40 @@ func testMigrationWith(t *testing.T, req engine.Request) engine.Report {
 			t.Errorf("%s kept migration scratch files: %v", h.Name, left)
 		}
 	}
+	// Nor does the destination's agent keep the copy of the memory it held
+	// (the rounds, the push): it gives it back once the migration ends.
+	var rss int64
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		rss = residentBytes(t, l.Hosts[1].AgentPID)
+		if rss < rssBefore+32<<20 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if rss >= rssBefore+32<<20 {
+		t.Errorf("the destination's agent holds %d MiB, %d MiB before the migration of a 64 MiB container", rss>>20, rssBefore>>20)
+	}
 	t.Logf("%s: downtime %.0f ms, client downtime %.0f ms, total %.0f ms, sent %d", mode, rep.DowntimeMs, pr.ClientDowntimeMs, rep.TotalMs, rep.BytesSent)
 	return rep
+}
+
+// residentBytes is a process's resident memory (VmRSS).
+func residentBytes(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == "VmRSS:" && f[2] == "kB" {
+			kb, err := strconv.ParseInt(f[1], 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatalf("no VmRSS in /proc/%d/status", pid)
+	return 0
 }
 
 // TestMaxBandwidthCapsTheTransfer: on an unshaped lab 64 MiB move in well

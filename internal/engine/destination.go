@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -863,6 +864,10 @@ func (in *incoming) cleanup(dropContainer bool) error {
 	}
 	if in.store != nil {
 		in.store.Release()
+		// The store held a copy of the container's memory (the rounds,
+		// post-copy's push): back to the host now, not when the Go
+		// runtime's scavenger gets to it, minutes later on an idle agent.
+		debug.FreeOSMemory()
 	}
 	if in.parent != nil {
 		_ = in.parent.Close()
