@@ -864,11 +864,12 @@ func (in *incoming) cleanup(dropContainer bool) error {
 	}
 	if in.store != nil {
 		in.store.Release()
-		// The store held a copy of the container's memory (the rounds,
-		// post-copy's push): back to the host now, not when the Go
-		// runtime's scavenger gets to it, minutes later on an idle agent.
-		debug.FreeOSMemory()
 	}
+	// What the migration held (the store's copy of the memory, the
+	// session's buffers of whatever crossed) goes back to the host now,
+	// not when the Go runtime's scavenger gets to it, minutes later on
+	// an idle agent.
+	defer debug.FreeOSMemory()
 	if in.parent != nil {
 		_ = in.parent.Close()
 	}

@@ -512,12 +512,16 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 		// Hybrid, and post-copy with its push: answer from the pages held here.
 		serve = func(conn halfCloser) error {
 			var await pagestream.Await
+			var served func(pagestream.PageKey)
 			if in.push != nil {
-				await = in.push.await
+				// Post-copy: a pushed page is needed until the daemon has
+				// it, then the store reuses its room, and the destination
+				// holds what is in flight, not a second copy of the memory.
+				await, served = in.push.await, in.store.Delete
 			}
 			st, err := pagestream.ServeLazyAwaiting(conn, ch, func(k pagestream.PageKey) ([]byte, pagestream.Hash, bool) {
 				return in.store.Get(k)
-			}, await)
+			}, await, served)
 			lp.local.Store(st.LocalPages)
 			if err != nil {
 				lp.broken()

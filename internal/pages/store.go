@@ -13,7 +13,9 @@ const (
 )
 
 // Store is the destination's copy of the pages received, by Key. It is safe
-// for one writer and any number of readers.
+// for concurrent use; a slice from Get is valid only as long as its key
+// is neither Put nor Deleted again (post-copy's pull deletes a page once
+// the daemon has it, while the push Puts the next ones).
 type Store struct {
 	mu     sync.RWMutex
 	index  map[Key]uint32 // slot of each key

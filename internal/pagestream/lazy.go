@@ -37,7 +37,7 @@ type LazyStats struct {
 //
 // In a GET, dst_id is the task's pid itself, not an encoded pagemap id.
 func ServeLazy(daemon io.ReadWriter, upstream io.ReadWriter, have Source) (LazyStats, error) {
-	return ServeLazyAwaiting(daemon, upstream, have, nil)
+	return ServeLazyAwaiting(daemon, upstream, have, nil, nil)
 }
 
 // getAnyOrder is the flag of a GET from ferry's CRIU
@@ -57,15 +57,18 @@ type Await func(k PageKey, hint uint64) bool
 // for pages not there yet instead of asking the source for what is on its
 // way (its first page, then the pages held from there on; stock CRIU's,
 // all of its pages). A request for one page is a fault: the source is
-// asked at once.
-func ServeLazyAwaiting(daemon io.ReadWriter, upstream io.ReadWriter, have Source, await Await) (LazyStats, error) {
+// asked at once. served, if not nil, is told of each page sent from have
+// once its reply is out: the daemon asks for no page twice, so the copy
+// need not keep it (one asked again would be the source's to answer).
+func ServeLazyAwaiting(daemon io.ReadWriter, upstream io.ReadWriter, have Source, await Await, served func(PageKey)) (LazyStats, error) {
 	s := &lazyServer{
-		out:   bufio.NewWriterSize(daemon, 256<<10),
-		upW:   upstream,
-		up:    bufio.NewReaderSize(upstream, 256<<10),
-		have:  have,
-		await: await,
-		bad:   make(chan struct{}),
+		out:    bufio.NewWriterSize(daemon, 256<<10),
+		upW:    upstream,
+		up:     bufio.NewReaderSize(upstream, 256<<10),
+		have:   have,
+		await:  await,
+		served: served,
+		bad:    make(chan struct{}),
 	}
 	reqs := make(chan header)
 	readErr := make(chan error, 1)
@@ -132,8 +135,9 @@ func ServeLazyAwaiting(daemon io.ReadWriter, upstream io.ReadWriter, have Source
 
 // lazyServer answers one daemon's requests, some at once (getAnyOrder).
 type lazyServer struct {
-	have  Source
-	await Await
+	have   Source
+	await  Await
+	served func(PageKey)
 
 	// mu: the daemon's side (whole replies) and the stats.
 	mu  sync.Mutex
@@ -192,6 +196,12 @@ func (s *lazyServer) get(h header, inOrder bool) {
 	}
 	s.mu.Lock()
 	n, err := serveLocal(s.out, h, s.have)
+	if err == nil && s.served != nil {
+		// Out: the store's data aliased in the reply is not needed again.
+		for i := range n {
+			s.served(h.page(i))
+		}
+	}
 	if n > 0 {
 		s.st.Local++
 		s.st.Pages += n

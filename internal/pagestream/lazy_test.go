@@ -178,7 +178,7 @@ func TestServeLazyAwaiting(t *testing.T) {
 	}
 	up.out.Write([]byte{0, 0, 0, 0})
 	var out bytes.Buffer
-	st, err := ServeLazyAwaiting(duplex{&req, &out}, up, have, await)
+	st, err := ServeLazyAwaiting(duplex{&req, &out}, up, have, await, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,7 +288,7 @@ func TestServeLazyAnswersAFaultBeforeAWaitingRequest(t *testing.T) {
 	defer upDaemon.Close()
 	done := make(chan error, 1)
 	go func() {
-		_, err := ServeLazyAwaiting(ours, upOurs, have, await)
+		_, err := ServeLazyAwaiting(ours, upOurs, have, await, nil)
 		ours.Close()
 		done <- err
 	}()
@@ -328,5 +328,50 @@ func TestServeLazyAnswersAFaultBeforeAWaitingRequest(t *testing.T) {
 	readN(t, daemon, 4)
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Each page sent from the copy is reported served once its reply is out,
+// and the copy may drop it: a request for it again goes to the source.
+func TestServeLazyReportsServed(t *testing.T) {
+	var req bytes.Buffer
+	req.Write(getHeader(7, 0x1000, 2)) // both held: sent, then served
+	req.Write(getHeader(7, 0x1000, 1)) // dropped since: the source answers
+	req.Write(closeHeader())
+	held := map[PageKey]bool{{PID: 7, Addr: 0x1000}: true, {PID: 7, Addr: 0x2000}: true}
+	have := func(k PageKey) ([]byte, Hash, bool) {
+		if !held[k] {
+			return nil, Hash{}, false
+		}
+		return fakeStore(k)
+	}
+	var out bytes.Buffer
+	var served []PageKey
+	report := func(k PageKey) {
+		if out.Len() < headerSize+2*PageSize {
+			t.Errorf("page %#x reported served before its reply was out (%d bytes)", k.Addr, out.Len())
+		}
+		served = append(served, k)
+		delete(held, k)
+	}
+	up := &fakeUpstream{}
+	up.out.Write(replyHeader(7, 0x1000, 1))
+	up.out.Write(bytes.Repeat([]byte{8}, PageSize))
+	up.out.Write([]byte{0, 0, 0, 0})
+	st, err := ServeLazyAwaiting(duplex{&req, &out}, up, have, nil, report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(served) != 2 || served[0].Addr != 0x1000 || served[1].Addr != 0x2000 {
+		t.Fatalf("served %v, want 0x1000 and 0x2000", served)
+	}
+	if st.Local != 1 || st.LocalPages != 2 || st.Forwarded != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	if !bytes.Equal(up.in.Bytes()[:headerSize], getHeader(7, 0x1000, 1)) {
+		t.Fatal("the page asked again was not forwarded")
+	}
+	if b := out.Bytes(); b[2*headerSize+2*PageSize] != 8 {
+		t.Fatal("the page asked again is not the source's")
 	}
 }
