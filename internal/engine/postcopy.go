@@ -515,8 +515,9 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 			var served func(pagestream.PageKey)
 			if in.push != nil {
 				// Post-copy: a pushed page is needed until the daemon has
-				// it, then the store reuses its room, and the destination
-				// holds what is in flight, not a second copy of the memory.
+				// it, then the store reuses its room: the destination holds
+				// what the daemon has not taken yet, not a second copy of
+				// all the memory.
 				await, served = in.push.await, in.store.Delete
 			}
 			st, err := pagestream.ServeLazyAwaiting(conn, ch, func(k pagestream.PageKey) ([]byte, pagestream.Hash, bool) {
