@@ -34,7 +34,7 @@ const (
 	// the disk because the development machines' ext4 has no journal, and
 	// without one ext4 scans past every inode freed in the last 30 s for
 	// each file it creates: a migration's root filesystem sync after the
-	// lab had removed a few containers took 150-270 ms of system time at
+	// lab had removed a few containers took 150-180 ms of system time at
 	// the destination, against 6-47 ms here (docs/BENCHMARKS.md, "A
 	// root filesystem on ext4 without a journal").
 	ScratchDir = "/dev/shm/ferry-lab"
