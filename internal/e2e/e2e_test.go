@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,6 +21,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/dirty"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
@@ -381,8 +381,8 @@ func testMigrationWith(t *testing.T, req engine.Request) engine.Report {
 	p := startMemhog(t, l, bin, "hog")
 	mode := req.Mode
 	req.Container, req.To = "hog", l.Hosts[1].AgentAddr
-	rssBefore := statusBytes(t, l.Hosts[1].AgentPID, "VmRSS:")
-	anonBefore := statusBytes(t, l.Hosts[1].AgentPID, "RssAnon:")
+	rssBefore := statusBytes(t, l.Hosts[1].AgentPID, "VmRSS")
+	anonBefore := statusBytes(t, l.Hosts[1].AgentPID, "RssAnon")
 	rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock), req, nil)
 	time.Sleep(200 * time.Millisecond)
 	pr, perr := p.Stop()
@@ -425,7 +425,7 @@ func testMigrationWith(t *testing.T, req engine.Request) engine.Report {
 	if mode == engine.ModePostcopy {
 		// Post-copy's destination keeps a pushed page until the daemon has
 		// it, not all of the memory beside the restored copy.
-		if hwm := statusBytes(t, l.Hosts[1].AgentPID, "VmHWM:"); hwm >= rssBefore+48<<20 {
+		if hwm := statusBytes(t, l.Hosts[1].AgentPID, "VmHWM"); hwm >= rssBefore+48<<20 {
 			t.Errorf("the destination's agent held up to %d MiB (%d MiB before) for a 64 MiB container", hwm>>20, rssBefore>>20)
 		} else {
 			t.Logf("the destination's agent held up to %d MiB (%d MiB before)", hwm>>20, rssBefore>>20)
@@ -437,7 +437,7 @@ func testMigrationWith(t *testing.T, req engine.Request) engine.Report {
 	// more stay in use: not found yet.)
 	var anon int64
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		anon = statusBytes(t, l.Hosts[1].AgentPID, "RssAnon:")
+		anon = statusBytes(t, l.Hosts[1].AgentPID, "RssAnon")
 		if anon < anonBefore+32<<20 || time.Now().After(deadline) {
 			break
 		}
@@ -449,24 +449,14 @@ func testMigrationWith(t *testing.T, req engine.Request) engine.Report {
 	return rep
 }
 
-// statusBytes is a size in a process's status file (VmRSS:, VmHWM:).
-func statusBytes(t *testing.T, pid int, field string) int64 {
+// statusBytes is a size in a process's status file (VmRSS, VmHWM, RssAnon).
+func statusBytes(t *testing.T, pid int, key string) int64 {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	n, err := procs.StatusBytes(pid, key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) == 3 && f[0] == field && f[2] == "kB" {
-			kb, err := strconv.ParseInt(f[1], 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return kb << 10
-		}
-	}
-	t.Fatalf("no %s in /proc/%d/status", field, pid)
-	return 0
+	return n
 }
 
 // TestMaxBandwidthCapsTheTransfer: on an unshaped lab 64 MiB move in well

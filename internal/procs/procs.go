@@ -5,6 +5,7 @@
 package procs
 
 import (
+	"fmt"
 	"os"
 	"sort"
 	"strconv"
@@ -156,14 +157,27 @@ func Status(pid int, key string) (string, bool, error) {
 	return "", false, nil
 }
 
+// StatusBytes returns a size in /proc/PID/status (key such as "VmRSS",
+// "VmHWM", "RssAnon"), in bytes.
+func StatusBytes(pid int, key string) (int64, error) {
+	v, ok, err := Status(pid, key)
+	if err != nil {
+		return 0, err
+	}
+	if !ok {
+		return 0, fmt.Errorf("no %s in /proc/%d/status", key, pid)
+	}
+	kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(v, "kB")), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("/proc/%d/status: %s: %w", pid, key, err)
+	}
+	return kb << 10, nil
+}
+
 // Resident is a process's resident memory (VmRSS); 0 when it is gone.
 func Resident(pid int) int64 {
-	v, ok, err := Status(pid, "VmRSS")
-	if err != nil || !ok {
-		return 0
-	}
-	kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(v, "kB")), 10, 64)
-	return kb << 10
+	n, _ := StatusBytes(pid, "VmRSS")
+	return n
 }
 
 // TreeResident sums the resident memory of pid and its descendants (a

@@ -218,3 +218,23 @@ func TestAwaitReady(t *testing.T) {
 		t.Fatalf("ready on the third try: %v after %d", err, n)
 	}
 }
+
+// StatusBytes reads a size field in bytes, and says when there is none.
+func TestStatusBytes(t *testing.T) {
+	rss, err := StatusBytes(os.Getpid(), "VmRSS")
+	if err != nil || rss <= 0 {
+		t.Fatalf("VmRSS: %d, %v", rss, err)
+	}
+	if hwm, err := StatusBytes(os.Getpid(), "VmHWM"); err != nil || hwm < rss {
+		t.Errorf("VmHWM %d below VmRSS %d (%v)", hwm, rss, err)
+	}
+	if _, err := StatusBytes(os.Getpid(), "NoSuchField"); err == nil {
+		t.Error("a missing field read as a size")
+	}
+	if _, err := StatusBytes(os.Getpid(), "Name"); err == nil {
+		t.Error("a name read as a size")
+	}
+	if _, err := StatusBytes(1<<30, "VmRSS"); err == nil {
+		t.Error("a process that does not exist has a size")
+	}
+}
