@@ -4,30 +4,19 @@ import "testing"
 
 // Every path derives from the state directory unless given apart.
 func TestPaths(t *testing.T) {
-	c := Config{StateDir: "/var/lib/ferry"}
-	for _, p := range []struct{ got, want string }{
-		{c.RuncRoot(), "/var/lib/ferry/runc"},
-		{c.BundleRoot(), "/var/lib/ferry/bundles"},
-		{c.BundleDir("web"), "/var/lib/ferry/bundles/web"},
-		{c.LogPath("web"), "/var/lib/ferry/bundles/web.log"},
-		{c.WorkDir("m1"), "/var/lib/ferry/work/m1"},
-		{c.LogsDir(), "/var/lib/ferry/logs"},
+	for _, c := range []struct {
+		c Config
+		// runc root, bundle root, a bundle, its log, a work dir, the logs
+		want [6]string
+	}{
+		{Config{StateDir: "/var/lib/ferry"}, [6]string{"/var/lib/ferry/runc", "/var/lib/ferry/bundles",
+			"/var/lib/ferry/bundles/web", "/var/lib/ferry/bundles/web.log", "/var/lib/ferry/work/m1", "/var/lib/ferry/logs"}},
+		{Config{StateDir: "/var/lib/ferry", RuncRootDir: "/run/runc", BundlesDir: "/srv/bundles", ScratchDir: "/dev/shm/ferry"},
+			[6]string{"/run/runc", "/srv/bundles", "/srv/bundles/web", "/srv/bundles/web.log", "/dev/shm/ferry/m1", "/var/lib/ferry/logs"}},
 	} {
-		if p.got != p.want {
-			t.Errorf("%s, want %s", p.got, p.want)
-		}
-	}
-	c = Config{StateDir: "/var/lib/ferry", RuncRootDir: "/run/runc", BundlesDir: "/srv/bundles", ScratchDir: "/dev/shm/ferry"}
-	for _, p := range []struct{ got, want string }{
-		{c.RuncRoot(), "/run/runc"},
-		{c.BundleRoot(), "/srv/bundles"},
-		{c.BundleDir("web"), "/srv/bundles/web"},
-		{c.LogPath("web"), "/srv/bundles/web.log"},
-		{c.WorkDir("m1"), "/dev/shm/ferry/m1"},
-		{c.LogsDir(), "/var/lib/ferry/logs"},
-	} {
-		if p.got != p.want {
-			t.Errorf("%s, want %s", p.got, p.want)
+		got := [6]string{c.c.RuncRoot(), c.c.BundleRoot(), c.c.BundleDir("web"), c.c.LogPath("web"), c.c.WorkDir("m1"), c.c.LogsDir()}
+		if got != c.want {
+			t.Errorf("%+v:\n got %q\nwant %q", c.c, got, c.want)
 		}
 	}
 }
