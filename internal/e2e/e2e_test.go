@@ -433,16 +433,18 @@ func testMigrationWith(t *testing.T, req engine.Request) engine.Report {
 	}
 	// Nor does the destination's agent keep the copy of the memory it held
 	// (the rounds, the push, the session's buffers): it gives it back once
-	// the migration ends. (After pre-copy's and hybrid's rounds 13-24 MiB
-	// more stay in use: not found yet.)
+	// the migration ends. Every mode comes back to within a few MiB; a
+	// rounds channel left open to the end held its 20 MiB buffer past the
+	// destination's giving back.
+	const held = 12 << 20
 	var anon int64
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		anon = statusBytes(t, l.Hosts[1].AgentPID, "RssAnon")
-		if anon < anonBefore+32<<20 || time.Now().After(deadline) {
+		if anon < anonBefore+held || time.Now().After(deadline) {
 			break
 		}
 	}
-	if anon >= anonBefore+32<<20 {
+	if anon >= anonBefore+held {
 		t.Errorf("the destination's agent holds %d MiB of anonymous memory, %d MiB before the migration of a 64 MiB container", anon>>20, anonBefore>>20)
 	}
 	t.Logf("%s: downtime %.0f ms, client downtime %.0f ms, total %.0f ms, sent %d", mode, rep.DowntimeMs, pr.ClientDowntimeMs, rep.TotalMs, rep.BytesSent)

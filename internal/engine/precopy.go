@@ -225,7 +225,14 @@ func (ps *precopySource) finish(lastRoundComplete bool) error {
 			}
 		}
 	}
-	return ps.ch.Send(stale)
+	if err := ps.ch.Send(stale); err != nil {
+		return err
+	}
+	// Nothing more crosses it. Closed now, both ends drop it and what it
+	// buffered (at the destination up to a window, 16 MiB) before the
+	// switchover, where the destination gives memory back, not once the
+	// migration's session ends.
+	return ps.ch.Close()
 }
 
 // StalePages ends the rounds channel: pages the destination must forget.
