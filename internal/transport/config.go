@@ -96,7 +96,7 @@ func Dial(ctx context.Context, to string, c *Config) (*Session, error) {
 		if err != nil || !secure {
 			return raw, err
 		}
-		conn := tls.Client(raw, c.Security.ClientConfig(name))
+		conn := tls.Client(newBatchedConn(raw), c.Security.ClientConfig(name))
 		hctx, cancel := context.WithTimeout(ctx, tlsHandshakeTimeout)
 		err = conn.HandshakeContext(hctx)
 		cancel()

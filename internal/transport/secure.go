@@ -192,7 +192,10 @@ func IsMultipath(conn net.Conn) bool {
 // underTLS is the connection under conn's TLS layer, or conn itself.
 func underTLS(conn net.Conn) net.Conn {
 	if tc, ok := conn.(*tls.Conn); ok {
-		return tc.NetConn()
+		conn = tc.NetConn()
+	}
+	if b, ok := conn.(*batchedConn); ok {
+		return b.Conn
 	}
 	return conn
 }

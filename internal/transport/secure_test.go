@@ -190,6 +190,9 @@ func TestSecureSessionEndToEnd(t *testing.T) {
 	if v := cli.conn.Conn.(*tls.Conn).ConnectionState().Version; v != tls.VersionTLS13 {
 		t.Fatalf("TLS version %#x", v)
 	}
+	if cli.conn.batch == nil || a.sess.conn.batch == nil {
+		t.Errorf("TLS records not batched: dialed %v, accepted %v", cli.conn.batch != nil, a.sess.conn.batch != nil)
+	}
 
 	data := make([]byte, 2<<20+5)
 	rand.Read(data)
@@ -425,7 +428,7 @@ func TestSecureMultipath(t *testing.T) {
 	if a.err != nil {
 		t.Fatal(a.err)
 	}
-	raw := cli.conn.Conn.(*tls.Conn).NetConn().(*net.TCPConn)
+	raw := underTLS(cli.conn.Conn).(*net.TCPConn)
 	mp, err := raw.MultipathTCP()
 	if err != nil || !mp {
 		t.Fatalf("client connection is not MPTCP: %v %v", mp, err)

@@ -38,7 +38,7 @@ func (s *Server) Listen(addr string) (net.Listener, error) {
 	if err != nil || network != "tcp" || s.cfg.Security == nil {
 		return l, err
 	}
-	return tls.NewListener(l, s.cfg.Security.ServerConfig()), nil
+	return tls.NewListener(batchedListener{l}, s.cfg.Security.ServerConfig()), nil
 }
 
 // Accept starts the accepting side of a session on a connection from one

@@ -46,6 +46,9 @@ type countingConn struct {
 	sent, received atomic.Int64
 	// limit, when set, caps the rate of writes (bytes per second).
 	limit atomic.Pointer[rate.Limiter]
+	// batch, when set, is under Conn's TLS: each write's records leave
+	// together.
+	batch *batchedConn
 }
 
 func (c *countingConn) Read(p []byte) (int, error) {
@@ -57,9 +60,7 @@ func (c *countingConn) Read(p []byte) (int, error) {
 func (c *countingConn) Write(p []byte) (int, error) {
 	lim := c.limit.Load()
 	if lim == nil {
-		n, err := c.Conn.Write(p)
-		c.sent.Add(int64(n))
-		return n, err
+		return c.write(p)
 	}
 	// Paced in bursts of at most the limiter's burst size.
 	done := 0
@@ -68,14 +69,28 @@ func (c *countingConn) Write(p []byte) (int, error) {
 		if err := lim.WaitN(context.Background(), n); err != nil {
 			return done, err
 		}
-		w, err := c.Conn.Write(p[done : done+n])
+		w, err := c.write(p[done : done+n])
 		done += w
-		c.sent.Add(int64(w))
 		if err != nil {
 			return done, err
 		}
 	}
 	return done, nil
+}
+
+// write passes p to Conn, its TLS records gathered into one write.
+func (c *countingConn) write(p []byte) (int, error) {
+	if c.batch != nil {
+		c.batch.hold()
+	}
+	n, err := c.Conn.Write(p)
+	if c.batch != nil {
+		if rerr := c.batch.release(); err == nil {
+			err = rerr
+		}
+	}
+	c.sent.Add(int64(n))
+	return n, err
 }
 
 // Lost reports whether the session has ended (peer gone, or the network
@@ -166,7 +181,7 @@ func acceptHandshake(conn net.Conn, local Hello, admit func(Hello) error) (Hello
 
 // startMux multiplexes channels over conn once the Hellos are exchanged.
 func startMux(conn net.Conn, peer Hello, client bool, c *Config, certName string) (*Session, error) {
-	cc := &countingConn{Conn: conn}
+	cc := &countingConn{Conn: conn, batch: batchUnder(conn)}
 	var mux *yamux.Session
 	var err error
 	if client {
