@@ -6,7 +6,9 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -373,5 +375,62 @@ func TestServeLazyReportsServed(t *testing.T) {
 	}
 	if b := out.Bytes(); b[2*headerSize+2*PageSize] != 8 {
 		t.Fatal("the page asked again is not the source's")
+	}
+}
+
+// TestServeLazyOverASocket: on a unix socket, as the daemon's and the
+// relay's are, a reply from the copy larger than the server's buffer
+// reaches the daemon whole and in order.
+func TestServeLazyOverASocket(t *testing.T) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conns := make([]net.Conn, 2)
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "socketpair")
+		c, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns[i] = c
+	}
+	daemon, ours := conns[0], conns[1]
+	if _, ok := ours.(*net.UnixConn); !ok {
+		t.Fatalf("socketpair end is %T, not a unix connection", ours)
+	}
+	const pages = 2500 // 10 MB: many times the reply buffer
+	held := func(k PageKey) ([]byte, Hash, bool) {
+		if k.PID != 7 || k.Addr < 0x10000 || k.Addr >= 0x10000+pages*PageSize {
+			return nil, Hash{}, false
+		}
+		p := make([]byte, PageSize)
+		binary.LittleEndian.PutUint64(p, k.Addr)
+		return p, HashPage(p), true
+	}
+	done := make(chan error, 1)
+	up := &fakeUpstream{}
+	up.out.Write(make([]byte, 4)) // the CLOSE's status
+	go func() {
+		_, err := ServeLazy(ours, up, held)
+		done <- err
+	}()
+	c := NewLazyClient(daemon)
+	buf := make([]byte, pages*PageSize)
+	if err := c.Get(7, 0x10000, buf); err != nil {
+		t.Fatal(err)
+	}
+	for i := range pages {
+		if got, want := binary.LittleEndian.Uint64(buf[i*PageSize:]), uint64(0x10000+i*PageSize); got != want {
+			t.Fatalf("page %d holds the page of %#x, want %#x", i, got, want)
+		}
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
