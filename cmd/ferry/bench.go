@@ -46,7 +46,9 @@ run and the medians.
 client_downtime_ms is the longest gap the client saw without an answer;
 state_ok says the workload's counter carried on and its memory digest checks.
 
-Baselines, measured in the same lab: link (plain TCP throughput h1 -> h2)
+Baselines, measured in the same lab: link (plain TCP throughput h1 -> h2;
+with it each run's total is also given over the link floor, --memory at
+that throughput, the least any technique can take: total_vs_link)
 and podman (podman checkpoint --export, copy over the link, podman restore
 --import, the way the research this tool grew from did it).`,
 		Example: `  ferry bench migrate --mode cold --memory 256M --dirty-rate 100 --bandwidth 1gbit --repeat 5 --baseline link,podman --json`,
@@ -126,17 +128,23 @@ and podman (podman checkpoint --export, copy over the link, podman restore
 func printBench(w io.Writer, r bench.MigrateResult) {
 	fmt.Fprintf(w, "%s migration, %s memory, %d pages/s dirtied, link %s\n",
 		r.Mode, humanBytes(r.MemoryBytes), r.DirtyRate, humanRate(float64(r.BandwidthBps)))
-	for i, run := range r.Runs {
-		fmt.Fprintf(w, "  run %d: ok=%v downtime %.0f ms, client downtime %.0f ms, total %.0f ms, sent %s, state_ok=%v %s\n",
-			i+1, run.OK, run.DowntimeMs, run.ClientDowntimeMs, run.TotalMs, humanBytes(run.BytesSent), run.StateOK, run.Error)
+	vsLink := func(x float64) string {
+		if x == 0 {
+			return ""
+		}
+		return fmt.Sprintf(" (%.2f x the link floor)", x)
 	}
-	fmt.Fprintf(w, "  median: downtime %.0f ms, client downtime %.0f ms, total %.0f ms\n",
-		r.MedianDowntimeMs, r.MedianClientDowntimeMs, r.MedianTotalMs)
+	for i, run := range r.Runs {
+		fmt.Fprintf(w, "  run %d: ok=%v downtime %.0f ms, client downtime %.0f ms, total %.0f ms%s, sent %s, state_ok=%v %s\n",
+			i+1, run.OK, run.DowntimeMs, run.ClientDowntimeMs, run.TotalMs, vsLink(run.TotalVsLink), humanBytes(run.BytesSent), run.StateOK, run.Error)
+	}
+	fmt.Fprintf(w, "  median: downtime %.0f ms, client downtime %.0f ms, total %.0f ms%s\n",
+		r.MedianDowntimeMs, r.MedianClientDowntimeMs, r.MedianTotalMs, vsLink(r.MedianTotalVsLink))
 	if r.MedianTCPStallMs > 0 {
 		fmt.Fprintf(w, "  TCP client's longest wait (median): %.0f ms = %.2f x downtime\n", r.MedianTCPStallMs, r.MedianTCPStallMs/max(r.MedianDowntimeMs, 1))
 	}
 	if b := r.Baselines.Link; b != nil {
-		fmt.Fprintf(w, "  link baseline: %s\n", humanRate(b.ThroughputBps))
+		fmt.Fprintf(w, "  link baseline: %s; %s of memory need %.0f ms at that rate (the link floor)\n", humanRate(b.ThroughputBps), humanBytes(r.MemoryBytes), r.LinkFloorMs)
 	}
 	if b := r.Baselines.Paths; b != nil {
 		fmt.Fprintf(w, "  paths baseline: one path %s, MPTCP over %d paths %s (x%.2f), striped TCP %s (x%.2f)\n",

@@ -144,7 +144,7 @@ func Drain(ctx context.Context, o DrainOptions) (res DrainResult, err error) {
 		Request: engine.Request{Mode: o.Mode, Precopy: o.Precopy}})
 	time.Sleep(300 * time.Millisecond)
 	res.TotalMs, res.OK = dr.TotalMs, dr.OK && derr == nil
-	res.FloorMs = float64(o.MemoryBytes*int64(o.Containers)) * 8 / res.LinkBps * 1000
+	res.FloorMs = linkFloorMs(o.MemoryBytes*int64(o.Containers), res.LinkBps)
 	res.Ratio = res.TotalMs / res.FloorMs
 	for i, name := range names {
 		r := DrainRun{Container: name}

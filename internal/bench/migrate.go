@@ -67,12 +67,14 @@ type Run struct {
 	DowntimeMs       float64 `json:"downtime_ms"`
 	ClientDowntimeMs float64 `json:"client_downtime_ms"`
 	TotalMs          float64 `json:"total_ms"`
-	FrozenMs         float64 `json:"frozen_ms"`
-	BytesSent        int64   `json:"bytes_sent"`
-	MemoryBytes      int64   `json:"memory_bytes"`
-	StateOK          bool    `json:"state_ok"`
-	Error            string  `json:"error,omitempty"`
-	ProbeReason      string  `json:"probe_reason,omitempty"`
+	// TotalVsLink is TotalMs over the result's LinkFloorMs.
+	TotalVsLink float64 `json:"total_vs_link,omitempty"`
+	FrozenMs    float64 `json:"frozen_ms"`
+	BytesSent   int64   `json:"bytes_sent"`
+	MemoryBytes int64   `json:"memory_bytes"`
+	StateOK     bool    `json:"state_ok"`
+	Error       string  `json:"error,omitempty"`
+	ProbeReason string  `json:"probe_reason,omitempty"`
 	// PathCutAtBytes is how many bytes had been sent when a path went down;
 	// OutageAtBytes when every path did.
 	PathCutAtBytes int64 `json:"path_cut_at_bytes,omitempty"`
@@ -155,6 +157,11 @@ type MigrateResult struct {
 	MedianTCPStallMs       float64   `json:"median_tcp_stall_ms,omitempty"`
 	Paths                  int       `json:"paths"`
 	Baselines              Baselines `json:"baselines"`
+	// With the link baseline: LinkFloorMs is the memory asked for at the
+	// link's measured throughput, the least any technique can take, and
+	// MedianTotalVsLink the median of the runs' totals over it.
+	LinkFloorMs       float64 `json:"link_floor_ms,omitempty"`
+	MedianTotalVsLink float64 `json:"median_total_vs_link,omitempty"`
 }
 
 const workloadPort = 7000
@@ -225,6 +232,7 @@ func Migrate(ctx context.Context, o MigrateOptions) (res MigrateResult, err erro
 	res.MedianClientDowntimeMs = median(res.Runs, func(r Run) float64 { return r.ClientDowntimeMs })
 	res.MedianTotalMs = median(res.Runs, func(r Run) float64 { return r.TotalMs })
 	res.MedianTCPStallMs = median(res.Runs, func(r Run) float64 { return r.TCPStallMs })
+	res.againstLink()
 	if slices.Contains(o.Baselines, "podman") {
 		o.logf("podman baseline: checkpoint --export, copy over the link, restore --import")
 		pb := o.PodmanBaselineOnce(ctx, src, dst, client)
@@ -437,6 +445,31 @@ func (o MigrateOptions) PodmanBaselineOnce(ctx context.Context, src, dst, client
 }
 
 // median of the successful runs' values; 0 when none succeeded.
+// againstLink puts each run's total over the link floor, where the link
+// was measured.
+func (res *MigrateResult) againstLink() {
+	if res.Baselines.Link == nil {
+		return
+	}
+	res.LinkFloorMs = linkFloorMs(res.MemoryBytes, res.Baselines.Link.ThroughputBps)
+	if res.LinkFloorMs <= 0 {
+		return
+	}
+	for i := range res.Runs {
+		res.Runs[i].TotalVsLink = res.Runs[i].TotalMs / res.LinkFloorMs
+	}
+	res.MedianTotalVsLink = median(res.Runs, func(r Run) float64 { return r.TotalVsLink })
+}
+
+// linkFloorMs is how long bytes take at bps, in milliseconds (0 for no
+// throughput).
+func linkFloorMs(bytes int64, bps float64) float64 {
+	if bps <= 0 {
+		return 0
+	}
+	return float64(bytes) * 8 / bps * 1000
+}
+
 func median(runs []Run, f func(Run) float64) float64 {
 	var xs []float64
 	for _, r := range runs {
