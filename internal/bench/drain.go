@@ -145,7 +145,9 @@ func Drain(ctx context.Context, o DrainOptions) (res DrainResult, err error) {
 	time.Sleep(300 * time.Millisecond)
 	res.TotalMs, res.OK = dr.TotalMs, dr.OK && derr == nil
 	res.FloorMs = linkFloorMs(o.MemoryBytes*int64(o.Containers), res.LinkBps)
-	res.Ratio = res.TotalMs / res.FloorMs
+	if res.FloorMs > 0 {
+		res.Ratio = res.TotalMs / res.FloorMs
+	}
 	for i, name := range names {
 		r := DrainRun{Container: name}
 		for j, rep := range dr.Reports {

@@ -444,7 +444,6 @@ func (o MigrateOptions) PodmanBaselineOnce(ctx context.Context, src, dst, client
 	return pb
 }
 
-// median of the successful runs' values; 0 when none succeeded.
 // againstLink puts each run's total over the link floor, where the link
 // was measured.
 func (res *MigrateResult) againstLink() {
@@ -470,6 +469,7 @@ func linkFloorMs(bytes int64, bps float64) float64 {
 	return float64(bytes) * 8 / bps * 1000
 }
 
+// median of the successful runs' values; 0 when none succeeded.
 func median(runs []Run, f func(Run) float64) float64 {
 	var xs []float64
 	for _, r := range runs {

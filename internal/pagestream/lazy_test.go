@@ -6,9 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
-	"os"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -382,22 +380,7 @@ func TestServeLazyReportsServed(t *testing.T) {
 // relay's are, a reply from the copy larger than the server's buffer
 // reaches the daemon whole and in order.
 func TestServeLazyOverASocket(t *testing.T) {
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conns := make([]net.Conn, 2)
-	for i, fd := range fds {
-		f := os.NewFile(uintptr(fd), "socketpair")
-		c, err := net.FileConn(f)
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		conns[i] = c
-	}
-	daemon, ours := conns[0], conns[1]
+	daemon, ours := socketPair(t)
 	if _, ok := ours.(*net.UnixConn); !ok {
 		t.Fatalf("socketpair end is %T, not a unix connection", ours)
 	}
