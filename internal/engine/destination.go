@@ -340,11 +340,18 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	recv := &receiving{failed: make(chan error, 1)}
 	warm := make(chan func(), 1)
 	lazy, rebuild := in.tech.lazy, in.tech.rebuild
-	if in.d.NoPrewarm || lazy {
+	switch {
+	case in.d.NoPrewarm || lazy:
 		warm <- func() {} // a lazy restore fills memory page by page
-	} else {
+	case rebuild && in.restoresFromOwnImages():
+		// The rounds' store is as big as the container's memory, touched
+		// as the pages came, and no longer read once the images are
+		// complete: given back after the restore, it is the warm memory
+		// the lazy-pages daemon writes the container's pages into.
+		warm <- func() { in.store.Release() }
+	default:
 		size := in.offer.MemoryBytes
-		if rebuild && !in.restoresFromOwnImages() {
+		if rebuild {
 			size *= 2 // the completed pages image, then the restored memory
 		}
 		go func() { warm <- memwarm.Warm(size) }()

@@ -519,6 +519,12 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 				// what the daemon has not taken yet, not a second copy of
 				// all the memory.
 				await, served = in.push.await, in.store.Delete
+			} else {
+				// Hybrid: the store only empties from here, and each slab
+				// the daemon has taken whole goes back to the kernel, to
+				// become the copy's next pages.
+				in.store.GiveBackEmpty()
+				served = in.store.Delete
 			}
 			st, err := pagestream.ServeLazyAwaiting(conn, ch, func(k pagestream.PageKey) ([]byte, pagestream.Hash, bool) {
 				return in.store.Get(k)

@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/zeebo/xxh3"
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -16,13 +17,22 @@ const (
 // for concurrent use; a slice from Get is valid only as long as its key
 // is neither Put nor Deleted again (post-copy's pull deletes a page once
 // the daemon has it, while the push Puts the next ones).
+//
+// Its slabs are mapped outside Go's heap, so that the memory goes back to
+// the kernel when the store says so (Release, GiveBackEmpty), not when the
+// garbage collector and the scavenger get to it: on a VM whose balloon
+// reports free pages, memory the host took back costs several µs a page
+// on its next first touch, and the restored container's own pages are
+// best made of the pages the store has just let go.
 type Store struct {
 	mu     sync.RWMutex
 	index  map[Key]uint32 // slot of each key
-	slabs  [][]byte
+	slabs  []slab
 	hashes []xxh3.Uint128 // by slot
 	free   []uint32       // slots of deleted pages, reused first
 	used   uint32         // slots handed out so far
+	// giveBack: a slab whose pages are all deleted goes back to the kernel.
+	giveBack bool
 	// Observers, called by the writer after each change (see Observe).
 	onPut    func(Key, []byte)
 	onDelete func(Key)
@@ -42,9 +52,27 @@ func NewStore() *Store {
 	return &Store{index: map[Key]uint32{}}
 }
 
+// slab is 1 MiB of pages and how many of them hold a stored page.
+type slab struct {
+	mem    []byte
+	mapped bool // by mmap (else Go's heap, where mapping failed)
+	live   uint16
+	// resident: its memory has not been given back since it was last
+	// written (a slab given back reads as zeros until written again).
+	resident bool
+}
+
+func newSlab() slab {
+	mem, err := unix.Mmap(-1, 0, slabSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return slab{mem: make([]byte, slabSize)}
+	}
+	return slab{mem: mem, mapped: true}
+}
+
 func (s *Store) slot(i uint32) []byte {
 	off := int(i%slabPages) * PageSize
-	return s.slabs[i/slabPages][off : off+PageSize : off+PageSize]
+	return s.slabs[i/slabPages].mem[off : off+PageSize : off+PageSize]
 }
 
 // Put stores a copy of data (PageSize bytes) under k, replacing what was
@@ -59,6 +87,9 @@ func (s *Store) Put(k Key, data []byte) (h xxh3.Uint128) {
 	if !ok {
 		i = s.alloc()
 		s.index[k] = i
+		sl := &s.slabs[i/slabPages]
+		sl.live++
+		sl.resident = true
 	}
 	copy(s.slot(i), data)
 	s.hashes[i] = h
@@ -79,7 +110,7 @@ func (s *Store) alloc() uint32 {
 	i := s.used
 	s.used++
 	if int(i/slabPages) == len(s.slabs) {
-		s.slabs = append(s.slabs, make([]byte, slabSize))
+		s.slabs = append(s.slabs, newSlab())
 	}
 	s.hashes = append(s.hashes, xxh3.Uint128{})
 	return i
@@ -128,6 +159,12 @@ func (s *Store) Delete(k Key) {
 	if i, ok := s.index[k]; ok {
 		delete(s.index, k)
 		s.free = append(s.free, i)
+		sl := &s.slabs[i/slabPages]
+		if sl.live--; sl.live == 0 && s.giveBack && sl.mapped && sl.resident {
+			// Its slots stay free: reused, they are written whole first.
+			_ = unix.Madvise(sl.mem, unix.MADV_DONTNEED)
+			sl.resident = false
+		}
 	}
 	del := s.onDelete
 	s.mu.Unlock()
@@ -160,10 +197,33 @@ func (s *Store) Bytes() int64 {
 	return int64(s.Len()) * PageSize
 }
 
-// Release frees everything; the store is empty and usable afterwards.
+// GiveBackEmpty has every slab whose pages are all deleted, from now on,
+// go back to the kernel at once: for a store that only empties from here
+// (hybrid's, served to the lazy-pages daemon), whose pages then become
+// the restored container's. A store that keeps filling as it empties
+// (post-copy's push) would only pay for its pages again.
+func (s *Store) GiveBackEmpty() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.giveBack = true
+	for i := range s.slabs {
+		if sl := &s.slabs[i]; sl.live == 0 && sl.mapped && sl.resident {
+			_ = unix.Madvise(sl.mem, unix.MADV_DONTNEED)
+			sl.resident = false
+		}
+	}
+}
+
+// Release frees everything now; the store is empty and usable afterwards.
+// No slice from Get may be used after it.
 func (s *Store) Release() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	for _, sl := range s.slabs {
+		if sl.mapped {
+			_ = unix.Munmap(sl.mem)
+		}
+	}
 	s.index = map[Key]uint32{}
 	s.slabs, s.hashes, s.free, s.used = nil, nil, nil, 0
 }

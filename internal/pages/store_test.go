@@ -2,10 +2,13 @@ package pages
 
 import (
 	"bytes"
+	"errors"
 	"sync"
 	"testing"
+	"unsafe"
 
 	"github.com/zeebo/xxh3"
+	"golang.org/x/sys/unix"
 )
 
 func pageOf(v byte) []byte { return bytes.Repeat([]byte{v}, PageSize) }
@@ -163,5 +166,100 @@ func TestStoreObserve(t *testing.T) {
 	s.Delete(k)
 	if len(puts) != 2 || len(dels) != 1 {
 		t.Fatalf("observed %d puts and %d deletes, want 2 and 1", len(puts), len(dels))
+	}
+}
+
+func mincore(mem, vec []byte) error {
+	_, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(unsafe.SliceData(mem))), uintptr(len(mem)), uintptr(unsafe.Pointer(unsafe.SliceData(vec))))
+	if errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+// resident counts the pages of mem in memory (mincore).
+func resident(t *testing.T, mem []byte) int {
+	t.Helper()
+	vec := make([]byte, len(mem)/PageSize)
+	if err := mincore(mem, vec); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, v := range vec {
+		n += int(v & 1)
+	}
+	return n
+}
+
+// TestStoreGivesBackEmptySlabs: once asked, a slab whose pages are all
+// deleted leaves memory at once; one with a page left stays; a slot of a
+// given-back slab reused holds what was put, not zeros.
+func TestStoreGivesBackEmptySlabs(t *testing.T) {
+	s := NewStore()
+	defer s.Release()
+	key := func(i int) Key { return Key{PID: 1, Addr: uint64(i) * PageSize} }
+	for i := range 3 * slabPages {
+		s.Put(key(i), pageOf(byte(i)))
+	}
+	for i := range s.slabs {
+		if !s.slabs[i].mapped {
+			t.Fatal("slab not mapped outside the heap")
+		}
+		if n := resident(t, s.slabs[i].mem); n != slabPages {
+			t.Fatalf("slab %d: %d of %d pages resident after the puts", i, n, slabPages)
+		}
+	}
+	// Slab 0 emptied before the store is asked: kept until then.
+	for i := range slabPages {
+		s.Delete(key(i))
+	}
+	if n := resident(t, s.slabs[0].mem); n != slabPages {
+		t.Fatalf("an empty slab went back before GiveBackEmpty: %d resident", n)
+	}
+	s.GiveBackEmpty()
+	if n := resident(t, s.slabs[0].mem); n != 0 {
+		t.Fatalf("GiveBackEmpty left %d pages of an empty slab", n)
+	}
+	// Slab 1 emptied but for one page, slab 2 wholly.
+	for i := slabPages; i < 3*slabPages; i++ {
+		if i != slabPages+5 {
+			s.Delete(key(i))
+		}
+	}
+	if n := resident(t, s.slabs[1].mem); n != slabPages {
+		t.Fatalf("a slab with a page left lost memory: %d resident", n)
+	}
+	if n := resident(t, s.slabs[2].mem); n != 0 {
+		t.Fatalf("a slab emptied after GiveBackEmpty kept %d pages", n)
+	}
+	left := slabPages + 5
+	if d, _, ok := s.Get(key(left)); !ok || !bytes.Equal(d, pageOf(byte(left))) {
+		t.Fatal("the page left in slab 1 changed")
+	}
+	// Slots reused: the data put is there, whichever slab they fall in.
+	for i := range 2 * slabPages {
+		k := Key{PID: 2, Addr: uint64(i) * PageSize}
+		s.Put(k, pageOf(byte(i+1)))
+		if d, h, ok := s.Get(k); !ok || !bytes.Equal(d, pageOf(byte(i+1))) || h != xxh3.Hash128(d) {
+			t.Fatalf("reused slot %d lost its page", i)
+		}
+	}
+	if s.used != 3*slabPages {
+		t.Fatalf("store grew to %d slots instead of reusing the %d it had", s.used, 3*slabPages)
+	}
+}
+
+// TestStoreReleaseUnmaps: Release gives the slabs back to the kernel.
+func TestStoreReleaseUnmaps(t *testing.T) {
+	s := NewStore()
+	s.Put(Key{}, pageOf(1))
+	mem := s.slabs[0].mem
+	s.Release()
+	vec := make([]byte, slabPages)
+	if err := mincore(mem, vec); !errors.Is(err, unix.ENOMEM) {
+		t.Fatalf("after Release the slab is still mapped (mincore: %v)", err)
+	}
+	if _, _, ok := s.Get(Key{}); ok {
+		t.Fatal("Get found a page after Release")
 	}
 }
