@@ -8,7 +8,8 @@ import (
 	"sync"
 )
 
-// dataChunk is the largest piece Write puts in one data frame.
+// dataChunk is the largest piece Write puts in one data frame (which
+// reaches the stream in writes of at most maxStreamWrite).
 const dataChunk = 256 << 10
 
 // RemoteError is an error the peer reported on a channel.
@@ -58,9 +59,26 @@ func (c *Channel) writeFrameLocked(t FrameType, p []byte) error {
 	putHeader(buf, Frame{Type: t, Seq: c.wseq, Payload: p})
 	copy(buf[headerSize:], p)
 	c.wseq++
-	_, err := c.rwc.Write(buf)
-	return err
+	for len(buf) > 0 {
+		n := min(len(buf), maxStreamWrite)
+		if _, err := c.rwc.Write(buf[:n]); err != nil {
+			return err
+		}
+		buf = buf[n:]
+	}
+	return nil
 }
+
+// maxStreamWrite bounds one write into a channel's stream, and so one
+// yamux data frame. yamux holds a stream's receive lock while it reads a
+// frame's body off the connection, so the channel's reader cannot take
+// what already arrived until the whole frame has crossed the link. With
+// 256 KiB frames a reader behind by a little stayed behind (it could take
+// about one frame per frame that arrived) until the stream's window ran
+// out and the sender stopped: pre-copy's first round ran at 1.10-1.15x the
+// link, with the link idle for 20-40 ms at a time. 128 KiB is about a
+// millisecond of a 1 Gbit/s link; larger control messages are cut too.
+const maxStreamWrite = 128 << 10
 
 // readFrame returns the next frame, checking its sequence number.
 func (c *Channel) readFrame() (Frame, error) {

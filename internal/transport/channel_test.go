@@ -477,3 +477,53 @@ func TestPreviousVersionRefused(t *testing.T) {
 		t.Fatalf("got %v, want %q", err, want)
 	}
 }
+
+// writeSizes records what it is given, and the size of each write.
+type writeSizes struct {
+	bytes.Buffer
+	sizes []int
+}
+
+func (w *writeSizes) Write(p []byte) (int, error) {
+	w.sizes = append(w.sizes, len(p))
+	return w.Buffer.Write(p)
+}
+
+// TestChannelBoundsStreamWrites: data and a control message larger than
+// maxStreamWrite reach the stream in writes of at most that (so in yamux
+// frames its reader need not wait for whole), and read back whole.
+func TestChannelBoundsStreamWrites(t *testing.T) {
+	var w writeSizes
+	snd := newChannel(rwNopCloser{Reader: strings.NewReader(""), Writer: &w})
+	data := make([]byte, 3*MaxPayload+12345)
+	for i := range data {
+		data[i] = byte(i * 7 / 3)
+	}
+	big := strings.Repeat("x", MaxPayload+5)
+	if err := snd.Send(big); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := snd.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := snd.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range w.sizes {
+		if n > maxStreamWrite {
+			t.Fatalf("write %d is %d bytes, more than %d", i, n, maxStreamWrite)
+		}
+	}
+	if min := (len(data) + len(big)) / maxStreamWrite; len(w.sizes) < min {
+		t.Fatalf("%d writes for %d bytes", len(w.sizes), len(data)+len(big))
+	}
+	rcv := readChannel(w.Bytes())
+	var got string
+	if err := rcv.Recv(&got); err != nil || got != big {
+		t.Fatalf("control message back: %d bytes, %v", len(got), err)
+	}
+	back, err := io.ReadAll(rcv)
+	if err != nil || !bytes.Equal(back, data) {
+		t.Fatalf("data back: %d of %d bytes, equal %v, %v", len(back), len(data), bytes.Equal(back, data), err)
+	}
+}
