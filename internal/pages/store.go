@@ -70,6 +70,15 @@ func newSlab() slab {
 	return slab{mem: mem, mapped: true}
 }
 
+// giveBackIfEmpty hands an emptied slab's memory back to the kernel. Its
+// slots stay free: reused, they are written whole first.
+func (sl *slab) giveBackIfEmpty() {
+	if sl.live == 0 && sl.mapped && sl.resident {
+		_ = unix.Madvise(sl.mem, unix.MADV_DONTNEED)
+		sl.resident = false
+	}
+}
+
 func (s *Store) slot(i uint32) []byte {
 	off := int(i%slabPages) * PageSize
 	return s.slabs[i/slabPages].mem[off : off+PageSize : off+PageSize]
@@ -160,10 +169,8 @@ func (s *Store) Delete(k Key) {
 		delete(s.index, k)
 		s.free = append(s.free, i)
 		sl := &s.slabs[i/slabPages]
-		if sl.live--; sl.live == 0 && s.giveBack && sl.mapped && sl.resident {
-			// Its slots stay free: reused, they are written whole first.
-			_ = unix.Madvise(sl.mem, unix.MADV_DONTNEED)
-			sl.resident = false
+		if sl.live--; s.giveBack {
+			sl.giveBackIfEmpty()
 		}
 	}
 	del := s.onDelete
@@ -207,10 +214,7 @@ func (s *Store) GiveBackEmpty() {
 	defer s.mu.Unlock()
 	s.giveBack = true
 	for i := range s.slabs {
-		if sl := &s.slabs[i]; sl.live == 0 && sl.mapped && sl.resident {
-			_ = unix.Madvise(sl.mem, unix.MADV_DONTNEED)
-			sl.resident = false
-		}
+		s.slabs[i].giveBackIfEmpty()
 	}
 }
 
