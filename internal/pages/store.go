@@ -2,6 +2,7 @@ package pages
 
 import (
 	"fmt"
+	"runtime"
 	"sync"
 
 	"github.com/zeebo/xxh3"
@@ -19,8 +20,9 @@ const (
 // the daemon has it, while the push Puts the next ones).
 //
 // Its slabs are mapped outside Go's heap, so that the memory goes back to
-// the kernel when the store says so (Release, GiveBackEmpty), not when the
-// garbage collector and the scavenger get to it: on a VM whose balloon
+// the kernel when the store says so (Release, GiveBackEmpty; a store no one
+// released, once it is unreachable), not when the garbage collector and
+// the scavenger get to it: on a VM whose balloon
 // reports free pages, memory the host took back costs several µs a page
 // on its next first touch, and the restored container's own pages are
 // best made of the pages the store has just let go.
@@ -33,6 +35,9 @@ type Store struct {
 	used   uint32         // slots handed out so far
 	// giveBack: a slab whose pages are all deleted goes back to the kernel.
 	giveBack bool
+	// mapped is every mapping the slabs hold, apart from the store so that
+	// a store dropped without Release is unmapped once unreachable.
+	mapped *mappings
 	// Observers, called by the writer after each change (see Observe).
 	onPut    func(Key, []byte)
 	onDelete func(Key)
@@ -49,7 +54,19 @@ func (s *Store) Observe(put func(Key, []byte), del func(Key)) {
 
 // NewStore returns an empty store.
 func NewStore() *Store {
-	return &Store{index: map[Key]uint32{}}
+	s := &Store{index: map[Key]uint32{}, mapped: &mappings{}}
+	runtime.AddCleanup(s, (*mappings).unmap, s.mapped)
+	return s
+}
+
+// mappings are a store's slabs' memory maps.
+type mappings struct{ mems [][]byte }
+
+func (m *mappings) unmap() {
+	for _, mem := range m.mems {
+		_ = unix.Munmap(mem)
+	}
+	m.mems = nil
 }
 
 // slab is 1 MiB of pages and how many of them hold a stored page.
@@ -62,11 +79,12 @@ type slab struct {
 	resident bool
 }
 
-func newSlab() slab {
+func (s *Store) newSlab() slab {
 	mem, err := unix.Mmap(-1, 0, slabSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		return slab{mem: make([]byte, slabSize)}
 	}
+	s.mapped.mems = append(s.mapped.mems, mem)
 	return slab{mem: mem, mapped: true}
 }
 
@@ -119,7 +137,7 @@ func (s *Store) alloc() uint32 {
 	i := s.used
 	s.used++
 	if int(i/slabPages) == len(s.slabs) {
-		s.slabs = append(s.slabs, newSlab())
+		s.slabs = append(s.slabs, s.newSlab())
 	}
 	s.hashes = append(s.hashes, xxh3.Uint128{})
 	return i
@@ -223,11 +241,7 @@ func (s *Store) GiveBackEmpty() {
 func (s *Store) Release() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, sl := range s.slabs {
-		if sl.mapped {
-			_ = unix.Munmap(sl.mem)
-		}
-	}
+	s.mapped.unmap()
 	s.index = map[Key]uint32{}
 	s.slabs, s.hashes, s.free, s.used = nil, nil, nil, 0
 }

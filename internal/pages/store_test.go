@@ -3,8 +3,10 @@ package pages
 import (
 	"bytes"
 	"errors"
+	"runtime"
 	"sync"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/zeebo/xxh3"
@@ -261,5 +263,24 @@ func TestStoreReleaseUnmaps(t *testing.T) {
 	}
 	if _, _, ok := s.Get(Key{}); ok {
 		t.Fatal("Get found a page after Release")
+	}
+}
+
+// TestStoreDroppedIsUnmapped: a store no one released is unmapped once the
+// garbage collector finds it unreachable.
+func TestStoreDroppedIsUnmapped(t *testing.T) {
+	s := NewStore()
+	s.Put(Key{}, pageOf(1))
+	mem := s.slabs[0].mem // outside Go's heap: keeps nothing alive
+	s = nil
+	vec := make([]byte, slabPages)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		runtime.GC()
+		if err := mincore(mem, vec); errors.Is(err, unix.ENOMEM) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a dropped store's slab is still mapped")
+		}
 	}
 }

@@ -257,6 +257,7 @@ func FuzzDecoder(f *testing.F) {
 	f.Add([]byte("FRPG\x01\x00\x00\x01\x00"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s := NewStore()
+		defer s.Release()
 		d, err := NewDecoder(bytes.NewReader(b))
 		if err != nil {
 			return
