@@ -20,9 +20,9 @@ const (
 // the daemon has it, while the push Puts the next ones).
 //
 // Its slabs are mapped outside Go's heap, so that the memory goes back to
-// the kernel when the store says so (Release, GiveBackEmpty; a store no one
-// released, once it is unreachable), not when the garbage collector and
-// the scavenger get to it: on a VM whose balloon
+// the kernel when the store says so (Release, GiveBackEmpty), not when the
+// garbage collector and the scavenger get to it (they only unmap the
+// slabs, once the store is unreachable): on a VM whose balloon
 // reports free pages, memory the host took back costs several µs a page
 // on its next first touch, and the restored container's own pages are
 // best made of the pages the store has just let go.
@@ -237,11 +237,17 @@ func (s *Store) GiveBackEmpty() {
 }
 
 // Release frees everything now; the store is empty and usable afterwards.
-// No slice from Get may be used after it.
+// The memory goes back to the kernel at once; its mappings stay until the
+// store is unreachable, so that a slice from Get still held by a reader
+// that lost the race with Release reads zeros instead of faulting.
 func (s *Store) Release() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.mapped.unmap()
+	for _, sl := range s.slabs {
+		if sl.mapped && sl.resident {
+			_ = unix.Madvise(sl.mem, unix.MADV_DONTNEED)
+		}
+	}
 	s.index = map[Key]uint32{}
 	s.slabs, s.hashes, s.free, s.used = nil, nil, nil, 0
 }
