@@ -347,7 +347,8 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 		// The rounds' store is as big as the container's memory, touched
 		// as the pages came, and no longer read once the images are
 		// complete: given back after the restore, it is the warm memory
-		// the lazy-pages daemon writes the container's pages into.
+		// the lazy-pages daemon writes the container's pages into. (A
+		// closure: the technique's receive, below, makes the store.)
 		warm <- func() { in.store.Release() }
 	default:
 		size := in.offer.MemoryBytes

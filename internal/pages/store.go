@@ -88,10 +88,10 @@ func (s *Store) newSlab() slab {
 	return slab{mem: mem, mapped: true}
 }
 
-// giveBackIfEmpty hands an emptied slab's memory back to the kernel. Its
-// slots stay free: reused, they are written whole first.
-func (sl *slab) giveBackIfEmpty() {
-	if sl.live == 0 && sl.mapped && sl.resident {
+// release hands the slab's memory back to the kernel; it reads as zeros
+// until written again (a slot reused is written whole first).
+func (sl *slab) release() {
+	if sl.mapped && sl.resident {
 		_ = unix.Madvise(sl.mem, unix.MADV_DONTNEED)
 		sl.resident = false
 	}
@@ -187,8 +187,8 @@ func (s *Store) Delete(k Key) {
 		delete(s.index, k)
 		s.free = append(s.free, i)
 		sl := &s.slabs[i/slabPages]
-		if sl.live--; s.giveBack {
-			sl.giveBackIfEmpty()
+		if sl.live--; s.giveBack && sl.live == 0 {
+			sl.release()
 		}
 	}
 	del := s.onDelete
@@ -232,7 +232,9 @@ func (s *Store) GiveBackEmpty() {
 	defer s.mu.Unlock()
 	s.giveBack = true
 	for i := range s.slabs {
-		s.slabs[i].giveBackIfEmpty()
+		if s.slabs[i].live == 0 {
+			s.slabs[i].release()
+		}
 	}
 }
 
@@ -243,10 +245,8 @@ func (s *Store) GiveBackEmpty() {
 func (s *Store) Release() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, sl := range s.slabs {
-		if sl.mapped && sl.resident {
-			_ = unix.Madvise(sl.mem, unix.MADV_DONTNEED)
-		}
+	for i := range s.slabs {
+		s.slabs[i].release()
 	}
 	s.index = map[Key]uint32{}
 	s.slabs, s.hashes, s.free, s.used = nil, nil, nil, 0
