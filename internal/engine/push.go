@@ -357,6 +357,9 @@ type pushed struct {
 	mu    sync.Mutex
 	cond  *sync.Cond
 	done  bool
+	// begun: the push's channel has come. The source opens it once the
+	// restore is confirmed; until then nothing is on its way.
+	begun bool
 	// progress is when the push last stored a page.
 	progress time.Time
 	// wait, stall: pushWait and pushStall but in tests.
@@ -371,6 +374,17 @@ func newPushed(store *pages.Store) *pushed {
 	p := &pushed{store: store, progress: time.Now(), wait: pushWait, stall: pushStall}
 	p.cond = sync.NewCond(&p.mu)
 	return p
+}
+
+// begin records that the push has come on ch: records go back on it
+// from now, and requests wait for its pages.
+func (p *pushed) begin(ch io.Writer) {
+	p.wmu.Lock()
+	p.ch = ch
+	p.wmu.Unlock()
+	p.mu.Lock()
+	p.begun = true
+	p.mu.Unlock()
 }
 
 // send writes a record to the source; one that cannot be sent is the
@@ -394,9 +408,7 @@ func (p *pushed) receive(ctx context.Context, sess *transport.Session, router *t
 		return err
 	}
 	defer ch.Close()
-	p.wmu.Lock()
-	p.ch = ch
-	p.wmu.Unlock()
+	p.begin(ch)
 	defer func() {
 		p.wmu.Lock()
 		p.ch = nil
@@ -443,9 +455,21 @@ func (p *pushed) finish() {
 // source hears that the daemon waits for the hint pages from k on, and
 // pushes them next; the wait lasts p.wait at most. Without (stock CRIU),
 // it lasts while the push stores pages, up to p.stall without one.
+//
+// Before the push has begun the source answers at once. The daemon's
+// first requests come while the copy is being restored, for the lowest
+// addresses (a program's data and the start of its heap, what the copy
+// touches first when it runs); waiting for a push that starts only after
+// the restore held the copy's first faults up behind them.
 func (p *pushed) await(k pages.Key, hint uint64) bool {
 	if _, ok := p.store.Hash(k); ok {
 		return true
+	}
+	p.mu.Lock()
+	begun := p.begun
+	p.mu.Unlock()
+	if !begun {
+		return false
 	}
 	if hint > 0 {
 		_ = p.send(pushRecord{kind: recWanted, pid: k.PID, addr: k.Addr, n: hint})

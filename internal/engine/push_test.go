@@ -14,6 +14,7 @@ import (
 // gives up on one the push ended without.
 func TestPushedAwait(t *testing.T) {
 	p := newPushed(pages.NewStore())
+	p.begin(io.Discard)
 	p.wait = time.Minute
 	k1, k2, k3 := pages.Key{PID: 1, Addr: 0x1000}, pages.Key{PID: 1, Addr: 0x2000}, pages.Key{PID: 1, Addr: 0x3000}
 	page := make([]byte, pages.PageSize)
@@ -42,10 +43,46 @@ func TestPushedAwait(t *testing.T) {
 	}
 }
 
+// Before the push has come, a request does not wait for it: the source
+// answers. Once it has, the same request waits.
+func TestPushedAwaitBeforeThePush(t *testing.T) {
+	p := newPushed(pages.NewStore())
+	p.wait, p.stall = time.Minute, time.Minute
+	k := pages.Key{PID: 1, Addr: 0x1000}
+	for _, hint := range []uint64{0, 16} {
+		got := make(chan bool, 1)
+		go func() { got <- p.await(k, hint) }()
+		select {
+		case ok := <-got:
+			if ok {
+				t.Fatalf("hint %d: await said yes for a page never stored", hint)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("hint %d: await waits for a push that has not begun", hint)
+		}
+	}
+	p.begin(io.Discard)
+	got := make(chan bool, 1)
+	go func() { got <- p.await(k, 16) }()
+	select {
+	case <-got:
+		t.Fatal("once the push has begun, await did not wait for its pages")
+	case <-time.After(50 * time.Millisecond):
+	}
+	p.store.Put(k, make([]byte, pages.PageSize))
+	p.mu.Lock()
+	p.cond.Broadcast()
+	p.mu.Unlock()
+	if !<-got {
+		t.Fatal("the page came, await said no")
+	}
+}
+
 // A page the push has not brought within the wait is asked of the source,
 // though other pages keep coming.
 func TestPushedAwaitGivesUp(t *testing.T) {
 	p := newPushed(pages.NewStore())
+	p.begin(io.Discard)
 	p.wait = 200 * time.Millisecond
 	k := pages.Key{PID: 1, Addr: 0x1000}
 	got := make(chan bool, 1)
@@ -83,6 +120,7 @@ func TestPushedAwaitGivesUp(t *testing.T) {
 // stores pages, and gives up once it stored none for its stall time.
 func TestPushedAwaitWithoutAHintFollowsThePush(t *testing.T) {
 	p := newPushed(pages.NewStore())
+	p.begin(io.Discard)
 	p.wait, p.stall = 10*time.Millisecond, 300*time.Millisecond
 	k := pages.Key{PID: 1, Addr: 0x1000}
 	got := make(chan bool, 1)
@@ -120,7 +158,7 @@ func TestPushedAwaitWithoutAHintFollowsThePush(t *testing.T) {
 func TestPushRecordsBackToTheSource(t *testing.T) {
 	pr, pw := io.Pipe()
 	p := newPushed(pages.NewStore())
-	p.ch = pw
+	p.begin(pw)
 	c := newCredit()
 	wanted := make(chan pushNext, 4)
 	go c.read(pr, func(w pushNext) { wanted <- w })
