@@ -2,6 +2,7 @@ package probe
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -46,8 +47,9 @@ type Prober struct {
 	ctx    context.Context
 
 	// Owned by the polling goroutine until done is closed, then by Stop.
-	t   tally
-	cur int // index of the address that last answered
+	t    tally
+	cur  int  // index of the address that last answered
+	lost bool // the last round had no answer
 
 	once   sync.Once
 	result Result
@@ -94,11 +96,21 @@ func (p *Prober) run() {
 }
 
 // round asks the current address, then all of them, and records an answer.
+// Once a round had no answer, the next ones ask all addresses at once: a
+// workload moving between them answers first at the other, and asking its
+// old address first put one timeout before every question to the new one,
+// so a client saw up to that much more downtime than there was.
 func (p *Prober) round(ctx context.Context, timeout time.Duration) (Stat, bool) {
 	if len(p.addrs) == 0 {
 		return Stat{}, false
 	}
-	s, err := Query(ctx, p.addrs[p.cur], ReqStat, timeout)
+	var (
+		s   Stat
+		err = errors.New("no answer")
+	)
+	if !p.lost || len(p.addrs) == 1 {
+		s, err = Query(ctx, p.addrs[p.cur], ReqStat, timeout)
+	}
 	if err != nil && len(p.addrs) > 1 {
 		var addr string
 		s, addr, err = queryAny(ctx, p.addrs, ReqStat, timeout)
@@ -106,6 +118,7 @@ func (p *Prober) round(ctx context.Context, timeout time.Duration) (Stat, bool) 
 			p.setCur(addr)
 		}
 	}
+	p.lost = err != nil
 	if err != nil {
 		return Stat{}, false
 	}

@@ -111,6 +111,7 @@ type fakeHog struct {
 	conn    *net.UDPConn
 	on      atomic.Bool
 	counter *atomic.Uint64
+	asked   atomic.Int64 // requests received, answered or not
 }
 
 func startFake(t *testing.T, counter *atomic.Uint64, on bool) *fakeHog {
@@ -127,6 +128,7 @@ func startFake(t *testing.T, counter *atomic.Uint64, on bool) *fakeHog {
 			if err != nil {
 				return
 			}
+			f.asked.Add(1)
 			if !f.on.Load() {
 				continue
 			}
@@ -168,6 +170,27 @@ func TestProberFollowsTheWorkload(t *testing.T) {
 	}
 	if r2 := p.Stop(ctx); r2 != r {
 		t.Errorf("second Stop = %+v, first %+v", r2, r)
+	}
+}
+
+// While no address answers, every round asks all of them at once, so the
+// address a workload comes back at is asked as often as the one it left.
+func TestProberAsksEveryAddressWhileSilent(t *testing.T) {
+	var counter atomic.Uint64
+	src := startFake(t, &counter, true)
+	dst := startFake(t, &counter, false)
+	p := Start([]string{src.conn.LocalAddr().String(), dst.conn.LocalAddr().String()}, 0)
+	defer p.Stop(context.Background())
+
+	time.Sleep(50 * time.Millisecond)
+	src.on.Store(false)
+	time.Sleep(50 * time.Millisecond) // the first silent round asks src alone
+	s0, d0 := src.asked.Load(), dst.asked.Load()
+	time.Sleep(400 * time.Millisecond)
+	s1, d1 := src.asked.Load(), dst.asked.Load()
+	dst.on.Store(true)
+	if ds, dd := s1-s0, d1-d0; ds < 4 || dd < ds-1 {
+		t.Errorf("while silent the old address was asked %d times, the new one %d: want both in every round", ds, dd)
 	}
 }
 
