@@ -194,6 +194,7 @@ func (d *Destination) Receive(ctx context.Context, sess *transport.Session, rout
 		in.cleanup(true)
 		return
 	}
+	defer criu.WarmBreakpoints()() // CRIU's restore stops the restored tasks at breakpoints
 	// A stopping agent abandons what the source can still take back: until
 	// the source asks for the restore, cancelling ctx closes the session,
 	// so every transfer fails at both ends and the source resumes. From

@@ -346,6 +346,7 @@ func (m *migration) run(ctx context.Context) error {
 	if err := m.prepare(ctx); err != nil {
 		return failAt("prepare on "+m.host.Name, err)
 	}
+	defer criu.WarmBreakpoints()() // CRIU's dump stops the frozen tasks at breakpoints
 	m.work = m.host.WorkDir(m.id)
 	if err := os.MkdirAll(m.work, 0o700); err != nil {
 		return failAt("prepare on "+m.host.Name, err)
