@@ -1,6 +1,7 @@
 package criu
 
 import (
+	"runtime"
 	"sync"
 	"unsafe"
 
@@ -17,15 +18,20 @@ import (
 // goes, so every migration paid it anew.
 //
 // WarmBreakpoints holds an idle per-task perf event (a disabled software
-// dummy on the calling thread, which counts nothing) until release is
-// called, so that the hooks are on when CRIU sets its breakpoints: the
-// write then takes 0.01-0.03 ms. Opening it costs the same few
-// milliseconds, in the background, before anything is frozen. Where perf
+// dummy, which counts nothing) until release is called, so that the hooks
+// are on when CRIU sets its breakpoints: the write then takes 0.01-0.03
+// ms. Opening it costs the same few milliseconds, in the background,
+// before anything is frozen. The event belongs to a thread of its own
+// that only waits: a task with perf events pays a little at each of its
+// context switches, and the agent's busy threads should not. Where perf
 // events are not allowed (perf_event_paranoid, seccomp), nothing is held
 // and CRIU pays as before.
 func WarmBreakpoints() (release func()) {
-	opened := make(chan int, 1)
+	done, closed := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(closed)
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
 		attr := unix.PerfEventAttr{
 			Type:   unix.PERF_TYPE_SOFTWARE,
 			Config: unix.PERF_COUNT_SW_DUMMY,
@@ -33,14 +39,13 @@ func WarmBreakpoints() (release func()) {
 			Bits:   unix.PerfBitDisabled | unix.PerfBitExcludeKernel | unix.PerfBitExcludeHv,
 		}
 		fd, err := unix.PerfEventOpen(&attr, 0, -1, -1, unix.PERF_FLAG_FD_CLOEXEC)
-		if err != nil {
-			fd = -1
-		}
-		opened <- fd
-	}()
-	return sync.OnceFunc(func() {
-		if fd := <-opened; fd >= 0 {
+		<-done
+		if err == nil {
 			unix.Close(fd)
 		}
+	}()
+	return sync.OnceFunc(func() {
+		close(done)
+		<-closed
 	})
 }
