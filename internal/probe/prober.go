@@ -2,7 +2,6 @@ package probe
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -104,18 +103,24 @@ func (p *Prober) round(ctx context.Context, timeout time.Duration) (Stat, bool) 
 	if len(p.addrs) == 0 {
 		return Stat{}, false
 	}
-	var (
-		s   Stat
-		err = errors.New("no answer")
-	)
-	if !p.lost || len(p.addrs) == 1 {
-		s, err = Query(ctx, p.addrs[p.cur], ReqStat, timeout)
-	}
-	if err != nil && len(p.addrs) > 1 {
-		var addr string
-		s, addr, err = queryAny(ctx, p.addrs, ReqStat, timeout)
+	askCurrent := func() (Stat, error) { return Query(ctx, p.addrs[p.cur], ReqStat, timeout) }
+	askAll := func() (Stat, error) {
+		s, addr, err := queryAny(ctx, p.addrs, ReqStat, timeout)
 		if err == nil {
 			p.setCur(addr)
+		}
+		return s, err
+	}
+	var s Stat
+	var err error
+	switch {
+	case len(p.addrs) == 1:
+		s, err = askCurrent()
+	case p.lost:
+		s, err = askAll()
+	default:
+		if s, err = askCurrent(); err != nil {
+			s, err = askAll()
 		}
 	}
 	p.lost = err != nil
