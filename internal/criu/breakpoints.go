@@ -32,13 +32,7 @@ func WarmBreakpoints() (release func()) {
 		defer close(closed)
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
-		attr := unix.PerfEventAttr{
-			Type:   unix.PERF_TYPE_SOFTWARE,
-			Config: unix.PERF_COUNT_SW_DUMMY,
-			Size:   uint32(unsafe.Sizeof(unix.PerfEventAttr{})),
-			Bits:   unix.PerfBitDisabled | unix.PerfBitExcludeKernel | unix.PerfBitExcludeHv,
-		}
-		fd, err := unix.PerfEventOpen(&attr, 0, -1, -1, unix.PERF_FLAG_FD_CLOEXEC)
+		fd, err := openIdlePerfEvent()
 		<-done
 		if err == nil {
 			unix.Close(fd)
@@ -48,4 +42,16 @@ func WarmBreakpoints() (release func()) {
 		close(done)
 		<-closed
 	})
+}
+
+// openIdlePerfEvent opens a disabled software dummy event on the calling
+// thread: per-task, counting nothing.
+func openIdlePerfEvent() (int, error) {
+	attr := unix.PerfEventAttr{
+		Type:   unix.PERF_TYPE_SOFTWARE,
+		Config: unix.PERF_COUNT_SW_DUMMY,
+		Size:   uint32(unsafe.Sizeof(unix.PerfEventAttr{})),
+		Bits:   unix.PerfBitDisabled | unix.PerfBitExcludeKernel | unix.PerfBitExcludeHv,
+	}
+	return unix.PerfEventOpen(&attr, 0, -1, -1, unix.PERF_FLAG_FD_CLOEXEC)
 }

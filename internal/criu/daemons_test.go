@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ferry-migrate/ferry/internal/procs"
 )
 
 // uffdHolderEnv makes the test binary play a lazy-pages daemon's part that
@@ -93,7 +95,7 @@ func TestHoldFaultsFollowsTheDaemon(t *testing.T) {
 		if err != nil || n != want {
 			t.Fatalf("HoldFaults = %d, %v; want %d held", n, err, want)
 		}
-		if got := userfaultfdsHere(t); got != want {
+		if got := descriptorsHere(userfaultfdLink); got != want {
 			t.Fatalf("%d userfaultfds open in the test, want %d (copies replaced, not added)", got, want)
 		}
 	}
@@ -112,11 +114,11 @@ func TestHoldFaultsFollowsTheDaemon(t *testing.T) {
 	if n, err := lp.HoldFaults(); err == nil || n != 1 {
 		t.Fatalf("after the daemon died: HoldFaults = %d, %v; want its last copy kept and an error", n, err)
 	}
-	if got := userfaultfdsHere(t); got != 1 {
+	if got := descriptorsHere(userfaultfdLink); got != 1 {
 		t.Fatalf("after the daemon died %d userfaultfds are held, want 1", got)
 	}
 	lp.ReleaseFaults()
-	if got := userfaultfdsHere(t); got != 0 {
+	if got := descriptorsHere(userfaultfdLink); got != 0 {
 		t.Fatalf("after the release %d userfaultfds are open", got)
 	}
 	if n, err := lp.HoldFaults(); n != 0 || err != nil {
@@ -124,16 +126,12 @@ func TestHoldFaultsFollowsTheDaemon(t *testing.T) {
 	}
 }
 
-// userfaultfdsHere counts this process's userfaultfds.
-func userfaultfdsHere(t *testing.T) int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
+// descriptorsHere counts this process's descriptors pointing at link
+// ("anon_inode:[userfaultfd]"...).
+func descriptorsHere(link string) int {
 	n := 0
-	for _, e := range ents {
-		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && l == userfaultfdLink {
+	for _, l := range procs.OpenFiles(os.Getpid()) {
+		if l == link {
 			n++
 		}
 	}
