@@ -357,15 +357,14 @@ type pushed struct {
 	mu    sync.Mutex
 	cond  *sync.Cond
 	done  bool
-	// begun: the push's channel has come. The source opens it once the
-	// restore is confirmed; until then nothing is on its way.
-	begun bool
 	// progress is when the push last stored a page.
 	progress time.Time
 	// wait, stall: pushWait and pushStall but in tests.
 	wait, stall time.Duration
 
-	// wmu orders the records sent back to the source on ch, once open.
+	// wmu orders the records sent back to the source on ch, open while
+	// the push runs: the source opens it once the restore is confirmed,
+	// and until then nothing is on its way.
 	wmu sync.Mutex
 	ch  io.Writer
 }
@@ -382,9 +381,6 @@ func (p *pushed) begin(ch io.Writer) {
 	p.wmu.Lock()
 	p.ch = ch
 	p.wmu.Unlock()
-	p.mu.Lock()
-	p.begun = true
-	p.mu.Unlock()
 }
 
 // send writes a record to the source; one that cannot be sent is the
@@ -456,7 +452,7 @@ func (p *pushed) finish() {
 // pushes them next; the wait lasts p.wait at most. Without (stock CRIU),
 // it lasts while the push stores pages, up to p.stall without one.
 //
-// Before the push has begun the source answers at once. The daemon's
+// Before the push has begun (or after it ended) the source answers at once. The daemon's
 // first requests come while the copy is being restored, for the lowest
 // addresses (a program's data and the start of its heap, what the copy
 // touches first when it runs); waiting for a push that starts only after
@@ -465,10 +461,10 @@ func (p *pushed) await(k pages.Key, hint uint64) bool {
 	if _, ok := p.store.Hash(k); ok {
 		return true
 	}
-	p.mu.Lock()
-	begun := p.begun
-	p.mu.Unlock()
-	if !begun {
+	p.wmu.Lock()
+	running := p.ch != nil // once it has ended, done says the same
+	p.wmu.Unlock()
+	if !running {
 		return false
 	}
 	if hint > 0 {
