@@ -174,6 +174,8 @@ type incoming struct {
 	holdErr string // why there is no hold, when one was wanted
 	// push is post-copy's push filling store while the copy runs.
 	push *pushed
+	// early is the restore begun before the images, where it was.
+	early earlyRestore
 	// faults are the failures the offer injects here (tests).
 	faults fault.Set
 	// stage says whether the restore was asked for, or the migration
@@ -361,7 +363,13 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	release := sync.OnceFunc(func() { (<-warm)() })
 	defer release()
 	recv.Go(func() error { return in.receiveRootfs(rctx, sess, router, ChanRootfsLive) })
-	recv.Go(func() error { return in.receiveRootfs(rctx, sess, router, ChanRootfsFinal) })
+	recv.Go(func() error {
+		if err := in.receiveRootfs(rctx, sess, router, ChanRootfsFinal); err != nil {
+			return err
+		}
+		in.beginRestore()
+		return nil
+	})
 	in.tech.receive(in, rctx, receivers{sess: sess, router: router, g: recv})
 	imagesIn := make(chan error, 1)
 	recv.Go(func() error {
@@ -832,8 +840,14 @@ func (in *incoming) restore(ctx context.Context, lazy bool) (int, error) {
 		_ = os.Remove(filepath.Join(in.images, "pstree.img"))
 	}
 	in.faults.CRIU(fault.Destination, fault.Restore)
-	pid, err := in.target.Restore(ctx, runtime.RestoreOptions{ImagesDir: in.images, WorkDir: in.work,
-		Lazy: lazy, TCPEstablished: in.offer.Network != nil})
+	var pid int
+	var err error
+	o := in.restoreOptions(lazy)
+	if early := in.early.take(o); early != nil {
+		pid, err = early.Go(ctx)
+	} else {
+		pid, err = in.target.Restore(ctx, o)
+	}
 	if err != nil {
 		// The source reports it as "restore on <this host>: ..." already.
 		return 0, err
@@ -856,6 +870,7 @@ func (in *incoming) cleanup(dropContainer bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	in.dropHold() // never left holding, whatever the outcome
+	in.early.cancel()
 	var err error
 	if in.work != "" {
 		// A restore or lazy-pages daemon stuck on a source that is gone

@@ -190,6 +190,30 @@ type Runtime interface {
 	Prepare(ctx context.Context, c *Container, o PrepareOptions) (Target, error)
 }
 
+// EarlyTarget is a Target whose restore can begin before its images are
+// complete: the runtime's own work before CRIU reads an image (runc's
+// start, its mounts, CRIU's start and cgroups: ~30 ms here) then runs
+// while the source still dumps, not in the downtime.
+type EarlyTarget interface {
+	Target
+	// StartRestore begins a restore that reads no image and restores
+	// nothing until Go. Once the root filesystem is final only: the
+	// runtime may mount it. An error leaves the target as it was
+	// (Restore still works).
+	StartRestore(o RestoreOptions) (Restoring, error)
+}
+
+// Restoring is a restore begun before its images were complete.
+type Restoring interface {
+	// Go lets it read the images, complete now, and returns as
+	// Target.Restore does (it is one: where the early start failed, or
+	// the images do not match what it started with, Go restores anew).
+	Go(ctx context.Context) (pid int, err error)
+	// Cancel ends it with nothing restored, once it has stopped; after
+	// Go, a no-op.
+	Cancel()
+}
+
 // Continuer is a runtime that can let a container restored stopped run,
 // by name (an agent restarted between the commit and the start).
 type Continuer interface {

@@ -84,13 +84,18 @@ func (r *Runtime) Inspect(ctx context.Context, name string) (*runtime.Container,
 	if s.Process != nil && s.Process.Terminal {
 		return nil, fmt.Errorf("container %q has a terminal: CRIU can restore it only as a shell job, which ferry does not move", name)
 	}
-	c := &runtime.Container{Runtime: r.Kind(), Name: name, ID: name, PID: st.Pid, Status: st.Status, Rootfs: root, Spec: spec}
+	c := &runtime.Container{Runtime: r.Kind(), Name: name, ID: name, PID: st.Pid, Status: st.Status, Rootfs: root, Spec: spec, Meta: map[string][]byte{}}
 	upper, image, meta, err := overlayRoot(root)
 	if err != nil {
 		return nil, err
 	}
 	if upper != "" {
-		c.Rootfs, c.Image, c.Meta = upper, image, map[string][]byte{layersMeta: meta}
+		c.Rootfs, c.Image, c.Meta[layersMeta] = upper, image, meta
+	}
+	// What its dump's descriptors.json will say, for a restore started
+	// before the images (gate.go); a container that ended has none.
+	if stdio, err := stdioOf(st.Pid); err == nil {
+		c.Meta[stdioMeta] = stdio
 	}
 	return c, nil
 }
@@ -105,6 +110,10 @@ func (r *Runtime) Thaw(ctx context.Context, c *runtime.Container) error { return
 // it has one (a container restored, or prepared for a restore); a deleted
 // one counts as removed.
 func (r *Runtime) Remove(ctx context.Context, c *runtime.Container) error {
+	if r.BundleRoot != "" && c.Name != "" && filepath.Base(c.Name) == c.Name {
+		t := r.target(c.Name)
+		failLeftGate(t.criuConf(), t.gateClosed())
+	}
 	if err := r.Delete(ctx, c.ID); err != nil {
 		return err
 	}
@@ -201,7 +210,8 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 	} else if !errors.Is(err, ErrNotFound) {
 		return nil, err
 	}
-	t := &target{r: r, name: c.Name, bundle: filepath.Join(r.BundleRoot, c.Name)}
+	t := r.target(c.Name)
+	t.stdio = c.Meta[stdioMeta]
 	if c.Meta[layersMeta] != nil {
 		lower, err := imageHere(c, r.ImageRoots)
 		if err != nil {
@@ -295,9 +305,19 @@ type target struct {
 	name   string
 	bundle string
 	// lower is the image an overlay root is mounted over, none for a
-	// plain root.
-	lower []string
+	// plain root; mounted, once it is.
+	lower   []string
+	mounted bool
+	// stdio is the source's descriptors.json to be (stdioMeta).
+	stdio []byte
 	pid   int // the restored init, once restored
+}
+
+var _ runtime.EarlyTarget = (*target)(nil)
+
+// target is the bundle of container name here.
+func (r *Runtime) target(name string) *target {
+	return &target{r: r, name: name, bundle: filepath.Join(r.BundleRoot, name)}
 }
 
 // root is the bundle's root filesystem: where the layer is applied for a
@@ -343,26 +363,51 @@ func (h Host) ContinueRestored(ctx context.Context, id string, pid int) error {
 // overlayfs does not allow writing to a mounted upper directory) and runs
 // runc restore.
 func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, error) {
-	if t.lower != nil {
-		if err := (mounts.Overlay{Lower: t.lower, Upper: t.RootfsDir(), Work: t.work()}).Mount(t.root()); err != nil {
-			return 0, err
-		}
-	}
-	// The file Prepare wrote, now with a cgroup yard in the work directory.
-	if err := (CRIUConfig{LeaveStopped: true}).WithYard(o.WorkDir).Write(t.criuConf()); err != nil {
+	if err := t.mountRoot(); err != nil {
 		return 0, err
 	}
-	pidFile := t.bundle + ".pid"
-	err := t.r.Host.Restore(ctx, t.name, RestoreOptions{ImagePath: o.ImagesDir, WorkPath: o.WorkDir, Bundle: t.bundle,
-		LogPath: t.bundle + ".log", TCPEstablished: o.TCPEstablished, LazyPages: o.Lazy, PidFile: pidFile})
+	if err := t.restoreConfig(o).Write(t.criuConf()); err != nil {
+		return 0, err
+	}
+	err := t.runRestore(ctx, o)
 	// Read by now: later dumps of this container must not leave it stopped.
 	_ = ClearCRIUConfig(t.criuConf())
 	if err != nil {
 		return 0, err
 	}
-	// runc wrote the init's PID once CRIU had restored it; asking runc's
-	// state instead costs an exec inside the downtime.
-	pid, err := restoredPid(pidFile)
+	return t.restored()
+}
+
+// mountRoot mounts an overlay root over its image, once.
+func (t *target) mountRoot() error {
+	if t.lower == nil || t.mounted {
+		return nil
+	}
+	if err := (mounts.Overlay{Lower: t.lower, Upper: t.RootfsDir(), Work: t.work()}).Mount(t.root()); err != nil {
+		return err
+	}
+	t.mounted = true
+	return nil
+}
+
+// restoreConfig is the file Prepare wrote, now with a cgroup yard in the
+// work directory.
+func (t *target) restoreConfig(o runtime.RestoreOptions) CRIUConfig {
+	return (CRIUConfig{LeaveStopped: true}).WithYard(o.WorkDir)
+}
+
+// pidFile is where runc writes the restored init's PID.
+func (t *target) pidFile() string { return t.bundle + ".pid" }
+
+func (t *target) runRestore(ctx context.Context, o runtime.RestoreOptions) error {
+	return t.r.Host.Restore(ctx, t.name, RestoreOptions{ImagePath: o.ImagesDir, WorkPath: o.WorkDir, Bundle: t.bundle,
+		LogPath: t.bundle + ".log", TCPEstablished: o.TCPEstablished, LazyPages: o.Lazy, PidFile: t.pidFile()})
+}
+
+// restored reads the init's PID runc wrote once CRIU had restored it
+// (asking runc's state instead costs an exec inside the downtime).
+func (t *target) restored() (int, error) {
+	pid, err := restoredPid(t.pidFile())
 	if err != nil {
 		return 0, fmt.Errorf("restored container is not running: %w", err)
 	}
@@ -391,6 +436,7 @@ func restoredPid(path string) (int, error) {
 // Discard deletes the container and its bundle. Its error says the
 // container may still exist; leftover files are not worth that.
 func (t *target) Discard(ctx context.Context) error {
+	failLeftGate(t.criuConf(), t.gateClosed())
 	if err := t.r.Delete(ctx, t.name); err != nil {
 		return err
 	}

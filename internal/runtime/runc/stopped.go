@@ -36,6 +36,9 @@ type CRIUConfig struct {
 	// work directory).
 	LazyPages bool
 	WorkDir   string
+	// ImagesDir, where set, is the images directory CRIU reads, instead
+	// of the one runc names (a gated restore's: gate.go).
+	ImagesDir string
 	// CgroupYard is a cgroup yard (cgroups.Yard): CRIU opens the
 	// hierarchies there instead of mounting each anew (WithYard).
 	CgroupYard string
@@ -57,7 +60,7 @@ func (c CRIUConfig) String() string {
 	for _, o := range []struct {
 		on   bool
 		line string
-	}{{c.NoNetworkLock, "network-lock skip"}, {c.LeaveStopped, "leave-stopped"}, {c.TCPEstablished, "tcp-established"}, {c.LazyPages, "lazy-pages"}, {c.WorkDir != "", "work-dir " + c.WorkDir}, {c.CgroupYard != "", "cgroup-yard " + c.CgroupYard}} {
+	}{{c.NoNetworkLock, "network-lock skip"}, {c.LeaveStopped, "leave-stopped"}, {c.TCPEstablished, "tcp-established"}, {c.LazyPages, "lazy-pages"}, {c.WorkDir != "", "work-dir " + c.WorkDir}, {c.ImagesDir != "", "images-dir " + c.ImagesDir}, {c.CgroupYard != "", "cgroup-yard " + c.CgroupYard}} {
 		if o.on {
 			b.WriteString(o.line + "\n")
 		}
@@ -69,10 +72,27 @@ func (c CRIUConfig) String() string {
 // ClearCRIUConfig: runc hands the same file to later dumps, which must
 // not leave the container stopped.
 func (c CRIUConfig) Write(path string) error {
-	if !configSafe(c.WorkDir) {
-		return fmt.Errorf("CRIU's configuration file cannot name the work directory %q: choose a scratch directory without spaces, quotes or #", c.WorkDir)
+	for _, dir := range []string{c.WorkDir, c.ImagesDir} {
+		if !configSafe(dir) {
+			return fmt.Errorf("CRIU's configuration file cannot name the directory %q: choose a scratch directory without spaces, quotes or #", dir)
+		}
 	}
-	return os.WriteFile(path, []byte(c.String()), 0o600)
+	return replaceFile(path, []byte(c.String()))
+}
+
+// replaceFile writes a new file at path by renaming one over it: what was
+// there may be a restore's gate, a FIFO that writing would block on or
+// feed (gate.go).
+func replaceFile(path string, b []byte) error {
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	return nil
 }
 
 // configSafe says a path can go in a CRIU configuration file as it is:
@@ -85,9 +105,7 @@ func LeaveStopped(path string) error { return CRIUConfig{LeaveStopped: true}.Wri
 
 // ClearCRIUConfig empties the file LeaveStopped wrote, keeping it: the
 // container's annotation still names it.
-func ClearCRIUConfig(path string) error {
-	return os.WriteFile(path, nil, 0o600)
-}
+func ClearCRIUConfig(path string) error { return replaceFile(path, nil) }
 
 // AnnotateCRIUConfig sets a bundle's config.json to name conf as its CRIU
 // configuration file, keeping every other field as it is.
