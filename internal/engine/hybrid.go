@@ -41,16 +41,17 @@ func (m *migration) finalRoundThen(ctx context.Context, rs *precopySource, switc
 // destination holds every page the container has, as it is now, save those
 // the rounds never found (CRIU's page server on this host still has them).
 func (m *migration) dumpWithFinalRound(ctx context.Context, rs *precopySource) (*lazyDump, error) {
+	ld, err := m.beginLazyDump(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if err := m.freeze(ctx); err != nil {
+		ld.stop()
 		return nil, err
 	}
 	m.begin("dump")
-	var ld *lazyDump
 	var g errgroup.Group
-	g.Go(func() (err error) {
-		ld, err = m.startLazyDump(ctx)
-		return err
-	})
+	g.Go(ld.run)
 	rs.frozen = true
 	g.Go(func() error {
 		prev := rs.last
@@ -65,9 +66,7 @@ func (m *migration) dumpWithFinalRound(ctx context.Context, rs *precopySource) (
 		return failAt("final round", rs.finish(true))
 	})
 	if err := m.syncRootfsBeside(&g); err != nil {
-		if ld != nil {
-			ld.stop()
-		}
+		ld.stop()
 		return nil, err
 	}
 	return ld, nil

@@ -51,20 +51,19 @@ func (m *migration) postcopy(ctx context.Context) error {
 	if err := m.syncRootfsLive(ctx); err != nil {
 		return err
 	}
+	ld, err := m.beginLazyDump(ctx)
+	if err != nil {
+		return m.abort(ctx, err)
+	}
 	if err := m.freeze(ctx); err != nil {
+		ld.stop()
 		return m.abort(ctx, err)
 	}
 	m.begin("dump")
-	var ld *lazyDump
 	var g errgroup.Group
-	g.Go(func() (err error) {
-		ld, err = m.startLazyDump(ctx)
-		return err
-	})
+	g.Go(ld.run)
 	if err := m.syncRootfsBeside(&g); err != nil {
-		if ld != nil {
-			ld.stop()
-		}
+		ld.stop()
 		return m.abort(ctx, err)
 	}
 	defer ld.stop()
@@ -96,7 +95,14 @@ type lazyDump struct {
 	addr string // CRIU's page server, on loopback
 	// net is the private network namespace the dump runs in, where its
 	// page server listens (nil: the host's, see pageServerNet).
-	net      *privnet.NS
+	net     *privnet.NS
+	netOnce sync.Once
+	// opts and ctx are the dump's; early is the dump begun before the
+	// freeze, where the runtime can (runtime.EarlyCheckpointer), until it
+	// runs. dump is the dump once it ran; stopDump kills it.
+	opts     runtime.CheckpointOptions
+	ctx      context.Context
+	early    runtime.Checkpointing
 	dump     runtime.Dump
 	stopDump context.CancelFunc
 	exited   chan struct{}
@@ -111,9 +117,11 @@ type lazyDump struct {
 	faults chan pushNext
 }
 
-// startLazyDump dumps the frozen container without its memory and returns
-// once CRIU's page server listens.
-func (m *migration) startLazyDump(ctx context.Context) (*lazyDump, error) {
+// beginLazyDump readies a lazy dump before the freeze: the private
+// network namespace its page server listens in, a port there, and where
+// the runtime can, the dump itself, up to where it would touch the
+// container (runtime.EarlyCheckpointer). Nothing is frozen.
+func (m *migration) beginLazyDump(ctx context.Context) (*lazyDump, error) {
 	pn, err := m.pageServerNet()
 	if err != nil {
 		return nil, failAt("dump", err)
@@ -125,24 +133,44 @@ func (m *migration) startLazyDump(ctx context.Context) (*lazyDump, error) {
 		return nil, failAt("dump", err)
 	}
 	ld.addr = fmt.Sprintf("127.0.0.1:%d", port)
-	// The dump outlives this call: it ends when its page server is closed.
-	dumpCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	d, err := m.rt.Checkpoint(dumpCtx, m.ctr, runtime.CheckpointOptions{
+	ld.opts = runtime.CheckpointOptions{
 		ImagesDir: filepath.Join(m.work, "images"), WorkDir: m.work, PageServer: ld.addr,
 		Lazy: true, TCPEstablished: m.network != nil, NetworkQuiet: m.network != nil, PageNet: pn,
-	})
-	if err != nil {
-		stop()
-		ld.closeNet()
-		return nil, failAt("dump on "+m.host.Name, err)
 	}
-	ld.dump, ld.stopDump = d, stop
+	// The dump outlives this call: it ends when its page server is closed.
+	ld.ctx, ld.stopDump = context.WithCancel(context.WithoutCancel(ctx))
+	if ec, ok := m.rt.(runtime.EarlyCheckpointer); ok {
+		if ld.early, err = ec.StartCheckpoint(ld.ctx, m.ctr, ld.opts); err != nil {
+			slog.Info("dump not begun before the freeze", "migration", m.req.ID, "container", m.ctr.Name, "why", err)
+		}
+	}
+	return ld, nil
+}
+
+// run dumps the container, frozen now, without its memory, and returns
+// once CRIU's page server listens.
+func (ld *lazyDump) run() error {
+	m := ld.m
+	var d runtime.Dump
+	var err error
+	if early := ld.early; early != nil {
+		ld.early = nil
+		d, err = early.Go()
+	} else {
+		d, err = m.rt.Checkpoint(ld.ctx, m.ctr, ld.opts)
+	}
+	if err != nil {
+		ld.stopDump()
+		ld.closeNet()
+		return failAt("dump on "+m.host.Name, err)
+	}
+	ld.dump = d
 	go func() {
 		ld.result = d.Wait()
 		close(ld.exited)
 	}()
 	m.dump, m.dumped = ld, d
-	return ld, nil
+	return nil
 }
 
 // pageServerNet makes the private network namespace a lazy dump runs in.
@@ -176,9 +204,11 @@ func (ld *lazyDump) dial(ctx context.Context) (net.Conn, error) {
 }
 
 func (ld *lazyDump) closeNet() {
-	if ld.net != nil {
-		ld.net.Close()
-	}
+	ld.netOnce.Do(func() {
+		if ld.net != nil {
+			ld.net.Close()
+		}
+	})
 }
 
 // wait returns the dump's outcome once CRIU exited.
@@ -193,6 +223,16 @@ func (ld *lazyDump) wait() error {
 // state it found when it ends, which would freeze again a container
 // resumed meanwhile. Only a CRIU that does not end in time is killed.
 func (ld *lazyDump) stop() {
+	if ld.dump == nil {
+		// Never ran, or failed to: a dump begun before the freeze gives up
+		// without having touched the container.
+		if ld.early != nil {
+			ld.early.Cancel()
+		}
+		ld.stopDump()
+		ld.closeNet()
+		return
+	}
 	select {
 	case <-ld.exited:
 	default:

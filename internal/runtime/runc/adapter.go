@@ -100,11 +100,23 @@ func (r *Runtime) Inspect(ctx context.Context, name string) (*runtime.Container,
 	return c, nil
 }
 
-// Freeze is runc pause (the cgroup freezer).
-func (r *Runtime) Freeze(ctx context.Context, c *runtime.Container) error { return r.Pause(ctx, c.ID) }
+// Freeze is runc pause: the cgroup freezer runc made for the container,
+// here without runc's exec (runc reads the container's state from that
+// freezer); runc's own where its record names none.
+func (r *Runtime) Freeze(ctx context.Context, c *runtime.Container) error {
+	if dir, err := r.freezerDir(c.ID); err == nil && cgroups.Freeze(dir) == nil {
+		return nil
+	}
+	return r.Pause(ctx, c.ID)
+}
 
-// Thaw is runc resume.
-func (r *Runtime) Thaw(ctx context.Context, c *runtime.Container) error { return r.Resume(ctx, c.ID) }
+// Thaw is runc resume, as Freeze is runc pause.
+func (r *Runtime) Thaw(ctx context.Context, c *runtime.Container) error {
+	if dir, err := r.freezerDir(c.ID); err == nil && cgroups.Thaw(dir) == nil {
+		return nil
+	}
+	return r.Resume(ctx, c.ID)
+}
 
 // Remove deletes the container, and the bundle ferry made for it here if
 // it has one (a container restored, or prepared for a restore); a deleted
@@ -135,31 +147,58 @@ func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtim
 // Dump is Checkpoint for a container under this runc root, for runtimes
 // whose containers runc runs (Podman).
 func (h Host) Dump(ctx context.Context, id string, o runtime.CheckpointOptions) (runtime.Dump, error) {
-	opts := CheckpointOptions{ImagePath: o.ImagesDir, WorkPath: o.WorkDir, ParentPath: o.ParentDir, PageServer: o.PageServer,
-		LeaveRunning: !o.PreDump, TCPEstablished: o.TCPEstablished, PreDump: o.PreDump, LazyPages: o.Lazy, Netns: o.PageNet,
-		NoNetworkLock: o.NetworkQuiet}
-	if !o.Lazy {
-		return doneDump{}, h.Checkpoint(ctx, id, opts)
-	}
-	statusR, statusW, err := os.Pipe()
+	d, err := h.beginDump(ctx, id, o, "")
 	if err != nil {
 		return nil, err
 	}
-	defer statusR.Close()
-	opts.StatusFD = statusW
-	d := &lazyDump{done: make(chan struct{})}
+	return d.dump()
+}
+
+// dumping is a runc checkpoint under way.
+type dumping struct {
+	lazy   bool
+	status *os.File // a lazy dump's readiness, from CRIU
+	done   chan struct{}
+	err    error
+}
+
+// beginDump starts runc checkpoint; actionScript, if set, is a script
+// CRIU runs at each of its actions (dumpgate.go).
+func (h Host) beginDump(ctx context.Context, id string, o runtime.CheckpointOptions, actionScript string) (*dumping, error) {
+	opts := CheckpointOptions{ImagePath: o.ImagesDir, WorkPath: o.WorkDir, ParentPath: o.ParentDir, PageServer: o.PageServer,
+		LeaveRunning: !o.PreDump, TCPEstablished: o.TCPEstablished, PreDump: o.PreDump, LazyPages: o.Lazy, Netns: o.PageNet,
+		NoNetworkLock: o.NetworkQuiet, ActionScript: actionScript}
+	d := &dumping{lazy: o.Lazy, done: make(chan struct{})}
+	if o.Lazy {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return nil, err
+		}
+		d.status, opts.StatusFD = r, w
+	}
 	go func() {
-		// The dump outlives the caller's context: it ends when its page
+		// A lazy dump outlives the caller's context: it ends when its page
 		// server is closed, or its caller kills it through ctx.
 		d.err = h.Checkpoint(ctx, id, opts)
 		close(d.done)
 	}()
-	var b [1]byte
-	if n, rerr := statusR.Read(b[:]); n != 1 {
-		werr := d.Wait()
-		return nil, errors.Join(werr, fmt.Errorf("CRIU never signalled that the lazy page server is ready: %v", rerr))
-	}
 	return d, nil
+}
+
+// dump waits for the dump's images: until runc ended, or for a lazy dump
+// until CRIU's page server listens.
+func (d *dumping) dump() (runtime.Dump, error) {
+	if !d.lazy {
+		<-d.done
+		return doneDump{}, d.err
+	}
+	defer d.status.Close()
+	var b [1]byte
+	if n, rerr := d.status.Read(b[:]); n != 1 {
+		<-d.done
+		return nil, errors.Join(d.err, fmt.Errorf("CRIU never signalled that the lazy page server is ready: %v", rerr))
+	}
+	return lazyDump{d}, nil
 }
 
 // RequirePaused checks that runc knows container id and sees it paused, as
@@ -187,13 +226,10 @@ func (doneDump) Wait() error                         { return nil }
 func (doneDump) Release(context.Context, bool) error { return nil }
 
 // lazyDump is a `runc checkpoint --lazy-pages` whose page server serves.
-type lazyDump struct {
-	done chan struct{}
-	err  error
-}
+type lazyDump struct{ d *dumping }
 
-func (d *lazyDump) Wait() error                         { <-d.done; return d.err }
-func (d *lazyDump) Release(context.Context, bool) error { return nil }
+func (l lazyDump) Wait() error                         { <-l.d.done; return l.d.err }
+func (l lazyDump) Release(context.Context, bool) error { return nil }
 
 // Prepare makes the container's bundle here: an empty rootfs (for an
 // overlay root, an empty writable layer over the image, which must be

@@ -448,3 +448,114 @@ func waitFor(ok func() bool) error {
 	}
 	return io.ErrNoProgress
 }
+
+// Freeze and Thaw work the freezer runc made for the container, without
+// runc: runc sees the container paused, then running.
+func TestFreezeIsRuncPause(t *testing.T) {
+	h := newGateHosts(t)
+	ctx := context.Background()
+	if _, err := h.src.freezerDir("gated"); err != nil {
+		t.Fatalf("no freezer in runc's record: %v", err)
+	}
+	for _, step := range []struct {
+		do   func(context.Context, *runtime.Container) error
+		want string
+	}{{h.src.Freeze, "paused"}, {h.src.Thaw, "running"}} {
+		if err := step.do(ctx, h.c); err != nil {
+			t.Fatal(err)
+		}
+		if st, err := h.src.State(ctx, "gated"); err != nil || st.Status != step.want {
+			t.Fatalf("runc says %q (%v), want %s", st.Status, err, step.want)
+		}
+	}
+}
+
+// The dump begun early waits at its gate with the container running and
+// untouched; frozen, Go dumps it; the source stays frozen and resumable.
+func TestEarlyDump(t *testing.T) {
+	h := newGateHosts(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	o := runtime.CheckpointOptions{ImagesDir: filepath.Join(dir, "images"), WorkDir: filepath.Join(dir, "work")}
+	for _, d := range []string{o.ImagesDir, o.WorkDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e, err := h.src.StartCheckpoint(ctx, h.c, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pids := procs.Descendants(os.Getpid(), "criu"); len(pids) == 0 {
+		t.Fatal("no CRIU waits at the gate")
+	}
+	if st, err := h.src.State(ctx, "gated"); err != nil || st.Status != "running" {
+		t.Fatalf("at the gate the container is %q (%v), want running", st.Status, err)
+	}
+	if _, err := os.Stat(filepath.Join(o.ImagesDir, "inventory.img")); err == nil {
+		t.Fatal("CRIU wrote images before the gate opened")
+	}
+	if err := h.src.Freeze(ctx, h.c); err != nil {
+		t.Fatal(err)
+	}
+	d, err := e.Go()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	e.Cancel() // after Go: nothing
+	if _, err := os.Stat(filepath.Join(o.ImagesDir, "pstree.img")); err != nil {
+		t.Fatalf("the dump wrote no process tree: %v", err)
+	}
+	if st, err := h.src.State(ctx, "gated"); err != nil || st.Status != "paused" {
+		t.Fatalf("after the dump the container is %q (%v), want still paused", st.Status, err)
+	}
+}
+
+// Cancel, and the agent's death (its lock on the word gone, the word
+// still "wait"), make CRIU give up at the gate: no image, the container
+// running on, no CRIU left.
+func TestEarlyDumpEnds(t *testing.T) {
+	h := newGateHosts(t)
+	ctx := context.Background()
+	for _, end := range []string{"cancel", "agent dies"} {
+		t.Run(end, func(t *testing.T) {
+			dir := t.TempDir()
+			o := runtime.CheckpointOptions{ImagesDir: filepath.Join(dir, "images"), WorkDir: filepath.Join(dir, "work")}
+			for _, d := range []string{o.ImagesDir, o.WorkDir} {
+				if err := os.MkdirAll(d, 0o700); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c, err := h.src.StartCheckpoint(ctx, h.c, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e := c.(*earlyDump)
+			if end == "cancel" {
+				e.Cancel()
+			} else {
+				e.gate.word.Close()
+				select {
+				case <-e.d.done:
+				case <-time.After(10 * time.Second):
+					t.Fatal("runc checkpoint did not end")
+				}
+			}
+			if e.d.err == nil {
+				t.Fatal("the dump went on through a shut gate")
+			}
+			if _, err := os.Stat(filepath.Join(o.ImagesDir, "inventory.img")); err == nil {
+				t.Error("CRIU wrote images")
+			}
+			if st, err := h.src.State(ctx, "gated"); err != nil || st.Status != "running" {
+				t.Errorf("the container is %q (%v), want running", st.Status, err)
+			}
+			if pids := procs.Descendants(os.Getpid(), "criu"); len(pids) > 0 {
+				t.Errorf("CRIU processes %v left", pids)
+			}
+		})
+	}
+}

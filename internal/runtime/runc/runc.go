@@ -20,6 +20,8 @@ import (
 	"strings"
 	"time"
 
+	occgroups "github.com/opencontainers/cgroups"
+
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/privnet"
 	"github.com/ferry-migrate/ferry/internal/tail"
@@ -132,6 +134,30 @@ func (h Host) detached(ctx context.Context, logPath string, args ...string) erro
 	return nil
 }
 
+// freezerDir is the freezer cgroup runc made for container id, from
+// runc's own record of it (state.json in its root, as runc pause reads
+// it).
+func (h Host) freezerDir(id string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(h.Root, id, "state.json"))
+	if err != nil {
+		return "", err
+	}
+	var st struct {
+		CgroupPaths map[string]string `json:"cgroup_paths"`
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return "", err
+	}
+	key := "freezer"
+	if occgroups.IsCgroup2UnifiedMode() {
+		key = ""
+	}
+	if dir := st.CgroupPaths[key]; dir != "" {
+		return dir, nil
+	}
+	return "", fmt.Errorf("runc's record of %s names no freezer cgroup", id)
+}
+
 // Pause freezes every process of the container (cgroup freezer).
 func (h Host) Pause(ctx context.Context, id string) error { return h.run(ctx, nil, "pause", id) }
 
@@ -177,6 +203,8 @@ type CheckpointOptions struct {
 	// Netns, when set, is the network namespace runc (and so CRIU, and a
 	// lazy dump's page server) runs in.
 	Netns *privnet.NS
+	// ActionScript is a script CRIU runs at each of its actions.
+	ActionScript string
 }
 
 // Checkpoint dumps the container with CRIU through runc.
@@ -210,7 +238,7 @@ func (h Host) Checkpoint(ctx context.Context, id string, o CheckpointOptions) er
 	// What runc has no flag for goes in a configuration file CRIU reads,
 	// named by its environment, before runc's requests (which leave these
 	// unset).
-	if conf := (CRIUConfig{NoNetworkLock: o.NoNetworkLock}).WithYard(o.WorkPath); conf.String() != "" {
+	if conf := (CRIUConfig{NoNetworkLock: o.NoNetworkLock, ActionScript: o.ActionScript}).WithYard(o.WorkPath); conf.String() != "" {
 		path := filepath.Join(o.WorkPath, "criu-dump.conf")
 		if o.WorkPath == "" {
 			path = filepath.Join(o.ImagePath, "criu-dump.conf")

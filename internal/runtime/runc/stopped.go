@@ -39,6 +39,8 @@ type CRIUConfig struct {
 	// ImagesDir, where set, is the images directory CRIU reads, instead
 	// of the one runc names (a gated restore's: gate.go).
 	ImagesDir string
+	// ActionScript is a script CRIU runs at each of its actions.
+	ActionScript string
 	// CgroupYard is a cgroup yard (cgroups.Yard): CRIU opens the
 	// hierarchies there instead of mounting each anew (WithYard).
 	CgroupYard string
@@ -60,7 +62,7 @@ func (c CRIUConfig) String() string {
 	for _, o := range []struct {
 		on   bool
 		line string
-	}{{c.NoNetworkLock, "network-lock skip"}, {c.LeaveStopped, "leave-stopped"}, {c.TCPEstablished, "tcp-established"}, {c.LazyPages, "lazy-pages"}, {c.WorkDir != "", "work-dir " + c.WorkDir}, {c.ImagesDir != "", "images-dir " + c.ImagesDir}, {c.CgroupYard != "", "cgroup-yard " + c.CgroupYard}} {
+	}{{c.NoNetworkLock, "network-lock skip"}, {c.LeaveStopped, "leave-stopped"}, {c.TCPEstablished, "tcp-established"}, {c.LazyPages, "lazy-pages"}, {c.WorkDir != "", "work-dir " + c.WorkDir}, {c.ImagesDir != "", "images-dir " + c.ImagesDir}, {c.ActionScript != "", "action-script " + c.ActionScript}, {c.CgroupYard != "", "cgroup-yard " + c.CgroupYard}} {
 		if o.on {
 			b.WriteString(o.line + "\n")
 		}
@@ -72,7 +74,7 @@ func (c CRIUConfig) String() string {
 // ClearCRIUConfig: runc hands the same file to later dumps, which must
 // not leave the container stopped.
 func (c CRIUConfig) Write(path string) error {
-	for _, dir := range []string{c.WorkDir, c.ImagesDir} {
+	for _, dir := range []string{c.WorkDir, c.ImagesDir, c.ActionScript} {
 		if !configSafe(dir) {
 			return fmt.Errorf("CRIU's configuration file cannot name the directory %q: choose a scratch directory without spaces, quotes or #", dir)
 		}

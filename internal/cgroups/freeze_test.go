@@ -1,0 +1,88 @@
+package cgroups
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	occgroups "github.com/opencontainers/cgroups"
+
+	"github.com/ferry-migrate/ferry/internal/procs"
+)
+
+// Freeze freezes every process of the cgroup, those below included, and
+// no other; the freezer then says FROZEN, as runc reads it for "paused";
+// Thaw lets them run again.
+func TestFreeze(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make cgroups")
+	}
+	if occgroups.IsCgroup2UnifiedMode() {
+		t.Skip("skipped: this machine has cgroup v2 only; the test makes v1 freezer cgroups")
+	}
+	dir := filepath.Join(controllerRoot(t, "freezer"), "ferry-freeze-test-"+strconv.Itoa(os.Getpid()))
+	child := filepath.Join(dir, "child")
+	for _, d := range []string{dir, child} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var started []*exec.Cmd
+	t.Cleanup(func() {
+		_ = os.WriteFile(filepath.Join(dir, "freezer.state"), []byte("THAWED"), 0)
+		for _, c := range started {
+			_ = c.Process.Kill()
+			_ = c.Wait()
+		}
+		_ = os.Remove(child)
+		_ = os.Remove(dir)
+	})
+	start := func(in string) int {
+		c := exec.Command("sleep", "60")
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		started = append(started, c)
+		if in != "" {
+			if err := occgroups.WriteCgroupProc(in, c.Process.Pid); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return c.Process.Pid
+	}
+	init, below, outside := start(dir), start(child), start("")
+	if err := Freeze(dir); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "freezer.state")); strings.TrimSpace(string(b)) != "FROZEN" {
+		t.Fatalf("freezer.state %q after Freeze", b)
+	}
+	for _, p := range []int{init, below} {
+		if !frozen(t, p) {
+			t.Errorf("process %d in the cgroup is not frozen", p)
+		}
+	}
+	if frozen(t, outside) {
+		t.Error("a process outside the cgroup was frozen")
+	}
+	if err := Thaw(dir); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []int{init, below} {
+		waitState(t, p, 'S')
+	}
+}
+
+// frozen says whether the freezer holds pid, a sleep(1): this kernel
+// shows a frozen task as D (TASK_FROZEN), a sleeping one as S.
+func frozen(t *testing.T, pid int) bool {
+	t.Helper()
+	s, ok := procs.State(pid)
+	if !ok {
+		t.Fatalf("process %d is gone", pid)
+	}
+	return s == 'D'
+}
