@@ -513,3 +513,88 @@ func TestNoParentWhereTheRestoreCopiesImages(t *testing.T) {
 		}
 	}
 }
+
+// Where the runtime can (runtime.EarlyTarget), the destination begins its
+// restore once the root filesystem is final, once, and lets it go only
+// when the source asks for the restore, after the journal says a copy may
+// be here.
+func TestDestinationBeginsTheRestoreEarly(t *testing.T) {
+	h := newHarness(t, func(h *harness) { h.rt.early = true })
+	h.accepted(rebuildOffer())
+	tg := h.rt.target(t)
+	early := func() (begun, went, cancelled, restores int) {
+		tg.mu.Lock()
+		defer tg.mu.Unlock()
+		return tg.begun, tg.went, tg.cancelled, len(tg.restores)
+	}
+	if err := h.syncRootfs(ChanRootfsLive, sourceRoot(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.sendRounds(); err != nil {
+		t.Fatal(err)
+	}
+	if begun, _, _, _ := early(); begun != 0 {
+		t.Fatal("the restore was begun before the root filesystem was final")
+	}
+	if err := h.syncRootfs(ChanRootfsFinal, sourceRoot(t)); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if begun, _, _, _ := early(); begun > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the restore was not begun once the root filesystem was final")
+		}
+	}
+	if err := h.sendImages(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.serveLazy(); err != nil {
+		t.Fatal(err)
+	}
+	if begun, went, _, restores := early(); begun != 1 || went != 0 || restores != 0 {
+		t.Fatalf("before the restore step: begun %d, went %d, restored %d", begun, went, restores)
+	}
+	if _, err := h.restored(); err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	if _, went, cancelled, restores := early(); went != 1 || cancelled != 0 || restores != 1 {
+		t.Fatalf("the early restore went %d times, was cancelled %d, restored %d: want it to go once", went, cancelled, restores)
+	}
+	if e := h.journaled(testID); e.State != journal.Restoring {
+		t.Errorf("journal after the restore: %s", e.State)
+	}
+	if err := h.ctl.Send(Step{Do: "commit"}); err != nil {
+		t.Fatal(err)
+	}
+	var c Committed
+	if err := h.ctl.Recv(&c); err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+	h.returned()
+	h.want(counts{prepared: 1, restored: 1, started: 1})
+}
+
+// A migration given up before the restore cancels the restore begun
+// early, which never went, before its copy is discarded.
+func TestDestinationCancelsAnEarlyRestore(t *testing.T) {
+	h := newHarness(t, func(h *harness) { h.rt.early = true })
+	h.accepted(rebuildOffer())
+	for _, kind := range []string{ChanRootfsLive, ChanRootfsFinal} {
+		if err := h.syncRootfs(kind, sourceRoot(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := h.ctl.Send(Step{Do: "abort"}); err != nil {
+		t.Fatal(err)
+	}
+	h.failure(`source asked to "abort" before restore`)
+	h.abandoned()
+	tg := h.rt.target(t)
+	tg.mu.Lock()
+	defer tg.mu.Unlock()
+	if tg.begun != 1 || tg.cancelled != 1 || tg.went != 0 {
+		t.Errorf("early restore begun %d, cancelled %d, went %d: want begun, cancelled, never gone", tg.begun, tg.cancelled, tg.went)
+	}
+}

@@ -44,6 +44,9 @@ type fakeRuntime struct {
 	// afterRestore and afterStart, when set, run once a restore or a
 	// start succeeded (the destination's agent dying there).
 	afterRestore, afterStart func()
+	// early makes targets that begin their restore before the images
+	// (runtime.EarlyTarget).
+	early bool
 
 	mu       sync.Mutex
 	prepared []*runtime.Container
@@ -88,6 +91,9 @@ func (f *fakeRuntime) Prepare(_ context.Context, c *runtime.Container, o runtime
 	}
 	t := &fakeTarget{dir: dir, restoreErr: f.restoreErr, afterRestore: f.afterRestore, afterStart: f.afterStart, opts: o}
 	f.targets = append(f.targets, t)
+	if f.early {
+		return earlyFakeTarget{t}, nil
+	}
 	return t, nil
 }
 
@@ -131,6 +137,38 @@ type fakeTarget struct {
 	pages    string // the page server's output at the restore
 	starts   int
 	discards int
+	// begun, went and cancelled count early restores begun, and their
+	// Go and Cancel.
+	begun, went, cancelled int
+}
+
+// earlyFakeTarget is a fakeTarget whose restore begins early: Go restores
+// as Restore does.
+type earlyFakeTarget struct{ *fakeTarget }
+
+func (t earlyFakeTarget) StartRestore(o runtime.RestoreOptions) (runtime.Restoring, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.begun++
+	return &fakeRestoring{t: t.fakeTarget, o: o}, nil
+}
+
+type fakeRestoring struct {
+	t *fakeTarget
+	o runtime.RestoreOptions
+}
+
+func (r *fakeRestoring) Go(ctx context.Context) (int, error) {
+	r.t.mu.Lock()
+	r.t.went++
+	r.t.mu.Unlock()
+	return r.t.Restore(ctx, r.o)
+}
+
+func (r *fakeRestoring) Cancel() {
+	r.t.mu.Lock()
+	r.t.cancelled++
+	r.t.mu.Unlock()
 }
 
 func (t *fakeTarget) RootfsDir() string { return t.dir }
