@@ -49,7 +49,7 @@ func (m *migration) coldRebuild(ctx context.Context) error {
 		return m.abort(ctx, failAt("cold", err))
 	}
 	defer rs.close()
-	return m.finalRoundThen(ctx, rs, m.rebuildSwitchover)
+	return m.finalRoundThen(ctx, rs, m.lazyDumpAhead(ctx), m.rebuildSwitchover)
 }
 
 // checkpoint runs the runtime's checkpoint to its end whatever becomes of

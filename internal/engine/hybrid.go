@@ -15,19 +15,21 @@ import (
 // server at the source. A stored page is used only if the frozen memory's
 // page has its hash: the final round replaced every page that differed.
 func (m *migration) hybrid(ctx context.Context) error {
+	ahead := m.lazyDumpAhead(ctx)
 	rs, err := m.liveRoundsBesideRootfs(ctx)
 	if err != nil {
+		ahead.drop()
 		return err
 	}
 	defer rs.close()
-	return m.finalRoundThen(ctx, rs, m.lazySwitchover)
+	return m.finalRoundThen(ctx, rs, ahead, m.lazySwitchover)
 }
 
 // finalRoundThen ends pre-copy's rebuild, hybrid and cold's rebuild:
 // dumpWithFinalRound, then switchover with the lazy dump, which stops
 // when the migration ends.
-func (m *migration) finalRoundThen(ctx context.Context, rs *precopySource, switchover func(context.Context, *lazyDump) error) error {
-	ld, err := m.dumpWithFinalRound(ctx, rs)
+func (m *migration) finalRoundThen(ctx context.Context, rs *precopySource, ahead *aheadDump, switchover func(context.Context, *lazyDump) error) error {
+	ld, err := m.dumpWithFinalRound(ctx, rs, ahead)
 	if err != nil {
 		return m.abort(ctx, err)
 	}
@@ -35,13 +37,44 @@ func (m *migration) finalRoundThen(ctx context.Context, rs *precopySource, switc
 	return switchover(ctx, ld)
 }
 
+// aheadDump is a lazy dump readied (beginLazyDump) beside the live
+// rounds, so that the wait for the runtime's dump to come to its gate is
+// not added to the migration.
+type aheadDump struct {
+	done chan struct{}
+	ld   *lazyDump
+	err  error
+}
+
+func (m *migration) lazyDumpAhead(ctx context.Context) *aheadDump {
+	a := &aheadDump{done: make(chan struct{})}
+	go func() {
+		a.ld, a.err = m.beginLazyDump(ctx)
+		close(a.done)
+	}()
+	return a
+}
+
+// take waits for the dump readied.
+func (a *aheadDump) take() (*lazyDump, error) {
+	<-a.done
+	return a.ld, a.err
+}
+
+// drop ends a dump readied and never taken: it touched nothing.
+func (a *aheadDump) drop() {
+	if ld, err := a.take(); err == nil {
+		ld.stop()
+	}
+}
+
 // dumpWithFinalRound freezes the container, has CRIU dump it without its
 // memory (--lazy-pages) and, at the same time, reads the frozen memory and
 // sends what changed since the last round as one more round. After it the
 // destination holds every page the container has, as it is now, save those
 // the rounds never found (CRIU's page server on this host still has them).
-func (m *migration) dumpWithFinalRound(ctx context.Context, rs *precopySource) (*lazyDump, error) {
-	ld, err := m.beginLazyDump(ctx)
+func (m *migration) dumpWithFinalRound(ctx context.Context, rs *precopySource, ahead *aheadDump) (*lazyDump, error) {
+	ld, err := ahead.take()
 	if err != nil {
 		return nil, err
 	}

@@ -131,13 +131,20 @@ func (ps *precopySource) close() {
 }
 
 func (m *migration) precopy(ctx context.Context) error {
+	var ahead *aheadDump
+	if m.req.Precopy.Switchover == SwitchoverRebuild {
+		ahead = m.lazyDumpAhead(ctx)
+	}
 	rs, err := m.liveRoundsBesideRootfs(ctx)
 	if err != nil {
+		if ahead != nil {
+			ahead.drop()
+		}
 		return err
 	}
 	defer rs.close()
-	if m.req.Precopy.Switchover == SwitchoverRebuild {
-		return m.finalRoundThen(ctx, rs, m.rebuildSwitchover)
+	if ahead != nil {
+		return m.finalRoundThen(ctx, rs, ahead, m.rebuildSwitchover)
 	}
 	if err := rs.finish(false); err != nil {
 		return m.abort(ctx, failAt("pre-copy", err))
