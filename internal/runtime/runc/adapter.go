@@ -93,7 +93,7 @@ func (r *Runtime) Inspect(ctx context.Context, name string) (*runtime.Container,
 		c.Rootfs, c.Image, c.Meta[layersMeta] = upper, image, meta
 	}
 	// What its dump's descriptors.json will say, for a restore started
-	// before the images (gate.go); a container that ended has none.
+	// before the images (restoregate.go); a container that ended has none.
 	if stdio, err := stdioOf(st.Pid); err == nil {
 		c.Meta[stdioMeta] = stdio
 	}

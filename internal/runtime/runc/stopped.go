@@ -37,7 +37,7 @@ type CRIUConfig struct {
 	LazyPages bool
 	WorkDir   string
 	// ImagesDir, where set, is the images directory CRIU reads, instead
-	// of the one runc names (a gated restore's: gate.go).
+	// of the one runc names (a gated restore's: restoregate.go).
 	ImagesDir string
 	// ActionScript is a script CRIU runs at each of its actions.
 	ActionScript string
@@ -84,7 +84,7 @@ func (c CRIUConfig) Write(path string) error {
 
 // replaceFile writes a new file at path by renaming one over it: what was
 // there may be a restore's gate, a FIFO that writing would block on or
-// feed (gate.go).
+// feed (restoregate.go).
 func replaceFile(path string, b []byte) error {
 	tmp := path + ".new"
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
