@@ -191,13 +191,19 @@ func (s Set) agent(side Side, phase string) bool {
 }
 
 // waitCRIU waits until a CRIU process runs below pid, then 50 ms more so
-// that it is at work; false if none came within the time given.
+// that it is at work; false if none came within the time given. One that
+// runs already when the phase begins is a dump or restore begun early,
+// waiting at its gate for this very step (or a lazy-pages daemon beside
+// it): it is at work within milliseconds, and done within ~25 ms, so the
+// wait is 5 ms.
 func waitCRIU(pid int, within time.Duration) bool {
+	settle := 5 * time.Millisecond
 	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		if len(procs.Descendants(pid, "criu")) > 0 {
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(settle)
 			return true
 		}
+		settle = 50 * time.Millisecond
 	}
 	return false
 }
