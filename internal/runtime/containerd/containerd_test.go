@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/procs"
@@ -98,6 +99,12 @@ func newHosts(t *testing.T, bareB bool) (a, b host) {
 			t.Errorf("mounts left behind: %v", left)
 		}
 		_ = os.RemoveAll(base)
+		// The cgroup parents the tasks were made under.
+		for _, parent := range []string{"/ferry-ctrtest-src", "/" + a.rt.CgroupParent, "/" + b.rt.CgroupParent} {
+			if err := cgroups.Destroy(cgroups.Root, parent); err != nil {
+				t.Errorf("cgroup %s left behind: %v", parent, err)
+			}
+		}
 	})
 	for i, h := range hosts {
 		if err := h.d.Start(ctx); err != nil {
