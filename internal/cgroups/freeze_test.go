@@ -23,37 +23,8 @@ func TestFreeze(t *testing.T) {
 	if occgroups.IsCgroup2UnifiedMode() {
 		t.Skip("skipped: this machine has cgroup v2 only; the test makes v1 freezer cgroups")
 	}
-	dir := filepath.Join(controllerRoot(t, "freezer"), "ferry-freeze-test-"+strconv.Itoa(os.Getpid()))
-	child := filepath.Join(dir, "child")
-	for _, d := range []string{dir, child} {
-		if err := os.Mkdir(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var started []*exec.Cmd
-	t.Cleanup(func() {
-		_ = os.WriteFile(filepath.Join(dir, "freezer.state"), []byte("THAWED"), 0)
-		for _, c := range started {
-			_ = c.Process.Kill()
-			_ = c.Wait()
-		}
-		_ = os.Remove(child)
-		_ = os.Remove(dir)
-	})
-	start := func(in string) int {
-		c := exec.Command("sleep", "60")
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
-		started = append(started, c)
-		if in != "" {
-			if err := occgroups.WriteCgroupProc(in, c.Process.Pid); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return c.Process.Pid
-	}
-	init, below, outside := start(dir), start(child), start("")
+	dir, child, start := freezerTree(t, "ferry-freeze-test")
+	init, below, outside := start(dir).Process.Pid, start(child).Process.Pid, start("").Process.Pid
 	if err := Freeze(dir); err != nil {
 		t.Fatal(err)
 	}
@@ -74,6 +45,46 @@ func TestFreeze(t *testing.T) {
 	for _, p := range []int{init, below} {
 		waitState(t, p, 'S')
 	}
+}
+
+// freezerTree makes the freezer cgroup name (with this process's pid) and
+// one below it, and returns them with start, which runs a sleep(1) in a
+// cgroup ("": none). Everything goes at the test's end, the cgroup thawed
+// first: a frozen process does not die.
+func freezerTree(t *testing.T, name string) (dir, child string, start func(in string) *exec.Cmd) {
+	t.Helper()
+	dir = filepath.Join(controllerRoot(t, "freezer"), name+"-"+strconv.Itoa(os.Getpid()))
+	child = filepath.Join(dir, "child")
+	for _, d := range []string{dir, child} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var started []*exec.Cmd
+	t.Cleanup(func() {
+		_ = os.WriteFile(filepath.Join(dir, "freezer.state"), []byte("THAWED"), 0)
+		for _, c := range started {
+			_ = c.Process.Kill()
+			_ = c.Wait()
+		}
+		_ = os.Remove(child)
+		_ = os.Remove(dir)
+	})
+	start = func(in string) *exec.Cmd {
+		t.Helper()
+		c := exec.Command("sleep", "60")
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		started = append(started, c)
+		if in != "" {
+			if err := occgroups.WriteCgroupProc(in, c.Process.Pid); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return c
+	}
+	return dir, child, start
 }
 
 // frozen says whether the freezer holds pid, a sleep(1): this kernel

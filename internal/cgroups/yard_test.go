@@ -4,7 +4,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
@@ -84,33 +83,9 @@ func TestContinue(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to make cgroups")
 	}
-	dir := filepath.Join(controllerRoot(t, "freezer"), "ferry-continue-test-"+strconv.Itoa(os.Getpid()))
-	child := filepath.Join(dir, "child")
-	for _, d := range []string{dir, child} {
-		if err := os.Mkdir(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var started []*exec.Cmd
-	t.Cleanup(func() {
-		for _, c := range started {
-			_ = c.Process.Kill()
-			_ = c.Wait()
-		}
-		_ = os.Remove(child)
-		_ = os.Remove(dir)
-	})
+	dir, child, run := freezerTree(t, "ferry-continue-test")
 	start := func(in string) *exec.Cmd {
-		c := exec.Command("sleep", "60")
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
-		started = append(started, c)
-		if in != "" {
-			if err := occgroups.WriteCgroupProc(in, c.Process.Pid); err != nil {
-				t.Fatal(err)
-			}
-		}
+		c := run(in)
 		if err := unix.Kill(c.Process.Pid, unix.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}

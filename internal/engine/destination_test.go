@@ -270,13 +270,7 @@ func TestDestinationCommits(t *testing.T) {
 		t.Errorf("journal after the restore: %+v", e)
 	}
 	h.want(counts{prepared: 1, restored: 1})
-	if err := h.ctl.Send(Step{Do: "commit"}); err != nil {
-		t.Fatal(err)
-	}
-	var c Committed
-	if err := h.ctl.Recv(&c); err != nil {
-		t.Fatalf("commit: %v", err)
-	}
+	h.commit()
 	h.returned()
 	h.want(counts{prepared: 1, restored: 1, started: 1})
 	if e := h.journaled(testID); e.State != journal.Started {
@@ -300,13 +294,7 @@ func TestDestinationHearsTheFreeze(t *testing.T) {
 	if _, err := h.restored(); err != nil {
 		t.Fatalf("restore: %v", err)
 	}
-	if err := h.ctl.Send(Step{Do: "commit"}); err != nil {
-		t.Fatal(err)
-	}
-	var c Committed
-	if err := h.ctl.Recv(&c); err != nil {
-		t.Fatalf("commit: %v", err)
-	}
+	c := h.commit()
 	if c.HeldPackets != 0 || c.HoldError != "" {
 		t.Errorf("committed %+v: nothing was to be held", c)
 	}
@@ -455,13 +443,7 @@ func TestDestinationRestoreWaitsForTheState(t *testing.T) {
 	if err := h.ctl.Recv(&r); err != nil || r.Pid != fakePid {
 		t.Fatalf("restore: %+v %v", r, err)
 	}
-	if err := h.ctl.Send(Step{Do: "commit"}); err != nil {
-		t.Fatal(err)
-	}
-	var c Committed
-	if err := h.ctl.Recv(&c); err != nil {
-		t.Fatalf("commit: %v", err)
-	}
+	h.commit()
 	h.returned()
 	h.want(counts{prepared: 1, restored: 1, started: 1})
 }
@@ -565,13 +547,7 @@ func TestDestinationBeginsTheRestoreEarly(t *testing.T) {
 	if e := h.journaled(testID); e.State != journal.Restoring {
 		t.Errorf("journal after the restore: %s", e.State)
 	}
-	if err := h.ctl.Send(Step{Do: "commit"}); err != nil {
-		t.Fatal(err)
-	}
-	var c Committed
-	if err := h.ctl.Recv(&c); err != nil {
-		t.Fatalf("commit: %v", err)
-	}
+	h.commit()
 	h.returned()
 	h.want(counts{prepared: 1, restored: 1, started: 1})
 }

@@ -591,6 +591,19 @@ func (h *harness) restored() (Restored, error) {
 	return r, err
 }
 
+// commit sends the commit and returns the destination's answer.
+func (h *harness) commit() Committed {
+	h.t.Helper()
+	if err := h.ctl.Send(Step{Do: "commit"}); err != nil {
+		h.t.Fatal(err)
+	}
+	var c Committed
+	if err := h.ctl.Recv(&c); err != nil {
+		h.t.Fatalf("commit: %v", err)
+	}
+	return c
+}
+
 // abandoned checks how a migration given up before the restore ends:
 // Receive returned, the target was prepared and discarded once, nothing
 // was journaled, no scratch is left.

@@ -87,21 +87,10 @@ func openDumpGate(dir string) (*dumpGate, error) {
 // reached waits until CRIU's script is at the gate, or done is closed
 // (runc ended) or timeout passed.
 func (g *dumpGate) reached(done <-chan struct{}, timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
-	for {
-		if _, err := os.Stat(g.path + ".reached"); err == nil {
-			return true
-		}
-		select {
-		case <-done:
-			return false
-		default:
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(200 * time.Microsecond)
-	}
+	return pollGate(func() (bool, error) {
+		_, err := os.Stat(g.path + ".reached")
+		return err == nil, nil
+	}, done, timeout)
 }
 
 // open lets the script through with word: "go" lets CRIU dump, anything

@@ -136,12 +136,7 @@ func newGateHosts(t *testing.T) *gateHosts {
 	}
 	bundle := filepath.Join(dir, "src-bundle")
 	h.rootfs = filepath.Join(bundle, "rootfs")
-	for _, d := range []string{"bin", "proc", "dev", "sys", "tmp"} {
-		if err := os.MkdirAll(filepath.Join(h.rootfs, d), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	copyFile(t, "/bin/busybox", filepath.Join(h.rootfs, "bin", "busybox"))
+	busyboxRoot(t, h.rootfs, "/bin/busybox")
 	spec := NewSpec(SpecOptions{CgroupsPath: h.srcCg, Args: []string{"/bin/busybox", "sh", "-c",
 		"i=0; while true; do i=$((i+1)); echo $i > /c.new; mv /c.new /c; sleep 0.05; done"}})
 	if err := WriteSpec(bundle, spec); err != nil {
@@ -182,29 +177,28 @@ func copyFile(t *testing.T, from, to string) {
 	}
 }
 
-// dump freezes the source container and dumps it, leaving it frozen.
-func (h *gateHosts) dump(t *testing.T, images, work string) {
+// dump freezes the source container and dumps it below dir, leaving it
+// frozen, and returns the images directory.
+func (h *gateHosts) dump(t *testing.T, dir string) string {
 	t.Helper()
 	ctx := context.Background()
 	if err := h.src.Freeze(ctx, h.c); err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range []string{images, work} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			t.Fatal(err)
-		}
-	}
-	d, err := h.src.Checkpoint(ctx, h.c, runtime.CheckpointOptions{ImagesDir: images, WorkDir: work})
+	o := dumpDirs(t, dir)
+	d, err := h.src.Checkpoint(ctx, h.c, o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := d.Wait(); err != nil {
 		t.Fatal(err)
 	}
+	return o.ImagesDir
 }
 
-// prepare makes a target at the destination with the source's root.
-func (h *gateHosts) prepare(t *testing.T, work string) *target {
+// prepare makes a target at the destination with the source's root, and
+// the options of a restore with work as its work directory.
+func (h *gateHosts) prepare(t *testing.T, work string) (*target, runtime.RestoreOptions) {
 	t.Helper()
 	tg, err := h.dst.Prepare(context.Background(), h.c, runtime.PrepareOptions{WorkDir: work})
 	if err != nil {
@@ -214,14 +208,37 @@ func (h *gateHosts) prepare(t *testing.T, work string) *target {
 	if err := os.Chmod(root, 0o755); err != nil { // as the root's sync leaves it
 		t.Fatal(err)
 	}
+	busyboxRoot(t, root, filepath.Join(h.rootfs, "bin", "busybox"))
+	copyFile(t, filepath.Join(h.rootfs, "c"), filepath.Join(root, "c"))
+	o := runtime.RestoreOptions{ImagesDir: filepath.Join(work, "images"), WorkDir: work}
+	if err := os.MkdirAll(o.ImagesDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return tg.(*target), o
+}
+
+// busyboxRoot lays out a container root with busybox (copied from
+// busybox) and the mount points its spec needs.
+func busyboxRoot(t *testing.T, root, busybox string) {
+	t.Helper()
 	for _, d := range []string{"bin", "proc", "dev", "sys", "tmp"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	copyFile(t, filepath.Join(h.rootfs, "bin", "busybox"), filepath.Join(root, "bin", "busybox"))
-	copyFile(t, filepath.Join(h.rootfs, "c"), filepath.Join(root, "c"))
-	return tg.(*target)
+	copyFile(t, busybox, filepath.Join(root, "bin", "busybox"))
+}
+
+// dumpDirs makes a dump's images and work directories below dir.
+func dumpDirs(t *testing.T, dir string) runtime.CheckpointOptions {
+	t.Helper()
+	o := runtime.CheckpointOptions{ImagesDir: filepath.Join(dir, "images"), WorkDir: filepath.Join(dir, "work")}
+	for _, d := range []string{o.ImagesDir, o.WorkDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return o
 }
 
 // copyImages puts the dump's images into the directory the early restore
@@ -279,14 +296,10 @@ func noneLeft(t *testing.T, tg *target) {
 func TestEarlyRestore(t *testing.T) {
 	h := newGateHosts(t)
 	dir := t.TempDir()
-	h.dump(t, filepath.Join(dir, "dump"), filepath.Join(dir, "dump-work"))
+	dump := h.dump(t, filepath.Join(dir, "dump"))
 	was, _ := os.ReadFile(filepath.Join(h.rootfs, "c"))
 	work := filepath.Join(dir, "work")
-	tg := h.prepare(t, work)
-	o := runtime.RestoreOptions{ImagesDir: filepath.Join(work, "images"), WorkDir: work}
-	if err := os.MkdirAll(o.ImagesDir, 0o700); err != nil {
-		t.Fatal(err)
-	}
+	tg, o := h.prepare(t, work)
 	r, err := tg.StartRestore(o)
 	if err != nil {
 		t.Fatal(err)
@@ -298,7 +311,7 @@ func TestEarlyRestore(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(work, "restore.log")); err == nil {
 		t.Fatal("CRIU began its log before the gate opened")
 	}
-	copyImages(t, filepath.Join(dir, "dump"), o.ImagesDir)
+	copyImages(t, dump, o.ImagesDir)
 	pid, err := r.Go(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -340,16 +353,11 @@ func counted(t *testing.T, path string, was []byte) {
 func TestEarlyRestoreEnds(t *testing.T) {
 	h := newGateHosts(t)
 	dir := t.TempDir()
-	dump := filepath.Join(dir, "dump")
-	h.dump(t, dump, filepath.Join(dir, "dump-work"))
+	dump := h.dump(t, filepath.Join(dir, "dump"))
 	for _, end := range []string{"cancel", "agent dies at the gate", "agent dies before the gate"} {
 		t.Run(end, func(t *testing.T) {
 			work := filepath.Join(dir, strings.ReplaceAll(end, " ", "-"))
-			tg := h.prepare(t, work)
-			o := runtime.RestoreOptions{ImagesDir: filepath.Join(work, "images"), WorkDir: work}
-			if err := os.MkdirAll(o.ImagesDir, 0o700); err != nil {
-				t.Fatal(err)
-			}
+			tg, o := h.prepare(t, work)
 			r, err := tg.StartRestore(o)
 			if err != nil {
 				t.Fatal(err)
@@ -411,20 +419,15 @@ func TestEarlyRestoreEnds(t *testing.T) {
 func TestEarlyRestoreOtherStdio(t *testing.T) {
 	h := newGateHosts(t)
 	dir := t.TempDir()
-	h.dump(t, filepath.Join(dir, "dump"), filepath.Join(dir, "dump-work"))
+	dump := h.dump(t, filepath.Join(dir, "dump"))
 	h.c.Meta[stdioMeta] = []byte(`["/dev/null","/dev/zero","/dev/null"]`)
-	work := filepath.Join(dir, "work")
-	tg := h.prepare(t, work)
-	o := runtime.RestoreOptions{ImagesDir: filepath.Join(work, "images"), WorkDir: work}
-	if err := os.MkdirAll(o.ImagesDir, 0o700); err != nil {
-		t.Fatal(err)
-	}
+	tg, o := h.prepare(t, filepath.Join(dir, "work"))
 	r, err := tg.StartRestore(o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	g := atGate(t, r)
-	copyImages(t, filepath.Join(dir, "dump"), o.ImagesDir)
+	copyImages(t, dump, o.ImagesDir)
 	pid, err := r.Go(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -475,13 +478,7 @@ func TestFreezeIsRuncPause(t *testing.T) {
 func TestEarlyDump(t *testing.T) {
 	h := newGateHosts(t)
 	ctx := context.Background()
-	dir := t.TempDir()
-	o := runtime.CheckpointOptions{ImagesDir: filepath.Join(dir, "images"), WorkDir: filepath.Join(dir, "work")}
-	for _, d := range []string{o.ImagesDir, o.WorkDir} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			t.Fatal(err)
-		}
-	}
+	o := dumpDirs(t, t.TempDir())
 	e, err := h.src.StartCheckpoint(ctx, h.c, o)
 	if err != nil {
 		t.Fatal(err)
@@ -522,13 +519,7 @@ func TestEarlyDumpEnds(t *testing.T) {
 	ctx := context.Background()
 	for _, end := range []string{"cancel", "agent dies"} {
 		t.Run(end, func(t *testing.T) {
-			dir := t.TempDir()
-			o := runtime.CheckpointOptions{ImagesDir: filepath.Join(dir, "images"), WorkDir: filepath.Join(dir, "work")}
-			for _, d := range []string{o.ImagesDir, o.WorkDir} {
-				if err := os.MkdirAll(d, 0o700); err != nil {
-					t.Fatal(err)
-				}
-			}
+			o := dumpDirs(t, t.TempDir())
 			c, err := h.src.StartCheckpoint(ctx, h.c, o)
 			if err != nil {
 				t.Fatal(err)

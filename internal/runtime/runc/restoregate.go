@@ -159,10 +159,24 @@ func unread(f *os.File) (int, error) {
 // CRIU's read, where before it would drop what was written and leave CRIU
 // waiting for a writer.
 func drained(f *os.File, done <-chan struct{}, timeout time.Duration) bool {
+	return pollGate(func() (bool, error) {
+		n, err := unread(f)
+		return n == 0, err
+	}, done, timeout)
+}
+
+// pollGate polls, every 200 us, whether CRIU has come to a gate (there), a
+// few milliseconds' wait at most when all goes well: true once there says
+// so, false once it fails, done is closed (runc ended) or timeout passed.
+func pollGate(there func() (bool, error), done <-chan struct{}, timeout time.Duration) bool {
 	deadline := time.Now().Add(timeout)
 	for {
-		if n, err := unread(f); err != nil || n == 0 {
-			return err == nil
+		ok, err := there()
+		if err != nil {
+			return false
+		}
+		if ok {
+			return true
 		}
 		select {
 		case <-done:
