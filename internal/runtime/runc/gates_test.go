@@ -363,6 +363,14 @@ func TestEarlyRestoreEnds(t *testing.T) {
 				t.Fatal(err)
 			}
 			g := r.(*restoreGate)
+			if end == "agent dies before the gate" {
+				// runc takes tens of milliseconds to start CRIU: closed
+				// now, the gate has no writer when CRIU comes to it.
+				if n, err := unread(g.fifo); err != nil || n == 0 {
+					t.Fatalf("CRIU took the gate's line at once (%d bytes unread, %v)", n, err)
+				}
+				g.fifo.Close() // the line written is lost with the last writer
+			}
 			// Complete images: a CRIU let through would restore them.
 			copyImages(t, dump, o.ImagesDir)
 			switch end {
@@ -373,14 +381,22 @@ func TestEarlyRestoreEnds(t *testing.T) {
 				atGate(t, r)
 				g.fifo.Close()
 			case "agent dies before the gate":
-				g.fifo.Close() // the line written is lost with the last writer
-				if err := waitFor(func() bool { p, _ := restoring(t, h.dst); return len(p) > 0 }); err != nil {
+				started := func() bool {
+					select {
+					case <-g.done:
+						return true
+					default:
+					}
+					p, _ := restoring(t, h.dst)
+					return len(p) > 0
+				}
+				if err := waitFor(started); err != nil {
 					t.Fatal("CRIU never started")
 				}
 				time.Sleep(100 * time.Millisecond) // at the gate, waiting for a writer
 				select {
 				case <-g.done:
-					t.Fatal("runc ended without a writer at the gate")
+					t.Fatalf("runc ended without a writer at the gate: %v", g.err)
 				default:
 				}
 				failLeftGate(tg.criuConf(), tg.gateClosed()) // the next agent's Discard
