@@ -36,17 +36,21 @@ type region struct{ Start, End, Categories uint64 }
 // swapped, not the page cache's or shared memory), each with whether it
 // was written since the last scan and whether it can be tracked. With
 // protect, the walk write-protects what it reports, so that the next
-// scan reports what is written from now on.
-func scanRegions(pagemap int, start, end uint64, protect bool, vec []region) ([]region, uint64, error) {
+// scan reports what is written from now on. With anon, [start, end) holds
+// only private anonymous memory, which has no page cache pages: the
+// kernel then need not look up each page to tell (at 1 GiB, 3 ms against
+// 19 here).
+func scanRegions(pagemap int, start, end uint64, protect, anon bool, vec []region) ([]region, uint64, error) {
 	a := pmScanArg{
 		Start:             start,
 		End:               end,
 		Vec:               uint64(uintptr(unsafe.Pointer(&vec[:cap(vec)][0]))),
 		VecLen:            uint64(cap(vec)),
-		CategoryInverted:  pageFile,
-		CategoryMask:      pageFile,
 		CategoryAnyofMask: pagePresent | pageSwapped,
 		ReturnMask:        pageWritten | pageWPAllowed | pagePFNZero,
+	}
+	if !anon {
+		a.CategoryInverted, a.CategoryMask = pageFile, pageFile
 	}
 	a.Size = uint64(unsafe.Sizeof(a))
 	if protect {

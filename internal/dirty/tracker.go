@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 
 	"golang.org/x/sys/unix"
@@ -39,6 +40,7 @@ type Tracker struct {
 	registered map[[2]uint64]bool
 	vec        []region // one PAGEMAP_SCAN's output
 	all        []region // one Scan's
+	last       bool     // no scan follows: do not protect again
 }
 
 // Track starts tracking process pid's writes. The process must be running
@@ -99,11 +101,12 @@ func takeUserfaultfd(pid int) (int, error) {
 
 // register registers the private mappings not yet registered. One that
 // cannot be (the kernel refuses some special mappings) stays unregistered
-// and its pages count as written at every scan.
-func (t *Tracker) register() {
+// and its pages count as written at every scan. It returns the stretches
+// of the address space to scan.
+func (t *Tracker) register() []scanRun {
 	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", t.pid))
 	if err != nil {
-		return
+		return []scanRun{{0, userEnd, false}}
 	}
 	for _, m := range procs.PrivateMappings(maps) {
 		r := [2]uint64{m.Start, m.End}
@@ -114,6 +117,32 @@ func (t *Tracker) register() {
 			t.registered[r] = true
 		}
 	}
+	return scanRuns(procs.ParseMaps(maps))
+}
+
+// scanRun is a stretch of the address space scanned in one walk; anon:
+// every mapping in it is private anonymous memory.
+type scanRun struct {
+	start, end uint64
+	anon       bool
+}
+
+// scanRuns cuts [0, userEnd) where the mappings change between private
+// anonymous memory and anything else, so that a process's heap and large
+// anonymous mappings are walked without a lookup of each page. A mapping
+// made after maps was read is walked as its neighbours are: at worst its
+// page cache pages are reported too.
+func scanRuns(maps []procs.Mapping) []scanRun {
+	runs := []scanRun{{0, userEnd, false}}
+	for _, m := range maps {
+		last := &runs[len(runs)-1]
+		if m.Anonymous() == last.anon || m.End > userEnd {
+			continue
+		}
+		last.end = m.Start
+		runs = append(runs, scanRun{m.Start, userEnd, m.Anonymous()})
+	}
+	return slices.DeleteFunc(runs, func(r scanRun) bool { return r.end <= r.start })
 }
 
 // Scan reports the process's private pages that are present or swapped,
@@ -127,21 +156,22 @@ func (t *Tracker) register() {
 // while the process writes, so the next batch reports some of them again,
 // now unwritten. A page is written if any batch said so.
 func (t *Tracker) Scan(fn func(start, end uint64, written bool) error) error {
-	t.register()
 	all := t.all[:0]
-	for start := uint64(0); start < userEnd; {
-		regs, walkEnd, err := scanRegions(int(t.pagemap.Fd()), start, userEnd, true, t.vec)
-		if errors.Is(err, unix.ESRCH) {
-			return fmt.Errorf("dirty: process %d: %w", t.pid, os.ErrNotExist)
+	for _, run := range t.register() {
+		for start := run.start; start < run.end; {
+			regs, walkEnd, err := scanRegions(int(t.pagemap.Fd()), start, run.end, !t.last, run.anon, t.vec)
+			if errors.Is(err, unix.ESRCH) {
+				return fmt.Errorf("dirty: process %d: %w", t.pid, os.ErrNotExist)
+			}
+			if err != nil {
+				return fmt.Errorf("dirty: PAGEMAP_SCAN of %d: %w", t.pid, err)
+			}
+			all = append(all, regs...)
+			if walkEnd <= start {
+				return fmt.Errorf("dirty: PAGEMAP_SCAN of %d made no progress at %#x", t.pid, start)
+			}
+			start = walkEnd
 		}
-		if err != nil {
-			return fmt.Errorf("dirty: PAGEMAP_SCAN of %d: %w", t.pid, err)
-		}
-		all = append(all, regs...)
-		if walkEnd <= start {
-			return fmt.Errorf("dirty: PAGEMAP_SCAN of %d made no progress at %#x", t.pid, start)
-		}
-		start = walkEnd
 	}
 	t.all = all
 	for _, sp := range spans(all) {
@@ -199,8 +229,16 @@ func spans(regs []region) []span {
 	return out
 }
 
+// Last says the next Scan is the last, of a frozen process: it reports
+// without protecting the pages again, which would rewrite every page table
+// entry of the process (and flush the TLB) for a scan that never comes.
+func (t *Tracker) Last() { t.last = true }
+
 // Close stops tracking: the kernel unregisters the mappings and lifts
-// the protection when the last descriptor of the userfaultfd goes.
+// the protection when the last descriptor of the userfaultfd goes, a walk
+// of every tracked page table entry with the process's memory map locked
+// for writing (~20 ms for 1 GiB), which anything reading the process's
+// maps or pagemap meanwhile waits for.
 func (t *Tracker) Close() error {
 	t.pagemap.Close()
 	return unix.Close(t.uffd)
@@ -225,7 +263,7 @@ func Available() error {
 	}
 	defer pm.Close()
 	vec := make([]region, 1)
-	if _, _, err := scanRegions(int(pm.Fd()), 0, pageSizeProbe, false, vec); err != nil {
+	if _, _, err := scanRegions(int(pm.Fd()), 0, pageSizeProbe, false, false, vec); err != nil {
 		return fmt.Errorf("dirty: PAGEMAP_SCAN: %w", err)
 	}
 	return nil

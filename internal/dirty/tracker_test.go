@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ferry-migrate/ferry/internal/inject"
+	"github.com/ferry-migrate/ferry/internal/procs"
 )
 
 // The tests run a child process (this test binary again) that maps a
@@ -47,6 +49,8 @@ func TestMain(m *testing.M) {
 //	m       map a second region and write all of it
 //	d       unmap the second region
 //	z N     MADV_DONTNEED page N of the region
+//	f       map 16 pages of this program's file privately, read them
+//	        all and write the first
 //	p       print nothing but "ok" (am I alive and answering?)
 func child(mode string) {
 	switch mode {
@@ -98,6 +102,23 @@ func child(mode string) {
 				second[i*pageSize] = 2
 			}
 			fmt.Printf("second %d\n", uintptr(unsafe.Pointer(&second[0])))
+			continue
+		case "f":
+			exe, err := os.Open("/proc/self/exe")
+			if err != nil {
+				panic(err)
+			}
+			file, err := unix.Mmap(int(exe.Fd()), 0, 16*pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE)
+			exe.Close()
+			if err != nil {
+				panic(err)
+			}
+			var sum byte
+			for i := range 16 {
+				sum += file[i*pageSize]
+			}
+			file[0] = sum
+			fmt.Printf("file %d\n", uintptr(unsafe.Pointer(&file[0])))
 			continue
 		case "d":
 			_ = unix.Munmap(second)
@@ -261,6 +282,40 @@ func TestTrackerReportsExactlyTheWrittenPages(t *testing.T) {
 	k.do("w 10")
 	if _, dirty = written(t, tr, lo, hi); len(dirty) != 1 || !dirty[10] {
 		t.Fatalf("rewrote dropped page 10: written %v", dirty)
+	}
+}
+
+// A private file mapping's pages are reported once written (the process's
+// own copy), never while they are the page cache's; anonymous memory next
+// to it is reported whole.
+func TestScanLeavesOutThePageCache(t *testing.T) {
+	k := startChild(t, "plain")
+	tr := track(t, k)
+	f := k.do("f")
+	file, _ := strconv.ParseUint(f[1], 10, 64)
+	present, _ := written(t, tr, file, file+16*pageSize)
+	if len(present) != 1 || !present[0] {
+		t.Fatalf("file mapping, all 16 pages read, page 0 written: reported %v, want page 0 only", present)
+	}
+	if present, _ = written(t, tr, k.region, k.region+regionPages*pageSize); len(present) != regionPages {
+		t.Fatalf("anonymous region: %d pages reported, want %d", len(present), regionPages)
+	}
+}
+
+// The last scan reports what was written, as any other, but protects
+// nothing again: a scan after it still finds those pages written.
+func TestLastScanDoesNotProtect(t *testing.T) {
+	k := startChild(t, "plain")
+	tr := track(t, k)
+	lo, hi := k.region, k.region+regionPages*pageSize
+	written(t, tr, lo, hi)
+	k.do("w 5")
+	tr.Last()
+	if _, dirty := written(t, tr, lo, hi); len(dirty) != 1 || !dirty[5] {
+		t.Fatalf("wrote page 5: the last scan found %v written", dirty)
+	}
+	if _, dirty := written(t, tr, lo, hi); len(dirty) != 1 || !dirty[5] {
+		t.Fatalf("page 5 protected again by the last scan: a scan after it found %v written", dirty)
 	}
 }
 
@@ -464,5 +519,23 @@ func TestSpans(t *testing.T) {
 		if got := spans(c.in); fmt.Sprint(got) != fmt.Sprint(c.want) {
 			t.Errorf("%s: spans(%v) = %v, want %v", c.name, c.in, got, c.want)
 		}
+	}
+}
+
+func TestScanRuns(t *testing.T) {
+	maps := procs.ParseMaps([]byte(`1000-3000 rw-p 00000000 00:00 0
+3000-4000 rw-p 00000000 00:00 0                          [heap]
+5000-6000 r-xp 00000000 08:01 12 /usr/bin/x
+6000-7000 rw-p 00000000 00:00 0                          [anon:arena]
+7000-8000 rw-s 00000000 00:01 9 /dev/zero (deleted)
+9000-a000 rw-p 00000000 00:00 0                          [stack]
+ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0  [vsyscall]
+`))
+	want := []scanRun{{0, 0x1000, false}, {0x1000, 0x5000, true}, {0x5000, 0x6000, false}, {0x6000, 0x7000, true}, {0x7000, 0x9000, false}, {0x9000, userEnd, true}}
+	if got := scanRuns(maps); !slices.Equal(got, want) {
+		t.Fatalf("scanRuns:\n got %+v\nwant %+v", got, want)
+	}
+	if got := scanRuns(nil); !slices.Equal(got, []scanRun{{0, userEnd, false}}) {
+		t.Fatalf("no mappings: %+v", got)
 	}
 }

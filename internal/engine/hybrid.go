@@ -88,8 +88,10 @@ func (m *migration) dumpWithFinalRound(ctx context.Context, rs *precopySource, a
 	rs.frozen = true
 	g.Go(func() error {
 		prev := rs.last
+		// The trackers stay open until the migration ends (rs.close):
+		// closing one rewrites the page tables with the memory map
+		// locked, which CRIU's dump beside this would wait for.
 		r, err := m.precopyRound(ctx, rs, rs.next, &prev)
-		rs.tracking.close() // before CRIU's page server reads the memory
 		if err != nil {
 			return failAt("final round", err)
 		}

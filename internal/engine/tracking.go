@@ -36,7 +36,8 @@ func newWriteTracking(mode string) *writeTracking {
 // forPIDs starts tracking the processes not yet tracked, if running (a
 // process makes its userfaultfd itself, which a frozen one cannot), and
 // returns the trackers of pids. A process that cannot be tracked (the
-// kernel, its seccomp profile) is read whole.
+// kernel, its seccomp profile) is read whole. Frozen, the round is the
+// last: its scans do not protect again.
 func (w *writeTracking) forPIDs(pids []int, running bool) map[int]pages.WriteTracker {
 	out := map[int]pages.WriteTracker{}
 	if !w.on {
@@ -53,6 +54,9 @@ func (w *writeTracking) forPIDs(pids []int, running bool) map[int]pages.WriteTra
 			w.trackers[pid] = t
 		}
 		if t != nil {
+			if !running {
+				t.Last()
+			}
 			out[pid] = t
 		}
 	}

@@ -3,6 +3,7 @@ package procs
 import (
 	"bytes"
 	"strconv"
+	"strings"
 )
 
 // Mapping is one line of /proc/PID/maps.
@@ -16,6 +17,21 @@ type Mapping struct {
 func (m Mapping) Readable() bool   { return m.Perms[0] == 'r' }
 func (m Mapping) Executable() bool { return m.Perms[2] == 'x' }
 func (m Mapping) Private() bool    { return m.Perms[3] == 'p' }
+
+// Anonymous says the mapping is private memory with no file behind it
+// (anonymous, the heap, a stack, or named with PR_SET_VMA_ANON_NAME): its
+// pages are all the process's own, none the page cache's.
+func (m Mapping) Anonymous() bool {
+	if !m.Private() {
+		return false
+	}
+	switch {
+	case m.Path == "", m.Path == "[heap]", m.Path == "[stack]",
+		strings.HasPrefix(m.Path, "[anon:"), strings.HasPrefix(m.Path, "[stack:"):
+		return true
+	}
+	return false
+}
 
 // ParseMaps reads the lines of a /proc/PID/maps, skipping any it cannot
 // parse.
