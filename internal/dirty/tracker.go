@@ -237,7 +237,7 @@ func (t *Tracker) Last() { t.last = true }
 // Close stops tracking: the kernel unregisters the mappings and lifts
 // the protection when the last descriptor of the userfaultfd goes, a walk
 // of every tracked page table entry with the process's memory map locked
-// for writing (~20 ms for 1 GiB), which anything reading the process's
+// for writing (~30 ms for 1 GiB here), which anything reading the process's
 // maps or pagemap meanwhile waits for.
 func (t *Tracker) Close() error {
 	t.pagemap.Close()
