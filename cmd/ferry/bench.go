@@ -43,7 +43,8 @@ memory is filled, migrates it from h1 to h2 while the client polls it every
 5 ms, and tears the lab down. It repeats that --repeat times and reports each
 run and the medians.
 
-client_downtime_ms is the longest gap the client saw without an answer;
+client_downtime_ms is the longest gap the client saw without an answer
+(client_gap_from_ms and client_gap_to_ms place it on the phases' clock);
 state_ok says the workload's counter carried on and its memory digest checks.
 
 Baselines, measured in the same lab: link (plain TCP throughput h1 -> h2;

@@ -66,7 +66,13 @@ type Run struct {
 	OK               bool    `json:"ok"`
 	DowntimeMs       float64 `json:"downtime_ms"`
 	ClientDowntimeMs float64 `json:"client_downtime_ms"`
-	TotalMs          float64 `json:"total_ms"`
+	// ClientGapFromMs and ClientGapToMs place the client's longest gap on
+	// the phases' clock (ms from the migration's start): the last answer
+	// before it and the first after, against the freeze and the downtime's
+	// end.
+	ClientGapFromMs float64 `json:"client_gap_from_ms,omitempty"`
+	ClientGapToMs   float64 `json:"client_gap_to_ms,omitempty"`
+	TotalMs         float64 `json:"total_ms"`
 	// TotalVsLink is TotalMs over the result's LinkFloorMs.
 	TotalVsLink float64 `json:"total_vs_link,omitempty"`
 	FrozenMs    float64 `json:"frozen_ms"`
@@ -389,6 +395,9 @@ func (o MigrateOptions) RunOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 	}
 	r.TCPStallMs, r.HeldPackets = sr.MaxGapMs, rep.HeldPackets
 	r.ClientDowntimeMs = pr.ClientDowntimeMs
+	if !pr.GapFrom.IsZero() && !rep.StartedAt.IsZero() {
+		r.ClientGapFromMs, r.ClientGapToMs = msSince(rep.StartedAt, pr.GapFrom), msSince(rep.StartedAt, pr.GapTo)
+	}
 	r.StateOK = pr.StateOK
 	r.ProbeReason = pr.Reason
 	return r
@@ -493,4 +502,9 @@ func setAllPaths(l *lab.Lab, host string, up bool) {
 	for p := 0; p < max(l.Paths, 1); p++ {
 		_ = l.SetPath(host, p, up)
 	}
+}
+
+// msSince is t on the clock of a migration that started at start, in ms.
+func msSince(start, t time.Time) float64 {
+	return float64(t.Sub(start).Microseconds()) / 1000
 }

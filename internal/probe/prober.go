@@ -21,6 +21,10 @@ type Result struct {
 	FirstCounter uint64 `json:"first_counter"`
 	LastCounter  uint64 `json:"last_counter"`
 	Boot         string `json:"boot"`
+	// GapFrom and GapTo are the answers on either side of the longest
+	// gap, on the wall clock: where it lies against a migration's phases.
+	GapFrom time.Time `json:"gap_from,omitzero"`
+	GapTo   time.Time `json:"gap_to,omitzero"`
 }
 
 const (
@@ -185,6 +189,7 @@ type tally struct {
 	timeouts     int
 	last         time.Time
 	maxGap       time.Duration
+	gapFrom      time.Time
 	boot         string
 	firstCounter uint64
 	lastCounter  uint64
@@ -196,7 +201,7 @@ func (t *tally) add(at time.Time, s Stat) {
 		t.boot, t.firstCounter = s.Boot, s.Counter
 	} else {
 		if gap := at.Sub(t.last); gap > t.maxGap {
-			t.maxGap = gap
+			t.maxGap, t.gapFrom = gap, t.last
 		}
 		switch {
 		case t.reason != "":
@@ -224,6 +229,9 @@ func (t *tally) result(v Stat, verr error) Result {
 		LastCounter:      t.lastCounter,
 		Boot:             t.boot,
 		Reason:           t.reason,
+	}
+	if t.maxGap > 0 {
+		r.GapFrom, r.GapTo = t.gapFrom, t.gapFrom.Add(t.maxGap)
 	}
 	if r.Reason == "" {
 		switch {

@@ -30,6 +30,9 @@ func TestTallyGapsAndCounters(t *testing.T) {
 	if r.ClientDowntimeMs != 240 || r.Answers != 6 || r.Timeouts != 7 || r.FirstCounter != 10 || r.LastCounter != 15 || r.Boot != "b1" {
 		t.Errorf("result = %+v", r)
 	}
+	if !r.GapFrom.Equal(at(10)) || !r.GapTo.Equal(at(250)) {
+		t.Errorf("the longest gap from %v to %v, want the answers at 10 and 250 ms", r.GapFrom.Sub(t0), r.GapTo.Sub(t0))
+	}
 
 	// An equal counter is fine (two answers within one tick).
 	tl = tally{}
