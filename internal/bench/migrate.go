@@ -396,7 +396,7 @@ func (o MigrateOptions) RunOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 	r.TCPStallMs, r.HeldPackets = sr.MaxGapMs, rep.HeldPackets
 	r.ClientDowntimeMs = pr.ClientDowntimeMs
 	if !pr.GapFrom.IsZero() && !rep.StartedAt.IsZero() {
-		r.ClientGapFromMs, r.ClientGapToMs = msSince(rep.StartedAt, pr.GapFrom), msSince(rep.StartedAt, pr.GapTo)
+		r.ClientGapFromMs, r.ClientGapToMs = ms(pr.GapFrom.Sub(rep.StartedAt)), ms(pr.GapTo.Sub(rep.StartedAt))
 	}
 	r.StateOK = pr.StateOK
 	r.ProbeReason = pr.Reason
@@ -502,9 +502,4 @@ func setAllPaths(l *lab.Lab, host string, up bool) {
 	for p := 0; p < max(l.Paths, 1); p++ {
 		_ = l.SetPath(host, p, up)
 	}
-}
-
-// msSince is t on the clock of a migration that started at start, in ms.
-func msSince(start, t time.Time) float64 {
-	return float64(t.Sub(start).Microseconds()) / 1000
 }

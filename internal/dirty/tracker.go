@@ -104,11 +104,15 @@ func takeUserfaultfd(pid int) (int, error) {
 // and its pages count as written at every scan. It returns the stretches
 // of the address space to scan.
 func (t *Tracker) register() []scanRun {
-	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", t.pid))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", t.pid))
 	if err != nil {
 		return []scanRun{{0, userEnd, false}}
 	}
-	for _, m := range procs.PrivateMappings(maps) {
+	maps := procs.ParseMaps(b)
+	for _, m := range maps {
+		if !m.OwnMemory() {
+			continue
+		}
 		r := [2]uint64{m.Start, m.End}
 		if t.registered[r] {
 			continue
@@ -117,7 +121,7 @@ func (t *Tracker) register() []scanRun {
 			t.registered[r] = true
 		}
 	}
-	return scanRuns(procs.ParseMaps(maps))
+	return scanRuns(maps)
 }
 
 // scanRun is a stretch of the address space scanned in one walk; anon:

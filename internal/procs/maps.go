@@ -68,19 +68,27 @@ func ParseMaps(maps []byte) []Mapping {
 }
 
 // PrivateMappings picks the mappings a process's own private memory lives
-// in (what CRIU dumps pages of): private, readable or writable, and not
-// the kernel's (vsyscall, vvar, vdso).
+// in (what CRIU dumps pages of): those OwnMemory says so of.
 func PrivateMappings(maps []byte) []Mapping {
 	var out []Mapping
 	for _, m := range ParseMaps(maps) {
-		if !m.Private() || m.Perms[0] != 'r' && m.Perms[1] != 'w' {
-			continue
+		if m.OwnMemory() {
+			out = append(out, m)
 		}
-		switch m.Path {
-		case "[vsyscall]", "[vvar]", "[vdso]", "[vvar_vclock]":
-			continue
-		}
-		out = append(out, m)
 	}
 	return out
+}
+
+// OwnMemory says the mapping holds the process's own private memory:
+// private, readable or writable, and not the kernel's (vsyscall, vvar,
+// vdso).
+func (m Mapping) OwnMemory() bool {
+	if !m.Private() || m.Perms[0] != 'r' && m.Perms[1] != 'w' {
+		return false
+	}
+	switch m.Path {
+	case "[vsyscall]", "[vvar]", "[vdso]", "[vvar_vclock]":
+		return false
+	}
+	return true
 }

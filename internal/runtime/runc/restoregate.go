@@ -124,7 +124,7 @@ func openGate(path, never string) (*os.File, error) {
 	}
 	f, err := os.OpenFile(tmp, os.O_RDWR, 0)
 	if err == nil {
-		_, err = f.WriteString("images-dir " + never + "\n")
+		_, err = f.WriteString(closedLine(never))
 	}
 	if err == nil {
 		err = os.Rename(tmp, path)
@@ -138,6 +138,11 @@ func openGate(path, never string) (*os.File, error) {
 	}
 	return f, nil
 }
+
+// closedLine is the gate's first line: it names never, an images
+// directory that does not exist, so a CRIU that reads nothing after it
+// fails before it restores anything.
+func closedLine(never string) string { return "images-dir " + never + "\n" }
 
 // unread is how many bytes written to the FIFO no reader has taken.
 func unread(f *os.File) (int, error) {
@@ -272,7 +277,7 @@ func failLeftGate(path, never string) {
 		return
 	}
 	if f, err := os.OpenFile(path, os.O_RDWR, 0); err == nil {
-		if _, err := f.WriteString("images-dir " + never + "\n"); err == nil {
+		if _, err := f.WriteString(closedLine(never)); err == nil {
 			drained(f, nil, time.Second)
 		}
 		f.Close()
