@@ -58,8 +58,18 @@ func Recv(ctx context.Context, listen []string, mptcp bool, streams int, stdout 
 		return err
 	}
 	defer conn.Close()
-	_, err = io.Copy(out, conn)
-	return err
+	if _, err := io.Copy(out, conn); err != nil {
+		return err
+	}
+	if sc, ok := conn.(*stripe.Conn); ok {
+		// The sender's Close waits for our acknowledgment of its end, which
+		// our path writers send in the background: stay until they have,
+		// or the sender fails once this process exits.
+		sc.Close()
+		<-sc.Done()
+		return sc.Err()
+	}
+	return nil
 }
 
 // acceptStreams accepts one connection from ls[0], or, for n > 1, n

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -88,6 +89,60 @@ func TestSendRecv(t *testing.T) {
 				t.Errorf("send printed %q", out.String())
 			}
 		})
+	}
+}
+
+// recvChildEnv makes the test binary a receiver that exits as soon as Recv
+// returns, as `ferry lab-tool recv` does: goroutines Recv left behind die with
+// the process.
+const recvChildEnv = "FERRY_LABTOOL_RECV_CHILD"
+
+func TestMain(m *testing.M) {
+	if addrs := os.Getenv(recvChildEnv); addrs != "" {
+		err := Recv(context.Background(), strings.Split(addrs, ","), false, 3, os.Stdout, io.Discard)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// A striped receiver's process must not exit before it acknowledged the end
+// of the stream: the sender's Close waits for that acknowledgment and fails
+// after OutageTimeout without it. With one thread the receiver's main
+// goroutine reaches exit before its path writers run, unless Recv waits for
+// them.
+func TestRecvProcessAcknowledgesTheEnd(t *testing.T) {
+	data := make([]byte, 1<<20)
+	for i := range 5 {
+		addrs := freeAddrs(t, 2)
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), recvChildEnv+"="+strings.Join(addrs, ","), "GOMAXPROCS=1")
+		var stderr syncBuffer
+		cmd.Stderr = &stderr
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		if _, err := bufio.NewReader(stdout).ReadString('\n'); err != nil {
+			t.Fatalf("receiver: %v %s", err, stderr.String())
+		}
+		var out bytes.Buffer
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err = Send(ctx, addrs, false, 3, bytes.NewReader(data), &out)
+		cancel()
+		if err != nil {
+			t.Fatalf("run %d: %v (receiver: %s)", i, err, stderr.String())
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("run %d: receiver: %v %s", i, err, stderr.String())
+		}
 	}
 }
 
