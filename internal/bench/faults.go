@@ -27,6 +27,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+	"github.com/ferry-migrate/ferry/internal/units"
 )
 
 // Outcomes of a fault case, once recovery is over.
@@ -432,7 +433,7 @@ func (o FaultsOptions) runCase(ctx context.Context, l *lab.Lab, c FaultCase, nam
 	if stable < 2 {
 		settledAt = time.Now()
 	}
-	c.RecoveredMs = ms(settledAt.Sub(ended))
+	c.RecoveredMs = units.Millis(settledAt.Sub(ended))
 	// Late answers after the recovery, then the client's verdict.
 	time.Sleep(500 * time.Millisecond)
 	pr, perr := p.Stop()
@@ -617,5 +618,3 @@ func fillScratch(dir string) (func(), error) {
 		_ = unix.Unmount(dir, unix.MNT_DETACH)
 	}, nil
 }
-
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -21,6 +21,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/labtool"
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
+	"github.com/ferry-migrate/ferry/internal/units"
 )
 
 // MigrateOptions describe one `ferry bench migrate`.
@@ -396,7 +397,7 @@ func (o MigrateOptions) RunOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 	r.TCPStallMs, r.HeldPackets = sr.MaxGapMs, rep.HeldPackets
 	r.ClientDowntimeMs = pr.ClientDowntimeMs
 	if !pr.GapFrom.IsZero() && !rep.StartedAt.IsZero() {
-		r.ClientGapFromMs, r.ClientGapToMs = ms(pr.GapFrom.Sub(rep.StartedAt)), ms(pr.GapTo.Sub(rep.StartedAt))
+		r.ClientGapFromMs, r.ClientGapToMs = units.Millis(pr.GapFrom.Sub(rep.StartedAt)), units.Millis(pr.GapTo.Sub(rep.StartedAt))
 	}
 	r.StateOK = pr.StateOK
 	r.ProbeReason = pr.Reason

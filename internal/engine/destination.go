@@ -30,6 +30,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/rootfs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
+	"github.com/ferry-migrate/ferry/internal/units"
 )
 
 // CommitWindow is the shortest time a destination keeps a restored,
@@ -509,7 +510,7 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 			slog.Warn("the CPU throttle auto-converge left stays", "migration", in.offer.ID, "container", in.offer.Container, "error", err)
 		}
 	}
-	if err := ctl.Send(Restored{Pid: pid, WaitMs: ms(start.Sub(asked)), RestoreMs: ms(time.Since(start)),
+	if err := ctl.Send(Restored{Pid: pid, WaitMs: units.Millis(start.Sub(asked)), RestoreMs: units.Millis(time.Since(start)),
 		FillMs: filled.ms, PagesLocal: filled.Local + filled.Parent, PagesFetched: filled.Fetched,
 		MemoryBytes: int64(filled.Local+filled.Parent+filled.Fetched+filled.Dumped) * pageSize, FromOwnImages: local != nil}); err != nil {
 		return false, err
@@ -725,7 +726,7 @@ func (in *incoming) fillImages(ctx context.Context, sess *transport.Session, rou
 			_ = ch.CloseWrite()
 		}
 	}()
-	return filled{st, ms(time.Since(start))}, nil
+	return filled{st, units.Millis(time.Since(start))}, nil
 }
 
 // forgetPages drops every 16th page the rounds brought (from the store and

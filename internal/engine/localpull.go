@@ -11,6 +11,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/units"
 )
 
 // A restore from the destination's own images: pre-copy's rebuild, and
@@ -68,7 +69,7 @@ func holdLocalFaults(daemon *criu.LazyPages) {
 // resumes its own, as in hybrid.
 func (in *incoming) finishLocalPull(ctx context.Context, daemon *criu.LazyPages) LazyDone {
 	r := daemon.Wait()
-	done := LazyDone{Ms: ms(r.Elapsed), Faulted: r.Faulted, Local: r.Faulted + r.Pushed}
+	done := LazyDone{Ms: units.Millis(r.Elapsed), Faulted: r.Faulted, Local: r.Faulted + r.Pushed}
 	if r.Err == nil {
 		daemon.ReleaseFaults()
 		in.recordFinal(in.peer, journal.Started)

@@ -21,6 +21,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/privnet"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
+	"github.com/ferry-migrate/ferry/internal/units"
 )
 
 // Post-copy: CRIU dumps everything but the memory (--lazy-pages) and keeps
@@ -394,7 +395,7 @@ func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
 		}
 		if err == nil && m.report.DowntimeMs == 0 {
 			// Its copy ran again somewhere in the resumed pull: at most this.
-			m.report.DowntimeMs = ms(time.Since(m.frozenAt))
+			m.report.DowntimeMs = units.Millis(time.Since(m.frozenAt))
 		}
 	}
 	if err != nil || done.Error != "" {
@@ -404,7 +405,7 @@ func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
 		ld.endPageServer()
 	}
 	derr := ld.wait()
-	m.report.FrozenMs = ms(time.Since(m.frozenAt))
+	m.report.FrozenMs = units.Millis(time.Since(m.frozenAt))
 	m.report.PagesFaulted, m.report.PagesPushed = done.Faulted, done.Pushed
 	m.report.PagesReferenced = done.Local
 	m.report.MemoryBytes = int64(done.Faulted+done.Pushed) * pageSize
@@ -715,7 +716,7 @@ func (lp *lazyPages) wait(lost <-chan struct{}) LazyDone {
 	if lp.broke.Load() && r.Err == nil {
 		r.Err = errors.New("the page stream from the source broke before every page was in")
 	}
-	d := LazyDone{Ms: ms(r.Elapsed), Faulted: r.Faulted, Pushed: r.Pushed}
+	d := LazyDone{Ms: units.Millis(r.Elapsed), Faulted: r.Faulted, Pushed: r.Pushed}
 	// The tunnel ends right after the daemon's last request.
 	tunnelDone := make(chan struct{})
 	go func() { _ = lp.tunnel(); close(tunnelDone) }()

@@ -20,6 +20,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/pages"
 	"github.com/ferry-migrate/ferry/internal/pagestream"
 	"github.com/ferry-migrate/ferry/internal/transport"
+	"github.com/ferry-migrate/ferry/internal/units"
 )
 
 // Content-based pre-copy, for kernels without soft-dirty tracking (CRIU's
@@ -347,7 +348,7 @@ func (m *migration) precopyRound(ctx context.Context, ps *precopySource, i int, 
 	r.UnchangedPages = st.Unchanged
 	m.report.WriteTracking = ps.tracking.summary()
 	d := time.Since(start)
-	r.DurationMs = ms(d)
+	r.DurationMs = units.Millis(d)
 	r.Bytes = m.sess.BytesSent() - wire0
 	r.RawBytes = ps.enc.RawBytes() - raw0
 	if prev != nil && prev.DurationMs > 0 {

@@ -10,6 +10,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
+	"github.com/ferry-migrate/ferry/internal/units"
 )
 
 // Native pre-copy, where the kernel tracks dirty pages (soft-dirty): each
@@ -116,13 +117,13 @@ func (m *migration) predumpRound(ctx context.Context, i, parent int) (Round, err
 	}
 	if st, err := criu.ReadDumpStats(dir); err == nil {
 		r.Pages = st.PagesWritten
-		r.FrozenMs = ms(st.FrozenTime)
+		r.FrozenMs = units.Millis(st.FrozenTime)
 		if i == 0 {
 			m.memoryFound(int64(st.PagesScanned) * pageSize)
 		}
 	}
 	d := time.Since(start)
-	r.DurationMs = ms(d)
+	r.DurationMs = units.Millis(d)
 	r.Bytes = m.sess.BytesSent() - wire0
 	r.RawBytes = int64(r.Pages) * pageSize
 	if i > 0 {

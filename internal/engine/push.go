@@ -13,6 +13,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/pages"
 	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/transport"
+	"github.com/ferry-migrate/ferry/internal/units"
 )
 
 // Post-copy's push. CRIU's lazy-pages daemon pulls the memory one request
@@ -131,7 +132,7 @@ func (m *migration) startPush(ctx context.Context, quiet func(), faults <-chan p
 		defer close(done)
 		err := m.push(ctx, quiet, faults)
 		if err == nil {
-			m.report.PushMs = ms(time.Since(start)) // read once stop returned
+			m.report.PushMs = units.Millis(time.Since(start)) // read once stop returned
 		}
 		if err != nil && ctx.Err() == nil {
 			// The daemon asks the source for what did not come.

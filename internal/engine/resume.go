@@ -15,6 +15,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/pagestream"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
+	"github.com/ferry-migrate/ferry/internal/units"
 )
 
 // A post-copy pull that outlives the destination's agent (QEMU's
@@ -317,7 +318,7 @@ func (d *Destination) ResumePull(ctx context.Context, sess *transport.Session, r
 		faulted, pushed := criu.LazyCounts(sp.daemon.LogPath())
 		d.endPull(sp, journal.Started)
 		slog.Info("post-copy: a pull taken over after a restart is complete", "migration", sp.e.ID, "container", sp.e.Container, "pages", st.Pages)
-		_ = ch.Send(LazyDone{Ms: ms(time.Since(start)), Faulted: faulted, Pushed: pushed})
+		_ = ch.Send(LazyDone{Ms: units.Millis(time.Since(start)), Faulted: faulted, Pushed: pushed})
 	case err != nil:
 		// The source's side broke again: it asks again within its window.
 		d.unclaim(sp)

@@ -25,6 +25,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/rootfs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
+	"github.com/ferry-migrate/ferry/internal/units"
 )
 
 // Source runs migrations of this host's containers to other hosts.
@@ -154,9 +155,7 @@ func ValidID(s string) bool {
 	return err == nil && strings.ToLower(s) == s
 }
 
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-func (m *migration) since() float64 { return ms(time.Since(m.start)) }
+func (m *migration) since() float64 { return units.Millis(time.Since(m.start)) }
 
 // begin starts a named phase, ending the current one.
 func (m *migration) begin(name string) {
@@ -786,7 +785,7 @@ func (m *migration) switchover(ctx context.Context) error {
 			return m.pullFailed(ctx, done)
 		}
 	}
-	m.report.FrozenMs = ms(time.Since(m.frozenAt))
+	m.report.FrozenMs = units.Millis(time.Since(m.frozenAt))
 	return m.removeSource(ctx)
 }
 
@@ -833,7 +832,7 @@ func (m *migration) commitAnswer() (Committed, error) {
 // committed notes the destination's word: its copy runs.
 func (m *migration) committed(c Committed) {
 	m.noteHold(c)
-	m.report.DowntimeMs = ms(time.Since(m.frozenAt))
+	m.report.DowntimeMs = units.Millis(time.Since(m.frozenAt))
 	if m.tech.rounds {
 		m.ticket.leave() // its downtime is over, its memory across
 	}
@@ -862,7 +861,7 @@ func (m *migration) requestRestore(ctx context.Context) (Restored, error) {
 		}
 		return rs, m.inDoubt(failAt(where, fmt.Errorf("%w (the destination went silent after it was asked to restore, so it may run the container)", err)))
 	}
-	m.report.DowntimeMs = ms(time.Since(m.frozenAt))
+	m.report.DowntimeMs = units.Millis(time.Since(m.frozenAt))
 	m.report.RestoreMs = rs.RestoreMs
 	return rs, nil
 }
@@ -874,7 +873,7 @@ func (m *migration) inDoubt(cause error) error {
 		m.dump.stop() // CRIU ends; the container stays frozen
 	}
 	m.report.SourceState = "frozen"
-	m.report.FrozenMs = ms(time.Since(m.frozenAt))
+	m.report.FrozenMs = units.Millis(time.Since(m.frozenAt))
 	if err := m.record(journal.InDoubt); err != nil {
 		cause = errors.Join(cause, err)
 	}
@@ -947,7 +946,7 @@ func (m *migration) abort(ctx context.Context, cause error) error {
 	// The caller's context may be the one that failed: resuming must not.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	m.report.FrozenMs = ms(time.Since(m.frozenAt))
+	m.report.FrozenMs = units.Millis(time.Since(m.frozenAt))
 	if m.dump != nil {
 		m.dump.stop() // CRIU must be gone before the container thaws
 	}

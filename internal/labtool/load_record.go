@@ -5,6 +5,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/ferry-migrate/ferry/internal/units"
 )
 
 // sample is one request as the client saw it.
@@ -118,7 +120,7 @@ func (r *recorder) fill(res *LoadResult, end time.Time, bucket time.Duration) {
 	for i := range r.lanes {
 		longest = max(longest, r.lanes[i].end(end))
 	}
-	res.LongestStallMs = ms(longest)
+	res.LongestStallMs = units.Millis(longest)
 	res.Sent = len(r.samples)
 	res.Ops, res.Errors = 0, 0
 	for _, s := range r.samples {
@@ -128,7 +130,7 @@ func (r *recorder) fill(res *LoadResult, end time.Time, bucket time.Duration) {
 			res.Ops++
 		}
 	}
-	res.BucketMs = ms(bucket)
+	res.BucketMs = units.Millis(bucket)
 	res.Timeline = timeline(r.samples, end.Sub(r.start), bucket)
 }
 
@@ -146,7 +148,7 @@ func timeline(samples []sample, span, width time.Duration) []Bucket {
 	lat := make([][]time.Duration, n)
 	out := make([]Bucket, n)
 	for i := range out {
-		out[i].TMs = ms(time.Duration(i) * width)
+		out[i].TMs = units.Millis(time.Duration(i) * width)
 	}
 	for _, s := range samples {
 		i := int(max(s.sent, 0) / width)
@@ -162,9 +164,9 @@ func timeline(samples []sample, span, width time.Duration) []Bucket {
 			continue
 		}
 		slices.Sort(l)
-		out[i].P50Ms = ms(percentile(l, 0.50))
-		out[i].P99Ms = ms(percentile(l, 0.99))
-		out[i].MaxMs = ms(l[len(l)-1])
+		out[i].P50Ms = units.Millis(percentile(l, 0.50))
+		out[i].P99Ms = units.Millis(percentile(l, 0.99))
+		out[i].MaxMs = units.Millis(l[len(l)-1])
 	}
 	return out
 }
@@ -178,9 +180,4 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	// The epsilon keeps 0.99*100 (99.00000000000001) at rank 99.
 	i := int(math.Ceil(p*float64(len(sorted))-1e-9)) - 1
 	return sorted[min(max(i, 0), len(sorted)-1)]
-}
-
-// ms is d in milliseconds, to the microsecond.
-func ms(d time.Duration) float64 {
-	return float64(d.Microseconds()) / 1000
 }

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/ferry-migrate/ferry/internal/units"
 )
 
 // A benchmark tool runs beside the observing client at half its rate, for
@@ -128,7 +130,7 @@ func (s *redisBenchSummary) add(out []byte, err error, took time.Duration) {
 
 func (s *redisBenchSummary) String() string {
 	out := fmt.Sprintf("%d rounds, %d failed; longest round %.1f ms; max latency %.3f ms",
-		s.rounds, s.failed, ms(s.longestRound), s.maxLatencyMs)
+		s.rounds, s.failed, units.Millis(s.longestRound), s.maxLatencyMs)
 	if s.lastErr != "" {
 		out += "; last failure: " + s.lastErr
 	}
@@ -295,7 +297,7 @@ func (s *mosquittoPubSummary) read(r io.Reader) {
 func (s *mosquittoPubSummary) String() string {
 	out := fmt.Sprintf("%d published, %d acknowledged, %d connections", s.published, s.acked, s.connects)
 	if s.timed {
-		out += fmt.Sprintf("; longest wait for a PUBACK %.1f ms", ms(s.clock.longest))
+		out += fmt.Sprintf("; longest wait for a PUBACK %.1f ms", units.Millis(s.clock.longest))
 	}
 	if len(s.other) > 0 {
 		out += "; said: " + lastLines(strings.Join(s.other, "\n"), 3)

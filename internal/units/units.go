@@ -1,4 +1,5 @@
-// Package units parses the sizes users type: 64M, 256MiB, 1G, 4096.
+// Package units reads the sizes users type (64M, 256MiB, 1G, 4096) and
+// states durations the way ferry's results do, in milliseconds.
 package units
 
 import (
@@ -6,6 +7,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // ParseBytes reads a size in bytes; K, M, G and T (with or without "iB" or
@@ -69,3 +71,7 @@ func (Bytes) Type() string { return "size" }
 
 // BytesVar is a size flag bound to an int64: flags.Var(units.BytesVar(&n), ...).
 func BytesVar(p *int64) *Bytes { return (*Bytes)(p) }
+
+// Millis is d in milliseconds, to the microsecond: how reports and results
+// state durations.
+func Millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

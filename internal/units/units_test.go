@@ -1,6 +1,9 @@
 package units
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 func TestParseBytes(t *testing.T) {
 	for in, want := range map[string]int64{"64M": 64 << 20, "256MiB": 256 << 20, "1G": 1 << 30, "1.5G": 3 << 29, "4096": 4096, "10KB": 10240, " 2g ": 2 << 30} {
@@ -33,5 +36,16 @@ func TestBytesFlag(t *testing.T) {
 	n = 1000
 	if b.String() != "1000" {
 		t.Errorf("1000 shows as %q", b.String())
+	}
+}
+
+func TestMillis(t *testing.T) {
+	for _, c := range []struct {
+		d    time.Duration
+		want float64
+	}{{0, 0}, {1500 * time.Microsecond, 1.5}, {2 * time.Second, 2000}, {999, 0}, {-3 * time.Millisecond, -3}} {
+		if got := Millis(c.d); got != c.want {
+			t.Errorf("Millis(%v) = %v, want %v", c.d, got, c.want)
+		}
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/ferry-migrate/ferry/internal/units"
 )
 
 // BaselineTimes are the phases of one Podman migration, in milliseconds.
@@ -18,8 +20,6 @@ type BaselineTimes struct {
 	DowntimeMs   float64 `json:"downtime_ms"`
 	ArchiveBytes int64   `json:"archive_bytes"`
 }
-
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // Baseline migrates the running container name from src to dst the way
 // Podman users do: checkpoint --export at src, copyArchive to move the
@@ -54,10 +54,10 @@ func Baseline(ctx context.Context, src, dst Host, name string,
 	}
 	restored := time.Now()
 
-	t.CheckpointMs = ms(checkpointed.Sub(start))
-	t.CopyMs = ms(copied.Sub(checkpointed))
-	t.RestoreMs = ms(restored.Sub(copied))
-	t.DowntimeMs = ms(restored.Sub(start))
+	t.CheckpointMs = units.Millis(checkpointed.Sub(start))
+	t.CopyMs = units.Millis(copied.Sub(checkpointed))
+	t.RestoreMs = units.Millis(restored.Sub(copied))
+	t.DowntimeMs = units.Millis(restored.Sub(start))
 	if st, err := os.Stat(srcPath); err == nil {
 		t.ArchiveBytes = st.Size()
 	}
