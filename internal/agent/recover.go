@@ -137,6 +137,12 @@ func (a *Agent) recoverDestination(ctx context.Context) {
 			if err := a.drop(ctx, rt, c, e); err == nil {
 				a.Log.Warn("dropped a post-copy copy whose memory was still arriving when this agent stopped; its source resumes its own, as it was at the freeze", "migration", e.ID, "container", e.Container, "why", why)
 			}
+			// clearScratch spared its directory for the pull.
+			if e.Pull != nil && !a.KeepWork {
+				if err := mounts.RemoveAll(e.Pull.Dir); err != nil {
+					a.Log.Warn("scratch left by an earlier run", "dir", e.Pull.Dir, "error", err)
+				}
+			}
 			continue
 		}
 		// A copy restored stopped never ran: it goes.

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 )
@@ -193,10 +194,19 @@ func TestClearScratch(t *testing.T) {
 // source asking meanwhile hears "pulling" and waits.
 func TestRecoverDestinationDropsAnUnfinishedPull(t *testing.T) {
 	a, rt := testAgent(t)
+	a.dst = &engine.Destination{}
 	rt.state["p"] = "running"
+	rt.state["q"] = "running"
+	// a3's lazy-pages daemon is gone (no process has pid -1): its directory,
+	// which clearScratch spares for a pull, goes with it.
+	dir := filepath.Join(t.TempDir(), "a3")
+	if err := os.MkdirAll(filepath.Join(dir, "images"), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	for _, e := range []journal.Entry{
 		{ID: "a1", Role: journal.Destination, Container: "p", Runtime: "fake", State: journal.Pulling},
 		{ID: "a2", Role: journal.Destination, Container: "gone", Runtime: "fake", State: journal.Pulling},
+		{ID: "a3", Role: journal.Destination, Container: "q", Runtime: "fake", State: journal.Pulling, Pull: &journal.Pull{Daemon: -1, Dir: dir}},
 	} {
 		if err := a.journal.Record(e); err != nil {
 			t.Fatal(err)
@@ -206,7 +216,13 @@ func TestRecoverDestinationDropsAnUnfinishedPull(t *testing.T) {
 	if _, ok := rt.state["p"]; ok {
 		t.Errorf("the unfinished copy still runs: %v", rt.state)
 	}
-	for _, id := range []string{"a1", "a2"} {
+	if _, ok := rt.state["q"]; ok {
+		t.Errorf("the copy whose daemon is gone still runs: %v", rt.state)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("the dropped pull's directory stays: %v", err)
+	}
+	for _, id := range []string{"a1", "a2", "a3"} {
 		if e, _, _ := a.journal.Get(id); e.State != journal.Dropped {
 			t.Errorf("%s is %s, want dropped", id, e.State)
 		}
