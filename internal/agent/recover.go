@@ -12,6 +12,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/journal"
+	"github.com/ferry-migrate/ferry/internal/lazyrelay"
 	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 )
@@ -113,6 +114,23 @@ func (a *Agent) recoverDestination(ctx context.Context) {
 			if err := a.startCommitted(ctx, rt, c); err != nil {
 				a.Log.Error("a committed copy could not be started", "migration", e.ID, "container", e.Container, "error", err)
 			}
+			continue
+		}
+		if e.State == journal.Pulling && e.Pull != nil && lazyrelay.Completed(e.Pull.Dir) {
+			// The pull ended whole (the daemon's close was answered) as this
+			// agent died, before it recorded so: the copy is complete and
+			// committed. Its source, in doubt, hears it runs.
+			if err := a.startCommitted(ctx, rt, c); err != nil {
+				a.Log.Error("a committed copy whose pull had ended could not be started", "migration", e.ID, "container", e.Container, "error", err)
+				continue
+			}
+			if err := a.journal.Set(e.ID, journal.Started); err != nil {
+				a.Log.Error("journal", "migration", e.ID, "error", err)
+			}
+			if !a.KeepWork {
+				_ = mounts.RemoveAll(e.Pull.Dir)
+			}
+			a.Log.Info("a post-copy pull had ended whole before the restart; the copy runs", "migration", e.ID, "container", e.Container)
 			continue
 		}
 		if e.State == journal.Pulling {

@@ -266,3 +266,35 @@ func TestRecoverDestinationRemovesPreparedContainers(t *testing.T) {
 		t.Errorf("entries left pending: %+v", pend)
 	}
 }
+
+// A pull that ended whole as the agent died (its relay recorded the
+// daemon's close answered) leaves a complete, committed copy: it runs, the
+// journal says started (its source, in doubt, then removes its own), and
+// its scratch directory goes.
+func TestRecoverDestinationKeepsAPullThatEnded(t *testing.T) {
+	a, rt := testAgent(t)
+	a.dst = &engine.Destination{}
+	rt.stopped = true
+	rt.state["w"] = "paused"
+	dir := filepath.Join(t.TempDir(), "abc1")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "lazy-relay.done"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e := journal.Entry{ID: "abc1", Role: journal.Destination, Container: "w", Runtime: "fake", State: journal.Pulling, Pull: &journal.Pull{Daemon: -1, Dir: dir}}
+	if err := a.journal.Record(e); err != nil {
+		t.Fatal(err)
+	}
+	a.recoverDestination(context.Background())
+	if !slices.Equal(rt.continued, []string{"w"}) || len(rt.removed) > 0 {
+		t.Errorf("continued %v, removed %v: want the copy continued, nothing removed", rt.continued, rt.removed)
+	}
+	if got, _, _ := a.journal.Get("abc1"); got.State != journal.Started {
+		t.Errorf("journal says %s, want started", got.State)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("the ended pull's directory stays: %v", err)
+	}
+}

@@ -27,6 +27,10 @@ const Command = "lazy-relay"
 const (
 	socketName = "lazy-relay.socket"
 	logName    = "lazy-relay.log"
+	// doneName is written once the daemon's closing command was answered:
+	// every page of the copy is in place. An agent that died between that
+	// and recording the pull's end finds it there.
+	doneName = "lazy-relay.done"
 )
 
 // Socket is where the relay for work directory dir listens.
@@ -139,5 +143,18 @@ func Main(socket string) error {
 		return err
 	}
 	defer os.Remove(socket)
-	return pagestream.ServeRelay(daemon, l)
+	closed, err := pagestream.ServeRelay(daemon, l)
+	if closed {
+		if werr := os.WriteFile(filepath.Join(filepath.Dir(socket), doneName), nil, 0o600); werr != nil && err == nil {
+			err = werr
+		}
+	}
+	return err
+}
+
+// Completed says whether the relay of work directory dir saw its pull end
+// whole (the daemon's closing command answered).
+func Completed(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, doneName))
+	return err == nil
 }

@@ -102,6 +102,24 @@ func TestRelayProcessOutlivesTheAgent(t *testing.T) {
 	if _, err := io.ReadFull(daemon, got); err != nil || !bytes.Equal(got, reply(0x5000)) {
 		t.Fatalf("the daemon did not get the whole reply alone: %v", err)
 	}
+	if Completed(dir) {
+		t.Error("the pull is said complete before the daemon closed")
+	}
+	// The daemon's closing command (PS_IOV_CLOSE), answered, then its end.
+	closeReq := make([]byte, 32)
+	binary.LittleEndian.PutUint32(closeReq, 0x1023)
+	if _, err := daemon.Write(closeReq); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(again, req); err != nil || !bytes.Equal(req, closeReq) {
+		t.Fatalf("the agent did not get the daemon's close: %v", err)
+	}
+	if _, err := again.Write([]byte{0, 0, 0, 0}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(daemon, got[:4]); err != nil {
+		t.Fatalf("the daemon's close was not answered: %v", err)
+	}
 	daemon.Close()
 	done := make(chan error, 1)
 	go func() { done <- p.Wait() }()
@@ -117,6 +135,9 @@ func TestRelayProcessOutlivesTheAgent(t *testing.T) {
 	if _, err := os.Stat(Socket(dir)); !os.IsNotExist(err) {
 		t.Errorf("the relay's socket outlived it: %v", err)
 	}
+	if !Completed(dir) {
+		t.Error("the relay did not record the pull's end after the daemon's close was answered")
+	}
 }
 
 // A relay started before its daemon (the destination starts it while the
@@ -128,7 +149,8 @@ func TestRelayEndsWithALinkNoDaemonTook(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, agent, err := Start(os.Args[0], link.Conn.UnixConn, t.TempDir())
+	dir := t.TempDir()
+	p, agent, err := Start(os.Args[0], link.Conn.UnixConn, dir)
 	link.Conn.UnixConn.Close() // the relay holds its own copy
 	if err != nil {
 		link.Close()
@@ -143,6 +165,9 @@ func TestRelayEndsWithALinkNoDaemonTook(t *testing.T) {
 	case <-exited:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the relay still runs 5 s after its link was dropped")
+	}
+	if Completed(dir) {
+		t.Error("a relay no daemon took says its pull completed")
 	}
 }
 

@@ -30,6 +30,7 @@ type Relay struct {
 	mu      sync.Mutex
 	pending []header // asked, not yet answered; oldest first
 	err     error    // why the daemon's stream ended (io.EOF: it closed)
+	closed  bool     // its closing command was answered
 	asked   chan struct{}
 	ended   chan struct{} // closed once the daemon's stream ended
 
@@ -177,6 +178,7 @@ func (r *Relay) Serve(agent io.ReadWriteCloser) error {
 		r.mu.Lock()
 		i := r.answered(next, reply)
 		r.pending = append(r.pending[:i], r.pending[i+1:]...)
+		r.closed = r.closed || !next.isGet()
 		r.mu.Unlock()
 	}
 }
@@ -229,8 +231,10 @@ func readReply(in io.Reader, req header, buf []byte) ([]byte, error) {
 
 // ServeRelay runs a Relay for daemon, serving each agent that connects to
 // l in turn, until the daemon's stream ends. It returns nil once the
-// daemon closed after its last answer.
-func ServeRelay(daemon io.ReadWriter, l net.Listener) error {
+// daemon closed after its last answer; closed says whether its closing
+// command was among those answered: CRIU's daemon sends it once every page
+// it asked for is in place, so the copy's memory is whole.
+func ServeRelay(daemon io.ReadWriter, l net.Listener) (closed bool, err error) {
 	r := NewRelay(daemon)
 	// Accept waits for an agent that may never come: the daemon's end
 	// stops it.
@@ -240,18 +244,25 @@ func ServeRelay(daemon io.ReadWriter, l net.Listener) error {
 		if err != nil {
 			select {
 			case <-r.ended:
-				return r.Err()
+				return r.Closed(), r.Err()
 			default:
-				return err
+				return r.Closed(), err
 			}
 		}
 		err = r.Serve(conn)
 		conn.Close()
 		if errors.Is(err, ErrDaemonGone) {
 			<-r.ended
-			return r.Err()
+			return r.Closed(), r.Err()
 		}
 	}
+}
+
+// Closed says whether the daemon's closing command was answered.
+func (r *Relay) Closed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.closed
 }
 
 // LazyProxy holds the source's connection to CRIU's lazy page server for

@@ -35,7 +35,7 @@ var closeReq = func() []byte { b := header{cmd: psIOVClose}.encode(); return b[:
 // relayUnder starts ServeRelay for a daemon on a socketpair, listening in
 // a test directory; it returns the daemon's end, the socket and the
 // relay's outcome.
-func relayUnder(t *testing.T) (net.Conn, string, <-chan error) {
+func relayUnder(t *testing.T) (net.Conn, string, <-chan relayEnd) {
 	t.Helper()
 	daemon, ours := socketpair(t)
 	sock := filepath.Join(t.TempDir(), "relay.socket")
@@ -43,9 +43,19 @@ func relayUnder(t *testing.T) (net.Conn, string, <-chan error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := make(chan error, 1)
-	go func() { out <- ServeRelay(ours, l); ours.Close() }()
+	out := make(chan relayEnd, 1)
+	go func() {
+		closed, err := ServeRelay(ours, l)
+		out <- relayEnd{closed, err}
+		ours.Close()
+	}()
 	return daemon, sock, out
+}
+
+// relayEnd is what ServeRelay returned.
+type relayEnd struct {
+	closed bool
+	err    error
 }
 
 func socketpair(t *testing.T) (net.Conn, net.Conn) {
@@ -146,13 +156,14 @@ func TestRelayHandsUnansweredRequestsToTheNextAgent(t *testing.T) {
 		t.Fatal("the daemon's stream holds more or other than the whole replies, in order")
 	}
 
-	// The daemon's close, answered, then its end: the relay is done.
+	// The daemon's close, answered, then its end: the relay is done, and
+	// says the daemon closed.
 	closeThrough(t, daemon, second)
 	daemon.Close()
 	select {
-	case err := <-out:
-		if err != nil {
-			t.Fatalf("relay after a clean close: %v", err)
+	case end := <-out:
+		if end.err != nil || !end.closed {
+			t.Fatalf("relay after a clean close: closed %v, %v", end.closed, end.err)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the relay did not end with the daemon")
@@ -173,12 +184,12 @@ func TestRelayEndsWithTheDaemon(t *testing.T) {
 
 // endsWithDaemonGone waits for the relay's outcome: ErrDaemonGone, within
 // 5 s (stuck says what waited instead).
-func endsWithDaemonGone(t *testing.T, out <-chan error, stuck string) {
+func endsWithDaemonGone(t *testing.T, out <-chan relayEnd, stuck string) {
 	t.Helper()
 	select {
-	case err := <-out:
-		if !errors.Is(err, ErrDaemonGone) {
-			t.Fatalf("relay ended with %v, want ErrDaemonGone", err)
+	case end := <-out:
+		if !errors.Is(end.err, ErrDaemonGone) || end.closed {
+			t.Fatalf("relay ended with %v (closed %v), want ErrDaemonGone", end.err, end.closed)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal(stuck)
@@ -391,7 +402,7 @@ func TestRelayMatchesRepliesInAnyOrder(t *testing.T) {
 	readN(t, daemon, len(pageReply(7, 0x9000, 1)))
 	closeThrough(t, daemon, second)
 	daemon.Close()
-	if err := <-out; err != nil {
-		t.Fatalf("relay: %v", err)
+	if end := <-out; end.err != nil || !end.closed {
+		t.Fatalf("relay: closed %v, %v", end.closed, end.err)
 	}
 }
