@@ -96,6 +96,9 @@ type Run struct {
 	PagesReferenced uint64  `json:"pages_referenced,omitempty"`
 	PagesFetched    uint64  `json:"pages_fetched,omitempty"`
 	FillMs          float64 `json:"fill_ms,omitempty"`
+	// Hybrid's pages the restore wrote itself (engine.Report's).
+	PagesLastWritten uint64  `json:"pages_last_written,omitempty"`
+	LastWritesMs     float64 `json:"last_writes_ms,omitempty"`
 	// RestoreFromOwnImages: pre-copy's destination restored lazily from
 	// its images (engine.Report's).
 	RestoreFromOwnImages bool               `json:"restore_from_own_images,omitempty"`
@@ -385,7 +388,8 @@ func (o MigrateOptions) RunOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 		PathCutAtBytes: cutAt.Load(), OutageAtBytes: outageAt.Load(),
 		SourceState: rep.SourceState, Transport: rep.Transport,
 		RestoreMs: rep.RestoreMs, PagesFaulted: rep.PagesFaulted, PagesPushed: rep.PagesPushed, PushMs: rep.PushMs,
-		PagesReferenced: rep.PagesReferenced, PagesFetched: rep.PagesFetched, FillMs: rep.FillMs, RestoreFromOwnImages: rep.RestoreFromOwnImages, Rounds: rep.Rounds, StopReason: rep.StopReason, ThrottlePct: rep.ThrottlePct,
+		PagesReferenced: rep.PagesReferenced, PagesFetched: rep.PagesFetched, FillMs: rep.FillMs,
+		PagesLastWritten: rep.PagesLastWritten, LastWritesMs: rep.LastWritesMs, RestoreFromOwnImages: rep.RestoreFromOwnImages, Rounds: rep.Rounds, StopReason: rep.StopReason, ThrottlePct: rep.ThrottlePct,
 		RootfsBytes: rep.RootfsBytes, RootfsEntries: rep.RootfsEntries, FrozenRootfsBytes: rep.FrozenRootfsBytes}
 	if r.Rounds == nil {
 		r.Rounds = []engine.Round{}

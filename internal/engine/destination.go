@@ -175,6 +175,8 @@ type incoming struct {
 	holdErr string // why there is no hold, when one was wanted
 	// push is post-copy's push filling store while the copy runs.
 	push *pushed
+	// lastWrites: hybrid's, the pages the last rounds brought.
+	lastWrites *lastWrites
 	// early is the restore begun before the images, where it was.
 	early earlyRestore
 	// faults are the failures the offer injects here (tests).
@@ -465,6 +467,12 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	if !in.restoresFromOwnImages() {
 		release() // before the restore writes the memory
 	}
+	var lastw filled // hybrid's last writes
+	if in.lastWrites != nil {
+		if lastw, err = in.restoreLastWrites(); err != nil {
+			return false, fmt.Errorf("adding the last writes to the images on %s: %w", in.d.Host.Name, err)
+		}
+	}
 	var filled filled
 	var local *criu.LazyPages // pre-copy's lazy restore from these images
 	if rebuild {
@@ -512,7 +520,8 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	}
 	if err := ctl.Send(Restored{Pid: pid, WaitMs: units.Millis(start.Sub(asked)), RestoreMs: units.Millis(time.Since(start)),
 		FillMs: filled.ms, PagesLocal: filled.Local + filled.Parent, PagesFetched: filled.Fetched,
-		MemoryBytes: int64(filled.Local+filled.Parent+filled.Fetched+filled.Dumped) * pageSize, FromOwnImages: local != nil}); err != nil {
+		MemoryBytes: int64(filled.Local+filled.Parent+filled.Fetched+filled.Dumped) * pageSize, FromOwnImages: local != nil,
+		LastWrites: lastw.Local, LastWritesMs: lastw.ms}); err != nil {
 		return false, err
 	}
 	// The source owns the container until it commits.

@@ -408,7 +408,7 @@ func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
 	m.report.FrozenMs = units.Millis(time.Since(m.frozenAt))
 	m.report.PagesFaulted, m.report.PagesPushed = done.Faulted, done.Pushed
 	m.report.PagesReferenced = done.Local
-	m.report.MemoryBytes = int64(done.Faulted+done.Pushed) * pageSize
+	m.report.MemoryBytes = int64(done.Faulted+done.Pushed+m.report.PagesLastWritten) * pageSize
 	if err != nil {
 		return m.inDoubt(failAt(where, fmt.Errorf("lost the destination while it pulled memory: %w", err)))
 	}

@@ -520,6 +520,9 @@ func (in *incoming) receiveRounds(ctx context.Context, sess *transport.Session, 
 			return fmt.Errorf("pre-copy stream: %w", err)
 		}
 		if end {
+			if in.lastWrites != nil {
+				in.lastWrites.roundEnded()
+			}
 			if round == 1 {
 				in.faults.At(fault.Destination, fault.Rounds)
 			}

@@ -863,6 +863,7 @@ func (m *migration) requestRestore(ctx context.Context) (Restored, error) {
 	}
 	m.report.DowntimeMs = units.Millis(time.Since(m.frozenAt))
 	m.report.RestoreMs = rs.RestoreMs
+	m.report.PagesLastWritten, m.report.LastWritesMs = rs.LastWrites, rs.LastWritesMs
 	return rs, nil
 }
 

@@ -157,6 +157,8 @@ var techniques = map[string]technique{
 		source:   (*migration).hybrid,
 		receive: func(in *incoming, ctx context.Context, rx receivers) {
 			in.store = pages.NewStore()
+			in.lastWrites = &lastWrites{}
+			in.store.Observe(in.lastWrites.put, nil)
 			rx.g.Go(func() error { return in.receiveRounds(ctx, rx.sess, rx.router) })
 		},
 	},

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -259,14 +260,47 @@ func fill(dir string, src PageSource, keep uint32) (FillStats, error) {
 		return st, err
 	}
 	for _, pm := range pms {
-		if err := fillOne(dir, pm, src, keep, &st); err != nil {
+		entries := func(w *bufio.Writer, old io.Reader, pm *Pagemap) error {
+			return fillEntries(w, old, pm, src, keep, &st)
+		}
+		if err := rewrite(dir, pm, entries); err != nil {
 			return st, fmt.Errorf("task %d: %w", pm.PID, err)
 		}
 	}
 	return st, nil
 }
 
-func fillOne(dir string, pm Pagemap, src PageSource, keep uint32, st *FillStats) error {
+// FillPicked makes the picked pages of a lazy dump's lazy runs (each
+// task's addresses, sorted) part of the images, present and no longer
+// lazy, so that the restore writes them into the process itself; local
+// supplies them (a page it lacks stays lazy). Every other lazy page stays
+// as the dump left it, for the lazy-pages daemon. Hybrid's destination
+// picks the pages the container wrote last: the first ones it touches
+// once it runs, which would each have cost a fault's round trip.
+func FillPicked(dir string, picked map[uint32][]uint64, local func(pid uint32, addr uint64, dst []byte) bool) (FillStats, error) {
+	var st FillStats
+	pms, err := ReadPagemaps(dir)
+	if err != nil {
+		return st, err
+	}
+	for _, pm := range pms {
+		if len(picked[pm.PID]) == 0 {
+			continue
+		}
+		entries := func(w *bufio.Writer, old io.Reader, pm *Pagemap) error {
+			return pickEntries(w, old, pm, picked[pm.PID], local, &st)
+		}
+		if err := rewrite(dir, pm, entries); err != nil {
+			return st, fmt.Errorf("task %d: %w", pm.PID, err)
+		}
+	}
+	return st, nil
+}
+
+// rewrite writes a task's pages image and pagemap anew: entries copies
+// or writes the pages in pagemap order and sets the pagemap's new
+// entries. Until the last rename the images are as they were.
+func rewrite(dir string, pm Pagemap, entries func(w *bufio.Writer, old io.Reader, pm *Pagemap) error) error {
 	pagesPath := filepath.Join(dir, fmt.Sprintf("pages-%d.img", pm.PagesID))
 	var old io.Reader = bytes.NewReader(nil) // no pages image: every page was lazy
 	if f, err := os.Open(pagesPath); err == nil {
@@ -282,7 +316,7 @@ func fillOne(dir string, pm Pagemap, src PageSource, keep uint32, st *FillStats)
 	}
 	defer os.Remove(tmp) // after the rename, a no-op
 	w := bufio.NewWriterSize(out, 1<<20)
-	if err := fillEntries(w, old, &pm, src, keep, st); err != nil {
+	if err := entries(w, old, &pm); err != nil {
 		out.Close()
 		return err
 	}
@@ -382,6 +416,59 @@ func fillEntries(w *bufio.Writer, old io.Reader, pm *Pagemap, src PageSource, ke
 			}
 			st.Dumped += uint64(e.NrPages)
 			out = append(out, PagemapEntry{Vaddr: e.Vaddr, NrPages: e.NrPages, Flags: PagePresent})
+		}
+	}
+	pm.Entries = out
+	return nil
+}
+
+// pickEntries writes a lazy dump's pages with the picked ones (sorted
+// addresses) among its lazy runs filled in from local.
+func pickEntries(w *bufio.Writer, old io.Reader, pm *Pagemap, picked []uint64, local func(pid uint32, addr uint64, dst []byte) bool, st *FillStats) error {
+	page := make([]byte, PageSize)
+	var out []PagemapEntry
+	lastPicked := false // out's last entry holds picked pages only
+	keep := func(e PagemapEntry) {
+		if e.NrPages > 0 {
+			out, lastPicked = append(out, e), false
+		}
+	}
+	pick := func(addr uint64) {
+		if k := len(out); lastPicked && out[k-1].Vaddr+uint64(out[k-1].NrPages)*PageSize == addr {
+			out[k-1].NrPages++
+			return
+		}
+		out, lastPicked = append(out, PagemapEntry{Vaddr: addr, NrPages: 1, Flags: PagePresent}), true
+	}
+	for _, e := range pm.Entries {
+		end := e.Vaddr + uint64(e.NrPages)*PageSize
+		switch {
+		case e.Flags&PageParent != 0:
+			return fmt.Errorf("pages at %#x are in a parent image: a lazy dump has none", e.Vaddr)
+		case e.Flags&PageLazy != 0:
+			// Only the picked pages are visited: a run of a GiB has few.
+			at := e.Vaddr
+			i, _ := slices.BinarySearch(picked, e.Vaddr)
+			for ; i < len(picked) && picked[i] < end; i++ {
+				addr := picked[i]
+				if addr < at || !local(pm.PID, addr, page) {
+					continue // listed twice, or not held: the daemon's
+				}
+				keep(PagemapEntry{Vaddr: at, NrPages: uint32((addr - at) / PageSize), Flags: e.Flags})
+				if _, err := w.Write(page); err != nil {
+					return err
+				}
+				pick(addr)
+				st.Local++
+				at = addr + PageSize
+			}
+			keep(PagemapEntry{Vaddr: at, NrPages: uint32((end - at) / PageSize), Flags: e.Flags})
+		default:
+			if _, err := io.CopyN(w, old, int64(e.NrPages)*PageSize); err != nil {
+				return fmt.Errorf("pages image ends before the pages at %#x: %w", e.Vaddr, err)
+			}
+			st.Dumped += uint64(e.NrPages)
+			keep(e)
 		}
 	}
 	pm.Entries = out

@@ -303,3 +303,81 @@ func TestLinkDirKeepsTheDumpAsItCame(t *testing.T) {
 		t.Error("a directory among the images was linked")
 	}
 }
+
+// FillPicked writes the picked pages it holds into the images, present and
+// no longer lazy, and leaves every other lazy page as the dump did.
+func TestFillPicked(t *testing.T) {
+	dir := t.TempDir()
+	writeLazyDump(t, dir, Pagemap{PID: 7, PagesID: 1, Entries: []PagemapEntry{
+		{Vaddr: 0x1000, NrPages: 2, Flags: PagePresent},
+		{Vaddr: 0x10000, NrPages: 8, Flags: PageLazy},
+		{Vaddr: 0x20000, NrPages: 1, Flags: PagePresent},
+		{Vaddr: 0x30000, NrPages: 2, Flags: PageLazy},
+	}})
+	picked := map[uint32][]uint64{
+		// Two adjacent, one not held, one listed twice, the run's last,
+		// one outside every lazy run; another task's are not looked at.
+		7: {0x2000, 0x11000, 0x12000, 0x14000, 0x15000, 0x15000, 0x17000, 0x31000},
+		9: {0x10000},
+	}
+	var asked []uint64
+	st, err := FillPicked(dir, picked, func(pid uint32, addr uint64, dst []byte) bool {
+		if pid != 7 {
+			t.Errorf("asked for task %d's page", pid)
+		}
+		asked = append(asked, addr)
+		if addr == 0x14000 {
+			return false
+		}
+		copy(dst, pageOf(pid, addr))
+		return true
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Local != 5 || st.Dumped != 3 {
+		t.Errorf("stats %+v, want 5 local, 3 dumped", st)
+	}
+	if fmt.Sprint(asked) != fmt.Sprint([]uint64{0x11000, 0x12000, 0x14000, 0x15000, 0x17000, 0x31000}) {
+		t.Errorf("asked for %#x", asked)
+	}
+	pms, err := ReadPagemaps(dir)
+	if err != nil || len(pms) != 1 {
+		t.Fatalf("read back: %v %v", pms, err)
+	}
+	want := []PagemapEntry{
+		{Vaddr: 0x1000, NrPages: 2, Flags: PagePresent},
+		{Vaddr: 0x10000, NrPages: 1, Flags: PageLazy},
+		{Vaddr: 0x11000, NrPages: 2, Flags: PagePresent},
+		{Vaddr: 0x13000, NrPages: 2, Flags: PageLazy},
+		{Vaddr: 0x15000, NrPages: 1, Flags: PagePresent},
+		{Vaddr: 0x16000, NrPages: 1, Flags: PageLazy},
+		{Vaddr: 0x17000, NrPages: 1, Flags: PagePresent},
+		{Vaddr: 0x20000, NrPages: 1, Flags: PagePresent},
+		{Vaddr: 0x30000, NrPages: 1, Flags: PageLazy},
+		{Vaddr: 0x31000, NrPages: 1, Flags: PagePresent},
+	}
+	if fmt.Sprint(pms[0].Entries) != fmt.Sprint(want) {
+		t.Errorf("entries\n%v\nwant\n%v", pms[0].Entries, want)
+	}
+	// The pages image holds the present pages in pagemap order.
+	var img bytes.Buffer
+	for _, e := range want {
+		if e.Flags == PagePresent {
+			for p := uint64(0); p < uint64(e.NrPages); p++ {
+				img.Write(pageOf(7, e.Vaddr+p*PageSize))
+			}
+		}
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, "pages-1.img")); !bytes.Equal(got, img.Bytes()) {
+		t.Errorf("pages image: %d bytes, want %d", len(got), img.Len())
+	}
+	// Nothing picked: the images stay as they are.
+	before, _ := os.ReadFile(filepath.Join(dir, "pagemap-7.img"))
+	if _, err := FillPicked(dir, map[uint32][]uint64{7: nil}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if after, _ := os.ReadFile(filepath.Join(dir, "pagemap-7.img")); !bytes.Equal(before, after) {
+		t.Error("an empty pick rewrote the pagemap")
+	}
+}

@@ -1,0 +1,36 @@
+package engine
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/ferry-migrate/ferry/internal/pages"
+)
+
+// The pages both of the last two rounds brought are picked (the first
+// round, all of memory, never counts), each once, at most as many as asked.
+func TestLastWritesPicked(t *testing.T) {
+	var l lastWrites
+	round := func(keys ...pages.Key) {
+		for _, k := range keys {
+			l.put(k, nil)
+		}
+		l.roundEnded()
+	}
+	a := func(addr uint64) pages.Key { return pages.Key{PID: 1, Addr: addr} }
+	b := func(addr uint64) pages.Key { return pages.Key{PID: 2, Addr: addr} }
+	round(a(0x1000), a(0x2000), a(0x3000), b(0x1000)) // round 0
+	round(a(0x2000), a(0x3000), b(0x1000))
+	if got := l.picked(10); len(got) != 0 {
+		t.Fatalf("after one round past the first: %v", got)
+	}
+	round(a(0x9000), a(0x3000), a(0x2000), b(0x1000), a(0x5000))
+	round(a(0x2000), a(0x7000), a(0x9000), a(0x2000), b(0x1000), a(0x3000)) // the frozen round
+	want := map[uint32][]uint64{1: {0x2000, 0x3000, 0x9000}, 2: {0x1000}}
+	if got := l.picked(10); fmt.Sprintf("%#x", got) != fmt.Sprintf("%#x", want) {
+		t.Errorf("picked %#x, want %#x", got, want)
+	}
+	if got, want := l.picked(2), map[uint32][]uint64{1: {0x2000, 0x9000}}; fmt.Sprintf("%#x", got) != fmt.Sprintf("%#x", want) {
+		t.Errorf("picked at most 2: %#x, want %#x", got, want)
+	}
+}
