@@ -417,3 +417,28 @@ func TestServeLazyOverASocket(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// For startWindow after the first fault, background requests are answered
+// with at most startPages; before any fault, and after the window, whole.
+func TestShrinkAtTheCopysStart(t *testing.T) {
+	now := time.Unix(1000, 0)
+	s := &lazyServer{now: func() time.Time { return now }}
+	if n := s.shrink(256); n != 256 {
+		t.Errorf("before any fault: %d pages, want 256", n)
+	}
+	if n := s.shrink(1); n != 1 {
+		t.Errorf("a fault: %d pages", n)
+	}
+	now = now.Add(startWindow / 2)
+	if n := s.shrink(256); n != startPages {
+		t.Errorf("just after the first fault: %d pages, want %d", n, startPages)
+	}
+	if n := s.shrink(8); n != 8 {
+		t.Errorf("a small request: %d pages, want 8", n)
+	}
+	s.shrink(1) // a later fault does not move the window
+	now = now.Add(startWindow/2 + time.Millisecond)
+	if n := s.shrink(256); n != 256 {
+		t.Errorf("after the window: %d pages, want 256", n)
+	}
+}
