@@ -49,6 +49,11 @@ type LazyDone struct {
 }
 
 func (m *migration) postcopy(ctx context.Context) error {
+	lw, err := m.trackLastWrites()
+	if err != nil {
+		return m.abort(ctx, failAt("post-copy", err))
+	}
+	defer lw.close()
 	if err := m.syncRootfsLive(ctx); err != nil {
 		return err
 	}
@@ -63,6 +68,7 @@ func (m *migration) postcopy(ctx context.Context) error {
 	m.begin("dump")
 	var g errgroup.Group
 	g.Go(ld.run)
+	g.Go(func() error { return failAt("post-copy's last writes", lw.send(ctx, m)) })
 	if err := m.syncRootfsBeside(&g); err != nil {
 		ld.stop()
 		return m.abort(ctx, err)

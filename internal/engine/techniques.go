@@ -132,12 +132,16 @@ var techniques = map[string]technique{
 		needs:    runtime.Caps{Freeze: true, LazyDump: true, LazyRestore: true},
 		lazy:     true,
 		push:     true,
-		channels: fixed(ChanLazy, ChanPush),
+		channels: fixed(ChanRounds, ChanLazy, ChanPush),
 		source:   (*migration).postcopy,
 		receive: func(in *incoming, ctx context.Context, rx receivers) {
-			// The push fills the store while the copy runs: the restore does
-			// not wait for it (not in rx.g).
+			// The last writes come beside the dump, as one round
+			// (lastwrites.go); the push fills the store while the copy
+			// runs: the restore does not wait for it (not in rx.g).
 			in.store = pages.NewStore()
+			in.lastWrites = &lastWrites{}
+			in.store.Observe(in.lastWrites.put, nil)
+			rx.g.Go(func() error { return in.receiveRounds(ctx, rx.sess, rx.router) })
 			in.push = newPushed(in.store)
 			if in.d.pushWait > 0 {
 				in.push.wait = in.d.pushWait
@@ -157,7 +161,7 @@ var techniques = map[string]technique{
 		source:   (*migration).hybrid,
 		receive: func(in *incoming, ctx context.Context, rx receivers) {
 			in.store = pages.NewStore()
-			in.lastWrites = &lastWrites{}
+			in.lastWrites = &lastWrites{first: 1}
 			in.store.Observe(in.lastWrites.put, nil)
 			rx.g.Go(func() error { return in.receiveRounds(ctx, rx.sess, rx.router) })
 		},

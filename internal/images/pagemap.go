@@ -263,7 +263,7 @@ func fill(dir string, src PageSource, keep uint32) (FillStats, error) {
 		entries := func(w *bufio.Writer, old io.Reader, pm *Pagemap) error {
 			return fillEntries(w, old, pm, src, keep, &st)
 		}
-		if err := rewrite(dir, pm, entries); err != nil {
+		if err := rewrite(dir, pm, 1<<20, entries); err != nil {
 			return st, fmt.Errorf("task %d: %w", pm.PID, err)
 		}
 	}
@@ -290,22 +290,25 @@ func FillPicked(dir string, picked map[uint32][]uint64, local func(pid uint32, a
 		entries := func(w *bufio.Writer, old io.Reader, pm *Pagemap) error {
 			return pickEntries(w, old, pm, picked[pm.PID], local, &st)
 		}
-		if err := rewrite(dir, pm, entries); err != nil {
+		// A few MiB at most: buffers of 1 MiB cost more to fault in
+		// than they save in system calls.
+		if err := rewrite(dir, pm, 64<<10, entries); err != nil {
 			return st, fmt.Errorf("task %d: %w", pm.PID, err)
 		}
 	}
 	return st, nil
 }
 
-// rewrite writes a task's pages image and pagemap anew: entries copies
+// rewrite writes a task's pages image and pagemap anew (through buffers
+// of bufSize): entries copies
 // or writes the pages in pagemap order and sets the pagemap's new
 // entries. Until the last rename the images are as they were.
-func rewrite(dir string, pm Pagemap, entries func(w *bufio.Writer, old io.Reader, pm *Pagemap) error) error {
+func rewrite(dir string, pm Pagemap, bufSize int, entries func(w *bufio.Writer, old io.Reader, pm *Pagemap) error) error {
 	pagesPath := filepath.Join(dir, fmt.Sprintf("pages-%d.img", pm.PagesID))
 	var old io.Reader = bytes.NewReader(nil) // no pages image: every page was lazy
 	if f, err := os.Open(pagesPath); err == nil {
 		defer f.Close()
-		old = bufio.NewReaderSize(f, 1<<20)
+		old = bufio.NewReaderSize(f, bufSize)
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
@@ -315,7 +318,7 @@ func rewrite(dir string, pm Pagemap, entries func(w *bufio.Writer, old io.Reader
 		return err
 	}
 	defer os.Remove(tmp) // after the rename, a no-op
-	w := bufio.NewWriterSize(out, 1<<20)
+	w := bufio.NewWriterSize(out, bufSize)
 	if err := entries(w, old, &pm); err != nil {
 		out.Close()
 		return err
