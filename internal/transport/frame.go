@@ -16,12 +16,15 @@ import (
 // version is refused at the handshake (every frame header carries it, so the
 // peer's Hello frame already fails to decode, with both versions named).
 //
+// Version 5 gave post-copy a rounds channel: the pages the container wrote
+// while its root filesystem synced, sent beside its dump (a destination of
+// version 4 would never acknowledge them).
 // Version 4 changed post-copy's push channel back to the source: fixed
 // records, the pages stored or the pages the destination waits for.
 // Version 3 added FrameControlMore: a control message larger than MaxPayload
 // travels as FrameControlMore frames followed by one FrameControl frame.
 // Version 2 capped a control message at one frame.
-const ProtocolVersion = 4
+const ProtocolVersion = 5
 
 // MaxPayload bounds one frame's payload; larger writes and larger control
 // messages are split.
