@@ -4,14 +4,11 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/ferry-migrate/ferry/internal/cgroups"
-	"github.com/ferry-migrate/ferry/internal/procs"
 )
 
 // liblxc removes a container's cgroups (lxc.payload.NAME and
@@ -59,53 +56,15 @@ func namedFor(cgroup, name string) bool {
 }
 
 // removeEmptyCgroups removes those of cgroups that hold no process and no
-// cgroup (the kernel refuses to remove any other). A cgroup stays busy
-// while its last processes are zombies, still listed (a stopped
-// container's, until liblxc's monitor reaps them): one that holds nothing
-// else is tried again for up to a second.
+// cgroup (the kernel refuses to remove any other).
 func removeEmptyCgroups(cgroups []string) error {
 	var errs []error
 	for _, c := range cgroups {
-		for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
-			err := unix.Rmdir(c)
-			if errors.Is(err, unix.EBUSY) && !holdsLiving(c) && time.Now().Before(deadline) {
-				continue
-			}
-			if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EBUSY) {
-				errs = append(errs, &os.PathError{Op: "remove cgroup", Path: c, Err: err})
-			}
-			break
+		if err := unix.Rmdir(c); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EBUSY) {
+			errs = append(errs, &os.PathError{Op: "remove cgroup", Path: c, Err: err})
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// holdsLiving says whether cgroup holds a cgroup or a process that is not
-// a zombie.
-func holdsLiving(cgroup string) bool {
-	ents, err := os.ReadDir(cgroup)
-	if err != nil {
-		return true
-	}
-	for _, e := range ents {
-		if e.IsDir() {
-			return true
-		}
-	}
-	listed, err := os.ReadFile(filepath.Join(cgroup, "cgroup.procs"))
-	if err != nil {
-		return true
-	}
-	for _, f := range strings.Fields(string(listed)) {
-		pid, err := strconv.Atoi(f)
-		if err != nil {
-			return true
-		}
-		if st, ok := procs.State(pid); ok && st != 'Z' {
-			return true
-		}
-	}
-	return false
 }
 
 // RemoveIdleCgroups removes every empty cgroup named for container name on

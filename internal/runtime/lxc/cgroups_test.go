@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"golang.org/x/sys/unix"
@@ -80,55 +79,5 @@ func TestRemoveEmptyCgroups(t *testing.T) {
 		if _, err := os.Stat(d); (err == nil) != want {
 			t.Errorf("%s exists: %v, want %v", d, err == nil, want)
 		}
-	}
-}
-
-// A v2 cgroup whose last process was killed but not yet reaped lists no
-// process and is still busy; removing the container's cgroups waits for it
-// (a stopped container's payload cgroup was left behind that way).
-func TestRemoveEmptyCgroupsWaitsForTheExiting(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to make cgroups")
-	}
-	var v2 string
-	for _, h := range cgroups.Hierarchies(cgroups.Root) {
-		var st unix.Statfs_t
-		if unix.Statfs(h, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
-			v2 = h
-		}
-	}
-	if v2 == "" {
-		t.Skip("no cgroup v2 hierarchy mounted under " + cgroups.Root)
-	}
-	name := "ferry-test-" + strconv.Itoa(os.Getpid())
-	dir := filepath.Join(v2, "lxc.payload."+name)
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = unix.Rmdir(dir) })
-	sleep := exec.Command("sleep", "60")
-	if err := sleep.Start(); err != nil {
-		t.Fatal(err)
-	}
-	reaped := make(chan struct{})
-	t.Cleanup(func() { _ = sleep.Process.Kill(); <-reaped })
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(sleep.Process.Pid)), 0o644); err != nil {
-		close(reaped)
-		t.Fatal(err)
-	}
-	if err := sleep.Process.Kill(); err != nil {
-		close(reaped)
-		t.Fatal(err)
-	}
-	go func() {
-		time.Sleep(200 * time.Millisecond) // a zombie until then
-		_ = sleep.Wait()
-		close(reaped)
-	}()
-	if err := removeEmptyCgroups([]string{dir}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(dir); err == nil {
-		t.Error("the cgroup of a process that was exiting stays")
 	}
 }
