@@ -127,9 +127,7 @@ func (a *Agent) recoverDestination(ctx context.Context) {
 			if err := a.journal.Set(e.ID, journal.Started); err != nil {
 				a.Log.Error("journal", "migration", e.ID, "error", err)
 			}
-			if !a.KeepWork {
-				_ = mounts.RemoveAll(e.Pull.Dir)
-			}
+			a.dst.RemovePullDir(e)
 			a.Log.Info("a post-copy pull had ended whole before the restart; the copy runs", "migration", e.ID, "container", e.Container)
 			continue
 		}
@@ -155,12 +153,7 @@ func (a *Agent) recoverDestination(ctx context.Context) {
 			if err := a.drop(ctx, rt, c, e); err == nil {
 				a.Log.Warn("dropped a post-copy copy whose memory was still arriving when this agent stopped; its source resumes its own, as it was at the freeze", "migration", e.ID, "container", e.Container, "why", why)
 			}
-			// clearScratch spared its directory for the pull.
-			if e.Pull != nil && !a.KeepWork {
-				if err := mounts.RemoveAll(e.Pull.Dir); err != nil {
-					a.Log.Warn("scratch left by an earlier run", "dir", e.Pull.Dir, "error", err)
-				}
-			}
+			a.dst.RemovePullDir(e) // clearScratch spared it for the pull
 			continue
 		}
 		// A copy restored stopped never ran: it goes.

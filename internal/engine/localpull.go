@@ -131,7 +131,7 @@ func (d *Destination) AdoptLocalPull(e journal.Entry, rt runtime.Runtime) error 
 		if daemon != nil {
 			daemon.ReleaseFaults()
 		}
-		d.endPull(&strandedPull{e: e}, state)
+		d.endPull(e, state)
 	}()
 	return nil
 }

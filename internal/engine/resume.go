@@ -206,18 +206,28 @@ func (d *Destination) dropPull(sp *strandedPull) {
 		slog.Error("post-copy: a dropped pull's copy could not be removed", "migration", sp.e.ID, "container", sp.e.Container, "error", err)
 		return
 	}
-	d.endPull(sp, journal.Dropped)
+	d.endPull(sp.e, journal.Dropped)
 }
 
 // endPull records a stranded pull's end and removes its work directory.
-func (d *Destination) endPull(sp *strandedPull, state string) {
+func (d *Destination) endPull(e journal.Entry, state string) {
 	if d.Journal != nil {
-		if err := d.Journal.Set(sp.e.ID, state); err != nil {
-			slog.Error("journal", "migration", sp.e.ID, "error", err)
+		if err := d.Journal.Set(e.ID, state); err != nil {
+			slog.Error("journal", "migration", e.ID, "error", err)
 		}
 	}
-	if !d.KeepWork {
-		_ = mounts.RemoveAll(sp.e.Pull.Dir)
+	d.RemovePullDir(e)
+}
+
+// RemovePullDir removes the work directory of a pull that has ended (unless
+// the work is kept), which a restarted agent spares while the pull may go
+// on.
+func (d *Destination) RemovePullDir(e journal.Entry) {
+	if e.Pull == nil || d.KeepWork {
+		return
+	}
+	if err := mounts.RemoveAll(e.Pull.Dir); err != nil {
+		slog.Warn("scratch left by an earlier run", "dir", e.Pull.Dir, "error", err)
 	}
 }
 
@@ -316,7 +326,7 @@ func (d *Destination) ResumePull(ctx context.Context, sess *transport.Session, r
 		sp.daemon.ReleaseFaults()
 		d.forget(sp)
 		faulted, pushed := criu.LazyCounts(sp.daemon.LogPath())
-		d.endPull(sp, journal.Started)
+		d.endPull(sp.e, journal.Started)
 		slog.Info("post-copy: a pull taken over after a restart is complete", "migration", sp.e.ID, "container", sp.e.Container, "pages", st.Pages)
 		_ = ch.Send(LazyDone{Ms: units.Millis(time.Since(start)), Faulted: faulted, Pushed: pushed})
 	case err != nil:
