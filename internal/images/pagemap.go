@@ -255,19 +255,10 @@ func FillForLazyRestore(dir string, src PageSource) (FillStats, error) {
 
 func fill(dir string, src PageSource, keep uint32) (FillStats, error) {
 	var st FillStats
-	pms, err := ReadPagemaps(dir)
-	if err != nil {
-		return st, err
-	}
-	for _, pm := range pms {
-		entries := func(w *bufio.Writer, old io.Reader, pm *Pagemap) error {
-			return fillEntries(w, old, pm, src, keep, &st)
-		}
-		if err := rewrite(dir, pm, 1<<20, entries); err != nil {
-			return st, fmt.Errorf("task %d: %w", pm.PID, err)
-		}
-	}
-	return st, nil
+	err := rewriteEach(dir, 1<<20, nil, func(w *bufio.Writer, old io.Reader, pm *Pagemap) error {
+		return fillEntries(w, old, pm, src, keep, &st)
+	})
+	return st, err
 }
 
 // FillPicked makes the picked pages of a lazy dump's lazy runs (each
@@ -279,31 +270,41 @@ func fill(dir string, src PageSource, keep uint32) (FillStats, error) {
 // once it runs, which would each have cost a fault's round trip.
 func FillPicked(dir string, picked map[uint32][]uint64, local func(pid uint32, addr uint64, dst []byte) bool) (FillStats, error) {
 	var st FillStats
-	pms, err := ReadPagemaps(dir)
-	if err != nil {
-		return st, err
-	}
-	for _, pm := range pms {
-		if len(picked[pm.PID]) == 0 {
-			continue
-		}
-		entries := func(w *bufio.Writer, old io.Reader, pm *Pagemap) error {
-			return pickEntries(w, old, pm, picked[pm.PID], local, &st)
-		}
-		// A few MiB at most: buffers of 1 MiB cost more to fault in
-		// than they save in system calls.
-		if err := rewrite(dir, pm, 64<<10, entries); err != nil {
-			return st, fmt.Errorf("task %d: %w", pm.PID, err)
-		}
-	}
-	return st, nil
+	// A few MiB at most: buffers of 1 MiB cost more to fault in than they
+	// save in system calls.
+	some := func(pm Pagemap) bool { return len(picked[pm.PID]) > 0 }
+	err := rewriteEach(dir, 64<<10, some, func(w *bufio.Writer, old io.Reader, pm *Pagemap) error {
+		return pickEntries(w, old, pm, picked[pm.PID], local, &st)
+	})
+	return st, err
 }
 
-// rewrite writes a task's pages image and pagemap anew (through buffers
-// of bufSize): entries copies
-// or writes the pages in pagemap order and sets the pagemap's new
-// entries. Until the last rename the images are as they were.
-func rewrite(dir string, pm Pagemap, bufSize int, entries func(w *bufio.Writer, old io.Reader, pm *Pagemap) error) error {
+// entriesFunc writes one task's pages in pagemap order (old is its pages
+// image as it was) and sets its pagemap's new entries.
+type entriesFunc func(w *bufio.Writer, old io.Reader, pm *Pagemap) error
+
+// rewriteEach rewrites the images of every task in dir that want picks
+// (nil: every task).
+func rewriteEach(dir string, bufSize int, want func(Pagemap) bool, entries entriesFunc) error {
+	pms, err := ReadPagemaps(dir)
+	if err != nil {
+		return err
+	}
+	for _, pm := range pms {
+		if want != nil && !want(pm) {
+			continue
+		}
+		if err := rewrite(dir, pm, bufSize, entries); err != nil {
+			return fmt.Errorf("task %d: %w", pm.PID, err)
+		}
+	}
+	return nil
+}
+
+// rewrite writes a task's pages image and pagemap anew through buffers
+// of bufSize, as entries says. Until the last rename the images are as
+// they were.
+func rewrite(dir string, pm Pagemap, bufSize int, entries entriesFunc) error {
 	pagesPath := filepath.Join(dir, fmt.Sprintf("pages-%d.img", pm.PagesID))
 	var old io.Reader = bytes.NewReader(nil) // no pages image: every page was lazy
 	if f, err := os.Open(pagesPath); err == nil {
