@@ -96,7 +96,7 @@ type Run struct {
 	PagesReferenced uint64  `json:"pages_referenced,omitempty"`
 	PagesFetched    uint64  `json:"pages_fetched,omitempty"`
 	FillMs          float64 `json:"fill_ms,omitempty"`
-	// Hybrid's pages the restore wrote itself (engine.Report's).
+	// Hybrid's and post-copy's pages the restore wrote itself (engine.Report's).
 	PagesLastWritten uint64  `json:"pages_last_written,omitempty"`
 	LastWritesMs     float64 `json:"last_writes_ms,omitempty"`
 	// RestoreFromOwnImages: pre-copy's destination restored lazily from

@@ -142,7 +142,6 @@ func (m *migration) trackLastWrites() (*lastWritesSource, error) {
 // tracking began, up to maxPostcopyWrites, and sends them as one round.
 func (l *lastWritesSource) send(ctx context.Context, m *migration) error {
 	ps := l.ps
-	ps.frozen = true
 	if len(l.trackers) > 0 {
 		pids := slices.Collect(maps.Keys(l.trackers))
 		ps.tracking.forPIDs(pids, false) // frozen: the scan is the last, it protects nothing

@@ -153,8 +153,9 @@ type Restored struct {
 	// FromOwnImages: the restore left the memory to a lazy-pages daemon
 	// reading the completed images there (localpull.go).
 	FromOwnImages bool `json:"from_own_images,omitempty"`
-	// Hybrid: the pages the container wrote last that the restore wrote
-	// itself (lastwrites.go), and how long adding them to the images took.
+	// Hybrid and post-copy: the pages the container wrote last that the
+	// restore wrote itself (lastwrites.go), and how long adding them to the
+	// images took.
 	LastWrites   uint64  `json:"last_writes,omitempty"`
 	LastWritesMs float64 `json:"last_writes_ms,omitempty"`
 }
@@ -302,9 +303,10 @@ type Report struct {
 	// took while the container was down.
 	PagesFetched uint64  `json:"pages_fetched,omitempty"`
 	FillMs       float64 `json:"fill_ms,omitempty"`
-	// Hybrid: the pages the container wrote last, which the destination's
-	// restore wrote into the copy itself instead of leaving them to faults,
-	// and how long adding them to the images took while it was down.
+	// Hybrid and post-copy: the pages the container wrote last, which the
+	// destination's restore wrote into the copy itself instead of leaving
+	// them to faults, and how long adding them to the images took while it
+	// was down.
 	PagesLastWritten uint64  `json:"pages_last_written,omitempty"`
 	LastWritesMs     float64 `json:"last_writes_ms,omitempty"`
 	// RestoreFromOwnImages: the destination restored without copying the
