@@ -126,6 +126,15 @@ func requireRuncCRIU(t *testing.T) {
 }
 
 func newGateHosts(t *testing.T) *gateHosts {
+	return newGateHostsRunning(t, countScript)
+}
+
+// countScript counts into /c, 20 times a second.
+const countScript = "i=0; while true; do i=$((i+1)); echo $i > /c.new; mv /c.new /c; sleep 0.05; done"
+
+// newGateHostsRunning is newGateHosts with the container running script,
+// which must count into /c as countScript does.
+func newGateHostsRunning(t *testing.T, script string) *gateHosts {
 	requireRuncCRIU(t)
 	dir := t.TempDir()
 	tag := fmt.Sprintf("ferry-gatetest-%d", os.Getpid())
@@ -137,8 +146,7 @@ func newGateHosts(t *testing.T) *gateHosts {
 	bundle := filepath.Join(dir, "src-bundle")
 	h.rootfs = filepath.Join(bundle, "rootfs")
 	busyboxRoot(t, h.rootfs, "/bin/busybox")
-	spec := NewSpec(SpecOptions{CgroupsPath: h.srcCg, Args: []string{"/bin/busybox", "sh", "-c",
-		"i=0; while true; do i=$((i+1)); echo $i > /c.new; mv /c.new /c; sleep 0.05; done"}})
+	spec := NewSpec(SpecOptions{CgroupsPath: h.srcCg, Args: []string{"/bin/busybox", "sh", "-c", script}})
 	if err := WriteSpec(bundle, spec); err != nil {
 		t.Fatal(err)
 	}
