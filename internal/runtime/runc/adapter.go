@@ -163,11 +163,11 @@ type dumping struct {
 }
 
 // beginDump starts runc checkpoint; actionScript, if set, is a script
-// CRIU runs at each of its actions (dumpgate.go).
+// CRIU runs before it dumps (dumpgate.go).
 func (h Host) beginDump(ctx context.Context, id string, o runtime.CheckpointOptions, actionScript string) (*dumping, error) {
 	opts := CheckpointOptions{ImagePath: o.ImagesDir, WorkPath: o.WorkDir, ParentPath: o.ParentDir, PageServer: o.PageServer,
 		LeaveRunning: !o.PreDump, TCPEstablished: o.TCPEstablished, PreDump: o.PreDump, LazyPages: o.Lazy, Netns: o.PageNet,
-		NoNetworkLock: o.NetworkQuiet, ActionScript: actionScript}
+		NoNetworkLock: o.NetworkQuiet, ActionScript: actionScript, ScriptActions: []string{"pre-dump"}}
 	d := &dumping{lazy: o.Lazy, done: make(chan struct{})}
 	if o.Lazy {
 		r, w, err := os.Pipe()

@@ -28,8 +28,10 @@ import (
 // ends the lock but Go (Cancel, this agent's death) leaves the word
 // "wait", and CRIU gives up before it touched the container.
 
-// dumpGateScript is the action script: every other action passes at once
-// (a shell's start, ~0.5 ms); reached tells ferry CRIU is at the gate.
+// dumpGateScript is the action script, run at pre-dump only by ferry's
+// CRIU (ScriptActions); a stock CRIU runs it at every action, which then
+// passes at once (a shell's start, 1-4 ms of the frozen dump each).
+// reached tells ferry CRIU is at the gate.
 const dumpGateScript = `#!/bin/sh
 # ferry's dump gate (internal/runtime/runc/dumpgate.go): CRIU runs this at
 # each of its actions; before it dumps, it waits for ferry's word.

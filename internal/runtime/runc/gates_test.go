@@ -533,6 +533,14 @@ func TestEarlyDump(t *testing.T) {
 	if st, err := h.src.State(ctx, "gated"); err != nil || st.Status != "paused" {
 		t.Fatalf("after the dump the container is %q (%v), want still paused", st.Status, err)
 	}
+	// The gate's script ran before the dump and at no other action.
+	log, err := os.ReadFile(filepath.Join(o.WorkDir, "dump.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(log), "dump-gate]"); n != 1 {
+		t.Errorf("CRIU ran the gate's script %d times, want once (pre-dump)", n)
+	}
 }
 
 // Cancel, and the agent's death (its lock on the word gone, the word
