@@ -33,8 +33,9 @@ import (
 // passes at once (a shell's start, 1-4 ms of the frozen dump each).
 // reached tells ferry CRIU is at the gate.
 const dumpGateScript = `#!/bin/sh
-# ferry's dump gate (internal/runtime/runc/dumpgate.go): CRIU runs this at
-# each of its actions; before it dumps, it waits for ferry's word.
+# ferry's dump gate (internal/runtime/runc/dumpgate.go): CRIU runs this
+# before it dumps (a CRIU without ferry's patch 0013 at every action too),
+# and there it waits for ferry's word.
 [ "$CRTOOLS_SCRIPT_ACTION" = pre-dump ] || exit 0
 : > '%[1]s.reached'
 exec 3< '%[1]s.word'
