@@ -147,7 +147,7 @@ func (l *lastWritesSource) send(ctx context.Context, m *migration) error {
 		ps.tracking.forPIDs(pids, false) // frozen: the scan is the last, it protects nothing
 		if rd, err := pages.NewReader(pids); err == nil {
 			// Pages not written since are not sent: the daemon asks for them.
-			rd.UseTrackers(l.trackers, func(r pages.Range) []pages.Range { return []pages.Range{r} }, func(pages.Range) {})
+			rd.UseTrackersWrittenOnly(l.trackers)
 			n := 0
 			_, err := rd.Scan(func(p pages.Page) error {
 				if err := ctx.Err(); err != nil {

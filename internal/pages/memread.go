@@ -86,9 +86,10 @@ type Reader struct {
 	pagemap []byte
 	zeroPFN uint64
 
-	trackers  map[int]WriteTracker // by host pid
-	held      func(Range) []Range
-	unchanged func(Range)
+	trackers    map[int]WriteTracker // by host pid
+	held        func(Range) []Range
+	unchanged   func(Range)
+	writtenOnly bool
 }
 
 // Range is pages [Start, End) of the process PID (in its pid namespace,
@@ -104,7 +105,15 @@ type Range struct {
 // they were then (in address order); those go to unchanged unread, and
 // the rest is read and goes to Scan's fn as usual.
 func (r *Reader) UseTrackers(trackers map[int]WriteTracker, held func(Range) []Range, unchanged func(Range)) {
-	r.trackers, r.held, r.unchanged = trackers, held, unchanged
+	r.trackers, r.held, r.unchanged, r.writtenOnly = trackers, held, unchanged, false
+}
+
+// UseTrackersWrittenOnly has Scan report only the pages each process's
+// tracker saw written since its last scan, leaving the others out
+// (post-copy's last writes: the daemon asks for those). A process without
+// a tracker is read whole.
+func (r *Reader) UseTrackersWrittenOnly(trackers map[int]WriteTracker) {
+	r.trackers, r.held, r.unchanged, r.writtenOnly = trackers, nil, nil, true
 }
 
 // NewReader prepares to scan the given processes (host PIDs). Processes that
@@ -372,7 +381,7 @@ func (r *Reader) scanProcRange(p proc, rg Range, fn func(Page) error, st *Stats)
 		}
 		return nil
 	}
-	if t := r.trackers[p.host]; t != nil && r.held != nil && r.unchanged != nil {
+	if t := r.trackers[p.host]; t != nil && (r.writtenOnly || r.held != nil && r.unchanged != nil) {
 		st.VMAs += len(vmas)
 		err := s.tracked(t)
 		if gone(err) {
@@ -436,10 +445,14 @@ func (s *procScan) vma(v procs.Mapping) error {
 }
 
 // tracked reports the process's pages as its tracker sees them: the
-// written ones read, the others read only where the receiver lacks them.
-// (A written page that cannot be read is left out, as in a full scan.)
+// written ones read, the others read only where the receiver lacks them,
+// or not at all (writtenOnly). (A written page that cannot be read is left
+// out, as in a full scan.)
 func (s *procScan) tracked(t WriteTracker) error {
 	return t.Scan(func(start, end uint64, written bool) error {
+		if !written && s.r.writtenOnly {
+			return nil
+		}
 		at := start
 		if !written {
 			for _, h := range s.r.held(Range{PID: s.p.ns, Start: start, End: end}) {

@@ -200,6 +200,48 @@ func BenchmarkScan(b *testing.B) {
 	b.ReportMetric(float64(st.Pages), "pages/scan")
 }
 
+// holderReader starts a holder of one region and a Reader of it; n is
+// the region's pages.
+func holderReader(t *testing.T) (h *holder, n uint64, r *Reader) {
+	t.Helper()
+	needRoot(t)
+	h = startHolder(t, 1)
+	r, err := NewReader([]int{h.pid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h, h.size / PageSize, r
+}
+
+// scanIndexes scans, checking each page's hash, and returns the pages
+// read as indexes from base, in order.
+func scanIndexes(t *testing.T, r *Reader, base uint64) ([]uint64, Stats) {
+	t.Helper()
+	var read []uint64
+	st, err := r.Scan(func(p Page) error {
+		if len(p.Data) != PageSize || p.Hash != xxh3.Hash128(p.Data) {
+			t.Errorf("page %#x: %d bytes, hash mismatch", p.Key.Addr, len(p.Data))
+		}
+		read = append(read, (p.Key.Addr-base)/PageSize)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return read, st
+}
+
+// indexes lists the i < n that keep says.
+func indexes(n uint64, keep func(uint64) bool) []uint64 {
+	var out []uint64
+	for i := range n {
+		if keep(i) {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
 // fakeTracker reports the holder's region in three parts: pages [0, 8)
 // written, [8, 24) unwritten, [24, n) written.
 type fakeTracker struct{ addr, n uint64 }
@@ -220,13 +262,7 @@ func (f fakeTracker) Scan(fn func(start, end uint64, written bool) error) error 
 // With a tracker, written pages are read, unwritten ones the receiver
 // holds go as ranges, and unwritten ones it lacks are read after all.
 func TestScanWithTracker(t *testing.T) {
-	needRoot(t)
-	h := startHolder(t, 1)
-	n := h.size / PageSize
-	r, err := NewReader([]int{h.pid})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, n, r := holderReader(t)
 	missing := h.addr + 12*PageSize // unwritten, yet the receiver lacks it
 	var ranges []Range
 	// The receiver holds all but the missing page, told as ranges that
@@ -236,23 +272,8 @@ func TestScanWithTracker(t *testing.T) {
 			return []Range{{q.PID, q.Start - PageSize, missing}, {q.PID, missing + PageSize, q.End + PageSize}}
 		},
 		func(rg Range) { ranges = append(ranges, rg) })
-	var read []uint64
-	st, err := r.Scan(func(p Page) error {
-		if p.Data == nil || len(p.Data) != PageSize || p.Hash != xxh3.Hash128(p.Data) {
-			t.Errorf("page %#x: %d bytes, hash mismatch", p.Key.Addr, len(p.Data))
-		}
-		read = append(read, (p.Key.Addr-h.addr)/PageSize)
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var want []uint64
-	for i := range n {
-		if i < 8 || i == 12 || i >= 24 {
-			want = append(want, i)
-		}
-	}
+	read, st := scanIndexes(t, r, h.addr)
+	want := indexes(n, func(i uint64) bool { return i < 8 || i == 12 || i >= 24 })
 	if !slices.Equal(read, want) {
 		t.Errorf("pages read %v, want %v", read, want)
 	}
@@ -263,6 +284,27 @@ func TestScanWithTracker(t *testing.T) {
 	}
 	if st.Unchanged != 15 || st.Pages != n {
 		t.Errorf("stats: %d unchanged of %d pages, want 15 of %d", st.Unchanged, st.Pages, n)
+	}
+}
+
+// Written only: the tracker's written pages are read, the others left
+// out, whatever the receiver holds; a later UseTrackers reads them again.
+func TestScanWrittenOnly(t *testing.T) {
+	h, n, r := holderReader(t)
+	r.UseTrackersWrittenOnly(map[int]WriteTracker{h.pid: fakeTracker{h.addr, n}})
+	read, st := scanIndexes(t, r, h.addr)
+	want := indexes(n, func(i uint64) bool { return i < 8 || i >= 24 })
+	if !slices.Equal(read, want) {
+		t.Errorf("pages read %v, want %v", read, want)
+	}
+	if st.Unchanged != 0 || st.Pages != n-16 {
+		t.Errorf("stats: %d unchanged of %d pages, want 0 of %d", st.Unchanged, st.Pages, n-16)
+	}
+
+	r.UseTrackers(map[int]WriteTracker{h.pid: fakeTracker{h.addr, n}},
+		func(Range) []Range { return nil }, func(Range) {})
+	if read, _ = scanIndexes(t, r, h.addr); uint64(len(read)) != n {
+		t.Errorf("after UseTrackers, a receiver holding nothing got %d pages of %d", len(read), n)
 	}
 }
 
