@@ -283,8 +283,8 @@ func FillPicked(dir string, picked map[uint32][]uint64, local func(pid uint32, a
 // image as it was) and sets its pagemap's new entries.
 type entriesFunc func(w *bufio.Writer, old io.Reader, pm *Pagemap) error
 
-// rewriteEach rewrites the images of every task in dir that want picks
-// (nil: every task).
+// rewriteEach rewrites the images of each task in dir that want accepts
+// (want nil: every task).
 func rewriteEach(dir string, bufSize int, want func(Pagemap) bool, entries entriesFunc) error {
 	pms, err := ReadPagemaps(dir)
 	if err != nil {
