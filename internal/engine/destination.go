@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-migrate/ferry/internal/admission"
+	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/fault"
@@ -331,6 +332,14 @@ func (in *incoming) prepare(ctx context.Context) error {
 	return nil
 }
 
+// movesKept stops keeping cgroup moves fast, saying why where they
+// were not.
+func (in *incoming) movesKept(k *cgroups.MovesKept) {
+	if _, err := k.Stop(); err != nil {
+		slog.Debug("a restore's moves into cgroups waited for the RCU", "migration", in.offer.ID, "error", err)
+	}
+}
+
 // settleTechnique finds the offer's technique and checks this host's
 // runtime can receive it.
 func (in *incoming) settleTechnique() error {
@@ -409,6 +418,9 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	stallCtx, stopWatch := context.WithCancel(rctx)
 	stalled := watchStall(stallCtx, sess, in.d.stallTimeout(sess.OutageTimeout()))
 	var abort error
+	// From the freeze until the copy runs, the restore's moves into the
+	// container's cgroups are kept off the RCU's grace periods.
+	var moves *cgroups.MovesKept
 	for {
 		select {
 		case err = <-stepc:
@@ -422,6 +434,10 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 		if terr := in.takeAddress(); terr != nil {
 			abort = fmt.Errorf("taking the container's address on %s: %w", in.d.Host.Name, terr)
 			break
+		}
+		if moves == nil {
+			moves = cgroups.KeepMovesFast()
+			defer moves.Stop() //nolint:errcheck // said after the restore
 		}
 		go func() { stepc <- ctl.Recv(&step) }()
 	}
@@ -499,6 +515,9 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	}
 	in.journaled, in.restoring = true, true
 	pid, err := in.restore(ctx, lazy || local != nil)
+	if moves != nil {
+		in.movesKept(moves)
+	}
 	if in.restoresFromOwnImages() {
 		// Its memory is written after the copy runs, by the lazy-pages
 		// daemon, into the warmed pages given back now (without them, 1 GiB
