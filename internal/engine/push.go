@@ -204,7 +204,10 @@ func (m *migration) push(ctx context.Context, quiet func(), faults <-chan pushNe
 	if err != nil {
 		return err
 	}
-	done := map[pages.Key]bool{}
+	done := make(map[pages.Key]bool, len(m.pushSkips))
+	for k := range m.pushSkips {
+		done[k] = true
+	}
 	follow := func(f pushNext) error {
 		for i := range f.served {
 			done[pages.Key{PID: f.pid, Addr: f.start + i*pageSize}] = true
