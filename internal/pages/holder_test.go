@@ -31,6 +31,10 @@ func TestMain(m *testing.M) {
 // that it maps the zero page everywhere (smaller than a huge page on purpose).
 const zeroRegion = 1 << 20
 
+// codePages is the size of the holder's executable mapping of its own
+// anonymous pages.
+const codePages = 2
+
 // fillPage writes the content of page i of generation gen into p.
 func fillPage(p []byte, i int, gen uint64) {
 	for j := 0; j < PageSize; j += 8 {
@@ -65,7 +69,19 @@ func runHolder(mib string) int {
 	for i := 0; i < zeroRegion; i += PageSize {
 		sum += zero[i]
 	}
-	fmt.Printf("ready %d %d %d %d\n", addrOf(mem), size, addrOf(zero), sum)
+	// Code written by the process itself, as a JIT's: two pages.
+	code, err := unix.Mmap(-1, 0, codePages*PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err == nil {
+		for i := range codePages {
+			fillPage(code[i*PageSize:(i+1)*PageSize], i, 1)
+		}
+		err = unix.Mprotect(code, unix.PROT_READ|unix.PROT_EXEC)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "holder:", err)
+		return 2
+	}
+	fmt.Printf("ready %d %d %d %d %d\n", addrOf(mem), size, addrOf(zero), sum, addrOf(code))
 	// Commands: "touch GEN I J ..." rewrites pages I, J... with generation
 	// GEN; every command is answered with "done". EOF ends the holder.
 	sc := bufio.NewScanner(os.Stdin)
@@ -89,6 +105,7 @@ type holder struct {
 	pid        int
 	addr, size uint64
 	zero       uint64
+	code       uint64
 	cmd        *exec.Cmd
 	in         io.WriteCloser
 	out        *bufio.Reader
@@ -125,7 +142,7 @@ func startHolder(t testing.TB, mib int) *holder {
 		t.Fatalf("holder did not start: %v", err)
 	}
 	var sum int
-	if _, err := fmt.Sscanf(line, "ready %d %d %d %d", &h.addr, &h.size, &h.zero, &sum); err != nil {
+	if _, err := fmt.Sscanf(line, "ready %d %d %d %d %d", &h.addr, &h.size, &h.zero, &sum, &h.code); err != nil {
 		t.Fatalf("holder said %q: %v", line, err)
 	}
 	return h

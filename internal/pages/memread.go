@@ -11,6 +11,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -288,9 +289,13 @@ var errGone = errors.New("process gone")
 
 // Scan calls fn for every page that CRIU would dump as private anonymous
 // memory: present or swapped pages of private mappings that are not the
-// page cache's or the zero page. Processes that exit during the scan are
-// skipped, and so are pages that can no longer be read. An error from fn
-// stops the scan and is returned.
+// page cache's or the zero page, nor executable. (While it dumps, CRIU
+// writes the system calls it makes its parasite run at the start of a
+// process's first executable mapping, then puts the code back: a page
+// read beside the dump could be CRIU's. Such pages, few and rare, are
+// left to CRIU's dump.) Processes that exit during the scan are skipped,
+// and so are pages that can no longer be read. An error from fn stops
+// the scan and is returned.
 func (r *Reader) Scan(fn func(p Page) error) (Stats, error) {
 	start := time.Now()
 	var st Stats
@@ -372,6 +377,13 @@ func (r *Reader) scanProcRange(p proc, rg Range, fn func(Page) error, st *Stats)
 	if len(vmas) == 0 {
 		return nil // a zombie has no memory left
 	}
+	var code []procs.Mapping // see Scan
+	vmas = slices.DeleteFunc(vmas, func(v procs.Mapping) bool {
+		if v.Executable() {
+			code = append(code, v)
+		}
+		return v.Executable()
+	})
 	pm, err := os.Open(dir + "pagemap")
 	if gone(err) {
 		return errGone
@@ -389,7 +401,7 @@ func (r *Reader) scanProcRange(p proc, rg Range, fn func(Page) error, st *Stats)
 	}
 	defer mem.Close()
 
-	s := procScan{r: r, p: p, pm: int(pm.Fd()), mem: int(mem.Fd()), fn: fn, st: st}
+	s := procScan{r: r, p: p, pm: int(pm.Fd()), mem: int(mem.Fd()), fn: fn, st: st, code: code}
 	if rg.Start > 0 || rg.End < math.MaxUint64 {
 		for _, v := range vmas {
 			v.Start, v.End = max(v.Start, rg.Start), min(v.End, rg.End)
@@ -426,6 +438,7 @@ type procScan struct {
 	pm, mem int
 	fn      func(Page) error
 	st      *Stats
+	code    []procs.Mapping // the executable mappings, not read
 }
 
 func (s *procScan) vma(v procs.Mapping) error {
@@ -474,25 +487,54 @@ func (s *procScan) tracked(t WriteTracker) error {
 		if !written && s.r.writtenOnly {
 			return nil
 		}
-		at := start
-		if !written {
-			for _, h := range s.r.held(Range{PID: s.p.ns, Start: start, End: end}) {
-				h.Start, h.End = max(h.Start, at), min(h.End, end)
-				if h.End <= h.Start {
-					continue
-				}
-				if err := s.run(at, (h.Start-at)/PageSize, true); err != nil {
-					return err
-				}
-				n := (h.End - h.Start) / PageSize
-				s.st.Pages += n
-				s.st.Unchanged += n
-				s.r.unchanged(h)
-				at = h.End
+		return outside(s.code, start, end, func(start, end uint64) error { return s.trackedRange(start, end, written) })
+	})
+}
+
+// outside calls fn for each part of [start, end) outside the mappings
+// skip (in address order).
+func outside(skip []procs.Mapping, start, end uint64, fn func(start, end uint64) error) error {
+	for _, m := range skip {
+		if m.End <= start {
+			continue
+		}
+		if m.Start >= end {
+			break
+		}
+		if m.Start > start {
+			if err := fn(start, m.Start); err != nil {
+				return err
 			}
 		}
-		return s.run(at, (end-at)/PageSize, true)
-	})
+		start = m.End
+		if start >= end {
+			return nil
+		}
+	}
+	return fn(start, end)
+}
+
+// trackedRange reports [start, end), which the tracker says was written
+// or not.
+func (s *procScan) trackedRange(start, end uint64, written bool) error {
+	at := start
+	if !written {
+		for _, h := range s.r.held(Range{PID: s.p.ns, Start: start, End: end}) {
+			h.Start, h.End = max(h.Start, at), min(h.End, end)
+			if h.End <= h.Start {
+				continue
+			}
+			if err := s.run(at, (h.Start-at)/PageSize, true); err != nil {
+				return err
+			}
+			n := (h.End - h.Start) / PageSize
+			s.st.Pages += n
+			s.st.Unchanged += n
+			s.r.unchanged(h)
+			at = h.End
+		}
+	}
+	return s.run(at, (end-at)/PageSize, true)
 }
 
 // run reads and reports npages pages from addr on.

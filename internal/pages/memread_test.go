@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/zeebo/xxh3"
+
+	"github.com/ferry-migrate/ferry/internal/procs"
 )
 
 func TestNSPIDOfSelf(t *testing.T) {
@@ -305,6 +307,78 @@ func TestScanWrittenOnly(t *testing.T) {
 		func(Range) []Range { return nil }, func(Range) {})
 	if read, _ = scanIndexes(t, r, h.addr); uint64(len(read)) != n {
 		t.Errorf("after UseTrackers, a receiver holding nothing got %d pages of %d", len(read), n)
+	}
+}
+
+// codeTracker reports the holder's code and its region, all written.
+type codeTracker struct{ code, addr, n uint64 }
+
+func (f codeTracker) Scan(fn func(start, end uint64, written bool) error) error {
+	if err := fn(f.code, f.code+codePages*PageSize, true); err != nil {
+		return err
+	}
+	return fn(f.addr, f.addr+f.n*PageSize, true)
+}
+
+// No scan reads an executable mapping's pages, though the process wrote
+// them (CRIU may be writing there: see Scan): not a whole scan, not a
+// range over them, not a tracker that says they were written. The
+// holder's data pages are read all the same.
+func TestScanSkipsCode(t *testing.T) {
+	h, n, r := holderReader(t)
+	ns, err := nsPID(h.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inCode := func(p Page) bool {
+		return p.Key.PID == ns && p.Key.Addr >= h.code && p.Key.Addr < h.code+codePages*PageSize
+	}
+	check := func(how string, scan func(fn func(Page) error) error) {
+		t.Helper()
+		var data, code int
+		if err := scan(func(p Page) error {
+			switch {
+			case inCode(p):
+				code++
+			case p.Key.PID == ns && p.Key.Addr >= h.addr && p.Key.Addr < h.addr+n*PageSize:
+				data++
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if code != 0 {
+			t.Errorf("%s: %d pages of the executable mapping read", how, code)
+		}
+		if how != "range over the code" && uint64(data) != n {
+			t.Errorf("%s: %d of the region's %d pages read", how, data, n)
+		}
+	}
+	check("whole scan", func(fn func(Page) error) error { _, err := r.Scan(fn); return err })
+	check("range over the code", func(fn func(Page) error) error {
+		return r.ReadRange(Range{PID: ns, Start: h.code, End: h.code + codePages*PageSize}, fn)
+	})
+	r.UseTrackersWrittenOnly(map[int]WriteTracker{h.pid: codeTracker{h.code, h.addr, n}})
+	check("tracked scan", func(fn func(Page) error) error { _, err := r.Scan(fn); return err })
+}
+
+func TestOutside(t *testing.T) {
+	skip := []procs.Mapping{{Start: 0x3000, End: 0x5000}, {Start: 0x8000, End: 0x9000}}
+	for _, tc := range []struct {
+		start, end uint64
+		want       [][2]uint64
+	}{
+		{0x1000, 0x2000, [][2]uint64{{0x1000, 0x2000}}},
+		{0x1000, 0xa000, [][2]uint64{{0x1000, 0x3000}, {0x5000, 0x8000}, {0x9000, 0xa000}}},
+		{0x3000, 0x5000, nil},
+		{0x4000, 0x8000, [][2]uint64{{0x5000, 0x8000}}},
+		{0x8000, 0xa000, [][2]uint64{{0x9000, 0xa000}}},
+	} {
+		var got [][2]uint64
+		_ = outside(skip, tc.start, tc.end, func(s, e uint64) error { got = append(got, [2]uint64{s, e}); return nil })
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("outside [%#x, %#x): %#x, want %#x", tc.start, tc.end, got, tc.want)
+		}
 	}
 }
 
