@@ -64,11 +64,12 @@ func KeepMovesFast() *MovesKept {
 	return k
 }
 
-// Stop ends the moves once the one under way has, and returns how many
-// were made and the error that ended them early, if any. Later calls
-// return the same.
-func (k *MovesKept) Stop() (moves int, err error) {
-	k.stop.Do(func() { close(k.done) })
+// Stop ends the moves; one under way ends by itself.
+func (k *MovesKept) Stop() { k.stop.Do(func() { close(k.done) }) }
+
+// Wait returns, once the moves have ended, how many were made and the
+// error that ended them early, if any.
+func (k *MovesKept) Wait() (moves int, err error) {
 	<-k.ended
 	return k.moves, k.err
 }

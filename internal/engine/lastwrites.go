@@ -250,22 +250,17 @@ func (l *lastWritesSource) sendAheadAgain(ctx context.Context, pid int) error {
 	if err != nil {
 		return nil
 	}
-	for _, rg := range l.ahead.ranges {
-		if err := rd.ReadRange(rg, func(p pages.Page) error {
-			if err := ctx.Err(); err != nil {
-				return withdrawn(err)
-			}
-			ps.seen.add(p.Key)
-			if h, ok := ps.held[p.Key]; ok && h == p.Hash {
-				return nil
-			}
-			ps.held[p.Key] = p.Hash
-			return ps.enc.Page(p.Key, p.Data)
-		}); err != nil {
-			return err
+	return rd.ReadRanges(l.ahead.ranges, func(p pages.Page) error {
+		if err := ctx.Err(); err != nil {
+			return withdrawn(err)
 		}
-	}
-	return nil
+		ps.seen.add(p.Key)
+		if h, ok := ps.held[p.Key]; ok && h == p.Hash {
+			return nil
+		}
+		ps.held[p.Key] = p.Hash
+		return ps.enc.Page(p.Key, p.Data)
+	})
 }
 
 // send sends, as one round, the pages sent ahead that changed since, and

@@ -127,8 +127,8 @@ type Accept struct {
 // Step is a control message naming what the source asks for next.
 type Step struct {
 	// "mode", "frozen" (the source froze and silenced its copy: the
-	// destination takes the address, holding its packets, and keeps its
-	// cgroup moves fast for the restore), "restore", "commit", "abort".
+	// destination takes the address, holding its packets), "restore",
+	// "commit", "abort".
 	Do string `json:"do"`
 	// With "mode" (mode auto): the technique the source chose, and its
 	// pre-copy options, before any of its channels open.

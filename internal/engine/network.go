@@ -84,9 +84,11 @@ func (m *migration) noteHold(c Committed) {
 }
 
 // tellFrozen lets the destination take the address now that the source's
-// copy is frozen and silent (see incoming.takeAddress), and ready its
-// cgroups for the restore.
+// copy is frozen and silent (see incoming.takeAddress).
 func (m *migration) tellFrozen() error {
+	if m.network == nil {
+		return nil
+	}
 	return m.ctl.Send(Step{Do: "frozen"})
 }
 

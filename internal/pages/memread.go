@@ -5,10 +5,10 @@ package pages
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -319,15 +319,27 @@ func (r *Reader) Scan(fn func(p Page) error) (Stats, error) {
 // process rg.PID (in its pid namespace), in its private mappings. Nothing
 // when the process is not among the reader's or has gone.
 func (r *Reader) ReadRange(rg Range, fn func(p Page) error) error {
+	return r.ReadRanges([]Range{rg}, fn)
+}
+
+// ReadRanges is ReadRange for each of rgs, which must not overlap, each
+// process's read in address order with one look at its mappings.
+func (r *Reader) ReadRanges(rgs []Range, fn func(p Page) error) error {
 	for _, p := range r.procs {
-		if p.ns != rg.PID {
+		var own []Range
+		for _, rg := range rgs {
+			if rg.PID == p.ns {
+				own = append(own, rg)
+			}
+		}
+		if len(own) == 0 {
 			continue
 		}
-		err := r.scanProcRange(p, rg, fn, &Stats{})
-		if errors.Is(err, errGone) {
-			return nil
+		slices.SortFunc(own, func(a, b Range) int { return cmp.Compare(a.Start, b.Start) })
+		err := r.scanProcRanges(p, own, fn, &Stats{})
+		if err != nil && !errors.Is(err, errGone) {
+			return err
 		}
-		return err
 	}
 	return nil
 }
@@ -359,12 +371,13 @@ func gone(err error) bool {
 }
 
 func (r *Reader) scanProc(p proc, fn func(Page) error, st *Stats) error {
-	return r.scanProcRange(p, Range{PID: p.ns, End: math.MaxUint64}, fn, st)
+	return r.scanProcRanges(p, nil, fn, st)
 }
 
-// scanProcRange is scanProc within rg's addresses (no write tracking
-// there: a range is read whole).
-func (r *Reader) scanProcRange(p proc, rg Range, fn func(Page) error, st *Stats) error {
+// scanProcRanges is scanProc within the addresses of rgs, sorted, or
+// everywhere when rgs is nil (no write tracking within ranges: they are
+// read whole).
+func (r *Reader) scanProcRanges(p proc, rgs []Range, fn func(Page) error, st *Stats) error {
 	dir := fmt.Sprintf("/proc/%d/", p.host)
 	maps, err := os.ReadFile(dir + "maps")
 	if gone(err) {
@@ -402,14 +415,16 @@ func (r *Reader) scanProcRange(p proc, rg Range, fn func(Page) error, st *Stats)
 	defer mem.Close()
 
 	s := procScan{r: r, p: p, pm: int(pm.Fd()), mem: int(mem.Fd()), fn: fn, st: st, code: code}
-	if rg.Start > 0 || rg.End < math.MaxUint64 {
-		for _, v := range vmas {
-			v.Start, v.End = max(v.Start, rg.Start), min(v.End, rg.End)
-			if v.Start >= v.End {
-				continue
-			}
-			if err := s.vma(v); err != nil {
-				return err
+	if rgs != nil {
+		for _, rg := range rgs {
+			for _, v := range vmas {
+				v.Start, v.End = max(v.Start, rg.Start), min(v.End, rg.End)
+				if v.Start >= v.End {
+					continue
+				}
+				if err := s.vma(v); err != nil {
+					return err
+				}
 			}
 		}
 		return nil
