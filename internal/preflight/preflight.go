@@ -75,8 +75,8 @@ type Cgroup struct {
 	V2Path string `json:"v2_path"`
 	// FavorDynmods: a hierarchy is mounted with favordynmods, so moving a
 	// process into a cgroup never waits for an RCU grace period. Without
-	// it, the destination keeps such moves fast itself from the freeze
-	// until the restore has run (cgroups.KeepMovesFast).
+	// it, the destination keeps such moves fast itself from the images'
+	// arrival until the restore has run (cgroups.KeepMovesFast).
 	FavorDynmods bool `json:"favordynmods"`
 }
 
