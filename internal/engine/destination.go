@@ -17,7 +17,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-migrate/ferry/internal/admission"
-	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/fault"
@@ -180,11 +179,6 @@ type incoming struct {
 	lastWrites *lastWrites
 	// early is the restore begun before the images, where it was.
 	early earlyRestore
-	// moves keeps cgroup moves fast from the images' arrival until the
-	// restore has run (keepMovesFast).
-	movesMu      sync.Mutex
-	moves        *cgroups.MovesKept
-	movesStopped bool
 	// faults are the failures the offer injects here (tests).
 	faults fault.Set
 	// stage says whether the restore was asked for, or the migration
@@ -337,37 +331,6 @@ func (in *incoming) prepare(ctx context.Context) error {
 	return nil
 }
 
-// keepMovesFast keeps the restore's moves into the container's cgroups
-// off the RCU's grace periods (cgroups.KeepMovesFast), from the images'
-// arrival: the source's dump is over by then, and the restore comes next.
-// (Not from the freeze: in the lab, whose hosts share one kernel, moves
-// beside the source's dump shifted CRIU's steps, and the fault matrix's
-// CRIU, killed 5 ms into the dump, more often fell inside its parasite's
-// system calls, which leaves the dumped task dead.)
-func (in *incoming) keepMovesFast() {
-	in.movesMu.Lock()
-	defer in.movesMu.Unlock()
-	if in.moves != nil || in.movesStopped {
-		return
-	}
-	in.moves = cgroups.KeepMovesFast()
-	go func(k *cgroups.MovesKept) {
-		if _, err := k.Wait(); err != nil {
-			slog.Debug("a restore's moves into cgroups waited for the RCU", "migration", in.offer.ID, "error", err)
-		}
-	}(in.moves)
-}
-
-// stopMoves ends keepMovesFast, for good.
-func (in *incoming) stopMoves() {
-	in.movesMu.Lock()
-	defer in.movesMu.Unlock()
-	in.movesStopped = true
-	if in.moves != nil {
-		in.moves.Stop()
-	}
-}
-
 // settleTechnique finds the offer's technique and checks this host's
 // runtime can receive it.
 func (in *incoming) settleTechnique() error {
@@ -402,7 +365,6 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	}
 	release := sync.OnceFunc(func() { (<-warm)() })
 	defer release()
-	defer in.stopMoves()
 	recv.Go(func() error { return in.receiveRootfs(rctx, sess, router, ChanRootfsLive) })
 	recv.Go(func() error {
 		if err := in.receiveRootfs(rctx, sess, router, ChanRootfsFinal); err != nil {
@@ -537,7 +499,6 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	}
 	in.journaled, in.restoring = true, true
 	pid, err := in.restore(ctx, lazy || local != nil)
-	in.stopMoves()
 	if in.restoresFromOwnImages() {
 		// Its memory is written after the copy runs, by the lazy-pages
 		// daemon, into the warmed pages given back now (without them, 1 GiB
@@ -824,7 +785,6 @@ func (in *incoming) receiveImages(ctx context.Context, sess *transport.Session, 
 		return err
 	}
 	defer ch.Close()
-	in.keepMovesFast()
 	if in.tech.lazy {
 		// A lazy dump sends no pages, and no CRIU runs here meanwhile.
 		in.faults.Agent(fault.Destination, fault.Dump)

@@ -141,6 +141,41 @@ func TestRunWarnings(t *testing.T) {
 	}
 }
 
+// A host whose cgroups lack favordynmods is told how to remount them; one
+// that has it, or a kernel without the option, is told nothing.
+func TestRunWarnsWithoutFavorDynmods(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cg   Cgroup
+		want string // in the fix; empty: no warning
+	}{
+		{"without", Cgroup{V1: true, V2: true, V2Path: "/sys/fs/cgroup/unified", Remount: "/sys/fs/cgroup/unified"}, "mount -o remount,favordynmods /sys/fs/cgroup/unified"},
+		{"with", Cgroup{V2: true, V2Path: "/sys/fs/cgroup", FavorDynmods: true}, ""},
+		{"no such option", Cgroup{V1: true}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := goodHost()
+			p.Cgroup = func() Cgroup { return tc.cg }
+			r := p.Run(context.Background())
+			if !r.OK {
+				t.Fatalf("favordynmods must not fail ok:\n%s", fixes(r.Problems))
+			}
+			var got []string
+			for _, w := range r.Warnings {
+				if strings.Contains(w.What, "favordynmods") {
+					got = append(got, w.Fix)
+				}
+			}
+			switch {
+			case tc.want == "" && len(got) != 0:
+				t.Errorf("unexpected warning: %q", got)
+			case tc.want != "" && (len(got) != 1 || !strings.Contains(got[0], tc.want)):
+				t.Errorf("warnings %q, want one fix with %q", got, tc.want)
+			}
+		})
+	}
+}
+
 func TestFavorDynmods(t *testing.T) {
 	const hybrid = `cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0
 cgroup /sys/fs/cgroup/freezer cgroup rw,relatime,freezer 0 0
@@ -151,19 +186,33 @@ cgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0
 cgroup /sys/fs/cgroup/pids cgroup rw,pids 0 0
 `
 	for _, tc := range []struct {
-		name   string
-		mounts string
-		set    bool
+		name      string
+		mounts    string
+		hasOption bool
+		set       bool
+		remount   string
 	}{
-		{"hybrid, without", hybrid, false},
-		{"legacy, without", legacy, false},
-		{"unified, with", "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,nsdelegate,favordynmods 0 0\n", true},
-		{"a v1 hierarchy with", strings.Replace(hybrid, "rw,relatime,freezer", "rw,relatime,freezer,favordynmods", 1), true},
-		{"a cgroup2 elsewhere, with", "cgroup2 /run/other cgroup2 rw,favordynmods 0 0\n" + legacy, false},
-		{"no cgroups", "proc /proc proc rw 0 0\n", false},
+		{"hybrid, without", hybrid, true, false, "/sys/fs/cgroup/unified"},
+		{"legacy, without", legacy, true, false, "/sys/fs/cgroup/memory"},
+		{"unified, with", "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,nsdelegate,favordynmods 0 0\n", true, true, ""},
+		{"a v1 hierarchy with", strings.Replace(hybrid, "rw,relatime,freezer", "rw,relatime,freezer,favordynmods", 1), true, true, ""},
+		{"kernel without the option", hybrid, false, false, ""},
+		{"a cgroup2 elsewhere", "cgroup2 /run/other cgroup2 rw 0 0\n" + legacy, true, false, "/sys/fs/cgroup/memory"},
+		{"no cgroups", "proc /proc proc rw 0 0\n", true, false, ""},
 	} {
-		if set := favorDynmods(tc.mounts, "/sys/fs/cgroup"); set != tc.set {
-			t.Errorf("%s: favorDynmods = %v, want %v", tc.name, set, tc.set)
+		set, remount := favorDynmods(tc.mounts, "/sys/fs/cgroup", tc.hasOption)
+		if set != tc.set || remount != tc.remount {
+			t.Errorf("%s: favorDynmods = %v, %q; want %v, %q", tc.name, set, remount, tc.set, tc.remount)
+		}
+	}
+}
+
+func TestKernelAtLeast(t *testing.T) {
+	for release, want := range map[string]bool{
+		"6.18.44-fc-v657": true, "6.0.0": true, "5.19.17": false, "7.1": true, "4.9": false, "bogus": false,
+	} {
+		if got := kernelAtLeast(release, 6, 0); got != want {
+			t.Errorf("kernelAtLeast(%q, 6, 0) = %v", release, got)
 		}
 	}
 }
