@@ -71,9 +71,6 @@ func TestMain(m *testing.M) {
 	if os.Getenv(lazyDaemonEnv) != "" && len(os.Args) > 1 && os.Args[1] == "lazy-pages" {
 		os.Exit(fakeLazyPages(os.Args[2:]))
 	}
-	if os.Getenv(aheadHolderEnv) != "" {
-		os.Exit(runAheadHolder())
-	}
 	os.Exit(m.Run())
 }
 

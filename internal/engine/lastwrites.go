@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -105,30 +104,6 @@ func (in *incoming) restoreLastWrites() (filled, error) {
 // (2 MiB: 17 ms of a 1 Gbit/s link, within the dump's time here).
 const maxPostcopyWrites = 512
 
-// A restored process also reads memory it did not write lately, and
-// post-copy's copy faults on it at once: of the first 33 faults of one
-// run at 1 GiB (1.9 ms each across the link), 29 fell on Go's runtime
-// mappings and heap and 4 on memhog's 1 GiB buffer. Which pages a process
-// reads is not known here (no accessed bit per page), but where it reads
-// is: its small mappings (stacks, its runtime's and allocator's state,
-// libraries' data) serve every step it takes; its large ones hold its
-// data. So while the container runs, post-copy's source sends its
-// smallest mappings, up to maxAhead, as a round before the last writes'.
-// At the freeze it reads them again, sends the pages that changed and
-// names those gone: the destination holds them as they were frozen and
-// serves the copy's faults on them itself, and the push skips them.
-
-// maxAhead bounds the memory post-copy sends ahead (8 MiB: 67 ms of a
-// 1 Gbit/s link before the freeze; read again while frozen, beside
-// CRIU's dump, in a few ms). Mappings larger than maxAheadMapping are
-// data, and the stretches read again span at most maxAheadSpan of
-// addresses (their page tables are walked while frozen).
-const (
-	maxAhead        = 2048 // pages
-	maxAheadMapping = 64 << 20
-	maxAheadSpan    = 1 << 30
-)
-
 // errEnough stops a scan once it found what it may send.
 var errEnough = errors.New("enough pages")
 
@@ -138,8 +113,6 @@ var errEnough = errors.New("enough pages")
 type lastWritesSource struct {
 	ps       *precopySource
 	trackers map[int]pages.WriteTracker
-	// ahead is the pages sent ahead (their hashes are in ps.held).
-	ahead *pageSet
 }
 
 // trackLastWrites opens the rounds channel and starts tracking the
@@ -151,7 +124,7 @@ func (m *migration) trackLastWrites() (*lastWritesSource, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &lastWritesSource{ps: ps, trackers: map[int]pages.WriteTracker{}, ahead: newPageSet()}
+	l := &lastWritesSource{ps: ps, trackers: map[int]pages.WriteTracker{}}
 	pids, err := pages.ContainerPIDs(m.ctr.PID)
 	if err != nil {
 		return l, nil
@@ -165,113 +138,10 @@ func (m *migration) trackLastWrites() (*lastWritesSource, error) {
 	return l, nil
 }
 
-// sendAhead sends the running container's smallest mappings, up to
-// maxAhead pages, as round 0 (see above); the pages the container changes
-// after are found when they are read again (sendAheadAgain).
-func (l *lastWritesSource) sendAhead(ctx context.Context, m *migration) error {
-	ps := l.ps
-	if err := l.readAhead(ctx, m.ctr.PID); err != nil {
-		return err
-	}
-	if err := ps.enc.EndRound(0); err != nil {
-		return err
-	}
-	var ack RoundAck
-	if err := ps.ch.Recv(&ack); err != nil {
-		return fmt.Errorf("destination did not acknowledge the pages sent ahead: %w", err)
-	}
-	return nil
-}
-
-// readAhead sends the smallest data mappings' pages of the container
-// whose init is pid first (code is the files', and CRIU patches it while
-// it dumps), until maxAhead. l.ahead gets the stretches read: whole
-// mappings, and the last one up to where it stopped.
-func (l *lastWritesSource) readAhead(ctx context.Context, pid int) error {
-	pids, err := pages.ContainerPIDs(pid)
-	if err != nil {
-		return err
-	}
-	rd, err := pages.NewReader(pids)
-	if err != nil {
-		return err
-	}
-	ranges, err := rd.DataMappings()
-	if err != nil {
-		return err
-	}
-	slices.SortStableFunc(ranges, func(a, b pages.Range) int { return cmp.Compare(a.End-a.Start, b.End-b.Start) })
-	ps := l.ps
-	var span uint64
-	for _, rg := range ranges {
-		size := rg.End - rg.Start
-		if size > maxAheadMapping || span+size > maxAheadSpan {
-			return nil
-		}
-		span += size
-		err := rd.ReadRange(rg, func(p pages.Page) error {
-			if err := ctx.Err(); err != nil {
-				return withdrawn(err)
-			}
-			if len(ps.held) == maxAhead {
-				rg.End = p.Key.Addr
-				return errEnough
-			}
-			ps.held[p.Key] = p.Hash
-			return ps.enc.Page(p.Key, p.Data)
-		})
-		if (err == nil || errors.Is(err, errEnough)) && rg.End > rg.Start {
-			l.ahead.addRange(rg)
-		}
-		if errors.Is(err, errEnough) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// sendAheadAgain reads the stretches sent ahead from the frozen container
-// and sends the pages that changed or came since; ps.seen has those there
-// now.
-func (l *lastWritesSource) sendAheadAgain(ctx context.Context, pid int) error {
-	ps := l.ps
-	ps.seen = newPageSet()
-	if len(ps.held) == 0 {
-		return nil
-	}
-	pids, err := pages.ContainerPIDs(pid)
-	if err != nil {
-		return nil // gone: every page sent ahead is stale
-	}
-	rd, err := pages.NewReader(pids)
-	if err != nil {
-		return nil
-	}
-	return rd.ReadRanges(l.ahead.ranges, func(p pages.Page) error {
-		if err := ctx.Err(); err != nil {
-			return withdrawn(err)
-		}
-		ps.seen.add(p.Key)
-		if h, ok := ps.held[p.Key]; ok && h == p.Hash {
-			return nil
-		}
-		ps.held[p.Key] = p.Hash
-		return ps.enc.Page(p.Key, p.Data)
-	})
-}
-
-// send sends, as one round, the pages sent ahead that changed since, and
-// the pages the frozen container's processes wrote since tracking began,
-// up to maxPostcopyWrites; the round's end names the pages sent ahead
-// that are gone.
+// send reads the pages the frozen container's processes wrote since
+// tracking began, up to maxPostcopyWrites, and sends them as one round.
 func (l *lastWritesSource) send(ctx context.Context, m *migration) error {
 	ps := l.ps
-	if err := l.sendAheadAgain(ctx, m.ctr.PID); err != nil {
-		return err
-	}
 	if len(l.trackers) > 0 {
 		pids := slices.Collect(maps.Keys(l.trackers))
 		ps.tracking.forPIDs(pids, false) // frozen: the scan is the last, it protects nothing
@@ -282,9 +152,6 @@ func (l *lastWritesSource) send(ctx context.Context, m *migration) error {
 			_, err := rd.Scan(func(p pages.Page) error {
 				if err := ctx.Err(); err != nil {
 					return withdrawn(err)
-				}
-				if l.ahead.has(p.Key) {
-					return nil // read again above
 				}
 				if n == maxPostcopyWrites {
 					return errEnough
@@ -297,22 +164,14 @@ func (l *lastWritesSource) send(ctx context.Context, m *migration) error {
 			}
 		}
 	}
-	if err := ps.enc.EndRound(1); err != nil {
+	if err := ps.enc.EndRound(0); err != nil {
 		return err
 	}
 	var ack RoundAck
 	if err := ps.ch.Recv(&ack); err != nil {
 		return fmt.Errorf("destination did not acknowledge the last writes: %w", err)
 	}
-	if err := ps.finish(true); err != nil {
-		return err
-	}
-	for k := range ps.held {
-		if !ps.seen.has(k) {
-			delete(ps.held, k)
-		}
-	}
-	return nil
+	return ps.finish(false)
 }
 
 // close ends the tracking (at the migration's end: closing a tracker

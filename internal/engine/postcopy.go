@@ -54,9 +54,6 @@ func (m *migration) postcopy(ctx context.Context) error {
 		return m.abort(ctx, failAt("post-copy", err))
 	}
 	defer lw.close()
-	if err := lw.sendAhead(ctx, m); err != nil {
-		return m.abort(ctx, failAt("post-copy's pages ahead", err))
-	}
 	if err := m.syncRootfsLive(ctx); err != nil {
 		return err
 	}
@@ -77,7 +74,6 @@ func (m *migration) postcopy(ctx context.Context) error {
 		return m.abort(ctx, err)
 	}
 	defer ld.stop()
-	m.pushSkips = lw.ps.held
 	return m.lazySwitchover(ctx, ld)
 }
 

@@ -523,7 +523,7 @@ func (in *incoming) receiveRounds(ctx context.Context, sess *transport.Session, 
 			if in.lastWrites != nil {
 				in.lastWrites.roundEnded()
 			}
-			if round == 1 && in.tech.rounds {
+			if round == 1 {
 				in.faults.At(fault.Destination, fault.Rounds)
 			}
 			if round == 0 && in.parent != nil {

@@ -204,10 +204,7 @@ func (m *migration) push(ctx context.Context, quiet func(), faults <-chan pushNe
 	if err != nil {
 		return err
 	}
-	done := make(map[pages.Key]bool, len(m.pushSkips))
-	for k := range m.pushSkips {
-		done[k] = true
-	}
+	done := map[pages.Key]bool{}
 	follow := func(f pushNext) error {
 		for i := range f.served {
 			done[pages.Key{PID: f.pid, Addr: f.start + i*pageSize}] = true

@@ -13,8 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/zeebo/xxh3"
-
 	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/dirty"
@@ -23,7 +21,6 @@ import (
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/mounts"
-	"github.com/ferry-migrate/ferry/internal/pages"
 	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/rootfs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
@@ -98,9 +95,6 @@ type migration struct {
 	// pushLeft, while post-copy pushes, counts the pages not yet stored
 	// at the destination.
 	pushLeft func() int64
-	// pushSkips are the pages the destination holds as they were at the
-	// freeze (post-copy's pages ahead), which the push does not send.
-	pushSkips map[pages.Key]xxh3.Uint128
 	// pageTransform, when set, carries the final dump's page stream to the
 	// destination (pre-copy's deduplication).
 	pageTransform func(dst io.Writer, src io.Reader) error

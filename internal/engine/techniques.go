@@ -135,12 +135,11 @@ var techniques = map[string]technique{
 		channels: fixed(ChanRounds, ChanLazy, ChanPush),
 		source:   (*migration).postcopy,
 		receive: func(in *incoming, ctx context.Context, rx receivers) {
-			// The smallest mappings come ahead, as round 0, and the last
-			// writes beside the dump, as round 1 (lastwrites.go); the
-			// push fills the store while the copy runs: the restore does
-			// not wait for it (not in rx.g).
+			// The last writes come beside the dump, as one round
+			// (lastwrites.go); the push fills the store while the copy
+			// runs: the restore does not wait for it (not in rx.g).
 			in.store = pages.NewStore()
-			in.lastWrites = &lastWrites{first: 1}
+			in.lastWrites = &lastWrites{}
 			in.store.Observe(in.lastWrites.put, nil)
 			rx.g.Go(func() error { return in.receiveRounds(ctx, rx.sess, rx.router) })
 			in.push = newPushed(in.store)

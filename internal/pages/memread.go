@@ -344,27 +344,6 @@ func (r *Reader) ReadRanges(rgs []Range, fn func(p Page) error) error {
 	return nil
 }
 
-// DataMappings lists each process's private mappings that are writable
-// and not executable, as ranges (a process that has gone has none).
-func (r *Reader) DataMappings() ([]Range, error) {
-	var out []Range
-	for _, p := range r.procs {
-		maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", p.host))
-		if gone(err) {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("pages: %w", err)
-		}
-		for _, v := range procs.PrivateMappings(maps) {
-			if v.Perms[1] == 'w' && !v.Executable() {
-				out = append(out, Range{PID: p.ns, Start: v.Start, End: v.End})
-			}
-		}
-	}
-	return out, nil
-}
-
 // gone reports whether err means that the process or its memory went away.
 func gone(err error) bool {
 	return errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH)
