@@ -5,13 +5,12 @@ package pages
 
 import (
 	"bytes"
-	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -319,27 +318,15 @@ func (r *Reader) Scan(fn func(p Page) error) (Stats, error) {
 // process rg.PID (in its pid namespace), in its private mappings. Nothing
 // when the process is not among the reader's or has gone.
 func (r *Reader) ReadRange(rg Range, fn func(p Page) error) error {
-	return r.ReadRanges([]Range{rg}, fn)
-}
-
-// ReadRanges is ReadRange for each of rgs, which must not overlap, each
-// process's read in address order with one look at its mappings.
-func (r *Reader) ReadRanges(rgs []Range, fn func(p Page) error) error {
 	for _, p := range r.procs {
-		var own []Range
-		for _, rg := range rgs {
-			if rg.PID == p.ns {
-				own = append(own, rg)
-			}
-		}
-		if len(own) == 0 {
+		if p.ns != rg.PID {
 			continue
 		}
-		slices.SortFunc(own, func(a, b Range) int { return cmp.Compare(a.Start, b.Start) })
-		err := r.scanProcRanges(p, own, fn, &Stats{})
-		if err != nil && !errors.Is(err, errGone) {
-			return err
+		err := r.scanProcRange(p, rg, fn, &Stats{})
+		if errors.Is(err, errGone) {
+			return nil
 		}
+		return err
 	}
 	return nil
 }
@@ -350,13 +337,12 @@ func gone(err error) bool {
 }
 
 func (r *Reader) scanProc(p proc, fn func(Page) error, st *Stats) error {
-	return r.scanProcRanges(p, nil, fn, st)
+	return r.scanProcRange(p, Range{PID: p.ns, End: math.MaxUint64}, fn, st)
 }
 
-// scanProcRanges is scanProc within the addresses of rgs, sorted, or
-// everywhere when rgs is nil (no write tracking within ranges: they are
-// read whole).
-func (r *Reader) scanProcRanges(p proc, rgs []Range, fn func(Page) error, st *Stats) error {
+// scanProcRange is scanProc within rg's addresses (no write tracking
+// there: a range is read whole).
+func (r *Reader) scanProcRange(p proc, rg Range, fn func(Page) error, st *Stats) error {
 	dir := fmt.Sprintf("/proc/%d/", p.host)
 	maps, err := os.ReadFile(dir + "maps")
 	if gone(err) {
@@ -365,17 +351,18 @@ func (r *Reader) scanProcRanges(p proc, rgs []Range, fn func(Page) error, st *St
 	if err != nil {
 		return fmt.Errorf("pages: %w", err)
 	}
-	vmas := procs.PrivateMappings(maps)
-	if len(vmas) == 0 {
+	private := procs.PrivateMappings(maps)
+	if len(private) == 0 {
 		return nil // a zombie has no memory left
 	}
-	var code []procs.Mapping // see Scan
-	vmas = slices.DeleteFunc(vmas, func(v procs.Mapping) bool {
+	var vmas, code []procs.Mapping // code is not read: see Scan
+	for _, v := range private {
 		if v.Executable() {
 			code = append(code, v)
+		} else {
+			vmas = append(vmas, v)
 		}
-		return v.Executable()
-	})
+	}
 	pm, err := os.Open(dir + "pagemap")
 	if gone(err) {
 		return errGone
@@ -394,16 +381,14 @@ func (r *Reader) scanProcRanges(p proc, rgs []Range, fn func(Page) error, st *St
 	defer mem.Close()
 
 	s := procScan{r: r, p: p, pm: int(pm.Fd()), mem: int(mem.Fd()), fn: fn, st: st, code: code}
-	if rgs != nil {
-		for _, rg := range rgs {
-			for _, v := range vmas {
-				v.Start, v.End = max(v.Start, rg.Start), min(v.End, rg.End)
-				if v.Start >= v.End {
-					continue
-				}
-				if err := s.vma(v); err != nil {
-					return err
-				}
+	if rg.Start > 0 || rg.End < math.MaxUint64 {
+		for _, v := range vmas {
+			v.Start, v.End = max(v.Start, rg.Start), min(v.End, rg.End)
+			if v.Start >= v.End {
+				continue
+			}
+			if err := s.vma(v); err != nil {
+				return err
 			}
 		}
 		return nil

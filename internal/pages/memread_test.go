@@ -416,17 +416,4 @@ func TestReadRange(t *testing.T) {
 		t.Fatalf("another pid: %d pages, %v", n, err)
 	}
 
-	// Several ranges, given out of order, one of another pid: each
-	// range's pages, in address order.
-	got = got[:0]
-	if err := r.ReadRanges([]Range{
-		{PID: ns, Start: h.addr + 40*PageSize, End: h.addr + 42*PageSize},
-		{PID: ns + 1000000, Start: from, End: to},
-		{PID: ns, Start: h.addr + 3*PageSize, End: h.addr + 5*PageSize},
-	}, func(p Page) error { got = append(got, (p.Key.Addr-h.addr)/PageSize); return nil }); err != nil {
-		t.Fatal(err)
-	}
-	if want := []uint64{3, 4, 40, 41}; !slices.Equal(got, want) {
-		t.Errorf("ReadRanges read pages %v, want %v", got, want)
-	}
 }
