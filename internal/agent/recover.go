@@ -41,8 +41,14 @@ func (a *Agent) clearScratch() {
 	}
 	// CRIU processes the dead agent started outlive it, reparented: a
 	// dump's page server would refreeze the container recovery resumes.
-	if pids := criu.KillWorkingIn(root, spare...); len(pids) > 0 {
+	// One still inside a container's process (a dump's injected calls)
+	// is waited for first.
+	pids, forced := criu.KillWorkingIn(root, spare...)
+	if len(pids) > 0 {
 		a.Log.Warn("killed CRIU processes an earlier run of this agent left", "pids", pids)
+	}
+	if len(forced) > 0 {
+		a.Log.Error("CRIU processes an earlier run left still ran their code inside containers' processes and were killed all the same: those processes may not have survived it", "pids", forced, "waited", criu.InsidePatience)
 	}
 	if a.KeepWork {
 		return

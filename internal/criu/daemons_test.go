@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -22,6 +23,10 @@ const uffdHolderEnv = "FERRY_TEST_UFFD_HOLDER"
 func TestMain(m *testing.M) {
 	if os.Getenv(uffdHolderEnv) == "1" {
 		uffdHolder(os.Stdin, os.Stdout)
+		return
+	}
+	if pid, err := strconv.Atoi(os.Getenv(compelEnv)); err == nil {
+		playCompel(pid, os.Stdin, os.Stdout)
 		return
 	}
 	os.Exit(m.Run())

@@ -885,7 +885,7 @@ func (in *incoming) cleanup(dropContainer bool) error {
 	if in.work != "" {
 		// A restore or lazy-pages daemon stuck on a source that is gone
 		// would hold the container's cgroups and mounts.
-		if pids := criu.KillWorkingIn(in.work); len(pids) > 0 {
+		if pids, _ := criu.KillWorkingIn(in.work); len(pids) > 0 {
 			slog.Warn("killed CRIU processes still working for an ended migration", "migration", in.offer.ID, "pids", pids)
 		}
 	}

@@ -311,8 +311,12 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 		m.sess.Close()
 	}
 	if m.work != "" {
-		if pids := criu.KillWorkingIn(m.work); len(pids) > 0 {
+		pids, forced := criu.KillWorkingIn(m.work)
+		if len(pids) > 0 {
 			r.Warnings = append(r.Warnings, fmt.Sprintf("killed CRIU processes still working after the migration ended: %v", pids))
+		}
+		if len(forced) > 0 {
+			r.Warnings = append(r.Warnings, fmt.Sprintf("CRIU %v still ran its code inside the container's processes %s after the migration ended and was killed all the same: they may not have survived it", forced, criu.InsidePatience))
 		}
 	}
 	if m.work != "" && err != nil {
