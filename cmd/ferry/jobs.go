@@ -188,8 +188,8 @@ func newWaitCmd() *cobra.Command {
 		Use:   "wait ID",
 		Short: "Follow a migration to its end and print its report",
 		Long: `wait follows migration ID on the source agent (--from) until it ends, and
-prints its report as ferry migrate does (at once for one that has ended).
-Exit status 1 when the migration failed.`,
+prints its report as ferry migrate does (at once for one that has ended),
+with ferry migrate's exit status (see ferry migrate --help).`,
 		Example: `  id=$(ferry migrate web --to node2@192.0.2.10:7070 --mode precopy --detach)
   ferry wait $id`,
 		Args: cobra.ExactArgs(1),

@@ -88,7 +88,9 @@ failed and the source resumed it; 2 the command line was wrong; 3 in doubt:
 a copy stays frozen until the agents can settle it (the report says which,
 and the agents settle it on their own once they reach each other); 4
 refused or failed before anything was frozen (the container never
-stopped).`,
+stopped); 5 lost: the source copy's processes died before it could resume
+(a CRIU killed while its code ran inside them) and no copy runs anywhere:
+start the container again with its runtime.`,
 		Example: `  ferry migrate memhog --from h1 --to h2
   ferry migrate web --to 192.0.2.10:7070 --json
   ferry migrate web --from node1@192.0.2.1:7070 --to node2@192.0.2.2:7070 --tls-dir ~/.ferry/alice
@@ -189,6 +191,7 @@ const (
 	exitUsage   = 2 // the command line was wrong
 	exitInDoubt = 3 // a copy is frozen until the agents settle it (see the report)
 	exitRefused = 4 // refused or failed before anything was frozen
+	exitLost    = 5 // the source copy's processes died; no copy runs
 )
 
 // reportExit is the exit status a migration's report calls for.
@@ -196,6 +199,8 @@ func reportExit(rep engine.Report) int {
 	switch {
 	case rep.OK:
 		return exitOK
+	case rep.SourceState == "lost":
+		return exitLost
 	case rep.SourceState == "frozen" || rep.InDoubtID != "":
 		return exitInDoubt
 	}

@@ -105,7 +105,7 @@ func TestPrintJobs(t *testing.T) {
 }
 
 // A report's exit status: ok, failed after the freeze (the source
-// resumed), in doubt, refused before anything froze.
+// resumed), in doubt, lost, refused before anything froze.
 func TestReportExit(t *testing.T) {
 	frozeThenFailed := []engine.PhaseSpan{{Name: "prepare"}, {Name: "freeze"}, {Name: "dump"}}
 	for _, c := range []struct {
@@ -116,6 +116,7 @@ func TestReportExit(t *testing.T) {
 		{"ok", engine.Report{OK: true, Phases: frozeThenFailed}, exitOK},
 		{"failed, resumed", engine.Report{SourceState: "resumed", Phases: frozeThenFailed}, exitFailed},
 		{"in doubt", engine.Report{SourceState: "frozen", InDoubtID: "0123456789ab", Phases: frozeThenFailed}, exitInDoubt},
+		{"lost", engine.Report{SourceState: "lost", Phases: frozeThenFailed}, exitLost},
 		{"refused at the offer", engine.Report{FailedAt: "offer", Phases: []engine.PhaseSpan{{Name: "prepare"}}}, exitRefused},
 		{"cancelled during the rounds", engine.Report{SourceState: "resumed", Phases: []engine.PhaseSpan{{Name: "round-0"}}}, exitRefused},
 	} {

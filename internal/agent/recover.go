@@ -265,6 +265,12 @@ func (a *Agent) settle(ctx context.Context, e journal.Entry, state string) (done
 		if err != nil {
 			return false, err
 		}
+		if st == "stopped" {
+			// Its processes died (a CRIU killed while its code ran inside
+			// them), and the destination has no copy: nothing to resume.
+			a.Log.Error("the source copy's processes died, and the destination has no copy: the container runs nowhere; start it again with its runtime", "migration", e.ID, "container", e.Container, "runtime", e.Runtime)
+			return true, a.journal.Set(e.ID, journal.Lost)
+		}
 		if st != "running" {
 			return false, fmt.Errorf("thawed, yet the runtime says %s", st)
 		}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
@@ -43,6 +44,9 @@ func (f *fakeRuntime) Freeze(_ context.Context, c *runtime.Container) error {
 	return nil
 }
 func (f *fakeRuntime) Thaw(_ context.Context, c *runtime.Container) error {
+	if f.state[c.Name] == "stopped" {
+		return errors.New("container not paused") // its processes are gone
+	}
 	f.state[c.Name] = "running"
 	return nil
 }
@@ -103,15 +107,21 @@ func TestSettleFollowsTheDestination(t *testing.T) {
 	for _, c := range []struct {
 		answer, wantState, wantJournal string
 		done                           bool
+		died                           bool // the source copy's processes are gone
 	}{
-		{journal.Committed, "absent", journal.Removed, true},
-		{journal.Dropped, "running", journal.Resumed, true},
-		{"unknown", "running", journal.Resumed, true},
-		{journal.Restoring, "paused", journal.InDoubt, false}, // still deciding: ask again
+		{answer: journal.Committed, wantState: "absent", wantJournal: journal.Removed, done: true},
+		{answer: journal.Dropped, wantState: "running", wantJournal: journal.Resumed, done: true},
+		{answer: "unknown", wantState: "running", wantJournal: journal.Resumed, done: true},
+		{answer: journal.Restoring, wantState: "paused", wantJournal: journal.InDoubt}, // still deciding: ask again
+		// Nothing to resume, and no copy elsewhere: lost, not retried.
+		{answer: journal.Dropped, wantState: "stopped", wantJournal: journal.Lost, done: true, died: true},
 	} {
-		t.Run(c.answer, func(t *testing.T) {
+		t.Run(c.answer+map[bool]string{true: "-died"}[c.died], func(t *testing.T) {
 			a, rt := testAgent(t)
 			rt.state["web"] = "paused"
+			if c.died {
+				rt.state["web"] = "stopped"
+			}
 			e := journal.Entry{ID: "abc", Role: journal.Source, Container: "web", Runtime: "fake", State: journal.InDoubt}
 			if err := a.journal.Record(e); err != nil {
 				t.Fatal(err)

@@ -330,7 +330,9 @@ type Report struct {
 	Phases         []PhaseSpan `json:"phases"`
 	Error          string      `json:"error,omitempty"`
 	// SourceState says what became of the source copy: "removed" after a
-	// commit, "resumed" after a failure, "frozen" when the outcome is in doubt.
+	// commit, "resumed" after a failure, "frozen" when the outcome is in
+	// doubt, "lost" when its processes died before it could resume (and no
+	// copy runs anywhere).
 	SourceState string `json:"source_state,omitempty"`
 	// InDoubtID names a migration whose outcome the source could not know
 	// (its copy stays frozen); the agent resolves it with the destination.

@@ -971,11 +971,24 @@ func (m *migration) abort(ctx context.Context, cause error) error {
 		m.recordFinal(journal.Resumed)
 		return cause
 	}
+	if serr == nil && st == "stopped" {
+		// Its processes died: a CRIU killed while its code ran inside
+		// them takes them along. No commit was sent, and the destination
+		// drops its copy: the container runs nowhere.
+		m.report.SourceState = "lost"
+		m.recordFinal(journal.Lost)
+		return errors.Join(cause, fmt.Errorf("the source copy's processes died before it could resume (the %s runtime says stopped), and the destination has no copy: the container runs nowhere; %s", m.rt.Kind(), m.restartHint()))
+	}
 	m.report.SourceState = "frozen"
 	if serr != nil {
 		st = serr.Error()
 	}
 	return errors.Join(cause, fmt.Errorf("the source copy did not resume (%s; %v): %s", st, rerr, m.thawHint()))
+}
+
+// restartHint tells an operator how to start a lost container again.
+func (m *migration) restartHint() string {
+	return fmt.Sprintf("start the %s container %q again with its runtime (its memory is gone)", m.rt.Kind(), m.ctr.Name)
 }
 
 // thawHint tells an operator how to take a frozen source copy back.

@@ -456,6 +456,27 @@ func TestSourceResumesWhenDumpFails(t *testing.T) {
 	r.allDropped()
 }
 
+// The dump fails and the container's processes died with it (a CRIU
+// killed while its code ran inside them): the source cannot resume, and
+// the report and the journal say lost, not frozen with a hint to thaw.
+func TestSourceReportsACopyThatDied(t *testing.T) {
+	r := newSourceRun(t, func(r *sourceRun) {
+		r.src.checkpointErr = errors.New("runc checkpoint: criu failed: signal: killed")
+		r.src.beforeThaw = func() { r.src.setStatus("stopped") }
+		r.src.thawErr = errors.New("runc resume: container not paused")
+	})
+	rep := r.migrate(ModeCold)
+	if rep.OK || rep.SourceState != "lost" || !strings.Contains(rep.Error, "runs nowhere") || !strings.Contains(rep.Error, "start the fake container") || strings.Contains(rep.Error, "thaw") {
+		t.Fatalf("report: ok %v, source %q: %s", rep.OK, rep.SourceState, rep.Error)
+	}
+	r.returned()
+	r.want(counts{prepared: 1, discarded: 1})
+	r.allDropped()
+	if st := r.sourceJournaled(rep); st != journal.Lost {
+		t.Errorf("source journal says %q, want %q", st, journal.Lost)
+	}
+}
+
 // A destination that refuses: nothing is frozen.
 func TestSourceRefusedBeforeFreeze(t *testing.T) {
 	r := newSourceRun(t, func(r *sourceRun) { r.rt.prepareErr = errors.New("a container named web exists here") })

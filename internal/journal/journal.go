@@ -25,7 +25,9 @@ const (
 )
 
 // States. A source goes frozen -> commit-sent -> removed, or -> resumed,
-// or stays in-doubt until its destination says what became of its copy. A
+// or stays in-doubt until its destination says what became of its copy;
+// it is lost when its copy's processes died before it could resume
+// (before any commit, or with the destination's copy dropped). A
 // destination goes prepared -> restoring -> committed -> started, or ->
 // dropped from either of the first two; a lazy (post-copy) one restoring ->
 // pulling -> started, or -> dropped.
@@ -36,6 +38,7 @@ const (
 	InDoubt    = "in-doubt"    // frozen; the outcome is the destination's to say
 	Removed    = "removed"     // final: the destination owns it
 	Resumed    = "resumed"     // final: it runs here again
+	Lost       = "lost"        // final: its processes died here and no copy runs
 	// Destination states.
 	Prepared  = "prepared"  // the runtime holds a container made for it; none runs
 	Restoring = "restoring" // a copy may run here, not yet committed
@@ -48,7 +51,7 @@ const (
 // Final reports whether nothing is left to do for a migration in state s.
 func Final(s string) bool {
 	switch s {
-	case Removed, Resumed, Committed, Started, Dropped:
+	case Removed, Resumed, Lost, Committed, Started, Dropped:
 		return true
 	}
 	return false
