@@ -966,6 +966,9 @@ func (m *migration) abort(ctx context.Context, cause error) error {
 	// Report what is true: an interrupted CRIU may have thawed the
 	// container already, and a thaw that "worked" may not have.
 	st, serr := runtime.State(rctx, m.rt, m.ctr.Name)
+	if serr == nil && st == "running" && m.diesOnResume() {
+		st = "stopped"
+	}
 	if serr == nil && st == "running" {
 		m.report.SourceState = "resumed"
 		m.recordFinal(journal.Resumed)
@@ -977,13 +980,31 @@ func (m *migration) abort(ctx context.Context, cause error) error {
 		// drops its copy: the container runs nowhere.
 		m.report.SourceState = "lost"
 		m.recordFinal(journal.Lost)
-		return errors.Join(cause, fmt.Errorf("the source copy's processes died before it could resume (the %s runtime says stopped), and the destination has no copy: the container runs nowhere; %s", m.rt.Kind(), m.restartHint()))
+		return errors.Join(cause, fmt.Errorf("the source copy's processes died before it could resume (its init %d is gone, dead or dumping core), and the destination has no copy: the container runs nowhere; %s", m.ctr.PID, m.restartHint()))
 	}
 	m.report.SourceState = "frozen"
 	if serr != nil {
 		st = serr.Error()
 	}
 	return errors.Join(cause, fmt.Errorf("the source copy did not resume (%s; %v): %s", st, rerr, m.thawHint()))
+}
+
+// diesOnResume says whether the source container's init, resumed, is
+// dying all the same: a process that a killed CRIU let go inside its
+// injected code dies of it as soon as it runs, and may spend a while
+// writing its core while its runtime calls it running. It looks twice,
+// 100 ms apart, for a process the thaw only just let run.
+func (m *migration) diesOnResume() bool {
+	if m.ctr.PID <= 0 {
+		return false
+	}
+	for range 2 {
+		if procs.Dying(m.ctr.PID) {
+			return true
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return false
 }
 
 // restartHint tells an operator how to start a lost container again.

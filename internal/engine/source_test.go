@@ -20,6 +20,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/host"
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/pages"
+	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
 )
@@ -458,22 +459,47 @@ func TestSourceResumesWhenDumpFails(t *testing.T) {
 
 // The dump fails and the container's processes died with it (a CRIU
 // killed while its code ran inside them): the source cannot resume, and
-// the report and the journal say lost, not frozen with a hint to thaw.
+// the report and the journal say lost, not resumed, nor frozen with a
+// hint to thaw it. The runtime says so (stopped), or still calls the
+// container running while its init dies (a zombie here: a core being
+// written looks the same to it).
 func TestSourceReportsACopyThatDied(t *testing.T) {
-	r := newSourceRun(t, func(r *sourceRun) {
-		r.src.checkpointErr = errors.New("runc checkpoint: criu failed: signal: killed")
-		r.src.beforeThaw = func() { r.src.setStatus("stopped") }
-		r.src.thawErr = errors.New("runc resume: container not paused")
-	})
-	rep := r.migrate(ModeCold)
-	if rep.OK || rep.SourceState != "lost" || !strings.Contains(rep.Error, "runs nowhere") || !strings.Contains(rep.Error, "start the fake container") || strings.Contains(rep.Error, "thaw") {
-		t.Fatalf("report: ok %v, source %q: %s", rep.OK, rep.SourceState, rep.Error)
-	}
-	r.returned()
-	r.want(counts{prepared: 1, discarded: 1})
-	r.allDropped()
-	if st := r.sourceJournaled(rep); st != journal.Lost {
-		t.Errorf("source journal says %q, want %q", st, journal.Lost)
+	for _, c := range []struct {
+		name  string
+		setup func(t *testing.T, r *sourceRun)
+	}{
+		{"stopped", func(_ *testing.T, r *sourceRun) {
+			r.src.beforeThaw = func() { r.src.setStatus("stopped") }
+			r.src.thawErr = errors.New("runc resume: container not paused")
+		}},
+		{"dying", func(t *testing.T, r *sourceRun) {
+			init := exec.Command("true")
+			if err := init.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = init.Wait() })
+			for st, _ := procs.State(init.Process.Pid); st != 'Z'; st, _ = procs.State(init.Process.Pid) {
+				time.Sleep(time.Millisecond) // not reaped until the test ends: a zombie
+			}
+			r.src.ctr.PID = init.Process.Pid
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newSourceRun(t, func(r *sourceRun) {
+				r.src.checkpointErr = errors.New("runc checkpoint: criu failed: signal: killed")
+				c.setup(t, r)
+			})
+			rep := r.migrate(ModeCold)
+			if rep.OK || rep.SourceState != "lost" || !strings.Contains(rep.Error, "runs nowhere") || !strings.Contains(rep.Error, "start the fake container") || strings.Contains(rep.Error, "thaw") {
+				t.Fatalf("report: ok %v, source %q: %s", rep.OK, rep.SourceState, rep.Error)
+			}
+			r.returned()
+			r.want(counts{prepared: 1, discarded: 1})
+			r.allDropped()
+			if st := r.sourceJournaled(rep); st != journal.Lost {
+				t.Errorf("source journal says %q, want %q", st, journal.Lost)
+			}
+		})
 	}
 }
 

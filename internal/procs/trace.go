@@ -59,3 +59,14 @@ func parseSyscallPC(s string) (pc uint64, running bool, err error) {
 	pc, err = strconv.ParseUint(strings.TrimPrefix(f[len(f)-1], "0x"), 16, 64)
 	return pc, false, err
 }
+
+// Dying says whether pid is a zombie or dumping core: a process killed by
+// a signal can take a while to write its core, and its runtime calls it
+// running meanwhile. A PID that is gone is not dying (its runtime knows).
+func Dying(pid int) bool {
+	if v, ok, err := Status(pid, "CoreDumping"); err == nil && ok && v == "1" {
+		return true
+	}
+	st, ok := State(pid)
+	return ok && (st == 'Z' || st == 'X')
+}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"testing"
+	"time"
 )
 
 func TestParseSyscallPC(t *testing.T) {
@@ -61,5 +62,27 @@ func TestTraceesAndProgramCounter(t *testing.T) {
 	}
 	if !slices.ContainsFunc(ParseMaps(b), func(m Mapping) bool { return m.Executable() && pc >= m.Start && pc < m.End }) {
 		t.Fatalf("pc %#x is in no executable mapping", pc)
+	}
+}
+
+// A zombie is dying; a live process and a PID that is gone are not.
+func TestDying(t *testing.T) {
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	for st, _ := State(pid); st != 'Z'; st, _ = State(pid) {
+		time.Sleep(time.Millisecond)
+	}
+	if !Dying(pid) {
+		t.Error("a zombie is not Dying")
+	}
+	_ = cmd.Wait()
+	if Dying(pid) {
+		t.Error("a reaped PID is Dying")
+	}
+	if Dying(os.Getpid()) {
+		t.Error("this test is Dying")
 	}
 }
