@@ -6,18 +6,22 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/journal"
+	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 )
 
 // fakeRuntime keeps container states in a map; recovery's logic only.
 type fakeRuntime struct {
 	state     map[string]string
+	pid       map[string]int // a container's init, where a test gives one
 	removed   []string
 	stopped   bool // restores stopped until Start (as runc does here)
 	continued []string
@@ -37,7 +41,7 @@ func (f *fakeRuntime) Inspect(_ context.Context, name string) (*runtime.Containe
 	if !ok {
 		return nil, runtime.ErrNotFound
 	}
-	return &runtime.Container{Name: name, ID: name, Status: st}, nil
+	return &runtime.Container{Name: name, ID: name, Status: st, PID: f.pid[name]}, nil
 }
 func (f *fakeRuntime) Freeze(_ context.Context, c *runtime.Container) error {
 	f.state[c.Name] = "paused"
@@ -108,6 +112,7 @@ func TestSettleFollowsTheDestination(t *testing.T) {
 		answer, wantState, wantJournal string
 		done                           bool
 		died                           bool // the source copy's processes are gone
+		dying                          bool // its runtime says running, its init is a zombie
 	}{
 		{answer: journal.Committed, wantState: "absent", wantJournal: journal.Removed, done: true},
 		{answer: journal.Dropped, wantState: "running", wantJournal: journal.Resumed, done: true},
@@ -115,12 +120,16 @@ func TestSettleFollowsTheDestination(t *testing.T) {
 		{answer: journal.Restoring, wantState: "paused", wantJournal: journal.InDoubt}, // still deciding: ask again
 		// Nothing to resume, and no copy elsewhere: lost, not retried.
 		{answer: journal.Dropped, wantState: "stopped", wantJournal: journal.Lost, done: true, died: true},
+		{answer: journal.Dropped, wantState: "running", wantJournal: journal.Lost, done: true, dying: true},
 	} {
-		t.Run(c.answer+map[bool]string{true: "-died"}[c.died], func(t *testing.T) {
+		t.Run(c.answer+map[bool]string{true: "-died"}[c.died]+map[bool]string{true: "-dying"}[c.dying], func(t *testing.T) {
 			a, rt := testAgent(t)
 			rt.state["web"] = "paused"
 			if c.died {
 				rt.state["web"] = "stopped"
+			}
+			if c.dying {
+				rt.pid = map[string]int{"web": zombie(t)}
 			}
 			e := journal.Entry{ID: "abc", Role: journal.Source, Container: "web", Runtime: "fake", State: journal.InDoubt}
 			if err := a.journal.Record(e); err != nil {
@@ -307,4 +316,19 @@ func TestRecoverDestinationKeepsAPullThatEnded(t *testing.T) {
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("the ended pull's directory stays: %v", err)
 	}
+}
+
+// zombie is the PID of a child that exited and is not reaped until the
+// test ends.
+func zombie(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Wait() })
+	for st, _ := procs.State(cmd.Process.Pid); st != 'Z'; st, _ = procs.State(cmd.Process.Pid) {
+		time.Sleep(time.Millisecond)
+	}
+	return cmd.Process.Pid
 }
