@@ -132,6 +132,9 @@ func printJobs(w io.Writer, js []engine.Job, now time.Time) {
 			state = fmt.Sprintf("ok, downtime %.0f ms", r.DowntimeMs)
 			if !r.OK {
 				state = "failed at " + r.FailedAt
+				if r.SourceState != "" {
+					state += ", source " + r.SourceState // resumed, frozen (in doubt) or lost
+				}
 			}
 			sent = humanBytes(r.BytesSent)
 		}

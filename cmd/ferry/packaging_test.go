@@ -81,7 +81,7 @@ func TestManPages(t *testing.T) {
 }
 
 // ps prints a table: a running job with its phase, an ended one with its
-// outcome.
+// outcome and, for a failed one, what became of the source copy.
 func TestPrintJobs(t *testing.T) {
 	now := time.Unix(1000, 0)
 	var b strings.Builder
@@ -89,10 +89,12 @@ func TestPrintJobs(t *testing.T) {
 		{ID: "aaaaaaaaaaaa", Container: "web", To: "h2", Mode: "precopy", Started: now.Add(-2 * time.Second), Progress: engine.Progress{Phase: "round-2", Bytes: 3 << 20,
 			Rounds: 2, DirtyRate: 120, PredictedDowntimeMs: 212.4}},
 		{ID: "bbbbbbbbbbbb", Container: "db", To: "h2", Mode: "cold", Started: now.Add(-9 * time.Second), Ended: now.Add(-6 * time.Second),
-			Report: &engine.Report{OK: false, FailedAt: "restore on h2"}},
+			Report: &engine.Report{OK: false, FailedAt: "restore on h2", SourceState: "resumed"}},
+		{ID: "cccccccccccc", Container: "kv", To: "h2", Mode: "hybrid", Started: now.Add(-5 * time.Second), Ended: now.Add(-4 * time.Second),
+			Report: &engine.Report{OK: false, FailedAt: "dump on h1", SourceState: "lost"}},
 	}, now)
 	out := b.String()
-	for _, want := range []string{"ID  ", "aaaaaaaaaaaa  web", "round-2 (2 rounds, 120 pages/s dirty, downtime now ~212 ms)", "3.0 MiB", "2s", "failed at restore on h2", "3s"} {
+	for _, want := range []string{"ID  ", "aaaaaaaaaaaa  web", "round-2 (2 rounds, 120 pages/s dirty, downtime now ~212 ms)", "3.0 MiB", "2s", "failed at restore on h2, source resumed", "3s", "failed at dump on h1, source lost"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %q in:\n%s", want, out)
 		}

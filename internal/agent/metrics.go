@@ -29,7 +29,7 @@ func newMetrics(js *jobs) *metrics {
 		reg: prometheus.NewRegistry(),
 		ended: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ferry_migrations_total",
-			Help: "Migrations this agent ran as their source, by technique, runtime and outcome (ok, failed, in_doubt).",
+			Help: "Migrations this agent ran as their source, by technique, runtime and outcome (ok, failed, in_doubt, lost).",
 		}, []string{"mode", "runtime", "outcome"}),
 		downtime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ferry_migration_downtime_seconds",
@@ -72,6 +72,8 @@ func (m *metrics) done(req engine.Request, rep engine.Report) {
 		m.total.WithLabelValues(mode).Observe(rep.TotalMs / 1000)
 	case rep.InDoubtID != "":
 		outcome = "in_doubt"
+	case rep.SourceState == "lost":
+		outcome = "lost" // worth an alert: the container runs nowhere
 	}
 	m.ended.WithLabelValues(mode, rt, outcome).Inc()
 	m.sent.WithLabelValues(mode).Add(float64(rep.BytesSent))

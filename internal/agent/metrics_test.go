@@ -50,12 +50,14 @@ func TestMetrics(t *testing.T) {
 	end(engine.Request{Mode: "precopy"}, engine.Report{Mode: "precopy", Runtime: "runc", OK: true, DowntimeMs: 250, TotalMs: 3000, BytesSent: 1000})
 	end(engine.Request{Mode: "cold"}, engine.Report{Runtime: "podman", BytesSent: 10})
 	end(engine.Request{Mode: "postcopy"}, engine.Report{Mode: "postcopy", Runtime: "runc", InDoubtID: "0123456789ab"})
+	end(engine.Request{Mode: "hybrid"}, engine.Report{Mode: "hybrid", Runtime: "runc", SourceState: "lost"})
 
 	out := scrape()
 	for _, want := range []string{
 		`ferry_migrations_total{mode="precopy",outcome="ok",runtime="runc"} 1`,
 		`ferry_migrations_total{mode="cold",outcome="failed",runtime="podman"} 1`,
 		`ferry_migrations_total{mode="postcopy",outcome="in_doubt",runtime="runc"} 1`,
+		`ferry_migrations_total{mode="hybrid",outcome="lost",runtime="runc"} 1`,
 		`ferry_migration_downtime_seconds_bucket{mode="precopy",le="0.3"} 1`,
 		`ferry_migration_downtime_seconds_bucket{mode="precopy",le="0.2"} 0`,
 		`ferry_migration_total_seconds_sum{mode="precopy"} 3`,
