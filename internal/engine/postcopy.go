@@ -116,9 +116,12 @@ type lazyDump struct {
 	result   error
 	// conn is the tunnel's connection to CRIU's page server, once made;
 	// proxy serves it to a destination that may come back (resume.go).
+	// ended is set once endPageServer ran: a connection made after that
+	// is closed at once.
 	mu    sync.Mutex
 	conn  net.Conn
 	proxy *pagestream.LazyProxy
+	ended bool
 	// faults has each request the page server answers, and the pages
 	// the destination waits for, for the push (dropped when it lags).
 	faults chan pushNext
@@ -247,6 +250,9 @@ func (ld *lazyDump) stop() {
 		select {
 		case <-ld.exited:
 		case <-time.After(10 * time.Second):
+			// Kill CRIU itself, not only the runtime: it would end
+			// later, once the container was thawed, and freeze it again.
+			criu.KillWorkingIn(ld.m.work)
 		}
 	}
 	ld.stopDump()
@@ -260,7 +266,7 @@ func (ld *lazyDump) stop() {
 func (ld *lazyDump) endPageServer() {
 	ld.mu.Lock()
 	conn := ld.conn
-	ld.conn = nil
+	ld.conn, ld.ended = nil, true
 	ld.mu.Unlock()
 	if conn != nil {
 		conn.Close()
@@ -284,16 +290,34 @@ func (ld *lazyDump) endPageServer() {
 	c.Close()
 }
 
+// keep records conn (and its proxy) as the tunnel's connection to the
+// page server, unless endPageServer ran while it was being made: CRIU
+// serves one connection, and one left open would have it answer neither
+// this one's end nor the close endPageServer sent on its own.
+func (ld *lazyDump) keep(conn net.Conn, proxy *pagestream.LazyProxy) error {
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	if ld.ended {
+		conn.Close()
+		return errors.New("the dump's page server was ended meanwhile")
+	}
+	ld.conn = conn
+	if proxy != nil {
+		ld.proxy = proxy
+	}
+	return nil
+}
+
 // splice connects the lazy channel to the dump's page server.
 func (ld *lazyDump) splice(ctx context.Context, ch *transport.Channel) error {
 	conn, err := ld.dial(ctx)
+	if err == nil {
+		err = ld.keep(conn, nil)
+	}
 	if err != nil {
 		ch.Fail(err)
 		return err
 	}
-	ld.mu.Lock()
-	ld.conn = conn
-	ld.mu.Unlock()
 	defer conn.Close()
 	return splice(conn.(*net.TCPConn), ch)
 }
@@ -309,15 +333,15 @@ func (ld *lazyDump) serve(ctx context.Context, ch *transport.Channel) error {
 	ld.mu.Unlock()
 	if p == nil {
 		conn, err := ld.dial(ctx)
+		if err == nil {
+			p = pagestream.NewLazyProxy(conn)
+			p.OnFault(ld.fault)
+			err = ld.keep(conn, p)
+		}
 		if err != nil {
 			ch.Fail(err)
 			return err
 		}
-		ld.mu.Lock()
-		ld.conn, ld.proxy = conn, pagestream.NewLazyProxy(conn)
-		ld.proxy.OnFault(ld.fault)
-		p = ld.proxy
-		ld.mu.Unlock()
 	}
 	closed, err := p.Serve(ch)
 	if closed {
