@@ -14,7 +14,6 @@ import (
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/lazyrelay"
 	"github.com/ferry-migrate/ferry/internal/mounts"
-	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 )
 
@@ -262,15 +261,13 @@ func (a *Agent) settle(ctx context.Context, e journal.Entry, state string) (done
 		if rt.Caps().Freeze {
 			_ = rt.Thaw(ctx, c) // a container the freeze never reached runs already
 		}
-		now, err := rt.Inspect(ctx, e.Container)
+		st, err := runtime.State(ctx, rt, e.Container)
 		if err != nil {
 			return false, err
 		}
-		st := now.Status
-		if st == "stopped" || st == "running" && procs.Dying(now.PID) {
+		if st == "stopped" {
 			// Its processes died (a CRIU killed while its code ran inside
-			// them; an init writing its core is still running to its
-			// runtime), and the destination has no copy: nothing to resume.
+			// them), and the destination has no copy: nothing to resume.
 			a.Log.Error("the source copy's processes died, and the destination has no copy: the container runs nowhere; start it again with its runtime", "migration", e.ID, "container", e.Container, "runtime", e.Runtime)
 			return true, a.journal.Set(e.ID, journal.Lost)
 		}

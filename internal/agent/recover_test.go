@@ -6,15 +6,13 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/journal"
-	"github.com/ferry-migrate/ferry/internal/procs"
+	"github.com/ferry-migrate/ferry/internal/procs/procstest"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 )
 
@@ -129,7 +127,7 @@ func TestSettleFollowsTheDestination(t *testing.T) {
 				rt.state["web"] = "stopped"
 			}
 			if c.dying {
-				rt.pid = map[string]int{"web": zombie(t)}
+				rt.pid = map[string]int{"web": procstest.Zombie(t)}
 			}
 			e := journal.Entry{ID: "abc", Role: journal.Source, Container: "web", Runtime: "fake", State: journal.InDoubt}
 			if err := a.journal.Record(e); err != nil {
@@ -316,19 +314,4 @@ func TestRecoverDestinationKeepsAPullThatEnded(t *testing.T) {
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("the ended pull's directory stays: %v", err)
 	}
-}
-
-// zombie is the PID of a child that exited and is not reaped until the
-// test ends.
-func zombie(t *testing.T) int {
-	t.Helper()
-	cmd := exec.Command("true")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Wait() })
-	for st, _ := procs.State(cmd.Process.Pid); st != 'Z'; st, _ = procs.State(cmd.Process.Pid) {
-		time.Sleep(time.Millisecond)
-	}
-	return cmd.Process.Pid
 }

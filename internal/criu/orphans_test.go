@@ -94,14 +94,44 @@ func playCompel(pid int, in io.Reader, out io.Writer) {
 	select {}
 }
 
+// sleeper is a sleeping process for a tracer (or CRIU) to take hold of,
+// in a session of its own (CRIU dumps it as a shell job).
+type sleeper struct {
+	cmd *exec.Cmd
+	end chan error // its exit
+}
+
+func startSleeper(t *testing.T) *sleeper {
+	t.Helper()
+	s := &sleeper{cmd: exec.Command("sleep", "600"), end: make(chan error, 1)}
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { s.end <- s.cmd.Wait() }()
+	t.Cleanup(func() { _ = s.cmd.Process.Kill(); <-s.end })
+	return s
+}
+
+// alive says whether the process still runs half a second on (after its
+// tracer went), and if not, how it ended.
+func (s *sleeper) alive() (bool, error) {
+	select {
+	case err := <-s.end:
+		s.end <- err
+		return false, err
+	case <-time.After(500 * time.Millisecond):
+		return true, nil
+	}
+}
+
 // lab is a sleeping process and a CRIU-named tracer playing compel on it,
 // working in the directory dir.
 type lab struct {
-	dir       string
-	victim    *exec.Cmd
-	victimEnd chan error // the victim's exit
-	tracer    *exec.Cmd
-	tell      func(line string)
+	dir    string
+	victim *sleeper
+	tracer *exec.Cmd
+	tell   func(line string)
 }
 
 func newLab(t *testing.T) *lab {
@@ -109,13 +139,7 @@ func newLab(t *testing.T) *lab {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: ptrace of another process and SIGKILL of it")
 	}
-	l := &lab{dir: t.TempDir(), victimEnd: make(chan error, 1)}
-	l.victim = exec.Command("sleep", "600")
-	if err := l.victim.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { l.victimEnd <- l.victim.Wait() }()
-	t.Cleanup(func() { _ = l.victim.Process.Kill(); <-l.victimEnd })
+	l := &lab{dir: t.TempDir(), victim: startSleeper(t)}
 
 	self, err := os.Executable()
 	if err != nil {
@@ -127,7 +151,7 @@ func newLab(t *testing.T) *lab {
 	}
 	l.tracer = exec.Command(criu, "-test.run=^$")
 	l.tracer.Dir = l.dir
-	l.tracer.Env = append(os.Environ(), compelEnv+"="+strconv.Itoa(l.victim.Process.Pid))
+	l.tracer.Env = append(os.Environ(), compelEnv+"="+strconv.Itoa(l.victim.cmd.Process.Pid))
 	stdin, err := l.tracer.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -156,18 +180,6 @@ func newLab(t *testing.T) *lab {
 	return l
 }
 
-// victimAlive says whether the victim still runs, half a second after
-// its tracer went.
-func (l *lab) victimAlive() (bool, error) {
-	select {
-	case err := <-l.victimEnd:
-		l.victimEnd <- err
-		return false, err
-	case <-time.After(500 * time.Millisecond):
-		return true, nil
-	}
-}
-
 // A CRIU attached to a process but not inside it is killed at once, and
 // the process runs on.
 func TestKillWorkingInKillsACRIUOutside(t *testing.T) {
@@ -179,7 +191,7 @@ func TestKillWorkingInKillsACRIUOutside(t *testing.T) {
 	if !slices.Equal(killed, []int{l.tracer.Process.Pid}) || forced != nil {
 		t.Fatalf("killed %v forced %v, want the tracer %d killed", killed, forced, l.tracer.Process.Pid)
 	}
-	if alive, err := l.victimAlive(); !alive {
+	if alive, err := l.victim.alive(); !alive {
 		t.Fatalf("the process died with its tracer: %v", err)
 	}
 }
@@ -211,7 +223,7 @@ func TestKillWorkingInWaitsForACRIUInside(t *testing.T) {
 	if !slices.Equal(r.killed, []int{l.tracer.Process.Pid}) || r.forced != nil {
 		t.Fatalf("killed %v forced %v, want the tracer %d killed", r.killed, r.forced, l.tracer.Process.Pid)
 	}
-	if alive, err := l.victimAlive(); !alive {
+	if alive, err := l.victim.alive(); !alive {
 		t.Fatalf("the process died with its tracer: %v", err)
 	}
 }
@@ -226,7 +238,7 @@ func TestKillWorkingInForcedKillsTheProcess(t *testing.T) {
 	if !slices.Equal(killed, []int{l.tracer.Process.Pid}) || !slices.Equal(forced, killed) {
 		t.Fatalf("killed %v forced %v, want the tracer %d killed and forced", killed, forced, l.tracer.Process.Pid)
 	}
-	alive, err := l.victimAlive()
+	alive, err := l.victim.alive()
 	var exit *exec.ExitError
 	if alive || !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGTRAP {
 		t.Fatalf("the process, let go inside compel's code: alive %v, %v; want dead of SIGTRAP", alive, err)
@@ -239,14 +251,8 @@ func TestKillWorkingInForcedKillsTheProcess(t *testing.T) {
 // whose lazy dump ferry ends that way.
 func TestKillWorkingInALazyDumpsCRIU(t *testing.T) {
 	needCRIU(t)
-	sleep := exec.Command("sleep", "600")
-	sleep.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := sleep.Start(); err != nil {
-		t.Fatal(err)
-	}
-	end := make(chan error, 1)
-	go func() { end <- sleep.Wait() }()
-	t.Cleanup(func() { _ = sleep.Process.Kill(); <-end })
+	victim := startSleeper(t)
+	sleep := victim.cmd
 
 	dir := t.TempDir()
 	ready, status, err := os.Pipe()
@@ -286,11 +292,8 @@ func TestKillWorkingInALazyDumpsCRIU(t *testing.T) {
 	if !slices.Equal(killed, []int{criu}) || forced != nil {
 		t.Fatalf("killed %v forced %v, want CRIU %d killed", killed, forced, criu)
 	}
-	select {
-	case err := <-end:
-		end <- err
+	if alive, err := victim.alive(); !alive {
 		t.Fatalf("the process died with CRIU: %v", err)
-	case <-time.After(500 * time.Millisecond):
 	}
 }
 

@@ -966,8 +966,13 @@ func (m *migration) abort(ctx context.Context, cause error) error {
 	// Report what is true: an interrupted CRIU may have thawed the
 	// container already, and a thaw that "worked" may not have.
 	st, serr := runtime.State(rctx, m.rt, m.ctr.Name)
-	if serr == nil && st == "running" && m.diesOnResume() {
-		st = "stopped"
+	if serr == nil && st == "running" {
+		// A process the thaw only just let run may die of what a killed
+		// CRIU left in it (runtime.State): look again.
+		time.Sleep(100 * time.Millisecond)
+		if again, err := runtime.State(rctx, m.rt, m.ctr.Name); err == nil {
+			st = again
+		}
 	}
 	if serr == nil && st == "running" {
 		m.report.SourceState = "resumed"
@@ -987,24 +992,6 @@ func (m *migration) abort(ctx context.Context, cause error) error {
 		st = serr.Error()
 	}
 	return errors.Join(cause, fmt.Errorf("the source copy did not resume (%s; %v): %s", st, rerr, m.thawHint()))
-}
-
-// diesOnResume says whether the source container's init, resumed, is
-// dying all the same: a process that a killed CRIU let go inside its
-// injected code dies of it as soon as it runs, and may spend a while
-// writing its core while its runtime calls it running. It looks twice,
-// 100 ms apart, for a process the thaw only just let run.
-func (m *migration) diesOnResume() bool {
-	if m.ctr.PID <= 0 {
-		return false
-	}
-	for range 2 {
-		if procs.Dying(m.ctr.PID) {
-			return true
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return false
 }
 
 // restartHint tells an operator how to start a lost container again.

@@ -20,7 +20,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/host"
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/pages"
-	"github.com/ferry-migrate/ferry/internal/procs"
+	"github.com/ferry-migrate/ferry/internal/procs/procstest"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
 )
@@ -473,15 +473,7 @@ func TestSourceReportsACopyThatDied(t *testing.T) {
 			r.src.thawErr = errors.New("runc resume: container not paused")
 		}},
 		{"dying", func(t *testing.T, r *sourceRun) {
-			init := exec.Command("true")
-			if err := init.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = init.Wait() })
-			for st, _ := procs.State(init.Process.Pid); st != 'Z'; st, _ = procs.State(init.Process.Pid) {
-				time.Sleep(time.Millisecond) // not reaped until the test ends: a zombie
-			}
-			r.src.ctr.PID = init.Process.Pid
+			r.src.ctr.PID = procstest.Zombie(t)
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -21,6 +21,7 @@ import (
 	"sync"
 
 	"github.com/ferry-migrate/ferry/internal/privnet"
+	"github.com/ferry-migrate/ferry/internal/procs"
 )
 
 // ErrNotFound is returned when a runtime does not know the container.
@@ -242,11 +243,17 @@ type Continuer interface {
 }
 
 // State reports whether a container is running, read from its runtime.
-// The engine checks this before it reports a state.
+// The engine checks this before it reports a state. A container whose
+// init is dying (a zombie, or dumping core: a process a killed CRIU let
+// go inside its injected code dies as soon as it runs) is stopped, though
+// its runtime calls it running until the core is written.
 func State(ctx context.Context, r Runtime, name string) (string, error) {
 	c, err := r.Inspect(ctx, name)
 	if err != nil {
 		return "", err
+	}
+	if c.Status == "running" && c.PID > 0 && procs.Dying(c.PID) {
+		return "stopped", nil
 	}
 	return c.Status, nil
 }

@@ -3,8 +3,11 @@ package runtime
 import (
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"testing"
+
+	"github.com/ferry-migrate/ferry/internal/procs/procstest"
 )
 
 // listed is a runtime that knows some containers by name; Find's logic only.
@@ -114,5 +117,36 @@ func TestClientDialsOnce(t *testing.T) {
 	}
 	if _, err := l.Get(dial); err != nil || dials != 3 {
 		t.Fatalf("after Close: %v, %d dials", err, dials)
+	}
+}
+
+// inspected is a runtime that reports one container as it is told.
+type inspected struct {
+	c Container
+	Runtime
+}
+
+func (r inspected) Inspect(context.Context, string) (*Container, error) {
+	c := r.c
+	return &c, nil
+}
+
+// State believes the runtime, except about a running container whose
+// init is dying: that one is stopped.
+func TestState(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		c    Container
+		want string
+	}{
+		{"running", Container{Status: "running", PID: os.Getpid()}, "running"},
+		{"running, no PID known", Container{Status: "running"}, "running"},
+		{"paused", Container{Status: "paused", PID: os.Getpid()}, "paused"},
+		{"stopped", Container{Status: "stopped"}, "stopped"},
+		{"running, its init a zombie", Container{Status: "running", PID: procstest.Zombie(t)}, "stopped"},
+	} {
+		if st, err := State(context.Background(), inspected{c: c.c}, "x"); err != nil || st != c.want {
+			t.Errorf("%s: %q, %v; want %q", c.name, st, err, c.want)
+		}
 	}
 }
