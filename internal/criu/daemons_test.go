@@ -25,6 +25,10 @@ func TestMain(m *testing.M) {
 		uffdHolder(os.Stdin, os.Stdout)
 		return
 	}
+	if role := os.Getenv(strandEnv); role != "" {
+		playStrand(role, os.Stdin, os.Stdout)
+		return
+	}
 	if pid, err := strconv.Atoi(os.Getenv(compelEnv)); err == nil {
 		playCompel(pid, os.Stdin, os.Stdout)
 		return

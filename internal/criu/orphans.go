@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -135,4 +136,55 @@ func usesDir(pid int, dir string) bool {
 		}
 	}
 	return false
+}
+
+// Abandoned lists the CRIU processes working in dir that a CRIU which
+// died left behind (procs.Stranded). A restore's CRIU forks the
+// container's tasks before it restores them, and they hold the socket its
+// runtime (runc) reads CRIU's answer from. When that CRIU is killed, they
+// wait for its word for ever, and the runtime, which would reap it once
+// the socket ends, waits on them. They are the container half restored,
+// no use to anyone.
+func Abandoned(dir string) []int {
+	dir = filepath.Clean(dir)
+	var out []int
+	for pid, parent := range procs.Stranded("criu") {
+		// ferry reaps its own CRIUs (a page server's corpse lasts until
+		// its Wait): their children are not the runtime's.
+		if parent != os.Getpid() && usesDir(pid, dir) {
+			out = append(out, pid)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// WatchAbandoned kills (SIGKILL, by PID) the CRIU processes working in dir
+// that a dead CRIU left behind (Abandoned), each once seen at two looks
+// every apart (not a child caught between its parent's death and the
+// reap), until stop is first called. killed is told each PID it killed.
+func WatchAbandoned(dir string, every time.Duration, killed func(pid int)) (stop func()) {
+	done := make(chan struct{})
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		var seen []int
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			now := Abandoned(dir)
+			for _, pid := range now {
+				if slices.Contains(seen, pid) && syscall.Kill(pid, syscall.SIGKILL) == nil {
+					killed(pid)
+				}
+			}
+			seen = now
+		}
+	}()
+	return sync.OnceFunc(func() { close(done); <-ended })
 }

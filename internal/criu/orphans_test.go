@@ -14,13 +14,18 @@ import (
 	goruntime "runtime"
 	"slices"
 	"strconv"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	gocriu "github.com/checkpoint-restore/go-criu/v7"
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/ferry-migrate/ferry/internal/procs"
+	"github.com/ferry-migrate/ferry/internal/tail"
 )
 
 // compelEnv makes the test binary, started under the name criu, play
@@ -322,4 +327,276 @@ func TestCompelAt(t *testing.T) {
 			t.Errorf("%#x: %v, want %v", c.pc, got, c.want)
 		}
 	}
+}
+
+// strandEnv makes the test binary play one part of a restore whose CRIU
+// died: "runtime", a child subreaper that runs the command after "--"
+// with the write end of a pipe as descriptor 3 and, as runc with its
+// socket, reads the other end to its EOF ("eof") before it reaps the
+// command; "criu", which forks a "task" that inherits descriptor 3, says
+// both PIDs, and dies at a line on its input; and that task.
+const strandEnv = "FERRY_TEST_STRAND"
+
+func playStrand(role string, in io.Reader, out io.Writer) {
+	fail := func(err error) {
+		fmt.Fprintln(out, err)
+		os.Exit(1)
+	}
+	switch role {
+	case "runtime":
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			fail(err)
+		}
+		argv := os.Args[slices.Index(os.Args, "--")+1:]
+		if argv[0] == "restore-as-runc" {
+			restoreAsRunc(argv[1], argv[2], in, out)
+			break
+		}
+		r, w, err := os.Pipe()
+		if err != nil {
+			fail(err)
+		}
+		c := exec.Command(argv[0], argv[1:]...)
+		c.Stdin, c.Stdout, c.ExtraFiles = in, out, []*os.File{w}
+		c.Env = append(os.Environ(), strandEnv+"=criu")
+		if err := c.Start(); err != nil {
+			fail(err)
+		}
+		w.Close()
+		_, _ = io.Copy(io.Discard, r)
+		fmt.Fprintln(out, "eof")
+		_ = c.Wait()
+	case "criu":
+		task := exec.Command(os.Args[0], "-test.run=^$") // as the runtime ran it: criu
+		task.Env = append(os.Environ(), strandEnv+"=task")
+		task.ExtraFiles = []*os.File{os.NewFile(3, "runtime")}
+		if err := task.Start(); err != nil {
+			fail(err)
+		}
+		fmt.Fprintln(out, os.Getpid(), task.Process.Pid)
+		bufio.NewScanner(in).Scan()
+		os.Exit(0)
+	}
+	time.Sleep(time.Hour)
+}
+
+// restoreAsRunc has CRIU restore the images as runc does (criu swrk,
+// through go-criu, the process restored as its sibling), and says "eof"
+// when CRIU's socket answered or ended. At CRIU's setup-namespaces
+// notification (the process forked into its namespaces, waiting for
+// CRIU), it says "forked PID" and answers once told a line.
+func restoreAsRunc(images, work string, in io.Reader, out io.Writer) {
+	var fds []int32
+	for _, dir := range []string{images, work} {
+		f, err := os.Open(dir)
+		if err != nil {
+			fmt.Fprintln(out, err)
+			return
+		}
+		fds = append(fds, int32(f.Fd()))
+	}
+	c := gocriu.MakeCriu()
+	_ = c.Restore(&rpc.CriuOpts{ImagesDirFd: proto.Int32(fds[0]), WorkDirFd: proto.Int32(fds[1]),
+		LogFile: proto.String("restore.log"), LogLevel: proto.Int32(4), ShellJob: proto.Bool(true), RstSibling: proto.Bool(true)},
+		holdAtNamespaces{in: bufio.NewScanner(in), out: out})
+	fmt.Fprintln(out, "eof")
+	_ = c.Cleanup()
+}
+
+type holdAtNamespaces struct {
+	gocriu.NoNotify
+	in  *bufio.Scanner
+	out io.Writer
+}
+
+func (h holdAtNamespaces) SetupNamespaces(pid int32) error {
+	fmt.Fprintln(h.out, "forked", pid)
+	h.in.Scan()
+	return nil
+}
+
+// strandedRestore is a "runtime" running argv in dir.
+type strandedRestore struct {
+	runtime *exec.Cmd
+	tell    io.Writer
+	lines   *bufio.Scanner
+	eof     chan bool // the runtime saw its pipe's end
+}
+
+func startStranded(t *testing.T, dir string, argv ...string) *strandedRestore {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &strandedRestore{runtime: exec.Command(self, append([]string{"-test.run=^$", "--"}, argv...)...), eof: make(chan bool, 1)}
+	s.runtime.Dir = dir
+	s.runtime.Env = append(os.Environ(), strandEnv+"=runtime")
+	if s.tell, err = s.runtime.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := s.runtime.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.runtime.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// Whatever is left below the runtime, then the runtime.
+		for _, pid := range procs.Descendants(s.runtime.Process.Pid, "") {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		_ = s.runtime.Process.Kill()
+		_ = s.runtime.Wait()
+	})
+	s.lines = bufio.NewScanner(stdout)
+	return s
+}
+
+// watchEOF reports, from now on, the runtime's "eof" on s.eof.
+func (s *strandedRestore) watchEOF() {
+	go func() {
+		for s.lines.Scan() {
+			if s.lines.Text() == "eof" {
+				s.eof <- true
+				return
+			}
+		}
+	}()
+}
+
+// killAndExpectEOF shows the runtime waiting for ever, then has
+// WatchAbandoned find in dir and kill want, which ends its wait.
+func (s *strandedRestore) killAndExpectEOF(t *testing.T, dir string, want []int) {
+	t.Helper()
+	s.watchEOF()
+	select {
+	case <-s.eof:
+		t.Fatal("the runtime saw its pipe end with the abandoned tasks alive: nothing to watch for")
+	case <-time.After(500 * time.Millisecond):
+	}
+	if got := Abandoned(dir); !slices.Equal(got, want) {
+		t.Fatalf("Abandoned = %v, want %v", got, want)
+	}
+	if got := Abandoned(t.TempDir()); got != nil {
+		t.Fatalf("abandoned in another directory: %v", got)
+	}
+	var mu sync.Mutex
+	var killed []int
+	stop := WatchAbandoned(dir, 10*time.Millisecond, func(pid int) { mu.Lock(); killed = append(killed, pid); mu.Unlock() })
+	defer stop()
+	select {
+	case <-s.eof:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the runtime still waits: the abandoned tasks were not killed")
+	}
+	stop()
+	slices.Sort(killed)
+	if !slices.Equal(killed, want) {
+		t.Fatalf("killed %v, want %v", killed, want)
+	}
+}
+
+// dead waits for pid to be a zombie or gone.
+func dead(t *testing.T, pid int) {
+	t.Helper()
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if st, ok := procs.State(pid); !ok || st == 'Z' {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%d did not die", pid)
+		}
+	}
+}
+
+// A CRIU that died leaves the task it forked beside its unreaped corpse,
+// holding what its runtime waits on: Abandoned finds that task (only
+// then, and only in its directory), and WatchAbandoned kills it.
+func TestAbandoned(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, as the package's other process tests")
+	}
+	dir := t.TempDir()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fakeCRIU := filepath.Join(dir, "criu") // its command name is what Abandoned looks for
+	if err := os.Symlink(self, fakeCRIU); err != nil {
+		t.Fatal(err)
+	}
+	s := startStranded(t, dir, fakeCRIU, "-test.run=^$")
+	var criu, task int
+	if !s.lines.Scan() {
+		t.Fatalf("no PIDs from the runtime's CRIU: %v", s.lines.Err())
+	}
+	if _, err := fmt.Sscan(s.lines.Text(), &criu, &task); err != nil {
+		t.Fatalf("the runtime's CRIU said %q", s.lines.Text())
+	}
+	if got := Abandoned(dir); got != nil {
+		t.Fatalf("with its CRIU alive, the task is abandoned: %v", got)
+	}
+	fmt.Fprintln(s.tell, "die")
+	dead(t, criu)
+	s.killAndExpectEOF(t, dir, []int{task})
+}
+
+// The same with a real CRIU restoring a process for a runtime as runc
+// has it do (criu swrk, the process its sibling, in a PID namespace of
+// its own): killed while the process it forked waits in its namespace for
+// CRIU, CRIU leaves it holding the runtime's socket.
+func TestAbandonedByARealRestore(t *testing.T) {
+	needCRIU(t)
+	images, work := t.TempDir(), t.TempDir()
+	// A process alone in a PID namespace: CRIU restores the namespace
+	// too, and tells its runtime once the process is in it.
+	ns := exec.Command("unshare", "--pid", "--fork", "setsid", "sleep", "600") // its own session leader, as a container's init
+	if err := ns.Start(); err != nil {
+		t.Fatal(err)
+	}
+	nsEnd := make(chan error, 1)
+	go func() { nsEnd <- ns.Wait() }()
+	t.Cleanup(func() { _ = ns.Process.Kill(); <-nsEnd })
+	var init []int
+	for end := time.Now().Add(5 * time.Second); len(init) == 0; time.Sleep(5 * time.Millisecond) {
+		if init = procs.Descendants(ns.Process.Pid, "sleep"); time.Now().After(end) {
+			t.Fatal("the namespace's process did not start")
+		}
+	}
+	t.Cleanup(func() { _ = syscall.Kill(init[0], syscall.SIGKILL) }) // unshare's end leaves it
+	dump := exec.Command("criu", "dump", "-t", strconv.Itoa(init[0]), "-D", images, "-o", "dump.log", "--shell-job")
+	if out, err := dump.CombinedOutput(); err != nil {
+		log, _ := os.ReadFile(filepath.Join(images, "dump.log"))
+		t.Fatalf("dump: %v %s\n%s", err, out, tail.Lines(string(log), 15))
+	}
+
+	s := startStranded(t, work, "restore-as-runc", images, work)
+	var forked int
+	if !s.lines.Scan() {
+		t.Fatalf("the runtime said nothing: %v", s.lines.Err())
+	}
+	if _, err := fmt.Sscanf(s.lines.Text(), "forked %d", &forked); err != nil {
+		log, _ := os.ReadFile(filepath.Join(work, "restore.log"))
+		t.Fatalf("the runtime said %q, not the process CRIU forked\n%s", s.lines.Text(), tail.Lines(string(log), 15))
+	}
+	t.Cleanup(func() { _ = syscall.Kill(forked, syscall.SIGKILL) }) // a namespace's init: its namespace goes with it
+	var criu int
+	for _, p := range procs.Descendants(s.runtime.Process.Pid, "criu") {
+		if pp, _ := procs.Parent(p); pp == s.runtime.Process.Pid && p != forked {
+			criu = p
+		}
+	}
+	if criu == 0 {
+		t.Fatal("no CRIU beside the process it forked")
+	}
+	_ = syscall.Kill(criu, syscall.SIGKILL)
+	dead(t, criu)
+	fmt.Fprintln(s.tell, "go on") // the runtime answers CRIU, and waits for its end
+	left := slices.DeleteFunc(procs.Descendants(s.runtime.Process.Pid, "criu"), func(p int) bool { return p == criu })
+	if !slices.Contains(left, forked) {
+		t.Fatalf("the forked process %d is not left as CRIU's (%v)", forked, left)
+	}
+	s.killAndExpectEOF(t, work, left)
 }

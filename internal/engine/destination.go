@@ -853,6 +853,14 @@ func (in *incoming) restore(ctx context.Context, lazy bool) (int, error) {
 	var pid int
 	var err error
 	o := in.restoreOptions(lazy)
+	if in.work != "" {
+		// A CRIU killed mid-restore leaves the tasks it forked holding
+		// its runtime's socket: the runtime would wait on them for ever.
+		stop := criu.WatchAbandoned(in.work, 250*time.Millisecond, func(pid int) {
+			slog.Warn("killed what a dead restore's CRIU left behind", "migration", in.offer.ID, "pid", pid)
+		})
+		defer stop()
+	}
 	if early := in.early.take(o); early != nil {
 		pid, err = early.Go(ctx)
 	} else {

@@ -97,15 +97,55 @@ func Named(comm string) []int {
 	return out
 }
 
+// Stranded maps each live process named comm whose parent, not itself
+// named comm, also holds the corpse (an unreaped zombie) of a process of
+// that name, to that parent. Such a process is the child of the one that
+// died, handed to the nearest child subreaper (runc run and restore are
+// ones), which has not reaped the dead one: it waits for something the
+// living still hold. (A process named comm reaping its own helpers late
+// is no sign of that.)
+func Stranded(comm string) map[int]int { return stranded(table(), comm) }
+
+func stranded(t []proc, comm string) map[int]int {
+	named := map[int]bool{}
+	for _, p := range t {
+		named[p.pid] = p.comm == comm
+	}
+	corpses := map[int]bool{} // parents of a zombie named comm
+	for _, p := range t {
+		if p.comm == comm && p.state == 'Z' && !named[p.ppid] {
+			corpses[p.ppid] = true
+		}
+	}
+	out := map[int]int{}
+	for _, p := range t {
+		if p.comm == comm && p.state != 'Z' && corpses[p.ppid] {
+			out[p.pid] = p.ppid
+		}
+	}
+	return out
+}
+
 // State is a process's state letter (R, S, D, T for stopped, Z for a
 // zombie...); false when it is gone.
 func State(pid int) (byte, bool) {
+	p, ok := stat(pid)
+	return p.state, ok
+}
+
+// Parent is a process's parent's PID; false when it is gone.
+func Parent(pid int) (int, bool) {
+	p, ok := stat(pid)
+	return p.ppid, ok
+}
+
+// stat is pid's line of the process table.
+func stat(pid int) (proc, bool) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return 0, false
+		return proc{}, false
 	}
-	p, ok := parseStat(pid, string(b))
-	return p.state, ok
+	return parseStat(pid, string(b))
 }
 
 // OpenFiles maps each of pid's descriptors to what it points at: a path,

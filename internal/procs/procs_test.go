@@ -53,6 +53,28 @@ func TestDescendants(t *testing.T) {
 	}
 }
 
+// Only a living process beside a corpse of its name is stranded, only
+// under that corpse's parent, and not under a parent of that name.
+func TestStranded(t *testing.T) {
+	table := []proc{
+		{pid: 10, ppid: 1, comm: "runc", state: 'S'},
+		{pid: 11, ppid: 10, comm: "criu", state: 'Z'}, // the CRIU that died
+		{pid: 12, ppid: 10, comm: "criu", state: 'S'}, // what it forked, now runc's
+		{pid: 13, ppid: 10, comm: "sleep", state: 'S'},
+		{pid: 20, ppid: 1, comm: "agent", state: 'S'},
+		{pid: 21, ppid: 20, comm: "criu", state: 'S'}, // a CRIU at work
+		{pid: 22, ppid: 21, comm: "criu", state: 'S'},
+		{pid: 23, ppid: 21, comm: "criu", state: 'Z'}, // a helper of its, not reaped yet
+		{pid: 30, ppid: 1, comm: "runc", state: 'S'},
+		{pid: 31, ppid: 30, comm: "other", state: 'Z'},
+		{pid: 32, ppid: 30, comm: "criu", state: 'S'},
+	}
+	got := stranded(table, "criu")
+	if len(got) != 1 || got[12] != 10 {
+		t.Fatalf("stranded = %v, want 12 (beside 11 under 10) alone", got)
+	}
+}
+
 func TestState(t *testing.T) {
 	if st, ok := State(os.Getpid()); !ok || (st != 'R' && st != 'S') {
 		t.Errorf("this process: %q %v", st, ok)
