@@ -159,11 +159,12 @@ func Abandoned(dir string) []int {
 	return out
 }
 
-// WatchAbandoned kills (SIGKILL, by PID) the CRIU processes working in dir
-// that a dead CRIU left behind (Abandoned), each once seen at two looks
-// every apart (not a child caught between its parent's death and the
-// reap), until stop is first called. killed is told each PID it killed.
-func WatchAbandoned(dir string, every time.Duration, killed func(pid int)) (stop func()) {
+// WatchAbandoned kills (SIGKILL, by PID) the CRIU processes working in
+// any of dirs that a dead CRIU left behind (Abandoned), each once seen at
+// two looks every apart (not a child caught between its parent's death
+// and the reap), until stop is first called. killed is told each PID it
+// killed.
+func WatchAbandoned(every time.Duration, killed func(pid int), dirs ...string) (stop func()) {
 	done := make(chan struct{})
 	ended := make(chan struct{})
 	go func() {
@@ -177,7 +178,10 @@ func WatchAbandoned(dir string, every time.Duration, killed func(pid int)) (stop
 				return
 			case <-t.C:
 			}
-			now := Abandoned(dir)
+			var now []int
+			for _, dir := range dirs {
+				now = append(now, Abandoned(dir)...)
+			}
 			for _, pid := range now {
 				if slices.Contains(seen, pid) && syscall.Kill(pid, syscall.SIGKILL) == nil {
 					killed(pid)

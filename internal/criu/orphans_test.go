@@ -484,7 +484,7 @@ func (s *strandedRestore) killAndExpectEOF(t *testing.T, dir string, want []int)
 	}
 	var mu sync.Mutex
 	var killed []int
-	stop := WatchAbandoned(dir, 10*time.Millisecond, func(pid int) { mu.Lock(); killed = append(killed, pid); mu.Unlock() })
+	stop := WatchAbandoned(10*time.Millisecond, func(pid int) { mu.Lock(); killed = append(killed, pid); mu.Unlock() }, t.TempDir(), dir)
 	defer stop()
 	select {
 	case <-s.eof:

@@ -843,6 +843,16 @@ func (in *incoming) receiveRootfs(ctx context.Context, sess *transport.Session, 
 	return nil
 }
 
+// criuDirs are where the restore's CRIU keeps files open: the work
+// directory, and the runtime's own where it has CRIU work there.
+func (in *incoming) criuDirs() []string {
+	dirs := []string{in.work}
+	if e, ok := in.target.(runtime.CRIUElsewhere); ok {
+		dirs = append(dirs, e.CRIUDirs()...)
+	}
+	return dirs
+}
+
 func (in *incoming) restore(ctx context.Context, lazy bool) (int, error) {
 	if in.faults.Has(fault.RestoreFails, fault.Restore) {
 		// A real failure, not a simulated one: CRIU cannot restore without
@@ -856,9 +866,9 @@ func (in *incoming) restore(ctx context.Context, lazy bool) (int, error) {
 	if in.work != "" {
 		// A CRIU killed mid-restore leaves the tasks it forked holding
 		// its runtime's socket: the runtime would wait on them for ever.
-		stop := criu.WatchAbandoned(in.work, 250*time.Millisecond, func(pid int) {
+		stop := criu.WatchAbandoned(250*time.Millisecond, func(pid int) {
 			slog.Warn("killed what a dead restore's CRIU left behind", "migration", in.offer.ID, "pid", pid)
-		})
+		}, in.criuDirs()...)
 		defer stop()
 	}
 	if early := in.early.take(o); early != nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -572,5 +573,26 @@ func TestDestinationCancelsAnEarlyRestore(t *testing.T) {
 	defer tg.mu.Unlock()
 	if tg.begun != 1 || tg.cancelled != 1 || tg.went != 0 {
 		t.Errorf("early restore begun %d, cancelled %d, went %d: want begun, cancelled, never gone", tg.begun, tg.cancelled, tg.went)
+	}
+}
+
+// elsewhereTarget has its runtime's CRIU work in dirs of its own.
+type elsewhereTarget struct {
+	*fakeTarget
+	dirs []string
+}
+
+func (t elsewhereTarget) CRIUDirs() []string { return t.dirs }
+
+// The restore watches the work directory for what a killed CRIU left,
+// and the runtime's own directories where its CRIU works there.
+func TestRestoreWatchesWhereCRIUWorks(t *testing.T) {
+	in := &incoming{work: "/scratch/m1", target: &fakeTarget{}}
+	if got := in.criuDirs(); !slices.Equal(got, []string{"/scratch/m1"}) {
+		t.Errorf("plain target: %v", got)
+	}
+	in.target = elsewhereTarget{fakeTarget: &fakeTarget{}, dirs: []string{"/shim/work", "/ckpt/ferry"}}
+	if got := in.criuDirs(); !slices.Equal(got, []string{"/scratch/m1", "/shim/work", "/ckpt/ferry"}) {
+		t.Errorf("a target whose CRIU works elsewhere: %v", got)
 	}
 }

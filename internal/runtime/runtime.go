@@ -212,6 +212,16 @@ type Checkpointing interface {
 	Cancel()
 }
 
+// CRIUElsewhere is a Target whose restore has CRIU work outside
+// RestoreOptions.WorkDir, in its runtime's own directories (Docker's
+// shim): the engine looks there too for the tasks a CRIU killed mid-way
+// left holding the runtime (criu.WatchAbandoned).
+type CRIUElsewhere interface {
+	Target
+	// CRIUDirs are where the restore's CRIU keeps files open.
+	CRIUDirs() []string
+}
+
 // EarlyTarget is a Target whose restore can begin before its images are
 // complete: the runtime's own work before CRIU reads an image (runc's
 // start, its mounts, CRIU's start and cgroups: ~30 ms here) then runs

@@ -154,6 +154,14 @@ type target struct {
 
 func (t *target) RootfsDir() string { return t.upper }
 
+// CRIUDirs: the shim has CRIU work in its own directory, and read the
+// images through their bind mount (runtime.CRIUElsewhere).
+func (t *target) CRIUDirs() []string {
+	return []string{t.r.shimWorkDir(t.id), filepath.Join(t.checkpoints, checkpointName)}
+}
+
+var _ runtime.CRIUElsewhere = (*target)(nil)
+
 // Restore bind-mounts the images directory as a checkpoint of the
 // container and starts it from there; returns once Docker says running.
 func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, error) {
