@@ -157,19 +157,8 @@ func newLab(t *testing.T) *lab {
 	l.tracer = exec.Command(criu, "-test.run=^$")
 	l.tracer.Dir = l.dir
 	l.tracer.Env = append(os.Environ(), compelEnv+"="+strconv.Itoa(l.victim.cmd.Process.Pid))
-	stdin, err := l.tracer.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := l.tracer.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.tracer.Start(); err != nil {
-		t.Fatal(err)
-	}
+	stdin, answers := startTalking(t, l.tracer)
 	t.Cleanup(func() { _ = l.tracer.Process.Kill(); _ = l.tracer.Wait() })
-	answers := bufio.NewScanner(stdout)
 	expect := func(what string) {
 		t.Helper()
 		if !answers.Scan() || answers.Text() != "ok" {
@@ -183,6 +172,24 @@ func newLab(t *testing.T) *lab {
 		expect(line)
 	}
 	return l
+}
+
+// startTalking starts c with a pipe to its input and one from its
+// output, read line by line.
+func startTalking(t *testing.T, c *exec.Cmd) (io.WriteCloser, *bufio.Scanner) {
+	t.Helper()
+	in, err := c.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return in, bufio.NewScanner(out)
 }
 
 // A CRIU attached to a process but not inside it is killed at once, and
@@ -432,16 +439,7 @@ func startStranded(t *testing.T, dir string, argv ...string) *strandedRestore {
 	s := &strandedRestore{runtime: exec.Command(self, append([]string{"-test.run=^$", "--"}, argv...)...), eof: make(chan bool, 1)}
 	s.runtime.Dir = dir
 	s.runtime.Env = append(os.Environ(), strandEnv+"=runtime")
-	if s.tell, err = s.runtime.StdinPipe(); err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := s.runtime.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.runtime.Start(); err != nil {
-		t.Fatal(err)
-	}
+	s.tell, s.lines = startTalking(t, s.runtime)
 	t.Cleanup(func() {
 		// Whatever is left below the runtime, then the runtime.
 		for _, pid := range procs.Descendants(s.runtime.Process.Pid, "") {
@@ -450,7 +448,6 @@ func startStranded(t *testing.T, dir string, argv ...string) *strandedRestore {
 		_ = s.runtime.Process.Kill()
 		_ = s.runtime.Wait()
 	})
-	s.lines = bufio.NewScanner(stdout)
 	return s
 }
 
