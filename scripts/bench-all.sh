@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every benchmark docs/BENCHMARKS.md reports, one after another (they
 # share the lab's names), each as its own `ferry bench` command, and keeps
-# the JSON in $OUT. Takes about 27 minutes on a 2-core machine.
+# the JSON in $OUT. Takes about 29 minutes on a 2-core machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-results}
@@ -15,9 +15,12 @@ run cold-256M-100 --mode cold --memory 256M --dirty-rate 100 --bandwidth 1gbit -
 for m in cold precopy postcopy hybrid; do
   run "$m-256M-1000" --mode "$m" --memory 256M --dirty-rate 1000 --bandwidth 1gbit --repeat 3 --baseline link
 done
-# Post-copy downtime against memory size.
+# Downtime against memory size: 1 GiB against 256 MiB, alternating in one
+# lab (client_downtime_ratio), and post-copy from 64 MiB.
+for m in precopy postcopy hybrid; do
+  run "$m-256M-vs-1G-1000" --mode "$m" --memory 256M --against-memory 1G --dirty-rate 1000 --bandwidth 1gbit --repeat 3 --baseline link
+done
 run postcopy-64M-1000 --mode postcopy --memory 64M --dirty-rate 1000 --bandwidth 1gbit --repeat 3
-run postcopy-1G-1000 --mode postcopy --memory 1G --dirty-rate 1000 --bandwidth 1gbit --repeat 3
 # Pre-copy total time at 100 pages/s.
 run precopy-256M-100 --mode precopy --memory 256M --dirty-rate 100 --bandwidth 1gbit --repeat 3 --baseline link
 # The runtimes: the same container under runc, containerd and Docker.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -29,6 +30,7 @@ func newBenchMigrateCmd() *cobra.Command {
 	var (
 		o                 bench.MigrateOptions
 		memory, bandwidth string
+		againstMemory     string
 		cutAt, maxBW      string
 		outage            string
 		asJSON            bool
@@ -51,13 +53,24 @@ Baselines, measured in the same lab: link (plain TCP throughput h1 -> h2;
 with it each run's total is also given over the link floor, --memory at
 that throughput, the least any technique can take: total_vs_link)
 and podman (podman checkpoint --export, copy over the link, podman restore
---import, the way the research this tool grew from did it).`,
-		Example: `  ferry bench migrate --mode cold --memory 256M --dirty-rate 100 --bandwidth 1gbit --repeat 5 --baseline link,podman --json`,
-		Args:    cobra.NoArgs,
+--import, the way the research this tool grew from did it).
+
+--against-memory runs a second workload size in the same lab, each repeat
+migrating one of each in turn, so that both sizes share the machine's
+drift; client_downtime_ratio is its median client downtime over --memory's
+(1.0: the downtime does not grow with memory).`,
+		Example: `  ferry bench migrate --mode cold --memory 256M --dirty-rate 100 --bandwidth 1gbit --repeat 5 --baseline link,podman --json
+  ferry bench migrate --mode precopy --memory 256M --against-memory 1G --dirty-rate 1000 --repeat 8`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
 			if o.MemoryBytes, o.BandwidthBps, err = parseLoad(memory, bandwidth); err != nil {
 				return err
+			}
+			if againstMemory != "" {
+				if o.AgainstMemoryBytes, err = units.ParseBytes(againstMemory); err != nil || o.AgainstMemoryBytes <= 0 {
+					return fmt.Errorf("--against-memory: give a size, e.g. 1G")
+				}
 			}
 			if cutAt != "" {
 				v, err := strconv.ParseFloat(strings.TrimSuffix(cutAt, "%"), 64)
@@ -97,8 +110,16 @@ and podman (podman checkpoint --export, copy over the link, podman restore
 				}
 			} else {
 				printBench(os.Stdout, res)
+				if a := res.Against; a != nil {
+					printBench(os.Stdout, *a)
+					fmt.Fprintf(os.Stdout, "client downtime, %s against %s (medians): %.2f\n", humanBytes(a.MemoryBytes), humanBytes(res.MemoryBytes), res.ClientDowntimeRatio)
+				}
 			}
-			for _, r := range res.Runs {
+			runs := res.Runs
+			if res.Against != nil {
+				runs = append(slices.Clone(runs), res.Against.Runs...)
+			}
+			for _, r := range runs {
 				if !r.OK {
 					return exitError{exitFailed} // a run failed: say so to scripts
 				}
@@ -111,6 +132,7 @@ and podman (podman checkpoint --export, copy over the link, podman restore
 	f.StringVar(&o.Runtime, "runtime", "runc", "runtime the workload runs under: runc (the lab's own bundles), podman, lxc, containerd or docker (each lab host's own instance); ferry check lists the modes each supports")
 	addPrecopyFlags(cmd, &o.Precopy)
 	f.StringVar(&memory, "memory", "256M", "workload memory (64M, 1G, ...)")
+	f.StringVar(&againstMemory, "against-memory", "", "also migrate a workload of this size in each repeat, alternating, and give its client downtime over --memory's")
 	f.IntVar(&o.DirtyRate, "dirty-rate", 100, "pages the workload dirties per second")
 	f.StringVar(&bandwidth, "bandwidth", "1gbit", "link rate between lab hosts (1gbit, 100mbit; empty = unshaped)")
 	f.IntVar(&o.Repeat, "repeat", 3, "migrations to run")

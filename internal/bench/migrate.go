@@ -28,14 +28,18 @@ import (
 type MigrateOptions struct {
 	// Runtime runs the workload: runc (the lab's own bundles), podman,
 	// lxc, containerd or docker (each lab host's own instance).
-	Runtime      string
-	Mode         string
-	Precopy      engine.PrecopyOptions
-	MemoryBytes  int64
-	DirtyRate    int // pages per second
-	BandwidthBps int64
-	Repeat       int
-	Baselines    []string // "link", "podman", "paths"
+	Runtime     string
+	Mode        string
+	Precopy     engine.PrecopyOptions
+	MemoryBytes int64
+	// AgainstMemoryBytes, when set, has each repeat also migrate a
+	// workload of this size, right after the one of MemoryBytes, so that
+	// the two sizes share the machine's drift (MigrateResult.Against).
+	AgainstMemoryBytes int64
+	DirtyRate          int // pages per second
+	BandwidthBps       int64
+	Repeat             int
+	Baselines          []string // "link", "podman", "paths"
 	// Paths between the lab hosts (2+: MPTCP over all of them).
 	Paths int
 	// Streams, when set, has the agents stripe over that many TCP
@@ -172,6 +176,12 @@ type MigrateResult struct {
 	// MedianTotalVsLink the median of the runs' totals over it.
 	LinkFloorMs       float64 `json:"link_floor_ms,omitempty"`
 	MedianTotalVsLink float64 `json:"median_total_vs_link,omitempty"`
+	// Against is the same bench at AgainstMemoryBytes, its runs
+	// alternating with these; ClientDowntimeRatio is its median client
+	// downtime over this one's (1.0: the downtime does not grow with
+	// memory).
+	Against             *MigrateResult `json:"against,omitempty"`
+	ClientDowntimeRatio float64        `json:"client_downtime_ratio,omitempty"`
 }
 
 const workloadPort = 7000
@@ -194,7 +204,15 @@ func Migrate(ctx context.Context, o MigrateOptions) (res MigrateResult, err erro
 	if o.CutPathAt > 0 && o.Paths < 2 {
 		return res, fmt.Errorf("--cut-path-at needs --paths 2 or more: with one path the migration has nothing to go on with")
 	}
-	res = MigrateResult{Runtime: o.Runtime, Mode: o.Mode, MemoryBytes: o.MemoryBytes, DirtyRate: o.DirtyRate, BandwidthBps: o.BandwidthBps, Paths: max(o.Paths, 1), Runs: []Run{}}
+	res = o.emptyResult()
+	var against *MigrateOptions
+	if o.AgainstMemoryBytes > 0 {
+		a := o
+		a.MemoryBytes, a.AgainstMemoryBytes = o.AgainstMemoryBytes, 0
+		against = &a
+		ar := a.emptyResult()
+		res.Against = &ar
+	}
 	o.logf("bringing up a 3-host lab (bandwidth %d bit/s, %d path(s))", o.BandwidthBps, max(o.Paths, 1))
 	l, down, err := upLab(ctx, lab.Options{Hosts: 3, BandwidthBps: o.BandwidthBps, Paths: o.Paths, OutageTimeout: o.OutageTimeout, Streams: o.Streams, FerryBin: o.FerryBin})
 	if err != nil {
@@ -237,12 +255,18 @@ func Migrate(ctx context.Context, o MigrateOptions) (res MigrateResult, err erro
 		if ctx.Err() != nil {
 			return res, ctx.Err()
 		}
+		if against != nil {
+			o.logf("run %d/%d, against: %d MiB", i+1, o.Repeat, against.MemoryBytes>>20)
+			r := against.RunOnce(ctx, l, src, dst, client, fmt.Sprintf("memhog-%d-against", i+1))
+			o.logf("run %d/%d, against: ok=%v downtime %.0f ms, client downtime %.0f ms, total %.0f ms, state_ok=%v %s",
+				i+1, o.Repeat, r.OK, r.DowntimeMs, r.ClientDowntimeMs, r.TotalMs, r.StateOK, r.Error)
+			res.Against.Runs = append(res.Against.Runs, r)
+			if ctx.Err() != nil {
+				return res, ctx.Err()
+			}
+		}
 	}
-	res.MedianDowntimeMs = median(res.Runs, func(r Run) float64 { return r.DowntimeMs })
-	res.MedianClientDowntimeMs = median(res.Runs, func(r Run) float64 { return r.ClientDowntimeMs })
-	res.MedianTotalMs = median(res.Runs, func(r Run) float64 { return r.TotalMs })
-	res.MedianTCPStallMs = median(res.Runs, func(r Run) float64 { return r.TCPStallMs })
-	res.againstLink()
+	res.summarize()
 	if slices.Contains(o.Baselines, "podman") {
 		o.logf("podman baseline: checkpoint --export, copy over the link, restore --import")
 		pb := o.PodmanBaselineOnce(ctx, src, dst, client)
@@ -460,6 +484,28 @@ func (o MigrateOptions) PodmanBaselineOnce(ctx context.Context, src, dst, client
 
 // againstLink puts each run's total over the link floor, where the link
 // was measured.
+// emptyResult is a result of o's with no run yet.
+func (o MigrateOptions) emptyResult() MigrateResult {
+	return MigrateResult{Runtime: o.Runtime, Mode: o.Mode, MemoryBytes: o.MemoryBytes, DirtyRate: o.DirtyRate, BandwidthBps: o.BandwidthBps, Paths: max(o.Paths, 1), Runs: []Run{}}
+}
+
+// summarize takes the runs' medians, their totals over the link, and
+// those of the size run against them, over the same link.
+func (res *MigrateResult) summarize() {
+	res.MedianDowntimeMs = median(res.Runs, func(r Run) float64 { return r.DowntimeMs })
+	res.MedianClientDowntimeMs = median(res.Runs, func(r Run) float64 { return r.ClientDowntimeMs })
+	res.MedianTotalMs = median(res.Runs, func(r Run) float64 { return r.TotalMs })
+	res.MedianTCPStallMs = median(res.Runs, func(r Run) float64 { return r.TCPStallMs })
+	res.againstLink()
+	if a := res.Against; a != nil {
+		a.Baselines.Link, a.Baselines.Paths = res.Baselines.Link, res.Baselines.Paths
+		a.summarize()
+		if res.MedianClientDowntimeMs > 0 {
+			res.ClientDowntimeRatio = a.MedianClientDowntimeMs / res.MedianClientDowntimeMs
+		}
+	}
+}
+
 func (res *MigrateResult) againstLink() {
 	if res.Baselines.Link == nil {
 		return

@@ -39,3 +39,27 @@ func TestAgainstLink(t *testing.T) {
 		}
 	})
 }
+
+// A size run against the bench's own gets its medians and its totals over
+// the same link, and the ratio of the two client downtimes.
+func TestSummarizeAgainst(t *testing.T) {
+	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+	link := Baselines{Link: &LinkBaseline{ThroughputBps: 1e9}}
+	res := MigrateResult{MemoryBytes: 125_000_000, Baselines: link,
+		Runs: []Run{{OK: true, ClientDowntimeMs: 70, TotalMs: 1100}, {OK: true, ClientDowntimeMs: 90, TotalMs: 1300}, {OK: false, ClientDowntimeMs: 5}, {OK: true, ClientDowntimeMs: 80, TotalMs: 1200}},
+		Against: &MigrateResult{MemoryBytes: 500_000_000,
+			Runs: []Run{{OK: true, ClientDowntimeMs: 120, TotalMs: 5000}, {OK: true, ClientDowntimeMs: 90, TotalMs: 4800}, {OK: true, ClientDowntimeMs: 100, TotalMs: 4400}}}}
+	res.summarize()
+	if !near(res.MedianClientDowntimeMs, 80) || !near(res.Against.MedianClientDowntimeMs, 100) {
+		t.Fatalf("medians %v and %v, want 80 and 100", res.MedianClientDowntimeMs, res.Against.MedianClientDowntimeMs)
+	}
+	if !near(res.ClientDowntimeRatio, 1.25) {
+		t.Errorf("ratio %v, want 100 / 80 = 1.25", res.ClientDowntimeRatio)
+	}
+	if !near(res.Against.LinkFloorMs, 4000) || !near(res.Against.MedianTotalVsLink, 1.2) {
+		t.Errorf("against: floor %v ms, median %v x, want 4000 and 1.2", res.Against.LinkFloorMs, res.Against.MedianTotalVsLink)
+	}
+	if !near(res.MedianTotalVsLink, 1.2) {
+		t.Errorf("own: median %v x the floor, want 1.2", res.MedianTotalVsLink)
+	}
+}
