@@ -140,11 +140,11 @@ func usesDir(pid int, dir string) bool {
 
 // Abandoned lists the CRIU processes working in dir that a CRIU which
 // died left behind (procs.Stranded). A restore's CRIU forks the
-// container's tasks before it restores them, and they hold the socket its
-// runtime (runc) reads CRIU's answer from. When that CRIU is killed, they
-// wait for its word for ever, and the runtime, which would reap it once
-// the socket ends, waits on them. They are the container half restored,
-// no use to anyone.
+// container's tasks (and helpers of its own) before it restores them,
+// and they hold the socket its runtime (runc) reads CRIU's answer from.
+// When that CRIU is killed, they wait for its word for ever, and the
+// runtime, which would reap it once the socket ends, waits on them. They
+// are the container half restored, no use to anyone.
 func Abandoned(dir string) []int {
 	dir = filepath.Clean(dir)
 	var out []int

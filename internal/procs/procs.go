@@ -99,11 +99,12 @@ func Named(comm string) []int {
 
 // Stranded maps each live process named comm whose parent, not itself
 // named comm, also holds the corpse (an unreaped zombie) of a process of
-// that name, to that parent. Such a process is the child of the one that
-// died, handed to the nearest child subreaper (runc run and restore are
-// ones), which has not reaped the dead one: it waits for something the
-// living still hold. (A process named comm reaping its own helpers late
-// is no sign of that.)
+// that name, to that parent. Such a process was forked by the one that
+// died: as its sibling (CLONE_PARENT, as runc has CRIU restore), or as its
+// child, handed on its death to the nearest child subreaper (runc run and
+// restore are ones). The parent has not reaped the dead one: it waits for
+// something the living still hold. (A process named comm reaping its own
+// helpers late is no sign of that.)
 func Stranded(comm string) map[int]int { return stranded(table(), comm) }
 
 func stranded(t []proc, comm string) map[int]int {
