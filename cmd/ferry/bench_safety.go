@@ -45,7 +45,9 @@ Phases: ` + strings.Join(fault.Phases, ", ") + `.
   frozen, dump while CRIU dumps, commit once the source sent it.
 Faults: ` + strings.Join(fault.Actions, ", ") + `.
   cut-link takes every path of the source down for the outage timeout + 3 s;
-  scratch-full mounts a 64 KiB tmpfs over the destination's scratch space.
+  scratch-full mounts a 64 KiB tmpfs over the destination's scratch space;
+  strand-destination-criu kills the restore's CRIU alone (runc only), just
+  after it forked the container's first task, which is left waiting for it.
 Only the cases where a fault can strike are run (--list shows them).`,
 		Example: `  ferry bench faults --mode cold --json
   ferry bench faults --runtime podman,lxc --fault kill-destination,kill-source

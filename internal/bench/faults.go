@@ -170,6 +170,8 @@ func applies(rt, m, p, a string) bool {
 		return p == fault.Dump || (lazy && p == fault.LazyPages)
 	case fault.KillDestinationCRIU: // the page server, the restore, the lazy-pages daemon
 		return (p == fault.Dump && !lazy && !coldRebuild) || p == fault.Restore || (pulls && p == fault.LazyPages)
+	case fault.StrandDestinationCRIU: // the restore's CRIU, below the agent only under runc
+		return p == fault.Restore && rt == "runc"
 	case fault.RestoreFails:
 		return p == fault.Restore
 	case fault.CutLink:

@@ -45,6 +45,25 @@ func TestFaultMatrix(t *testing.T) {
 		t.Errorf("narrowed matrix: %v", some)
 	}
 
+	// Stranding the restore's CRIU needs it below the agent: runc's alone,
+	// at the restore, in every mode.
+	var others []FaultCase
+	strands := 0
+	for _, c := range all {
+		if c.Fault != fault.StrandDestinationCRIU {
+			others = append(others, c)
+			continue
+		}
+		strands++
+		if c.Phase != fault.Restore {
+			t.Errorf("a strand outside the restore: %+v", c)
+		}
+	}
+	if strands != 4 {
+		t.Errorf("%d strand cases, want one per mode", strands)
+	}
+	all = others
+
 	// The runtime axis: LXC cases only in the modes it runs, the same
 	// cells as runc's there; the runtimes that restore lazily all of them.
 	byRuntime := map[string]int{}
@@ -67,7 +86,10 @@ func TestFaultMatrix(t *testing.T) {
 	if byRuntime["lxc"] != len(all)-lazy {
 		t.Errorf("cases by runtime %v; runc alone has %d, %d of them lazy", byRuntime, len(all), lazy)
 	}
-	for _, rt := range []string{"runc", "podman", "containerd"} {
+	if byRuntime["runc"] != len(all)+strands {
+		t.Errorf("cases by runtime %v; runc has %d and its %d strands", byRuntime, len(all), strands)
+	}
+	for _, rt := range []string{"podman", "containerd"} {
 		if byRuntime[rt] != len(all) {
 			t.Errorf("cases by runtime %v; runc alone has %d", byRuntime, len(all))
 		}

@@ -63,22 +63,13 @@ func killOutside(pid int, deadline time.Time) (inside, killed bool) {
 		if syscall.Kill(pid, syscall.SIGSTOP) != nil {
 			return false, false
 		}
-		waitStopped(pid, time.Second)
+		procs.WaitStopped(pid, time.Second)
 		inside = Inside(pid)
 		if !inside || !time.Now().Before(deadline) {
 			return inside, syscall.Kill(pid, syscall.SIGKILL) == nil
 		}
 		_ = syscall.Kill(pid, syscall.SIGCONT)
 		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// waitStopped waits up to d for pid to be stopped (or gone).
-func waitStopped(pid int, d time.Duration) {
-	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(time.Millisecond) {
-		if st, ok := procs.State(pid); !ok || st == 'T' || st == 'Z' {
-			return
-		}
 	}
 }
 

@@ -31,9 +31,13 @@ const (
 	TermDestination     = "term-destination"      // SIGTERM the destination agent
 	KillSourceCRIU      = "kill-source-criu"      // SIGKILL the source's CRIU
 	KillDestinationCRIU = "kill-destination-criu" // SIGKILL the destination's CRIU
-	RestoreFails        = "restore-fails"         // the restore's images are incomplete
-	CutLink             = "cut-link"              // the lab: the source's paths down past the outage timeout
-	ScratchFull         = "scratch-full"          // the lab: the destination's scratch space is full
+	// SIGKILL the destination's restoring CRIU alone, once it forked the
+	// first task it restores, which waits for it (runc: its CRIU runs
+	// below the agent).
+	StrandDestinationCRIU = "strand-destination-criu"
+	RestoreFails          = "restore-fails" // the restore's images are incomplete
+	CutLink               = "cut-link"      // the lab: the source's paths down past the outage timeout
+	ScratchFull           = "scratch-full"  // the lab: the destination's scratch space is full
 )
 
 // Phases, as the source's report names them (pre-copy's rounds are
@@ -50,7 +54,7 @@ const (
 
 // Actions and Phases list every action and phase, in matrix order.
 var (
-	Actions = []string{KillSource, KillDestination, TermSource, TermDestination, KillSourceCRIU, KillDestinationCRIU, RestoreFails, CutLink, ScratchFull}
+	Actions = []string{KillSource, KillDestination, TermSource, TermDestination, KillSourceCRIU, KillDestinationCRIU, StrandDestinationCRIU, RestoreFails, CutLink, ScratchFull}
 	Phases  = []string{Rounds, Freeze, Dump, Restore, Commit, LazyPages, Cleanup}
 )
 
@@ -160,7 +164,7 @@ func (side Side) actions() (kill, term, criu string) {
 }
 
 // CRIU kills this side's CRIU once it has run a moment, if s asks for it
-// at phase.
+// at phase; at the destination, it may strand the restore instead.
 func (s Set) CRIU(side Side, phase string) {
 	if _, _, criu := side.actions(); s.Has(criu, phase) {
 		go func() {
@@ -171,6 +175,55 @@ func (s Set) CRIU(side Side, phase string) {
 			}
 		}()
 	}
+	if side == Destination && s.Has(StrandDestinationCRIU, phase) {
+		go strand(10 * time.Second)
+	}
+}
+
+// strand kills a restoring CRIU below this agent (one whose parent is not
+// the agent: the runtime's), and nothing else, once it forked the first
+// task it restores: CRIU forks it as its own sibling, a second CRIU below
+// the same parent. Let run a millisecond at a time until then, CRIU
+// cannot get past the fork unseen; the task waits for it (to set up its
+// namespaces) when it dies, holding the runtime's socket.
+func strand(within time.Duration) {
+	deadline := time.Now().Add(within)
+	restoring := func() (criu, parent int) {
+		for _, p := range procs.Descendants(os.Getpid(), "criu") {
+			if pp, ok := procs.Parent(p); ok && pp != os.Getpid() {
+				return p, pp
+			}
+		}
+		return 0, 0
+	}
+	criu, parent := restoring()
+	for ; criu == 0 && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		criu, parent = restoring()
+	}
+	if criu == 0 {
+		return
+	}
+	forked := func() bool {
+		for _, p := range procs.Descendants(parent, "criu") {
+			if pp, _ := procs.Parent(p); pp == parent && p != criu {
+				return true
+			}
+		}
+		return false
+	}
+	for time.Now().Before(deadline) {
+		if syscall.Kill(criu, syscall.SIGSTOP) != nil {
+			return // it ended
+		}
+		procs.WaitStopped(criu, time.Second)
+		if forked() {
+			_ = syscall.Kill(criu, syscall.SIGKILL)
+			return
+		}
+		_ = syscall.Kill(criu, syscall.SIGCONT)
+		time.Sleep(time.Millisecond)
+	}
+	_ = syscall.Kill(criu, syscall.SIGCONT)
 }
 
 // Agent kills this agent (SIGKILL: it does not return) or asks it to stop

@@ -126,3 +126,13 @@ func (s Started) AwaitReady(ctx context.Context, limit, interval time.Duration, 
 		}
 	}
 }
+
+// WaitStopped waits up to d for pid to be stopped (SIGSTOP), a zombie, or
+// gone.
+func WaitStopped(pid int, d time.Duration) {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(100 * time.Microsecond) {
+		if st, ok := State(pid); !ok || st == 'T' || st == 'Z' {
+			return
+		}
+	}
+}
