@@ -482,8 +482,6 @@ func (o MigrateOptions) PodmanBaselineOnce(ctx context.Context, src, dst, client
 	return pb
 }
 
-// againstLink puts each run's total over the link floor, where the link
-// was measured.
 // emptyResult is a result of o's with no run yet.
 func (o MigrateOptions) emptyResult() MigrateResult {
 	return MigrateResult{Runtime: o.Runtime, Mode: o.Mode, MemoryBytes: o.MemoryBytes, DirtyRate: o.DirtyRate, BandwidthBps: o.BandwidthBps, Paths: max(o.Paths, 1), Runs: []Run{}}
@@ -506,6 +504,8 @@ func (res *MigrateResult) summarize() {
 	}
 }
 
+// againstLink puts each run's total over the link floor, where the link
+// was measured.
 func (res *MigrateResult) againstLink() {
 	if res.Baselines.Link == nil {
 		return

@@ -68,22 +68,11 @@ func uffdHolder(in io.Reader, out io.Writer) {
 func TestHoldFaultsFollowsTheDaemon(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), uffdHolderEnv+"=1")
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	stdin, answers := startTalking(t, cmd)
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
-	answers := bufio.NewScanner(stdout)
 	tell := func(line string) {
 		t.Helper()
 		fmt.Fprintln(stdin, line)

@@ -59,18 +59,13 @@ func killWorkingIn(dir string, patience time.Duration, spare ...string) (killed,
 // Inside one; until deadline, a CRIU inside is let go on (SIGCONT) and
 // looked at again. killed is false when pid was gone.
 func killOutside(pid int, deadline time.Time) (inside, killed bool) {
-	for {
-		if syscall.Kill(pid, syscall.SIGSTOP) != nil {
-			return false, false
-		}
-		procs.WaitStopped(pid, time.Second)
+	if !procs.StopWhen(pid, 20*time.Millisecond, func() bool {
 		inside = Inside(pid)
-		if !inside || !time.Now().Before(deadline) {
-			return inside, syscall.Kill(pid, syscall.SIGKILL) == nil
-		}
-		_ = syscall.Kill(pid, syscall.SIGCONT)
-		time.Sleep(20 * time.Millisecond)
+		return !inside || !time.Now().Before(deadline)
+	}) {
+		return false, false
 	}
+	return inside, syscall.Kill(pid, syscall.SIGKILL) == nil
 }
 
 // Inside says whether the code of CRIU tracer runs inside a process it
@@ -129,20 +124,19 @@ func usesDir(pid int, dir string) bool {
 	return false
 }
 
-// Abandoned lists the CRIU processes working in dir that a CRIU which
-// died left behind (procs.Stranded). A restore's CRIU forks the
+// Abandoned lists the CRIU processes working in any of dirs that a CRIU
+// which died left behind (procs.Stranded). A restore's CRIU forks the
 // container's tasks (and helpers of its own) before it restores them,
 // and they hold the socket its runtime (runc) reads CRIU's answer from.
 // When that CRIU is killed, they wait for its word for ever, and the
 // runtime, which would reap it once the socket ends, waits on them. They
 // are the container half restored, no use to anyone.
-func Abandoned(dir string) []int {
-	dir = filepath.Clean(dir)
+func Abandoned(dirs ...string) []int {
 	var out []int
 	for pid, parent := range procs.Stranded("criu") {
 		// ferry reaps its own CRIUs (a page server's corpse lasts until
 		// its Wait): their children are not the runtime's.
-		if parent != os.Getpid() && usesDir(pid, dir) {
+		if parent != os.Getpid() && slices.ContainsFunc(dirs, func(d string) bool { return usesDir(pid, filepath.Clean(d)) }) {
 			out = append(out, pid)
 		}
 	}
@@ -169,10 +163,7 @@ func WatchAbandoned(every time.Duration, killed func(pid int), dirs ...string) (
 				return
 			case <-t.C:
 			}
-			var now []int
-			for _, dir := range dirs {
-				now = append(now, Abandoned(dir)...)
-			}
+			now := Abandoned(dirs...)
 			for _, pid := range now {
 				if slices.Contains(seen, pid) && syscall.Kill(pid, syscall.SIGKILL) == nil {
 					killed(pid)

@@ -211,17 +211,16 @@ func strand(within time.Duration) {
 		}
 		return false
 	}
-	for time.Now().Before(deadline) {
-		if syscall.Kill(criu, syscall.SIGSTOP) != nil {
-			return // it ended
-		}
-		procs.WaitStopped(criu, time.Second)
-		if forked() {
-			_ = syscall.Kill(criu, syscall.SIGKILL)
-			return
-		}
-		_ = syscall.Kill(criu, syscall.SIGCONT)
-		time.Sleep(time.Millisecond)
+	var hit bool
+	if !procs.StopWhen(criu, time.Millisecond, func() bool {
+		hit = forked()
+		return hit || !time.Now().Before(deadline)
+	}) {
+		return // it ended
+	}
+	if hit {
+		_ = syscall.Kill(criu, syscall.SIGKILL)
+		return
 	}
 	_ = syscall.Kill(criu, syscall.SIGCONT)
 }

@@ -127,6 +127,24 @@ func (s Started) AwaitReady(ctx context.Context, limit, interval time.Duration, 
 	}
 }
 
+// StopWhen lets pid run step at a time, stopped (SIGSTOP) between steps,
+// until done, asked while it is stopped, says so: pid is left stopped
+// then, for the caller to kill or continue. Stepping, pid cannot get past
+// what done looks for unseen. False when pid is gone.
+func StopWhen(pid int, step time.Duration, done func() bool) bool {
+	for {
+		if syscall.Kill(pid, syscall.SIGSTOP) != nil {
+			return false
+		}
+		WaitStopped(pid, time.Second)
+		if done() {
+			return true
+		}
+		_ = syscall.Kill(pid, syscall.SIGCONT)
+		time.Sleep(step)
+	}
+}
+
 // WaitStopped waits up to d for pid to be stopped (SIGSTOP), a zombie, or
 // gone.
 func WaitStopped(pid int, d time.Duration) {
