@@ -34,6 +34,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 	"github.com/ferry-migrate/ferry/internal/transport"
+	"github.com/ferry-migrate/ferry/internal/vmas"
 	"golang.org/x/sys/unix"
 )
 
@@ -204,6 +205,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	dst.Runtimes, dst.Journal, dst.Admission = a.set, j, a.Admission
 	src := &engine.Source{Host: a.Host, Runtimes: dst.Runtimes, KeepWork: a.KeepWork, Version: a.Version,
 		Dial: a.dialPeer, Profile: a.Profile, Journal: j, AllowFaults: a.AllowFaults, Lines: &engine.Lines{}}
+	if src.VMAs, err = vmas.NewReader(); err != nil {
+		a.Log.Info("the frozen dump reads smaps (no smaps snapshot)", "why", err)
+	} else {
+		defer src.VMAs.Close()
+	}
 	// Before anyone is answered: copies restored here and never committed
 	// go, so sources asking afterwards resume theirs.
 	a.clearScratch()

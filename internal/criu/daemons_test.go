@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ferry-migrate/ferry/internal/procs"
+	"github.com/ferry-migrate/ferry/internal/procs/procstest"
 )
 
 // uffdHolderEnv makes the test binary play a lazy-pages daemon's part that
@@ -27,6 +28,10 @@ func TestMain(m *testing.M) {
 	}
 	if role := os.Getenv(strandEnv); role != "" {
 		playStrand(role, os.Stdin, os.Stdout)
+		return
+	}
+	if os.Getenv(procstest.MapperEnv) == "1" {
+		procstest.PlayMapper(os.Stdin, os.Stdout)
 		return
 	}
 	if pid, err := strconv.Atoi(os.Getenv(compelEnv)); err == nil {

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ferry-migrate/ferry/internal/procs/procstest"
 )
 
 // CRIU's lazy-pages daemon, played by this test binary: the fake criu
@@ -70,6 +72,10 @@ func parsePSHeader(b []byte) (cmd uint32, n, vaddr, id uint64) {
 func TestMain(m *testing.M) {
 	if os.Getenv(lazyDaemonEnv) != "" && len(os.Args) > 1 && os.Args[1] == "lazy-pages" {
 		os.Exit(fakeLazyPages(os.Args[2:]))
+	}
+	if os.Getenv(procstest.MapperEnv) == "1" {
+		procstest.PlayMapper(os.Stdin, os.Stdout)
+		return
 	}
 	os.Exit(m.Run())
 }

@@ -146,6 +146,7 @@ func (m *migration) beginLazyDump(ctx context.Context) (*lazyDump, error) {
 	ld.opts = runtime.CheckpointOptions{
 		ImagesDir: filepath.Join(m.work, "images"), WorkDir: m.work, PageServer: ld.addr,
 		Lazy: true, TCPEstablished: m.network != nil, NetworkQuiet: m.network != nil, PageNet: pn,
+		SmapsSnapshot: m.smapsSnapshotDir(),
 	}
 	// The dump outlives this call: it ends when its page server is closed.
 	ld.ctx, ld.stopDump = context.WithCancel(context.WithoutCancel(ctx))

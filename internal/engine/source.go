@@ -26,6 +26,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
 	"github.com/ferry-migrate/ferry/internal/units"
+	"github.com/ferry-migrate/ferry/internal/vmas"
 )
 
 // Source runs migrations of this host's containers to other hosts.
@@ -50,6 +51,9 @@ type Source struct {
 	// Lines are this host's lines of migrations (line.go); nil: a
 	// request's line is not kept, and it never waits.
 	Lines *Lines
+	// VMAs reads the frozen container's memory flags, for the dump's
+	// smaps snapshot (smaps.go); nil: no snapshot, CRIU reads smaps.
+	VMAs *vmas.Reader
 }
 
 // migration is the source side's state for one run.
@@ -105,8 +109,12 @@ type migration struct {
 	parentRound int
 	// dump is the lazy dump this migration started, if any; dumped the
 	// runtime's handle on the last dump, which may still hold the container.
-	dump    *lazyDump
-	dumped  runtime.Dump
+	dump   *lazyDump
+	dumped runtime.Dump
+	// smaps is the snapshot of the container's mappings the final dump
+	// reads, vmas what reads their flags (smaps.go).
+	smaps   *criu.SmapsSnapshot
+	vmas    *vmas.Reader
 	dial    func(ctx context.Context, addr string) (*transport.Session, error)
 	profile model.Profile
 	journal *journal.Journal
@@ -268,7 +276,7 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 	if !ValidID(id) {
 		id = newID()
 	}
-	m := &migration{req: req, id: id, host: s.Host, journal: s.Journal, rts: s.Runtimes, progress: progress, start: time.Now(), parentRound: -1, dial: s.Dial, profile: model.DefaultProfile(),
+	m := &migration{req: req, id: id, host: s.Host, journal: s.Journal, rts: s.Runtimes, progress: progress, start: time.Now(), parentRound: -1, dial: s.Dial, profile: model.DefaultProfile(), vmas: s.VMAs,
 		phaseBegun: make(chan struct{}, 1)}
 	m.report = Report{SchemaVersion: ReportSchemaVersion, ID: id, StartedAt: m.start.UTC(), FerryVersion: s.Version,
 		Container: req.Container, Mode: req.Mode, From: s.Host.Name, To: req.To}
@@ -350,6 +358,7 @@ func (m *migration) run(ctx context.Context) error {
 		return failAt("prepare on "+m.host.Name, err)
 	}
 	defer criu.WarmBreakpoints()() // CRIU's dump stops the frozen tasks at breakpoints
+	defer m.dropSmapsSnapshot()
 	m.work = m.host.WorkDir(m.id)
 	if err := os.MkdirAll(m.work, 0o700); err != nil {
 		return failAt("prepare on "+m.host.Name, err)
@@ -731,6 +740,7 @@ func (m *migration) freeze(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return failAt("freeze on "+m.host.Name, fmt.Errorf("cancelled before the freeze (the agent is stopping, or the request was withdrawn): %w", err))
 	}
+	m.takeSmapsSnapshot()
 	// Recorded first: an agent that dies with the container frozen finds
 	// it in its journal when it starts again.
 	if err := m.record(journal.Frozen); err != nil {
@@ -814,6 +824,9 @@ func (m *migration) commit(ctx context.Context) error {
 // may run the container.
 func (m *migration) sendCommit(ctx context.Context) error {
 	m.begin("commit")
+	if err := m.smapsSnapshotHeld(); err != nil {
+		return m.abort(ctx, failAt("dump on "+m.host.Name, err))
+	}
 	if err := m.record(journal.CommitSent); err != nil {
 		return m.abort(ctx, failAt("commit", err))
 	}

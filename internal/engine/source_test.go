@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -23,6 +24,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/procs/procstest"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
+	"github.com/ferry-migrate/ferry/internal/vmas"
 )
 
 // The source's control flow, end to end without a lab: Source.Migrate
@@ -135,6 +137,9 @@ type fakeSource struct {
 	beforeThaw func()
 	// lazy is what a lazy dump leaves here (lazy_source_test.go).
 	lazy lazySource
+	// smaps is what the dump found in its smaps snapshot directory: the
+	// PIDs snapshot.
+	smaps []string
 
 	mu     sync.Mutex
 	status string // "" once removed
@@ -207,6 +212,12 @@ func (f *fakeSource) Checkpoint(ctx context.Context, _ *runtime.Container, o run
 	f.called("checkpoint")
 	if f.checkpointErr != nil {
 		return nil, f.checkpointErr
+	}
+	if o.SmapsSnapshot != "" {
+		ents, _ := os.ReadDir(o.SmapsSnapshot)
+		for _, e := range ents {
+			f.smaps = append(f.smaps, e.Name())
+		}
 	}
 	if o.Lazy {
 		return f.lazyCheckpoint(ctx, o)
@@ -683,4 +694,51 @@ func TestSourceWaitsInLine(t *testing.T) {
 			t.Errorf("lines left behind: %v", r.s.Lines.m)
 		}
 	})
+}
+
+// Where the runtime's dump reads a snapshot of the container's smaps, one
+// is taken before the freeze and checked before the commit: unchanged, the
+// migration commits; a flag changed over a whole mapping between the
+// snapshot and the freeze (which the dump could not see) makes the
+// migration fail before the commit, the source resumed.
+func TestSourceChecksTheSmapsSnapshot(t *testing.T) {
+	for _, changed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("changed=%v", changed), func(t *testing.T) {
+			pid, ask := procstest.StartMapper(t)
+			reader, err := vmas.NewReader()
+			if err != nil {
+				t.Skipf("no BPF task_vma iterator here: %v", err)
+			}
+			defer reader.Close()
+			r := newSourceRun(t, func(r *sourceRun) {
+				r.s.VMAs = reader
+				r.src.caps.SmapsSnapshot = true
+				r.src.ctr.PID = pid
+				if changed {
+					r.src.beforeFreeze = func() { ask("dontdump") }
+				}
+			})
+			rep := r.migrate(ModeCold)
+			if !slices.Equal(r.src.smaps, []string{strconv.Itoa(pid)}) {
+				t.Errorf("the dump found snapshots of %q, want the container's process %d", r.src.smaps, pid)
+			}
+			r.returned()
+			if !changed {
+				if !rep.OK {
+					t.Fatalf("migration failed at %s: %s", rep.FailedAt, rep.Error)
+				}
+				r.calls("freeze", "checkpoint", "release(kill)", "remove")
+				return
+			}
+			if rep.OK || rep.FailedAt != "dump on h1" || !strings.Contains(rep.Error, "changed the flags") {
+				t.Fatalf("report: ok %v at %q: %s", rep.OK, rep.FailedAt, rep.Error)
+			}
+			r.calls("freeze", "checkpoint", "release", "thaw")
+			if rep.SourceState != "resumed" || r.src.state() != "running" {
+				t.Errorf("report says %q, the runtime holds it %q; want resumed and running", rep.SourceState, r.src.state())
+			}
+			r.want(counts{prepared: 1, restored: 1, discarded: 1})
+			r.allDropped()
+		})
+	}
 }

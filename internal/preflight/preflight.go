@@ -26,6 +26,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/runtime/lxc"
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+	"github.com/ferry-migrate/ferry/internal/vmas"
 )
 
 // Report is the result of a check. Its JSON form is a public contract.
@@ -59,6 +60,9 @@ type Features struct {
 	LazyPages     bool `json:"lazy_pages"`
 	TCPRepair     bool `json:"tcp_repair"`
 	MPTCP         bool `json:"mptcp"`
+	// VMAFlags: the frozen dump reads the container's mappings from a
+	// snapshot taken before the freeze, checked through a BPF iterator.
+	VMAFlags bool `json:"vma_flags"`
 }
 
 // Runtimes holds the versions of the container runtimes found; nil (JSON
@@ -99,6 +103,7 @@ type Probes struct {
 	CriuCheck      func(context.Context) error
 	Features       func(context.Context) criu.Features
 	WriteTracking  func() error
+	VMAFlags       func() error
 	RuntimeVersion func(ctx context.Context, name string) (string, bool) // "runc", "podman", "lxc"
 	Cgroup         func() Cgroup
 	// DockerFerryRunc: the machine's dockerd runs and offers ferry's
@@ -115,6 +120,7 @@ func HostProbes() Probes {
 		CriuCheck:       criu.Check,
 		Features:        criu.ProbeFeatures,
 		WriteTracking:   dirty.Available,
+		VMAFlags:        vmas.Available,
 		RuntimeVersion:  RuntimeVersion,
 		Cgroup:          func() Cgroup { return hostCgroup("/sys/fs/cgroup") },
 		DockerFerryRunc: func() bool { return docker.HasStoppedRuntime("") },
@@ -140,6 +146,7 @@ func (p Probes) Run(ctx context.Context) Report {
 		version  criu.Version
 		checkErr error
 		wtErr    error
+		vmaErr   error
 		feat     criu.Features
 		rt       [5]*string
 	)
@@ -159,6 +166,7 @@ func (p Probes) Run(ctx context.Context) Report {
 	}
 	r.Cgroup = p.Cgroup()
 	wtErr = p.WriteTracking()
+	vmaErr = p.VMAFlags()
 	var ferryRunc bool
 	if p.DockerFerryRunc != nil {
 		wg.Go(func() { ferryRunc = p.DockerFerryRunc() })
@@ -172,6 +180,7 @@ func (p Probes) Run(ctx context.Context) Report {
 		LazyPages:     feat.LazyPages,
 		TCPRepair:     feat.TCPRepair,
 		MPTCP:         feat.MPTCP,
+		VMAFlags:      vmaErr == nil,
 	}
 	r.PipeMaxSize = feat.PipeMaxSize
 	r.Modes = map[string][]string{}
@@ -268,6 +277,10 @@ func (r *Report) judge(criuErr, verErr error, v criu.Version, checkErr error, f 
 	if !f.MPTCP {
 		warn("no MPTCP: migration streams use plain TCP, without multipath failover",
 			"sysctl -w net.mptcp.enabled=1 (needs a kernel with CONFIG_MPTCP=y)")
+	}
+	if !r.Features.VMAFlags {
+		warn("no BPF task_vma iterator: each frozen dump reads the container's smaps, for which the kernel walks every page table entry (13-20 ms of the downtime per GiB of memory)",
+			"use a kernel with BPF iterators and its BTF (CONFIG_DEBUG_INFO_BTF=y, Linux 5.12+), and run the agent as root")
 	}
 	if !r.Cgroup.V1 && !r.Cgroup.V2 {
 		warn("no cgroup hierarchy found under /sys/fs/cgroup: runc cannot create containers",
@@ -459,6 +472,7 @@ func (r Report) Text() string {
 	line(opt(f.LazyPages), "lazy pages", fmt.Sprintf("%s (pipe-max-size %d)", pick(f.LazyPages, "yes", "no"), r.PipeMaxSize))
 	line(opt(f.TCPRepair), "tcp repair", pick(f.TCPRepair, "yes", "no"))
 	line(opt(f.MPTCP), "mptcp", pick(f.MPTCP, "yes", "no"))
+	line(opt(f.VMAFlags), "vma flags", pick(f.VMAFlags, "yes (the frozen dump reads a smaps snapshot)", "no (the frozen dump walks page tables)"))
 
 	section := func(title, mark string, ps []Problem) {
 		if len(ps) == 0 {

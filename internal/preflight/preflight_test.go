@@ -30,6 +30,7 @@ func goodHost() Probes {
 		},
 		Cgroup:          func() Cgroup { return Cgroup{V1: true, V2: true, V2Path: "/sys/fs/cgroup/unified"} },
 		WriteTracking:   func() error { return nil },
+		VMAFlags:        func() error { return nil },
 		DockerFerryRunc: func() bool { return true },
 	}
 }
@@ -105,11 +106,11 @@ func TestRunWarnings(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		f      criu.Features
-		noUFFD bool     // no userfaultfd write protection either
+		noUFFD bool     // no userfaultfd write protection, nor BPF iterators
 		want   []string // substrings of the warnings' fixes, in order
 	}{
 		{"no soft-dirty", criu.Features{UffdNoncoop: true, LazyPages: true, PipeMaxSize: 16 << 20, TCPRepair: true, MPTCP: true},
-			true, []string{"CONFIG_MEM_SOFT_DIRTY"}},
+			true, []string{"CONFIG_MEM_SOFT_DIRTY", "CONFIG_DEBUG_INFO_BTF"}},
 		{"no soft-dirty but write tracking", criu.Features{UffdNoncoop: true, LazyPages: true, PipeMaxSize: 16 << 20, TCPRepair: true, MPTCP: true},
 			false, nil},
 		{"small pipes", criu.Features{DirtyTracking: true, UffdNoncoop: true, PipeMaxSize: 1 << 20, TCPRepair: true, MPTCP: true},
@@ -117,13 +118,14 @@ func TestRunWarnings(t *testing.T) {
 		{"no uffd", criu.Features{DirtyTracking: true, PipeMaxSize: 16 << 20, TCPRepair: true, MPTCP: true},
 			false, []string{"CONFIG_USERFAULTFD"}},
 		{"bare", criu.Features{PipeMaxSize: 1 << 20},
-			true, []string{"CONFIG_MEM_SOFT_DIRTY", "CONFIG_USERFAULTFD", "CAP_NET_ADMIN", "net.mptcp.enabled=1"}},
+			true, []string{"CONFIG_MEM_SOFT_DIRTY", "CONFIG_USERFAULTFD", "CAP_NET_ADMIN", "net.mptcp.enabled=1", "CONFIG_DEBUG_INFO_BTF"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := goodHost()
 			p.Features = func(context.Context) criu.Features { return tc.f }
 			if tc.noUFFD {
 				p.WriteTracking = func() error { return errors.New("no userfaultfd") }
+				p.VMAFlags = func() error { return errors.New("no BPF") }
 			}
 			r := p.Run(context.Background())
 			if !r.OK || len(r.Problems) != 0 {

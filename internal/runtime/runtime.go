@@ -47,6 +47,10 @@ type Caps struct {
 	// RestoreStopped: a restored copy can stay stopped until the commit
 	// (CRIU's leave-stopped), so an uncommitted copy never runs.
 	RestoreStopped bool
+	// SmapsSnapshot: the dump's CRIU reads the tasks' mappings from a
+	// snapshot taken before the freeze where they are unchanged
+	// (CheckpointOptions.SmapsSnapshot; ferry's CRIU).
+	SmapsSnapshot bool
 	// CopiesImages: the restore reads a copy of the images directory
 	// (Docker's), so the images must be whole: no parent directory that
 	// pre-copy's switchover could refer to pages in.
@@ -105,6 +109,11 @@ type CheckpointOptions struct {
 	// itself (its links down from the freeze, the destination holding
 	// what arrives until the commit), so the dump need not lock it.
 	NetworkQuiet bool
+	// SmapsSnapshot is a directory of the tasks' smaps read just before
+	// the freeze (criu.TakeSmapsSnapshot), which CRIU reads instead of the
+	// frozen tasks' own where their mappings are unchanged; the engine
+	// checks it before the commit (criu.SmapsSnapshot.Check).
+	SmapsSnapshot string
 }
 
 // Refuse says why a runtime of kind, which can do what c says, cannot make

@@ -105,7 +105,7 @@ func (r *Runtime) Kind() string { return "containerd" }
 // where CRIU's lazy pages work, and leaves the processes stopped: both
 // through the CRIU configuration file the spec names.
 func (r *Runtime) Caps() runtime.Caps {
-	return runtime.Caps{Freeze: true, LazyDump: r.Lazy, LazyRestore: r.Lazy, RestoreStopped: true}
+	return runtime.Caps{Freeze: true, LazyDump: r.Lazy, LazyRestore: r.Lazy, RestoreStopped: true, SmapsSnapshot: true}
 }
 
 func (r *Runtime) address() string {

@@ -120,7 +120,7 @@ func (r *Runtime) Caps() runtime.Caps { return CapsFor(r.Lazy, r.hasStoppedRunti
 // CapsFor is Caps where CRIU's lazy pages work (lazy) and the daemon has
 // StoppedRuntime (stopped).
 func CapsFor(lazy, stopped bool) runtime.Caps {
-	return runtime.Caps{Freeze: true, LazyDump: lazy, LazyRestore: lazy && stopped, CopiesImages: true, RestoreStopped: stopped}
+	return runtime.Caps{Freeze: true, LazyDump: lazy, LazyRestore: lazy && stopped, CopiesImages: true, RestoreStopped: stopped, SmapsSnapshot: true}
 }
 
 // HasStoppedRuntime says whether the daemon at host (empty: DefaultHost)

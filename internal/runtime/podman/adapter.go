@@ -126,7 +126,7 @@ func (r *Runtime) Kind() string { return "podman" }
 // soft-dirty tracking, absent on the machines this was built on, so never
 // tried).
 func (r *Runtime) Caps() runtime.Caps {
-	return runtime.Caps{Freeze: true, LazyDump: r.Lazy, LazyRestore: r.Lazy, RestoreStopped: true}
+	return runtime.Caps{Freeze: true, LazyDump: r.Lazy, LazyRestore: r.Lazy, RestoreStopped: true, SmapsSnapshot: true}
 }
 
 // inspectData is the part of `podman container inspect` the adapter uses.

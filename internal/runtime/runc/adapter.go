@@ -52,7 +52,7 @@ func (r *Runtime) Kind() string { return "runc" }
 // Caps: runc pauses without dumping and leaves a paused container paused
 // through a dump, so the source is resumable until the commit.
 func (r *Runtime) Caps() runtime.Caps {
-	return runtime.Caps{Freeze: true, LazyDump: r.Lazy, LazyRestore: r.Lazy, PreDump: r.DirtyTracking, RestoreStopped: true}
+	return runtime.Caps{Freeze: true, LazyDump: r.Lazy, LazyRestore: r.Lazy, PreDump: r.DirtyTracking, RestoreStopped: true, SmapsSnapshot: true}
 }
 
 // Inspect reads `runc state` and the bundle's config.json. The rootfs is
@@ -167,7 +167,8 @@ type dumping struct {
 func (h Host) beginDump(ctx context.Context, id string, o runtime.CheckpointOptions, actionScript string) (*dumping, error) {
 	opts := CheckpointOptions{ImagePath: o.ImagesDir, WorkPath: o.WorkDir, ParentPath: o.ParentDir, PageServer: o.PageServer,
 		LeaveRunning: !o.PreDump, TCPEstablished: o.TCPEstablished, PreDump: o.PreDump, LazyPages: o.Lazy, Netns: o.PageNet,
-		NoNetworkLock: o.NetworkQuiet, ActionScript: actionScript, ScriptActions: []string{"pre-dump"}}
+		NoNetworkLock: o.NetworkQuiet, ActionScript: actionScript, ScriptActions: []string{"pre-dump"},
+		SmapsSnapshot: o.SmapsSnapshot}
 	d := &dumping{lazy: o.Lazy, done: make(chan struct{})}
 	if o.Lazy {
 		r, w, err := os.Pipe()

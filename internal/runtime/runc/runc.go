@@ -209,6 +209,10 @@ type CheckpointOptions struct {
 	// 1-4 ms each; a stock CRIU runs it at every action still).
 	ActionScript  string
 	ScriptActions []string
+	// SmapsSnapshot is a directory of the tasks' smaps read before the
+	// freeze, which ferry's CRIU reads where their mappings are unchanged
+	// (scripts/criu-patches/0014).
+	SmapsSnapshot string
 }
 
 // Checkpoint dumps the container with CRIU through runc.
@@ -254,6 +258,12 @@ func (h Host) Checkpoint(ctx context.Context, id string, o CheckpointOptions) er
 		if o.ActionScript != "" && len(o.ScriptActions) > 0 {
 			c.Env = append(c.Env, "CRIU_ACTION_SCRIPT_ACTIONS="+strings.Join(o.ScriptActions, ","))
 		}
+	}
+	if o.SmapsSnapshot != "" {
+		if c.Env == nil {
+			c.Env = os.Environ()
+		}
+		c.Env = append(c.Env, criu.SmapsSnapshotEnv+"="+o.SmapsSnapshot)
 	}
 	if o.StatusFD != nil {
 		c.ExtraFiles = []*os.File{o.StatusFD}
