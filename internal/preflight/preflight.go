@@ -166,7 +166,7 @@ func (p Probes) Run(ctx context.Context) Report {
 	}
 	r.Cgroup = p.Cgroup()
 	wtErr = p.WriteTracking()
-	vmaErr = p.VMAFlags()
+	wg.Go(func() { vmaErr = p.VMAFlags() }) // loading the kernel's BTF takes ~100 ms
 	var ferryRunc bool
 	if p.DockerFerryRunc != nil {
 		wg.Go(func() { ferryRunc = p.DockerFerryRunc() })

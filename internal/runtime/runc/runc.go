@@ -243,9 +243,10 @@ func (h Host) Checkpoint(ctx context.Context, id string, o CheckpointOptions) er
 	c := exec.CommandContext(ctx, h.bin(), full...)
 	var stderr bytes.Buffer
 	c.Stderr = &stderr
-	// What runc has no flag for goes in a configuration file CRIU reads,
-	// named by its environment, before runc's requests (which leave these
-	// unset).
+	// What runc has no flag for goes to CRIU through its environment: a
+	// configuration file it reads before runc's requests (which leave
+	// these unset), and what ferry's CRIU patches read.
+	var env []string
 	if conf := (CRIUConfig{NoNetworkLock: o.NoNetworkLock, ActionScript: o.ActionScript}).WithYard(o.WorkPath); conf.String() != "" {
 		path := filepath.Join(o.WorkPath, "criu-dump.conf")
 		if o.WorkPath == "" {
@@ -254,16 +255,16 @@ func (h Host) Checkpoint(ctx context.Context, id string, o CheckpointOptions) er
 		if err := conf.Write(path); err != nil {
 			return err
 		}
-		c.Env = append(os.Environ(), "CRIU_CONFIG_FILE="+path)
+		env = append(env, "CRIU_CONFIG_FILE="+path)
 		if o.ActionScript != "" && len(o.ScriptActions) > 0 {
-			c.Env = append(c.Env, "CRIU_ACTION_SCRIPT_ACTIONS="+strings.Join(o.ScriptActions, ","))
+			env = append(env, "CRIU_ACTION_SCRIPT_ACTIONS="+strings.Join(o.ScriptActions, ","))
 		}
 	}
 	if o.SmapsSnapshot != "" {
-		if c.Env == nil {
-			c.Env = os.Environ()
-		}
-		c.Env = append(c.Env, criu.SmapsSnapshotEnv+"="+o.SmapsSnapshot)
+		env = append(env, criu.SmapsSnapshotEnv+"="+o.SmapsSnapshot)
+	}
+	if len(env) > 0 {
+		c.Env = append(os.Environ(), env...)
 	}
 	if o.StatusFD != nil {
 		c.ExtraFiles = []*os.File{o.StatusFD}
