@@ -73,7 +73,7 @@ func uffdHolder(in io.Reader, out io.Writer) {
 func TestHoldFaultsFollowsTheDaemon(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), uffdHolderEnv+"=1")
-	stdin, answers := startTalking(t, cmd)
+	stdin, answers := procstest.StartTalking(t, cmd)
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()

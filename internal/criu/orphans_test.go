@@ -25,6 +25,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ferry-migrate/ferry/internal/procs"
+	"github.com/ferry-migrate/ferry/internal/procs/procstest"
 	"github.com/ferry-migrate/ferry/internal/tail"
 )
 
@@ -157,7 +158,7 @@ func newLab(t *testing.T) *lab {
 	l.tracer = exec.Command(criu, "-test.run=^$")
 	l.tracer.Dir = l.dir
 	l.tracer.Env = append(os.Environ(), compelEnv+"="+strconv.Itoa(l.victim.cmd.Process.Pid))
-	stdin, answers := startTalking(t, l.tracer)
+	stdin, answers := procstest.StartTalking(t, l.tracer)
 	t.Cleanup(func() { _ = l.tracer.Process.Kill(); _ = l.tracer.Wait() })
 	expect := func(what string) {
 		t.Helper()
@@ -172,24 +173,6 @@ func newLab(t *testing.T) *lab {
 		expect(line)
 	}
 	return l
-}
-
-// startTalking starts c with a pipe to its input and one from its
-// output, read line by line.
-func startTalking(t *testing.T, c *exec.Cmd) (io.WriteCloser, *bufio.Scanner) {
-	t.Helper()
-	in, err := c.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := c.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Start(); err != nil {
-		t.Fatal(err)
-	}
-	return in, bufio.NewScanner(out)
 }
 
 // A CRIU attached to a process but not inside it is killed at once, and
@@ -439,7 +422,7 @@ func startStranded(t *testing.T, dir string, argv ...string) *strandedRestore {
 	s := &strandedRestore{runtime: exec.Command(self, append([]string{"-test.run=^$", "--"}, argv...)...), eof: make(chan bool, 1)}
 	s.runtime.Dir = dir
 	s.runtime.Env = append(os.Environ(), strandEnv+"=runtime")
-	s.tell, s.lines = startTalking(t, s.runtime)
+	s.tell, s.lines = procstest.StartTalking(t, s.runtime)
 	t.Cleanup(func() {
 		// Whatever is left below the runtime, then the runtime.
 		for _, pid := range procs.Descendants(s.runtime.Process.Pid, "") {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/inject"
 	"github.com/ferry-migrate/ferry/internal/procs"
+	"github.com/ferry-migrate/ferry/internal/procs/procstest"
 )
 
 // The tests run a child process (this test binary again) that maps a
@@ -168,19 +169,9 @@ func startChild(t *testing.T, mode string, env ...string) *kid {
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(append(os.Environ(), childEnv+"="+mode), env...)
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	outp, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
 	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	k := &kid{t: t, cmd: cmd, in: in, out: bufio.NewScanner(outp)}
+	in, out := procstest.StartTalking(t, cmd)
+	k := &kid{t: t, cmd: cmd, in: in, out: out}
 	t.Cleanup(func() {
 		in.Close()
 		_ = cmd.Process.Kill()

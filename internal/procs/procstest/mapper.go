@@ -54,19 +54,8 @@ func StartMapper(t testing.TB) (pid int, ask func(line string)) {
 	t.Helper()
 	c := exec.Command(os.Args[0])
 	c.Env = append(os.Environ(), MapperEnv+"=1")
-	in, err := c.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := c.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Start(); err != nil {
-		t.Fatal(err)
-	}
+	in, out := StartTalking(t, c)
 	t.Cleanup(func() { in.Close(); _ = c.Process.Kill(); _ = c.Wait() })
-	out := bufio.NewScanner(stdout)
 	if !out.Scan() || out.Text() != "ready" {
 		t.Fatalf("the mapper said %q, not ready", out.Text())
 	}
@@ -77,4 +66,22 @@ func StartMapper(t testing.TB) (pid int, ask func(line string)) {
 			t.Fatalf("the mapper answered %q to %q", out.Text(), line)
 		}
 	}
+}
+
+// StartTalking starts c with a pipe to its input and one from its
+// output, read line by line.
+func StartTalking(t testing.TB, c *exec.Cmd) (io.WriteCloser, *bufio.Scanner) {
+	t.Helper()
+	in, err := c.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return in, bufio.NewScanner(out)
 }
