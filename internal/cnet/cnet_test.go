@@ -20,33 +20,40 @@ func TestNames(t *testing.T) {
 	}
 }
 
-// TestCreateDescribeRoundTrip builds a container namespace on a bridge in a
-// namespace the test makes (never the machine's own), reads it back, and
-// checks the carrier switch and the cleanup.
-func TestCreateDescribeRoundTrip(t *testing.T) {
+// segment makes a namespace (never the machine's own) holding bridge
+// tbr0 at 10.98.0.1/24, removed at the end with container namespace ctr.
+func segment(t *testing.T, hostName, ctr string) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for network namespaces")
 	}
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("iproute2 missing")
 	}
-	const hostName, ctr = "ferry-cnet-test-host", "ferry-c-cnet-test"
-	ip := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v %s", args, err, out)
-		}
-	}
 	_ = exec.Command("ip", "netns", "del", hostName).Run()
 	_ = Delete(ctr)
-	ip("netns", "add", hostName)
+	ip(t, "netns", "add", hostName)
 	t.Cleanup(func() {
 		_ = Delete(ctr)
 		_ = exec.Command("ip", "netns", "del", hostName).Run()
 	})
-	ip("-n", hostName, "link", "add", "tbr0", "type", "bridge")
-	ip("-n", hostName, "link", "set", "tbr0", "up")
-	ip("-n", hostName, "addr", "add", "10.98.0.1/24", "dev", "tbr0")
+	ip(t, "-n", hostName, "link", "add", "tbr0", "type", "bridge")
+	ip(t, "-n", hostName, "link", "set", "tbr0", "up")
+	ip(t, "-n", hostName, "addr", "add", "10.98.0.1/24", "dev", "tbr0")
+}
+
+func ip(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		t.Fatalf("ip %v: %v %s", args, err, out)
+	}
+}
+
+// TestCreateDescribeRoundTrip builds a container namespace on a bridge,
+// reads it back, and checks the carrier switch and the cleanup.
+func TestCreateDescribeRoundTrip(t *testing.T) {
+	const hostName, ctr = "ferry-cnet-test-host", "ferry-c-cnet-test"
+	segment(t, hostName, ctr)
 
 	want := Spec{Ifaces: []Iface{{Name: "eth0", MAC: "02:fe:0a:62:00:07", MTU: 1400, Addrs: []string{"10.98.0.7/24"}}}, Gateway: "10.98.0.1"}
 	path, err := Create(ctr, Path(hostName), "tbr0", want)
@@ -72,6 +79,15 @@ func TestCreateDescribeRoundTrip(t *testing.T) {
 	}
 	if s := state(); strings.Contains(s, "DOWN") {
 		t.Fatalf("host side still down: %s", s)
+	}
+	if err := SetCarrier(ctr, Path(hostName), want, false); err != nil {
+		t.Fatal(err)
+	}
+	if s := state(); !strings.Contains(s, "DOWN") {
+		t.Fatalf("host side still up: %s", s)
+	}
+	if err := SetCarrier("ferry-c-cnet-none", Path(hostName), want, true); err == nil {
+		t.Fatal("no error for a namespace without veths")
 	}
 	if err := Delete(ctr); err != nil {
 		t.Fatal(err)

@@ -167,10 +167,12 @@ type incoming struct {
 	peer                 string
 	// liveSynced: the live rootfs sync was applied whole.
 	liveSynced atomic.Bool
-	// netnsPath is the container's network namespace rebuilt here.
+	// netnsPath is the container's network namespace rebuilt here; up:
+	// its carrier is on (takeAddress, bringUpNetwork).
 	netnsPath string
-	// hold keeps the container's incoming packets from the source's
-	// freeze until the commit (takeAddress).
+	up        bool
+	// hold keeps the container's incoming packets from the namespace's
+	// making until the commit (takeAddress).
 	hold    *cnet.Hold
 	holdErr string // why there is no hold, when one was wanted
 	// push is post-copy's push filling store while the copy runs.
@@ -416,11 +418,15 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 			abort = fmt.Errorf("receiving state on %s: %w", in.d.Host.Name, ferr)
 		case abort = <-stalled:
 		}
-		if abort != nil || err != nil || step.Do != "frozen" {
+		if abort != nil || err != nil || step.Do != "address" {
 			break
 		}
-		if terr := in.takeAddress(); terr != nil {
+		taken, terr := in.takeAddress()
+		if terr != nil {
 			abort = fmt.Errorf("taking the container's address on %s: %w", in.d.Host.Name, terr)
+			break
+		}
+		if err = ctl.Send(AddressTaken{Taken: taken}); err != nil {
 			break
 		}
 		go func() { stepc <- ctl.Recv(&step) }()

@@ -136,12 +136,13 @@ func TestDestinationAbandonsBeforeRestore(t *testing.T) {
 			want: "migration abandoned by the source: transport: bad control message"},
 		{name: "the restore, in capitals", act: func(h *harness) { _ = h.ctl.Send(Step{Do: "RESTORE"}) },
 			want: `source asked to "RESTORE" before restore`},
-		{name: "frozen, then an abort", act: func(h *harness) {
-			_ = h.ctl.Send(Step{Do: "frozen"})
+		{name: "the address handed over, then an abort", act: func(h *harness) {
+			_ = h.ctl.Send(Step{Do: "address"})
+			_ = h.ctl.Recv(&AddressTaken{})
 			_ = h.ctl.Send(Step{Do: "abort"})
 		}, want: `source asked to "abort" before restore`},
-		{name: "frozen, then the session is lost", act: func(h *harness) {
-			_ = h.ctl.Send(Step{Do: "frozen"})
+		{name: "the address handed over, then the session is lost", act: func(h *harness) {
+			_ = h.ctl.Send(Step{Do: "address"})
 			h.src.Close()
 		}},
 	} {
@@ -280,15 +281,19 @@ func TestDestinationCommits(t *testing.T) {
 	h.scratchGone(testID)
 }
 
-// A source that says it froze (a container without an address of its own
-// here: nothing to take) goes on to the restore and the commit as before;
-// saying it twice changes nothing.
-func TestDestinationHearsTheFreeze(t *testing.T) {
+// A source that hands the address over (a container without an address
+// of its own here: nothing to take) is told nothing was taken, and goes on
+// to the restore and the commit as before; asking twice changes nothing.
+func TestDestinationHearsTheHandOver(t *testing.T) {
 	h := newHarness(t)
 	h.accepted(rebuildOffer())
 	for i := 0; i < 2; i++ {
-		if err := h.ctl.Send(Step{Do: "frozen"}); err != nil {
+		if err := h.ctl.Send(Step{Do: "address"}); err != nil {
 			t.Fatal(err)
+		}
+		var taken AddressTaken
+		if err := h.ctl.Recv(&taken); err != nil || taken.Taken {
+			t.Fatalf("answer %+v, %v: there was no address to take", taken, err)
 		}
 	}
 	h.sendState(sourceRoot(t))

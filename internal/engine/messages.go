@@ -126,14 +126,21 @@ type Accept struct {
 
 // Step is a control message naming what the source asks for next.
 type Step struct {
-	// "mode", "frozen" (the source froze and silenced its copy: the
-	// destination takes the address, holding its packets), "restore",
-	// "commit", "abort".
+	// "mode", "address" (the source froze: the destination takes the
+	// container's address, holding its packets, and answers AddressTaken),
+	// "restore", "commit", "abort".
 	Do string `json:"do"`
 	// With "mode" (mode auto): the technique the source chose, and its
 	// pre-copy options, before any of its channels open.
 	Mode    string          `json:"mode,omitempty"`
 	Precopy *PrecopyOptions `json:"precopy,omitempty"`
+}
+
+// AddressTaken answers the step "address": Taken says the destination
+// announced the address and holds its packets until the commit; if not,
+// it brings the address up after its restore.
+type AddressTaken struct {
+	Taken bool `json:"taken"`
 }
 
 // Restored is the destination's confirmation that the container runs.

@@ -120,9 +120,9 @@ type migration struct {
 	journal *journal.Journal
 	// The container's own network, when it has one (see network.go).
 	netnsPath string
+	network   *cnet.Spec
 	// faults are the failures this migration injects here (tests).
-	faults  fault.Set
-	network *cnet.Spec
+	faults fault.Set
 }
 
 // failure is an error with the phase and host where it happened.
@@ -757,11 +757,12 @@ func (m *migration) freeze(ctx context.Context) error {
 	}
 	m.faults.At(fault.Source, fault.Freeze)
 	// Frozen, the container's kernel sockets would still acknowledge data
-	// the dump no longer sees: take its own network quiet first.
-	if err := m.silenceSource(); err != nil {
+	// the dump no longer sees: take its own network quiet first, once the
+	// destination took the address.
+	if err := m.handOverAddress(); err != nil {
 		return failAt("freeze on "+m.host.Name, err)
 	}
-	if err := m.tellFrozen(); err != nil {
+	if err := m.silenceSource(); err != nil {
 		return failAt("freeze on "+m.host.Name, err)
 	}
 	if m.tech.rounds && m.ticket.handsOffAtFreeze() {
