@@ -103,6 +103,49 @@ func TestKeepsAddressAndConnections(t *testing.T) {
 	}
 }
 
+// TestAddressComesBackWhenTheDestinationDies kills the destination's agent
+// once it announced the container's address, before it answered the frozen
+// source: the source must resume its copy (announcing the address again),
+// and the client's connection carry on, every line answered in order.
+func TestAddressComesBackWhenTheDestinationDies(t *testing.T) {
+	requireLab(t)
+	bin := ferryBin(t)
+	l := upLab(t, bin)
+	ctx := context.Background()
+	const ip = "10.79.0.10"
+	if err := l.RunOnSegment(ctx, "h1", "hog", ip, nil, []string{"/bin/memhog", "--memory", "32M", "--dirty-rate", "100",
+		"--port", memhogPort, "--echo-port", "7001"}); err != nil {
+		t.Fatal(err)
+	}
+	p, _, err := bench.StartProbe(ctx, &l.Hosts[2], bin, []string{ip + ":" + memhogPort}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	finish := startClient(t, &l.Hosts[2], bin, "stream", "--addr", ip+":7001")
+	time.Sleep(300 * time.Millisecond)
+	rep, err := agent.Migrate(ctx, agent.Socket(l.Hosts[0].ControlSock),
+		engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold, Faults: []string{"kill-destination@freeze"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.OK || rep.SourceState != "resumed" {
+		t.Fatalf("report: ok=%v source %q at %q: %s", rep.OK, rep.SourceState, rep.FailedAt, rep.Error)
+	}
+	time.Sleep(time.Second) // lines answered by the resumed source
+	res := finish()
+	pr, perr := p.Stop()
+	if !res.OK {
+		t.Fatalf("the TCP connection did not survive: %+v", res)
+	}
+	if perr != nil || !pr.StateOK {
+		t.Fatalf("workload state: %+v %v", pr, perr)
+	}
+	if err := l.RestartAgent(ctx, "h2"); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("source resumed: %s; %d lines echoed in order, longest wait %.0f ms; probe gap %.0f ms", rep.Error, res.Received, res.MaxGapMs, pr.ClientDowntimeMs)
+}
+
 // TestRedisKeepsItsClient moves Debian's redis-server, with its address,
 // while a client keeps one connection open and increments a counter every
 // 10 ms: every reply must be the next number, with no reconnect.

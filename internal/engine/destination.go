@@ -426,6 +426,9 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 			abort = fmt.Errorf("taking the container's address on %s: %w", in.d.Host.Name, terr)
 			break
 		}
+		// The source froze; this host announced the address and may die
+		// before it answers.
+		in.faults.At(fault.Destination, fault.Freeze)
 		if err = ctl.Send(AddressTaken{Taken: taken}); err != nil {
 			break
 		}
