@@ -16,6 +16,9 @@ import (
 // version is refused at the handshake (every frame header carries it, so the
 // peer's Hello frame already fails to decode, with both versions named).
 //
+// Version 6 hands a container's address over at the freeze: the source
+// asks ("address") and waits for the destination's AddressTaken (a
+// version-5 destination never answers).
 // Version 5 gave post-copy a rounds channel: the pages the container wrote
 // while its root filesystem synced, sent beside its dump (a destination of
 // version 4 would never acknowledge them).
@@ -24,7 +27,7 @@ import (
 // Version 3 added FrameControlMore: a control message larger than MaxPayload
 // travels as FrameControlMore frames followed by one FrameControl frame.
 // Version 2 capped a control message at one frame.
-const ProtocolVersion = 5
+const ProtocolVersion = 6
 
 // MaxPayload bounds one frame's payload; larger writes and larger control
 // messages are split.
