@@ -155,12 +155,12 @@ func (in *incoming) prepareNetwork() error {
 	return nil
 }
 
-// takeAddress brings the destination's copy of the network up when the
-// source froze (handOverAddress): the container's peers reach
+// takeAddress brings the destination's copy of the network up once the
+// source froze (handOverAddress), and says whether it did. The peers reach
 // this host at once, where the hold (made with the namespace) queues what
-// they send until the commit; it says whether it took the address. Their retransmissions wait in the queue instead of
-// being lost, and are answered the moment the copy runs, not when a
-// backed-off retransmission timer fires again. Nothing reaches the
+// they send until the commit: their retransmissions wait in the queue
+// instead of being lost, and are answered the moment the copy runs, not
+// when a backed-off retransmission timer fires again. Nothing reaches the
 // restored sockets before the commit, so a copy dropped before it never
 // acknowledged anything. The source waits for this: only netlink and a
 // packet socket run here.
@@ -172,8 +172,8 @@ func (in *incoming) takeAddress() (bool, error) {
 }
 
 // bringUpNetwork turns the destination's copy of the network on and
-// announces it, just before the restore, where it is not up yet: without
-// a hold, or where the source did not hand it over.
+// announces it once the restore is done, where it is not up yet: without
+// a hold, nothing may reach the sockets before they are back.
 func (in *incoming) bringUpNetwork() error {
 	return in.addressUp()
 }
