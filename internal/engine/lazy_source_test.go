@@ -347,14 +347,17 @@ func TestSourceLazyCommits(t *testing.T) {
 				t.Errorf("report: %d pages faulted, %d pushed; the daemon faulted %d and fetched %d in the background",
 					rep.PagesFaulted, rep.PagesPushed, faults, background)
 			}
-			// The background request was answered from the destination's
-			// copy, each fault by the source's page server, which the
-			// daemon's close ended.
-			if rep.PagesReferenced != uint64(background) {
-				t.Errorf("%d pages came from the destination's copy, want the %d the rounds or the push brought", rep.PagesReferenced, background)
-			}
-			if served, closed := r.src.lazy.outcome(); served != faults || !closed {
-				t.Errorf("the source's page server answered %d requests (closed: %v), want the %d faults and a close", served, closed, faults)
+			// Each fault was answered by the source's page server, which
+			// the daemon's close ended; the background request from the
+			// destination's copy, or, when it came before the push had
+			// begun (a loaded machine), by the source too: a request does
+			// not wait for a push that has not started (pushed.await).
+			served, closed := r.src.lazy.outcome()
+			fromCopy := rep.PagesReferenced == uint64(background) && served == faults
+			fromSource := rep.PagesReferenced == 0 && served == faults+1
+			if !closed || !fromCopy && !fromSource {
+				t.Errorf("%d pages came from the destination's copy and the source's page server answered %d requests (closed: %v): want the %d background pages from one and the %d faults from the source, then a close",
+					rep.PagesReferenced, served, closed, background, faults)
 			}
 			if st := r.sourceJournaled(rep); st != journal.Removed {
 				t.Errorf("source journal says %q, want %q", st, journal.Removed)
