@@ -183,7 +183,7 @@ func Create(name, hostNS, bridge string, spec Spec) (string, error) {
 // container's veths up or down: down, the container's interfaces keep their
 // addresses and routes but no packet reaches or leaves them.
 func SetCarrier(name, hostNS string, spec Spec, up bool) error {
-	h, err := netlinkIn(hostNS)
+	h, err := NetlinkIn(hostNS)
 	if err != nil {
 		return err
 	}
@@ -204,7 +204,7 @@ func SetCarrier(name, hostNS string, spec Spec, up bool) error {
 
 // netlinkIn is a netlink handle in the namespace at nsPath ("" for the
 // caller's).
-func netlinkIn(nsPath string) (*netlink.Handle, error) {
+func NetlinkIn(nsPath string) (*netlink.Handle, error) {
 	if nsPath == "" {
 		return netlink.NewHandle()
 	}

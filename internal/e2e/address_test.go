@@ -15,6 +15,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/labtool"
+	"github.com/ferry-migrate/ferry/internal/probe"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 	"google.golang.org/protobuf/encoding/protowire"
 )
@@ -43,6 +44,42 @@ func startClient(t *testing.T, h *lab.Host, bin string, args ...string) (finish 
 	}
 }
 
+// echoOnSegment runs memhog on h1 with an address of its own on the lab's
+// L2 segment, the probe and a client on h3 holding one TCP connection to
+// its echo port (a numbered line every 10 ms, each echoed back). finish
+// stops both and fails t unless the connection carried on (no reconnect,
+// every line answered in order) and the workload's state is intact.
+func echoOnSegment(t *testing.T) (l *lab.Lab, finish func() (labtool.StreamResult, probe.Result)) {
+	t.Helper()
+	requireLab(t)
+	bin := ferryBin(t)
+	l = upLab(t, bin)
+	ctx := context.Background()
+	const ip = "10.79.0.10"
+	if err := l.RunOnSegment(ctx, "h1", "hog", ip, nil, []string{"/bin/memhog", "--memory", "32M", "--dirty-rate", "100",
+		"--port", memhogPort, "--echo-port", "7001"}); err != nil {
+		t.Fatal(err)
+	}
+	p, _, err := bench.StartProbe(ctx, &l.Hosts[2], bin, []string{ip + ":" + memhogPort}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream := startClient(t, &l.Hosts[2], bin, "stream", "--addr", ip+":7001")
+	time.Sleep(300 * time.Millisecond)
+	return l, func() (labtool.StreamResult, probe.Result) {
+		t.Helper()
+		res := stream()
+		pr, perr := p.Stop()
+		if !res.OK {
+			t.Fatalf("the TCP connection did not survive: %+v", res)
+		}
+		if perr != nil || !pr.StateOK {
+			t.Fatalf("workload state: %+v %v", pr, perr)
+		}
+		return res, pr
+	}
+}
+
 // TestKeepsAddressAndConnections runs memhog with an address of its own on
 // the lab's L2 segment and a client on h3 holding one TCP connection to it
 // (a numbered line every 10 ms, each echoed back), migrates it from h1 to
@@ -51,34 +88,14 @@ func startClient(t *testing.T, h *lab.Host, bin string, args ...string) (finish 
 func TestKeepsAddressAndConnections(t *testing.T) {
 	for _, mode := range []string{engine.ModeCold, engine.ModePostcopy} {
 		t.Run(mode, func(t *testing.T) {
-			requireLab(t)
-			bin := ferryBin(t)
-			l := upLab(t, bin)
+			l, finish := echoOnSegment(t)
 			ctx := context.Background()
-			const ip = "10.79.0.10"
-			if err := l.RunOnSegment(ctx, "h1", "hog", ip, nil, []string{"/bin/memhog", "--memory", "32M", "--dirty-rate", "100",
-				"--port", memhogPort, "--echo-port", "7001"}); err != nil {
-				t.Fatal(err)
-			}
-			p, _, err := bench.StartProbe(ctx, &l.Hosts[2], bin, []string{ip + ":" + memhogPort}, time.Minute)
-			if err != nil {
-				t.Fatal(err)
-			}
-			finish := startClient(t, &l.Hosts[2], bin, "stream", "--addr", ip+":7001")
-			time.Sleep(300 * time.Millisecond)
 			rep, err := agent.Migrate(ctx, agent.Socket(l.Hosts[0].ControlSock), engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr, Mode: mode}, nil)
 			if err != nil || !rep.OK {
 				t.Fatalf("migration: %v %s", err, rep.Error)
 			}
 			time.Sleep(500 * time.Millisecond)
-			res := finish()
-			pr, perr := p.Stop()
-			if !res.OK {
-				t.Fatalf("the TCP connection did not survive: %+v", res)
-			}
-			if perr != nil || !pr.StateOK {
-				t.Fatalf("workload state: %+v %v", pr, perr)
-			}
+			res, pr := finish()
 			// A container with a network of its own is dumped from a private
 			// namespace: the lazy page server was never on the host's loopback.
 			for _, w := range rep.Warnings {
@@ -108,21 +125,8 @@ func TestKeepsAddressAndConnections(t *testing.T) {
 // source: the source must resume its copy (announcing the address again),
 // and the client's connection carry on, every line answered in order.
 func TestAddressComesBackWhenTheDestinationDies(t *testing.T) {
-	requireLab(t)
-	bin := ferryBin(t)
-	l := upLab(t, bin)
+	l, finish := echoOnSegment(t)
 	ctx := context.Background()
-	const ip = "10.79.0.10"
-	if err := l.RunOnSegment(ctx, "h1", "hog", ip, nil, []string{"/bin/memhog", "--memory", "32M", "--dirty-rate", "100",
-		"--port", memhogPort, "--echo-port", "7001"}); err != nil {
-		t.Fatal(err)
-	}
-	p, _, err := bench.StartProbe(ctx, &l.Hosts[2], bin, []string{ip + ":" + memhogPort}, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	finish := startClient(t, &l.Hosts[2], bin, "stream", "--addr", ip+":7001")
-	time.Sleep(300 * time.Millisecond)
 	rep, err := agent.Migrate(ctx, agent.Socket(l.Hosts[0].ControlSock),
 		engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold, Faults: []string{"kill-destination@freeze"}}, nil)
 	if err != nil {
@@ -132,14 +136,7 @@ func TestAddressComesBackWhenTheDestinationDies(t *testing.T) {
 		t.Fatalf("report: ok=%v source %q at %q: %s", rep.OK, rep.SourceState, rep.FailedAt, rep.Error)
 	}
 	time.Sleep(time.Second) // lines answered by the resumed source
-	res := finish()
-	pr, perr := p.Stop()
-	if !res.OK {
-		t.Fatalf("the TCP connection did not survive: %+v", res)
-	}
-	if perr != nil || !pr.StateOK {
-		t.Fatalf("workload state: %+v %v", pr, perr)
-	}
+	res, pr := finish()
 	if err := l.RestartAgent(ctx, "h2"); err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/ferry-migrate/ferry/internal/cnet"
 )
 
 // netnsDir is where named network namespaces are bind-mounted, the place
@@ -133,15 +135,9 @@ func netnsInode(name string) (uint64, error) {
 	return st.Ino, nil
 }
 
-// handleAt opens a netlink handle inside a named namespace. The handle's
-// sockets live in that namespace, so no thread has to switch into it.
+// handleAt opens a netlink handle inside a named namespace.
 func handleAt(name string) (*netlink.Handle, error) {
-	ns, err := netns.GetFromPath(netnsPath(name))
-	if err != nil {
-		return nil, fmt.Errorf("open netns %s: %w", name, err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
+	h, err := cnet.NetlinkIn(netnsPath(name))
 	if err != nil {
 		return nil, fmt.Errorf("netlink in netns %s: %w", name, err)
 	}
