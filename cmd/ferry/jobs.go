@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -130,7 +131,10 @@ func printJobs(w io.Writer, js []engine.Job, now time.Time) {
 		if r := j.Report; r != nil {
 			elapsed, rate = j.Ended.Sub(j.Started), "-"
 			state = fmt.Sprintf("ok, downtime %.0f ms", r.DowntimeMs)
-			if !r.OK {
+			switch {
+			case r.Settled != "":
+				state = "in doubt at " + r.FailedAt + ", settled: source " + r.SourceState // removed, resumed, lost or diverged
+			case !r.OK:
 				state = "failed at " + r.FailedAt
 				if r.SourceState != "" {
 					state += ", source " + r.SourceState // resumed, frozen (in doubt) or lost
@@ -179,6 +183,62 @@ and cancel says why. Exit status 1 when nothing was cancelled.`,
 		},
 	}
 	src.add(cmd, "the source agent")
+	return cmd
+}
+
+func newResolveCmd() *cobra.Command {
+	var (
+		src    agentFlags
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "resolve ID",
+		Short: "Settle a migration left in doubt, by asking its destination",
+		Long: `resolve settles migration ID, whose outcome its source could not know (ferry
+migrate exited 3: the source copy stays frozen). The source agent (--from)
+asks the destination what became of its copy, and does what the answer
+calls for: the destination committed, so the frozen source copy is removed;
+the destination has no copy, so the source copy resumes (its network back
+on). While the destination cannot answer, nothing changes: the copy stays
+frozen, and the agent keeps asking on its own.
+
+Never resume an in-doubt copy with its runtime (runc resume, podman
+unpause...): the destination may run the container already, and then it
+would run twice. If the source copy was resumed by hand and the destination
+had committed, resolve removes neither copy and says "diverged".
+
+Exit status: 0 settled, 3 still in doubt (the destination cannot answer yet).`,
+		Example: `  ferry resolve 3f2a9c0b71de
+  ferry resolve 3f2a9c0b71de --from node1@192.0.2.1:7070 --tls-dir ~/.ferry/alice`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			from, _, err := src.endpoints("")
+			if err != nil {
+				return err
+			}
+			r, err := agent.Resolve(cmd.Context(), from, args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if err := json.NewEncoder(os.Stdout).Encode(r); err != nil {
+					return err
+				}
+			} else {
+				fmt.Printf("%s (%s): source %s", r.ID, r.Container, r.State)
+				if r.Note != "" {
+					fmt.Printf(": %s", r.Note)
+				}
+				fmt.Println()
+			}
+			if !r.Settled {
+				return exitError{exitInDoubt}
+			}
+			return nil
+		},
+	}
+	src.add(cmd, "the source agent")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the resolution as JSON")
 	return cmd
 }
 

@@ -86,7 +86,10 @@ returns. --detach returns at once with the ID.
 Exit status: 0 the container runs at the destination; 1 the migration
 failed and the source resumed it; 2 the command line was wrong; 3 in doubt:
 a copy stays frozen until the agents can settle it (the report says which,
-and the agents settle it on their own once they reach each other); 4
+and the agents settle it on their own once they reach each other; ferry
+resolve ID settles it at once; never resume the frozen copy by hand: the
+destination may run it already), or both hosts ran it (a copy resumed by
+hand: the report says "diverged"); 4
 refused or failed before anything was frozen (the container never
 stopped); 5 lost: the source copy's processes died before it could resume
 (a CRIU killed while its code ran inside them) and no copy runs anywhere:
@@ -201,7 +204,7 @@ func reportExit(rep engine.Report) int {
 		return exitOK
 	case rep.SourceState == "lost":
 		return exitLost
-	case rep.SourceState == "frozen" || rep.InDoubtID != "":
+	case rep.SourceState == "frozen" || rep.SourceState == "diverged" || (rep.InDoubtID != "" && rep.Settled == ""):
 		return exitInDoubt
 	}
 	for _, p := range rep.Phases {

@@ -140,13 +140,9 @@ func (p Policy) CheckSpec(b []byte) error {
 		why = append(why, fmt.Sprintf("%d host devices", len(s.Linux.Devices)))
 	}
 	if r := s.Linux.Resources; r != nil {
-		for _, d := range r.Devices {
-			if d.Allow && (d.Type == "" || d.Type == "a" || d.Major == nil || d.Minor == nil) {
-				why = append(why, "access to every device")
-				break
-			}
-		}
+		why = append(why, deviceRules(r.Devices)...)
 	}
+	why = append(why, confinement(&s)...)
 	if pr := s.Process; pr != nil && pr.Capabilities != nil {
 		maxCaps := p.MaxCaps
 		if len(maxCaps) == 0 {
@@ -189,6 +185,114 @@ func (p Policy) namespaces(nss []specs.LinuxNamespace) []string {
 	if !have[specs.NetworkNamespace] && !p.HostNetwork {
 		why = append(why, "shares this host's network namespace")
 	}
+	return why
+}
+
+// safeDevices are the character devices (major, minor; -1 any minor) every
+// container engine lets a container use: null, zero, full, random,
+// urandom, tty, console, ptmx, the pseudo-terminals, tun and fuse.
+var safeDevices = [][2]int64{{1, 3}, {1, 5}, {1, 7}, {1, 8}, {1, 9}, {5, 0}, {5, 1}, {5, 2}, {136, -1}, {10, 200}, {10, 229}}
+
+// deviceRules refuses a device cgroup rule that lets the container read
+// or write a device beyond safeDevices: with CAP_MKNOD (in the default
+// set) it makes the node and reads the host's disk. Allowing only mknod
+// ("m") is harmless: the node cannot be opened.
+func deviceRules(rules []specs.LinuxDeviceCgroup) []string {
+	var why []string
+	for _, d := range rules {
+		if !d.Allow || strings.Trim(d.Access, "m") == "" {
+			continue
+		}
+		if d.Type == "" || d.Type == "a" || d.Major == nil {
+			why = append(why, "access to every device")
+			continue
+		}
+		safe := false
+		for _, sd := range safeDevices {
+			if d.Type == "c" && *d.Major == sd[0] && ((d.Minor != nil && *d.Minor == sd[1]) || (sd[1] == -1)) {
+				safe = true
+			}
+		}
+		if !safe {
+			minor := "*"
+			if d.Minor != nil {
+				minor = fmt.Sprint(*d.Minor)
+			}
+			if d.Minor == nil {
+				why = append(why, fmt.Sprintf("access to every device %s %d:* (%s)", d.Type, *d.Major, d.Access))
+			} else {
+				why = append(why, fmt.Sprintf("access to host device %s %d:%s (%s)", d.Type, *d.Major, minor, d.Access))
+			}
+		}
+	}
+	return why
+}
+
+// Paths of the kernel every engine hides from a container (masked) or
+// keeps read-only: a spec without them reads the host's memory
+// (/proc/kcore), keyrings or firmware, or writes the host's kernel
+// settings (/proc/sys) and triggers (/proc/sysrq-trigger).
+var (
+	mustMask     = []string{"/proc/kcore", "/proc/keys", "/sys/firmware"}
+	mustReadonly = []string{"/proc/sys", "/proc/sysrq-trigger"}
+)
+
+// namespacedSysctls are the sysctls that act in the container's own
+// namespaces (Kubernetes' safe and namespaced sets); any other changes
+// this host's kernel.
+var namespacedSysctls = []string{"net.", "kernel.shm", "kernel.msg", "kernel.sem", "fs.mqueue.", "kernel.hostname", "kernel.domainname"}
+
+// NamespacedSysctl says whether a sysctl acts only in the container's own
+// namespaces.
+func NamespacedSysctl(k string) bool {
+	for _, pfx := range namespacedSysctls {
+		if strings.HasPrefix(k, pfx) {
+			return true
+		}
+	}
+	return false
+}
+
+// confinement refuses what would take the container out of the
+// confinement engines give it: the kernel's paths unmasked or writable,
+// sysfs or cgroupfs mounted writable, proc or sysfs mounted a second time
+// elsewhere (unmasked), sysctls of the host's kernel, no AppArmor.
+func confinement(s *specs.Spec) []string {
+	var why []string
+	for _, p := range mustMask {
+		if !slices.Contains(s.Linux.MaskedPaths, p) {
+			why = append(why, "does not mask "+p)
+		}
+	}
+	for _, p := range mustReadonly {
+		if !slices.Contains(s.Linux.ReadonlyPaths, p) && !slices.Contains(s.Linux.MaskedPaths, p) {
+			why = append(why, "does not keep "+p+" read-only")
+		}
+	}
+	for _, m := range s.Mounts {
+		switch m.Type {
+		case "proc":
+			if filepath.Clean(m.Destination) != "/proc" {
+				why = append(why, "mounts proc a second time at "+m.Destination)
+			}
+		case "sysfs", "cgroup", "cgroup2":
+			if m.Type == "sysfs" && filepath.Clean(m.Destination) != "/sys" {
+				why = append(why, "mounts sysfs a second time at "+m.Destination)
+			}
+			if !slices.Contains(m.Options, "ro") {
+				why = append(why, fmt.Sprintf("mounts %s writable at %s", m.Type, m.Destination))
+			}
+		}
+	}
+	for k := range s.Linux.Sysctl {
+		if !NamespacedSysctl(k) {
+			why = append(why, "sets host kernel sysctl "+k)
+		}
+	}
+	if pr := s.Process; pr != nil && pr.ApparmorProfile == "unconfined" {
+		why = append(why, "runs unconfined by AppArmor")
+	}
+	slices.Sort(why)
 	return why
 }
 

@@ -46,7 +46,7 @@ func TestOrdinaryContainersAreAdmitted(t *testing.T) {
 // allowances admit what they name and nothing more.
 func TestMaliciousSpecsAreRefused(t *testing.T) {
 	hook := []specs.Hook{{Path: "/bin/sh", Args: []string{"sh", "-c", "id > /tmp/owned"}}}
-	major := int64(8)
+	major, minor0, memMajor, minor1 := int64(8), int64(0), int64(1), int64(1)
 	for _, c := range []struct {
 		name   string
 		edit   func(*specs.Spec)
@@ -98,6 +98,30 @@ func TestMaliciousSpecsAreRefused(t *testing.T) {
 			s.Linux.Resources = &specs.LinuxResources{Devices: []specs.LinuxDeviceCgroup{{Allow: true, Type: "b", Major: &major, Access: "rwm"}}}
 		}, "every device", admission.Policy{Privileged: true}},
 		{"no linux section", func(s *specs.Spec) { s.Linux = nil }, "no linux section", admission.Policy{Privileged: true}},
+		// Issue 46 (c): an exact block device, with CAP_MKNOD in the default set.
+		{"a host disk by major and minor", func(s *specs.Spec) {
+			s.Linux.Resources.Devices = append(s.Linux.Resources.Devices, specs.LinuxDeviceCgroup{Allow: true, Type: "b", Major: &major, Minor: &minor0, Access: "rwm"})
+		}, "access to host device b 8:0 (rwm)", admission.Policy{Privileged: true}},
+		{"a char device beyond the safe set", func(s *specs.Spec) {
+			s.Linux.Resources.Devices = append(s.Linux.Resources.Devices, specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: &memMajor, Minor: &minor1, Access: "r"})
+		}, "access to host device c 1:1 (r)", admission.Policy{Privileged: true}},
+		{"/proc/kcore unmasked", func(s *specs.Spec) { s.Linux.MaskedPaths = nil }, "does not mask /proc/kcore", admission.Policy{Privileged: true}},
+		{"/proc/sys writable", func(s *specs.Spec) { s.Linux.ReadonlyPaths = nil }, "does not keep /proc/sys read-only", admission.Policy{Privileged: true}},
+		{"sysfs writable", func(s *specs.Spec) {
+			for i, m := range s.Mounts {
+				if m.Type == "sysfs" {
+					s.Mounts[i].Options = []string{"nosuid"}
+				}
+			}
+		}, "mounts sysfs writable at /sys", admission.Policy{Privileged: true}},
+		{"a second proc", func(s *specs.Spec) {
+			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/hostproc", Type: "proc", Source: "proc"})
+		}, "mounts proc a second time at /hostproc", admission.Policy{Privileged: true}},
+		{"writable cgroupfs", func(s *specs.Spec) {
+			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup"})
+		}, "mounts cgroup writable", admission.Policy{Privileged: true}},
+		{"a host kernel sysctl", func(s *specs.Spec) { s.Linux.Sysctl = map[string]string{"kernel.core_pattern": "|/tmp/x"} }, "sets host kernel sysctl kernel.core_pattern", admission.Policy{Privileged: true}},
+		{"AppArmor unconfined", func(s *specs.Spec) { s.Process.ApparmorProfile = "unconfined" }, "unconfined by AppArmor", admission.Policy{Privileged: true}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s := ordinary()
@@ -114,6 +138,23 @@ func TestMaliciousSpecsAreRefused(t *testing.T) {
 	}
 	if err := (admission.Policy{}).CheckSpec([]byte("{")); err == nil || admission.IsRefused(err) {
 		t.Errorf("a bad config.json: %v", err)
+	}
+}
+
+// The devices every engine gives a container, a namespaced sysctl and
+// mknod alone pass.
+func TestSafeDevicesAndSysctlsAreAdmitted(t *testing.T) {
+	s := ordinary()
+	one, three, five, ptsMajor, zero := int64(1), int64(3), int64(5), int64(136), int64(0)
+	s.Linux.Resources.Devices = append(s.Linux.Resources.Devices,
+		specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: &one, Minor: &three, Access: "rwm"},
+		specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: &five, Minor: &zero, Access: "rw"},
+		specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: &ptsMajor, Access: "rwm"},
+		specs.LinuxDeviceCgroup{Allow: true, Type: "b", Access: "m"},
+		specs.LinuxDeviceCgroup{Allow: true, Type: "c", Access: "m"})
+	s.Linux.Sysctl = map[string]string{"net.ipv4.ip_unprivileged_port_start": "0", "kernel.shmmax": "1000000"}
+	if err := (admission.Policy{}).CheckSpec(encode(t, s)); err != nil {
+		t.Fatal(err)
 	}
 }
 

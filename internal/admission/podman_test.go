@@ -20,7 +20,7 @@ const (
 
 // podmanSpecDump is the spec.dump of `podman run --detach --name hog
 // --ulimit nofile=1024:1024 IMAGE /bin/sh -c ...` under rootful Podman 4.3
-// with runc and cgroupfs, abridged (no seccomp, masked paths, env): the
+// with runc and cgroupfs, abridged (no seccomp, env): the
 // bundle's config.json as libpod generates it, with its own bind mounts
 // of files it made for the container under the instance's storage
 // (userdata/shm) and run directory (hosts, resolv.conf, hostname,
@@ -58,6 +58,8 @@ var podmanSpecDump = strings.NewReplacer("{STORAGE}", podmanStorage, "{RUN}", po
   ],
   "annotations": {"io.container.manager": "libpod", "org.opencontainers.image.stopSignal": "15"},
   "linux": {
+    "maskedPaths": ["/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware", "/sys/fs/selinux", "/sys/dev/block"],
+    "readonlyPaths": ["/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"],
     "resources": {"devices": [{"allow": false, "access": "rwm"}], "pids": {"limit": 2048}},
     "cgroupsPath": "/libpod_parent/libpod-{ID}",
     "namespaces": [

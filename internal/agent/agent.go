@@ -97,6 +97,9 @@ type Agent struct {
 
 	mu      sync.Mutex
 	busy    map[string]bool // containers with a migration under way
+	// settling: one settle of a migration left in doubt at a time (the
+	// background retries and ferry resolve).
+	settling sync.Mutex
 	jobs    *jobs           // this agent's migrations as a source
 	metrics *metrics
 	feats   criu.Features
@@ -486,6 +489,17 @@ func (a *Agent) control(ctx context.Context, src *engine.Source, ch *transport.C
 			return
 		}
 		_ = ch.Send(engine.Event{Report: &rep})
+	case engine.ChanResolve:
+		var ref engine.JobRef
+		if err := ch.Recv(&ref); err != nil {
+			return
+		}
+		r, err := a.resolve(ctx, ref.ID)
+		if err != nil {
+			_ = ch.Fail(err)
+			return
+		}
+		_ = ch.Send(r)
 	case engine.ChanStatus:
 		st, err := a.status(ctx)
 		if err != nil {

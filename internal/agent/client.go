@@ -139,6 +139,13 @@ func Cancel(ctx context.Context, ep Endpoint, id string) (engine.CancelReply, er
 	return r, err
 }
 
+// Resolve asks the agent to settle migration id, left in doubt, now.
+func Resolve(ctx context.Context, ep Endpoint, id string) (engine.Resolution, error) {
+	var r engine.Resolution
+	err := ask(ctx, ep, engine.ChanResolve, engine.JobRef{ID: id}, &r)
+	return r, err
+}
+
 // ask sends q (nil: nothing) on a channel of kind and reads one reply.
 func ask(ctx context.Context, ep Endpoint, kind string, q, reply any) error {
 	sess, err := ep.dial(ctx)

@@ -21,6 +21,7 @@ type metrics struct {
 	downtime *prometheus.HistogramVec
 	total    *prometheus.HistogramVec
 	sent     *prometheus.CounterVec
+	settles  *prometheus.CounterVec
 }
 
 // newMetrics counts migrations as they end; those in flight are js's.
@@ -46,6 +47,10 @@ func newMetrics(js *jobs) *metrics {
 			Help: "Bytes migrations sent on the wire, whatever their outcome.",
 		}, []string{"mode"}),
 	}
+	m.settles = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ferry_migrations_settled_total",
+		Help: "Migrations left in doubt that this agent settled later with their destination, by runtime and outcome (removed, resumed, lost, diverged).",
+	}, []string{"runtime", "outcome"})
 	inFlight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "ferry_migrations_in_flight",
 		Help: "Migrations running now with this agent as their source.",
@@ -54,7 +59,7 @@ func newMetrics(js *jobs) *metrics {
 		Name: "ferry_lazy_pages_pending",
 		Help: "Pages of frozen sources the destinations of this agent's running post-copy and hybrid migrations have not yet stored.",
 	}, func() float64 { return float64(js.lazyPagesPending()) })
-	m.reg.MustRegister(m.ended, m.downtime, m.total, m.sent, inFlight, pending)
+	m.reg.MustRegister(m.ended, m.downtime, m.total, m.sent, m.settles, inFlight, pending)
 	return m
 }
 
@@ -85,4 +90,10 @@ func (m *metrics) serve(l net.Listener) error {
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	return srv.Serve(l)
+}
+
+// settled counts a migration left in doubt once it is settled: "lost" and
+// "diverged" are worth an alert.
+func (m *metrics) settled(runtime, outcome string) {
+	m.settles.WithLabelValues(runtime, outcome).Inc()
 }

@@ -187,10 +187,19 @@ func (a *Agent) startCommitted(ctx context.Context, rt runtime.Runtime, c *runti
 	return nil
 }
 
-// drop removes a restored copy and records it gone.
+// drop removes a restored copy, and the network namespace rebuilt for it
+// (which may hold the container's address, taken at the freeze, behind a
+// hold nobody reads any more), and records it gone.
 func (a *Agent) drop(ctx context.Context, rt runtime.Runtime, c *runtime.Container, e journal.Entry) error {
+	if err := engine.SilenceDestinationNetwork(e.NetNS); err != nil {
+		a.Log.Warn("the network of a copy about to be dropped could not be silenced", "migration", e.ID, "container", e.Container, "netns", e.NetNS, "error", err)
+	}
 	if err := rt.Remove(ctx, c); err != nil && !errors.Is(err, runtime.ErrNotFound) {
 		a.Log.Error("a copy from before a restart could not be dropped", "migration", e.ID, "container", e.Container, "error", err)
+		return err
+	}
+	if err := engine.DropDestinationNetwork(e.NetNS); err != nil {
+		a.Log.Error("the network namespace of a dropped copy could not be deleted", "migration", e.ID, "container", e.Container, "netns", e.NetNS, "error", err)
 		return err
 	}
 	if err := a.journal.Set(e.ID, journal.Dropped); err != nil {
@@ -220,21 +229,12 @@ func (a *Agent) resolveSources(ctx context.Context) {
 // destination committed) or resumes it (the destination has none).
 func (a *Agent) resolveSource(ctx context.Context, id string) {
 	for {
-		e, ok, err := a.journal.Get(id)
-		if err != nil || !ok || journal.Final(e.State) {
+		done, err := a.resolveOnce(ctx, id)
+		if done {
 			return
 		}
-		state, err := a.ask(ctx, e.Peer, id)
-		if err == nil {
-			done, err := a.settle(ctx, e, state)
-			if done {
-				return
-			}
-			if err != nil {
-				a.Log.Warn("settling a frozen source copy", "migration", id, "container", e.Container, "error", err)
-			}
-		} else {
-			a.Log.Info("a frozen source copy waits for its destination", "migration", id, "container", e.Container, "destination", e.Peer, "error", err)
+		if err != nil {
+			a.Log.Info("a frozen source copy waits for its destination", "migration", id, "error", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -244,40 +244,123 @@ func (a *Agent) resolveSource(ctx context.Context, id string) {
 	}
 }
 
-// settle acts on the destination's answer; done says nothing is left.
-func (a *Agent) settle(ctx context.Context, e journal.Entry, state string) (done bool, err error) {
-	rt, c, err := a.journaled(e)
+// resolveOnce asks the destination once and settles what it can; done
+// says nothing is left to do (the journal's state is final).
+func (a *Agent) resolveOnce(ctx context.Context, id string) (done bool, err error) {
+	a.settling.Lock() // the background retries and ferry resolve
+	defer a.settling.Unlock()
+	e, ok, err := a.journal.Get(id)
 	if err != nil {
 		return false, err
 	}
+	if !ok || e.Role != journal.Source {
+		return true, fmt.Errorf("no migration %s left this host", id)
+	}
+	if journal.Final(e.State) {
+		return true, nil
+	}
+	state, err := a.ask(ctx, e.Peer, id)
+	if err != nil {
+		return false, fmt.Errorf("the destination %s cannot say what became of its copy: %w", e.Peer, err)
+	}
+	final, err := a.settle(ctx, e, state)
+	if final == "" {
+		if err == nil {
+			err = fmt.Errorf("the destination %s is still deciding (its copy: %s)", e.Peer, state)
+		}
+		return false, err
+	}
+	a.recordSettled(e, final, err)
+	return true, nil
+}
+
+// recordSettled writes a settled outcome where operators look: the
+// journal (settle did), the migration's report (ferry ps --all, ferry
+// wait) and the metrics.
+func (a *Agent) recordSettled(e journal.Entry, final string, why error) {
+	note := settledNotes[final]
+	if why != nil {
+		note += ": " + why.Error()
+	}
+	e.State = final
+	if err := a.jobs.settle(e, note); err != nil {
+		a.Log.Warn("the settled migration's report could not be updated", "migration", e.ID, "error", err)
+	}
+	a.metrics.settled(e.Runtime, final)
+}
+
+// settledNotes say, in the report, how a migration left in doubt ended.
+var settledNotes = map[string]string{
+	journal.Removed:  "settled later: the destination had committed and runs the container; the frozen source copy was removed",
+	journal.Resumed:  "settled later: the destination had no copy; the source copy was resumed",
+	journal.Lost:     "settled later: the destination had no copy and the source copy was gone (its processes died, or it was removed by hand): the container runs nowhere",
+	journal.Diverged: "settled later: the destination had committed, but the source copy had been resumed by hand meanwhile: both hosts ran the container, and neither copy was removed",
+}
+
+// settle acts on the destination's answer. It returns the final state it
+// recorded, "" while the destination is still deciding.
+func (a *Agent) settle(ctx context.Context, e journal.Entry, state string) (final string, err error) {
+	rt, c, err := a.journaled(e)
+	if err != nil {
+		return "", err
+	}
+	st, serr := runtime.State(ctx, rt, e.Container)
 	switch state {
 	case journal.Committed:
-		if err := rt.Remove(ctx, c); err != nil {
-			return false, err
+		if serr == nil && st == "running" {
+			// Someone resumed the frozen copy by hand: it took writes the
+			// destination's copy never saw. Removing it would lose them, and
+			// which copy is right is for a person to say.
+			a.Log.Error("the destination committed, but the source copy runs (resumed by hand while in doubt): the container ran on both hosts; neither copy is removed", "migration", e.ID, "container", e.Container, "destination", e.Peer)
+			return a.final(e, journal.Diverged)
+		}
+		if err := rt.Remove(ctx, c); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+			return "", err
+		}
+		if err := engine.DropSourceNetwork(e.NetNS); err != nil {
+			a.Log.Warn("the removed source copy's network namespace stays", "migration", e.ID, "netns", e.NetNS, "error", err)
 		}
 		a.Log.Info("the destination owns the container: source copy removed", "migration", e.ID, "container", e.Container)
-		return true, a.journal.Set(e.ID, journal.Removed)
+		return a.final(e, journal.Removed)
 	case journal.Dropped, "unknown":
+		if errors.Is(serr, runtime.ErrNotFound) {
+			a.Log.Error("the destination has no copy, and the source copy is gone (removed by hand?): the container runs nowhere", "migration", e.ID, "container", e.Container, "runtime", e.Runtime)
+			return a.final(e, journal.Lost)
+		}
 		if rt.Caps().Freeze {
 			_ = rt.Thaw(ctx, c) // a container the freeze never reached runs already
 		}
 		st, err := runtime.State(ctx, rt, e.Container)
 		if err != nil {
-			return false, err
+			return "", err
 		}
 		if st == "stopped" {
 			// Its processes died (a CRIU killed while its code ran inside
 			// them), and the destination has no copy: nothing to resume.
 			a.Log.Error("the source copy's processes died, and the destination has no copy: the container runs nowhere; start it again with its runtime", "migration", e.ID, "container", e.Container, "runtime", e.Runtime)
-			return true, a.journal.Set(e.ID, journal.Lost)
+			return a.final(e, journal.Lost)
 		}
 		if st != "running" {
-			return false, fmt.Errorf("thawed, yet the runtime says %s", st)
+			return "", fmt.Errorf("thawed, yet the runtime says %s", st)
+		}
+		// The migration silenced the copy's network before the freeze
+		// ended in doubt: it answers again, and claims its address back
+		// from the destination that took it.
+		if err := engine.WakeSourceNetwork(e.NetNS); err != nil {
+			a.Log.Error("the resumed source copy's network could not be turned back on", "migration", e.ID, "container", e.Container, "netns", e.NetNS, "error", err)
 		}
 		a.Log.Info("the destination has no copy: source copy resumed", "migration", e.ID, "container", e.Container)
-		return true, a.journal.Set(e.ID, journal.Resumed)
+		return a.final(e, journal.Resumed)
 	}
-	return false, nil // the destination is still deciding (restoring)
+	return "", nil // the destination is still deciding (restoring)
+}
+
+// final records a settled migration's final state.
+func (a *Agent) final(e journal.Entry, state string) (string, error) {
+	if err := a.journal.Set(e.ID, state); err != nil {
+		return "", err
+	}
+	return state, nil
 }
 
 // journaled finds the runtime and container a journal entry names.
@@ -311,4 +394,26 @@ func (a *Agent) ask(ctx context.Context, addr, id string) (string, error) {
 		return "", err
 	}
 	return ans.State, nil
+}
+
+// resolve settles a migration left in doubt now, for ferry resolve: it
+// asks the destination once and does what its answer calls for; a
+// destination that cannot answer leaves the copy frozen, and says why.
+func (a *Agent) resolve(ctx context.Context, id string) (engine.Resolution, error) {
+	if !engine.ValidID(id) {
+		return engine.Resolution{}, fmt.Errorf("bad migration ID %q", id)
+	}
+	_, err := a.resolveOnce(ctx, id)
+	e, ok, jerr := a.journal.Get(id)
+	if jerr != nil {
+		return engine.Resolution{}, jerr
+	}
+	if !ok || e.Role != journal.Source {
+		return engine.Resolution{}, fmt.Errorf("no migration %s left this host (ferry ps --all lists those that did)", id)
+	}
+	r := engine.Resolution{ID: id, Container: e.Container, State: e.State, Settled: journal.Final(e.State), Note: settledNotes[e.State]}
+	if err != nil && !r.Settled {
+		r.Note = err.Error() + "; the source copy stays frozen, and this agent keeps asking"
+	}
+	return r, nil
 }

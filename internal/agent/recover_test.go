@@ -10,6 +10,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/procs/procstest"
@@ -73,7 +75,42 @@ func testAgent(t *testing.T) (*Agent, *fakeRuntime) {
 	rt := &fakeRuntime{state: map[string]string{}}
 	a := &Agent{journal: j, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		runtimeSet: func(string) runtime.Set { return runtime.Set{"fake": rt} }}
+	a.jobs = newJobs(t.TempDir())
+	a.metrics = newMetrics(a.jobs)
 	return a, rt
+}
+
+// What settles later reaches the migration's report (ferry ps --all, ferry
+// wait) and the metrics, also for a migration whose agent died under it
+// and so kept no report.
+func TestSettledOutcomeReachesTheJob(t *testing.T) {
+	a, _ := testAgent(t)
+	rep := engine.Report{Container: "web", Mode: "cold", FailedAt: "restore on h2", SourceState: "frozen", InDoubtID: "abc123abc123"}
+	if err := a.jobs.keep(engine.Job{ID: "abc123abc123", Container: "web", Report: &rep}); err != nil {
+		t.Fatal(err)
+	}
+	a.recordSettled(journal.Entry{ID: "abc123abc123", Container: "web", Runtime: "fake"}, journal.Removed, nil)
+	a.recordSettled(journal.Entry{ID: "def456def456", Container: "db", Runtime: "fake", Peer: "h2:7070"}, journal.Lost, nil)
+	js, err := a.jobs.list(true)
+	if err != nil || len(js) != 2 {
+		t.Fatalf("jobs %+v %v", js, err)
+	}
+	for _, j := range js {
+		r := j.Report
+		switch j.ID {
+		case "abc123abc123":
+			if !r.OK || r.SourceState != journal.Removed || r.Settled == "" || r.Mode != "cold" {
+				t.Errorf("settled report %+v", r)
+			}
+		case "def456def456":
+			if r.OK || r.SourceState != journal.Lost || r.Settled == "" || j.To != "h2:7070" {
+				t.Errorf("report made at settling %+v", j)
+			}
+		}
+	}
+	if n := testutil.ToFloat64(a.metrics.settles.WithLabelValues("fake", journal.Lost)); n != 1 {
+		t.Errorf("settled lost counted %v times", n)
+	}
 }
 
 func TestRecoverDestinationSettlesUncommittedCopies(t *testing.T) {
@@ -111,6 +148,8 @@ func TestSettleFollowsTheDestination(t *testing.T) {
 		done                           bool
 		died                           bool // the source copy's processes are gone
 		dying                          bool // its runtime says running, its init is a zombie
+		thawed                         bool // someone resumed the frozen copy by hand
+		removed                        bool // someone removed it by hand
 	}{
 		{answer: journal.Committed, wantState: "absent", wantJournal: journal.Removed, done: true},
 		{answer: journal.Dropped, wantState: "running", wantJournal: journal.Resumed, done: true},
@@ -119,23 +158,37 @@ func TestSettleFollowsTheDestination(t *testing.T) {
 		// Nothing to resume, and no copy elsewhere: lost, not retried.
 		{answer: journal.Dropped, wantState: "stopped", wantJournal: journal.Lost, done: true, died: true},
 		{answer: journal.Dropped, wantState: "running", wantJournal: journal.Lost, done: true, dying: true},
+		{answer: journal.Dropped, wantState: "absent", wantJournal: journal.Lost, done: true, removed: true},
+		// Resumed by hand while the destination committed: it ran twice,
+		// and the copy with the writes it took since is not deleted.
+		{answer: journal.Committed, wantState: "running", wantJournal: journal.Diverged, done: true, thawed: true},
+		// Already gone: removed, not retried forever.
+		{answer: journal.Committed, wantState: "absent", wantJournal: journal.Removed, done: true, removed: true},
 	} {
-		t.Run(c.answer+map[bool]string{true: "-died"}[c.died]+map[bool]string{true: "-dying"}[c.dying], func(t *testing.T) {
+		name := c.answer + map[bool]string{true: "-died"}[c.died] + map[bool]string{true: "-dying"}[c.dying] +
+			map[bool]string{true: "-thawed"}[c.thawed] + map[bool]string{true: "-removed"}[c.removed]
+		t.Run(name, func(t *testing.T) {
 			a, rt := testAgent(t)
 			rt.state["web"] = "paused"
 			if c.died {
 				rt.state["web"] = "stopped"
 			}
+			if c.thawed {
+				rt.state["web"] = "running"
+			}
+			if c.removed {
+				delete(rt.state, "web")
+			}
 			if c.dying {
 				rt.pid = map[string]int{"web": procstest.Zombie(t)}
 			}
-			e := journal.Entry{ID: "abc", Role: journal.Source, Container: "web", Runtime: "fake", State: journal.InDoubt}
+			e := journal.Entry{ID: "abc123abc123", Role: journal.Source, Container: "web", Runtime: "fake", State: journal.InDoubt}
 			if err := a.journal.Record(e); err != nil {
 				t.Fatal(err)
 			}
-			done, err := a.settle(context.Background(), e, c.answer)
-			if err != nil || done != c.done {
-				t.Fatalf("settle: done=%v err=%v", done, err)
+			final, err := a.settle(context.Background(), e, c.answer)
+			if err != nil || (final != "") != c.done {
+				t.Fatalf("settle: final=%q err=%v", final, err)
 			}
 			st, ok := rt.state["web"]
 			if !ok {
@@ -144,7 +197,7 @@ func TestSettleFollowsTheDestination(t *testing.T) {
 			if st != c.wantState {
 				t.Errorf("container %s, want %s", st, c.wantState)
 			}
-			if got, _, _ := a.journal.Get("abc"); got.State != c.wantJournal {
+			if got, _, _ := a.journal.Get("abc123abc123"); got.State != c.wantJournal {
 				t.Errorf("journal %s, want %s", got.State, c.wantJournal)
 			}
 		})
@@ -246,12 +299,12 @@ func TestRecoverDestinationDropsAnUnfinishedPull(t *testing.T) {
 	}
 	// While it pulls, a source must not take "pulling" for an answer.
 	rt.state["web"] = "paused"
-	e := journal.Entry{ID: "abc", Role: journal.Source, Container: "web", Runtime: "fake", State: journal.InDoubt}
+	e := journal.Entry{ID: "abc123abc123", Role: journal.Source, Container: "web", Runtime: "fake", State: journal.InDoubt}
 	if err := a.journal.Record(e); err != nil {
 		t.Fatal(err)
 	}
-	if done, err := a.settle(context.Background(), e, journal.Pulling); done || err != nil || rt.state["web"] != "paused" {
-		t.Errorf("settle(pulling): done=%v err=%v state %s", done, err, rt.state["web"])
+	if final, err := a.settle(context.Background(), e, journal.Pulling); final != "" || err != nil || rt.state["web"] != "paused" {
+		t.Errorf("settle(pulling): final=%q err=%v state %s", final, err, rt.state["web"])
 	}
 }
 

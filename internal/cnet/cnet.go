@@ -21,7 +21,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -243,4 +245,46 @@ func Delete(name string) error {
 	}
 	_, err := run("ip", "netns", "del", name)
 	return err
+}
+
+// Users returns the processes whose network namespace is the named one: a
+// namespace some process lives in is a container's, not a leftover, and
+// must not be deleted. None when the namespace does not exist.
+func Users(name string) ([]int, error) {
+	var ns syscall.Stat_t
+	if err := syscall.Stat(Path(name), &ns); err != nil {
+		if os.IsNotExist(err) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		var st syscall.Stat_t
+		if syscall.Stat(filepath.Join("/proc", e.Name(), "ns", "net"), &st) == nil && st.Ino == ns.Ino && st.Dev == ns.Dev {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
+}
+
+// DeleteUnused deletes a namespace ferry made only when no process lives
+// in it (a leftover of an earlier attempt); one in use is refused.
+func DeleteUnused(name string) error {
+	pids, err := Users(name)
+	if err != nil {
+		return err
+	}
+	if len(pids) > 0 {
+		return fmt.Errorf("network namespace %s is in use (pids %v): a container of that name has its network here", name, pids)
+	}
+	return Delete(name)
 }

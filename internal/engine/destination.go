@@ -86,6 +86,36 @@ type Destination struct {
 	// waiting for their sources to go on with them (resume.go).
 	pullsMu sync.Mutex
 	pulls   map[string]*strandedPull
+
+	// arriving holds the container names (and migration IDs) of the
+	// offers being received here: a second offer for either is refused
+	// before it touches anything the first one made.
+	arrivingMu sync.Mutex
+	arriving   map[string]string
+}
+
+// reserveName reserves a container name and a migration ID for one incoming
+// migration until the returned release; a name or ID already arriving is
+// refused.
+func (d *Destination) reserveName(name, id string) (release func(), err error) {
+	d.arrivingMu.Lock()
+	defer d.arrivingMu.Unlock()
+	if d.arriving == nil {
+		d.arriving = map[string]string{}
+	}
+	if other, ok := d.arriving["name/"+name]; ok {
+		return nil, fmt.Errorf("%s is already receiving a container named %q (migration %s): one at a time", d.Host.Name, name, other)
+	}
+	if _, ok := d.arriving["id/"+id]; ok {
+		return nil, fmt.Errorf("%s is already receiving migration %s", d.Host.Name, id)
+	}
+	d.arriving["name/"+name], d.arriving["id/"+id] = id, id
+	return func() {
+		d.arrivingMu.Lock()
+		defer d.arrivingMu.Unlock()
+		delete(d.arriving, "name/"+name)
+		delete(d.arriving, "id/"+id)
+	}, nil
 }
 
 // record writes this migration's state to the journal; peer is the
@@ -100,7 +130,7 @@ func (in *incoming) recordPull(peer, state string, pull *journal.Pull) error {
 		return nil
 	}
 	return in.d.Journal.Record(journal.Entry{ID: in.offer.ID, Role: journal.Destination, Peer: peer,
-		Container: in.offer.Container, Runtime: in.rt.Kind(), State: state, Pull: pull})
+		Container: in.offer.Container, Runtime: in.rt.Kind(), State: state, Pull: pull, NetNS: in.netnsPath})
 }
 
 // recordFinal records a final state; a failure leaves the restarted
@@ -165,6 +195,8 @@ type incoming struct {
 	// session names it.
 	journaled, restoring bool
 	peer                 string
+	// release gives up the claim on the container's name (Destination.reserveName).
+	release func()
 	// liveSynced: the live rootfs sync was applied whole.
 	liveSynced atomic.Bool
 	// netnsPath is the container's network namespace rebuilt here; up:
@@ -196,6 +228,11 @@ func (d *Destination) Receive(ctx context.Context, sess *transport.Session, rout
 	if err := ctl.Recv(&in.offer); err != nil {
 		return
 	}
+	defer func() {
+		if in.release != nil {
+			in.release() // after the cleanup: a committed copy holds its name in its runtime
+		}
+	}()
 	if err := in.prepare(ctx); err != nil {
 		_ = ctl.Fail(err)
 		in.cleanup(true)
@@ -304,6 +341,16 @@ func (in *incoming) prepare(ctx context.Context) error {
 		return fmt.Errorf("%s cannot receive this container: %w", in.d.Host.Name, err)
 	}
 	in.rt = rt
+	// Nothing here is touched before the name is this migration's: not
+	// taken by a container of this host, nor by another offer arriving.
+	if in.release, err = in.d.reserveName(o.Container, o.ID); err != nil {
+		return err
+	}
+	if _, err := rt.Inspect(ctx, o.Container); err == nil {
+		return fmt.Errorf("%s on %s already has a container named %q: remove or rename it before moving this one here", kind, in.d.Host.Name, o.Container)
+	} else if !errors.Is(err, runtime.ErrNotFound) {
+		return fmt.Errorf("%s on %s: looking for a container named %q: %w", kind, in.d.Host.Name, o.Container, err)
+	}
 	if o.Mode != ModeAuto {
 		if err := in.settleTechnique(); err != nil {
 			return err
@@ -917,8 +964,11 @@ func (in *incoming) cleanup(dropContainer bool) error {
 		}
 	}
 	if dropContainer && in.target != nil {
+		in.silenceNetwork()
 		err = in.target.Discard(ctx)
-		in.dropNetwork()
+	}
+	if dropContainer && err == nil {
+		in.dropNetwork() // made before the runtime's prepare, which may have refused
 	}
 	if dropContainer && err == nil && in.journaled {
 		in.recordFinal(in.peer, journal.Dropped)

@@ -47,7 +47,19 @@ const (
 	ChanJobs    = "jobs"    // CLI lists migrations (JobsQuery -> []Job)
 	ChanCancel  = "cancel"  // CLI cancels one (JobRef -> CancelReply)
 	ChanWait    = "wait"    // CLI follows one to its end (JobRef -> Events)
+	ChanResolve = "resolve" // CLI settles one left in doubt (JobRef -> Resolution)
 )
+
+// Resolution is what ferry resolve found and did: the source's state of
+// the migration (the journal's: frozen, in-doubt, removed, resumed, lost,
+// diverged), whether that is final, and why.
+type Resolution struct {
+	ID        string `json:"id"`
+	Container string `json:"container"`
+	State     string `json:"state"`
+	Settled   bool   `json:"settled"`
+	Note      string `json:"note,omitempty"`
+}
 
 // Job is a migration as the source agent knows it: from when it was
 // accepted, with its last progress, and its report once it ended.
@@ -344,6 +356,9 @@ type Report struct {
 	// InDoubtID names a migration whose outcome the source could not know
 	// (its copy stays frozen); the agent resolves it with the destination.
 	InDoubtID string `json:"in_doubt_id,omitempty"`
+	// Settled says how a migration left in doubt ended once the agent
+	// settled it with the destination (SourceState is then the final one).
+	Settled string `json:"settled,omitempty"`
 	// FailedAt names the phase and host where a failed migration stopped.
 	FailedAt string `json:"failed_at,omitempty"`
 	// Logs is where the source kept a failed migration's CRIU and runtime

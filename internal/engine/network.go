@@ -2,7 +2,9 @@ package engine
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -69,10 +71,57 @@ func (m *migration) silenceSource() error {
 // the address back from a destination that took it at the freeze.
 func (m *migration) wakeSource() {
 	if m.network != nil {
-		if cnet.SetCarrier(filepath.Base(m.netnsPath), "", *m.network, true) == nil {
-			_ = cnet.Announce(m.netnsPath, *m.network)
-		}
+		_ = wake(m.netnsPath, *m.network)
 	}
+}
+
+// WakeSourceNetwork is wakeSource for a source copy a migration left
+// frozen in doubt, resumed later by the agent (its migration's state
+// gone with it): the namespace at nsPath says what to turn on.
+func WakeSourceNetwork(nsPath string) error {
+	if nsPath == "" {
+		return nil
+	}
+	spec, err := cnet.Describe(nsPath)
+	if err != nil {
+		return fmt.Errorf("describe the container's network: %w", err)
+	}
+	return wake(nsPath, spec)
+}
+
+func wake(nsPath string, spec cnet.Spec) error {
+	if err := cnet.SetCarrier(filepath.Base(nsPath), "", spec, true); err != nil {
+		return err
+	}
+	return cnet.Announce(nsPath, spec)
+}
+
+// SilenceDestinationNetwork takes the carrier of a destination's copy
+// down before the copy is dropped: it may hold the address (taken at the
+// freeze), and a restored copy's sockets, closed as its processes are
+// killed, would send the peers a FIN or a reset from it, ending the
+// connections the source's copy resumes with.
+func SilenceDestinationNetwork(nsPath string) error {
+	if nsPath == "" {
+		return nil
+	}
+	if _, err := os.Stat(nsPath); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	spec, err := cnet.Describe(nsPath)
+	if err != nil {
+		return err
+	}
+	return cnet.SetCarrier(filepath.Base(nsPath), "", spec, false)
+}
+
+// DropDestinationNetwork deletes the namespace a destination rebuilt for
+// a copy it dropped at recovery (dropNetwork, after a restart).
+func DropDestinationNetwork(nsPath string) error {
+	if nsPath == "" {
+		return nil
+	}
+	return cnet.Delete(filepath.Base(nsPath))
 }
 
 // noteHold puts what the destination held in the report.
@@ -111,8 +160,17 @@ func (m *migration) handOverAddress() error {
 // ferry made it (a namespace someone else made is theirs to remove).
 func (m *migration) dropSourceNetwork() {
 	if m.network != nil {
-		_ = cnet.Delete(filepath.Base(m.netnsPath))
+		_ = DropSourceNetwork(m.netnsPath)
 	}
+}
+
+// DropSourceNetwork is dropSourceNetwork for a source copy removed later,
+// by the agent settling a migration left in doubt.
+func DropSourceNetwork(nsPath string) error {
+	if nsPath == "" || !strings.HasPrefix(filepath.Base(nsPath), cnet.Prefix) {
+		return nil
+	}
+	return cnet.Delete(filepath.Base(nsPath))
 }
 
 // prepareNetwork rebuilds the container's network namespace here, cut off
@@ -134,7 +192,11 @@ func (in *incoming) prepareNetwork() error {
 		return err
 	}
 	name := cnet.Name(in.d.Host.Name, in.offer.Container)
-	_ = cnet.Delete(name) // a leftover of an earlier failed attempt
+	// A leftover of an earlier failed attempt goes; one a process lives in
+	// is a container's of this host, and is not touched.
+	if err := cnet.DeleteUnused(name); err != nil {
+		return fmt.Errorf("%s cannot rebuild the container's network: %w", in.d.Host.Name, err)
+	}
 	path, err := cnet.Create(name, "", in.d.SegmentBridge, *in.offer.Network)
 	if err != nil {
 		return fmt.Errorf("rebuild the container's network on %s: %w", in.d.Host.Name, err)
@@ -223,8 +285,15 @@ func (in *incoming) dropHold() {
 	}
 }
 
-func (in *incoming) dropNetwork() {
-	if in.netnsPath != "" {
-		_ = cnet.Delete(filepath.Base(in.netnsPath))
+func (in *incoming) dropNetwork() { _ = DropDestinationNetwork(in.netnsPath) }
+
+// silenceNetwork takes the copy's carrier down before it is discarded
+// (SilenceDestinationNetwork).
+func (in *incoming) silenceNetwork() {
+	if in.up {
+		if err := SilenceDestinationNetwork(in.netnsPath); err != nil {
+			slog.Warn("silencing the dropped copy's network", "container", in.offer.Container, "error", err)
+		}
+		in.up = false
 	}
 }

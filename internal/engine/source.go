@@ -897,7 +897,10 @@ func (m *migration) inDoubt(cause error) error {
 		cause = errors.Join(cause, err)
 	}
 	m.report.InDoubtID = m.id
-	return fmt.Errorf("%w; the source copy stays frozen until the destination says what became of its copy (the agent asks it until then; or %s)", cause, m.thawHint())
+	// Not thawing it is the point: the destination may run it already. A
+	// person who wants it settled sooner asks the agent, which asks the
+	// destination (ferry resolve), never the runtime.
+	return fmt.Errorf("%w; the source copy stays frozen until the destination says what became of its copy: do not resume it by hand, it may run there already (this agent keeps asking; `ferry resolve %s` asks now)", cause, m.id)
 }
 
 // record writes the migration's state to the journal before the source
@@ -907,7 +910,7 @@ func (m *migration) record(state string) error {
 		return nil
 	}
 	return m.journal.Record(journal.Entry{ID: m.id, Role: journal.Source, Peer: m.req.To,
-		Container: m.ctr.Name, Runtime: m.rt.Kind(), Root: m.req.RuncRoot, State: state})
+		Container: m.ctr.Name, Runtime: m.rt.Kind(), Root: m.req.RuncRoot, State: state, NetNS: m.netnsPath})
 }
 
 // recordFinal records a final state; one that cannot be written only

@@ -39,6 +39,9 @@ const (
 	Removed    = "removed"     // final: the destination owns it
 	Resumed    = "resumed"     // final: it runs here again
 	Lost       = "lost"        // final: its processes died here and no copy runs
+	// Diverged is final: the destination committed while the frozen copy
+	// here had been resumed by hand; both ran, and neither was removed.
+	Diverged = "diverged"
 	// Destination states.
 	Prepared  = "prepared"  // the runtime holds a container made for it; none runs
 	Restoring = "restoring" // a copy may run here, not yet committed
@@ -51,7 +54,7 @@ const (
 // Final reports whether nothing is left to do for a migration in state s.
 func Final(s string) bool {
 	switch s {
-	case Removed, Resumed, Lost, Committed, Started, Dropped:
+	case Removed, Resumed, Lost, Diverged, Committed, Started, Dropped:
 		return true
 	}
 	return false
@@ -73,6 +76,10 @@ type Entry struct {
 	Updated time.Time `json:"updated"`
 	// Pull is a pulling copy's page traffic, which outlives the agent.
 	Pull *Pull `json:"pull,omitempty"`
+	// NetNS is the network namespace ferry made for the container on this
+	// host (cnet): a source resuming its copy turns it back on, a
+	// destination dropping its copy deletes it.
+	NetNS string `json:"netns,omitempty"`
 }
 
 // Pull is where a lazily restored copy's memory comes through at the

@@ -114,6 +114,10 @@ func (r *Runtime) admit(cfg *config) error {
 	add(!h.Privileged, "is privileged (--privileged)")
 	add(len(h.Binds) == 0 && len(h.Mounts) == 0 && len(cfg.Config.Volumes) == 0, "has volumes or bind mounts: their contents are not moved")
 	add(len(h.Devices) == 0, "has host devices (--device)")
+	add(len(h.DeviceCgroupRules) == 0, "has device cgroup rules (--device-cgroup-rule %s)", strings.Join(h.DeviceCgroupRules, ", "))
+	for k := range h.Sysctls {
+		add(admission.NamespacedSysctl(k), "sets host kernel sysctl %s (--sysctl)", k)
+	}
 	add(!h.PidMode.IsHost(), "shares the host's PID namespace")
 	add(!h.IpcMode.IsHost(), "shares the host's IPC namespace")
 	add(!h.UTSMode.IsHost(), "shares the host's UTS namespace")
