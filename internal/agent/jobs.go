@@ -31,6 +31,8 @@ type jobs struct {
 type job struct {
 	info   engine.Job
 	cancel context.CancelFunc
+	// gate decides between a cancel and the commit.
+	gate *engine.CommitGate
 	// ended is closed once info.Report is set.
 	ended chan struct{}
 	// watchers hear each progress update.
@@ -52,9 +54,12 @@ func newJobs(dir string) *jobs {
 // runs under (cancelled by cancel, or with parent).
 func (js *jobs) start(parent context.Context, req engine.Request) (*job, context.Context) {
 	ctx, cancel := context.WithCancel(parent)
+	gate := engine.NewCommitGate(cancel)
+	ctx = engine.WithCommitGate(ctx, gate)
 	j := &job{
 		info:     engine.Job{ID: engine.NewID(), Container: req.Container, To: req.To, Mode: req.Mode, Started: time.Now()},
 		cancel:   cancel,
+		gate:     gate,
 		ended:    make(chan struct{}),
 		watchers: map[chan engine.Progress]struct{}{},
 	}
@@ -194,7 +199,9 @@ func (js *jobs) cancelJob(id string) (engine.CancelReply, error) {
 	if phasesPastCommit[phase] {
 		return engine.CancelReply{Reason: fmt.Sprintf("it is in its %s phase: the destination owns the container, or may, so the source cannot resume it; it runs to its end", phase)}, nil
 	}
-	j.cancel()
+	if !j.gate.Cancel() {
+		return engine.CancelReply{Reason: "it has sent its commit: the destination owns the container, or may, so the source cannot resume it; it runs to its end"}, nil
+	}
 	return engine.CancelReply{Cancelled: true}, nil
 }
 

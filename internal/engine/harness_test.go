@@ -47,6 +47,8 @@ type fakeRuntime struct {
 	// early makes targets that begin their restore before the images
 	// (runtime.EarlyTarget).
 	early bool
+	// taken names a container this host runs already.
+	taken string
 
 	mu       sync.Mutex
 	prepared []*runtime.Container
@@ -57,7 +59,10 @@ type fakeRuntime struct {
 func (f *fakeRuntime) Kind() string       { return "fake" }
 func (f *fakeRuntime) Caps() runtime.Caps { return f.caps }
 
-func (f *fakeRuntime) Inspect(context.Context, string) (*runtime.Container, error) {
+func (f *fakeRuntime) Inspect(_ context.Context, name string) (*runtime.Container, error) {
+	if name != "" && name == f.taken {
+		return &runtime.Container{Name: name, ID: name, Status: "running"}, nil
+	}
 	return nil, runtime.ErrNotFound
 }
 

@@ -825,6 +825,9 @@ func (m *migration) commit(ctx context.Context) error {
 // may run the container.
 func (m *migration) sendCommit(ctx context.Context) error {
 	m.begin("commit")
+	if !commitGate(ctx).pass() || ctx.Err() != nil {
+		return m.abort(ctx, failAt("commit", errors.New("cancelled before the commit: the destination drops its copy")))
+	}
 	if err := m.smapsSnapshotHeld(); err != nil {
 		return m.abort(ctx, failAt("dump on "+m.host.Name, err))
 	}
