@@ -213,10 +213,18 @@ func (a *Agent) Run(ctx context.Context) error {
 	} else {
 		defer src.VMAs.Close()
 	}
+	if err := a.Host.SecureWorkRoot(); err != nil {
+		return err
+	}
 	// Before anyone is answered: copies restored here and never committed
 	// go, so sources asking afterwards resume theirs.
 	a.clearScratch()
 	a.recoverDestination(ctx)
+	if n, err := a.journal.Prune(journalKeep); err != nil {
+		a.Log.Warn("pruning the journal", "error", err)
+	} else if n > 0 {
+		a.Log.Info("pruned old journal entries", "entries", n)
+	}
 
 	if a.server, err = transport.NewServer(a.transportConfig()); err != nil {
 		return err
@@ -511,6 +519,10 @@ func (a *Agent) control(ctx context.Context, src *engine.Source, ch *transport.C
 		_ = ch.Fail(fmt.Errorf("unknown request %q", ch.Kind))
 	}
 }
+
+// journalKeep is how long the journal keeps entries that no longer matter
+// (journal.Prune).
+const journalKeep = 30 * 24 * time.Hour
 
 func (a *Agent) claim(name string) bool {
 	a.mu.Lock()

@@ -8,6 +8,7 @@ import (
 	"net"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"sync/atomic"
 	"time"
 
@@ -575,9 +576,16 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		c := &runtime.Container{Runtime: in.rt.Kind(), Name: in.offer.Container, ID: in.offer.Container}
-		if err := in.rt.Freeze(fctx, c); err != nil {
-			slog.Error("post-copy: the page stream broke and the copy could not be frozen", "container", c.Name, "error", err)
+		err := in.rt.Freeze(fctx, c)
+		if err == nil {
+			return
 		}
+		// Not frozen, the copy would run on zero pages once the daemon
+		// lets go: it is killed instead (its init, the container's PID
+		// namespace with it). It is dropped next anyway; the source's
+		// copy, whole, resumes.
+		kerr := killCopy(fctx, in.rt, c.Name)
+		slog.Error("post-copy: the page stream broke and the copy could not be frozen: killed", "container", c.Name, "error", err, "kill", kerr)
 	}
 	serve := func(conn halfCloser) error { return spliceVia(conn, ch, plainCopy, plainCopy, lp.broken) }
 	if in.store != nil {
@@ -788,4 +796,18 @@ func (lp *lazyPages) pull(dir string) *journal.Pull {
 // copy, complete but as it was at the freeze, is the one left.
 func (m *migration) pullFailed(ctx context.Context, done LazyDone) error {
 	return m.abort(ctx, failAt("lazy pages on "+m.sess.Peer.Name, fmt.Errorf("%s: the destination dropped the container; the source copy resumes as it was at the freeze", done.Error)))
+}
+
+// killCopy kills a destination's copy's processes (SIGKILL to its init:
+// admission gives every container a PID namespace of its own, so the rest
+// die with it), for a copy that must not run another instruction.
+func killCopy(ctx context.Context, rt runtime.Runtime, name string) error {
+	c, err := rt.Inspect(ctx, name)
+	if err != nil {
+		return err
+	}
+	if c.PID <= 0 {
+		return nil // nothing runs
+	}
+	return syscall.Kill(c.PID, syscall.SIGKILL)
 }

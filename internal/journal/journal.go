@@ -208,3 +208,34 @@ func (j *Journal) All() ([]Entry, error) {
 	sort.Slice(out, func(a, b int) bool { return out[a].Updated.Before(out[b].Updated) })
 	return out, nil
 }
+
+// Prune removes the entries that can no longer matter, once older than
+// maxAge: a source's final ones, and a destination's dropped ones (its
+// answer for a migration it has no entry of, "unknown", means the same to
+// a source: resume). A destination's committed or started entry stays:
+// a source left in doubt may ask about it however late, and without it
+// would hear "unknown" and resume a container that runs here.
+func (j *Journal) Prune(maxAge time.Duration) (int, error) {
+	all, err := j.All()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	cutoff := time.Now().Add(-maxAge)
+	for _, e := range all {
+		old := e.Updated.Before(cutoff)
+		gone := (e.Role == Source && Final(e.State)) || (e.Role == Destination && e.State == Dropped)
+		if !old || !gone {
+			continue
+		}
+		p, err := j.path(e.ID)
+		if err != nil {
+			continue
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
+}

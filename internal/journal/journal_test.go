@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 func TestRecordGetSetPending(t *testing.T) {
@@ -91,6 +92,38 @@ func TestFinal(t *testing.T) {
 		Removed: true, Resumed: true, Committed: true, Dropped: true} {
 		if Final(s) != want {
 			t.Errorf("Final(%s) = %v", s, !want)
+		}
+	}
+}
+
+// Old entries that no longer matter go; a destination's committed or
+// started one stays however old, and anything recent stays.
+func TestPrune(t *testing.T) {
+	j, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []Entry{
+		{ID: "a1", Role: Source, State: Removed},
+		{ID: "a2", Role: Source, State: InDoubt},
+		{ID: "a3", Role: Destination, State: Dropped},
+		{ID: "a4", Role: Destination, State: Started},
+		{ID: "a5", Role: Destination, State: Committed},
+	} {
+		if err := j.Record(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := j.Prune(time.Hour); err != nil || n != 0 {
+		t.Fatalf("pruned %d recent entries: %v", n, err)
+	}
+	time.Sleep(10 * time.Millisecond)
+	if n, err := j.Prune(time.Millisecond); err != nil || n != 2 {
+		t.Fatalf("pruned %d, want 2: %v", n, err)
+	}
+	for _, id := range []string{"a2", "a4", "a5"} {
+		if _, ok, _ := j.Get(id); !ok {
+			t.Errorf("%s pruned", id)
 		}
 	}
 }

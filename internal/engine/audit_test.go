@@ -2,8 +2,13 @@ package engine
 
 import (
 	"context"
+	"errors"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
+
+	"github.com/ferry-migrate/ferry/internal/runtime"
 )
 
 // Whichever of a cancel and the commit comes first wins, and the other
@@ -64,5 +69,33 @@ func TestDestinationRefusesATakenName(t *testing.T) {
 	h.want(counts{})
 	if _, ok, _ := h.j.Get(testID); ok {
 		t.Error("a refused offer was journaled")
+	}
+}
+
+// pidRuntime is fakeRuntime with one container running as pid.
+type pidRuntime struct {
+	*fakeRuntime
+	pid int
+}
+
+func (p pidRuntime) Inspect(_ context.Context, name string) (*runtime.Container, error) {
+	return &runtime.Container{Name: name, ID: name, Status: "running", PID: p.pid}, nil
+}
+
+// A post-copy copy that could not be frozen when its page stream broke is
+// killed, never left to run on the zero pages its daemon's end leaves.
+func TestKillCopy(t *testing.T) {
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	if err := killCopy(context.Background(), pidRuntime{&fakeRuntime{}, cmd.Process.Pid}, "web"); err != nil {
+		t.Fatal(err)
+	}
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Errorf("the copy was not killed: %v", err)
 	}
 }
