@@ -95,17 +95,17 @@ type Agent struct {
 	Metrics string
 	Log     *slog.Logger
 
-	mu      sync.Mutex
-	busy    map[string]bool // containers with a migration under way
+	mu   sync.Mutex
+	busy map[string]bool // containers with a migration under way
 	// settling: one settle of a migration left in doubt at a time (the
 	// background retries and ferry resolve).
 	settling sync.Mutex
-	jobs    *jobs           // this agent's migrations as a source
-	metrics *metrics
-	feats   criu.Features
-	set     runtime.Set // the runtimes this host has (newRuntimes)
-	journal *journal.Journal
-	dst     *engine.Destination
+	jobs     *jobs // this agent's migrations as a source
+	metrics  *metrics
+	feats    criu.Features
+	set      runtime.Set // the runtimes this host has (newRuntimes)
+	journal  *journal.Journal
+	dst      *engine.Destination
 	// inflight counts migrations under way; draining refuses new ones.
 	inflight sync.WaitGroup
 	draining atomic.Bool

@@ -8,8 +8,8 @@ import (
 	"net"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sync/errgroup"
