@@ -2,6 +2,7 @@ package admission
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -103,9 +104,71 @@ func (p Policy) CheckLXCConfig(config string) error {
 			why = append(why, fmt.Sprintf("lxc.apparmor.profile = %s (no AppArmor confinement)", v))
 		case k == "lxc.seccomp.profile" && v == "":
 			why = append(why, "an empty lxc.seccomp.profile (no seccomp filter)")
+		case k == "lxc.mount.auto":
+			for _, m := range strings.Fields(v) {
+				if strings.HasSuffix(m, ":rw") {
+					why = append(why, fmt.Sprintf("lxc.mount.auto = %s mounts the host's %s writable", m, strings.TrimSuffix(m, ":rw")))
+				}
+			}
 		}
 	}
+	why = append(why, lxcKeptDefaults(lines)...)
 	return refused(why)
+}
+
+// lxcDefaultDrops are the capabilities LXC's own common.conf drops: with
+// them a privileged container could load kernel modules, reach hardware
+// and the clock, or lift its MAC confinement.
+var lxcDefaultDrops = []string{"mac_admin", "mac_override", "sys_time", "sys_module", "sys_rawio"}
+
+// lxcKeptDefaults refuses a config that keeps a capability LXC's defaults
+// drop: without lxc.cap.keep (an allowlist, checked on its own), every
+// capability not dropped, by the config or by an include of LXC's own
+// (read from this host), is kept.
+func lxcKeptDefaults(lines []lxcLine) []string {
+	for _, l := range lines {
+		if l.key == "lxc.cap.keep" && l.value != "" {
+			return nil
+		}
+	}
+	dropped := map[string]bool{}
+	lxcDrops(lines, dropped, 0)
+	var kept []string
+	for _, c := range lxcDefaultDrops {
+		if !dropped[c] {
+			kept = append(kept, c)
+		}
+	}
+	if len(kept) == 0 {
+		return nil
+	}
+	return []string{"keeps capabilities " + strings.Join(kept, ", ") + " (no lxc.cap.drop of them, nor an include of LXC's common.conf)"}
+}
+
+// lxcDrops adds the config's lxc.cap.drop values to dropped, following
+// includes of LXC's own config directory (files, or directories of
+// .conf files) a few levels deep; an empty lxc.cap.drop clears them.
+func lxcDrops(lines []lxcLine, dropped map[string]bool, depth int) {
+	for _, l := range lines {
+		switch {
+		case l.key == "lxc.cap.drop" && l.value == "":
+			clear(dropped)
+		case l.key == "lxc.cap.drop":
+			for _, c := range strings.Fields(l.value) {
+				dropped[strings.ToLower(c)] = true
+			}
+		case l.key == "lxc.include" && depth < 3 && under(l.value, LXCConfigDir):
+			paths := []string{l.value}
+			if st, err := os.Stat(l.value); err == nil && st.IsDir() {
+				paths, _ = filepath.Glob(filepath.Join(l.value, "*.conf"))
+			}
+			for _, p := range paths {
+				if b, err := os.ReadFile(p); err == nil {
+					lxcDrops(lxcLines(string(b)), dropped, depth+1)
+				}
+			}
+		}
+	}
 }
 
 type lxcLine struct{ key, value string }

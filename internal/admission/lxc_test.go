@@ -17,6 +17,7 @@ lxc.tty.max = 0
 lxc.pty.max = 1
 lxc.autodev = 1
 lxc.mount.auto = proc:mixed sys:ro
+lxc.cap.drop = mac_admin mac_override sys_time sys_module sys_rawio
 lxc.init.cmd = /bin/memhog --memory 64M
 lxc.signal.halt = SIGTERM
 lxc.log.file = /var/lib/ferry/lab/h2/lxc/app/lxc.log
@@ -55,11 +56,16 @@ func TestOrdinaryLXCConfigsAreAdmitted(t *testing.T) {
 	if err := (admission.Policy{HostNetwork: true}).CheckLXCConfig(labLXCConfig); err != nil {
 		t.Errorf("the lab's config refused: %v", err)
 	}
+	// Without LXC's defaults nor a drop of its own, a config keeps every
+	// capability: refused.
+	bare := strings.Replace(labLXCConfig, "lxc.cap.drop = mac_admin mac_override sys_time sys_module sys_rawio\n", "", 1)
+	if err := (admission.Policy{HostNetwork: true}).CheckLXCConfig(bare); err == nil || !strings.Contains(err.Error(), "keeps capabilities") {
+		t.Errorf("a config that drops no capability: %v", err)
+	}
 	if err := (admission.Policy{}).CheckLXCConfig(labLXCConfig); err == nil || !strings.Contains(err.Error(), "lxc.net.0.type = none shares this host's network namespace") {
 		t.Errorf("the lab's config on this host's own network: %v", err)
 	}
 	for _, extra := range []string{
-		"lxc.cap.drop =",                       // clears the drop list: no more than LXC's defaults
 		"lxc.cap.drop = sys_admin",             // dropping more
 		"lxc.cap.keep = chown setuid setgid",   // an allowlist within the defaults
 		"lxc.cap.keep = none",                  // no capability at all
@@ -96,6 +102,9 @@ func TestMaliciousLXCConfigsAreRefused(t *testing.T) {
 	}{
 		{"lxc.hook.pre-start = /bin/sh -c 'id > /tmp/owned'", "lxc.hook.pre-start = /bin/sh -c 'id > /tmp/owned' (hooks run as root on this host)", privileged},
 		{"lxc.hook.start-host = /tmp/x", "lxc.hook.start-host", privileged},
+		// Issue 46: clearing the drops keeps every capability, sys_module too.
+		{"lxc.cap.drop =", "keeps capabilities mac_admin, mac_override, sys_time, sys_module, sys_rawio", privileged},
+		{"lxc.mount.auto = proc:rw sys:rw", "lxc.mount.auto = proc:rw mounts the host's proc writable", privileged},
 		{"lxc.hook.post-stop = /tmp/x", "lxc.hook.post-stop", privileged},
 		{"lxc.net.0.script.up = /tmp/x", "lxc.net.0.script.up = /tmp/x (network scripts run as root", privileged},
 		{"lxc.net.1.type = none", "lxc.net.1.type = none shares this host's network namespace", admission.Policy{HostNetwork: true}},

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/ferry-migrate/ferry/internal/admission"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 )
 
@@ -38,19 +39,23 @@ func TestCommitGate(t *testing.T) {
 // A second offer for a name (or an ID) arriving is refused while the
 // first holds it, and taken again once the first let go.
 func TestReserveName(t *testing.T) {
-	d := &Destination{}
-	release, err := d.reserveName("web", "0123456789ab")
+	d := &Destination{Admission: admission.Policy{MaxMemoryBytes: 100}}
+	release, err := d.reserveName("web", "0123456789ab", 60)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.reserveName("web", "ba9876543210"); err == nil || !strings.Contains(err.Error(), "already receiving a container named") {
+	if _, err := d.reserveName("web", "ba9876543210", 1); err == nil || !strings.Contains(err.Error(), "already receiving a container named") {
 		t.Errorf("second offer for web: %v", err)
 	}
-	if _, err := d.reserveName("db", "0123456789ab"); err == nil {
+	if _, err := d.reserveName("db", "0123456789ab", 1); err == nil {
 		t.Error("second offer with the same ID admitted")
 	}
+	// Memory is counted over every arriving offer, not each alone.
+	if _, err := d.reserveName("db", "ba9876543210", 41); !admission.IsRefused(err) {
+		t.Errorf("two offers above the memory bound together: %v", err)
+	}
 	release()
-	if r, err := d.reserveName("web", "ba9876543210"); err != nil {
+	if r, err := d.reserveName("web", "ba9876543210", 100); err != nil {
 		t.Errorf("after the release: %v", err)
 	} else {
 		r()

@@ -88,16 +88,19 @@ type Destination struct {
 	pulls   map[string]*strandedPull
 
 	// arriving holds the container names (and migration IDs) of the
-	// offers being received here: a second offer for either is refused
-	// before it touches anything the first one made.
+	// offers being received here, and the memory they announced: a second
+	// offer for either is refused before it touches anything the first one
+	// made, and the memory admission bounds is that of every offer at once.
 	arrivingMu sync.Mutex
 	arriving   map[string]string
+	arrivingB  int64
 }
 
-// reserveName reserves a container name and a migration ID for one incoming
-// migration until the returned release; a name or ID already arriving is
-// refused.
-func (d *Destination) reserveName(name, id string) (release func(), err error) {
+// reserveName reserves a container name, a migration ID and the memory
+// an offer announced for one incoming migration until the returned
+// release; a name or ID already arriving is refused, and so is memory
+// beyond what admission allows all arriving offers together.
+func (d *Destination) reserveName(name, id string, memory int64) (release func(), err error) {
 	d.arrivingMu.Lock()
 	defer d.arrivingMu.Unlock()
 	if d.arriving == nil {
@@ -109,12 +112,17 @@ func (d *Destination) reserveName(name, id string) (release func(), err error) {
 	if _, ok := d.arriving["id/"+id]; ok {
 		return nil, fmt.Errorf("%s is already receiving migration %s", d.Host.Name, id)
 	}
+	if limit := d.Admission.MaxMemoryBytes; limit > 0 && d.arrivingB+memory > limit {
+		return nil, &admission.Refused{Reasons: []string{fmt.Sprintf("announced memory %d bytes, with the %d bytes of the migrations arriving already, exceeds %d", memory, d.arrivingB, limit)}}
+	}
 	d.arriving["name/"+name], d.arriving["id/"+id] = id, id
+	d.arrivingB += memory
 	return func() {
 		d.arrivingMu.Lock()
 		defer d.arrivingMu.Unlock()
 		delete(d.arriving, "name/"+name)
 		delete(d.arriving, "id/"+id)
+		d.arrivingB -= memory
 	}, nil
 }
 
@@ -343,7 +351,7 @@ func (in *incoming) prepare(ctx context.Context) error {
 	in.rt = rt
 	// Nothing here is touched before the name is this migration's: not
 	// taken by a container of this host, nor by another offer arriving.
-	if in.release, err = in.d.reserveName(o.Container, o.ID); err != nil {
+	if in.release, err = in.d.reserveName(o.Container, o.ID, o.MemoryBytes); err != nil {
 		return err
 	}
 	if _, err := rt.Inspect(ctx, o.Container); err == nil {
@@ -510,6 +518,11 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	ctx := context.WithoutCancel(rctx)
 	if err := recv.Wait(); err != nil {
 		return false, fmt.Errorf("receiving state on %s: %w", in.d.Host.Name, err)
+	}
+	// CRIU restores the tasks' credentials from the images, not from the
+	// configuration admission checked.
+	if err := in.d.Admission.CheckImages(in.images, in.offer.Spec); err != nil {
+		return false, fmt.Errorf("the container's CRIU images, on %s: %w", in.d.Host.Name, err)
 	}
 	var lp *lazyPages
 	if lazy {

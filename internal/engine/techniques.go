@@ -57,7 +57,7 @@ const (
 // a memory-less dump's images from rounds: the rounds go into a store and,
 // as a parent image, into the images.
 func receiveRebuild(in *incoming, ctx context.Context, rx receivers) {
-	in.store = pages.NewStore()
+	in.store = in.newStore()
 	in.startParent()
 	rx.g.Go(func() error { return in.receiveRounds(ctx, rx.sess, rx.router) })
 }
@@ -82,7 +82,7 @@ var techniques = map[string]technique{
 		channels: fixed(ChanRounds, ChanPages),
 		source:   (*migration).precopy,
 		receive: func(in *incoming, ctx context.Context, rx receivers) {
-			in.store = pages.NewStore()
+			in.store = in.newStore()
 			// Rounds must be stored before the final dump's references arrive.
 			rounds := make(chan error, 1)
 			go func() { rounds <- in.receiveRounds(ctx, rx.sess, rx.router) }()
@@ -138,7 +138,7 @@ var techniques = map[string]technique{
 			// The last writes come beside the dump, as one round
 			// (lastwrites.go); the push fills the store while the copy
 			// runs: the restore does not wait for it (not in rx.g).
-			in.store = pages.NewStore()
+			in.store = in.newStore()
 			in.lastWrites = &lastWrites{}
 			in.store.Observe(in.lastWrites.put, nil)
 			rx.g.Go(func() error { return in.receiveRounds(ctx, rx.sess, rx.router) })
@@ -160,7 +160,7 @@ var techniques = map[string]technique{
 		channels: fixed(ChanRounds, ChanLazy),
 		source:   (*migration).hybrid,
 		receive: func(in *incoming, ctx context.Context, rx receivers) {
-			in.store = pages.NewStore()
+			in.store = in.newStore()
 			in.lastWrites = &lastWrites{first: 1}
 			in.store.Observe(in.lastWrites.put, nil)
 			rx.g.Go(func() error { return in.receiveRounds(ctx, rx.sess, rx.router) })
@@ -236,4 +236,22 @@ func channelsFor(key string, o PrecopyOptions) []string {
 		chans = append(chans, t.channels(o)...)
 	}
 	return chans
+}
+
+// storeSlack is how far past what its source announced a container's
+// memory may grow during the rounds: the store holds no more than twice
+// the announced resident memory and this, so a peer cannot make it hold
+// whatever it sends.
+const storeSlack = 512 << 20
+
+// newStore is the store the rounds (or the push) fill, bounded by what the
+// source announced.
+func (in *incoming) newStore() *pages.Store {
+	s := pages.NewStore()
+	limit := 2*max(in.offer.MemoryBytes, 0) + storeSlack
+	if m := in.d.Admission.MaxMemoryBytes; m > 0 {
+		limit = min(limit, max(m, storeSlack))
+	}
+	s.Limit(int(limit / pages.PageSize))
+	return s
 }

@@ -195,6 +195,7 @@ lxc.tty.max = 0
 lxc.pty.max = 1
 lxc.autodev = 1
 lxc.mount.auto = proc:mixed sys:ro
+lxc.cap.drop = mac_admin mac_override sys_time sys_module sys_rawio
 lxc.init.cmd = %s
 lxc.signal.halt = SIGTERM
 lxc.log.file = %s/lxc.log

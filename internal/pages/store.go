@@ -38,6 +38,8 @@ type Store struct {
 	// mapped is every mapping the slabs hold, apart from the store so that
 	// a store dropped without Release is unmapped once unreachable.
 	mapped *mappings
+	// limit bounds the pages a peer may have the store hold (0: none).
+	limit int
 	// Observers, called by the writer after each change (see Observe).
 	onPut    func(Key, []byte)
 	onDelete func(Key)
@@ -50,6 +52,24 @@ func (s *Store) Observe(put func(Key, []byte), del func(Key)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.onPut, s.onDelete = put, del
+}
+
+// Limit bounds the distinct pages the wire decoder (a peer) may have the
+// store hold: what the source announced, not what it chooses to send.
+func (s *Store) Limit(pages int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.limit = pages
+}
+
+// roomFor refuses a new page beyond the limit.
+func (s *Store) roomFor(k Key) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if _, ok := s.index[k]; ok || s.limit == 0 || len(s.index) < s.limit {
+		return nil
+	}
+	return fmt.Errorf("pages: more than the %d pages announced (%d MiB) sent", s.limit, s.limit*PageSize>>20)
 }
 
 // NewStore returns an empty store.

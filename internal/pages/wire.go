@@ -340,6 +340,9 @@ func (d *Decoder) next(s *Store) (int, bool, error) {
 		if len(d.rest) < PageSize {
 			return 0, false, errRecord
 		}
+		if err := s.roomFor(k); err != nil {
+			return 0, false, err
+		}
 		s.Put(k, d.rest[:PageSize])
 		d.rest = d.rest[PageSize:]
 		d.pages++

@@ -115,6 +115,10 @@ func (r *Runtime) admit(cfg *config) error {
 	add(len(h.Binds) == 0 && len(h.Mounts) == 0 && len(cfg.Config.Volumes) == 0, "has volumes or bind mounts: their contents are not moved")
 	add(len(h.Devices) == 0, "has host devices (--device)")
 	add(len(h.DeviceCgroupRules) == 0, "has device cgroup rules (--device-cgroup-rule %s)", strings.Join(h.DeviceCgroupRules, ", "))
+	// The daemon lists the paths it masks and keeps read-only; none (a
+	// daemon that says nothing of them aside) lifts that confinement.
+	add(h.MaskedPaths == nil || slices.Contains(h.MaskedPaths, "/proc/kcore"), "does not mask /proc/kcore (MaskedPaths)")
+	add(h.ReadonlyPaths == nil || slices.Contains(h.ReadonlyPaths, "/proc/sys"), "does not keep /proc/sys read-only (ReadonlyPaths)")
 	for k := range h.Sysctls {
 		add(admission.NamespacedSysctl(k), "sets host kernel sysctl %s (--sysctl)", k)
 	}

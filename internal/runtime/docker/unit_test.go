@@ -34,6 +34,8 @@ func TestAdmit(t *testing.T) {
 		{"bind mounts", func(c *config) { c.HostConfig.Mounts = []mount.Mount{{Type: mount.TypeVolume, Source: "data"}} }},
 		{"devices", func(c *config) { c.HostConfig.Devices = []container.DeviceMapping{{PathOnHost: "/dev/sda"}} }},
 		{"device cgroup rules", func(c *config) { c.HostConfig.DeviceCgroupRules = []string{"b 8:0 rwm"} }},
+		{"does not mask /proc/kcore", func(c *config) { c.HostConfig.MaskedPaths = []string{} }},
+		{"does not keep /proc/sys read-only", func(c *config) { c.HostConfig.ReadonlyPaths = []string{"/proc/bus"} }},
 		{"host kernel sysctl", func(c *config) { c.HostConfig.Sysctls = map[string]string{"kernel.core_pattern": "|/x"} }},
 		{"PID namespace", func(c *config) { c.HostConfig.PidMode = "host" }},
 		{"host's network", func(c *config) { c.HostConfig.NetworkMode = "host" }},
