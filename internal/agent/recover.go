@@ -218,10 +218,32 @@ func (a *Agent) resolveSources(ctx context.Context) {
 		return
 	}
 	for _, e := range pend {
-		if e.Role == journal.Source {
+		switch {
+		case e.Role == journal.Source && e.State == journal.Copying:
+			a.resumeCopying(ctx, e)
+		case e.Role == journal.Source:
 			go a.resolveSource(ctx, e.ID)
 		}
 	}
+}
+
+// resumeCopying ends a migration whose agent died during pre-copy's
+// rounds, before any freeze: the container ran on here, and only the CPU
+// throttle auto-converge set is left to put back.
+func (a *Agent) resumeCopying(ctx context.Context, e journal.Entry) {
+	rt, _, err := a.journaled(e)
+	if err == nil && e.Throttled {
+		err = engine.LiftThrottle(ctx, rt, e.Container)
+	}
+	if err != nil && !errors.Is(err, runtime.ErrNotFound) {
+		a.Log.Error("the CPU throttle of a migration that ended with the agent could not be lifted", "migration", e.ID, "container", e.Container, "error", err)
+		return
+	}
+	if err := a.journal.Set(e.ID, journal.Resumed); err != nil {
+		a.Log.Error("journal", "migration", e.ID, "error", err)
+		return
+	}
+	a.Log.Info("lifted the CPU throttle of a pre-copy that ended with the agent", "migration", e.ID, "container", e.Container)
 }
 
 // resolveSource asks the destination what became of its copy of a
@@ -346,6 +368,11 @@ func (a *Agent) settle(ctx context.Context, e journal.Entry, state string) (fina
 		// The migration silenced the copy's network before the freeze
 		// ended in doubt: it answers again, and claims its address back
 		// from the destination that took it.
+		if e.Throttled {
+			if err := engine.LiftThrottle(ctx, rt, e.Container); err != nil {
+				a.Log.Error("the resumed source copy keeps auto-converge's CPU throttle", "migration", e.ID, "container", e.Container, "error", err)
+			}
+		}
 		if err := engine.WakeSourceNetwork(e.NetNS); err != nil {
 			a.Log.Error("the resumed source copy's network could not be turned back on", "migration", e.ID, "container", e.Container, "netns", e.NetNS, "error", err)
 		}

@@ -368,3 +368,20 @@ func TestRecoverDestinationKeepsAPullThatEnded(t *testing.T) {
 		t.Errorf("the ended pull's directory stays: %v", err)
 	}
 }
+
+// A pre-copy whose agent died during its rounds never froze the
+// container: it is recorded resumed at once, never asked about.
+func TestResolveSourcesEndsCopying(t *testing.T) {
+	a, rt := testAgent(t)
+	rt.state["web"] = "running"
+	if err := a.journal.Record(journal.Entry{ID: "abc123abc123", Role: journal.Source, Container: "web", Runtime: "fake", State: journal.Copying}); err != nil {
+		t.Fatal(err)
+	}
+	a.resolveSources(context.Background())
+	if e, _, _ := a.journal.Get("abc123abc123"); e.State != journal.Resumed {
+		t.Errorf("journal says %s, want resumed", e.State)
+	}
+	if rt.state["web"] != "running" || len(rt.removed) > 0 {
+		t.Errorf("the container was touched: %v removed %v", rt.state, rt.removed)
+	}
+}

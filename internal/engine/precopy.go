@@ -17,8 +17,10 @@ import (
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/fault"
 	"github.com/ferry-migrate/ferry/internal/images"
+	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/pages"
 	"github.com/ferry-migrate/ferry/internal/pagestream"
+	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
@@ -269,6 +271,14 @@ func (m *migration) runRounds(ctx context.Context, ps *precopySource) error {
 		ps.next, ps.last = i+1, r
 		stop, why := o.stop(r, prev, i, m.contentSwitchover)
 		if stop == stopNotConverging && o.AutoConverge && throttle.pct < 99 && i+1 < o.MaxRounds {
+			if !m.throttled {
+				// Journaled first: an agent that dies from here on lifts it
+				// when it starts again.
+				m.throttled = true
+				if err := m.record(journal.Copying); err != nil {
+					return failAt(fmt.Sprintf("pre-copy round %d", i), err)
+				}
+			}
 			if err := throttle.step(m.ctr.PID); err == nil {
 				m.report.ThrottlePct = throttle.pct
 				prev = &r
@@ -457,6 +467,17 @@ func (t *cpuThrottle) lift() {
 	if t.cpu != nil {
 		_ = t.cpu.Set(t.old)
 	}
+}
+
+// LiftThrottle puts back the CPU limit a source container's configuration
+// gives, for an agent resuming a copy whose migration throttled it and
+// ended with the agent (journal.Entry.Throttled).
+func LiftThrottle(ctx context.Context, rt runtime.Runtime, name string) error {
+	c, err := rt.Inspect(ctx, name)
+	if err != nil {
+		return err
+	}
+	return liftThrottle(c.PID, c.Spec)
 }
 
 // liftThrottle puts back the CPU limit the container's configuration

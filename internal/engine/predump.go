@@ -60,6 +60,14 @@ func (m *migration) precopyNative(ctx context.Context) error {
 		m.begin(fmt.Sprintf("round-%d", i))
 		r, err := m.predumpRound(ctx, i, last)
 		if err != nil {
+			// CRIU freezes the container for each pre-dump: killed in one,
+			// it leaves it frozen. The abort then resumes it as after any
+			// freeze, and says so, rather than reporting a container that
+			// never stopped.
+			if st, serr := runtime.State(context.WithoutCancel(ctx), m.rt, m.ctr.Name); serr == nil && st != "running" {
+				m.begin("freeze") // CRIU's, as the report shows it
+				m.frozenAt = time.Now()
+			}
 			return m.abort(ctx, failAt(fmt.Sprintf("pre-dump round %d", i), err))
 		}
 		m.roundDone(r, prev, i, switchover)

@@ -102,8 +102,10 @@ type migration struct {
 	// pageTransform, when set, carries the final dump's page stream to the
 	// destination (pre-copy's deduplication).
 	pageTransform func(dst io.Writer, src io.Reader) error
-	// liftThrottle undoes auto-converge at the source, if it throttled.
+	// liftThrottle undoes auto-converge at the source, if it throttled;
+	// throttled: it did (and journaled so first).
 	liftThrottle func()
+	throttled    bool
 	// parentRound is the pre-dump the final dump builds on (native
 	// pre-copy); -1 for none.
 	parentRound int
@@ -306,6 +308,9 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 	}
 	if m.liftThrottle != nil {
 		m.liftThrottle()
+	}
+	if m.throttled && m.frozenAt.IsZero() {
+		m.recordFinal(journal.Resumed) // never frozen: it ran on, its throttle lifted
 	}
 	stopProgress()
 	m.endPhases()
@@ -913,7 +918,7 @@ func (m *migration) record(state string) error {
 		return nil
 	}
 	return m.journal.Record(journal.Entry{ID: m.id, Role: journal.Source, Peer: m.req.To,
-		Container: m.ctr.Name, Runtime: m.rt.Kind(), Root: m.req.RuncRoot, State: state, NetNS: m.netnsPath})
+		Container: m.ctr.Name, Runtime: m.rt.Kind(), Root: m.req.RuncRoot, State: state, NetNS: m.netnsPath, Throttled: m.throttled})
 }
 
 // recordFinal records a final state; one that cannot be written only

@@ -33,6 +33,10 @@ const (
 // pulling -> started, or -> dropped.
 const (
 	// Source states.
+	// Copying: the container runs here, pre-copy's rounds under way, and
+	// the migration changed it (auto-converge's CPU throttle): recorded so
+	// that an agent that dies puts it back.
+	Copying    = "copying"
 	Frozen     = "frozen"      // the container is (about to be) frozen here
 	CommitSent = "commit-sent" // the destination may own the container now
 	InDoubt    = "in-doubt"    // frozen; the outcome is the destination's to say
@@ -76,6 +80,9 @@ type Entry struct {
 	Updated time.Time `json:"updated"`
 	// Pull is a pulling copy's page traffic, which outlives the agent.
 	Pull *Pull `json:"pull,omitempty"`
+	// Throttled: auto-converge throttled the source copy's CPU; whoever
+	// resumes it puts the limit back.
+	Throttled bool `json:"throttled,omitempty"`
 	// NetNS is the network namespace ferry made for the container on this
 	// host (cnet): a source resuming its copy turns it back on, a
 	// destination dropping its copy deletes it.
