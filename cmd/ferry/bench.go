@@ -22,7 +22,7 @@ func newBenchCmd() *cobra.Command {
 		Use:   "bench",
 		Short: "Measure migrations in an emulated lab",
 	}
-	cmd.AddCommand(newBenchMigrateCmd(), newBenchFaultsCmd(), newBenchSoakCmd(), newBenchDrainCmd(), newValidateModelCmd())
+	cmd.AddCommand(newBenchMigrateCmd(), newBenchFaultsCmd(), newBenchHostileCmd(), newBenchSoakCmd(), newBenchDrainCmd(), newValidateModelCmd())
 	return cmd
 }
 

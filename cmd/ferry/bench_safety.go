@@ -96,6 +96,7 @@ Only the cases where a fault can strike are run (--list shows them).`,
 	f.DurationVar(&o.Settle, "settle", 0, "how long to wait for recovery after each case (default 60s)")
 	f.BoolVar(&asJSON, "json", false, "print JSON only")
 	f.BoolVar(&list, "list", false, "list the cases and exit")
+	f.BoolVar(&o.Address, "address", false, "give the workload an address of its own on the lab's segment (runc), probed there: the copy that runs must answer at it, and no host may keep its network namespace without it")
 	return cmd
 }
 
@@ -162,4 +163,81 @@ cgroups, scratch). It prints JSON and exits non-zero when a check fails.`,
 	f.StringVar(&memory, "memory", "64M", "workload memory")
 	f.IntVar(&o.DirtyRate, "dirty-rate", 200, "pages the workload dirties per second")
 	return cmd
+}
+
+func newBenchHostileCmd() *cobra.Command {
+	var (
+		o      bench.HostileOptions
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "hostile",
+		Short: "Attack an agent as a peer with a valid certificate would, and check it refuses everything and keeps serving",
+		Long: `bench hostile brings up a lab (h1, h2) and, holding h1's certificate, sends
+h2's agent what a compromised or malicious peer could: container names and
+migration IDs that climb out of its directories, sizes and counts that lie,
+addresses outside its segment, configurations that reach into the host
+(hooks, host namespaces, bind mounts of host paths, capabilities, device
+rules, unmasked kernel paths, writable sysfs and cgroupfs, host sysctls),
+root filesystem and CRIU image streams whose entries climb out, a second
+offer for a name in flight, a flood of offers, an offer that never
+finishes, an unknown step. For each it reports whether h2 went ahead
+(accepted), what it left behind (leaks: processes, namespaces, mounts,
+cgroups, scratch directories, files written outside, h2's own container
+touched) and whether its agent stopped serving (agent_down). At the end a
+container moves from h1 to h2 the honest way.
+
+Exit status 1 when a case was accepted, leaked or took the agent down, or
+the honest migration failed.`,
+		Example: `  ferry bench hostile --json
+  ferry bench hostile --only config:`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if o.FerryBin, err = os.Executable(); err != nil {
+				return err
+			}
+			o.Log = os.Stderr
+			res, err := bench.Hostile(cmd.Context(), o)
+			if len(res.Cases) > 0 {
+				if asJSON {
+					if jerr := printJSON(res); jerr != nil {
+						return jerr
+					}
+				} else {
+					printHostile(os.Stdout, res)
+				}
+			}
+			if err != nil {
+				return err
+			}
+			if s := res.Summary; s.Accepted+s.Leaks+s.AgentDown > 0 || !res.HonestOK {
+				return exitError{1}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&o.Only, "only", "", "run only the cases whose names contain this")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON only")
+	return cmd
+}
+
+func printHostile(w io.Writer, r bench.HostileResult) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CASE\tACCEPTED\tLEAKS\tAGENT\tANSWER")
+	for _, c := range r.Cases {
+		agentSt := "up"
+		if c.AgentDown {
+			agentSt = "DOWN"
+		}
+		answer, _, _ := strings.Cut(c.Refusal, "\n")
+		if len(answer) > 100 {
+			answer = answer[:100] + "..."
+		}
+		fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\n", c.Name, c.Accepted, strings.Join(c.Leaks, ", "), agentSt, answer)
+	}
+	tw.Flush()
+	s := r.Summary
+	fmt.Fprintf(w, "%d cases: %d accepted, %d with leaks, %d took the agent down; honest migration after them: %v %s\n",
+		s.Cases, s.Accepted, s.Leaks, s.AgentDown, r.HonestOK, r.Honest)
 }

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/fault"
 	"github.com/ferry-migrate/ferry/internal/journal"
@@ -53,10 +54,18 @@ type FaultsOptions struct {
 	// the source's paths down for this long plus 3 s.
 	OutageTimeout time.Duration
 	// Settle bounds the wait for recovery after each case.
-	Settle   time.Duration
+	Settle time.Duration
+	// Address runs the workload with an address of its own on the lab's
+	// segment (runc), probed there: a copy that resumes but does not
+	// answer at its address shows as its state broken, and a network
+	// namespace left on a host without the container as a leak.
+	Address  bool
 	FerryBin string
 	Log      io.Writer
 }
+
+// faultsIP is the workload's address with FaultsOptions.Address.
+const faultsIP = lab.SegmentSubnet + "60"
 
 // FaultCase is one cell of the matrix and what became of it.
 type FaultCase struct {
@@ -221,6 +230,13 @@ func Faults(ctx context.Context, o FaultsOptions) (res FaultsResult, err error) 
 		}
 		cases = FaultMatrix(o.Runtimes, o.Modes, o.Phases, o.Actions)
 	}
+	if o.Address {
+		for _, c := range cases {
+			if c.Runtime != "" && c.Runtime != "runc" {
+				return res, fmt.Errorf("--address runs the workload on the lab's segment under runc only, not %s", c.Runtime)
+			}
+		}
+	}
 	var images []string // runtimes whose workload runs from an image
 	cases = slices.Clone(cases)
 	for i, c := range cases {
@@ -307,7 +323,15 @@ func (o FaultsOptions) runCase(ctx context.Context, l *lab.Lab, c FaultCase, nam
 	before := snapshot(l)
 	mo := MigrateOptions{MemoryBytes: o.MemoryBytes}
 	args := []string{"/bin/memhog", "--memory", strconv.FormatInt(o.MemoryBytes, 10), "--dirty-rate", strconv.Itoa(o.DirtyRate), "--port", strconv.Itoa(workloadPort)}
-	if err := l.RunIn(ctx, kind, src.Name, name, args); err != nil {
+	addrs := workloadAddrs(1, src, dst)
+	var err error
+	if o.Address {
+		err = l.RunOnSegment(ctx, src.Name, name, faultsIP, nil, args)
+		addrs = []string{fmt.Sprintf("%s:%d", faultsIP, workloadPort)}
+	} else {
+		err = l.RunIn(ctx, kind, src.Name, name, args)
+	}
+	if err != nil {
 		c.Outcome, c.Note = Lost, "the workload did not start: "+err.Error()
 		return c
 	}
@@ -319,11 +343,14 @@ func (o FaultsOptions) runCase(ctx context.Context, l *lab.Lab, c FaultCase, nam
 			if err := l.RemoveFrom(cctx, kind, h.Name, name); err != nil {
 				left = append(left, fmt.Sprintf("container: %s's %s could not remove %s: %v", h.Name, kind, name, err))
 			}
+			if o.Address {
+				_ = cnet.Delete(cnet.Name(h.Name, name))
+			}
 		}
 		return left
 	}
 	defer removeBoth()
-	p, _, err := StartProbe(ctx, client, o.FerryBin, workloadAddrs(1, src, dst), mo.readyTimeout())
+	p, _, err := StartProbe(ctx, client, o.FerryBin, addrs, mo.readyTimeout())
 	if err != nil {
 		c.Outcome, c.Note = Lost, err.Error()
 		return c
@@ -453,6 +480,14 @@ func (o FaultsOptions) runCase(ctx context.Context, l *lab.Lab, c FaultCase, nam
 	for _, h := range []struct{ name, state string }{{src.Name, s}, {dst.Name, d}} {
 		if h.state == "exited" {
 			c.Leaks = append(c.Leaks, fmt.Sprintf("container: %s's %s keeps %s, not running", h.name, kind, name))
+		}
+	}
+	if o.Address {
+		// The namespace ferry made for a copy goes with the copy.
+		for _, h := range []struct{ name, state string }{{src.Name, s}, {dst.Name, d}} {
+			if _, err := os.Stat(cnet.Path(cnet.Name(h.name, name))); err == nil && h.state == "absent" {
+				c.Leaks = append(c.Leaks, fmt.Sprintf("netns: %s kept %s's network namespace without the container", h.name, name))
+			}
 		}
 	}
 	// What is left once the container is gone counts as leaked.

@@ -54,7 +54,9 @@ func snapshot(l *lab.Lab) leakSet {
 		f.Close()
 	}
 	for _, h := range l.Hosts {
-		for _, ctl := range []string{"freezer", "memory", "cpu", "pids"} {
+		// cgroup v1's controllers, the hybrid layout's v2 tree (unified),
+		// and a v2-only machine's single tree ("").
+		for _, ctl := range []string{"freezer", "memory", "cpu", "pids", "unified", ""} {
 			ents, _ := os.ReadDir(filepath.Join("/sys/fs/cgroup", ctl, h.CgroupParent))
 			for _, e := range ents {
 				if e.IsDir() {
