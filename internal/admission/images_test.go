@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/creds"
+	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ferry-migrate/ferry/internal/admission"

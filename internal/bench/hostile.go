@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -12,11 +13,15 @@ import (
 	"sync"
 	"time"
 
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/creds"
+	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/images"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/transport"
 )
@@ -255,6 +260,7 @@ func hostileCases() []hostile {
 	cs = append(cs,
 		hostile{"rootfs: entries climbing out of the root", rootfsEscape},
 		hostile{"images: entries climbing out of the images", imagesEscape},
+		hostile{"images: a task holding CAP_SYS_ADMIN", imagesPrivileged},
 		hostile{"a second offer for a name in flight", secondOffer},
 		hostile{"a flood of offers", floodOffers},
 		hostile{"an offer that never finishes", neverFinishes},
@@ -320,7 +326,7 @@ func acceptedOffer(ctx context.Context, p *peer) (*transport.Session, *transport
 
 // rootfsEscape sends a live rootfs delta whose entries climb out.
 func rootfsEscape(ctx context.Context, p *peer) (bool, string, error) {
-	sess, _, err := acceptedOffer(ctx, p)
+	sess, ctl, err := acceptedOffer(ctx, p)
 	if err != nil {
 		return false, "", err
 	}
@@ -338,9 +344,28 @@ func rootfsEscape(ctx context.Context, p *peer) (bool, string, error) {
 	_ = ch.Send(struct{}{})
 	var done engine.RootfsDone
 	if err := ch.Recv(&done); err != nil {
-		return false, err.Error(), nil
+		// The destination says why on the control channel.
+		return false, controlAnswer(ctl, err), nil
 	}
 	return true, fmt.Sprintf("applied %d files", done.Files), nil
+}
+
+// controlAnswer is the reason the destination gave on ctl for failing a
+// migration, or else the error the channel itself ended with.
+func controlAnswer(ctl *transport.Channel, chErr error) string {
+	got := make(chan error, 1)
+	go func() {
+		var any json.RawMessage
+		got <- ctl.Recv(&any)
+	}()
+	select {
+	case err := <-got:
+		if err != nil && transport.IsRemote(err) {
+			return err.Error()
+		}
+	case <-time.After(5 * time.Second):
+	}
+	return chErr.Error()
 }
 
 // imagesEscape sends CRIU images whose entries climb out.
@@ -371,6 +396,45 @@ func imagesEscape(ctx context.Context, p *peer) (bool, string, error) {
 	case <-time.After(10 * time.Second):
 		return true, "no refusal within 10 s", nil
 	}
+}
+
+// imagesPrivileged sends CRIU images whose task holds CAP_SYS_ADMIN and
+// CAP_SYS_MODULE under a configuration that gives neither.
+func imagesPrivileged(ctx context.Context, p *peer) (bool, string, error) {
+	sess, ctl, err := acceptedOffer(ctx, p)
+	if err != nil {
+		return false, "", err
+	}
+	defer sess.Close()
+	ch, err := sess.Open(engine.ChanImages)
+	if err != nil {
+		return false, "", err
+	}
+	zero := proto.Uint32(0)
+	all := []uint32{^uint32(0), ^uint32(0)}
+	core, err := images.EncodeCore(&criucore.CoreEntry{
+		Mtype: criucore.CoreEntry_X86_64.Enum(),
+		ThreadCore: &criucore.ThreadCoreEntry{FutexRla: proto.Uint64(0), FutexRlaLen: zero,
+			Creds: &creds.CredsEntry{Uid: zero, Gid: zero, Euid: zero, Egid: zero, Suid: zero, Sgid: zero, Fsuid: zero, Fsgid: zero, Secbits: zero,
+				CapInh: all, CapPrm: all, CapEff: all, CapBnd: all}},
+	})
+	if err != nil {
+		return false, "", err
+	}
+	tw := tar.NewWriter(ch)
+	if err := tw.WriteHeader(&tar.Header{Name: "core-1.img", Mode: 0o600, Size: int64(len(core)), Typeflag: tar.TypeReg}); err != nil {
+		return false, "", err
+	}
+	if _, err := tw.Write(core); err != nil {
+		return false, "", err
+	}
+	_ = tw.Close()
+	_ = ch.CloseWrite()
+	answer := controlAnswer(ctl, errors.New("no answer"))
+	if strings.Contains(answer, "CAP_SYS_ADMIN") {
+		return false, answer, nil
+	}
+	return true, answer, nil
 }
 
 // secondOffer sends a second offer for a name whose first offer is still
@@ -473,7 +537,8 @@ func Hostile(ctx context.Context, o HostileOptions) (res HostileResult, err erro
 	if err := l.Run(ctx, src.Name, "honest", workload); err != nil {
 		return res, err
 	}
-	if err := l.Run(ctx, dst.Name, hostileTaken, workload); err != nil {
+	// On another port: the honest container comes to h2's network too.
+	if err := l.Run(ctx, dst.Name, hostileTaken, append(workload, "--port", "7998")); err != nil {
 		return res, err
 	}
 	sec, err := transport.LoadSecurity(src.TLSDir(), src.Name, []string{dst.Name})
@@ -593,5 +658,3 @@ func firstLine(s string) string {
 	s, _, _ = strings.Cut(s, "\n")
 	return s
 }
-
-

@@ -434,6 +434,13 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	imagesIn := make(chan error, 1)
 	recv.Go(func() error {
 		err := in.receiveImages(rctx, sess, router)
+		if err == nil {
+			// CRIU restores the tasks' credentials from the images, not
+			// from the configuration admission checked.
+			if err = in.d.Admission.CheckImages(in.images, in.offer.Spec); err != nil {
+				err = fmt.Errorf("the container's CRIU images: %w", err)
+			}
+		}
 		imagesIn <- err
 		return err
 	})
@@ -518,11 +525,6 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	ctx := context.WithoutCancel(rctx)
 	if err := recv.Wait(); err != nil {
 		return false, fmt.Errorf("receiving state on %s: %w", in.d.Host.Name, err)
-	}
-	// CRIU restores the tasks' credentials from the images, not from the
-	// configuration admission checked.
-	if err := in.d.Admission.CheckImages(in.images, in.offer.Spec); err != nil {
-		return false, fmt.Errorf("the container's CRIU images, on %s: %w", in.d.Host.Name, err)
 	}
 	var lp *lazyPages
 	if lazy {
