@@ -94,7 +94,7 @@ func (a *Agent) recoverDestination(ctx context.Context) {
 			continue
 		}
 		if e.State == journal.Committed {
-			if err := a.startCommitted(ctx, rt, c); err != nil {
+			if err := a.startCommitted(ctx, rt, c, e); err != nil {
 				a.Log.Error("a committed copy could not be started", "migration", e.ID, "container", e.Container, "error", err)
 				continue
 			}
@@ -117,7 +117,7 @@ func (a *Agent) recoverDestination(ctx context.Context) {
 			if err := a.dst.AdoptLocalPull(e, rt); err != nil {
 				a.Log.Error("a committed copy's local pull could not be taken over", "migration", e.ID, "container", e.Container, "error", err)
 			}
-			if err := a.startCommitted(ctx, rt, c); err != nil {
+			if err := a.startCommitted(ctx, rt, c, e); err != nil {
 				a.Log.Error("a committed copy could not be started", "migration", e.ID, "container", e.Container, "error", err)
 			}
 			continue
@@ -126,7 +126,7 @@ func (a *Agent) recoverDestination(ctx context.Context) {
 			// The pull ended whole (the daemon's close was answered) as this
 			// agent died, before it recorded so: the copy is complete and
 			// committed. Its source, in doubt, hears it runs.
-			if err := a.startCommitted(ctx, rt, c); err != nil {
+			if err := a.startCommitted(ctx, rt, c, e); err != nil {
 				a.Log.Error("a committed copy whose pull had ended could not be started", "migration", e.ID, "container", e.Container, "error", err)
 				continue
 			}
@@ -147,7 +147,7 @@ func (a *Agent) recoverDestination(ctx context.Context) {
 			}
 			if why == nil {
 				// It runs, its faults held until the source is back.
-				if err := a.startCommitted(ctx, rt, c); err != nil {
+				if err := a.startCommitted(ctx, rt, c, e); err != nil {
 					a.Log.Error("a committed copy whose pull was taken over could not be started", "migration", e.ID, "container", e.Container, "error", err)
 				}
 				a.Log.Info("took over a post-copy pull an earlier run left; its source may go on with it", "migration", e.ID, "container", e.Container)
@@ -168,6 +168,7 @@ func (a *Agent) recoverDestination(ctx context.Context) {
 				a.Log.Error("journal", "migration", e.ID, "error", err)
 				continue
 			}
+			a.keepNetwork(e)
 			a.Log.Info("kept a restored copy that ran on across a restart; its source removes its own", "migration", e.ID, "container", e.Container)
 			continue
 		}
@@ -179,12 +180,22 @@ func (a *Agent) recoverDestination(ctx context.Context) {
 
 // startCommitted starts a committed copy: the restart may have come
 // between the commit and its start (a copy that runs already is not
-// affected).
-func (a *Agent) startCommitted(ctx context.Context, rt runtime.Runtime, c *runtime.Container) error {
+// affected). Its network is readied first (keepNetwork).
+func (a *Agent) startCommitted(ctx context.Context, rt runtime.Runtime, c *runtime.Container, e journal.Entry) error {
+	a.keepNetwork(e)
 	if cont, ok := rt.(runtime.Continuer); ok {
 		return cont.Continue(ctx, c)
 	}
 	return nil
+}
+
+// keepNetwork readies the network of a copy this host keeps after a
+// restart: its agent may have died holding the copy's packets, and a hold
+// nobody reads drops them all (engine.TakeOverNetwork).
+func (a *Agent) keepNetwork(e journal.Entry) {
+	if err := engine.TakeOverNetwork(e.NetNS); err != nil {
+		a.Log.Error("the network of a copy kept after a restart could not be readied: it may not be reachable", "migration", e.ID, "container", e.Container, "netns", e.NetNS, "error", err)
+	}
 }
 
 // drop removes a restored copy, and the network namespace rebuilt for it

@@ -243,3 +243,17 @@ func (h *Hold) close() {
 		<-h.done
 	})
 }
+
+// EndHold removes a hold's rule that no reader serves any more (its agent
+// died with it): a queue without a reader drops every packet, so the
+// container would run unreachable. Nothing is done where no rule is.
+func EndHold(nsPath string) error {
+	check := append([]string{"iptables", "-t", "raw", "-C"}, holdRule...)
+	if _, err := inNS(nsPath, check...); err != nil {
+		return nil // no rule (or no iptables: then no hold was ever made)
+	}
+	if _, err := inNS(nsPath, holdRuleCmd("-D")...); err != nil {
+		return fmt.Errorf("stop holding packets: %w", err)
+	}
+	return nil
+}

@@ -187,3 +187,35 @@ func checkSettledJob(t *testing.T, src agent.Endpoint, id, state string) {
 	}
 	t.Errorf("ferry ps --all does not list %s", id)
 }
+
+// TestAddressFollowsACommittedCopyAcrossARestart: the destination agent
+// dies at the commit, its copy committed, holding the container's packets
+// (the address taken at the freeze). Restarted, it keeps and starts the
+// copy, and must also let go of the hold its dead predecessor left (a
+// queue nobody reads drops every packet: the copy ran, unreachable). The
+// source, settled, removes its own; the client's TCP connection carries on
+// with the destination's copy.
+func TestAddressFollowsACommittedCopyAcrossARestart(t *testing.T) {
+	l, finish := echoOnSegment(t)
+	ctx := context.Background()
+	src := agent.Socket(l.Hosts[0].ControlSock)
+	rep, err := agent.Migrate(ctx, src, engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold,
+		Faults: []string{"kill-destination@commit"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.OK || rep.InDoubtID == "" {
+		t.Fatalf("report: ok=%v source %q in doubt %q: %s", rep.OK, rep.SourceState, rep.InDoubtID, rep.Error)
+	}
+	if err := l.RestartAgent(ctx, "h2"); err != nil {
+		t.Fatal(err)
+	}
+	r := resolveUntilSettled(t, src, rep.InDoubtID)
+	if r.State != journal.Removed {
+		t.Fatalf("settled as %+v, want removed", r)
+	}
+	checkSettledJob(t, src, rep.InDoubtID, journal.Removed)
+	time.Sleep(2 * time.Second) // the client's retransmissions reach the copy
+	res, pr := finish()
+	t.Logf("settled: %s; %d lines echoed in order, longest wait %.0f ms; probe gap %.0f ms", r.Note, res.Received, res.MaxGapMs, pr.ClientDowntimeMs)
+}

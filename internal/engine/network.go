@@ -115,6 +115,19 @@ func SilenceDestinationNetwork(nsPath string) error {
 	return cnet.SetCarrier(filepath.Base(nsPath), "", spec, false)
 }
 
+// TakeOverNetwork readies the network of a copy a restarted destination
+// keeps: the hold its dead agent left (which, unread, drops every packet)
+// goes, the carrier comes up and the address is announced here.
+func TakeOverNetwork(nsPath string) error {
+	if nsPath == "" {
+		return nil
+	}
+	if err := cnet.EndHold(nsPath); err != nil {
+		return err
+	}
+	return WakeSourceNetwork(nsPath) // the same steps as a resumed source's
+}
+
 // DropDestinationNetwork deletes the namespace a destination rebuilt for
 // a copy it dropped at recovery (dropNetwork, after a restart).
 func DropDestinationNetwork(nsPath string) error {
