@@ -91,12 +91,14 @@ func (m *migration) dumpStreaming(ctx context.Context) error {
 	// CRIU fails by itself, and the source resumes only after the dump
 	// has ended.
 	var g errgroup.Group
+	var rootfsErr error
 	g.Go(func() error {
 		err := m.syncRootfs(ChanRootfsFinal)
 		if err != nil {
 			pages.Close()
 		}
-		return failAt("rootfs sync (frozen)", err)
+		rootfsErr = failAt("rootfs sync (frozen)", err)
+		return rootfsErr
 	})
 	g.Go(func() error {
 		opts := runtime.CheckpointOptions{ImagesDir: imgDir, WorkDir: m.work, PageServer: addr,
@@ -113,6 +115,11 @@ func (m *migration) dumpStreaming(ctx context.Context) error {
 		return failAt("page transfer", tunnelDone())
 	})
 	if err := g.Wait(); err != nil {
+		if rootfsErr != nil {
+			// The cause, whichever ended first: the dump then failed for
+			// the page stream the sync's failure closed.
+			return rootfsErr
+		}
 		return err
 	}
 	// CRIU writes its statistics into the work directory.

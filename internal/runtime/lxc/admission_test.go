@@ -20,7 +20,7 @@ func TestPrepareAdmission(t *testing.T) {
 	srcPath := "/var/lib/ferry/lab/h1/lxc"
 	// What the lab's RunLXC writes: the network namespace LXC runs in.
 	labConfig := "lxc.uts.name = app\nlxc.rootfs.path = dir:" + srcPath + "/app/rootfs\nlxc.net.0.type = none\n" +
-		"lxc.tty.max = 0\nlxc.pty.max = 1\nlxc.autodev = 1\nlxc.mount.auto = proc:mixed sys:ro\nlxc.init.cmd = /bin/memhog\n" +
+		"lxc.tty.max = 0\nlxc.pty.max = 1\nlxc.autodev = 1\nlxc.mount.auto = proc:mixed sys:ro\nlxc.cap.drop = mac_admin mac_override sys_time sys_module sys_rawio\nlxc.init.cmd = /bin/memhog\n" +
 		"lxc.log.file = " + srcPath + "/app/lxc.log\n"
 	empty := strings.Replace(labConfig, "type = none", "type = empty", 1)
 	for _, tc := range []struct {

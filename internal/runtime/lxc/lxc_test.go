@@ -160,6 +160,7 @@ lxc.tty.max = 0
 lxc.pty.max = 1
 lxc.autodev = 1
 lxc.mount.auto = proc:mixed sys:ro
+lxc.cap.drop = mac_admin mac_override sys_time sys_module sys_rawio
 lxc.mount.entry = /lib lib none ro,bind,create=dir 0 0
 lxc.init.cmd = /bin/init
 lxc.log.file = %s/lxc.log
@@ -725,7 +726,7 @@ func TestBadInput(t *testing.T) {
 	}
 
 	cfg := func(extra string) []byte {
-		return []byte(fmt.Sprintf("lxc.uts.name = %s\nlxc.rootfs.path = dir:%s/%s/rootfs\nlxc.net.0.type = empty\n%s", name, pathA, name, extra))
+		return []byte(fmt.Sprintf("lxc.uts.name = %s\nlxc.rootfs.path = dir:%s/%s/rootfs\nlxc.net.0.type = empty\nlxc.cap.drop = mac_admin mac_override sys_time sys_module sys_rawio\n%s", name, pathA, name, extra))
 	}
 	in := func(extra string) *runtime.Container {
 		return &runtime.Container{Runtime: "lxc", Name: name, ID: name,
