@@ -830,7 +830,9 @@ func (m *migration) commit(ctx context.Context) error {
 // may run the container.
 func (m *migration) sendCommit(ctx context.Context) error {
 	m.begin("commit")
-	if !commitGate(ctx).pass() || ctx.Err() != nil {
+	// Only a cancel stops it here (the gate): an agent told to stop
+	// runs a migration past its restore request to its end.
+	if !commitGate(ctx).pass() {
 		return m.abort(ctx, failAt("commit", errors.New("cancelled before the commit: the destination drops its copy")))
 	}
 	if err := m.smapsSnapshotHeld(); err != nil {
