@@ -99,10 +99,14 @@ start the container again with its runtime.`,
   ferry migrate web --from node1@192.0.2.1:7070 --to node2@192.0.2.2:7070 --tls-dir ~/.ferry/alice
   ferry migrate web --to 192.0.2.10:7070 --mode precopy --events | jq -c .progress
   ferry migrate db --runtime runc --runc-root /run/myapp/runc --to 192.0.2.10:7070
-  ferry migrate redis --runtime containerd --namespace prod --to 192.0.2.10:7070`,
+  ferry migrate redis --runtime containerd --namespace prod --to 192.0.2.10:7070
+  ferry migrate web --to 192.0.2.10:7070 --id 5e1f0c2a9b37   # run again after a lost connection: follows the same migration`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req.Container = args[0]
+			if req.ID != "" && !engine.ValidID(req.ID) {
+				return usageError{fmt.Errorf("--id %q: a migration ID is 12 lowercase hexadecimal digits", req.ID)}
+			}
 			if namespace != "" {
 				if req.Runtime != "containerd" {
 					return usageError{errors.New("--namespace names a containerd namespace: use it with --runtime containerd")}
@@ -160,6 +164,7 @@ start the container again with its runtime.`,
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON, no progress line")
 	f.BoolVar(&events, "events", false, "print the job's ID, its progress and the report as JSON lines while it runs (see above)")
 	f.BoolVar(&detach, "detach", false, "print the migration's ID once the agent accepted it and leave it running (ferry ps, ferry wait ID, ferry cancel ID)")
+	f.StringVar(&req.ID, "id", "", "the migration's ID, your choice (12 lowercase hex digits; default: the agent's): the same command again with it follows that migration, running or ended, and never starts a second (for scripts and controllers that retry)")
 	f.StringVar(&req.Runtime, "runtime", engine.RuntimeAuto, "the container's runtime: auto (find it by name), runc, podman, lxc, containerd or docker")
 	f.StringVar(&namespace, "namespace", "", "containerd: the container's namespace (default: default)")
 	f.StringVar(&req.RuncRoot, "runc-root", "", "runc root the container lives under (default: the source agent's --runc-root)")

@@ -139,6 +139,7 @@ func TestUsageExit(t *testing.T) {
 		{"migrate", "web", "--to", "h2", "--json", "--events"}, // exclusive flags
 		{"migrate", "web", "--to", "h2", "--min-round-bytes", "4 apples"},
 		{"migrate", "web", "--to", "h2", "--namespace", "prod"}, // --namespace without containerd
+		{"migrate", "web", "--to", "h2", "--id", "../x"},        // not an ID
 		{"lab", "run", "h1", "x", "--runtime", "docker", "--ip", "10.79.0.9", "--", "sleep", "1"}, // no own address under Docker
 		{"teleport"}, // unknown command
 	} {

@@ -428,13 +428,28 @@ func (a *Agent) control(ctx context.Context, src *engine.Source, ch *transport.C
 		if err := ch.Recv(&req); err != nil {
 			return
 		}
+		if req.ID != "" {
+			// The caller's ID: a request repeated with it (a controller
+			// retrying) follows the migration it names, never a second one.
+			if err := a.checkCallerID(req); err != nil {
+				_ = ch.Fail(err)
+				return
+			}
+		}
 		if err := a.begin(); err != nil {
 			_ = ch.Fail(err)
 			return
 		}
 		defer a.inflight.Done()
+		j, jctx, existing := a.jobs.start(ctx, req)
+		if existing != nil {
+			a.followJob(ctx, ch, req, *existing)
+			return
+		}
 		if !a.claim(req.Container) {
-			_ = ch.Fail(fmt.Errorf("container %q is already being migrated", req.Container))
+			err := fmt.Errorf("container %q is already being migrated", req.Container)
+			_ = a.jobs.end(j, engine.Report{Container: req.Container, Mode: req.Mode, FailedAt: "prepare", Error: err.Error()})
+			_ = ch.Fail(err)
 			return
 		}
 		a.Log.Info("migration started", "container", req.Container, "to", req.To, "mode", req.Mode)
@@ -443,7 +458,6 @@ func (a *Agent) control(ctx context.Context, src *engine.Source, ch *transport.C
 			s.Runtimes = a.runtimes(req.RuncRoot)
 			src = &s
 		}
-		j, jctx := a.jobs.start(ctx, req)
 		req.ID = j.info.ID
 		// The CLI may leave (ferry migrate --detach, or it died): the
 		// migration goes on, and ferry wait finds it by its ID.
@@ -523,6 +537,42 @@ func (a *Agent) control(ctx context.Context, src *engine.Source, ch *transport.C
 // journalKeep is how long the journal keeps entries that no longer matter
 // (journal.Prune).
 const journalKeep = 30 * 24 * time.Hour
+
+// checkCallerID refuses an ID a caller chose that cannot name a migration
+// here: not an ID, or one an earlier migration of this host used (its
+// journal has it; its job may have been pruned).
+func (a *Agent) checkCallerID(req engine.Request) error {
+	if !engine.ValidID(req.ID) {
+		return fmt.Errorf("bad migration ID %q: 12 lowercase hexadecimal digits", req.ID)
+	}
+	if a.jobs.known(req.ID) {
+		return nil // followed (or refused for another container) by followJob
+	}
+	if e, ok, err := a.journal.Get(req.ID); err != nil {
+		return err
+	} else if ok {
+		return fmt.Errorf("migration ID %s names an earlier migration of %q on this host (%s): choose another", req.ID, e.Container, e.State)
+	}
+	return nil
+}
+
+// followJob answers a request repeated with the ID of a migration that
+// exists: its events from now on and its report, as ferry wait gets them.
+// A request for another container or destination under that ID is
+// refused.
+func (a *Agent) followJob(ctx context.Context, ch *transport.Channel, req engine.Request, info engine.Job) {
+	if info.Container != req.Container || info.To != req.To {
+		_ = ch.Fail(fmt.Errorf("migration ID %s names the migration of %q to %s, not of %q to %s", info.ID, info.Container, info.To, req.Container, req.To))
+		return
+	}
+	_ = ch.Send(engine.Event{Job: &engine.JobRef{ID: info.ID}})
+	rep, err := a.jobs.wait(ctx, info.ID, func(p engine.Progress) { _ = ch.Send(engine.Event{Progress: &p}) })
+	if err != nil {
+		_ = ch.Fail(err)
+		return
+	}
+	_ = ch.Send(engine.Event{Report: &rep})
+}
 
 func (a *Agent) claim(name string) bool {
 	a.mu.Lock()

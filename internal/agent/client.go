@@ -62,7 +62,6 @@ func Migrate(ctx context.Context, ep Endpoint, req engine.Request, progress func
 // MigrateJob is Migrate that also hears the migration's ID as soon as the
 // agent accepts it (accepted), e.g. to cancel it or to leave it running.
 func MigrateJob(ctx context.Context, ep Endpoint, req engine.Request, accepted func(id string), progress func(engine.Progress)) (engine.Report, error) {
-	req.ID = ""
 	return follow(ctx, ep, engine.ChanMigrate, req, accepted, progress, func(err error) error {
 		return fmt.Errorf("lost the source agent at %s during the migration of %q (%v): "+
 			"the container may be at either host; check with `ferry lab status` or `runc list` on both", ep, req.Container, err)

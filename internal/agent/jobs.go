@@ -50,23 +50,37 @@ func newJobs(dir string) *jobs {
 	return &jobs{dir: dir, run: map[string]*job{}}
 }
 
-// start registers a migration of req and returns its ID and the context it
-// runs under (cancelled by cancel, or with parent).
-func (js *jobs) start(parent context.Context, req engine.Request) (*job, context.Context) {
+// start registers a migration of req under req.ID (a new ID where the
+// caller gave none) and returns it and the context it runs under
+// (cancelled by cancel, or with parent). A caller's ID that names a job
+// already, running or ended, starts nothing: that job is returned, with
+// existing set.
+func (js *jobs) start(parent context.Context, req engine.Request) (j *job, ctx context.Context, existing *engine.Job) {
+	id := req.ID
+	if id == "" {
+		id = engine.NewID()
+	}
+	js.mu.Lock()
+	defer js.mu.Unlock()
+	if other, ok := js.run[id]; ok {
+		info := other.info
+		return nil, nil, &info
+	}
+	if info := js.endedJob(id); info != nil {
+		return nil, nil, info
+	}
 	ctx, cancel := context.WithCancel(parent)
 	gate := engine.NewCommitGate(cancel)
 	ctx = engine.WithCommitGate(ctx, gate)
-	j := &job{
-		info:     engine.Job{ID: engine.NewID(), Container: req.Container, To: req.To, Mode: req.Mode, Started: time.Now()},
+	j = &job{
+		info:     engine.Job{ID: id, Container: req.Container, To: req.To, Mode: req.Mode, Started: time.Now()},
 		cancel:   cancel,
 		gate:     gate,
 		ended:    make(chan struct{}),
 		watchers: map[chan engine.Progress]struct{}{},
 	}
-	js.mu.Lock()
-	js.run[j.info.ID] = j
-	js.mu.Unlock()
-	return j, ctx
+	js.run[id] = j
+	return j, ctx, nil
 }
 
 // progress records an update and passes it to the job's watchers.
@@ -284,4 +298,12 @@ func (js *jobs) settle(e journal.Entry, note string) error {
 		return err
 	}
 	return renameio.WriteFile(filepath.Join(js.dir, e.ID+".json"), b, 0o600)
+}
+
+// known says whether id names a job here, running or ended.
+func (js *jobs) known(id string) bool {
+	js.mu.Lock()
+	_, ok := js.run[id]
+	js.mu.Unlock()
+	return ok || js.endedJob(id) != nil
 }

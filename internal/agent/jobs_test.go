@@ -14,7 +14,7 @@ import (
 func TestJobsLifecycle(t *testing.T) {
 	dir := t.TempDir()
 	js := newJobs(dir)
-	j, ctx := js.start(context.Background(), engine.Request{Container: "web", To: "h2", Mode: engine.ModePrecopy})
+	j, ctx, _ := js.start(context.Background(), engine.Request{Container: "web", To: "h2", Mode: engine.ModePrecopy})
 	if !engine.ValidID(j.info.ID) {
 		t.Fatalf("job ID %q", j.info.ID)
 	}
@@ -63,12 +63,12 @@ func TestJobsLifecycle(t *testing.T) {
 // what it can of an ended or unknown one.
 func TestJobsCancel(t *testing.T) {
 	js := newJobs(t.TempDir())
-	j, ctx := js.start(context.Background(), engine.Request{Container: "a"})
+	j, ctx, _ := js.start(context.Background(), engine.Request{Container: "a"})
 	js.progress(j, engine.Progress{Phase: "dump"})
 	if r, err := js.cancelJob(j.info.ID); err != nil || !r.Cancelled || ctx.Err() == nil {
 		t.Fatalf("cancel during the dump: %+v %v, context %v", r, err, ctx.Err())
 	}
-	k, kctx := js.start(context.Background(), engine.Request{Container: "b"})
+	k, kctx, _ := js.start(context.Background(), engine.Request{Container: "b"})
 	js.progress(k, engine.Progress{Phase: "lazy-pages"})
 	if r, err := js.cancelJob(k.info.ID); err != nil || r.Cancelled || !strings.Contains(r.Reason, "lazy-pages") || kctx.Err() != nil {
 		t.Fatalf("cancel while pulling: %+v %v", r, err)
@@ -89,7 +89,7 @@ func TestJobsCancel(t *testing.T) {
 func TestJobsKeepsTheLast(t *testing.T) {
 	js := newJobs(t.TempDir())
 	for i := 0; i < keptJobs+5; i++ {
-		j, _ := js.start(context.Background(), engine.Request{Container: "c"})
+		j, _, _ := js.start(context.Background(), engine.Request{Container: "c"})
 		j.info.Started = time.Unix(int64(i), 0)
 		if err := js.end(j, engine.Report{}); err != nil {
 			t.Fatal(err)
@@ -101,5 +101,34 @@ func TestJobsKeepsTheLast(t *testing.T) {
 	}
 	if !all[0].Started.Equal(time.Unix(5, 0)) {
 		t.Errorf("the oldest kept started at %v, want the 6th", all[0].Started)
+	}
+}
+
+// A caller's ID names one migration: a second start under it returns the
+// job it names, running or ended (on disk, across a restart), and starts
+// nothing.
+func TestJobsCallerID(t *testing.T) {
+	dir := t.TempDir()
+	js := newJobs(dir)
+	req := engine.Request{ID: "0123456789ab", Container: "web", To: "h2", Mode: engine.ModeCold}
+	j, _, existing := js.start(context.Background(), req)
+	if j == nil || existing != nil || j.info.ID != req.ID {
+		t.Fatalf("first start: %+v %+v", j, existing)
+	}
+	if again, _, existing := js.start(context.Background(), req); again != nil || existing == nil || existing.ID != req.ID {
+		t.Fatalf("second start while it runs: %+v %+v", again, existing)
+	}
+	if js.running() != 1 {
+		t.Errorf("%d jobs run", js.running())
+	}
+	if err := js.end(j, engine.Report{Container: "web", OK: true}); err != nil {
+		t.Fatal(err)
+	}
+	restarted := newJobs(dir)
+	if again, _, existing := restarted.start(context.Background(), req); again != nil || existing == nil || existing.Report == nil || !existing.Report.OK {
+		t.Fatalf("start after it ended: %+v %+v", again, existing)
+	}
+	if !restarted.known(req.ID) || restarted.known("ba9876543210") {
+		t.Error("known")
 	}
 }

@@ -34,13 +34,13 @@ func TestMetrics(t *testing.T) {
 		return string(b)
 	}
 	end := func(req engine.Request, rep engine.Report) {
-		j, _ := js.start(context.Background(), req)
+		j, _, _ := js.start(context.Background(), req)
 		m.done(req, rep)
 		_ = js.end(j, rep)
 	}
 
-	running, _ := js.start(context.Background(), engine.Request{Mode: "cold"})
-	pulling, _ := js.start(context.Background(), engine.Request{Mode: "postcopy"})
+	running, _, _ := js.start(context.Background(), engine.Request{Mode: "cold"})
+	pulling, _, _ := js.start(context.Background(), engine.Request{Mode: "postcopy"})
 	js.progress(pulling, engine.Progress{Phase: "lazy-pages", LazyPagesPending: 4096})
 	if out := scrape(); !strings.Contains(out, "ferry_migrations_in_flight 2") || !strings.Contains(out, "ferry_lazy_pages_pending 4096") {
 		t.Errorf("two migrations under way, one with 4096 pages to deliver; the gauges say otherwise:\n%s", out)

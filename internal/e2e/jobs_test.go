@@ -151,3 +151,76 @@ func TestMigrateEvents(t *testing.T) {
 		t.Errorf("post-copy's lines told pending pages %v; want a few, from about 64 MiB's worth, falling", pending)
 	}
 }
+
+// TestCallerChosenID: a migration run under an ID its caller chose is
+// followed, not repeated, when the same request comes again: while it
+// runs (a second caller hears the same report) and after it ended (the
+// report again, the container left where it went). The same ID for
+// another container is refused.
+func TestCallerChosenID(t *testing.T) {
+	requireLab(t)
+	bin := ferryBin(t)
+	l := upShapedLab(t, bin, 200_000_000) // 64 MiB take ~3 s: time for a second request
+	const name = "hog-id"
+	p := startMemhog(t, l, bin, name)
+	t.Cleanup(func() {
+		for _, h := range l.Hosts[:2] {
+			_ = h.Runc().Delete(context.Background(), name)
+		}
+	})
+	control := agent.Socket(l.Hosts[0].ControlSock)
+	req := engine.Request{ID: "feed0123beef", Container: name, To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold}
+	type result struct {
+		rep engine.Report
+		err error
+	}
+	results := make(chan result, 2)
+	for i := 0; i < 2; i++ {
+		go func() {
+			rep, err := agent.Migrate(context.Background(), control, req, nil)
+			results <- result{rep, err}
+		}()
+		time.Sleep(500 * time.Millisecond)
+	}
+	first, second := <-results, <-results
+	for _, r := range []result{first, second} {
+		if r.err != nil || !r.rep.OK {
+			t.Fatalf("a request under the ID: %+v %v", r.rep, r.err)
+		}
+	}
+	if first.rep.DowntimeMs != second.rep.DowntimeMs || first.rep.TotalMs != second.rep.TotalMs {
+		t.Errorf("two reports for one ID: %+v and %+v", first.rep, second.rep)
+	}
+	// Ended: the report again, nothing moved twice.
+	again, err := agent.Migrate(context.Background(), control, req, nil)
+	if err != nil || !again.OK || again.TotalMs != first.rep.TotalMs {
+		t.Errorf("the request once the migration ended: %+v %v", again, err)
+	}
+	if s, d := status(t, &l.Hosts[0], name), status(t, &l.Hosts[1], name); s != "absent" || d != "running" {
+		t.Errorf("the container is %s at the source, %s at the destination", s, d)
+	}
+	js, err := agent.Jobs(context.Background(), control, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, j := range js {
+		if j.Container == name {
+			n++
+			if j.ID != req.ID {
+				t.Errorf("a job under another ID: %s", j.ID)
+			}
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d jobs for the container, want 1", n)
+	}
+	other := req
+	other.Container = "someone-else"
+	if _, err := agent.Migrate(context.Background(), control, other, nil); err == nil || !strings.Contains(err.Error(), "names the migration of") {
+		t.Errorf("the ID for another container: %v", err)
+	}
+	if pr, perr := p.Stop(); perr != nil || !pr.StateOK {
+		t.Errorf("workload: %+v %v", pr, perr)
+	}
+}

@@ -206,8 +206,11 @@ type RootfsDone struct {
 
 // Request is what the CLI asks of a source agent.
 type Request struct {
-	// ID is the migration's, given by the source agent when it accepts the
-	// request (the CLI leaves it empty).
+	// ID names the migration: the caller's choice (12 lowercase hex
+	// digits), or, left empty, the source agent's when it accepts the
+	// request. A request repeated with the same ID (a controller
+	// retrying) follows the migration that ID names, running or ended,
+	// instead of starting a second one.
 	ID        string `json:"id,omitempty"`
 	Container string `json:"container"`
 	To        string `json:"to"`
