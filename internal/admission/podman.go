@@ -64,3 +64,79 @@ func (p Policy) CheckPodmanSpec(b []byte, id string) error {
 	}
 	return p.CheckSpec(checked)
 }
+
+// podmanGlobalFlags are the global flags Podman's own exit command passes
+// (specgenutil.CreateExitCommandArgs), each with a value: where its
+// storage, state and networks are. Flags that name programs or code to
+// run (--conmon, --hooks-dir, --module, --config, a --runtime path) are
+// not among them.
+var podmanGlobalFlags = map[string]bool{
+	"--root": true, "--runroot": true, "--log-level": true, "--cgroup-manager": true, "--tmpdir": true,
+	"--network-config-dir": true, "--network-backend": true, "--volumepath": true, "--db-backend": true,
+	"--runtime": true, "--storage-driver": true, "--storage-opt": true, "--events-backend": true, "--imagestore": true,
+}
+
+// podmanCleanupFlags may follow "container cleanup" in it.
+var podmanCleanupFlags = map[string]bool{"--rm": true, "--rmi": true, "--stopped-only": true, "--exec": true}
+
+// CheckPodmanExitCommand says why a Podman container's exit command
+// (config.dump's exitCommand, which conmon runs as root on this host when
+// the container exits) is not Podman's own cleanup, "" when it is: this
+// host's podman binary (podman, the resolved path of the one on PATH),
+// only the global flags Podman passes (a --runtime by name, paths
+// absolute), then "container cleanup", its own flags and the container's
+// ID.
+func CheckPodmanExitCommand(cmd []string, podman string) string {
+	if len(cmd) == 0 {
+		return ""
+	}
+	bad := func(why string) string {
+		return fmt.Sprintf("its exit command %q is not Podman's own cleanup (%s): conmon would run it as root on this host", strings.Join(cmd, " "), why)
+	}
+	prog := filepath.Clean(cmd[0])
+	if real, err := filepath.EvalSymlinks(prog); err == nil {
+		prog = real
+	}
+	if podman == "" || prog != podman {
+		return bad("not this host's podman, " + podman)
+	}
+	i := 1
+	for ; i < len(cmd) && cmd[i] != "container"; i++ {
+		flag, value, inline := strings.Cut(cmd[i], "=")
+		switch {
+		case flag == "--syslog" || flag == "--transient-store":
+			continue
+		case !podmanGlobalFlags[flag]:
+			return bad("flag " + flag)
+		}
+		if !inline {
+			if i+1 >= len(cmd) {
+				return bad(flag + " without a value")
+			}
+			i++
+			value = cmd[i]
+		}
+		if flag == "--runtime" && strings.Contains(value, "/") {
+			return bad("--runtime names a program by path")
+		}
+		if strings.HasPrefix(value, "/") && filepath.Clean(value) != value {
+			return bad(flag + " " + value)
+		}
+	}
+	if i+1 >= len(cmd) || cmd[i+1] != "cleanup" {
+		return bad("no container cleanup")
+	}
+	rest := cmd[i+2:]
+	if len(rest) == 0 {
+		return bad("no container ID")
+	}
+	for _, a := range rest[:len(rest)-1] {
+		if !podmanCleanupFlags[a] {
+			return bad("cleanup flag " + a)
+		}
+	}
+	if id := rest[len(rest)-1]; strings.HasPrefix(id, "-") || strings.Contains(id, "/") {
+		return bad("container ID " + id)
+	}
+	return ""
+}

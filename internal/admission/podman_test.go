@@ -170,3 +170,47 @@ func TestMaliciousPodmanSpecsAreRefused(t *testing.T) {
 		t.Errorf("a bad spec.dump: %v", err)
 	}
 }
+
+// conmon runs config.dump's exit command as root here when the container
+// exits: Podman's own cleanup passes, anything else is refused.
+func TestPodmanExitCommand(t *testing.T) {
+	const podman = "/usr/bin/podman"
+	own := []string{podman, "--root", "/var/lib/containers/storage", "--runroot", "/run/containers/storage",
+		"--log-level", "warning", "--cgroup-manager", "cgroupfs", "--tmpdir", "/run/libpod", "--network-config-dir", "",
+		"--network-backend", "netavark", "--volumepath", "/var/lib/containers/storage/volumes", "--runtime", "runc",
+		"--storage-driver", "overlay", "--events-backend", "file", "--syslog", "--transient-store=false",
+		"container", "cleanup", "--rm", "ce19585cde1e"}
+	for _, ok := range [][]string{nil, own} {
+		if why := admission.CheckPodmanExitCommand(ok, podman); why != "" {
+			t.Errorf("%q refused: %s", ok, why)
+		}
+	}
+	edit := func(f func([]string) []string) []string { return f(append([]string{}, own...)) }
+	for _, c := range []struct {
+		cmd  []string
+		want string
+	}{
+		{[]string{"/bin/sh", "-c", "id > /tmp/owned"}, "not this host's podman"},
+		{edit(func(c []string) []string { c[0] = "/tmp/podman"; return c }), "not this host's podman"},
+		{edit(func(c []string) []string { return append(c[:1], append([]string{"--hooks-dir", "/tmp/hooks"}, c[1:]...)...) }), "flag --hooks-dir"},
+		{edit(func(c []string) []string { return append(c[:1], append([]string{"--conmon", "/tmp/x"}, c[1:]...)...) }), "flag --conmon"},
+		{edit(func(c []string) []string {
+			for i := range c {
+				if c[i] == "runc" {
+					c[i] = "/tmp/evil-runtime"
+				}
+			}
+			return c
+		}), "--runtime names a program by path"},
+		{edit(func(c []string) []string { return append(c[:len(c)-4], "container", "rm", "-f", "other") }), "no container cleanup"},
+		{edit(func(c []string) []string { return append(c[:len(c)-1], "--all", "x") }), "cleanup flag --all"},
+		{edit(func(c []string) []string { return append(c[:len(c)-1]) }), "container ID --rm"},
+	} {
+		if why := admission.CheckPodmanExitCommand(c.cmd, podman); !strings.Contains(why, c.want) {
+			t.Errorf("%q: %q, want it to name %q", c.cmd, why, c.want)
+		}
+	}
+	if why := admission.CheckPodmanExitCommand(own, ""); why == "" {
+		t.Error("without a podman here, an exit command passed")
+	}
+}

@@ -389,6 +389,9 @@ type podmanConfig struct {
 	Secrets       []struct {
 		Name string `json:"name"`
 	} `json:"secrets"`
+	// ExitCommand is what conmon runs, as root on this host, when the
+	// container exits (Podman 4 stores it at create and keeps it).
+	ExitCommand []string `json:"exitCommand"`
 }
 
 func parseConfig(b []byte) (*podmanConfig, error) {

@@ -175,6 +175,9 @@ func (r *Runtime) admit(id string, config, spec []byte) error {
 		for _, s := range cfg.Secrets {
 			why = append(why, fmt.Sprintf("would get this host's Podman secret %q", s.Name))
 		}
+		if r := admission.CheckPodmanExitCommand(cfg.ExitCommand, podmanPath()); r != "" {
+			why = append(why, r)
+		}
 		// Podman puts a network namespace of its own in place of the
 		// spec's only when it makes one (createNetNS); otherwise a path
 		// there (--network ns:PATH) is joined as it is.
@@ -477,4 +480,16 @@ func (t *target) Discard(ctx context.Context) error {
 func staleState(err error) bool {
 	s := err.Error()
 	return strings.Contains(s, "state improper") || strings.Contains(s, "not running") || strings.Contains(s, "not paused")
+}
+
+// podmanPath is this host's podman binary, as conmon would run it.
+func podmanPath() string {
+	p, err := exec.LookPath("podman")
+	if err != nil {
+		return ""
+	}
+	if real, err := filepath.EvalSymlinks(p); err == nil {
+		return real
+	}
+	return p
 }
