@@ -192,7 +192,9 @@ func TestPodmanExitCommand(t *testing.T) {
 	}{
 		{[]string{"/bin/sh", "-c", "id > /tmp/owned"}, "not this host's podman"},
 		{edit(func(c []string) []string { c[0] = "/tmp/podman"; return c }), "not this host's podman"},
-		{edit(func(c []string) []string { return append(c[:1], append([]string{"--hooks-dir", "/tmp/hooks"}, c[1:]...)...) }), "flag --hooks-dir"},
+		{edit(func(c []string) []string {
+			return append(c[:1], append([]string{"--hooks-dir", "/tmp/hooks"}, c[1:]...)...)
+		}), "flag --hooks-dir"},
 		{edit(func(c []string) []string { return append(c[:1], append([]string{"--conmon", "/tmp/x"}, c[1:]...)...) }), "flag --conmon"},
 		{edit(func(c []string) []string {
 			for i := range c {
