@@ -390,7 +390,8 @@ type podmanConfig struct {
 		Name string `json:"name"`
 	} `json:"secrets"`
 	// ExitCommand is what conmon runs, as root on this host, when the
-	// container exits (Podman 4 stores it at create and keeps it).
+	// container exits, where a Podman keeps the one it made at create
+	// (4.3 keeps none: it makes one at each start).
 	ExitCommand []string `json:"exitCommand"`
 }
 

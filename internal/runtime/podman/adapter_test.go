@@ -442,8 +442,17 @@ func TestAdapterMigratesAcrossHosts(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(c.Rootfs, "etc", "ferry-marker")); err != nil {
 		t.Fatalf("Rootfs %s is not the writable layer: %v", c.Rootfs, err)
 	}
-	if cfg, err := parseConfig(c.Meta[MetaConfig]); err != nil || cfg.ID != c.ID || cfg.ImageID != c.Image {
+	cfg, err := parseConfig(c.Meta[MetaConfig])
+	if err != nil || cfg.ID != c.ID || cfg.ImageID != c.Image {
 		t.Fatalf("config.dump %+v: %v", cfg, err)
+	}
+	// A Podman that keeps the exit command it made at create hands it to
+	// conmon, which runs it here: admission takes Podman's own for such.
+	// (4.3, Debian 12's, keeps none: it makes one at each start.)
+	if len(cfg.ExitCommand) > 0 {
+		if why := admission.CheckPodmanExitCommand(cfg.ExitCommand, podmanPath()); why != "" {
+			t.Errorf("Podman's own exit command refused: %s", why)
+		}
 	}
 	if !json.Valid(c.Spec) || string(c.Spec) != string(c.Meta[MetaSpec]) {
 		t.Fatal("spec.dump missing or malformed")
