@@ -206,7 +206,7 @@ func TestPodmanExitCommand(t *testing.T) {
 		}), "--runtime names a program by path"},
 		{edit(func(c []string) []string { return append(c[:len(c)-4], "container", "rm", "-f", "other") }), "no container cleanup"},
 		{edit(func(c []string) []string { return append(c[:len(c)-1], "--all", "x") }), "cleanup flag --all"},
-		{edit(func(c []string) []string { return append(c[:len(c)-1]) }), "container ID --rm"},
+		{edit(func(c []string) []string { return c[:len(c)-1] }), "container ID --rm"},
 	} {
 		if why := admission.CheckPodmanExitCommand(c.cmd, podman); !strings.Contains(why, c.want) {
 			t.Errorf("%q: %q, want it to name %q", c.cmd, why, c.want)
