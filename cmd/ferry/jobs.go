@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -221,7 +220,7 @@ Exit status: 0 settled, 3 still in doubt (the destination cannot answer yet).`,
 				return err
 			}
 			if asJSON {
-				if err := json.NewEncoder(os.Stdout).Encode(r); err != nil {
+				if err := printJSON(r); err != nil {
 					return err
 				}
 			} else {

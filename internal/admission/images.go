@@ -53,30 +53,29 @@ func (p Policy) CheckImages(dir string, spec []byte) error {
 	return refused(why)
 }
 
-// capBits maps "CAP_SYS_ADMIN" to its bit.
-var capBits = func() map[string]int {
-	m := map[string]int{}
+// capBits maps "CAP_SYS_ADMIN" to its bit, capName the bit to its name.
+var capBits, capName = func() (map[string]int, map[int]string) {
+	bits, names := map[string]int{}, map[int]string{}
 	for _, c := range capability.ListKnown() {
-		m["CAP_"+strings.ToUpper(c.String())] = int(c)
+		name := "CAP_" + strings.ToUpper(c.String())
+		bits[name], names[int(c)] = int(c), name
 	}
-	return m
+	return bits, names
 }()
 
+// capNames names the capabilities of a mask, sorted; a bit this library
+// has no name for by its number.
 func capNames(mask uint64) string {
 	var names []string
-	for name, bit := range capBits {
-		if mask&(1<<bit) != 0 {
-			names = append(names, name)
-		}
-	}
 	for bit := 0; bit < 64; bit++ {
-		known := false
-		for _, b := range capBits {
-			known = known || b == bit
+		if mask&(1<<bit) == 0 {
+			continue
 		}
-		if mask&(1<<bit) != 0 && !known {
-			names = append(names, fmt.Sprintf("capability %d", bit))
+		name, ok := capName[bit]
+		if !ok {
+			name = fmt.Sprintf("capability %d", bit)
 		}
+		names = append(names, name)
 	}
 	slices.Sort(names)
 	return strings.Join(names, ", ")

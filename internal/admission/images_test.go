@@ -7,10 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/creds"
-	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
-	"google.golang.org/protobuf/proto"
-
 	"github.com/ferry-migrate/ferry/internal/admission"
 	"github.com/ferry-migrate/ferry/internal/images"
 )
@@ -19,17 +15,7 @@ import (
 // all caps (a bit mask).
 func writeCore(t *testing.T, dir string, pid int, caps uint64) {
 	t.Helper()
-	words := []uint32{uint32(caps), uint32(caps >> 32)}
-	zero := proto.Uint32(0)
-	core := &criucore.CoreEntry{
-		Mtype: criucore.CoreEntry_X86_64.Enum(),
-		ThreadCore: &criucore.ThreadCoreEntry{
-			FutexRla: proto.Uint64(0), FutexRlaLen: zero,
-			Creds: &creds.CredsEntry{Uid: zero, Gid: zero, Euid: zero, Egid: zero, Suid: zero, Sgid: zero, Fsuid: zero, Fsgid: zero, Secbits: zero,
-				CapInh: words, CapPrm: words, CapEff: words, CapBnd: words},
-		},
-	}
-	b, err := images.EncodeCore(core)
+	b, err := images.EncodeTaskCaps(caps)
 	if err != nil {
 		t.Fatal(err)
 	}

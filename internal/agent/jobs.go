@@ -274,30 +274,17 @@ func (js *jobs) wait(ctx context.Context, id string, progress func(engine.Progre
 // A migration the destination committed ran there: the report says ok.
 // One whose agent died under it has no job kept: e makes one.
 func (js *jobs) settle(e journal.Entry, note string) error {
-	js.mu.Lock()
-	defer js.mu.Unlock()
-	info := engine.Job{ID: e.ID, Container: e.Container, To: e.Peer, Started: e.Updated, Ended: e.Updated,
-		Report: &engine.Report{Container: e.Container, Runtime: e.Runtime, Error: "the source agent stopped during the migration"}}
-	b, err := os.ReadFile(filepath.Join(js.dir, e.ID+".json"))
-	if err == nil {
-		err = json.Unmarshal(b, &info)
-	}
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
+	info := js.endedJob(e.ID)
+	if info == nil {
+		info = &engine.Job{ID: e.ID, Container: e.Container, To: e.Peer, Started: e.Updated, Ended: e.Updated,
+			Report: &engine.Report{Container: e.Container, Runtime: e.Runtime, Error: "the source agent stopped during the migration"}}
 	}
 	if info.Report == nil {
 		info.Report = &engine.Report{Container: e.Container, Runtime: e.Runtime}
 	}
 	info.Report.SourceState, info.Report.Settled = e.State, note
 	info.Report.OK = e.State == journal.Removed
-	b, err = json.MarshalIndent(info, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(js.dir, 0o700); err != nil {
-		return err
-	}
-	return renameio.WriteFile(filepath.Join(js.dir, e.ID+".json"), b, 0o600)
+	return js.keep(*info)
 }
 
 // known says whether id names a job here, running or ended.

@@ -202,14 +202,14 @@ func (a *Agent) keepNetwork(e journal.Entry) {
 // (which may hold the container's address, taken at the freeze, behind a
 // hold nobody reads any more), and records it gone.
 func (a *Agent) drop(ctx context.Context, rt runtime.Runtime, c *runtime.Container, e journal.Entry) error {
-	if err := engine.SilenceDestinationNetwork(e.NetNS); err != nil {
+	if err := engine.SilenceNetwork(e.NetNS); err != nil {
 		a.Log.Warn("the network of a copy about to be dropped could not be silenced", "migration", e.ID, "container", e.Container, "netns", e.NetNS, "error", err)
 	}
 	if err := rt.Remove(ctx, c); err != nil && !errors.Is(err, runtime.ErrNotFound) {
 		a.Log.Error("a copy from before a restart could not be dropped", "migration", e.ID, "container", e.Container, "error", err)
 		return err
 	}
-	if err := engine.DropDestinationNetwork(e.NetNS); err != nil {
+	if err := engine.DropNetwork(e.NetNS); err != nil {
 		a.Log.Error("the network namespace of a dropped copy could not be deleted", "migration", e.ID, "container", e.Container, "netns", e.NetNS, "error", err)
 		return err
 	}
@@ -350,7 +350,7 @@ func (a *Agent) settle(ctx context.Context, e journal.Entry, state string) (fina
 		if err := rt.Remove(ctx, c); err != nil && !errors.Is(err, runtime.ErrNotFound) {
 			return "", err
 		}
-		if err := engine.DropSourceNetwork(e.NetNS); err != nil {
+		if err := engine.DropNetwork(e.NetNS); err != nil {
 			a.Log.Warn("the removed source copy's network namespace stays", "migration", e.ID, "netns", e.NetNS, "error", err)
 		}
 		a.Log.Info("the destination owns the container: source copy removed", "migration", e.ID, "container", e.Container)
@@ -384,7 +384,7 @@ func (a *Agent) settle(ctx context.Context, e journal.Entry, state string) (fina
 				a.Log.Error("the resumed source copy keeps auto-converge's CPU throttle", "migration", e.ID, "container", e.Container, "error", err)
 			}
 		}
-		if err := engine.WakeSourceNetwork(e.NetNS); err != nil {
+		if err := engine.WakeNetwork(e.NetNS); err != nil {
 			a.Log.Error("the resumed source copy's network could not be turned back on", "migration", e.ID, "container", e.Container, "netns", e.NetNS, "error", err)
 		}
 		a.Log.Info("the destination has no copy: source copy resumed", "migration", e.ID, "container", e.Container)

@@ -9,14 +9,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/creds"
-	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/cnet"
@@ -277,13 +275,7 @@ const hostileTaken = "hostile-taken"
 var escapes = []string{"/tmp/ferry-hostile-escape", "/tmp/ferry-hostile-hook", "/etc/ferry-hostile"}
 
 func dropNS(nss []specs.LinuxNamespace, t specs.LinuxNamespaceType) []specs.LinuxNamespace {
-	var out []specs.LinuxNamespace
-	for _, ns := range nss {
-		if ns.Type != t {
-			out = append(out, ns)
-		}
-	}
-	return out
+	return slices.DeleteFunc(slices.Clone(nss), func(ns specs.LinuxNamespace) bool { return ns.Type == t })
 }
 
 // escapeTar writes a tar whose entries climb out of where it is unpacked:
@@ -324,17 +316,28 @@ func acceptedOffer(ctx context.Context, p *peer) (*transport.Session, *transport
 	return sess, ctl, nil
 }
 
+// openAfterOffer opens a channel of kind after a valid offer the
+// destination accepted; the caller closes the session.
+func openAfterOffer(ctx context.Context, p *peer, kind string) (*transport.Session, *transport.Channel, *transport.Channel, error) {
+	sess, ctl, err := acceptedOffer(ctx, p)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ch, err := sess.Open(kind)
+	if err != nil {
+		sess.Close()
+		return nil, nil, nil, err
+	}
+	return sess, ctl, ch, nil
+}
+
 // rootfsEscape sends a live rootfs delta whose entries climb out.
 func rootfsEscape(ctx context.Context, p *peer) (bool, string, error) {
-	sess, ctl, err := acceptedOffer(ctx, p)
+	sess, ctl, ch, err := openAfterOffer(ctx, p, engine.ChanRootfsLive)
 	if err != nil {
 		return false, "", err
 	}
 	defer sess.Close()
-	ch, err := sess.Open(engine.ChanRootfsLive)
-	if err != nil {
-		return false, "", err
-	}
 	var have engine.RootfsHave
 	if err := ch.Recv(&have); err != nil {
 		return false, "", err
@@ -345,14 +348,18 @@ func rootfsEscape(ctx context.Context, p *peer) (bool, string, error) {
 	var done engine.RootfsDone
 	if err := ch.Recv(&done); err != nil {
 		// The destination says why on the control channel.
-		return false, controlAnswer(ctl, err), nil
+		return false, refusalOr(ctl, err), nil
 	}
 	return true, fmt.Sprintf("applied %d files", done.Files), nil
 }
 
-// controlAnswer is the reason the destination gave on ctl for failing a
-// migration, or else the error the channel itself ended with.
-func controlAnswer(ctl *transport.Channel, chErr error) string {
+// errNoAnswer: the destination said nothing on the control channel in time.
+var errNoAnswer = errors.New("no answer")
+
+// nextAnswer waits up to within for the destination's next message on
+// the control channel: nil for an ordinary message, its failure (a
+// refusal names its reason), or errNoAnswer.
+func nextAnswer(ctl *transport.Channel, within time.Duration) error {
 	got := make(chan error, 1)
 	go func() {
 		var any json.RawMessage
@@ -360,64 +367,50 @@ func controlAnswer(ctl *transport.Channel, chErr error) string {
 	}()
 	select {
 	case err := <-got:
-		if err != nil && transport.IsRemote(err) {
-			return err.Error()
-		}
-	case <-time.After(5 * time.Second):
+		return err
+	case <-time.After(within):
+		return errNoAnswer
 	}
-	return chErr.Error()
+}
+
+// refusalOr is the reason the destination gave on ctl for failing a
+// migration, or else fallback (the error its data channel ended with).
+func refusalOr(ctl *transport.Channel, fallback error) string {
+	if err := nextAnswer(ctl, 5*time.Second); err != nil && transport.IsRemote(err) {
+		return err.Error()
+	}
+	return fallback.Error()
 }
 
 // imagesEscape sends CRIU images whose entries climb out.
 func imagesEscape(ctx context.Context, p *peer) (bool, string, error) {
-	sess, ctl, err := acceptedOffer(ctx, p)
+	sess, ctl, ch, err := openAfterOffer(ctx, p, engine.ChanImages)
 	if err != nil {
 		return false, "", err
 	}
 	defer sess.Close()
-	ch, err := sess.Open(engine.ChanImages)
-	if err != nil {
-		return false, "", err
-	}
 	_ = escapeTar(ch)
 	_ = ch.CloseWrite()
 	// The destination fails the migration on its control channel.
-	answer := make(chan error, 1)
-	go func() {
-		var step engine.AddressTaken
-		answer <- ctl.Recv(&step)
-	}()
-	select {
-	case err := <-answer:
-		if err != nil {
-			return false, err.Error(), nil
-		}
+	switch err := nextAnswer(ctl, 10*time.Second); {
+	case err == nil:
 		return true, "answered as if nothing happened", nil
-	case <-time.After(10 * time.Second):
+	case errors.Is(err, errNoAnswer):
 		return true, "no refusal within 10 s", nil
+	default:
+		return false, err.Error(), nil
 	}
 }
 
 // imagesPrivileged sends CRIU images whose task holds CAP_SYS_ADMIN and
 // CAP_SYS_MODULE under a configuration that gives neither.
 func imagesPrivileged(ctx context.Context, p *peer) (bool, string, error) {
-	sess, ctl, err := acceptedOffer(ctx, p)
+	sess, ctl, ch, err := openAfterOffer(ctx, p, engine.ChanImages)
 	if err != nil {
 		return false, "", err
 	}
 	defer sess.Close()
-	ch, err := sess.Open(engine.ChanImages)
-	if err != nil {
-		return false, "", err
-	}
-	zero := proto.Uint32(0)
-	all := []uint32{^uint32(0), ^uint32(0)}
-	core, err := images.EncodeCore(&criucore.CoreEntry{
-		Mtype: criucore.CoreEntry_X86_64.Enum(),
-		ThreadCore: &criucore.ThreadCoreEntry{FutexRla: proto.Uint64(0), FutexRlaLen: zero,
-			Creds: &creds.CredsEntry{Uid: zero, Gid: zero, Euid: zero, Egid: zero, Suid: zero, Sgid: zero, Fsuid: zero, Fsgid: zero, Secbits: zero,
-				CapInh: all, CapPrm: all, CapEff: all, CapBnd: all}},
-	})
+	core, err := images.EncodeTaskCaps(^uint64(0))
 	if err != nil {
 		return false, "", err
 	}
@@ -430,7 +423,7 @@ func imagesPrivileged(ctx context.Context, p *peer) (bool, string, error) {
 	}
 	_ = tw.Close()
 	_ = ch.CloseWrite()
-	answer := controlAnswer(ctl, errors.New("no answer"))
+	answer := refusalOr(ctl, errNoAnswer)
 	if strings.Contains(answer, "CAP_SYS_ADMIN") {
 		return false, answer, nil
 	}

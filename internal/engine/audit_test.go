@@ -38,24 +38,24 @@ func TestCommitGate(t *testing.T) {
 
 // A second offer for a name (or an ID) arriving is refused while the
 // first holds it, and taken again once the first let go.
-func TestReserveName(t *testing.T) {
+func TestReserveArrival(t *testing.T) {
 	d := &Destination{Admission: admission.Policy{MaxMemoryBytes: 100}}
-	release, err := d.reserveName("web", "0123456789ab", 60)
+	release, err := d.reserveArrival("web", "0123456789ab", 60)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.reserveName("web", "ba9876543210", 1); err == nil || !strings.Contains(err.Error(), "already receiving a container named") {
+	if _, err := d.reserveArrival("web", "ba9876543210", 1); err == nil || !strings.Contains(err.Error(), "already receiving a container named") {
 		t.Errorf("second offer for web: %v", err)
 	}
-	if _, err := d.reserveName("db", "0123456789ab", 1); err == nil {
+	if _, err := d.reserveArrival("db", "0123456789ab", 1); err == nil {
 		t.Error("second offer with the same ID admitted")
 	}
 	// Memory is counted over every arriving offer, not each alone.
-	if _, err := d.reserveName("db", "ba9876543210", 41); !admission.IsRefused(err) {
+	if _, err := d.reserveArrival("db", "ba9876543210", 41); !admission.IsRefused(err) {
 		t.Errorf("two offers above the memory bound together: %v", err)
 	}
 	release()
-	if r, err := d.reserveName("web", "ba9876543210", 100); err != nil {
+	if r, err := d.reserveArrival("web", "ba9876543210", 100); err != nil {
 		t.Errorf("after the release: %v", err)
 	} else {
 		r()

@@ -96,11 +96,11 @@ type Destination struct {
 	arrivingB  int64
 }
 
-// reserveName reserves a container name, a migration ID and the memory
+// reserveArrival reserves a container name, a migration ID and the memory
 // an offer announced for one incoming migration until the returned
 // release; a name or ID already arriving is refused, and so is memory
 // beyond what admission allows all arriving offers together.
-func (d *Destination) reserveName(name, id string, memory int64) (release func(), err error) {
+func (d *Destination) reserveArrival(name, id string, memory int64) (release func(), err error) {
 	d.arrivingMu.Lock()
 	defer d.arrivingMu.Unlock()
 	if d.arriving == nil {
@@ -203,7 +203,7 @@ type incoming struct {
 	// session names it.
 	journaled, restoring bool
 	peer                 string
-	// release gives up the claim on the container's name (Destination.reserveName).
+	// release gives up the claim on the container's name (Destination.reserveArrival).
 	release func()
 	// liveSynced: the live rootfs sync was applied whole.
 	liveSynced atomic.Bool
@@ -351,7 +351,7 @@ func (in *incoming) prepare(ctx context.Context) error {
 	in.rt = rt
 	// Nothing here is touched before the name is this migration's: not
 	// taken by a container of this host, nor by another offer arriving.
-	if in.release, err = in.d.reserveName(o.Container, o.ID, o.MemoryBytes); err != nil {
+	if in.release, err = in.d.reserveArrival(o.Container, o.ID, o.MemoryBytes); err != nil {
 		return err
 	}
 	if _, err := rt.Inspect(ctx, o.Container); err == nil {

@@ -75,10 +75,12 @@ func (m *migration) wakeSource() {
 	}
 }
 
-// WakeSourceNetwork is wakeSource for a source copy a migration left
-// frozen in doubt, resumed later by the agent (its migration's state
-// gone with it): the namespace at nsPath says what to turn on.
-func WakeSourceNetwork(nsPath string) error {
+// WakeNetwork turns a copy's network on and announces its address,
+// outside a migration (its state gone with it): the source's resumed by
+// the agent settling a migration left in doubt, a destination's kept
+// after a restart (TakeOverNetwork). The namespace at nsPath says what to
+// turn on.
+func WakeNetwork(nsPath string) error {
 	if nsPath == "" {
 		return nil
 	}
@@ -96,12 +98,12 @@ func wake(nsPath string, spec cnet.Spec) error {
 	return cnet.Announce(nsPath, spec)
 }
 
-// SilenceDestinationNetwork takes the carrier of a destination's copy
+// SilenceNetwork takes the carrier of a destination's copy
 // down before the copy is dropped: it may hold the address (taken at the
 // freeze), and a restored copy's sockets, closed as its processes are
 // killed, would send the peers a FIN or a reset from it, ending the
 // connections the source's copy resumes with.
-func SilenceDestinationNetwork(nsPath string) error {
+func SilenceNetwork(nsPath string) error {
 	if nsPath == "" {
 		return nil
 	}
@@ -125,16 +127,7 @@ func TakeOverNetwork(nsPath string) error {
 	if err := cnet.EndHold(nsPath); err != nil {
 		return err
 	}
-	return WakeSourceNetwork(nsPath) // the same steps as a resumed source's
-}
-
-// DropDestinationNetwork deletes the namespace a destination rebuilt for
-// a copy it dropped at recovery (dropNetwork, after a restart).
-func DropDestinationNetwork(nsPath string) error {
-	if nsPath == "" {
-		return nil
-	}
-	return cnet.Delete(filepath.Base(nsPath))
+	return WakeNetwork(nsPath)
 }
 
 // noteHold puts what the destination held in the report.
@@ -173,13 +166,15 @@ func (m *migration) handOverAddress() error {
 // ferry made it (a namespace someone else made is theirs to remove).
 func (m *migration) dropSourceNetwork() {
 	if m.network != nil {
-		_ = DropSourceNetwork(m.netnsPath)
+		_ = DropNetwork(m.netnsPath)
 	}
 }
 
-// DropSourceNetwork is dropSourceNetwork for a source copy removed later,
-// by the agent settling a migration left in doubt.
-func DropSourceNetwork(nsPath string) error {
+// DropNetwork deletes a copy's namespace that ferry made (names with
+// cnet.Prefix; one someone else made is theirs to remove): the source's
+// after the commit or a settle that found the destination owned it, a
+// destination's for a copy it dropped.
+func DropNetwork(nsPath string) error {
 	if nsPath == "" || !strings.HasPrefix(filepath.Base(nsPath), cnet.Prefix) {
 		return nil
 	}
@@ -298,13 +293,13 @@ func (in *incoming) dropHold() {
 	}
 }
 
-func (in *incoming) dropNetwork() { _ = DropDestinationNetwork(in.netnsPath) }
+func (in *incoming) dropNetwork() { _ = DropNetwork(in.netnsPath) }
 
 // silenceNetwork takes the copy's carrier down before it is discarded
-// (SilenceDestinationNetwork).
+// (SilenceNetwork).
 func (in *incoming) silenceNetwork() {
 	if in.up {
-		if err := SilenceDestinationNetwork(in.netnsPath); err != nil {
+		if err := SilenceNetwork(in.netnsPath); err != nil {
 			slog.Warn("silencing the dropped copy's network", "container", in.offer.Container, "error", err)
 		}
 		in.up = false

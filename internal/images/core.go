@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/creds"
 	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
 	"google.golang.org/protobuf/proto"
 )
@@ -92,17 +93,23 @@ func decodeCoreCaps(b []byte) (uint64, error) {
 	return caps, nil
 }
 
-// EncodeCore frames core entries as CRIU writes a core image (tests).
-func EncodeCore(entries ...*criucore.CoreEntry) ([]byte, error) {
+// EncodeTaskCaps is a core image, framed as CRIU writes one, of one task
+// whose every capability set is caps, its other credentials root's (tests
+// and bench hostile: images that claim capabilities).
+func EncodeTaskCaps(caps uint64) ([]byte, error) {
+	zero := proto.Uint32(0)
+	words := []uint32{uint32(caps), uint32(caps >> 32)}
+	m, err := proto.Marshal(&criucore.CoreEntry{
+		Mtype: criucore.CoreEntry_X86_64.Enum(),
+		ThreadCore: &criucore.ThreadCoreEntry{FutexRla: proto.Uint64(0), FutexRlaLen: zero,
+			Creds: &creds.CredsEntry{Uid: zero, Gid: zero, Euid: zero, Egid: zero, Suid: zero, Sgid: zero, Fsuid: zero, Fsgid: zero, Secbits: zero,
+				CapInh: words, CapPrm: words, CapEff: words, CapBnd: words}},
+	})
+	if err != nil {
+		return nil, err
+	}
 	buf := binary.LittleEndian.AppendUint32(nil, magicCommon)
 	buf = binary.LittleEndian.AppendUint32(buf, magicCore)
-	for _, e := range entries {
-		m, err := proto.Marshal(e)
-		if err != nil {
-			return nil, err
-		}
-		buf = binary.LittleEndian.AppendUint32(buf, uint32(len(m)))
-		buf = append(buf, m...)
-	}
-	return buf, nil
+	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(m)))
+	return append(buf, m...), nil
 }
