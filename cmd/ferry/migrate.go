@@ -132,7 +132,15 @@ start the container again with its runtime.`,
 				accepted = func(id string) { _ = enc.Encode(engine.Event{Job: &engine.JobRef{ID: id}}) }
 				progress = func(p engine.Progress) { _ = enc.Encode(engine.Event{Progress: &p}) }
 			case !asJSON && term.IsTerminal(int(os.Stderr.Fd())):
+				told := false
 				progress = func(p engine.Progress) {
+					if !told && len(p.Networks) > 0 {
+						// Said before anything is frozen, not only in the report.
+						for _, n := range p.Networks {
+							fmt.Fprintf(os.Stderr, "\r\033[Knetwork: %s\n", n.Outcome)
+						}
+						told = true
+					}
 					fmt.Fprintf(os.Stderr, "\r\033[K%-12s %10s  %s", p.Phase, humanBytes(p.Bytes), humanRate(p.RateBps))
 				}
 				defer fmt.Fprint(os.Stderr, "\r\033[K")
@@ -168,6 +176,7 @@ start the container again with its runtime.`,
 	f.StringVar(&req.Runtime, "runtime", engine.RuntimeAuto, "the container's runtime: auto (find it by name), runc, podman, lxc, containerd or docker")
 	f.StringVar(&namespace, "namespace", "", "containerd: the container's namespace (default: default)")
 	f.StringVar(&req.RuncRoot, "runc-root", "", "runc root the container lives under (default: the source agent's --runc-root)")
+	f.BoolVar(&req.KeepVolumes, "keep-volumes", false, "after the commit, keep the source's copy of the volumes that moved (named volumes: Docker), instead of removing them with the container")
 	f.StringVar(&maxBW, "max-bandwidth", "", "cap the migration's sending rate (e.g. 500mbit) to leave room for other traffic")
 	f.StringSliceVar(&req.Faults, "inject-fault", nil, "inject a failure for testing (agents with --allow-faults only): ACTION@PHASE, e.g. kill-destination@restore (see ferry bench faults --help)")
 	_ = f.MarkHidden("inject-fault")
@@ -295,6 +304,12 @@ func printReport(w io.Writer, r engine.Report) {
 	}
 	if r.Transport != "" {
 		fmt.Fprintf(w, "  transport     %s\n", r.Transport)
+	}
+	for _, v := range r.Volumes {
+		fmt.Fprintf(w, "  volume        %s at %s: %s live, %s frozen\n", v.Name, v.Path, humanBytes(v.Bytes), humanBytes(v.FrozenBytes))
+	}
+	for _, n := range r.Networks {
+		fmt.Fprintf(w, "  network       %s\n", n.Outcome)
 	}
 	if r.Auto != nil {
 		fmt.Fprintf(w, "  auto          %s\n", r.Auto.Reason)

@@ -29,12 +29,16 @@ type planOutput struct {
 	Recommended string             `json:"recommended"`
 	Reason      string             `json:"reason"`
 	Profile     string             `json:"profile"`
+	// Network says what the move does to the container's address and
+	// connections (--network).
+	Network string `json:"network,omitempty"`
 }
 
 func newPlanCmd() *cobra.Command {
 	var (
 		memory, bandwidth, profilePath string
-		runtimeKind                    string
+		runtimeKind, netKind           string
+		volume                         int64
 		dirtyRate                      float64
 		shared, rootfsDelta            int64
 		maxDowntime                    time.Duration
@@ -84,9 +88,16 @@ development machine.`,
 				return fmt.Errorf("--runtime: %q is not one of runc, podman, lxc, containerd, docker", runtimeKind)
 			}
 			in := engine.PlanFor(model.Inputs{MemoryBytes: float64(mem), DirtyRatePagesPerSec: dirtyRate, BandwidthBps: float64(bps) / 8,
-				SharedBytes: float64(shared), RootfsBytes: float64(rootfsDelta)}, caps)
+				SharedBytes: float64(shared), RootfsBytes: float64(rootfsDelta + volume)}, caps)
 			out := plan(prof, in, maxDowntime)
 			out.Profile = src
+			switch netKind {
+			case "", "host", "none", "segment":
+			case "bridge":
+				out.Network = engine.NetworkOutcome(runtime.Network{Name: "bridge", Driver: "bridge", HostLocal: true})
+			default:
+				return fmt.Errorf("--network: %q is not one of host, none, segment, bridge", netKind)
+			}
 			if asJSON {
 				if err := printJSON(out); err != nil {
 					return err
@@ -105,6 +116,8 @@ development machine.`,
 	f.Float64Var(&dirtyRate, "dirty-rate", 0, "pages the container dirties per second")
 	f.Var(units.BytesVar(&shared), "shared", "shared memory its processes hold (a database's buffers): dumped while frozen in every mode")
 	f.Var(units.BytesVar(&rootfsDelta), "rootfs", "root filesystem bytes to send before the technique starts (its own layer, or its whole tree)")
+	f.Var(units.BytesVar(&volume), "volume", "the data of the container's volumes: sent before the technique starts, as its root filesystem is")
+	f.StringVar(&netKind, "network", "host", "how the container reaches its clients: host or none (its host's network), segment (a namespace of its own on a segment both hosts share: address and connections kept), bridge (a runtime's bridge network: a new address, connections closed)")
 	f.StringVar(&bandwidth, "bandwidth", "", "link rate (1gbit, 100mbit)")
 	f.StringVar(&profilePath, "profile", "", "host profile from 'ferry calibrate' (default: built-in defaults)")
 	f.DurationVar(&maxDowntime, "max-downtime", 0, "downtime budget (e.g. 500ms); 0: none")
@@ -166,7 +179,10 @@ func printPlan(w io.Writer, o planOutput) {
 	}
 	if o.Recommended == "" {
 		fmt.Fprintf(w, "no technique fits: %s\n", o.Reason)
-		return
+	} else {
+		fmt.Fprintf(w, "recommended: %s (%s)\n", o.Recommended, o.Reason)
 	}
-	fmt.Fprintf(w, "recommended: %s (%s)\n", o.Recommended, o.Reason)
+	if o.Network != "" {
+		fmt.Fprintf(w, "network: %s\n", o.Network)
+	}
 }

@@ -407,7 +407,7 @@ func (a *Agent) journaled(e journal.Entry) (runtime.Runtime, *runtime.Container,
 	if err != nil {
 		return nil, nil, err
 	}
-	return rt, &runtime.Container{Runtime: e.Runtime, Name: e.Container, ID: e.Container}, nil
+	return rt, engine.JournaledContainer(e), nil
 }
 
 // ask opens a session to the destination and asks about one migration.

@@ -32,11 +32,16 @@ func requireDocker(t *testing.T) {
 // dk runs Docker's CLI against a lab host's daemon and returns its output.
 func dk(t *testing.T, h *lab.Host, args ...string) string {
 	t.Helper()
-	out, err := exec.Command("docker", append([]string{"-H", h.Docker().Host()}, args...)...).CombinedOutput()
+	out, err := dockerCmd(h, args...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("docker %s on %s: %v: %s", strings.Join(args, " "), h.Name, err, out)
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// dockerCmd is Docker's CLI for a lab host's daemon.
+func dockerCmd(h *lab.Host, args ...string) *exec.Cmd {
+	return exec.Command("docker", append([]string{"-H", h.Docker().Host()}, args...)...)
 }
 
 // dockerPs is `docker ps` on h as NAME:STATE (all containers with all).

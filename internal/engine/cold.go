@@ -93,7 +93,7 @@ func (m *migration) dumpStreaming(ctx context.Context) error {
 	var g errgroup.Group
 	var rootfsErr error
 	g.Go(func() error {
-		err := m.syncRootfs(ChanRootfsFinal)
+		err := m.syncTrees(false)
 		if err != nil {
 			pages.Close()
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -27,7 +26,6 @@ import (
 	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/pages"
 	"github.com/ferry-migrate/ferry/internal/pagestream"
-	"github.com/ferry-migrate/ferry/internal/rootfs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
 	"github.com/ferry-migrate/ferry/internal/units"
@@ -138,7 +136,8 @@ func (in *incoming) recordPull(peer, state string, pull *journal.Pull) error {
 		return nil
 	}
 	return in.d.Journal.Record(journal.Entry{ID: in.offer.ID, Role: journal.Destination, Peer: peer,
-		Container: in.offer.Container, Runtime: in.rt.Kind(), State: state, Pull: pull, NetNS: in.netnsPath})
+		Container: in.offer.Container, Runtime: in.rt.Kind(), State: state, Pull: pull, NetNS: in.netnsPath,
+		Volumes: volumeNames(in.offer.Volumes)})
 }
 
 // recordFinal records a final state; a failure leaves the restarted
@@ -205,8 +204,8 @@ type incoming struct {
 	peer                 string
 	// release gives up the claim on the container's name (Destination.reserveArrival).
 	release func()
-	// liveSynced: the live rootfs sync was applied whole.
-	liveSynced atomic.Bool
+	// trees are where the root filesystem and the volumes sync into.
+	trees []*destTree
 	// netnsPath is the container's network namespace rebuilt here; up:
 	// its carrier is on (takeAddress, bringUpNetwork).
 	netnsPath string
@@ -372,7 +371,8 @@ func (in *incoming) prepare(ctx context.Context) error {
 	if err := in.prepareNetwork(); err != nil {
 		return err
 	}
-	c := &runtime.Container{Runtime: kind, Name: o.Container, ID: o.Container, Spec: o.Spec, Image: o.Image, Meta: o.Meta}
+	c := &runtime.Container{Runtime: kind, Name: o.Container, ID: o.Container, Spec: o.Spec, Image: o.Image, Meta: o.Meta,
+		Volumes: o.Volumes, Networks: o.Networks}
 	t, err := rt.Prepare(ctx, c, runtime.PrepareOptions{WorkDir: in.work, NetNS: in.netnsPath})
 	if err != nil {
 		return fmt.Errorf("%s on %s: %w", kind, in.d.Host.Name, err)
@@ -385,7 +385,10 @@ func (in *incoming) prepare(ctx context.Context) error {
 		return err
 	}
 	in.journaled = true
-	return nil
+	if err := in.makeTrees(); err != nil {
+		return fmt.Errorf("%s on %s: %w", kind, in.d.Host.Name, err)
+	}
+	return in.checkSpace()
 }
 
 // settleTechnique finds the offer's technique and checks this host's
@@ -422,14 +425,7 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	}
 	release := sync.OnceFunc(func() { (<-warm)() })
 	defer release()
-	recv.Go(func() error { return in.receiveRootfs(rctx, sess, router, ChanRootfsLive) })
-	recv.Go(func() error {
-		if err := in.receiveRootfs(rctx, sess, router, ChanRootfsFinal); err != nil {
-			return err
-		}
-		in.beginRestore()
-		return nil
-	})
+	in.receiveTrees(rctx, sess, router, recv, in.beginRestore)
 	in.tech.receive(in, rctx, receivers{sess: sess, router: router, g: recv})
 	imagesIn := make(chan error, 1)
 	recv.Go(func() error {
@@ -743,7 +739,7 @@ func (r *receiving) Wait() error { return r.g.Wait() }
 
 // expect registers the channels the offer's technique uses.
 func (in *incoming) expect(router *transport.Router) {
-	for _, k := range channelsFor(in.key, in.offer.Precopy) {
+	for _, k := range append(channelsFor(in.key, in.offer.Precopy), volumeChannels(in.offer.Volumes)...) {
 		router.Expect(k)
 	}
 }
@@ -862,56 +858,6 @@ func (in *incoming) receiveImages(ctx context.Context, sess *transport.Session, 
 	}
 	_, err = images.ReceiveDir(ch, in.images)
 	return err
-}
-
-func (in *incoming) receiveRootfs(ctx context.Context, sess *transport.Session, router *transport.Router, kind string) error {
-	ch, err := router.Wait(ctx, sess, kind)
-	if err != nil {
-		return err
-	}
-	defer ch.Close()
-	if kind == ChanRootfsFinal && in.faults.Knob(fault.RootfsFinal) {
-		// Tests: the frozen rootfs sync fails while the dump runs beside it.
-		err := errors.New("injected fault: frozen rootfs sync refused")
-		_ = ch.Fail(err)
-		return err
-	}
-	root := in.target.RootfsDir()
-	// After a complete live sync the source knows what this copy holds:
-	// the frozen sync then spends no time scanning or describing it here.
-	have := RootfsHave{AsLive: kind == ChanRootfsFinal && in.liveSynced.Load()}
-	if !have.AsLive {
-		m, err := rootfs.Scan(root)
-		if err != nil {
-			return err
-		}
-		have.Manifest = m
-	}
-	if err := ch.Send(have); err != nil {
-		return err
-	}
-	st, err := rootfs.ApplyDelta(ch, root)
-	if err != nil {
-		return fmt.Errorf("apply rootfs delta: %w", err)
-	}
-	// The tar reader stops at its end marker: read up to the stream's end.
-	if _, err := io.Copy(io.Discard, ch); err != nil {
-		return err
-	}
-	var attrs rootfs.RootAttrs
-	if err := ch.Recv(&attrs); err != nil {
-		return err
-	}
-	if err := attrs.Apply(root); err != nil {
-		return err
-	}
-	if err := ch.Send(RootfsDone{Files: st.Files, Bytes: st.Bytes}); err != nil {
-		return err
-	}
-	if kind == ChanRootfsLive {
-		in.liveSynced.Store(true)
-	}
-	return nil
 }
 
 // criuDirs are where the restore's CRIU keeps files open: the work

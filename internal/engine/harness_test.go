@@ -178,6 +178,12 @@ func (r *fakeRestoring) Cancel() {
 
 func (t *fakeTarget) RootfsDir() string { return t.dir }
 
+// VolumeDir is a directory beside the root filesystem's.
+func (t *fakeTarget) VolumeDir(name string) (string, error) {
+	dir := t.dir + ".volume-" + name
+	return dir, os.MkdirAll(dir, 0o755)
+}
+
 func (t *fakeTarget) Restore(_ context.Context, o runtime.RestoreOptions) (int, error) {
 	t.mu.Lock()
 	t.restores = append(t.restores, o)

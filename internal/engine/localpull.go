@@ -115,7 +115,7 @@ func (d *Destination) AdoptLocalPull(e journal.Entry, rt runtime.Runtime) error 
 				why = "it ended before every page was in"
 			}
 			state = journal.Dropped
-			c := &runtime.Container{Runtime: e.Runtime, Name: e.Container, ID: e.Container}
+			c := JournaledContainer(e)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			fctx, fcancel := context.WithTimeout(ctx, 5*time.Second)
 			_ = rt.Freeze(fctx, c)

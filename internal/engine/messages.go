@@ -16,6 +16,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/rootfs"
+	"github.com/ferry-migrate/ferry/internal/runtime"
 )
 
 // Channel kinds on a session between a source and a destination agent.
@@ -126,6 +127,33 @@ type Offer struct {
 	// Network describes the container's own network namespace, which the
 	// destination rebuilds (nil: the container uses its host's).
 	Network *cnet.Spec `json:"network,omitempty"`
+	// Volumes move with the container (each synced on its own channels);
+	// Networks are the runtime's own, which the destination's runtime
+	// attaches it to again.
+	Volumes  []runtime.Volume  `json:"volumes,omitempty"`
+	Networks []runtime.Network `json:"networks,omitempty"`
+}
+
+// VolumeSync is what moving one volume sent.
+type VolumeSync struct {
+	Name string `json:"name"`
+	Path string `json:"path"` // where the container sees it
+	// Bytes and Entries are the live sync's delta, FrozenBytes the
+	// frozen pass's; FrozenScan says how it found what changed (see
+	// Report.FrozenRootfsScan).
+	Bytes       int64  `json:"bytes"`
+	Entries     int    `json:"entries"`
+	FrozenBytes int64  `json:"frozen_bytes"`
+	FrozenScan  string `json:"frozen_scan,omitempty"`
+}
+
+// NetworkMove is what a migration does to the container's place on one
+// of its runtime's networks.
+type NetworkMove struct {
+	runtime.Network
+	// Outcome, in words: the address kept or given anew, the connections
+	// kept or closed, the ports published again.
+	Outcome string `json:"outcome"`
 }
 
 // Accept is the destination's yes to an Offer.
@@ -221,6 +249,9 @@ type Request struct {
 	// RuncRoot is the runc root a runc container lives under, when not
 	// the agent's own.
 	RuncRoot string `json:"runc_root,omitempty"`
+	// KeepVolumes leaves the source's copy of the volumes that moved in
+	// place after the commit (by default they are removed with it).
+	KeepVolumes bool `json:"keep_volumes,omitempty"`
 	// Faults to inject, for tests (see package fault: ACTION@PHASE);
 	// honoured only by agents started with --allow-faults.
 	Faults []string `json:"faults,omitempty"`
@@ -252,6 +283,10 @@ type Progress struct {
 	// acknowledgments tell (the container's resident pages less those
 	// acknowledged).
 	LazyPagesPending int64 `json:"lazy_pages_pending,omitempty"`
+	// Networks are the report's, known from the prepare on: what the
+	// move does to the container's addresses and connections, told
+	// before anything is frozen.
+	Networks []NetworkMove `json:"networks,omitempty"`
 }
 
 // Event is one message on a migrate channel: the job's ID once it is
@@ -345,6 +380,13 @@ type Report struct {
 	RootfsBytes       int64 `json:"rootfs_bytes"`
 	RootfsEntries     int   `json:"rootfs_entries"`
 	FrozenRootfsBytes int64 `json:"frozen_rootfs_bytes"`
+	// Volumes are the volumes that moved, each synced as the root
+	// filesystem is.
+	Volumes []VolumeSync `json:"volumes,omitempty"`
+	// Networks are the runtime's networks the container was attached to,
+	// and what became of its address and connections on each (said
+	// before the freeze too, in the events, and by ferry plan).
+	Networks []NetworkMove `json:"networks,omitempty"`
 	// Auto is what mode auto measured and chose.
 	Auto *AutoChoice `json:"auto,omitempty"`
 	// MemoryEstimate is the memory the first round found, for predictions.

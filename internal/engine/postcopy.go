@@ -84,7 +84,7 @@ func (m *migration) postcopy(ctx context.Context) error {
 // the downtime's path. Where the runtime could not freeze the container
 // without the dump, the dump is what freezes it, and the sync follows.
 func (m *migration) syncRootfsBeside(g *errgroup.Group) error {
-	sync := func() error { return failAt("rootfs sync (frozen)", m.syncRootfs(ChanRootfsFinal)) }
+	sync := func() error { return failAt("rootfs sync (frozen)", m.syncTrees(false)) }
 	if !m.rt.Caps().Freeze {
 		if err := g.Wait(); err != nil {
 			return err

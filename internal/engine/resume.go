@@ -193,7 +193,7 @@ func (d *Destination) expire(id string) {
 func (d *Destination) dropPull(sp *strandedPull) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c := &runtime.Container{Runtime: sp.e.Runtime, Name: sp.e.Container, ID: sp.e.Container}
+	c := JournaledContainer(sp.e)
 	fctx, fcancel := context.WithTimeout(ctx, 5*time.Second)
 	if err := sp.rt.Freeze(fctx, c); err != nil {
 		slog.Warn("post-copy: a dropped pull's copy could not be frozen first", "migration", sp.e.ID, "error", err)

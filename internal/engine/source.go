@@ -22,7 +22,6 @@ import (
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/procs"
-	"github.com/ferry-migrate/ferry/internal/rootfs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
 	"github.com/ferry-migrate/ferry/internal/units"
@@ -74,15 +73,10 @@ type migration struct {
 	ticket *ticket
 	sess   *transport.Session
 	ctl    *transport.Channel
-	// rootfsBase is what the destination's copy holds after the live
-	// sync, so the frozen sync scans only this side; rootfsWatch, from
-	// before the live sync's scan, what changed since (nil: walk it all);
-	// rootfsBlocks, the large files it holds, for patches.
-	rootfsBase   rootfs.Manifest
-	rootfsBlocks rootfs.Blocks
-	rootfsWatch  *rootfs.Watcher
-	work         string
-	progress     func(Progress)
+	// trees are what syncs as files: the root filesystem, the volumes.
+	trees    []*tree
+	work     string
+	progress func(Progress)
 	// phaseBegun wakes the progress reporter when a phase begins.
 	phaseBegun chan struct{}
 
@@ -242,6 +236,7 @@ func (m *migration) progressNow(b int64, rate float64) Progress {
 	if m.pushLeft != nil {
 		p.LazyPagesPending = m.pushLeft()
 	}
+	p.Networks = m.report.Networks
 	return p
 }
 
@@ -303,9 +298,7 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 	pctx, stopProgress := context.WithCancel(ctx)
 	go m.reportProgress(pctx, 200*time.Millisecond)
 	err := m.run(ctx)
-	if m.rootfsWatch != nil {
-		_ = m.rootfsWatch.Close()
-	}
+	m.closeWatches()
 	if m.liftThrottle != nil {
 		m.liftThrottle()
 	}
@@ -386,7 +379,8 @@ func (m *migration) run(ctx context.Context) error {
 	}
 	offer := Offer{ID: m.id, Container: m.req.Container, Mode: m.req.Mode, SourceHost: m.host.Name,
 		Runtime: m.ctr.Runtime, Spec: json.RawMessage(m.ctr.Spec), Image: m.ctr.Image, Meta: m.ctr.Meta,
-		Faults: m.req.Faults, Precopy: m.req.Precopy, MemoryBytes: procs.TreeResident(m.ctr.PID), Network: m.network}
+		Faults: m.req.Faults, Precopy: m.req.Precopy, MemoryBytes: procs.TreeResident(m.ctr.PID), Network: m.network,
+		Volumes: m.ctr.Volumes, Networks: m.ctr.Networks}
 	if err := m.ctl.Send(offer); err != nil {
 		return failAt("offer to destination", err)
 	}
@@ -444,6 +438,8 @@ func (m *migration) prepare(ctx context.Context) error {
 	if m.ctr.Status != "running" {
 		return fmt.Errorf("%s container %q is %s, only running containers migrate", m.rt.Kind(), m.req.Container, m.ctr.Status)
 	}
+	m.makeTrees()
+	m.report.Networks = networkMoves(m.ctr.Networks)
 	caps := m.rt.Caps()
 	m.req.Precopy.Engine = precopyEngine(m.req.Precopy.Engine, caps)
 	m.coldSwitchover = coldSwitchover(m.req.Precopy.Switchover, caps)
@@ -559,21 +555,11 @@ func (m *migration) validatePrecopy(c runtime.Caps) error {
 // synced while the container runs; then, in a line, its turn.
 func (m *migration) syncRootfsLive(ctx context.Context) error {
 	m.begin("rootfs-sync")
-	m.watchRootfs()
-	if err := m.syncRootfs(ChanRootfsLive); err != nil {
+	m.watchTrees()
+	if err := m.syncTrees(true); err != nil {
 		return m.abort(ctx, failAt("rootfs sync", err))
 	}
 	return m.awaitTurn(ctx)
-}
-
-// watchRootfs watches the root filesystem from before the live sync's
-// scan, so that the frozen sync looks only at what changed after it.
-func (m *migration) watchRootfs() {
-	w, err := rootfs.Watch(m.ctr.Rootfs)
-	if err != nil {
-		m.report.FrozenRootfsScan = "full walk: " + err.Error()
-	}
-	m.rootfsWatch = w
 }
 
 // liveRoundsBesideRootfs is pre-copy's and hybrid's start: the live
@@ -589,9 +575,9 @@ func (m *migration) liveRoundsBesideRootfs(ctx context.Context) (*precopySource,
 		}
 		return m.liveRounds(ctx)
 	}
-	m.watchRootfs()
+	m.watchTrees()
 	synced := make(chan error, 1)
-	go func() { synced <- m.syncRootfs(ChanRootfsLive) }()
+	go func() { synced <- m.syncTrees(true) }()
 	rs, err := m.liveRounds(ctx)
 	if err != nil {
 		m.sess.Close() // the abort is told: end the sync's transfer too
@@ -616,127 +602,6 @@ func (m *migration) awaitTurn(ctx context.Context) error {
 		return m.abort(ctx, failAt("queued", withdrawn(err)))
 	}
 	return nil
-}
-
-// syncRootfs sends what the destination's copy of the root filesystem lacks.
-func (m *migration) syncRootfs(kind string) error {
-	ch, err := m.sess.Open(kind)
-	if err != nil {
-		return err
-	}
-	defer ch.Close()
-	root := m.ctr.Rootfs
-	// This side's scan runs while the destination describes its copy.
-	type scanned struct {
-		m   rootfs.Manifest
-		ch  *rootfs.Changes // the frozen pass, from a watch
-		err error
-	}
-	sc := make(chan scanned, 1)
-	go func() {
-		if kind == ChanRootfsFinal && m.rootfsWatch != nil && m.rootfsBase != nil {
-			ch, err := m.rescanRootfs()
-			sc <- scanned{ch: ch, err: err}
-			return
-		}
-		man, err := rootfs.Scan(root)
-		sc <- scanned{m: man, err: err}
-	}()
-	var have RootfsHave
-	rerr := ch.Recv(&have)
-	s := <-sc
-	if rerr != nil {
-		return rerr
-	}
-	if s.err != nil {
-		return s.err
-	}
-	base := have.Manifest
-	if have.AsLive {
-		if m.rootfsBase == nil {
-			return errors.New("the destination's copy is as after the live sync, which this side never finished")
-		}
-		base = m.rootfsBase
-	}
-	want := s.m
-	var delta rootfs.Delta
-	switch {
-	case s.ch != nil && have.AsLive:
-		delta = s.ch.Delta() // what changed since the live sync, from the changes alone
-	case s.ch != nil:
-		want = s.ch.Manifest()
-		fallthrough
-	default:
-		delta = rootfs.Diff(base, want)
-	}
-	// The frozen pass patches the large files the live sync sent: the
-	// destination holds them exactly as sent.
-	var known rootfs.Blocks
-	if kind != ChanRootfsLive && have.AsLive {
-		known = m.rootfsBlocks
-	}
-	sent, err := rootfs.SendDelta(ch, root, delta, known)
-	if err != nil {
-		return err
-	}
-	if kind == ChanRootfsLive {
-		m.report.RootfsBytes, m.report.RootfsEntries = sent.Bytes, len(delta.Changed)-len(sent.Skipped)
-	} else {
-		m.report.FrozenRootfsBytes = sent.Bytes
-	}
-	if kind == ChanRootfsLive {
-		// The destination now holds what was scanned, but for entries
-		// that vanished before they were sent: it keeps its own of those.
-		for _, p := range sent.Skipped {
-			if e, ok := base[p]; ok {
-				want[p] = e
-			} else {
-				delete(want, p)
-			}
-		}
-	}
-	if err := ch.CloseWrite(); err != nil {
-		return err
-	}
-	attrs, err := rootfs.ReadRootAttrs(root)
-	if err != nil {
-		return err
-	}
-	if err := ch.Send(attrs); err != nil {
-		return err
-	}
-	var done RootfsDone
-	if err := ch.Recv(&done); err != nil {
-		return err
-	}
-	if kind == ChanRootfsLive {
-		m.rootfsBase, m.rootfsBlocks = want, sent.Blocks
-	}
-	return nil
-}
-
-// rescanRootfs is the frozen tree: the live sync's scan brought up to date
-// by what the watch saw change since, and the files the container writes
-// through shared mappings (which raise no event); or, where the watch
-// cannot vouch for it, a walk of the whole tree.
-func (m *migration) rescanRootfs() (*rootfs.Changes, error) {
-	w := m.rootfsWatch
-	m.rootfsWatch = nil // one rescan per watch
-	defer w.Close()
-	var extra []string
-	for _, p := range procs.WrittenFiles(m.ctr.PID) {
-		extra = append(extra, strings.TrimPrefix(p, "/")) // as the container names it
-	}
-	ch, st, err := w.Rescan(m.rootfsBase, extra)
-	if err != nil {
-		return nil, err
-	}
-	if st.Full != "" {
-		m.report.FrozenRootfsScan = "full walk: " + st.Full
-	} else {
-		m.report.FrozenRootfsScan = fmt.Sprintf("%d changed paths", st.Paths)
-	}
-	return ch, nil
 }
 
 // freeze stops the container's processes; until commit, resume undoes it.
@@ -920,7 +785,8 @@ func (m *migration) record(state string) error {
 		return nil
 	}
 	return m.journal.Record(journal.Entry{ID: m.id, Role: journal.Source, Peer: m.req.To,
-		Container: m.ctr.Name, Runtime: m.rt.Kind(), Root: m.req.RuncRoot, State: state, NetNS: m.netnsPath, Throttled: m.throttled})
+		Container: m.ctr.Name, Runtime: m.rt.Kind(), Root: m.req.RuncRoot, State: state, NetNS: m.netnsPath, Throttled: m.throttled,
+		Volumes: m.removedVolumes()})
 }
 
 // recordFinal records a final state; one that cannot be written only
@@ -946,7 +812,12 @@ func (m *migration) removeSource(ctx context.Context) error {
 			m.report.Warnings = append(m.report.Warnings, "ending the source's dump: "+err.Error())
 		}
 	}
-	if err := m.rt.Remove(rctx, m.ctr); err != nil {
+	c := *m.ctr
+	c.Volumes = nil
+	if !m.req.KeepVolumes {
+		c.Volumes = m.ctr.Volumes
+	}
+	if err := m.rt.Remove(rctx, &c); err != nil {
 		m.report.SourceState = "frozen"
 		return failAt("remove source copy", err)
 	}

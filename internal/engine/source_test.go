@@ -144,6 +144,8 @@ type fakeSource struct {
 	mu     sync.Mutex
 	status string // "" once removed
 	calls  []string
+	// removed is what Remove was given.
+	removed *runtime.Container
 }
 
 func newFakeSource(t *testing.T) *fakeSource {
@@ -246,9 +248,12 @@ func (f *fakeSource) Checkpoint(ctx context.Context, _ *runtime.Container, o run
 	return fakeDump{f}, os.WriteFile(filepath.Join(o.ImagesDir, "inventory.img"), []byte("not a real image"), 0o600)
 }
 
-func (f *fakeSource) Remove(context.Context, *runtime.Container) error {
+func (f *fakeSource) Remove(_ context.Context, c *runtime.Container) error {
 	f.called("remove")
 	f.setStatus("")
+	f.mu.Lock()
+	f.removed = c
+	f.mu.Unlock()
 	return nil
 }
 

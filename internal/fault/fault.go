@@ -50,6 +50,9 @@ const (
 	Commit    = "commit"
 	LazyPages = "lazy-pages"
 	Cleanup   = "cleanup"
+	// VolumeSync is a volume's live sync, at the destination. Only a
+	// container with volumes reaches it, so the matrix leaves it out.
+	VolumeSync = "volume-sync"
 )
 
 // Actions and Phases list every action and phase, in matrix order.
@@ -69,9 +72,9 @@ func (f Fault) String() string { return f.Action + "@" + f.Phase }
 // Parse reads ACTION@PHASE.
 func Parse(s string) (Fault, error) {
 	a, p, ok := strings.Cut(s, "@")
-	if !ok || !slices.Contains(Actions, a) || !slices.Contains(Phases, p) {
+	if !ok || !slices.Contains(Actions, a) || !slices.Contains(slices.Concat(Phases, []string{VolumeSync}), p) {
 		return Fault{}, fmt.Errorf("bad fault %q: want ACTION@PHASE (ACTION one of %s; PHASE one of %s) or %s or %s",
-			s, strings.Join(Actions, ", "), strings.Join(Phases, ", "), ForgetPages, RootfsFinal)
+			s, strings.Join(Actions, ", "), strings.Join(slices.Concat(Phases, []string{VolumeSync}), ", "), ForgetPages, RootfsFinal)
 	}
 	return Fault{a, p}, nil
 }

@@ -75,7 +75,11 @@ type Entry struct {
 	Runtime   string `json:"runtime"`
 	// Root is where the runtime keeps the container when not the agent's
 	// own place (a runc root given with the request).
-	Root    string    `json:"root,omitempty"`
+	Root string `json:"root,omitempty"`
+	// Volumes name the volumes that move with the container: the source
+	// removes them with its copy after the commit, the destination with
+	// a copy it drops.
+	Volumes []string  `json:"volumes,omitempty"`
 	State   string    `json:"state"`
 	Updated time.Time `json:"updated"`
 	// Pull is a pulling copy's page traffic, which outlives the agent.

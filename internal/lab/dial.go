@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	"net"
 
 	"github.com/vishvananda/netns"
 
@@ -14,7 +15,35 @@ import (
 // certificate.
 func (h *Host) DialFrom(ctx context.Context, to string, c *transport.Config) (*transport.Session, error) {
 	var sess *transport.Session
-	err := onFreshThread(func() error {
+	err := h.inNetNS(func() error {
+		// One TCP connection, dialed on this thread: its socket is made
+		// in the namespace, and is used from anywhere afterwards.
+		c.Paths = transport.PathOptions{}
+		var err error
+		sess, err = transport.Dial(ctx, to, c)
+		return err
+	})
+	return sess, err
+}
+
+// Dial connects from inside h's network namespace, as a client on that
+// host would (a test's client of a published port).
+func (h *Host) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	var conn net.Conn
+	err := h.inNetNS(func() error {
+		var d net.Dialer
+		d.SetMultipathTCP(false)
+		var err error
+		conn, err = d.DialContext(ctx, network, addr)
+		return err
+	})
+	return conn, err
+}
+
+// inNetNS runs f on a thread of its own in h's network namespace: the
+// sockets it makes are the namespace's.
+func (h *Host) inNetNS(f func() error) error {
+	return onFreshThread(func() error {
 		ns, err := netns.GetFromName(h.NetNSName)
 		if err != nil {
 			return err
@@ -23,11 +52,6 @@ func (h *Host) DialFrom(ctx context.Context, to string, c *transport.Config) (*t
 		if err := netns.Set(ns); err != nil {
 			return err
 		}
-		// One TCP connection, dialed on this thread: its socket is made
-		// in the namespace, and is used from anywhere afterwards.
-		c.Paths = transport.PathOptions{}
-		sess, err = transport.Dial(ctx, to, c)
-		return err
+		return f()
 	})
-	return sess, err
 }

@@ -25,6 +25,9 @@ type Result struct {
 	// gap, on the wall clock: where it lies against a migration's phases.
 	GapFrom time.Time `json:"gap_from,omitzero"`
 	GapTo   time.Time `json:"gap_to,omitzero"`
+	// LastAddr is the address that answered last: where the workload is
+	// reached after a move.
+	LastAddr string `json:"last_addr,omitempty"`
 }
 
 const (
@@ -179,6 +182,7 @@ func (p *Prober) Stop(ctx context.Context) Result {
 		addrs = append(addrs, p.addrs[:p.cur]...)
 		v, _, err := verify(ctx, addrs)
 		p.result = p.t.result(v, err)
+		p.result.LastAddr = p.addrs[p.cur]
 	})
 	return p.result
 }

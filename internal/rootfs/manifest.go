@@ -397,3 +397,15 @@ func displayPath(rel string) string {
 	}
 	return rel
 }
+
+// Bytes is what the manifest's regular files hold: the space a copy of
+// the tree needs, but for directories and metadata.
+func (m Manifest) Bytes() int64 {
+	var n int64
+	for _, e := range m {
+		if e.Mode.IsRegular() {
+			n += e.Size
+		}
+	}
+	return n
+}

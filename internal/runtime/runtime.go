@@ -82,6 +82,53 @@ type Container struct {
 	// Meta carries the runtime's own records of the container (Podman's
 	// configuration, an LXC config file), opaque to the engine.
 	Meta map[string][]byte `json:"meta,omitempty"`
+	// Volumes are the runtime's volumes mounted into the container whose
+	// data moves with it, synced as its root filesystem is.
+	Volumes []Volume `json:"volumes,omitempty"`
+	// Networks are the runtime's networks the container is attached to,
+	// which the destination's runtime attaches it to again.
+	Networks []Network `json:"networks,omitempty"`
+}
+
+// Volume is a directory of data the runtime mounts into the container
+// (a named volume), which moves with it.
+type Volume struct {
+	// Name is the runtime's name for it, the same at the destination.
+	Name string `json:"name"`
+	// Path is where the container sees it.
+	Path string `json:"path"`
+	// Dir holds its data at the source.
+	Dir string `json:"-"`
+	// Bytes is its size when inspected, for the destination's space check.
+	Bytes int64 `json:"bytes"`
+}
+
+// Network is a network the runtime attached the container to.
+type Network struct {
+	// Name is the runtime's name for it (Docker's "bridge", a user's own),
+	// which the destination must have too; Driver its kind.
+	Name   string `json:"name"`
+	Driver string `json:"driver"`
+	// Address is the container's address on it at the source.
+	Address string `json:"address,omitempty"`
+	// Ports are the ports published on the host for it, as
+	// "HOSTPORT->PORT/PROTO".
+	Ports []string `json:"ports,omitempty"`
+	// HostLocal says the network ends at its host (a bridge behind the
+	// host's NAT): the container's address there means nothing elsewhere,
+	// so its established connections cannot follow it and are closed at
+	// the destination, while listening sockets and published ports move.
+	HostLocal bool `json:"host_local"`
+}
+
+// HostLocal says whether any of nets ends at its host.
+func HostLocal(nets []Network) bool {
+	for _, n := range nets {
+		if n.HostLocal {
+			return true
+		}
+	}
+	return false
 }
 
 // CheckpointOptions are what a technique asks of a dump.
@@ -103,8 +150,9 @@ type CheckpointOptions struct {
 	PageNet *privnet.NS
 	// PreDump dumps memory only, the container running on (native pre-copy).
 	PreDump bool
-	// TCPEstablished carries established TCP connections.
-	TCPEstablished bool
+	// TCPEstablished carries established TCP connections; TCPClose dumps
+	// them to be restored closed (their peers cannot reach the copy).
+	TCPEstablished, TCPClose bool
 	// NetworkQuiet says the engine keeps the container's network silent
 	// itself (its links down from the freeze, the destination holding
 	// what arrives until the commit), so the dump need not lock it.
@@ -175,6 +223,13 @@ type Target interface {
 	// Discard removes everything Prepare and Restore made: the migration
 	// did not commit.
 	Discard(ctx context.Context) error
+}
+
+// VolumeTarget is a Target whose runtime receives volumes.
+type VolumeTarget interface {
+	// VolumeDir is where the named volume's data is synced into: one of
+	// the Container's Volumes, made by Prepare, empty.
+	VolumeDir(name string) (string, error)
 }
 
 // Runtime drives one container runtime on this host.

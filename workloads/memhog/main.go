@@ -33,6 +33,8 @@ func run(args []string) error {
 	port := fs.Int("port", 7000, "UDP port to answer on, on all addresses")
 	echoPort := fs.Int("echo-port", 0, "TCP port echoing each line back (0: none), for connection-keeping tests")
 	seed := fs.Uint64("seed", 0, "seed of the buffer's contents (default: from the time)")
+	journalPath := fs.String("journal", "", "file to write records into while running (a volume's, in the tests): VERIFY checks it too")
+	journalRate := fs.String("journal-rate", "64K", "bytes per second written to --journal, in 4 KiB records")
 	words := fs.Uint64("dirty-words", 1, "8-byte words rewritten in each dirtied page (1..512; 512 rewrites the whole page)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -101,5 +103,15 @@ func run(args []string) error {
 		len(mem.buf), mem.pages, mem.addr(), time.Since(start).Round(time.Millisecond), *seed, h.boot, *port, *rate)
 
 	go h.dirtyLoop(*rate)
+	if *journalPath != "" {
+		jr, err := parseSize(*journalRate)
+		if err != nil {
+			return fmt.Errorf("--journal-rate: %w", err)
+		}
+		if h.journal, err = openJournal(*journalPath, *seed); err != nil {
+			return err
+		}
+		go h.journal.writeLoop(float64(jr))
+	}
 	return <-serveErr
 }

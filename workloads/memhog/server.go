@@ -16,6 +16,7 @@ type hog struct {
 	mem     *memory
 	boot    string
 	counter atomic.Uint64
+	journal *journal // nil without --journal
 }
 
 // statReply is the answer to STAT.
@@ -34,6 +35,10 @@ type verifyReply struct {
 	statReply
 	VerifyOK bool   `json:"verify_ok"`
 	BadPages uint64 `json:"bad_pages"`
+	// With --journal: the records written and those the file does not
+	// hold as written (VerifyOK covers them too).
+	JournalRecords uint64 `json:"journal_records,omitempty"`
+	JournalBad     uint64 `json:"journal_bad,omitempty"`
 }
 
 // stat reads only atomics, so it never waits for the dirtier or a VERIFY.
@@ -52,6 +57,11 @@ func (h *hog) stat() statReply {
 func (h *hog) verify() verifyReply {
 	var r verifyReply
 	r.BadPages, r.VerifyOK = h.mem.verify(func() { r.statReply = h.stat() })
+	if h.journal != nil {
+		var ok bool
+		r.JournalRecords, r.JournalBad, ok = h.journal.check()
+		r.VerifyOK = r.VerifyOK && ok
+	}
 	return r
 }
 

@@ -24,8 +24,10 @@ import (
 // directory (data root, exec root, socket, its containerd's unpacked
 // checkpoints): each lab host runs one, beside (never instead of) the
 // machine's own. It runs with experimental features (checkpoint restore
-// needs them) and ferry's StoppedRuntime, and touches no firewall or
-// bridge: its containers use the host's network or none.
+// needs them) and ferry's StoppedRuntime. With NetNS set it has its own
+// default bridge and firewall rules there (published ports), as any
+// dockerd has, and forwarding on without changing the namespace's
+// forwarding policy (the lab's segment is bridged there too).
 type Daemon struct {
 	Dir string
 	// NetNS, when set, is the network namespace (a path) the daemon, and
@@ -64,9 +66,21 @@ func (d Daemon) Start(ctx context.Context) error {
 	if err := os.WriteFile(wrapper, Wrapper, 0o755); err != nil {
 		return err
 	}
-	args := []string{bin, "--experimental", "--iptables=false", "--ip6tables=false", "--ip-masq=false", "--bridge=none",
-		"--data-root", filepath.Join(d.Dir, "data"), "--exec-root", d.ExecRoot(), "--pidfile", d.pidFile(), "-H", d.Host(),
-		"--add-runtime", StoppedRuntime + "=" + wrapper}
+	args := []string{bin, "--experimental", "--ip6tables=false"}
+	if d.NetNS != "" {
+		// dockerd that turns forwarding on itself also sets the FORWARD
+		// policy to DROP, which would drop the lab segment's bridged
+		// traffic in this namespace.
+		if out, err := exec.CommandContext(ctx, "nsenter", "--net="+d.NetNS, "--", "sysctl", "-qw", "net.ipv4.ip_forward=1").CombinedOutput(); err != nil {
+			return fmt.Errorf("forwarding in %s: %v: %s", d.NetNS, err, out)
+		}
+		args = append(args, "--ip-forward=false")
+	} else {
+		// On the machine's own network: no bridge, no firewall rules.
+		args = append(args, "--iptables=false", "--ip-masq=false", "--bridge=none")
+	}
+	args = append(args, "--data-root", filepath.Join(d.Dir, "data"), "--exec-root", d.ExecRoot(), "--pidfile", d.pidFile(), "-H", d.Host(),
+		"--add-runtime", StoppedRuntime + "=" + wrapper)
 	// Its containerd keeps the checkpoints it unpacks under xdg; its
 	// shims' runc finds a CRIU ferry built in /usr/local/sbin.
 	p, err := procs.StartDetached(args, d.NetNS, d.logFile(),

@@ -35,8 +35,10 @@
 // processes stay stopped until the commit; elsewhere the restored copy
 // runs at once (Caps.RestoreStopped false).
 //
-// Not moved: volumes and bind mounts, Docker networks (containers on the
-// host network or none only), logs written before the move.
+// Named volumes of the local driver move with the container, and a
+// container on a bridge network is attached to the destination's network
+// of that name (attach.go). Not moved: bind mounts of host paths, other
+// network drivers, logs written before the move.
 package docker
 
 import (
@@ -281,6 +283,16 @@ func (r *Runtime) Inspect(ctx context.Context, name string) (*runtime.Container,
 		return nil, err
 	}
 	c.Meta = map[string][]byte{metaConfig: b}
+	cl, err := r.connect()
+	if err != nil {
+		return nil, err
+	}
+	if c.Volumes, err = volumesOf(ctx, cl, j); err != nil {
+		return nil, err
+	}
+	if c.Networks, err = networksOf(ctx, cl, j); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -332,11 +344,15 @@ func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtim
 	if err := rc.RequirePaused(ctx, c.ID, fmt.Sprintf("docker container %q", c.Name), " (dockerd with another --exec-root? agent --docker-exec-root)"); err != nil {
 		return nil, err
 	}
+	// A bridge's address means nothing at the destination: its peers
+	// cannot follow, so its connections are restored closed.
+	o.TCPClose = o.TCPClose || runtime.HostLocal(c.Networks)
 	return rc.Dump(ctx, c.ID, o)
 }
 
-// Remove is `docker rm --force` (a paused container too); a container
-// already gone counts as removed.
+// Remove is `docker rm --force` (a paused container too), then `docker
+// volume rm` of the volumes that moved with it (c.Volumes); a container
+// or volume already gone counts as removed.
 func (r *Runtime) Remove(ctx context.Context, c *runtime.Container) error {
 	cl, err := r.connect()
 	if err != nil {
@@ -347,8 +363,8 @@ func (r *Runtime) Remove(ctx context.Context, c *runtime.Container) error {
 		id = c.Name
 	}
 	err = cl.ContainerRemove(ctx, id, container.RemoveOptions{Force: true})
-	if errdefs.IsNotFound(err) {
-		return nil
+	if err != nil && !errdefs.IsNotFound(err) {
+		return err
 	}
-	return err
+	return removeVolumes(ctx, cl, c.Volumes)
 }

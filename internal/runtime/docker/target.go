@@ -13,6 +13,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/mount"
+	"github.com/docker/docker/api/types/network"
 	"golang.org/x/sys/unix"
 
 	"github.com/ferry-migrate/ferry/internal/admission"
@@ -60,21 +62,48 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 	} else if !errdefs.IsNotFound(err) {
 		return nil, err
 	}
+	if err := r.volumesHere(ctx, cl, c.Volumes); err != nil {
+		return nil, err
+	}
 	// The image by ID: the name may point elsewhere here.
 	conf := *cfg.Config
 	conf.Image = cfg.Image
 	hc := *cfg.HostConfig
+	eps, err := r.attachHere(ctx, cl, c, &hc)
+	if err != nil {
+		return nil, err
+	}
 	stopped := r.hasStoppedRuntime()
+	if !stopped && runtime.HostLocal(c.Networks) {
+		return nil, fmt.Errorf("docker (%s): a container on a bridge network is restored with its connections closed, which needs the daemon's %s runtime (dockerd --add-runtime %s=PATH; see ferry check)", r.host(), StoppedRuntime, StoppedRuntime)
+	}
 	if stopped {
 		hc.Runtime = StoppedRuntime
 	} else if hc.Runtime == StoppedRuntime {
 		hc.Runtime = "runc"
 	}
-	resp, err := cl.ContainerCreate(ctx, &conf, &hc, nil, nil, cfg.Name)
+	// Docker 20.10 creates a container on one network: the others join
+	// before it starts.
+	var nc *network.NetworkingConfig
+	if ep, ok := eps[primaryNetwork(hc.NetworkMode)]; ok {
+		nc = &network.NetworkingConfig{EndpointsConfig: map[string]*network.EndpointSettings{primaryNetwork(hc.NetworkMode): ep}}
+	}
+	resp, err := cl.ContainerCreate(ctx, &conf, &hc, nc, nil, cfg.Name)
 	if err != nil {
 		return nil, fmt.Errorf("docker: create %s: %w", cfg.Name, err)
 	}
-	t := &target{r: r, id: resp.ID, name: cfg.Name, stopped: stopped}
+	// Docker made the named volumes the configuration mounts: the
+	// target's to remove if the migration does not commit.
+	t := &target{r: r, id: resp.ID, name: cfg.Name, stopped: stopped, volumes: c.Volumes, tcpClose: runtime.HostLocal(c.Networks)}
+	for name, ep := range eps {
+		if name == primaryNetwork(hc.NetworkMode) {
+			continue
+		}
+		if err := cl.NetworkConnect(ctx, name, resp.ID, ep); err != nil {
+			_ = t.Discard(ctx)
+			return nil, fmt.Errorf("docker: connect %s to network %s: %w", cfg.Name, name, err)
+		}
+	}
 	j, err := r.inspect(ctx, resp.ID)
 	if err == nil && j.GraphDriver.Data["UpperDir"] == "" {
 		err = fmt.Errorf("docker created %s without a writable layer", cfg.Name)
@@ -84,6 +113,7 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 		return nil, err
 	}
 	t.upper = j.GraphDriver.Data["UpperDir"]
+	t.mounts = j.Mounts
 	info, err := cl.Info(ctx)
 	if err != nil {
 		_ = t.Discard(ctx)
@@ -112,7 +142,7 @@ func (r *Runtime) admit(cfg *config) error {
 		}
 	}
 	add(!h.Privileged, "is privileged (--privileged)")
-	add(len(h.Binds) == 0 && len(h.Mounts) == 0 && len(cfg.Config.Volumes) == 0, "has volumes or bind mounts: their contents are not moved")
+	add(len(hostPaths(h)) == 0, "has bind mounts of host paths (%s): ferry moves named volumes with a container, not this host's directories", strings.Join(hostPaths(h), ", "))
 	add(len(h.Devices) == 0, "has host devices (--device)")
 	add(len(h.DeviceCgroupRules) == 0, "has device cgroup rules (--device-cgroup-rule %s)", strings.Join(h.DeviceCgroupRules, ", "))
 	// The daemon lists the paths it masks and keeps read-only; none (a
@@ -127,7 +157,7 @@ func (r *Runtime) admit(cfg *config) error {
 	add(!h.UTSMode.IsHost(), "shares the host's UTS namespace")
 	add(!h.UsernsMode.IsHost(), "runs in the host's user namespace")
 	add(!h.NetworkMode.IsHost() || p.HostNetwork || r.NetNS != "", "shares the host's network (--network host; the agent allows it with --allow-host-network)")
-	add(h.NetworkMode.IsHost() || h.NetworkMode.IsNone(), "is on Docker network %q: ferry moves Docker containers on the host network or none only", h.NetworkMode)
+	add(!h.NetworkMode.IsContainer(), "shares the network of another container (%s)", h.NetworkMode)
 	for _, s := range h.SecurityOpt {
 		add(!strings.Contains(s, "unconfined"), "relaxes its confinement (--security-opt %s)", s)
 	}
@@ -158,9 +188,44 @@ type target struct {
 	// restore leaves the processes stopped.
 	stopped bool
 	pid     int // the restored init's, once restored
+	// volumes are the ones Docker made for it here; mounts where it
+	// mounts them.
+	volumes []runtime.Volume
+	mounts  []container.MountPoint
+	// tcpClose: the dump closed the connections (a bridge network).
+	tcpClose bool
 }
 
 func (t *target) RootfsDir() string { return t.upper }
+
+// VolumeDir is where Docker keeps the named volume it made for the
+// container.
+func (t *target) VolumeDir(name string) (string, error) {
+	for _, mp := range t.mounts {
+		if mp.Type == mount.TypeVolume && mp.Name == name && mp.Source != "" {
+			return mp.Source, nil
+		}
+	}
+	return "", fmt.Errorf("docker: the container created here mounts no volume %q", name)
+}
+
+var _ runtime.VolumeTarget = (*target)(nil)
+
+// hostPaths are the host directories a container's configuration binds.
+func hostPaths(h *container.HostConfig) []string {
+	var out []string
+	for _, b := range h.Binds {
+		if src, _, _ := strings.Cut(b, ":"); strings.HasPrefix(src, "/") {
+			out = append(out, src)
+		}
+	}
+	for _, m := range h.Mounts {
+		if m.Type == mount.TypeBind {
+			out = append(out, m.Source)
+		}
+	}
+	return out
+}
 
 // CRIUDirs: the shim has CRIU work in its own directory, and read the
 // images through their bind mount (runtime.CRIUElsewhere).
@@ -184,7 +249,7 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	if t.stopped {
 		// StoppedRuntime hands CRIU this file, and a lazy restore its work
 		// directory, where the lazy-pages daemon's socket is.
-		conf := runc.CRIUConfig{LeaveStopped: true, TCPEstablished: o.TCPEstablished, LazyPages: o.Lazy}.WithYard(o.WorkDir)
+		conf := runc.CRIUConfig{LeaveStopped: true, TCPEstablished: o.TCPEstablished, TCPClose: t.tcpClose, LazyPages: o.Lazy}.WithYard(o.WorkDir)
 		if o.Lazy {
 			conf.WorkDir, logDir = o.WorkDir, o.WorkDir
 		}
@@ -279,7 +344,8 @@ func (r *Runtime) Continue(ctx context.Context, c *runtime.Container) error {
 	return r.runc().ContinueAll(ctx, j.ID)
 }
 
-// Discard removes the container Docker created here (running or not).
+// Discard removes the container Docker created here (running or not)
+// and the volumes it made for it.
 func (t *target) Discard(ctx context.Context) error {
-	return t.r.Remove(ctx, &runtime.Container{ID: t.id, Name: t.name})
+	return t.r.Remove(ctx, &runtime.Container{ID: t.id, Name: t.name, Volumes: t.volumes})
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/mount"
+	"github.com/docker/docker/api/types/network"
+	"github.com/docker/go-connections/nat"
 
 	"github.com/ferry-migrate/ferry/internal/admission"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
@@ -31,7 +33,7 @@ func TestAdmit(t *testing.T) {
 	}{
 		{"privileged", func(c *config) { c.HostConfig.Privileged = true }},
 		{"bind mounts", func(c *config) { c.HostConfig.Binds = []string{"/etc:/host-etc"} }},
-		{"bind mounts", func(c *config) { c.HostConfig.Mounts = []mount.Mount{{Type: mount.TypeVolume, Source: "data"}} }},
+		{"bind mounts", func(c *config) { c.HostConfig.Mounts = []mount.Mount{{Type: mount.TypeBind, Source: "/srv"}} }},
 		{"devices", func(c *config) { c.HostConfig.Devices = []container.DeviceMapping{{PathOnHost: "/dev/sda"}} }},
 		{"device cgroup rules", func(c *config) { c.HostConfig.DeviceCgroupRules = []string{"b 8:0 rwm"} }},
 		{"does not mask /proc/kcore", func(c *config) { c.HostConfig.MaskedPaths = []string{} }},
@@ -39,7 +41,7 @@ func TestAdmit(t *testing.T) {
 		{"host kernel sysctl", func(c *config) { c.HostConfig.Sysctls = map[string]string{"kernel.core_pattern": "|/x"} }},
 		{"PID namespace", func(c *config) { c.HostConfig.PidMode = "host" }},
 		{"host's network", func(c *config) { c.HostConfig.NetworkMode = "host" }},
-		{"Docker network", func(c *config) { c.HostConfig.NetworkMode = "bridge" }},
+		{"network of another container", func(c *config) { c.HostConfig.NetworkMode = "container:db" }},
 		{"CAP_SYS_ADMIN", func(c *config) { c.HostConfig.CapAdd = []string{"SYS_ADMIN"} }},
 		{"confinement", func(c *config) { c.HostConfig.SecurityOpt = []string{"seccomp=unconfined"} }},
 	} {
@@ -51,6 +53,21 @@ func TestAdmit(t *testing.T) {
 		}
 		if err := (&Runtime{Admission: admission.Policy{Privileged: true}}).admit(cfg); err != nil {
 			t.Errorf("%s with --allow-privileged: %v", c.why, err)
+		}
+	}
+	// Named volumes move with the container, and bridge networks are the
+	// destination Docker's own.
+	for _, edit := range []func(c *config){
+		func(c *config) { c.HostConfig.Binds = []string{"data:/data"} },
+		func(c *config) { c.HostConfig.Mounts = []mount.Mount{{Type: mount.TypeVolume, Source: "data", Target: "/data"}} },
+		func(c *config) { c.Config.Volumes = map[string]struct{}{"/data": {}} },
+		func(c *config) { c.HostConfig.NetworkMode = "bridge" },
+		func(c *config) { c.HostConfig.NetworkMode = "cachenet" },
+	} {
+		cfg := ordinary()
+		edit(cfg)
+		if err := r.admit(cfg); err != nil {
+			t.Errorf("%+v: %v", cfg.HostConfig, err)
 		}
 	}
 	// The host network passes where the operator allows it, or where the
@@ -164,5 +181,28 @@ func TestWrapper(t *testing.T) {
 				t.Errorf("runc got\n%q\nwant\n%q", got, c.want)
 			}
 		})
+	}
+}
+
+func TestPublishedPorts(t *testing.T) {
+	got := publishedPorts(nat.PortMap{
+		"6379/tcp": {{HostPort: "6379"}},
+		"7000/udp": {{HostIP: "0.0.0.0", HostPort: "7000"}, {HostIP: "10.0.0.1", HostPort: "7100"}},
+	})
+	want := []string{"10.0.0.1:7100->7000/udp", "6379->6379/tcp", "7000->7000/udp"}
+	if !slices.Equal(got, want) {
+		t.Errorf("publishedPorts: %v, want %v", got, want)
+	}
+}
+
+func TestAddressFree(t *testing.T) {
+	n := network.Inspect{
+		IPAM:       network.IPAM{Config: []network.IPAMConfig{{Subnet: "172.20.0.0/16", Gateway: "172.20.0.1"}}},
+		Containers: map[string]network.EndpointResource{"x": {IPv4Address: "172.20.0.3/16"}},
+	}
+	for addr, want := range map[string]bool{"172.20.0.2": true, "172.20.0.3": false, "172.20.0.1": false, "10.0.0.2": false, "": false} {
+		if got := addressFree(n, addr); got != want {
+			t.Errorf("addressFree(%q) = %v, want %v", addr, got, want)
+		}
 	}
 }

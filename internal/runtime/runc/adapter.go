@@ -166,7 +166,7 @@ type dumping struct {
 // CRIU runs before it dumps (dumpgate.go).
 func (h Host) beginDump(ctx context.Context, id string, o runtime.CheckpointOptions, actionScript string) (*dumping, error) {
 	opts := CheckpointOptions{ImagePath: o.ImagesDir, WorkPath: o.WorkDir, ParentPath: o.ParentDir, PageServer: o.PageServer,
-		LeaveRunning: !o.PreDump, TCPEstablished: o.TCPEstablished, PreDump: o.PreDump, LazyPages: o.Lazy, Netns: o.PageNet,
+		LeaveRunning: !o.PreDump, TCPEstablished: o.TCPEstablished, TCPClose: o.TCPClose, PreDump: o.PreDump, LazyPages: o.Lazy, Netns: o.PageNet,
 		NoNetworkLock: o.NetworkQuiet, ActionScript: actionScript, ScriptActions: []string{"pre-dump"},
 		SmapsSnapshot: o.SmapsSnapshot}
 	d := &dumping{lazy: o.Lazy, done: make(chan struct{})}

@@ -190,8 +190,11 @@ type CheckpointOptions struct {
 	// destination confirms.
 	LeaveRunning   bool
 	TCPEstablished bool
-	PreDump        bool
-	LazyPages      bool
+	// TCPClose dumps established connections to be restored closed
+	// (runc has no flag: CRIU's configuration file).
+	TCPClose  bool
+	PreDump   bool
+	LazyPages bool
 	// NoNetworkLock leaves the network as it is: CRIU's own lock (iptables
 	// rules added and removed inside the dump, and again inside the
 	// restore, about 70 ms each) is for callers that keep the network
@@ -247,7 +250,7 @@ func (h Host) Checkpoint(ctx context.Context, id string, o CheckpointOptions) er
 	// configuration file it reads before runc's requests (which leave
 	// these unset), and what ferry's CRIU patches read.
 	var env []string
-	if conf := (CRIUConfig{NoNetworkLock: o.NoNetworkLock, ActionScript: o.ActionScript}).WithYard(o.WorkPath); conf.String() != "" {
+	if conf := (CRIUConfig{NoNetworkLock: o.NoNetworkLock, ActionScript: o.ActionScript, TCPClose: o.TCPClose}).WithYard(o.WorkPath); conf.String() != "" {
 		path := filepath.Join(o.WorkPath, "criu-dump.conf")
 		if o.WorkPath == "" {
 			path = filepath.Join(o.ImagePath, "criu-dump.conf")

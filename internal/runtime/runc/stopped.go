@@ -29,8 +29,10 @@ type CRIUConfig struct {
 	// ContinueAll lets them run. The runtime reports such a container
 	// running.
 	LeaveStopped bool
-	// TCPEstablished restores established TCP connections.
-	TCPEstablished bool
+	// TCPEstablished restores established TCP connections; TCPClose
+	// dumps them without their state and restores them closed (their
+	// peers cannot reach the copy: the address stayed behind).
+	TCPEstablished, TCPClose bool
 	// LazyPages restores with the memory left to a lazy-pages daemon,
 	// whose socket is in WorkDir (CRIU connects to it relative to its
 	// work directory).
@@ -62,7 +64,7 @@ func (c CRIUConfig) String() string {
 	for _, o := range []struct {
 		on   bool
 		line string
-	}{{c.NoNetworkLock, "network-lock skip"}, {c.LeaveStopped, "leave-stopped"}, {c.TCPEstablished, "tcp-established"}, {c.LazyPages, "lazy-pages"}, {c.WorkDir != "", "work-dir " + c.WorkDir}, {c.ImagesDir != "", "images-dir " + c.ImagesDir}, {c.ActionScript != "", "action-script " + c.ActionScript}, {c.CgroupYard != "", "cgroup-yard " + c.CgroupYard}} {
+	}{{c.NoNetworkLock, "network-lock skip"}, {c.LeaveStopped, "leave-stopped"}, {c.TCPEstablished, "tcp-established"}, {c.TCPClose, "tcp-close"}, {c.LazyPages, "lazy-pages"}, {c.WorkDir != "", "work-dir " + c.WorkDir}, {c.ImagesDir != "", "images-dir " + c.ImagesDir}, {c.ActionScript != "", "action-script " + c.ActionScript}, {c.CgroupYard != "", "cgroup-yard " + c.CgroupYard}} {
 		if o.on {
 			b.WriteString(o.line + "\n")
 		}

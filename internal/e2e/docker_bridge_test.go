@@ -1,0 +1,225 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/lab"
+)
+
+// Docker containers as people run them: on Docker's default bridge, a
+// port published, a named volume the workload writes into while it moves.
+
+const (
+	dockerWorkload = "localhost/ferry-workload:latest"
+	echoPort       = "7001"
+)
+
+// dockerRunBridged starts memhog on h1's default bridge (or as extra
+// says) with its UDP probe port and a TCP echo port published (where
+// publish), writing records into the named volume vol at /data; the
+// container and the volume are removed from both hosts when the test
+// ends.
+func dockerRunBridged(t *testing.T, l *lab.Lab, name, vol string, publish bool, extra ...string) {
+	t.Helper()
+	t.Cleanup(func() {
+		for _, h := range l.Hosts[:2] {
+			_ = l.RemoveFrom(context.Background(), "docker", h.Name, name)
+			_, _ = dkTry(&h, "volume", "rm", "--force", vol)
+		}
+	})
+	args := []string{"run", "-d", "--name", name, "-v", vol + ":/data"}
+	if publish {
+		args = append(args, "-p", memhogPort+":"+memhogPort+"/udp", "-p", echoPort+":"+echoPort)
+	}
+	args = append(args, extra...)
+	args = append(args, dockerWorkload)
+	args = append(args, memhogArgs("64M", "200")...)
+	args = append(args, "--echo-port", echoPort, "--journal", "/data/journal", "--journal-rate", "512K")
+	dk(t, &l.Hosts[0], args...)
+}
+
+// dkTry runs Docker's CLI against a lab host's daemon, for cleanups.
+func dkTry(h *lab.Host, args ...string) (string, error) {
+	out, err := dockerCmd(h, args...).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+// heldConnection is a client connected to the container's echo port
+// through h1's published port, from h3.
+func heldConnection(t *testing.T, l *lab.Lab) io.ReadWriteCloser {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := l.Hosts[2].Dial(ctx, "tcp", l.Hosts[0].Addr+":"+echoPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if _, err := c.Write([]byte("hello\n")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 6)
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "hello\n" {
+		t.Fatalf("echo through h1's published port: %q %v", buf, err)
+	}
+	return c
+}
+
+// TestDockerBridgeAndVolume: a container on Docker's default bridge with
+// published ports and a named volume moves in each technique: its memory
+// and the volume's records intact (memhog's VERIFY reads the journal back
+// from inside the container), the probe answering through h2's published
+// port, h2's Docker listing the container, its bridge address and the
+// volume, h1's neither, and a client connected through h1's published port
+// disconnected rather than left hanging.
+func TestDockerBridgeAndVolume(t *testing.T) {
+	requireDocker(t)
+	bin := ferryBin(t)
+	l := upLab(t, bin)
+	h1, h2 := &l.Hosts[0], &l.Hosts[1]
+	if err := l.ImportWorkloadImage(context.Background(), "docker", h1.Name, h2.Name); err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []string{engine.ModeCold, engine.ModePrecopy, engine.ModePostcopy, engine.ModeHybrid} {
+		t.Run(mode, func(t *testing.T) {
+			name, vol := "dkb-"+mode, "dkb-"+mode+"-data"
+			dockerRunBridged(t, l, name, vol, true)
+			conn := heldConnection(t, l)
+			p := startProbe(t, l, bin, "64M")
+			rep, pr, perr := migrate(t, l, p, engine.Request{Container: name, Mode: mode, Runtime: "docker"})
+			checkMoved(t, "docker", mode, rep, pr, perr)
+
+			if len(rep.Volumes) != 1 || rep.Volumes[0].Name != vol || rep.Volumes[0].Path != "/data" || rep.Volumes[0].Bytes == 0 {
+				t.Errorf("report's volumes: %+v", rep.Volumes)
+			}
+			if len(rep.Networks) != 1 || rep.Networks[0].Name != "bridge" || !rep.Networks[0].HostLocal ||
+				!slices.Contains(rep.Networks[0].Ports, memhogPort+"->"+memhogPort+"/udp") || !strings.Contains(rep.Networks[0].Outcome, "connections are closed") {
+				t.Errorf("report's networks: %+v", rep.Networks)
+			}
+			// The probe's last answers came through h2's published port.
+			if pr.LastAddr != h2.Addr+":"+memhogPort {
+				t.Errorf("the probe last heard %s, not h2's published port", pr.LastAddr)
+			}
+			// What Docker says on each host.
+			if got := dk(t, h2, "inspect", "--format", "{{.State.Status}} {{range $k, $v := .NetworkSettings.Networks}}{{$k}}={{$v.IPAddress}}{{end}}", name); !strings.HasPrefix(got, "running bridge=172.17.") {
+				t.Errorf("h2's Docker: %q, want running on its bridge", got)
+			}
+			if got := dk(t, h2, "port", name, memhogPort+"/udp"); !strings.Contains(got, ":"+memhogPort) {
+				t.Errorf("docker port on h2: %q", got)
+			}
+			if got := strings.Fields(dk(t, h2, "volume", "ls", "--quiet")); !slices.Contains(got, vol) {
+				t.Errorf("docker volume ls on h2: %v, want %s", got, vol)
+			}
+			if got := strings.Fields(dk(t, h1, "volume", "ls", "--quiet")); slices.Contains(got, vol) {
+				t.Errorf("docker volume ls on h1 still lists %s", vol)
+			}
+			if got := dockerPs(t, h1, true); slices.Contains(got, name+":running") || slices.Contains(got, name+":paused") {
+				t.Errorf("docker ps on h1: %v", got)
+			}
+			// The volume's file, as h2 keeps it: whole records only.
+			dir := dk(t, h2, "volume", "inspect", "--format", "{{.Mountpoint}}", vol)
+			st, err := os.Stat(filepath.Join(dir, "journal"))
+			if err != nil || st.Size() == 0 || st.Size()%4096 != 0 {
+				t.Errorf("the journal on h2's volume: %v %v", st, err)
+			}
+			// The client of h1's published port: its connection ends, it
+			// does not hang.
+			_ = conn.(interface{ SetReadDeadline(time.Time) error }).SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, err := conn.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Errorf("a connection through h1's published port after the move: %v, want it closed", err)
+			}
+			// A new client reaches the container through h2's port.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			c, err := l.Hosts[2].Dial(ctx, "tcp", h2.Addr+":"+echoPort)
+			if err != nil {
+				t.Fatalf("a new client of h2's published port: %v", err)
+			}
+			defer c.Close()
+			if _, err := c.Write([]byte("again\n")); err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, 6)
+			if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "again\n" {
+				t.Errorf("echo through h2's published port: %q %v", buf, err)
+			}
+		})
+	}
+
+	t.Run("refused", func(t *testing.T) {
+		name, vol := "dkb-refused", "dkb-refused-data"
+		dockerRunBridged(t, l, name, vol, true)
+		// A volume of that name at the destination is someone's data.
+		dk(t, h2, "volume", "create", vol)
+		// A user-defined network the destination lacks.
+		dk(t, h1, "network", "create", "--driver", "bridge", "dkb-net")
+		t.Cleanup(func() { _, _ = dkTry(h1, "network", "rm", "dkb-net") })
+		other := "dkb-refused-net"
+		dockerRunBridged(t, l, other, other+"-data", false, "--network", "dkb-net")
+		// A bind mount of a host directory.
+		bound := "dkb-refused-bind"
+		t.Cleanup(func() { _ = l.RemoveFrom(context.Background(), "docker", h1.Name, bound) })
+		dk(t, h1, "run", "-d", "--name", bound, "-v", t.TempDir()+":/data", dockerWorkload, "/bin/memhog", "--memory", "8M")
+		expectRefused(t, l, []refusal{
+			{engine.Request{Container: name, Mode: engine.ModeCold, Runtime: "docker"}, `already has a volume named "` + vol + `"`, "destination"},
+			{engine.Request{Container: other, Mode: engine.ModePrecopy, Runtime: "docker"}, `has no network "dkb-net"`, "destination"},
+			{engine.Request{Container: bound, Mode: engine.ModeCold, Runtime: "docker"}, "bind mounts of host paths", "destination"},
+		}, func() {
+			for _, c := range []string{name, other, bound} {
+				if got := dk(t, h1, "inspect", "--format", "{{.State.Status}}", c); got != "running" {
+					t.Errorf("%s on h1 after the refusal: %s", c, got)
+				}
+			}
+			if got := dockerPs(t, h2, true); len(got) != 0 {
+				t.Errorf("h2's Docker has %v after a refusal", got)
+			}
+		})
+		if got := strings.Fields(dk(t, h2, "volume", "ls", "--quiet")); !slices.Equal(got, []string{vol}) {
+			t.Errorf("h2's volumes after the refusals: %v, want only its own %s", got, vol)
+		}
+	})
+
+	t.Run("destination killed mid-volume-sync", func(t *testing.T) {
+		name, vol := "dkb-killed", "dkb-killed-data"
+		dockerRunBridged(t, l, name, vol, true)
+		p := startProbe(t, l, bin, "64M")
+		rep, err := agent.Migrate(context.Background(), agent.Socket(h1.ControlSock), engine.Request{Container: name, To: h2.AgentAddr,
+			Mode: engine.ModePrecopy, Runtime: "docker", Faults: []string{"kill-destination@volume-sync"}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.OK || rep.FrozenMs != 0 || (rep.SourceState != "" && rep.SourceState != "resumed") {
+			t.Errorf("report: ok=%v source %q frozen %.0f ms at %q: %s", rep.OK, rep.SourceState, rep.FrozenMs, rep.FailedAt, rep.Error)
+		}
+		if err := l.RestartAgent(context.Background(), h2.Name); err != nil {
+			t.Fatal(err)
+		}
+		pr, perr := p.Stop()
+		if perr != nil || !pr.StateOK {
+			t.Fatalf("workload state after the failed move: %+v %v", pr, perr)
+		}
+		if got := dk(t, h1, "inspect", "--format", "{{.State.Status}}", name); got != "running" {
+			t.Errorf("h1's copy: %s, want running", got)
+		}
+		// The restarted agent removed what its predecessor made.
+		left := func() []string {
+			return append(dockerPs(t, h2, true), strings.Fields(dk(t, h2, "volume", "ls", "--quiet"))...)
+		}
+		for deadline := time.Now().Add(30 * time.Second); len(left()) > 0 && time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+		}
+		if got := left(); len(got) != 0 {
+			t.Errorf("h2's Docker keeps %v after its agent's restart", got)
+		}
+		noScratch(t, h2)
+	})
+}

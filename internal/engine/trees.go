@@ -1,0 +1,461 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync/atomic"
+
+	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
+
+	"github.com/ferry-migrate/ferry/internal/fault"
+	"github.com/ferry-migrate/ferry/internal/journal"
+	"github.com/ferry-migrate/ferry/internal/procs"
+	"github.com/ferry-migrate/ferry/internal/rootfs"
+	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/transport"
+	"github.com/ferry-migrate/ferry/internal/units"
+)
+
+// Volume sync channels: ChanVolumeLive+NAME and ChanVolumeFinal+NAME carry
+// a volume as ChanRootfsLive and ChanRootfsFinal carry the root
+// filesystem.
+const (
+	ChanVolumeLive  = "volume.live/"
+	ChanVolumeFinal = "volume.final/"
+)
+
+// treeChannel names the channel that syncs a tree (the root filesystem
+// when volume is empty) live or frozen.
+func treeChannel(volume string, live bool) string {
+	switch {
+	case volume == "" && live:
+		return ChanRootfsLive
+	case volume == "":
+		return ChanRootfsFinal
+	case live:
+		return ChanVolumeLive + volume
+	}
+	return ChanVolumeFinal + volume
+}
+
+// volumeChannels are the channels the volumes of an offer sync on.
+func volumeChannels(vols []runtime.Volume) []string {
+	var out []string
+	for _, v := range vols {
+		out = append(out, treeChannel(v.Name, true), treeChannel(v.Name, false))
+	}
+	return out
+}
+
+// tree is a directory whose contents move with the container: its root
+// filesystem or one of its volumes, synced live and then frozen, each on
+// its own pair of channels.
+type tree struct {
+	volume string // "" for the root filesystem
+	dir    string // this host's copy
+	inside string // where the container sees it
+	// base is what the destination's copy holds after the live sync, so
+	// the frozen sync scans only this side; watch, from before the live
+	// sync's scan, what changed since (nil: walk it all); blocks, the
+	// large files it holds, for patches.
+	base   rootfs.Manifest
+	blocks rootfs.Blocks
+	watch  *rootfs.Watcher
+	// The report's lines for it.
+	liveBytes, frozenBytes int64
+	liveEntries            int
+	frozenScan             string
+}
+
+// makeTrees lists what syncs: the root filesystem first, then each volume.
+func (m *migration) makeTrees() {
+	m.trees = []*tree{{dir: m.ctr.Rootfs, inside: "/"}}
+	for _, v := range m.ctr.Volumes {
+		m.trees = append(m.trees, &tree{volume: v.Name, dir: v.Dir, inside: v.Path})
+	}
+}
+
+// watchTrees watches every tree from before the live sync's scan, so
+// that the frozen sync looks only at what changed after it.
+func (m *migration) watchTrees() {
+	for _, t := range m.trees {
+		w, err := rootfs.Watch(t.dir)
+		if err != nil {
+			t.frozenScan = "full walk: " + err.Error()
+		}
+		t.watch = w
+	}
+}
+
+func (m *migration) closeWatches() {
+	for _, t := range m.trees {
+		if t.watch != nil {
+			_ = t.watch.Close()
+			t.watch = nil
+		}
+	}
+}
+
+// syncTrees syncs every tree, live or frozen, side by side.
+func (m *migration) syncTrees(live bool) error {
+	var g errgroup.Group
+	for _, t := range m.trees {
+		g.Go(func() error {
+			if err := m.syncTree(t, live); err != nil {
+				return fmt.Errorf("%s: %w", treeName(t.volume), err)
+			}
+			return nil
+		})
+	}
+	err := g.Wait()
+	m.reportTrees()
+	return err
+}
+
+// reportTrees puts what the trees' syncs sent into the report.
+func (m *migration) reportTrees() {
+	m.report.Volumes = m.report.Volumes[:0]
+	for _, t := range m.trees {
+		if t.volume == "" {
+			m.report.RootfsBytes, m.report.RootfsEntries = t.liveBytes, t.liveEntries
+			m.report.FrozenRootfsBytes, m.report.FrozenRootfsScan = t.frozenBytes, t.frozenScan
+			continue
+		}
+		m.report.Volumes = append(m.report.Volumes, VolumeSync{Name: t.volume, Path: t.inside,
+			Bytes: t.liveBytes, Entries: t.liveEntries, FrozenBytes: t.frozenBytes, FrozenScan: t.frozenScan})
+	}
+}
+
+// syncTree sends what the destination's copy of one tree lacks.
+func (m *migration) syncTree(t *tree, live bool) error {
+	ch, err := m.sess.Open(treeChannel(t.volume, live))
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	// This side's scan runs while the destination describes its copy.
+	type scanned struct {
+		m   rootfs.Manifest
+		ch  *rootfs.Changes // the frozen pass, from a watch
+		err error
+	}
+	sc := make(chan scanned, 1)
+	go func() {
+		if !live && t.watch != nil && t.base != nil {
+			ch, err := m.rescanTree(t)
+			sc <- scanned{ch: ch, err: err}
+			return
+		}
+		man, err := rootfs.Scan(t.dir)
+		sc <- scanned{m: man, err: err}
+	}()
+	var have RootfsHave
+	rerr := ch.Recv(&have)
+	s := <-sc
+	if rerr != nil {
+		return rerr
+	}
+	if s.err != nil {
+		return s.err
+	}
+	base := have.Manifest
+	if have.AsLive {
+		if t.base == nil {
+			return errors.New("the destination's copy is as after the live sync, which this side never finished")
+		}
+		base = t.base
+	}
+	want := s.m
+	var delta rootfs.Delta
+	switch {
+	case s.ch != nil && have.AsLive:
+		delta = s.ch.Delta() // what changed since the live sync, from the changes alone
+	case s.ch != nil:
+		want = s.ch.Manifest()
+		fallthrough
+	default:
+		delta = rootfs.Diff(base, want)
+	}
+	// The frozen pass patches the large files the live sync sent: the
+	// destination holds them exactly as sent.
+	var known rootfs.Blocks
+	if !live && have.AsLive {
+		known = t.blocks
+	}
+	sent, err := rootfs.SendDelta(ch, t.dir, delta, known)
+	if err != nil {
+		return err
+	}
+	if live {
+		t.liveBytes, t.liveEntries = sent.Bytes, len(delta.Changed)-len(sent.Skipped)
+		// The destination now holds what was scanned, but for entries
+		// that vanished before they were sent: it keeps its own of those.
+		for _, p := range sent.Skipped {
+			if e, ok := base[p]; ok {
+				want[p] = e
+			} else {
+				delete(want, p)
+			}
+		}
+	} else {
+		t.frozenBytes = sent.Bytes
+	}
+	if err := ch.CloseWrite(); err != nil {
+		return err
+	}
+	attrs, err := rootfs.ReadRootAttrs(t.dir)
+	if err != nil {
+		return err
+	}
+	if err := ch.Send(attrs); err != nil {
+		return err
+	}
+	var done RootfsDone
+	if err := ch.Recv(&done); err != nil {
+		return err
+	}
+	if live {
+		t.base, t.blocks = want, sent.Blocks
+	}
+	return nil
+}
+
+// rescanTree is the frozen tree: the live sync's scan brought up to date
+// by what the watch saw change since, and the files the container writes
+// through shared mappings (which raise no event); or, where the watch
+// cannot vouch for it, a walk of the whole tree.
+func (m *migration) rescanTree(t *tree) (*rootfs.Changes, error) {
+	w := t.watch
+	t.watch = nil // one rescan per watch
+	defer w.Close()
+	var extra []string
+	for _, p := range procs.WrittenFiles(m.ctr.PID) {
+		if rel, ok := within(p, t.inside); ok {
+			extra = append(extra, rel)
+		}
+	}
+	ch, st, err := w.Rescan(t.base, extra)
+	if err != nil {
+		return nil, err
+	}
+	if st.Full != "" {
+		t.frozenScan = "full walk: " + st.Full
+	} else {
+		t.frozenScan = fmt.Sprintf("%d changed paths", st.Paths)
+	}
+	return ch, nil
+}
+
+// within is p, a path as the container names it, relative to dir, a
+// directory as the container names it, if p lies below dir.
+func within(p, dir string) (string, bool) {
+	dir = strings.TrimSuffix(dir, "/")
+	if dir == "" {
+		return strings.TrimPrefix(p, "/"), true
+	}
+	rel, ok := strings.CutPrefix(p, dir+"/")
+	if !ok || rel == "" {
+		return "", false
+	}
+	return rel, true
+}
+
+// destTree is a tree as the destination receives it.
+type destTree struct {
+	volume string
+	dir    string
+	// liveSynced: the live sync was applied whole.
+	liveSynced atomic.Bool
+}
+
+// makeTrees finds where each tree goes here: the target's root
+// filesystem, and each volume the runtime made for the offer.
+func (in *incoming) makeTrees() error {
+	in.trees = []*destTree{{dir: in.target.RootfsDir()}}
+	if len(in.offer.Volumes) == 0 {
+		return nil
+	}
+	vt, ok := in.target.(runtime.VolumeTarget)
+	if !ok {
+		return fmt.Errorf("%s on %s cannot receive volumes", in.offer.Runtime, in.d.Host.Name)
+	}
+	for _, v := range in.offer.Volumes {
+		dir, err := vt.VolumeDir(v.Name)
+		if err != nil {
+			return err
+		}
+		in.trees = append(in.trees, &destTree{volume: v.Name, dir: dir})
+	}
+	return nil
+}
+
+// receiveTrees receives every tree's live sync, and then its frozen one:
+// restored says when the last frozen one is applied.
+func (in *incoming) receiveTrees(ctx context.Context, sess *transport.Session, router *transport.Router, recv *receiving, restorable func()) {
+	for _, t := range in.trees {
+		recv.Go(func() error { return in.receiveTree(ctx, sess, router, t, true) })
+	}
+	recv.Go(func() error {
+		var g errgroup.Group
+		for _, t := range in.trees {
+			g.Go(func() error { return in.receiveTree(ctx, sess, router, t, false) })
+		}
+		if err := g.Wait(); err != nil {
+			return err
+		}
+		restorable()
+		return nil
+	})
+}
+
+func (in *incoming) receiveTree(ctx context.Context, sess *transport.Session, router *transport.Router, t *destTree, live bool) error {
+	ch, err := router.Wait(ctx, sess, treeChannel(t.volume, live))
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	if !live && t.volume == "" && in.faults.Knob(fault.RootfsFinal) {
+		// Tests: the frozen rootfs sync fails while the dump runs beside it.
+		err := errors.New("injected fault: frozen rootfs sync refused")
+		_ = ch.Fail(err)
+		return err
+	}
+	if live && t.volume != "" {
+		in.faults.Agent(fault.Destination, fault.VolumeSync)
+	}
+	// After a complete live sync the source knows what this copy holds:
+	// the frozen sync then spends no time scanning or describing it here.
+	have := RootfsHave{AsLive: !live && t.liveSynced.Load()}
+	if !have.AsLive {
+		m, err := rootfs.Scan(t.dir)
+		if err != nil {
+			return err
+		}
+		have.Manifest = m
+	}
+	if err := ch.Send(have); err != nil {
+		return err
+	}
+	st, err := rootfs.ApplyDelta(ch, t.dir)
+	if err != nil {
+		return fmt.Errorf("apply %s delta: %w", treeName(t.volume), err)
+	}
+	// The tar reader stops at its end marker: read up to the stream's end.
+	if _, err := io.Copy(io.Discard, ch); err != nil {
+		return err
+	}
+	var attrs rootfs.RootAttrs
+	if err := ch.Recv(&attrs); err != nil {
+		return err
+	}
+	if err := attrs.Apply(t.dir); err != nil {
+		return err
+	}
+	if err := ch.Send(RootfsDone{Files: st.Files, Bytes: st.Bytes}); err != nil {
+		return err
+	}
+	if live {
+		t.liveSynced.Store(true)
+	}
+	return nil
+}
+
+func treeName(volume string) string {
+	if volume == "" {
+		return "rootfs"
+	}
+	return "volume " + volume
+}
+
+// spaceSlack is what a filesystem must keep free beyond the volumes
+// moved into it: a volume grows while it syncs, and a full filesystem
+// fails more than this migration.
+const spaceSlack = 64 << 20
+
+// checkSpace refuses, before anything is frozen, volumes that the
+// filesystems they go to here cannot hold.
+func (in *incoming) checkSpace() error {
+	type fs struct {
+		free, need int64
+		names      []string
+	}
+	byFS := map[unix.Fsid]*fs{}
+	for i, v := range in.offer.Volumes {
+		var st unix.Statfs_t
+		if err := unix.Statfs(in.trees[i+1].dir, &st); err != nil {
+			return err
+		}
+		f := byFS[st.Fsid]
+		if f == nil {
+			f = &fs{free: int64(st.Bavail) * st.Bsize}
+			byFS[st.Fsid] = f
+		}
+		f.need += v.Bytes
+		f.names = append(f.names, v.Name)
+	}
+	for _, f := range byFS {
+		if f.need+spaceSlack > f.free {
+			return fmt.Errorf("%s: volumes %s need %s and %s to spare, the filesystem they go to has %s free",
+				in.d.Host.Name, strings.Join(f.names, ", "), units.Bytes(f.need), units.Bytes(spaceSlack), units.Bytes(f.free))
+		}
+	}
+	return nil
+}
+
+// networkMoves says what moving does to the container's place on each of
+// its runtime's networks.
+func networkMoves(nets []runtime.Network) []NetworkMove {
+	var out []NetworkMove
+	for _, n := range nets {
+		out = append(out, NetworkMove{Network: n, Outcome: NetworkOutcome(n)})
+	}
+	return out
+}
+
+// NetworkOutcome says, in words, what moving does to a container on n.
+func NetworkOutcome(n runtime.Network) string {
+	if !n.HostLocal {
+		return fmt.Sprintf("address %s on %s kept", n.Address, n.Name)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s network %q ends at each host: the destination's runtime gives the container an address on its own %q", n.Driver, n.Name, n.Name)
+	if n.Address != "" {
+		fmt.Fprintf(&b, " (%s where it is free there and the network lets it be chosen)", n.Address)
+	}
+	b.WriteString("; established connections are closed, listening sockets kept")
+	if len(n.Ports) > 0 {
+		fmt.Fprintf(&b, "; ports %s published again at the destination (clients connected through the source's ports are disconnected and reconnect there)", strings.Join(n.Ports, ", "))
+	}
+	return b.String()
+}
+
+// JournaledContainer is the container a journal entry names, with the
+// volumes that moved with it, for whoever removes it after a restart.
+func JournaledContainer(e journal.Entry) *runtime.Container {
+	c := &runtime.Container{Runtime: e.Runtime, Name: e.Container, ID: e.Container}
+	for _, v := range e.Volumes {
+		c.Volumes = append(c.Volumes, runtime.Volume{Name: v})
+	}
+	return c
+}
+
+func volumeNames(vols []runtime.Volume) []string {
+	var out []string
+	for _, v := range vols {
+		out = append(out, v.Name)
+	}
+	return out
+}
+
+// removedVolumes name the volumes the source removes with its copy after
+// the commit (none with Request.KeepVolumes).
+func (m *migration) removedVolumes() []string {
+	if m.req.KeepVolumes || m.ctr == nil {
+		return nil
+	}
+	return volumeNames(m.ctr.Volumes)
+}

@@ -1,0 +1,247 @@
+package docker
+
+// What a Docker container is attached to beside its own layer: named
+// volumes, whose data moves with it (the engine syncs each as it syncs the
+// root filesystem), and bridge networks, which each host's Docker gives
+// anew (the same name; on a user-defined network the same address where
+// it is free). A bridge ends at its host, behind its NAT: established
+// connections are dumped to be restored closed (CRIU's tcp-close) and
+// published ports are published again by the destination's Docker.
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/mount"
+	"github.com/docker/docker/api/types/network"
+	"github.com/docker/docker/client"
+	"github.com/docker/go-connections/nat"
+
+	"github.com/ferry-migrate/ferry/internal/rootfs"
+	"github.com/ferry-migrate/ferry/internal/runtime"
+)
+
+// volumesOf lists the container's named volumes, each of the local
+// driver, mounted by no other container, on this host's disk. What cannot
+// move is refused before anything is frozen.
+func volumesOf(ctx context.Context, cl *client.Client, j container.InspectResponse) ([]runtime.Volume, error) {
+	var out []runtime.Volume
+	for _, mp := range j.Mounts {
+		if mp.Type != mount.TypeVolume {
+			continue
+		}
+		if mp.Driver != "" && mp.Driver != "local" {
+			return nil, fmt.Errorf("docker volume %q (at %s) has driver %q: ferry moves volumes of the local driver only", mp.Name, mp.Destination, mp.Driver)
+		}
+		v, err := cl.VolumeInspect(ctx, mp.Name)
+		if err != nil {
+			return nil, fmt.Errorf("docker volume %q: %w", mp.Name, err)
+		}
+		if len(v.Options) > 0 {
+			return nil, fmt.Errorf("docker volume %q mounts %s (options %s): ferry copies only volumes kept on this host's disk", mp.Name, v.Options["device"], optionList(v.Options))
+		}
+		users, err := cl.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("volume", mp.Name))})
+		if err != nil {
+			return nil, err
+		}
+		for _, u := range users {
+			if u.ID != j.ID {
+				return nil, fmt.Errorf("docker volume %q is also mounted by container %s: ferry moves a volume only with the one container that uses it", mp.Name, strings.TrimPrefix(firstName(u.Names), "/"))
+			}
+		}
+		man, err := rootfs.Scan(mp.Source)
+		if err != nil {
+			return nil, fmt.Errorf("docker volume %q: %w", mp.Name, err)
+		}
+		out = append(out, runtime.Volume{Name: mp.Name, Path: mp.Destination, Dir: mp.Source, Bytes: man.Bytes()})
+	}
+	return out, nil
+}
+
+func optionList(o map[string]string) string {
+	var kv []string
+	for k, v := range o {
+		kv = append(kv, k+"="+v)
+	}
+	sort.Strings(kv)
+	return strings.Join(kv, ",")
+}
+
+func firstName(names []string) string {
+	if len(names) == 0 {
+		return "?"
+	}
+	return names[0]
+}
+
+// networksOf lists the Docker networks the container is on: bridges (the
+// default one and users' own), which end at the host. The host network and
+// none are no network of Docker's here; other drivers are refused.
+func networksOf(ctx context.Context, cl *client.Client, j container.InspectResponse) ([]runtime.Network, error) {
+	if j.NetworkSettings == nil {
+		return nil, nil
+	}
+	mode := j.HostConfig.NetworkMode
+	if mode.IsContainer() {
+		return nil, fmt.Errorf("docker container %q shares the network of another container (%s): ferry does not move it apart from that one", strings.TrimPrefix(j.Name, "/"), mode)
+	}
+	names := make([]string, 0, len(j.NetworkSettings.Networks))
+	for name := range j.NetworkSettings.Networks {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	var out []runtime.Network
+	for _, name := range names {
+		if name == "host" || name == "none" {
+			continue
+		}
+		n, err := cl.NetworkInspect(ctx, name, network.InspectOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("docker network %q: %w", name, err)
+		}
+		if n.Driver != "bridge" {
+			return nil, fmt.Errorf("docker container %q is on network %q of driver %s: ferry moves Docker containers on bridge networks, the host's network or none", strings.TrimPrefix(j.Name, "/"), name, n.Driver)
+		}
+		rn := runtime.Network{Name: name, Driver: n.Driver, Address: j.NetworkSettings.Networks[name].IPAddress, HostLocal: true}
+		if name == primaryNetwork(mode) {
+			rn.Ports = publishedPorts(j.HostConfig.PortBindings)
+		}
+		out = append(out, rn)
+	}
+	return out, nil
+}
+
+// primaryNetwork is the network a container is created on.
+func primaryNetwork(mode container.NetworkMode) string {
+	if mode.IsDefault() {
+		return "bridge"
+	}
+	return string(mode)
+}
+
+// publishedPorts are a container's port bindings as HOSTPORT->PORT/PROTO.
+func publishedPorts(b nat.PortMap) []string {
+	var out []string
+	for p, bs := range b {
+		for _, hb := range bs {
+			host := hb.HostPort
+			if hb.HostIP != "" && hb.HostIP != "0.0.0.0" {
+				host = hb.HostIP + ":" + host
+			}
+			out = append(out, host+"->"+string(p))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// attachHere checks, before anything is made, that this host's Docker has
+// each of the container's networks, as bridges, and that no container of
+// its own publishes one of its host ports. It returns the endpoint
+// settings to create the container with, per network: on a user-defined
+// network the source's address, where the subnet holds it and no
+// container here has it.
+func (r *Runtime) attachHere(ctx context.Context, cl *client.Client, c *runtime.Container, hc *container.HostConfig) (map[string]*network.EndpointSettings, error) {
+	eps := map[string]*network.EndpointSettings{}
+	for _, want := range c.Networks {
+		n, err := cl.NetworkInspect(ctx, want.Name, network.InspectOptions{})
+		if errdefs.IsNotFound(err) {
+			return nil, fmt.Errorf("docker (%s) has no network %q, which the container is on at the source: create it here first (docker network create --driver %s %s)", r.host(), want.Name, want.Driver, want.Name)
+		} else if err != nil {
+			return nil, err
+		}
+		if n.Driver != want.Driver {
+			return nil, fmt.Errorf("docker (%s): network %q has driver %s here and %s at the source", r.host(), want.Name, n.Driver, want.Driver)
+		}
+		ep := &network.EndpointSettings{}
+		if want.Name != "bridge" && addressFree(n, want.Address) {
+			// Docker lets a container choose its address on users'
+			// networks only.
+			ep.IPAMConfig = &network.EndpointIPAMConfig{IPv4Address: want.Address}
+		}
+		eps[want.Name] = ep
+	}
+	if len(hc.PortBindings) == 0 {
+		return eps, nil
+	}
+	running, err := cl.ContainerList(ctx, container.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	for _, other := range running {
+		for _, p := range other.Ports {
+			if p.PublicPort == 0 {
+				continue
+			}
+			for port, bs := range hc.PortBindings {
+				if port.Proto() != p.Type {
+					continue
+				}
+				for _, b := range bs {
+					if b.HostPort == fmt.Sprint(p.PublicPort) {
+						return nil, fmt.Errorf("docker (%s): container %s publishes port %d/%s already, which the container publishes at the source: free it here first", r.host(), strings.TrimPrefix(firstName(other.Names), "/"), p.PublicPort, p.Type)
+					}
+				}
+			}
+		}
+	}
+	return eps, nil
+}
+
+// addressFree says whether addr lies in one of n's subnets and no
+// endpoint on n has it.
+func addressFree(n network.Inspect, addr string) bool {
+	a, err := netip.ParseAddr(addr)
+	if err != nil {
+		return false
+	}
+	in := slices.ContainsFunc(n.IPAM.Config, func(c network.IPAMConfig) bool {
+		p, err := netip.ParsePrefix(c.Subnet)
+		return err == nil && p.Contains(a) && c.Gateway != addr
+	})
+	if !in {
+		return false
+	}
+	for _, e := range n.Containers {
+		if p, err := netip.ParsePrefix(e.IPv4Address); err == nil && p.Addr() == a {
+			return false
+		}
+	}
+	return true
+}
+
+// volumesHere refuses volumes this host's Docker has already: ferry does
+// not overwrite a volume it did not make.
+func (r *Runtime) volumesHere(ctx context.Context, cl *client.Client, vols []runtime.Volume) error {
+	for _, v := range vols {
+		_, err := cl.VolumeInspect(ctx, v.Name)
+		if err == nil {
+			return fmt.Errorf("docker (%s) already has a volume named %q: ferry does not overwrite it; remove it (docker volume rm %s) or move the container elsewhere", r.host(), v.Name, v.Name)
+		}
+		if !errdefs.IsNotFound(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+// removeVolumes deletes the named volumes, once no container uses them.
+func removeVolumes(ctx context.Context, cl *client.Client, vols []runtime.Volume) error {
+	var errs []string
+	for _, v := range vols {
+		if err := cl.VolumeRemove(ctx, v.Name, false); err != nil && !errdefs.IsNotFound(err) {
+			errs = append(errs, err.Error())
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("docker: removing volumes: %s", strings.Join(errs, "; "))
+	}
+	return nil
+}
