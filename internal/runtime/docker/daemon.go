@@ -80,7 +80,7 @@ func (d Daemon) Start(ctx context.Context) error {
 		args = append(args, "--iptables=false", "--ip-masq=false", "--bridge=none")
 	}
 	args = append(args, "--data-root", filepath.Join(d.Dir, "data"), "--exec-root", d.ExecRoot(), "--pidfile", d.pidFile(), "-H", d.Host(),
-		"--add-runtime", StoppedRuntime + "=" + wrapper)
+		"--add-runtime", StoppedRuntime+"="+wrapper)
 	// Its containerd keeps the checkpoints it unpacks under xdg; its
 	// shims' runc finds a CRIU ferry built in /usr/local/sbin.
 	p, err := procs.StartDetached(args, d.NetNS, d.logFile(),

@@ -59,7 +59,9 @@ func TestAdmit(t *testing.T) {
 	// destination Docker's own.
 	for _, edit := range []func(c *config){
 		func(c *config) { c.HostConfig.Binds = []string{"data:/data"} },
-		func(c *config) { c.HostConfig.Mounts = []mount.Mount{{Type: mount.TypeVolume, Source: "data", Target: "/data"}} },
+		func(c *config) {
+			c.HostConfig.Mounts = []mount.Mount{{Type: mount.TypeVolume, Source: "data", Target: "/data"}}
+		},
 		func(c *config) { c.Config.Volumes = map[string]struct{}{"/data": {}} },
 		func(c *config) { c.HostConfig.NetworkMode = "bridge" },
 		func(c *config) { c.HostConfig.NetworkMode = "cachenet" },
