@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -98,6 +99,12 @@ func TestDockerBridgeAndVolume(t *testing.T) {
 			p := startProbe(t, l, bin, "64M")
 			rep, pr, perr := migrate(t, l, p, engine.Request{Container: name, Mode: mode, Runtime: "docker"})
 			checkMoved(t, "docker", mode, rep, pr, perr)
+			var phases []string
+			for _, ph := range rep.Phases {
+				phases = append(phases, fmt.Sprintf("%s %.0f-%.0f", ph.Name, ph.StartMs, ph.EndMs))
+			}
+			t.Logf("phases (ms): %s; the probe's gap %.0f to %.0f", strings.Join(phases, ", "),
+				float64(pr.GapFrom.Sub(rep.StartedAt).Microseconds())/1000, float64(pr.GapTo.Sub(rep.StartedAt).Microseconds())/1000)
 
 			if len(rep.Volumes) != 1 || rep.Volumes[0].Name != vol || rep.Volumes[0].Path != "/data" || rep.Volumes[0].Bytes == 0 {
 				t.Errorf("report's volumes: %+v", rep.Volumes)

@@ -905,6 +905,7 @@ func (in *incoming) restore(ctx context.Context, lazy bool) (int, error) {
 	if err := in.bringUpNetwork(); err != nil {
 		return 0, fmt.Errorf("network on %s: %w", in.d.Host.Name, err)
 	}
+	in.announceRuntimeNetworks(pid)
 	return pid, nil
 }
 

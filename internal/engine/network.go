@@ -260,6 +260,27 @@ func (in *incoming) addressUp() error {
 	return cnet.Announce(in.netnsPath, *in.offer.Network)
 }
 
+// announceRuntimeNetworks announces the addresses the runtime gave the
+// restored copy on its own networks (a Docker bridge). The runtime
+// publishes the container's ports as it restores it, before the copy's
+// link is up: a client's packets sent then make this host ask for the
+// address in vain, and its neighbour entry stays failed until the next
+// try, about a second later (measured: the copy answered 600-700 ms after
+// the commit). The announcement fills the entry at once.
+func (in *incoming) announceRuntimeNetworks(pid int) {
+	if len(in.offer.Networks) == 0 || pid <= 0 {
+		return
+	}
+	ns := fmt.Sprintf("/proc/%d/ns/net", pid)
+	spec, err := cnet.Describe(ns)
+	if err == nil {
+		err = cnet.Announce(ns, spec)
+	}
+	if err != nil {
+		slog.Warn("announcing the restored copy's addresses", "container", in.offer.Container, "error", err)
+	}
+}
+
 // releaseHeld delivers what the hold kept, once the copy runs; what
 // arrives after passes at once (closeHold ends the hold after the commit).
 func (in *incoming) releaseHeld() int {
