@@ -145,6 +145,9 @@ drift; client_downtime_ratio is its median client downtime over --memory's
 	f.StringVar(&outage, "outage", "", "take every path of the source down for DURATION once SHARE of the memory was sent: DURATION@SHARE, e.g. 10s@30%")
 	f.DurationVar(&o.OutageTimeout, "outage-timeout", 0, "the agents' --outage-timeout (default theirs, 30s)")
 	f.BoolVar(&o.TCPClient, "tcp-client", false, "give the workload its own address and hold one TCP connection to it from a third host (a line every 10 ms, echoed): report the longest wait that client saw, against the downtime (runc only)")
+	f.StringVar(&o.Network, "network", "host", "the workload's network: host (its host's), bridge (the runtime's default bridge, the probe's port published; docker only)")
+	f.Var(units.BytesVar(&o.VolumeBytes), "volume", "give the workload a named volume holding this much, written while it runs; each run says whether it checked out (volume_ok; docker only)")
+	f.Var(units.BytesVar(&o.VolumeRateBps), "volume-rate", "bytes per second the workload writes into --volume (default 1M)")
 	return cmd
 }
 
@@ -157,9 +160,16 @@ func printBench(w io.Writer, r bench.MigrateResult) {
 		}
 		return fmt.Sprintf(" (%.2f x the link floor)", x)
 	}
+	if r.Network == "bridge" || r.VolumeBytes > 0 {
+		fmt.Fprintf(w, "  network %s, volume %s\n", r.Network, humanBytes(r.VolumeBytes))
+	}
 	for i, run := range r.Runs {
-		fmt.Fprintf(w, "  run %d: ok=%v downtime %.0f ms, client downtime %.0f ms, total %.0f ms%s, sent %s, state_ok=%v %s\n",
-			i+1, run.OK, run.DowntimeMs, run.ClientDowntimeMs, run.TotalMs, vsLink(run.TotalVsLink), humanBytes(run.BytesSent), run.StateOK, run.Error)
+		vol := ""
+		if run.VolumeOK != nil {
+			vol = fmt.Sprintf(", volume_ok=%v (%s live, %s frozen)", *run.VolumeOK, humanBytes(run.VolumeBytes), humanBytes(run.FrozenVolumeBytes))
+		}
+		fmt.Fprintf(w, "  run %d: ok=%v downtime %.0f ms, client downtime %.0f ms, total %.0f ms%s, sent %s, state_ok=%v%s %s\n",
+			i+1, run.OK, run.DowntimeMs, run.ClientDowntimeMs, run.TotalMs, vsLink(run.TotalVsLink), humanBytes(run.BytesSent), run.StateOK, vol, run.Error)
 	}
 	fmt.Fprintf(w, "  median: downtime %.0f ms, client downtime %.0f ms, total %.0f ms%s\n",
 		r.MedianDowntimeMs, r.MedianClientDowntimeMs, r.MedianTotalMs, vsLink(r.MedianTotalVsLink))
@@ -167,7 +177,7 @@ func printBench(w io.Writer, r bench.MigrateResult) {
 		fmt.Fprintf(w, "  TCP client's longest wait (median): %.0f ms = %.2f x downtime\n", r.MedianTCPStallMs, r.MedianTCPStallMs/max(r.MedianDowntimeMs, 1))
 	}
 	if b := r.Baselines.Link; b != nil {
-		fmt.Fprintf(w, "  link baseline: %s; %s of memory need %.0f ms at that rate (the link floor)\n", humanRate(b.ThroughputBps), humanBytes(r.MemoryBytes), r.LinkFloorMs)
+		fmt.Fprintf(w, "  link baseline: %s; %s of memory and volume need %.0f ms at that rate (the link floor)\n", humanRate(b.ThroughputBps), humanBytes(r.MemoryBytes+r.VolumeBytes), r.LinkFloorMs)
 	}
 	if b := r.Baselines.Paths; b != nil {
 		fmt.Fprintf(w, "  paths baseline: one path %s, MPTCP over %d paths %s (x%.2f), striped TCP %s (x%.2f)\n",

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -32,8 +33,10 @@ var podmanRegenerated = []string{"/dev/shm", "/etc/resolv.conf", "/etc/hostname"
 // container's own userdata directory. Anything else, a user's -v over
 // /etc/hosts included, is checked as any bind mount. Sources under this
 // host's Podman storage are not allowed as such: a bind of that storage
-// would reach every other container's files.
-func (p Policy) CheckPodmanSpec(b []byte, id string) error {
+// would reach every other container's files; only volumes, the data
+// directories of the named volumes this host's Podman makes for the
+// container, are.
+func (p Policy) CheckPodmanSpec(b []byte, id string, volumes ...string) error {
 	var s specs.Spec
 	if err := json.Unmarshal(b, &s); err != nil {
 		return fmt.Errorf("bad spec.dump: %w", err)
@@ -54,6 +57,9 @@ func (p Policy) CheckPodmanSpec(b []byte, id string) error {
 		}
 		if regenerated && isBind(m) && filepath.IsAbs(m.Source) && filepath.Clean(m.Source) == m.Source && strings.Contains(m.Source, own) {
 			continue
+		}
+		if isBind(m) && slices.Contains(volumes, m.Source) {
+			continue // a named volume made here for the container
 		}
 		kept = append(kept, m)
 	}

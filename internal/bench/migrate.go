@@ -20,6 +20,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/labtool"
+	"github.com/ferry-migrate/ferry/internal/runtime/docker"
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
@@ -62,6 +63,15 @@ type MigrateOptions struct {
 	// one TCP connection to it, a line every 10 ms echoed back: each run
 	// reports the longest that client waited.
 	TCPClient bool
+	// Network is how the workload reaches its clients: "" or "host" (its
+	// host's network), "bridge" (the runtime's default bridge, the probe's
+	// port published). VolumeBytes, when set, gives it a named volume
+	// holding that much (memhog's journal), written at VolumeRateBps
+	// while it runs; each run's VERIFY reads it back (Run.VolumeOK).
+	// Docker only, so far.
+	Network       string
+	VolumeBytes   int64
+	VolumeRateBps int64
 	// Log receives one line per step, for a human watching; nil for none.
 	Log io.Writer
 }
@@ -115,6 +125,12 @@ type Run struct {
 	// freeze and the commit.
 	TCPStallMs  float64 `json:"tcp_stall_ms,omitempty"`
 	HeldPackets int     `json:"held_packets,omitempty"`
+	// With a volume: whether its contents checked out after the move
+	// (memhog read back every record it wrote), and its live delta and
+	// frozen pass.
+	VolumeOK          *bool `json:"volume_ok,omitempty"`
+	VolumeBytes       int64 `json:"volume_bytes,omitempty"`
+	FrozenVolumeBytes int64 `json:"frozen_volume_bytes,omitempty"`
 	// The root filesystem's live delta and frozen pass (engine.Report).
 	RootfsBytes       int64 `json:"rootfs_bytes"`
 	RootfsEntries     int   `json:"rootfs_entries"`
@@ -159,11 +175,15 @@ type Baselines struct {
 
 // MigrateResult is what `ferry bench migrate --json` prints.
 type MigrateResult struct {
-	Runtime                string    `json:"runtime,omitempty"`
-	Mode                   string    `json:"mode"`
-	MemoryBytes            int64     `json:"memory_bytes"`
-	DirtyRate              int       `json:"dirty_rate"`
-	BandwidthBps           int64     `json:"bandwidth_bps"`
+	Runtime      string `json:"runtime,omitempty"`
+	Mode         string `json:"mode"`
+	MemoryBytes  int64  `json:"memory_bytes"`
+	DirtyRate    int    `json:"dirty_rate"`
+	BandwidthBps int64  `json:"bandwidth_bps"`
+	// Network and VolumeBytes are the options' (the link floor counts the
+	// volume's bytes with the memory's).
+	Network                string    `json:"network,omitempty"`
+	VolumeBytes            int64     `json:"volume_bytes,omitempty"`
 	Runs                   []Run     `json:"runs"`
 	MedianDowntimeMs       float64   `json:"median_downtime_ms"`
 	MedianClientDowntimeMs float64   `json:"median_client_downtime_ms"`
@@ -200,6 +220,14 @@ func Migrate(ctx context.Context, o MigrateOptions) (res MigrateResult, err erro
 	}
 	if o.TCPClient && o.Runtime != "" && o.Runtime != "runc" {
 		return res, fmt.Errorf("--tcp-client needs --runtime runc: the lab gives only its runc containers an address of their own")
+	}
+	switch o.Network {
+	case "", "host", "bridge":
+	default:
+		return res, fmt.Errorf("unknown --network %q (host, bridge)", o.Network)
+	}
+	if (o.Network == "bridge" || o.VolumeBytes > 0) && o.Runtime != "docker" {
+		return res, fmt.Errorf("--network bridge and --volume need --runtime docker: the lab runs the other runtimes' containers on its hosts' networks, without volumes, so far")
 	}
 	if o.CutPathAt > 0 && o.Paths < 2 {
 		return res, fmt.Errorf("--cut-path-at needs --paths 2 or more: with one path the migration has nothing to go on with")
@@ -347,6 +375,11 @@ func (o MigrateOptions) RunOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 			return r
 		}
 		addrs = []string{fmt.Sprintf("%s:%d", tcpClientIP, workloadPort)}
+	} else if o.Network == "bridge" || o.VolumeBytes > 0 {
+		if err := o.runDocker(ctx, l, src, name); err != nil {
+			r.Error = err.Error()
+			return r
+		}
 	} else if err := l.RunIn(ctx, o.Runtime, src.Name, name, o.workloadArgs()); err != nil {
 		r.Error = err.Error()
 		return r
@@ -415,6 +448,10 @@ func (o MigrateOptions) RunOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 		PagesReferenced: rep.PagesReferenced, PagesFetched: rep.PagesFetched, FillMs: rep.FillMs,
 		PagesLastWritten: rep.PagesLastWritten, LastWritesMs: rep.LastWritesMs, RestoreFromOwnImages: rep.RestoreFromOwnImages, Rounds: rep.Rounds, StopReason: rep.StopReason, ThrottlePct: rep.ThrottlePct,
 		RootfsBytes: rep.RootfsBytes, RootfsEntries: rep.RootfsEntries, FrozenRootfsBytes: rep.FrozenRootfsBytes}
+	for _, v := range rep.Volumes {
+		r.VolumeBytes += v.Bytes
+		r.FrozenVolumeBytes += v.FrozenBytes
+	}
 	if r.Rounds == nil {
 		r.Rounds = []engine.Round{}
 	}
@@ -429,7 +466,30 @@ func (o MigrateOptions) RunOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 	}
 	r.StateOK = pr.StateOK
 	r.ProbeReason = pr.Reason
+	if o.VolumeBytes > 0 {
+		// memhog's VERIFY reads back every record it wrote to the volume:
+		// its state holds only if they all are there as written.
+		ok := pr.StateOK && len(rep.Volumes) == 1
+		r.VolumeOK = &ok
+	}
 	return r
+}
+
+// runDocker starts the workload in src's Docker on its default bridge
+// (the probe's port published) and/or writing into a named volume.
+func (o MigrateOptions) runDocker(ctx context.Context, l *lab.Lab, src *lab.Host, name string) error {
+	args := o.workloadArgs()
+	ro := docker.RunOptions{Bridge: o.Network == "bridge", Ports: []string{fmt.Sprintf("%d/udp", workloadPort)}}
+	if o.VolumeBytes > 0 {
+		ro.Volumes = map[string]string{lab.VolumeName(name): "/data"}
+		rate := o.VolumeRateBps
+		if rate <= 0 {
+			rate = 1 << 20
+		}
+		args = append(args, "--journal", "/data/journal", "--journal-fill", strconv.FormatInt(o.VolumeBytes, 10),
+			"--journal-rate", strconv.FormatInt(rate, 10))
+	}
+	return l.RunDocker(ctx, src.Name, name, args, ro)
 }
 
 // PodmanBaselineOnce moves memhog the way Podman users do (checkpoint
@@ -484,7 +544,8 @@ func (o MigrateOptions) PodmanBaselineOnce(ctx context.Context, src, dst, client
 
 // emptyResult is a result of o's with no run yet.
 func (o MigrateOptions) emptyResult() MigrateResult {
-	return MigrateResult{Runtime: o.Runtime, Mode: o.Mode, MemoryBytes: o.MemoryBytes, DirtyRate: o.DirtyRate, BandwidthBps: o.BandwidthBps, Paths: max(o.Paths, 1), Runs: []Run{}}
+	return MigrateResult{Runtime: o.Runtime, Mode: o.Mode, MemoryBytes: o.MemoryBytes, DirtyRate: o.DirtyRate, BandwidthBps: o.BandwidthBps, Paths: max(o.Paths, 1), Runs: []Run{},
+		Network: o.Network, VolumeBytes: o.VolumeBytes}
 }
 
 // summarize takes the runs' medians, their totals over the link, and
@@ -510,7 +571,7 @@ func (res *MigrateResult) againstLink() {
 	if res.Baselines.Link == nil {
 		return
 	}
-	res.LinkFloorMs = linkFloorMs(res.MemoryBytes, res.Baselines.Link.ThroughputBps)
+	res.LinkFloorMs = linkFloorMs(res.MemoryBytes+res.VolumeBytes, res.Baselines.Link.ThroughputBps)
 	if res.LinkFloorMs <= 0 {
 		return
 	}

@@ -1,6 +1,9 @@
 package cgroups
 
 import (
+	"fmt"
+	"path/filepath"
+
 	occgroups "github.com/opencontainers/cgroups"
 	"github.com/opencontainers/cgroups/fs"
 	"github.com/opencontainers/cgroups/fs2"
@@ -25,4 +28,25 @@ func setFreezer(dir string, state occgroups.FreezerState) error {
 		return m.Freeze(state)
 	}
 	return (&fs.FreezerGroup{}).Set(dir, &occgroups.Resources{Freezer: state})
+}
+
+// FreezerOf is the freezer cgroup (v1; the unified cgroup in v2) of
+// process pid, as a directory to give Freeze and Thaw.
+func FreezerOf(pid int) (string, error) {
+	paths, err := occgroups.ParseCgroupFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return "", err
+	}
+	if occgroups.IsCgroup2UnifiedMode() {
+		return filepath.Join(fs2.UnifiedMountpoint, paths[""]), nil
+	}
+	rel, ok := paths["freezer"]
+	if !ok {
+		return "", fmt.Errorf("process %d is in no freezer cgroup", pid)
+	}
+	mnt, err := occgroups.FindCgroupMountpoint("", "freezer")
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(mnt, rel), nil
 }

@@ -76,6 +76,21 @@ func heldConnection(t *testing.T, l *lab.Lab) io.ReadWriteCloser {
 	return c
 }
 
+// migrateCold moves name from h1 to h2, cold, and fails the test unless
+// it committed.
+func migrateCold(t *testing.T, l *lab.Lab, name string) engine.Report {
+	t.Helper()
+	rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock), engine.Request{Container: name, To: l.Hosts[1].AgentAddr,
+		Mode: engine.ModeCold, Runtime: "docker"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK {
+		t.Fatalf("moving %s: %s (at %s)", name, rep.Error, rep.FailedAt)
+	}
+	return rep
+}
+
 // TestDockerBridgeAndVolume: a container on Docker's default bridge with
 // published ports and a named volume moves in each technique: its memory
 // and the volume's records intact (memhog's VERIFY reads the journal back
@@ -162,6 +177,36 @@ func TestDockerBridgeAndVolume(t *testing.T) {
 			}
 		})
 	}
+
+	// On a user-defined network both hosts have, the container keeps its
+	// address where it is free at the destination, and gets another
+	// where a container there holds it.
+	t.Run("user network", func(t *testing.T) {
+		for _, h := range []*lab.Host{h1, h2} {
+			dk(t, h, "network", "create", "--driver", "bridge", "--subnet", "172.30.0.0/24", "dkb-user")
+			t.Cleanup(func() { _, _ = dkTry(h, "network", "rm", "dkb-user") })
+		}
+		addr := func(h *lab.Host, name string) string {
+			return dk(t, h, "inspect", "--format", "{{(index .NetworkSettings.Networks \"dkb-user\").IPAddress}}", name)
+		}
+		name := "dkb-user-kept"
+		dockerRunBridged(t, l, name, name+"-data", false, "--network", "dkb-user", "--ip", "172.30.0.50")
+		rep := migrateCold(t, l, name)
+		if got := addr(h2, name); got != "172.30.0.50" {
+			t.Errorf("address on h2: %s, want the source's 172.30.0.50 (%+v)", got, rep.Networks)
+		}
+		if len(rep.Networks) != 1 || rep.Networks[0].Name != "dkb-user" || rep.Networks[0].Address != "172.30.0.50" {
+			t.Errorf("report's networks: %+v", rep.Networks)
+		}
+		// Its address is taken at h2 now: the next container that had it
+		// at h1 gets another.
+		other := "dkb-user-taken"
+		dockerRunBridged(t, l, other, other+"-data", false, "--network", "dkb-user", "--ip", "172.30.0.50")
+		migrateCold(t, l, other)
+		if got := addr(h2, other); got == "172.30.0.50" || !strings.HasPrefix(got, "172.30.0.") {
+			t.Errorf("address on h2 of a container whose address was taken there: %q", got)
+		}
+	})
 
 	t.Run("refused", func(t *testing.T) {
 		name, vol := "dkb-refused", "dkb-refused-data"

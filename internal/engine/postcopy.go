@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/images"
 	"github.com/ferry-migrate/ferry/internal/journal"
@@ -177,6 +178,16 @@ func (ld *lazyDump) run() error {
 		return failAt("dump on "+m.host.Name, err)
 	}
 	ld.dump = d
+	if m.rt.Caps().Freeze {
+		// CRIU thawed the container's cgroup once it had seized the
+		// tasks, and holds them until its page server ends; a CRIU that
+		// dies before (killed, crashed) lets them run on here, beside
+		// the destination's copy. Frozen again, they stay where the
+		// migration left them: removed after the commit, thawed by the
+		// runtime otherwise. CRIU freezes the cgroup itself as it ends,
+		// as it found it.
+		m.refreeze()
+	}
 	go func() {
 		ld.result = d.Wait()
 		close(ld.exited)
@@ -254,12 +265,24 @@ func (ld *lazyDump) stop() {
 		case <-time.After(10 * time.Second):
 			// Kill CRIU itself, not only the runtime: it would end
 			// later, once the container was thawed, and freeze it again.
+			// (Its tasks stay frozen when it dies: run froze them.)
 			criu.KillWorkingIn(ld.m.work)
 		}
 	}
 	ld.stopDump()
 	_ = ld.wait()
 	ld.closeNet()
+}
+
+// refreeze freezes the container's cgroup again (see run).
+func (m *migration) refreeze() {
+	dir, err := cgroups.FreezerOf(m.ctr.PID)
+	if err == nil {
+		err = cgroups.Freeze(dir)
+	}
+	if err != nil {
+		slog.Warn("a lazy dump's CRIU is killed and its container could not be frozen first: it may run on", "container", m.ctr.Name, "error", err)
+	}
 }
 
 // endPageServer closes the tunnel's connection to the dump's page server,

@@ -460,7 +460,9 @@ func (m *migration) prepare(ctx context.Context) error {
 			return err
 		}
 	}
-	if m.ctr.Spec != nil {
+	// A container on its runtime's own networks has the namespace its
+	// runtime made, which the destination's runtime makes anew.
+	if m.ctr.Spec != nil && len(m.ctr.Networks) == 0 {
 		if err := m.prepareNetwork(m.ctr.Spec); err != nil {
 			return err
 		}

@@ -150,8 +150,9 @@ func (l *Lab) RunContainerd(ctx context.Context, hostName, container string, arg
 }
 
 // RunDocker starts a container in the host's dockerd from the workload
-// image (ImportWorkloadImage), on the host's network.
-func (l *Lab) RunDocker(ctx context.Context, hostName, container string, args []string) error {
+// image (ImportWorkloadImage), on the host's network, or as o says (its
+// name, image and arguments are these).
+func (l *Lab) RunDocker(ctx context.Context, hostName, container string, args []string, o ...docker.RunOptions) error {
 	h, err := l.Host(hostName)
 	if err != nil {
 		return err
@@ -160,7 +161,12 @@ func (l *Lab) RunDocker(ctx context.Context, hostName, container string, args []
 	if err := d.Start(ctx); err != nil {
 		return err
 	}
-	return d.Run(ctx, container, workloadRef, args)
+	var ro docker.RunOptions
+	if len(o) > 0 {
+		ro = o[0]
+	}
+	ro.Name, ro.Image, ro.Args = container, workloadRef, args
+	return d.Run(ctx, ro)
 }
 
 // RunLXC starts an LXC container under the host's lxcpath with the busybox
@@ -258,7 +264,11 @@ func (l *Lab) RemoveFrom(ctx context.Context, kind, hostName, container string) 
 		}
 		r := h.DockerRuntime()
 		defer r.Close()
-		return r.Remove(ctx, &runtime.Container{Name: container})
+		return r.Remove(ctx, &runtime.Container{Name: container, Volumes: []runtime.Volume{{Name: VolumeName(container)}}})
 	}
 	return fmt.Errorf("unknown runtime %q", kind)
 }
+
+// VolumeName is the named volume a lab container keeps its data in, if
+// it has one (removed with it by RemoveFrom).
+func VolumeName(container string) string { return container + "-data" }

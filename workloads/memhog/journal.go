@@ -39,6 +39,20 @@ func (j *journal) record(i uint64, b []byte) {
 	}
 }
 
+// fill writes n bytes of records at once.
+func (j *journal) fill(n uint64) error {
+	b := make([]byte, recordSize)
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for ; j.records*recordSize < n; j.records++ {
+		j.record(j.records, b)
+		if _, err := j.f.WriteAt(b, int64(j.records*recordSize)); err != nil {
+			return fmt.Errorf("journal: %w", err)
+		}
+	}
+	return nil
+}
+
 // writeLoop writes rate bytes per second of its own running time, in
 // whole records, each at its place (not appended: a record the file lost
 // leaves a hole that check finds).

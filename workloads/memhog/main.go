@@ -35,6 +35,7 @@ func run(args []string) error {
 	seed := fs.Uint64("seed", 0, "seed of the buffer's contents (default: from the time)")
 	journalPath := fs.String("journal", "", "file to write records into while running (a volume's, in the tests): VERIFY checks it too")
 	journalRate := fs.String("journal-rate", "64K", "bytes per second written to --journal, in 4 KiB records")
+	journalFill := fs.String("journal-fill", "0", "bytes of records written to --journal at the start, before it answers ready")
 	words := fs.Uint64("dirty-words", 1, "8-byte words rewritten in each dirtied page (1..512; 512 rewrites the whole page)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -97,21 +98,37 @@ func run(args []string) error {
 		go func() { serveErr <- serveEcho(l) }()
 	}
 
+	// The journal's first records are written before the memory, which
+	// says ready once filled.
+	var journalBps float64
+	if *journalPath != "" {
+		jr, err := parseSize(*journalRate)
+		if err != nil {
+			return fmt.Errorf("--journal-rate: %w", err)
+		}
+		fill, err := parseSize(*journalFill)
+		if err != nil {
+			return fmt.Errorf("--journal-fill: %w", err)
+		}
+		j, err := openJournal(*journalPath, *seed)
+		if err != nil {
+			return err
+		}
+		if err := j.fill(fill); err != nil {
+			return err
+		}
+		h.journal.Store(j)
+		journalBps = float64(jr)
+	}
+
 	start := time.Now()
 	mem.fill(*seed)
 	fmt.Printf("memhog ready: %d bytes (%d pages) at %#x, filled in %v, seed %d, boot %s, udp port %d, dirty rate %g pages/s\n",
 		len(mem.buf), mem.pages, mem.addr(), time.Since(start).Round(time.Millisecond), *seed, h.boot, *port, *rate)
 
 	go h.dirtyLoop(*rate)
-	if *journalPath != "" {
-		jr, err := parseSize(*journalRate)
-		if err != nil {
-			return fmt.Errorf("--journal-rate: %w", err)
-		}
-		if h.journal, err = openJournal(*journalPath, *seed); err != nil {
-			return err
-		}
-		go h.journal.writeLoop(float64(jr))
+	if j := h.journal.Load(); j != nil {
+		go j.writeLoop(journalBps)
 	}
 	return <-serveErr
 }

@@ -16,7 +16,7 @@ type hog struct {
 	mem     *memory
 	boot    string
 	counter atomic.Uint64
-	journal *journal // nil without --journal
+	journal atomic.Pointer[journal] // nil without --journal
 }
 
 // statReply is the answer to STAT.
@@ -57,9 +57,9 @@ func (h *hog) stat() statReply {
 func (h *hog) verify() verifyReply {
 	var r verifyReply
 	r.BadPages, r.VerifyOK = h.mem.verify(func() { r.statReply = h.stat() })
-	if h.journal != nil {
+	if j := h.journal.Load(); j != nil {
 		var ok bool
-		r.JournalRecords, r.JournalBad, ok = h.journal.check()
+		r.JournalRecords, r.JournalBad, ok = j.check()
 		r.VerifyOK = r.VerifyOK && ok
 	}
 	return r

@@ -13,6 +13,7 @@ import (
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/client"
+	"github.com/docker/go-connections/nat"
 
 	"github.com/ferry-migrate/ferry/internal/imagearchive"
 	"github.com/ferry-migrate/ferry/internal/mounts"
@@ -162,22 +163,49 @@ func (d Daemon) ImportRootfs(ctx context.Context, rootfsDir, tag string) error {
 	return err
 }
 
-// Run starts a container from an image, detached, as `docker run -d`
-// would, on the host's network (the daemon's namespace).
-func (d Daemon) Run(ctx context.Context, name, image string, args []string) error {
+// RunOptions say how Run starts a container.
+type RunOptions struct {
+	Name, Image string
+	Args        []string
+	// Bridge puts it on the daemon's default bridge, publishing Ports
+	// (PORT/PROTO, published on the same host port); otherwise it runs on
+	// the host's network (the daemon's namespace).
+	Bridge bool
+	Ports  []string
+	// Volumes mount named volumes: NAME -> path in the container.
+	Volumes map[string]string
+}
+
+// Run starts a container, detached, as `docker run -d` would.
+func (d Daemon) Run(ctx context.Context, o RunOptions) error {
 	c, err := client.NewClientWithOpts(client.WithHost(d.Host()), client.WithAPIVersionNegotiation())
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	resp, err := c.ContainerCreate(ctx, &container.Config{Image: image, Cmd: args},
-		&container.HostConfig{NetworkMode: "host"}, nil, nil, name)
+	hc := &container.HostConfig{NetworkMode: "host"}
+	cfg := &container.Config{Image: o.Image, Cmd: o.Args}
+	if o.Bridge {
+		hc.NetworkMode = "bridge"
+		exposed, bindings, err := nat.ParsePortSpecs(o.Ports)
+		if err != nil {
+			return err
+		}
+		for p := range bindings {
+			bindings[p] = []nat.PortBinding{{HostPort: p.Port()}}
+		}
+		cfg.ExposedPorts, hc.PortBindings = exposed, bindings
+	}
+	for name, path := range o.Volumes {
+		hc.Binds = append(hc.Binds, name+":"+path)
+	}
+	resp, err := c.ContainerCreate(ctx, cfg, hc, nil, nil, o.Name)
 	if err != nil {
-		return fmt.Errorf("docker (%s): create %s: %w", d.Dir, name, err)
+		return fmt.Errorf("docker (%s): create %s: %w", d.Dir, o.Name, err)
 	}
 	if err := c.ContainerStart(ctx, resp.ID, container.StartOptions{}); err != nil {
-		_ = c.ContainerRemove(ctx, resp.ID, container.RemoveOptions{Force: true})
-		return fmt.Errorf("docker (%s): start %s: %w", d.Dir, name, err)
+		_ = c.ContainerRemove(ctx, resp.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
+		return fmt.Errorf("docker (%s): start %s: %w", d.Dir, o.Name, err)
 	}
 	return nil
 }

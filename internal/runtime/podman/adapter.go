@@ -80,11 +80,12 @@ const devShmTar = "devshm-checkpoint.tar"
 // instance would be lost by Podman's exit cleanup command, which does not
 // carry runtime flags).
 //
-// Not moved: volumes, pods, containers sharing another's namespaces, the
-// address Podman's network gave the container (its network.status; on a
-// Podman network the destination gives it one of its own: only
-// host-network containers were tested), logs written before the move (they
-// stay with the source, as with Podman's own checkpoint export).
+// Named volumes move with the container, and a container on a bridge
+// network (Podman's default one, users' own) is attached to the
+// destination's network of that name, with an address of its own there
+// (attach.go). Not moved: overlay and image volumes, pods, containers
+// sharing another's namespaces, logs written before the move (they stay
+// with the source, as with Podman's own checkpoint export).
 type Runtime struct {
 	Host Host
 	// RuncRoot is the runc root Podman's runc keeps its containers in:
@@ -131,6 +132,7 @@ func (r *Runtime) Caps() runtime.Caps {
 
 // inspectData is the part of `podman container inspect` the adapter uses.
 type inspectData struct {
+	attachments
 	ID    string `json:"Id"`
 	Name  string `json:"Name"`
 	State struct {
@@ -202,6 +204,12 @@ func (r *Runtime) Inspect(ctx context.Context, name string) (*runtime.Container,
 	}
 	c.Spec = rec.spec
 	c.Meta = map[string][]byte{MetaConfig: rec.config, MetaSpec: rec.spec}
+	if c.Volumes, err = r.volumesOf(ctx, d); err != nil {
+		return nil, err
+	}
+	if c.Networks, err = r.networksOf(ctx, d); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -299,11 +307,14 @@ func (r *Runtime) Thaw(ctx context.Context, c *runtime.Container) error {
 	return err
 }
 
-// Remove is `podman rm --force` (a paused container too); a container
-// already gone counts as removed.
+// Remove is `podman rm --force` (a paused container too), then `podman
+// volume rm` of the volumes that moved with it (c.Volumes); a container
+// or volume already gone counts as removed.
 func (r *Runtime) Remove(ctx context.Context, c *runtime.Container) error {
-	_, err := r.Host.podman(ctx, "rm", "--force", "--ignore", "--time", "0", c.ID)
-	return err
+	if _, err := r.Host.podman(ctx, "rm", "--force", "--ignore", "--time", "0", c.ID); err != nil {
+		return err
+	}
+	return r.removeVolumes(ctx, c.Volumes)
 }
 
 // runc returns runc for Podman's containers: runc itself, or a script
@@ -346,6 +357,12 @@ func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtim
 	if err != nil {
 		return nil, err
 	}
+	if len(c.Networks) > 0 {
+		// On a Podman network the container has a namespace of its own:
+		// CRIU, and a lazy dump's page server, run where the engine
+		// puts them (runtime.CheckpointOptions.PageNet), not in the host's.
+		rc.Binary = ""
+	}
 	if err := rc.RequirePaused(ctx, c.ID, fmt.Sprintf("podman container %q", c.Name), " (Podman run with --runtime-flag root=...? set RuncRoot)"); err != nil {
 		return nil, err
 	}
@@ -355,6 +372,9 @@ func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtim
 	if err := tarShm(cfg.ShmDir, filepath.Join(o.ImagesDir, devShmTar)); err != nil {
 		return nil, fmt.Errorf("save /dev/shm of %s: %w", c.Name, err)
 	}
+	// A bridge's address means nothing at the destination: its peers
+	// cannot follow, so its connections are restored closed.
+	o.TCPClose = o.TCPClose || runtime.HostLocal(c.Networks)
 	// runc's own dump: the container, paused, stays paused; a lazy one
 	// leaves the memory to CRIU's page server.
 	return rc.Dump(ctx, c.ID, o)
@@ -428,8 +448,8 @@ func (c *podmanConfig) movable() error {
 		return fmt.Errorf("podman container %q runs on a root directory (--rootfs), not an image: not moved", c.Name)
 	case c.ImageID == "":
 		return fmt.Errorf("podman container %q has no image", c.Name)
-	case len(c.NamedVolumes)+len(c.OverlayVols)+len(c.ImageVolumes) > 0:
-		return fmt.Errorf("podman container %q has volumes: their contents are not moved", c.Name)
+	case len(c.OverlayVols)+len(c.ImageVolumes) > 0:
+		return fmt.Errorf("podman container %q has overlay or image volumes: their contents are not moved (named volumes are)", c.Name)
 	}
 	return nil
 }

@@ -973,7 +973,7 @@ func TestPrepareAdmission(t *testing.T) {
 
 func TestCreateArchive(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "create.tar")
-	if err := writeCreateArchive(path, []byte(`{"id":"x"}`), []byte(`{"ociVersion":"1.0.2"}`)); err != nil {
+	if err := writeCreateArchive(path, []byte(`{"id":"x"}`), []byte(`{"ociVersion":"1.0.2"}`), nil); err != nil {
 		t.Fatal(err)
 	}
 	f, err := os.Open(path)

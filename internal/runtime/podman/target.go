@@ -59,7 +59,11 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 	if err != nil {
 		return nil, err
 	}
-	if err := r.admit(cfg.ID, config, spec); err != nil {
+	spec, volDirs, err := r.placeVolumes(ctx, spec, c.Volumes)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.admit(cfg.ID, config, spec, volDirs); err != nil {
 		return nil, err
 	}
 	if err := r.requireRunc(ctx); err != nil {
@@ -73,6 +77,9 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 	} else if taken {
 		return nil, fmt.Errorf("podman (%s) already has a container named %q: remove it or rename it before moving this one here", r.Host.Dir, cfg.Name)
 	}
+	if err := r.attachHere(ctx, c); err != nil {
+		return nil, err
+	}
 	workDir := o.WorkDir
 	if workDir == "" {
 		workDir = r.Host.path("ferry")
@@ -85,9 +92,9 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	t := &target{r: r, name: cfg.Name}
+	t := &target{r: r, name: cfg.Name, volumes: c.Volumes, tcpClose: runtime.HostLocal(c.Networks)}
 	archive := filepath.Join(dir, "create.tar")
-	if err := writeCreateArchive(archive, config, spec); err != nil {
+	if err := writeCreateArchive(archive, config, spec, c.Volumes); err != nil {
 		return nil, err
 	}
 	_, ierr := r.Host.podman(ctx, "container", "restore", "--import", archive, "--name", cfg.Name)
@@ -148,13 +155,13 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 // namespace this host gives containers, where a runc container that
 // joined one goes too, so it is admitted as such; without, it is this
 // machine's own network, which needs --allow-host-network.
-func (r *Runtime) admit(id string, config, spec []byte) error {
+func (r *Runtime) admit(id string, config, spec []byte, volumes []string) error {
 	p := r.Admission
 	if r.Host.NetNS != "" {
 		p.HostNetwork = true
 	}
 	var why []string
-	err := p.CheckPodmanSpec(spec, id)
+	err := p.CheckPodmanSpec(spec, id, volumes...)
 	var refusal *admission.Refused
 	if errors.As(err, &refusal) {
 		why = append(why, refusal.Reasons...)
@@ -304,16 +311,26 @@ func adaptConfig(b []byte) ([]byte, error) {
 // writeCreateArchive writes what `podman container restore --import`
 // needs to create the container: the records, a checkpoint directory with
 // an inventory to find, and the placeholder diff.
-func writeCreateArchive(path string, config, spec []byte) error {
+func writeCreateArchive(path string, config, spec []byte, vols []runtime.Volume) error {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
 	}
 	tw := tar.NewWriter(f)
-	for _, e := range []struct {
+	type entry struct {
 		name string
 		data []byte
-	}{{"config.dump", config}, {"spec.dump", spec}, {"checkpoint/", nil}, {"checkpoint/inventory.img", []byte{}}, {"rootfs-diff.tar", placeholderDiff}} {
+	}
+	entries := []entry{{"config.dump", config}, {"spec.dump", spec}, {"checkpoint/", nil}, {"checkpoint/inventory.img", []byte{}}, {"rootfs-diff.tar", placeholderDiff}}
+	// Podman makes the named volumes from the tars the archive holds:
+	// empty ones here, filled by the sync.
+	if len(vols) > 0 {
+		entries = append(entries, entry{"volumes/", nil})
+	}
+	for _, v := range vols {
+		entries = append(entries, entry{"volumes/" + v.Name + ".tar", emptyTar})
+	}
+	for _, e := range entries {
 		h := &tar.Header{Name: e.name, Mode: 0o600, Size: int64(len(e.data)), Typeflag: tar.TypeReg}
 		if strings.HasSuffix(e.name, "/") {
 			h.Typeflag, h.Mode = tar.TypeDir, 0o700
@@ -334,6 +351,9 @@ func writeCreateArchive(path string, config, spec []byte) error {
 	return err
 }
 
+// emptyTar is a tar archive of nothing: its end marker.
+var emptyTar = make([]byte, 1024)
+
 // target is a container Podman created here, waiting for its restore.
 type target struct {
 	r      *Runtime
@@ -342,6 +362,10 @@ type target struct {
 	bundle string // Podman's directory for it (config.json, checkpoint)
 	upper  string // its writable layer
 	pid    int    // the restored init's, once restored
+	// volumes are the ones made for it here; tcpClose: the dump closed
+	// its connections (a bridge network).
+	volumes  []runtime.Volume
+	tcpClose bool
 }
 
 func (t *target) RootfsDir() string { return t.upper }
@@ -355,7 +379,7 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	// runc hands CRIU this file, which overrides what Podman asks of it:
 	// a lazy restore's work directory is where the lazy-pages daemon's
 	// socket is.
-	conf := runc.CRIUConfig{LeaveStopped: true, LazyPages: o.Lazy}.WithYard(o.WorkDir)
+	conf := runc.CRIUConfig{LeaveStopped: true, LazyPages: o.Lazy, TCPClose: t.tcpClose}.WithYard(o.WorkDir)
 	if o.Lazy {
 		conf.WorkDir = o.WorkDir
 	}
@@ -446,8 +470,8 @@ func (r *Runtime) continueID(ctx context.Context, id string) error {
 	return rc.ContinueAll(ctx, id)
 }
 
-// Discard removes the container Prepare created (restored or not); one
-// already gone counts as removed.
+// Discard removes the container Prepare created (restored or not), and
+// the volumes it made; one already gone counts as removed.
 //
 // A post-copy copy whose page source broke dies (SIGBUS on a page that
 // never comes) about when it is discarded. Podman, still recording it
@@ -469,10 +493,13 @@ func (t *target) Discard(ctx context.Context) error {
 			}
 		}
 		if _, err = t.r.Host.podman(ctx, "rm", "--force", "--ignore", "--time", "0", ref); err == nil || !staleState(err) {
-			return err
+			break
 		}
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	return t.r.removeVolumes(ctx, t.volumes)
 }
 
 // staleState says a podman error came from its record of a container's

@@ -1,0 +1,94 @@
+package e2e
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/lab"
+)
+
+// pmt runs Podman's CLI on a lab host and fails the test on an error.
+func pmt(t *testing.T, h *lab.Host, args ...string) string {
+	t.Helper()
+	out, err := pm(context.Background(), h, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(out)
+}
+
+// TestPodmanBridgeAndVolume: a Podman container on Podman's default
+// network with its probe port published and a named volume the workload
+// writes into moves in each technique the host can run: memory and
+// records intact, the probe answering through h2's published port,
+// h2's Podman listing the container on its network and the volume, h1's
+// neither; a volume of the same name at the destination refuses the move
+// before anything is frozen.
+func TestPodmanBridgeAndVolume(t *testing.T) {
+	requirePodman(t)
+	bin := ferryBin(t)
+	l := upLab(t, bin)
+	h1, h2 := &l.Hosts[0], &l.Hosts[1]
+	podmanImport(t, bin, podmanImage, "", h1, h2)
+	run := func(t *testing.T, name, vol string) {
+		t.Helper()
+		t.Cleanup(func() {
+			for _, h := range []*lab.Host{h1, h2} {
+				_, _ = pm(context.Background(), h, "rm", "--force", "--ignore", "--time", "0", name)
+				_, _ = pm(context.Background(), h, "volume", "rm", "--force", vol)
+			}
+		})
+		args := append([]string{"run", "--detach", "--name", name, "--publish", memhogPort + ":" + memhogPort + "/udp", "--volume", vol + ":/data",
+			"--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", "--pull", "never", "localhost/" + podmanImage + ":latest"},
+			memhogArgs("64M", "200")...)
+		pmt(t, h1, append(args, "--journal", "/data/journal", "--journal-rate", "512K")...)
+	}
+	for _, mode := range []string{engine.ModeCold, engine.ModePrecopy, engine.ModePostcopy, engine.ModeHybrid} {
+		t.Run(mode, func(t *testing.T) {
+			name, vol := "pmb-"+mode, "pmb-"+mode+"-data"
+			run(t, name, vol)
+			p := startProbe(t, l, bin, "64M")
+			rep, pr, perr := migrate(t, l, p, engine.Request{Container: name, Mode: mode, Runtime: "podman"})
+			checkMoved(t, "podman", mode, rep, pr, perr)
+			if len(rep.Volumes) != 1 || rep.Volumes[0].Name != vol || rep.Volumes[0].Bytes == 0 {
+				t.Errorf("report's volumes: %+v", rep.Volumes)
+			}
+			if len(rep.Networks) != 1 || !rep.Networks[0].HostLocal || !slices.Contains(rep.Networks[0].Ports, memhogPort+"->"+memhogPort+"/udp") {
+				t.Errorf("report's networks: %+v", rep.Networks)
+			}
+			if pr.LastAddr != h2.Addr+":"+memhogPort {
+				t.Errorf("the probe last heard %s, not h2's published port", pr.LastAddr)
+			}
+			if got := pmt(t, h2, "inspect", "--type", "container", "--format", "{{.State.Status}} {{range $k, $v := .NetworkSettings.Networks}}{{$k}}{{end}}", name); got != "running podman" {
+				t.Errorf("h2's Podman: %q, want running on its network podman", got)
+			}
+			if got := strings.Fields(pmt(t, h2, "volume", "ls", "--quiet")); !slices.Contains(got, vol) {
+				t.Errorf("podman volume ls on h2: %v, want %s", got, vol)
+			}
+			if got := strings.Fields(pmt(t, h1, "volume", "ls", "--quiet")); slices.Contains(got, vol) {
+				t.Errorf("podman volume ls on h1 still lists %s", vol)
+			}
+			if got := podmanPs(t, h1, true); len(got) != 0 {
+				t.Errorf("podman ps --all on h1: %v", got)
+			}
+		})
+	}
+	t.Run("volume taken", func(t *testing.T) {
+		name, vol := "pmb-taken", "pmb-taken-data"
+		run(t, name, vol)
+		pmt(t, h2, "volume", "create", vol)
+		expectRefused(t, l, []refusal{
+			{engine.Request{Container: name, Mode: engine.ModeCold, Runtime: "podman"}, `already has a volume named "` + vol + `"`, "destination"},
+		}, func() {
+			if got := pmt(t, h1, "inspect", "--type", "container", "--format", "{{.State.Status}}", name); got != "running" {
+				t.Errorf("h1's copy after the refusal: %s", got)
+			}
+			if got := podmanPs(t, h2, true); len(got) != 0 {
+				t.Errorf("h2's Podman has %v after a refusal", got)
+			}
+		})
+	})
+}
