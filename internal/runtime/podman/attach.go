@@ -189,16 +189,6 @@ func (r *Runtime) placeVolumes(ctx context.Context, spec []byte, vols []runtime.
 	return spec, dirs, err
 }
 
-// createVolumes makes the container's volumes here, empty, for the sync.
-func (r *Runtime) createVolumes(ctx context.Context, vols []runtime.Volume) error {
-	for _, v := range vols {
-		if _, err := r.Host.podman(ctx, "volume", "create", v.Name); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // removeVolumes deletes the named volumes; one already gone counts as
 // removed.
 func (r *Runtime) removeVolumes(ctx context.Context, vols []runtime.Volume) error {
