@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 )
@@ -206,6 +207,75 @@ func TestDockerBridgeAndVolume(t *testing.T) {
 		if got := addr(h2, other); got == "172.30.0.50" || !strings.HasPrefix(got, "172.30.0.") {
 			t.Errorf("address on h2 of a container whose address was taken there: %q", got)
 		}
+	})
+
+	// A macvlan network on the lab's segment is one both hosts share: the
+	// container keeps its address, and a client's TCP connection to it
+	// carries on across the move.
+	t.Run("macvlan", func(t *testing.T) {
+		for _, h := range []*lab.Host{h1, h2} {
+			dk(t, h, "network", "create", "--driver", "macvlan", "--subnet", lab.SegmentSubnet+"0/24", "--opt", "parent="+lab.SegmentBridge, "dkb-seg")
+			t.Cleanup(func() { _, _ = dkTry(h, "network", "rm", "dkb-seg") })
+		}
+		for i, mode := range []string{engine.ModeCold, engine.ModePrecopy} {
+			// An address of its own each: the segment's switch learned
+			// the last one's MAC (Docker's, made from the address) at h2.
+			ip := fmt.Sprintf("%s%d", lab.SegmentSubnet, 60+i)
+			name := "dkb-seg-" + mode
+			dockerRunBridged(t, l, name, name+"-data", false, "--network", "dkb-seg", "--ip", ip)
+			p, _, err := bench.StartProbe(context.Background(), &l.Hosts[2], bin, []string{ip + ":" + memhogPort}, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stream, err := bench.StartStream(context.Background(), &l.Hosts[2], bin, "stream", "--addr", ip+":"+echoPort)
+			if err != nil {
+				_, _ = p.Stop()
+				t.Fatal(err)
+			}
+			rep, err := agent.Migrate(context.Background(), agent.Socket(h1.ControlSock), engine.Request{Container: name, To: h2.AgentAddr, Mode: mode, Runtime: "docker"}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(300 * time.Millisecond)
+			sr, serr := stream.Stop()
+			pr, perr := p.Stop()
+			checkMoved(t, "docker", mode, rep, pr, perr)
+			if serr != nil || !sr.OK {
+				t.Errorf("%s: the client's TCP connection did not carry on: %+v %v", mode, sr, serr)
+			}
+			if len(rep.Networks) != 1 || rep.Networks[0].HostLocal || rep.Networks[0].Address != ip || !strings.Contains(rep.Networks[0].Outcome, "kept") {
+				t.Errorf("%s: report's networks: %+v", mode, rep.Networks)
+			}
+			if got := dk(t, h2, "inspect", "--format", "{{(index .NetworkSettings.Networks \"dkb-seg\").IPAddress}}", name); got != ip {
+				t.Errorf("%s: address on h2: %q, want %s", mode, got, ip)
+			}
+			t.Logf("docker macvlan %s: downtime %.0f ms, probe's gap %.0f ms, the TCP client's longest wait %.0f ms", mode, rep.DowntimeMs, pr.ClientDowntimeMs, sr.MaxGapMs)
+		}
+		// A restore that fails: the source's links, down since the
+		// freeze, come back, and the connection carries on there.
+		ip, name := lab.SegmentSubnet+"62", "dkb-seg-fails"
+		dockerRunBridged(t, l, name, name+"-data", false, "--network", "dkb-seg", "--ip", ip)
+		stream, err := bench.StartStream(context.Background(), &l.Hosts[2], bin, "stream", "--addr", ip+":"+echoPort)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := agent.Migrate(context.Background(), agent.Socket(h1.ControlSock), engine.Request{Container: name, To: h2.AgentAddr,
+			Mode: engine.ModeCold, Runtime: "docker", Faults: []string{"restore-fails@restore"}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond)
+		sr, serr := stream.Stop()
+		if rep.OK || rep.SourceState != "resumed" {
+			t.Errorf("failed restore: ok=%v source %q: %s", rep.OK, rep.SourceState, rep.Error)
+		}
+		if serr != nil || !sr.OK {
+			t.Errorf("failed restore: the client's TCP connection did not carry on at the source: %+v %v", sr, serr)
+		}
+		if got := dk(t, h1, "inspect", "--format", "{{.State.Status}}", name); got != "running" {
+			t.Errorf("failed restore: h1's copy is %s", got)
+		}
+		t.Logf("docker macvlan, failed restore: the TCP client's longest wait %.0f ms", sr.MaxGapMs)
 	})
 
 	t.Run("refused", func(t *testing.T) {

@@ -58,9 +58,39 @@ func (m *migration) prepareNetwork(spec []byte) error {
 	return nil
 }
 
+// prepareSegmentLinks notes the namespace of a container its runtime put
+// on a segment both hosts share (runtime.Network not HostLocal): its
+// address and connections move with it, so its links go down at the
+// freeze (silenceSource).
+func (m *migration) prepareSegmentLinks() error {
+	shared := false
+	for _, n := range m.ctr.Networks {
+		shared = shared || !n.HostLocal
+	}
+	if !shared {
+		return nil
+	}
+	ns := fmt.Sprintf("/proc/%d/ns/net", m.ctr.PID)
+	spec, err := cnet.Describe(ns)
+	if err != nil {
+		return fmt.Errorf("describe the container's network: %w", err)
+	}
+	m.links, m.linkSpec = ns, &spec
+	return nil
+}
+
+// keepsAddress says the container keeps its address where it goes (a
+// namespace ferry rebuilds on the segment, or a runtime's network on a
+// segment both hosts share): its TCP connections move with it, and its
+// network is kept quiet by ferry from the freeze (no CRIU network lock).
+func (m *migration) keepsAddress() bool { return m.network != nil || m.linkSpec != nil }
+
 // silenceSource takes the frozen source copy's interfaces down, so only
 // the destination's copy answers for the address.
 func (m *migration) silenceSource() error {
+	if m.linkSpec != nil {
+		return cnet.SetLinks(m.links, *m.linkSpec, false)
+	}
 	if m.network == nil {
 		return nil
 	}
@@ -70,9 +100,26 @@ func (m *migration) silenceSource() error {
 // wakeSource undoes silenceSource when the migration aborts, and claims
 // the address back from a destination that took it at the freeze.
 func (m *migration) wakeSource() {
+	if m.linkSpec != nil {
+		_ = cnet.SetLinks(m.links, *m.linkSpec, true)
+	}
 	if m.network != nil {
 		_ = wake(m.netnsPath, *m.network)
 	}
+}
+
+// WakeLinks brings back the links of a runtime's namespace that a
+// migration took down at the freeze (journal.Entry.Links), for the agent
+// that resumes the source's copy after a restart.
+func WakeLinks(nsPath string) error {
+	if nsPath == "" {
+		return nil
+	}
+	spec, err := cnet.Describe(nsPath)
+	if err != nil {
+		return err
+	}
+	return cnet.SetLinks(nsPath, spec, true)
 }
 
 // WakeNetwork turns a copy's network on and announces its address,

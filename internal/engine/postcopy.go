@@ -147,7 +147,7 @@ func (m *migration) beginLazyDump(ctx context.Context) (*lazyDump, error) {
 	ld.addr = fmt.Sprintf("127.0.0.1:%d", port)
 	ld.opts = runtime.CheckpointOptions{
 		ImagesDir: filepath.Join(m.work, "images"), WorkDir: m.work, PageServer: ld.addr,
-		Lazy: true, TCPEstablished: m.network != nil, NetworkQuiet: m.network != nil, PageNet: pn,
+		Lazy: true, TCPEstablished: m.keepsAddress(), NetworkQuiet: m.keepsAddress(), PageNet: pn,
 		SmapsSnapshot: m.smapsSnapshotDir(),
 	}
 	// The dump outlives this call: it ends when its page server is closed.

@@ -112,7 +112,7 @@ func (m *migration) predumpRound(ctx context.Context, i, parent int) (Round, err
 	if err != nil {
 		return r, err
 	}
-	opts := runtime.CheckpointOptions{ImagesDir: dir, WorkDir: dir, PageServer: addr, PreDump: true, TCPEstablished: m.network != nil}
+	opts := runtime.CheckpointOptions{ImagesDir: dir, WorkDir: dir, PageServer: addr, PreDump: true, TCPEstablished: m.keepsAddress()}
 	if parent >= 0 {
 		opts.ParentDir = filepath.Join("..", predumpDir(parent))
 	}

@@ -117,6 +117,11 @@ type migration struct {
 	// The container's own network, when it has one (see network.go).
 	netnsPath string
 	network   *cnet.Spec
+	// links is the namespace of a container on a segment its runtime
+	// attached it to (a Docker macvlan), whose links ferry takes down at
+	// the freeze; linkSpec what it holds.
+	links    string
+	linkSpec *cnet.Spec
 	// faults are the failures this migration injects here (tests).
 	faults fault.Set
 }
@@ -462,6 +467,9 @@ func (m *migration) prepare(ctx context.Context) error {
 	}
 	// A container on its runtime's own networks has the namespace its
 	// runtime made, which the destination's runtime makes anew.
+	if err := m.prepareSegmentLinks(); err != nil {
+		return err
+	}
 	if m.ctr.Spec != nil && len(m.ctr.Networks) == 0 {
 		if err := m.prepareNetwork(m.ctr.Spec); err != nil {
 			return err
@@ -787,7 +795,7 @@ func (m *migration) record(state string) error {
 		return nil
 	}
 	return m.journal.Record(journal.Entry{ID: m.id, Role: journal.Source, Peer: m.req.To,
-		Container: m.ctr.Name, Runtime: m.rt.Kind(), Root: m.req.RuncRoot, State: state, NetNS: m.netnsPath, Throttled: m.throttled,
+		Container: m.ctr.Name, Runtime: m.rt.Kind(), Root: m.req.RuncRoot, State: state, NetNS: m.netnsPath, Links: m.links, Throttled: m.throttled,
 		Volumes: m.removedVolumes()})
 }
 

@@ -419,7 +419,7 @@ func networkMoves(nets []runtime.Network) []NetworkMove {
 // NetworkOutcome says, in words, what moving does to a container on n.
 func NetworkOutcome(n runtime.Network) string {
 	if !n.HostLocal {
-		return fmt.Sprintf("address %s on %s kept", n.Address, n.Name)
+		return fmt.Sprintf("%s network %q is a segment both hosts share: address %s kept, with its established connections (the destination's network must have it free)", n.Driver, n.Name, n.Address)
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s network %q ends at each host: the destination's runtime gives the container an address on its own %q", n.Driver, n.Name, n.Name)

@@ -91,6 +91,10 @@ type Entry struct {
 	// host (cnet): a source resuming its copy turns it back on, a
 	// destination dropping its copy deletes it.
 	NetNS string `json:"netns,omitempty"`
+	// Links is the namespace of a container its runtime put on a shared
+	// segment, whose links the source took down at the freeze: whoever
+	// resumes the copy brings them back.
+	Links string `json:"links,omitempty"`
 }
 
 // Pull is where a lazily restored copy's memory comes through at the

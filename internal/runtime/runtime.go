@@ -109,8 +109,10 @@ type Network struct {
 	// which the destination must have too; Driver its kind.
 	Name   string `json:"name"`
 	Driver string `json:"driver"`
-	// Address is the container's address on it at the source.
+	// Address is the container's address on it at the source, in
+	// Subnet.
 	Address string `json:"address,omitempty"`
+	Subnet  string `json:"subnet,omitempty"`
 	// Ports are the ports published on the host for it, as
 	// "HOSTPORT->PORT/PROTO".
 	Ports []string `json:"ports,omitempty"`
@@ -118,6 +120,8 @@ type Network struct {
 	// host's NAT): the container's address there means nothing elsewhere,
 	// so its established connections cannot follow it and are closed at
 	// the destination, while listening sockets and published ports move.
+	// Otherwise the network is a segment both hosts share (macvlan,
+	// ipvlan): the container keeps its address and connections.
 	HostLocal bool `json:"host_local"`
 }
 

@@ -2,11 +2,14 @@ package docker
 
 // What a Docker container is attached to beside its own layer: named
 // volumes, whose data moves with it (the engine syncs each as it syncs the
-// root filesystem), and bridge networks, which each host's Docker gives
-// anew (the same name; on a user-defined network the same address where
-// it is free). A bridge ends at its host, behind its NAT: established
-// connections are dumped to be restored closed (CRIU's tcp-close) and
-// published ports are published again by the destination's Docker.
+// root filesystem), and networks, which each host's Docker gives anew
+// under the same name. A bridge ends at its host, behind its NAT: the
+// container gets an address there (the same on a user-defined network
+// where it is free), established connections are dumped to be restored
+// closed (CRIU's tcp-close) and published ports are published again by
+// the destination's Docker. A macvlan or ipvlan network is a segment both
+// hosts share: the container keeps its address there, and its
+// connections (the engine takes the source's links down at the freeze).
 
 import (
 	"context"
@@ -106,10 +109,17 @@ func networksOf(ctx context.Context, cl *client.Client, j container.InspectRespo
 		if err != nil {
 			return nil, fmt.Errorf("docker network %q: %w", name, err)
 		}
-		if n.Driver != "bridge" {
-			return nil, fmt.Errorf("docker container %q is on network %q of driver %s: ferry moves Docker containers on bridge networks, the host's network or none", strings.TrimPrefix(j.Name, "/"), name, n.Driver)
+		if !slices.Contains([]string{"bridge", "macvlan", "ipvlan"}, n.Driver) {
+			return nil, fmt.Errorf("docker container %q is on network %q of driver %s: ferry moves Docker containers on bridge, macvlan and ipvlan networks, the host's network or none", strings.TrimPrefix(j.Name, "/"), name, n.Driver)
 		}
-		rn := runtime.Network{Name: name, Driver: n.Driver, Address: j.NetworkSettings.Networks[name].IPAddress, HostLocal: true}
+		ep := j.NetworkSettings.Networks[name]
+		rn := runtime.Network{Name: name, Driver: n.Driver, Address: ep.IPAddress, HostLocal: n.Driver == "bridge"}
+		if ep.IPAddress != "" {
+			rn.Subnet = fmt.Sprintf("%s/%d", ep.IPAddress, ep.IPPrefixLen)
+			if p, err := netip.ParsePrefix(rn.Subnet); err == nil {
+				rn.Subnet = p.Masked().String()
+			}
+		}
 		if name == primaryNetwork(mode) {
 			rn.Ports = publishedPorts(j.HostConfig.PortBindings)
 		}
@@ -161,7 +171,14 @@ func (r *Runtime) attachHere(ctx context.Context, cl *client.Client, c *runtime.
 			return nil, fmt.Errorf("docker (%s): network %q has driver %s here and %s at the source", r.host(), want.Name, n.Driver, want.Driver)
 		}
 		ep := &network.EndpointSettings{}
-		if want.Name != "bridge" && addressFree(n, want.Address) {
+		free := addressFree(n, want.Address)
+		if !want.HostLocal && !free {
+			// On a segment both hosts share the address and connections
+			// move with the container, or nothing does.
+			return nil, fmt.Errorf("docker (%s): network %q cannot give the container its address %s here (not in its subnets %s, or taken): a container on a %s network keeps its address or does not move",
+				r.host(), want.Name, want.Address, subnets(n), want.Driver)
+		}
+		if want.Name != "bridge" && free {
 			// Docker lets a container choose its address on users'
 			// networks only.
 			ep.IPAMConfig = &network.EndpointIPAMConfig{IPv4Address: want.Address}
@@ -215,6 +232,15 @@ func addressFree(n network.Inspect, addr string) bool {
 		}
 	}
 	return true
+}
+
+// subnets lists n's subnets.
+func subnets(n network.Inspect) string {
+	var out []string
+	for _, c := range n.IPAM.Config {
+		out = append(out, c.Subnet)
+	}
+	return strings.Join(out, ", ")
 }
 
 // volumesHere refuses volumes this host's Docker has already: ferry does
