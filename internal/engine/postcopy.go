@@ -148,7 +148,7 @@ func (m *migration) beginLazyDump(ctx context.Context) (*lazyDump, error) {
 	ld.opts = runtime.CheckpointOptions{
 		ImagesDir: filepath.Join(m.work, "images"), WorkDir: m.work, PageServer: ld.addr,
 		Lazy: true, TCPEstablished: m.keepsAddress(), NetworkQuiet: m.keepsAddress(), PageNet: pn,
-		SmapsSnapshot: m.smapsSnapshotDir(),
+		SmapsSnapshot: m.smapsSnapshotDir(), IrmapScanPaths: criu.IrmapScanPaths(m.ctr.PID),
 	}
 	// The dump outlives this call: it ends when its page server is closed.
 	ld.ctx, ld.stopDump = context.WithCancel(context.WithoutCancel(ctx))

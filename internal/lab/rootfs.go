@@ -141,12 +141,12 @@ func copyFile(src, dst string) error {
 
 // InstallHostProgram copies a program of this machine into rootfs at the
 // same path, with every shared library ldd says it loads (and the dynamic
-// loader), so a real server from Debian's packages runs in the lab's
-// busybox root filesystem.
+// loader; a static one alone), so a real server from Debian's packages
+// runs in the lab's busybox root filesystem.
 func InstallHostProgram(rootfs, program string) error {
-	out, err := exec.Command("ldd", program).Output()
-	if err != nil {
-		return fmt.Errorf("ldd %s: %w", program, err)
+	out, err := exec.Command("ldd", program).CombinedOutput()
+	if err != nil && !strings.Contains(string(out), "not a dynamic executable") {
+		return fmt.Errorf("ldd %s: %w: %s", program, err, out)
 	}
 	files := []string{program}
 	for _, line := range strings.Split(string(out), "\n") {

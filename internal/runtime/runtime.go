@@ -166,6 +166,9 @@ type CheckpointOptions struct {
 	// frozen tasks' own where their mappings are unchanged; the engine
 	// checks it before the commit (criu.SmapsSnapshot.Check).
 	SmapsSnapshot string
+	// IrmapScanPaths are where CRIU looks for the path of a watched file
+	// whose handle it cannot open (criu.IrmapScanPaths).
+	IrmapScanPaths []string
 }
 
 // Refuse says why a runtime of kind, which can do what c says, cannot make

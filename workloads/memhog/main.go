@@ -36,6 +36,7 @@ func run(args []string) error {
 	journalPath := fs.String("journal", "", "file to write records into while running (a volume's, in the tests): VERIFY checks it too")
 	journalRate := fs.String("journal-rate", "64K", "bytes per second written to --journal, in 4 KiB records")
 	journalFill := fs.String("journal-fill", "0", "bytes of records written to --journal at the start, before it answers ready")
+	watchPath := fs.String("watch", "", "file to write and keep an inotify watch on: VERIFY checks the watch still reports a write")
 	words := fs.Uint64("dirty-words", 1, "8-byte words rewritten in each dirtied page (1..512; 512 rewrites the whole page)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -96,6 +97,14 @@ func run(args []string) error {
 			return err
 		}
 		go func() { serveErr <- serveEcho(l) }()
+	}
+
+	if *watchPath != "" {
+		w, err := newWatch(*watchPath)
+		if err != nil {
+			return err
+		}
+		h.watch.Store(w)
 	}
 
 	// The journal's first records are written before the memory, which

@@ -285,3 +285,21 @@ func TestJournalCheck(t *testing.T) {
 		t.Fatal("a journal missing its last record passed")
 	}
 }
+
+// TestWatchCheck: the watch reports a write to its file, and one whose
+// inotify descriptor is gone does not.
+func TestWatchCheck(t *testing.T) {
+	w, err := newWatch(filepath.Join(t.TempDir(), "watched"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if !w.check() {
+			t.Fatalf("a live watch did not report write %d", i+1)
+		}
+	}
+	unix.Close(w.fd)
+	if w.check() {
+		t.Fatal("a closed watch reported a write")
+	}
+}

@@ -17,6 +17,7 @@ type hog struct {
 	boot    string
 	counter atomic.Uint64
 	journal atomic.Pointer[journal] // nil without --journal
+	watch   atomic.Pointer[watch]   // nil without --watch
 }
 
 // statReply is the answer to STAT.
@@ -39,6 +40,9 @@ type verifyReply struct {
 	// hold as written (VerifyOK covers them too).
 	JournalRecords uint64 `json:"journal_records,omitempty"`
 	JournalBad     uint64 `json:"journal_bad,omitempty"`
+	// With --watch: whether the watch reported a write (VerifyOK covers
+	// it too).
+	WatchOK *bool `json:"watch_ok,omitempty"`
 }
 
 // stat reads only atomics, so it never waits for the dirtier or a VERIFY.
@@ -60,6 +64,11 @@ func (h *hog) verify() verifyReply {
 	if j := h.journal.Load(); j != nil {
 		var ok bool
 		r.JournalRecords, r.JournalBad, ok = j.check()
+		r.VerifyOK = r.VerifyOK && ok
+	}
+	if w := h.watch.Load(); w != nil {
+		ok := w.check()
+		r.WatchOK = &ok
 		r.VerifyOK = r.VerifyOK && ok
 	}
 	return r

@@ -168,7 +168,7 @@ func (h Host) beginDump(ctx context.Context, id string, o runtime.CheckpointOpti
 	opts := CheckpointOptions{ImagePath: o.ImagesDir, WorkPath: o.WorkDir, ParentPath: o.ParentDir, PageServer: o.PageServer,
 		LeaveRunning: !o.PreDump, TCPEstablished: o.TCPEstablished, TCPClose: o.TCPClose, PreDump: o.PreDump, LazyPages: o.Lazy, Netns: o.PageNet,
 		NoNetworkLock: o.NetworkQuiet, ActionScript: actionScript, ScriptActions: []string{"pre-dump"},
-		SmapsSnapshot: o.SmapsSnapshot}
+		SmapsSnapshot: o.SmapsSnapshot, IrmapScanPaths: o.IrmapScanPaths}
 	d := &dumping{lazy: o.Lazy, done: make(chan struct{})}
 	if o.Lazy {
 		r, w, err := os.Pipe()

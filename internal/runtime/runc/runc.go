@@ -216,6 +216,8 @@ type CheckpointOptions struct {
 	// freeze, which ferry's CRIU reads where their mappings are unchanged
 	// (scripts/criu-patches/0014).
 	SmapsSnapshot string
+	// IrmapScanPaths: see CRIUConfig.
+	IrmapScanPaths []string
 }
 
 // Checkpoint dumps the container with CRIU through runc.
@@ -250,7 +252,7 @@ func (h Host) Checkpoint(ctx context.Context, id string, o CheckpointOptions) er
 	// configuration file it reads before runc's requests (which leave
 	// these unset), and what ferry's CRIU patches read.
 	var env []string
-	if conf := (CRIUConfig{NoNetworkLock: o.NoNetworkLock, ActionScript: o.ActionScript, TCPClose: o.TCPClose}).WithYard(o.WorkPath); conf.String() != "" {
+	if conf := (CRIUConfig{NoNetworkLock: o.NoNetworkLock, ActionScript: o.ActionScript, TCPClose: o.TCPClose, IrmapScanPaths: o.IrmapScanPaths}).WithYard(o.WorkPath); conf.String() != "" {
 		path := filepath.Join(o.WorkPath, "criu-dump.conf")
 		if o.WorkPath == "" {
 			path = filepath.Join(o.ImagePath, "criu-dump.conf")

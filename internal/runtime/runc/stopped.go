@@ -46,6 +46,10 @@ type CRIUConfig struct {
 	// CgroupYard is a cgroup yard (cgroups.Yard): CRIU opens the
 	// hierarchies there instead of mounting each anew (WithYard).
 	CgroupYard string
+	// IrmapScanPaths are where a dump looks for the path of an inode
+	// whose handle it cannot open (an inotify watch on an overlay root's
+	// file). Paths a configuration file cannot hold are left out.
+	IrmapScanPaths []string
 }
 
 // WithYard gives c a cgroup yard in dir, or none where one cannot be made
@@ -67,6 +71,11 @@ func (c CRIUConfig) String() string {
 	}{{c.NoNetworkLock, "network-lock skip"}, {c.LeaveStopped, "leave-stopped"}, {c.TCPEstablished, "tcp-established"}, {c.TCPClose, "tcp-close"}, {c.LazyPages, "lazy-pages"}, {c.WorkDir != "", "work-dir " + c.WorkDir}, {c.ImagesDir != "", "images-dir " + c.ImagesDir}, {c.ActionScript != "", "action-script " + c.ActionScript}, {c.CgroupYard != "", "cgroup-yard " + c.CgroupYard}} {
 		if o.on {
 			b.WriteString(o.line + "\n")
+		}
+	}
+	for _, p := range c.IrmapScanPaths {
+		if configSafe(p) && p != "" {
+			b.WriteString("irmap-scan-path " + p + "\n")
 		}
 	}
 	return b.String()
