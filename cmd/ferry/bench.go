@@ -145,8 +145,8 @@ drift; client_downtime_ratio is its median client downtime over --memory's
 	f.StringVar(&outage, "outage", "", "take every path of the source down for DURATION once SHARE of the memory was sent: DURATION@SHARE, e.g. 10s@30%")
 	f.DurationVar(&o.OutageTimeout, "outage-timeout", 0, "the agents' --outage-timeout (default theirs, 30s)")
 	f.BoolVar(&o.TCPClient, "tcp-client", false, "give the workload its own address and hold one TCP connection to it from a third host (a line every 10 ms, echoed): report the longest wait that client saw, against the downtime (runc only)")
-	f.StringVar(&o.Network, "network", "host", "the workload's network: host (its host's), bridge (the runtime's default bridge, the probe's port published; docker only)")
-	f.Var(units.BytesVar(&o.VolumeBytes), "volume", "give the workload a named volume holding this much, written while it runs; each run says whether it checked out (volume_ok; docker only)")
+	f.StringVar(&o.Network, "network", "host", "the workload's network: host (its host's), bridge (the runtime's default bridge, the probe's port published; docker and podman)")
+	f.Var(units.BytesVar(&o.VolumeBytes), "volume", "give the workload a named volume holding this much, written while it runs; each run says whether it checked out (volume_ok; docker and podman)")
 	f.Var(units.BytesVar(&o.VolumeRateBps), "volume-rate", "bytes per second the workload writes into --volume (default 1M)")
 	return cmd
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/images"
 	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
 )
 
@@ -192,6 +193,12 @@ func hostileCases() []hostile {
 	add("address: not an address", func(o *engine.Offer) {
 		o.Network = &cnet.Spec{Ifaces: []cnet.Iface{{Name: "eth0", Addrs: []string{"; rm -rf /"}}}}
 	})
+	// Volumes: their names become directories and channels.
+	add("volume: path traversal", func(o *engine.Offer) {
+		o.Volumes = []runtime.Volume{{Name: "../../../tmp/ferry-hostile", Path: "/data", Bytes: 1}}
+	})
+	add("volume: over the root", func(o *engine.Offer) { o.Volumes = []runtime.Volume{{Name: "data", Path: "/", Bytes: 1}} })
+	add("volume: beyond the disk", func(o *engine.Offer) { o.Volumes = []runtime.Volume{{Name: "data", Path: "/data", Bytes: 1 << 60}} })
 	add("config: not JSON", func(o *engine.Offer) { o.Spec = json.RawMessage(`"not a spec"`) })
 	// Configurations that reach into the host.
 	hook := []specs.Hook{{Path: "/bin/sh", Args: []string{"sh", "-c", "touch /tmp/ferry-hostile-hook"}}}

@@ -20,7 +20,6 @@ import (
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/labtool"
-	"github.com/ferry-migrate/ferry/internal/runtime/docker"
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
@@ -68,7 +67,7 @@ type MigrateOptions struct {
 	// port published). VolumeBytes, when set, gives it a named volume
 	// holding that much (memhog's journal), written at VolumeRateBps
 	// while it runs; each run's VERIFY reads it back (Run.VolumeOK).
-	// Docker only, so far.
+	// Docker and Podman only, so far.
 	Network       string
 	VolumeBytes   int64
 	VolumeRateBps int64
@@ -226,8 +225,8 @@ func Migrate(ctx context.Context, o MigrateOptions) (res MigrateResult, err erro
 	default:
 		return res, fmt.Errorf("unknown --network %q (host, bridge)", o.Network)
 	}
-	if (o.Network == "bridge" || o.VolumeBytes > 0) && o.Runtime != "docker" {
-		return res, fmt.Errorf("--network bridge and --volume need --runtime docker: the lab runs the other runtimes' containers on its hosts' networks, without volumes, so far")
+	if (o.Network == "bridge" || o.VolumeBytes > 0) && o.Runtime != "docker" && o.Runtime != "podman" {
+		return res, fmt.Errorf("--network bridge and --volume need --runtime docker or podman: the lab runs the other runtimes' containers on its hosts' networks, without volumes, so far")
 	}
 	if o.CutPathAt > 0 && o.Paths < 2 {
 		return res, fmt.Errorf("--cut-path-at needs --paths 2 or more: with one path the migration has nothing to go on with")
@@ -376,7 +375,7 @@ func (o MigrateOptions) RunOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 		}
 		addrs = []string{fmt.Sprintf("%s:%d", tcpClientIP, workloadPort)}
 	} else if o.Network == "bridge" || o.VolumeBytes > 0 {
-		if err := o.runDocker(ctx, l, src, name); err != nil {
+		if err := o.runAttached(ctx, l, src, name); err != nil {
 			r.Error = err.Error()
 			return r
 		}
@@ -475,13 +474,14 @@ func (o MigrateOptions) RunOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 	return r
 }
 
-// runDocker starts the workload in src's Docker on its default bridge
-// (the probe's port published) and/or writing into a named volume.
-func (o MigrateOptions) runDocker(ctx context.Context, l *lab.Lab, src *lab.Host, name string) error {
+// runAttached starts the workload in src's Docker or Podman on its
+// default bridge (the probe's port published) and/or writing into a
+// named volume.
+func (o MigrateOptions) runAttached(ctx context.Context, l *lab.Lab, src *lab.Host, name string) error {
 	args := o.workloadArgs()
-	ro := docker.RunOptions{Bridge: o.Network == "bridge", Ports: []string{fmt.Sprintf("%d/udp", workloadPort)}}
+	a := lab.Attachments{Bridge: o.Network == "bridge", Ports: []string{fmt.Sprintf("%d/udp", workloadPort)}}
 	if o.VolumeBytes > 0 {
-		ro.Volumes = map[string]string{lab.VolumeName(name): "/data"}
+		a.VolumePath = "/data"
 		rate := o.VolumeRateBps
 		if rate <= 0 {
 			rate = 1 << 20
@@ -489,7 +489,10 @@ func (o MigrateOptions) runDocker(ctx context.Context, l *lab.Lab, src *lab.Host
 		args = append(args, "--journal", "/data/journal", "--journal-fill", strconv.FormatInt(o.VolumeBytes, 10),
 			"--journal-rate", strconv.FormatInt(rate, 10))
 	}
-	return l.RunDocker(ctx, src.Name, name, args, ro)
+	if o.Runtime == "podman" {
+		return l.RunPodman(ctx, src.Name, name, args, a)
+	}
+	return l.RunDocker(ctx, src.Name, name, args, a)
 }
 
 // PodmanBaselineOnce moves memhog the way Podman users do (checkpoint

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/engine"
@@ -309,6 +311,38 @@ func TestDockerBridgeAndVolume(t *testing.T) {
 		if got := strings.Fields(dk(t, h2, "volume", "ls", "--quiet")); !slices.Equal(got, []string{vol}) {
 			t.Errorf("h2's volumes after the refusals: %v, want only its own %s", got, vol)
 		}
+	})
+
+	// A volume the destination's filesystem cannot hold: its volumes'
+	// directory is a 16 MiB tmpfs for this case.
+	t.Run("volume too big", func(t *testing.T) {
+		name, vol := "dkb-big", "dkb-big-data"
+		run := append([]string{"run", "-d", "--name", name, "-v", vol + ":/data", dockerWorkload}, memhogArgs("16M", "100")...)
+		t.Cleanup(func() {
+			for _, h := range l.Hosts[:2] {
+				_ = l.RemoveFrom(context.Background(), "docker", h.Name, name)
+				_, _ = dkTry(&h, "volume", "rm", "--force", vol)
+			}
+		})
+		dk(t, h1, append(run, "--journal", "/data/journal", "--journal-fill", "64M")...)
+		dir := filepath.Join(h2.Docker().Dir, "data", "volumes")
+		if err := unix.Mount("ferry-e2e-small", dir, "tmpfs", 0, "size=16m"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+		expectRefused(t, l, []refusal{
+			{engine.Request{Container: name, Mode: engine.ModePrecopy, Runtime: "docker"}, "volumes " + vol + " need", "destination"},
+		}, func() {
+			if got := dk(t, h1, "inspect", "--format", "{{.State.Status}}", name); got != "running" {
+				t.Errorf("%s on h1 after the refusal: %s", name, got)
+			}
+			if got := dockerPs(t, h2, true); len(got) != 0 {
+				t.Errorf("h2's Docker has %v after a refusal", got)
+			}
+			if got := strings.Fields(dk(t, h2, "volume", "ls", "--quiet")); len(got) != 0 {
+				t.Errorf("h2's Docker keeps volumes %v after a refusal", got)
+			}
+		})
 	})
 
 	t.Run("destination killed mid-volume-sync", func(t *testing.T) {

@@ -327,6 +327,9 @@ func (in *incoming) prepare(ctx context.Context) error {
 	if err := validateMode(o.Mode); err != nil {
 		return err
 	}
+	if err := checkVolumes(o.Volumes); err != nil {
+		return err
+	}
 	if in.d.AllowFaults {
 		var err error
 		if in.faults, err = fault.ParseSet(o.Faults); err != nil {

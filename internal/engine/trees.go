@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path"
+	"regexp"
 	"strings"
 	"sync/atomic"
 
@@ -270,6 +272,30 @@ type destTree struct {
 	dir    string
 	// liveSynced: the live sync was applied whole.
 	liveSynced atomic.Bool
+}
+
+// volumeName is what a volume may be called: Docker's and Podman's rule,
+// nothing a path or a channel name could be made to mean more by.
+var volumeName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,254}$`)
+
+// checkVolumes refuses an offer's volumes that no runtime would make:
+// bad names, a name twice, a path in the container that is not absolute
+// and clean.
+func checkVolumes(vols []runtime.Volume) error {
+	seen := map[string]bool{}
+	for _, v := range vols {
+		if !volumeName.MatchString(v.Name) || seen[v.Name] {
+			return fmt.Errorf("bad volume name %q", v.Name)
+		}
+		seen[v.Name] = true
+		if !path.IsAbs(v.Path) || path.Clean(v.Path) != v.Path || v.Path == "/" {
+			return fmt.Errorf("volume %s: bad path in the container %q", v.Name, v.Path)
+		}
+		if v.Bytes < 0 {
+			return fmt.Errorf("volume %s: negative size", v.Name)
+		}
+	}
+	return nil
 }
 
 // makeTrees finds where each tree goes here: the target's root

@@ -118,14 +118,27 @@ func (l *Lab) ImportWorkloadImage(ctx context.Context, kind string, hostNames ..
 
 // RunPodman starts a container in the host's Podman from the workload
 // image (ImportWorkloadImage), on the host's network.
-func (l *Lab) RunPodman(ctx context.Context, hostName, container string, args []string) error {
+func (l *Lab) RunPodman(ctx context.Context, hostName, container string, args []string, a ...Attachments) error {
 	h, err := l.Host(hostName)
 	if err != nil {
 		return err
 	}
-	full := append([]string{"run", "--detach", "--name", container, "--network", "host",
-		"--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", "--pull", "never",
-		"localhost/" + workloadImage + ":latest"}, args...)
+	full := []string{"run", "--detach", "--name", container, "--network", "host"}
+	if len(a) > 0 {
+		if a[0].Bridge {
+			full = full[:len(full)-2]
+			for _, p := range a[0].Ports {
+				port, _, _ := strings.Cut(p, "/")
+				full = append(full, "--publish", port+":"+p)
+			}
+		}
+		if a[0].VolumePath != "" {
+			full = append(full, "--volume", VolumeName(container)+":"+a[0].VolumePath)
+		}
+	}
+	full = append(full, "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", "--pull", "never",
+		"localhost/"+workloadImage+":latest")
+	full = append(full, args...)
 	c := h.Podman().Command(ctx, full...)
 	if out, err := c.CombinedOutput(); err != nil {
 		return fmt.Errorf("podman run %s on %s: %v: %s", container, h.Name, err, strings.TrimSpace(string(out)))
@@ -149,10 +162,18 @@ func (l *Lab) RunContainerd(ctx context.Context, hostName, container string, arg
 		CgroupsPath: "/" + h.CgroupParent + "/" + namespaces.Default + "-" + container, Log: filepath.Join(d.Dir, container+".log")})
 }
 
+// Attachments put a lab container on its runtime's default bridge with
+// Ports published (PORT/PROTO, on the same host port), and give it a
+// named volume (VolumeName) at VolumePath. Docker and Podman.
+type Attachments struct {
+	Bridge     bool
+	Ports      []string
+	VolumePath string
+}
+
 // RunDocker starts a container in the host's dockerd from the workload
-// image (ImportWorkloadImage), on the host's network, or as o says (its
-// name, image and arguments are these).
-func (l *Lab) RunDocker(ctx context.Context, hostName, container string, args []string, o ...docker.RunOptions) error {
+// image (ImportWorkloadImage), on the host's network unless a says.
+func (l *Lab) RunDocker(ctx context.Context, hostName, container string, args []string, a ...Attachments) error {
 	h, err := l.Host(hostName)
 	if err != nil {
 		return err
@@ -161,11 +182,13 @@ func (l *Lab) RunDocker(ctx context.Context, hostName, container string, args []
 	if err := d.Start(ctx); err != nil {
 		return err
 	}
-	var ro docker.RunOptions
-	if len(o) > 0 {
-		ro = o[0]
+	ro := docker.RunOptions{Name: container, Image: workloadRef, Args: args}
+	if len(a) > 0 {
+		ro.Bridge, ro.Ports = a[0].Bridge, a[0].Ports
+		if a[0].VolumePath != "" {
+			ro.Volumes = map[string]string{VolumeName(container): a[0].VolumePath}
+		}
 	}
-	ro.Name, ro.Image, ro.Args = container, workloadRef, args
 	return d.Run(ctx, ro)
 }
 
@@ -248,7 +271,9 @@ func (l *Lab) RemoveFrom(ctx context.Context, kind, hostName, container string) 
 		err := h.Runc().Delete(ctx, container)
 		return errors.Join(err, mounts.RemoveAll(h.BundleDir(container)))
 	case "podman":
-		return h.Podman().Remove(ctx, container)
+		err := h.Podman().Remove(ctx, container)
+		_ = h.Podman().Command(ctx, "volume", "rm", "--force", VolumeName(container)).Run()
+		return err
 	case "lxc":
 		return h.LXC().Remove(ctx, &runtime.Container{Name: container, ID: container})
 	case "containerd":

@@ -822,7 +822,9 @@ func TestMovable(t *testing.T) {
 		{func(m map[string]any) { m["pod"] = "p1" }, "in a pod"},
 		{func(m map[string]any) { m["Dependencies"] = []string{"x"} }, "depends on other containers"},
 		{func(m map[string]any) { m["netNsCtr"] = "x" }, "network"},
-		{func(m map[string]any) { m["namedVolumes"] = []any{map[string]any{"volumeName": "v"}} }, "volumes"},
+		{func(m map[string]any) { m["namedVolumes"] = []any{map[string]any{"volumeName": "v"}} }, ""}, // they move
+		{func(m map[string]any) { m["overlayVolumes"] = []any{map[string]any{"source": "/x"}} }, "overlay or image volumes"},
+		{func(m map[string]any) { m["ctrImageVolumes"] = []any{map[string]any{"Dest": "/x"}} }, "overlay or image volumes"},
 		{func(m map[string]any) { m["rootfs"] = "/some/dir"; delete(m, "rootfsImageID") }, "--rootfs"},
 	} {
 		cfg, err := parseConfig(configJSON(t, tc.edit))
