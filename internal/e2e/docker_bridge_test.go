@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -325,13 +326,29 @@ func TestDockerBridgeAndVolume(t *testing.T) {
 			}
 		})
 		dk(t, h1, append(run, "--journal", "/data/journal", "--journal-fill", "64M")...)
+		// Written on from there, after its first 64 MiB ("need 64M" or more).
+		filled := func() (int64, error) {
+			out, err := dkTry(h1, "exec", name, "stat", "-c", "%s", "/data/journal")
+			if err != nil {
+				return 0, err
+			}
+			return strconv.ParseInt(out, 10, 64)
+		}
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			if n, err := filled(); err == nil && n >= 64<<20 {
+				break
+			}
+		}
+		if n, err := filled(); n < 64<<20 {
+			t.Fatalf("the volume's journal: %d bytes, %v", n, err)
+		}
 		dir := filepath.Join(h2.Docker().Dir, "data", "volumes")
 		if err := unix.Mount("ferry-e2e-small", dir, "tmpfs", 0, "size=16m"); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
 		expectRefused(t, l, []refusal{
-			{engine.Request{Container: name, Mode: engine.ModePrecopy, Runtime: "docker"}, "volumes " + vol + " need", "destination"},
+			{engine.Request{Container: name, Mode: engine.ModePrecopy, Runtime: "docker"}, "volumes " + vol + " need 6", "destination"},
 		}, func() {
 			if got := dk(t, h1, "inspect", "--format", "{{.State.Status}}", name); got != "running" {
 				t.Errorf("%s on h1 after the refusal: %s", name, got)
