@@ -432,33 +432,6 @@ func (in *incoming) checkSpace() error {
 	return nil
 }
 
-// networkMoves says what moving does to the container's place on each of
-// its runtime's networks.
-func networkMoves(nets []runtime.Network) []NetworkMove {
-	var out []NetworkMove
-	for _, n := range nets {
-		out = append(out, NetworkMove{Network: n, Outcome: NetworkOutcome(n)})
-	}
-	return out
-}
-
-// NetworkOutcome says, in words, what moving does to a container on n.
-func NetworkOutcome(n runtime.Network) string {
-	if !n.HostLocal {
-		return fmt.Sprintf("%s network %q is a segment both hosts share: address %s kept, with its established connections (the destination's network must have it free)", n.Driver, n.Name, n.Address)
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s network %q ends at each host: the destination's runtime gives the container an address on its own %q", n.Driver, n.Name, n.Name)
-	if n.Address != "" {
-		fmt.Fprintf(&b, " (%s where it is free there and the network lets it be chosen)", n.Address)
-	}
-	b.WriteString("; established connections are closed, listening sockets kept")
-	if len(n.Ports) > 0 {
-		fmt.Fprintf(&b, "; ports %s published again at the destination (clients connected through the source's ports are disconnected and reconnect there)", strings.Join(n.Ports, ", "))
-	}
-	return b.String()
-}
-
 // JournaledContainer is the container a journal entry names, with the
 // volumes that moved with it, for whoever removes it after a restart.
 func JournaledContainer(e journal.Entry) *runtime.Container {
