@@ -443,8 +443,12 @@ func (m *migration) prepare(ctx context.Context) error {
 	if m.ctr.Status != "running" {
 		return fmt.Errorf("%s container %q is %s, only running containers migrate", m.rt.Kind(), m.req.Container, m.ctr.Status)
 	}
-	m.makeTrees()
+	if err := m.makeTrees(); err != nil {
+		return err
+	}
+	m.mu.Lock() // the progress reporter reads it
 	m.report.Networks = networkMoves(m.ctr.Networks)
+	m.mu.Unlock()
 	caps := m.rt.Caps()
 	m.req.Precopy.Engine = precopyEngine(m.req.Precopy.Engine, caps)
 	m.coldSwitchover = coldSwitchover(m.req.Precopy.Switchover, caps)

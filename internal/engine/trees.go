@@ -73,12 +73,19 @@ type tree struct {
 	frozenScan             string
 }
 
-// makeTrees lists what syncs: the root filesystem first, then each volume.
-func (m *migration) makeTrees() {
+// makeTrees lists what syncs: the root filesystem first, then each
+// volume, whose size the offer announces.
+func (m *migration) makeTrees() error {
 	m.trees = []*tree{{dir: m.ctr.Rootfs, inside: "/"}}
-	for _, v := range m.ctr.Volumes {
+	for i, v := range m.ctr.Volumes {
+		man, err := rootfs.Scan(v.Dir)
+		if err != nil {
+			return fmt.Errorf("volume %s: %w", v.Name, err)
+		}
+		m.ctr.Volumes[i].Bytes = man.Bytes()
 		m.trees = append(m.trees, &tree{volume: v.Name, dir: v.Dir, inside: v.Path})
 	}
+	return nil
 }
 
 // watchTrees watches every tree from before the live sync's scan, so

@@ -17,7 +17,7 @@ func withVolume(t *testing.T, r *sourceRun) string {
 	if err := os.WriteFile(filepath.Join(dir, "table"), []byte(strings.Repeat("row\n", 1000)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r.src.ctr.Volumes = []runtime.Volume{{Name: "data", Path: "/data", Dir: dir, Bytes: 4000}}
+	r.src.ctr.Volumes = []runtime.Volume{{Name: "data", Path: "/data", Dir: dir}}
 	return dir
 }
 
@@ -63,7 +63,7 @@ func TestSourceMovesVolumes(t *testing.T) {
 			if got := r.src.removed; got == nil || (len(got.Volumes) == 1) == keep {
 				t.Errorf("%s, keep volumes %v: the source removed %+v", mode, keep, got)
 			}
-			if p := r.rt.prepared[0]; len(p.Volumes) != 1 || p.Volumes[0].Name != "data" || p.Volumes[0].Dir != "" {
+			if p := r.rt.prepared[0]; len(p.Volumes) != 1 || p.Volumes[0].Name != "data" || p.Volumes[0].Dir != "" || p.Volumes[0].Bytes != 4000 {
 				t.Errorf("%s: the destination's runtime was given volumes %+v", mode, p.Volumes)
 			}
 			if e := r.journaled(rep.ID); len(e.Volumes) != 1 || e.Volumes[0] != "data" {
@@ -78,8 +78,16 @@ func TestSourceMovesVolumes(t *testing.T) {
 // them is discarded.
 func TestVolumeTooBigIsRefused(t *testing.T) {
 	r := newSourceRun(t)
-	withVolume(t, r)
-	r.src.ctr.Volumes[0].Bytes = 1 << 60
+	dir := withVolume(t, r)
+	// A sparse file counts as what it would take once copied.
+	f, err := os.Create(filepath.Join(dir, "sparse"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(1 << 40); err != nil {
+		t.Skipf("no sparse file of 1 TiB here: %v", err)
+	}
+	f.Close()
 	rep := r.migrate(ModeCold)
 	if rep.OK || !strings.Contains(rep.Error, "volumes data need") || rep.FrozenMs != 0 {
 		t.Fatalf("report: ok=%v frozen %.0f ms: %s", rep.OK, rep.FrozenMs, rep.Error)

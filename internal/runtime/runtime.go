@@ -99,7 +99,8 @@ type Volume struct {
 	Path string `json:"path"`
 	// Dir holds its data at the source.
 	Dir string `json:"-"`
-	// Bytes is its size when inspected, for the destination's space check.
+	// Bytes is its size as the migration found it (the engine's, not
+	// the runtime's), for the destination's space check.
 	Bytes int64 `json:"bytes"`
 }
 

@@ -27,7 +27,6 @@ import (
 	"github.com/docker/docker/client"
 	"github.com/docker/go-connections/nat"
 
-	"github.com/ferry-migrate/ferry/internal/rootfs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 )
 
@@ -59,11 +58,7 @@ func volumesOf(ctx context.Context, cl *client.Client, j container.InspectRespon
 				return nil, fmt.Errorf("docker volume %q is also mounted by container %s: ferry moves a volume only with the one container that uses it", mp.Name, strings.TrimPrefix(firstName(u.Names), "/"))
 			}
 		}
-		man, err := rootfs.Scan(mp.Source)
-		if err != nil {
-			return nil, fmt.Errorf("docker volume %q: %w", mp.Name, err)
-		}
-		out = append(out, runtime.Volume{Name: mp.Name, Path: mp.Destination, Dir: mp.Source, Bytes: man.Bytes()})
+		out = append(out, runtime.Volume{Name: mp.Name, Path: mp.Destination, Dir: mp.Source})
 	}
 	return out, nil
 }

@@ -16,7 +16,6 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/ferry-migrate/ferry/internal/rootfs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 )
 
@@ -77,11 +76,7 @@ func (r *Runtime) volumesOf(ctx context.Context, d *inspectData) ([]runtime.Volu
 				return nil, fmt.Errorf("podman volume %q is also mounted by container %s: ferry moves a volume only with the one container that uses it", m.Name, name)
 			}
 		}
-		man, err := rootfs.Scan(m.Source)
-		if err != nil {
-			return nil, fmt.Errorf("podman volume %q: %w", m.Name, err)
-		}
-		out = append(out, runtime.Volume{Name: m.Name, Path: m.Destination, Dir: m.Source, Bytes: man.Bytes()})
+		out = append(out, runtime.Volume{Name: m.Name, Path: m.Destination, Dir: m.Source})
 	}
 	return out, nil
 }
