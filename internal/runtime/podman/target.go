@@ -483,6 +483,16 @@ func (t *target) Discard(ctx context.Context) error {
 	if ref == "" {
 		ref = t.name
 	}
+	if err := t.r.forceRemove(ctx, ref); err != nil {
+		return err
+	}
+	return t.r.removeVolumes(ctx, t.volumes)
+}
+
+// forceRemove is `podman rm --force`, tried again while Podman's record
+// of the container's state lags behind its processes' (they died while
+// Podman called it running or paused).
+func (r *Runtime) forceRemove(ctx context.Context, ref string) error {
 	var err error
 	for try := 0; try < 5; try++ {
 		if try > 0 {
@@ -492,14 +502,11 @@ func (t *target) Discard(ctx context.Context) error {
 			case <-time.After(500 * time.Millisecond):
 			}
 		}
-		if _, err = t.r.Host.podman(ctx, "rm", "--force", "--ignore", "--time", "0", ref); err == nil || !staleState(err) {
-			break
+		if _, err = r.Host.podman(ctx, "rm", "--force", "--ignore", "--time", "0", ref); err == nil || !staleState(err) {
+			return err
 		}
 	}
-	if err != nil {
-		return err
-	}
-	return t.r.removeVolumes(ctx, t.volumes)
+	return err
 }
 
 // staleState says a podman error came from its record of a container's
