@@ -2,12 +2,17 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/procs"
 )
 
 // pmt runs Podman's CLI on a lab host and fails the test on an error.
@@ -91,4 +96,71 @@ func TestPodmanBridgeAndVolume(t *testing.T) {
 			}
 		})
 	})
+}
+
+// TestPodmanSourceNeverRunsAgain: after the commit the source's copy is
+// removed without running again. Podman's rm thaws a paused container
+// before it kills it, and the source's copy answered a client once more,
+// beside the destination's (bench migrate, pre-copy: 1 run in 3). Its
+// processes' states are read every millisecond from the commit to their
+// end: R or S (running, sleeping in a call) is the copy running.
+func TestPodmanSourceNeverRunsAgain(t *testing.T) {
+	requirePodman(t)
+	bin := ferryBin(t)
+	l := upLab(t, bin)
+	h1, h2 := &l.Hosts[0], &l.Hosts[1]
+	podmanImport(t, bin, podmanImage, "", h1, h2)
+	for i := range 3 {
+		name := fmt.Sprintf("pm-once-%d", i)
+		podmanRun(t, l, name, podmanImage, memhogArgs("32M", "200"))
+		pid, err := strconv.Atoi(pmt(t, h1, "inspect", "--type", "container", "--format", "{{.State.Pid}}", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		type sample struct {
+			at    time.Time
+			state byte
+		}
+		var trace []sample
+		done, watched := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(watched)
+			for {
+				select {
+				case <-done:
+					return
+				case <-time.After(time.Millisecond):
+				}
+				if c, ok := procs.State(pid); ok && (len(trace) == 0 || trace[len(trace)-1].state != c) {
+					trace = append(trace, sample{time.Now(), c})
+				}
+			}
+		}()
+		rep, err := agent.Migrate(context.Background(), agent.Socket(h1.ControlSock), engine.Request{Container: name, To: h2.AgentAddr, Mode: engine.ModeCold, Runtime: "podman"}, nil)
+		// Until its processes are gone.
+		for deadline := time.Now().Add(5 * time.Second); procs.Alive(pid) && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		}
+		close(done)
+		<-watched
+		if err != nil || !rep.OK {
+			t.Fatalf("%s: %v %s", name, err, rep.Error)
+		}
+		var commit time.Time
+		for _, ph := range rep.Phases {
+			if ph.Name == "commit" {
+				commit = rep.StartedAt.Add(time.Duration(ph.StartMs * float64(time.Millisecond)))
+			}
+		}
+		var states []string
+		ran := false
+		for _, x := range trace {
+			states = append(states, fmt.Sprintf("%c@%+dms", x.state, x.at.Sub(commit).Milliseconds()))
+			ran = ran || x.at.After(commit) && (x.state == 'R' || x.state == 'S')
+		}
+		if ran {
+			t.Errorf("%s: the source's copy ran after the commit: %v", name, states)
+		}
+		// The next one listens on the same port.
+		pmt(t, h2, "rm", "--force", "--time", "0", name)
+	}
 }
