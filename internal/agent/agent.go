@@ -157,6 +157,9 @@ func (a *Agent) newRuntimes() runtime.Set {
 	if _, err := exec.LookPath("lxc-checkpoint"); err == nil {
 		lx := lxc.New(a.LXCPath)
 		lx.Admission, lx.ContainerNetNS = a.Admission, a.Host.NetNS
+		if a.SegmentBridge != "" {
+			lx.SharedBridges = []string{a.SegmentBridge}
+		}
 		set["lxc"] = lx
 	}
 	return set

@@ -387,7 +387,7 @@ func (a *Agent) settle(ctx context.Context, e journal.Entry, state string) (fina
 		if err := engine.WakeNetwork(e.NetNS); err != nil {
 			a.Log.Error("the resumed source copy's network could not be turned back on", "migration", e.ID, "container", e.Container, "netns", e.NetNS, "error", err)
 		}
-		if err := engine.WakeLinks(e.Links); err != nil {
+		if err := engine.WakeLinks(e.Links, e.LinkBridges); err != nil {
 			a.Log.Error("the resumed source copy's links could not be brought back up", "migration", e.ID, "container", e.Container, "netns", e.Links, "error", err)
 		}
 		a.Log.Info("the destination has no copy: source copy resumed", "migration", e.ID, "container", e.Container)

@@ -35,6 +35,9 @@ type Iface struct {
 	MAC   string   `json:"mac"`
 	MTU   int      `json:"mtu"`
 	Addrs []string `json:"addrs"` // CIDR, IPv4 and IPv6 (link-local skipped)
+	// Bridge, for a veth of a runtime's (LXC's), is the bridge its peer
+	// is on in the host's namespace (SetLinks).
+	Bridge string `json:"bridge,omitempty"`
 }
 
 // Spec is what a container's network needs to be rebuilt elsewhere.

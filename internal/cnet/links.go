@@ -8,8 +8,10 @@ import (
 )
 
 // SetLinks takes the interfaces of spec down or up inside the namespace
-// at nsPath: a runtime's own (a Docker macvlan), where ferry has no host
-// side to cut. Down, the frozen copy neither answers for its address nor
+// at nsPath: a runtime's own (a Docker macvlan). A veth (LXC's) is left
+// up, since CRIU dumps its state and the routes a link without carrier
+// holds do not restore; its peer in the caller's namespace leaves its
+// bridge instead (ifc.Bridge, which BridgesOf fills), and joins it again. Down, the frozen copy neither answers for its address nor
 // acknowledges what its sockets would no longer read; up again, the
 // default route spec names goes back (the kernel drops the routes through
 // a link that goes down) and the addresses are announced.
@@ -23,9 +25,18 @@ func SetLinks(nsPath string, spec Spec, up bool) error {
 	gw := net.ParseIP(spec.Gateway)
 	for _, ifc := range spec.Ifaces {
 		l, err := h.LinkByName(ifc.Name)
-		if err == nil && up {
+		if err != nil {
+			return fmt.Errorf("link %s in %s: %w", ifc.Name, nsPath, err)
+		}
+		if _, ok := l.(*netlink.Veth); ok && ifc.Bridge != "" {
+			if err := bridgePeer(l, ifc.Bridge, up); err != nil {
+				return fmt.Errorf("the host's end of %s in %s: %w", ifc.Name, nsPath, err)
+			}
+			continue
+		}
+		if up {
 			err = h.LinkSetUp(l)
-		} else if err == nil {
+		} else {
 			err = h.LinkSetDown(l)
 		}
 		if err != nil {
@@ -45,6 +56,60 @@ func SetLinks(nsPath string, spec Spec, up bool) error {
 		}
 	}
 	return Announce(nsPath, spec)
+}
+
+// bridgePeer puts a veth's peer, in the caller's namespace, on bridge, or
+// takes it off.
+func bridgePeer(l netlink.Link, bridge string, on bool) error {
+	h, err := netlink.NewHandle()
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	peer, err := h.LinkByIndex(l.Attrs().ParentIndex)
+	if err != nil {
+		return err
+	}
+	if !on {
+		return h.LinkSetNoMaster(peer)
+	}
+	br, err := h.LinkByName(bridge)
+	if err != nil {
+		return err
+	}
+	return h.LinkSetMaster(peer, br)
+}
+
+// BridgesOf fills in, for each veth of spec in the namespace at nsPath,
+// the bridge its peer in the caller's namespace is on.
+func BridgesOf(nsPath string, spec *Spec) error {
+	h, err := NetlinkIn(nsPath)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	host, err := netlink.NewHandle()
+	if err != nil {
+		return err
+	}
+	defer host.Close()
+	for i, ifc := range spec.Ifaces {
+		l, err := h.LinkByName(ifc.Name)
+		if err != nil {
+			return err
+		}
+		if _, ok := l.(*netlink.Veth); !ok {
+			continue
+		}
+		peer, err := host.LinkByIndex(l.Attrs().ParentIndex)
+		if err != nil || peer.Attrs().MasterIndex == 0 {
+			continue // not here, or on no bridge
+		}
+		if br, err := host.LinkByIndex(peer.Attrs().MasterIndex); err == nil {
+			spec.Ifaces[i].Bridge = br.Attrs().Name
+		}
+	}
+	return nil
 }
 
 // onLink says whether ip lies in one of the CIDRs.

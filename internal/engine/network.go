@@ -73,6 +73,9 @@ func (m *migration) prepareSegmentLinks() error {
 	}
 	ns := fmt.Sprintf("/proc/%d/ns/net", m.ctr.PID)
 	spec, err := cnet.Describe(ns)
+	if err == nil {
+		err = cnet.BridgesOf(ns, &spec)
+	}
 	if err != nil {
 		return fmt.Errorf("describe the container's network: %w", err)
 	}
@@ -110,9 +113,10 @@ func (m *migration) wakeSource() {
 }
 
 // WakeLinks brings back the links of a runtime's namespace that a
-// migration took down at the freeze (journal.Entry.Links), for the agent
-// that resumes the source's copy after a restart.
-func WakeLinks(nsPath string) error {
+// migration took down at the freeze (journal.Entry.Links, with the
+// bridges their peers left: LinkBridges), for the agent that resumes the
+// source's copy after a restart.
+func WakeLinks(nsPath string, bridges map[string]string) error {
 	if nsPath == "" {
 		return nil
 	}
@@ -120,7 +124,25 @@ func WakeLinks(nsPath string) error {
 	if err != nil {
 		return err
 	}
+	for i := range spec.Ifaces {
+		spec.Ifaces[i].Bridge = bridges[spec.Ifaces[i].Name]
+	}
 	return cnet.SetLinks(nsPath, spec, true)
+}
+
+// linkBridges are the bridges the peers of the container's veths are on,
+// for the journal.
+func (m *migration) linkBridges() map[string]string {
+	if m.linkSpec == nil {
+		return nil
+	}
+	out := map[string]string{}
+	for _, ifc := range m.linkSpec.Ifaces {
+		if ifc.Bridge != "" {
+			out[ifc.Name] = ifc.Bridge
+		}
+	}
+	return out
 }
 
 // WakeNetwork turns a copy's network on and announces its address,

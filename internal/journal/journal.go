@@ -95,6 +95,9 @@ type Entry struct {
 	// segment, whose links the source took down at the freeze: whoever
 	// resumes the copy brings them back.
 	Links string `json:"links,omitempty"`
+	// LinkBridges are the bridges the peers of its veths left (interface
+	// name to bridge), to be put back on.
+	LinkBridges map[string]string `json:"link_bridges,omitempty"`
 }
 
 // Pull is where a lazily restored copy's memory comes through at the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -164,11 +165,15 @@ func (l *Lab) RunContainerd(ctx context.Context, hostName, container string, arg
 
 // Attachments put a lab container on its runtime's default bridge with
 // Ports published (PORT/PROTO, on the same host port), and give it a
-// named volume (VolumeName) at VolumePath. Docker and Podman.
+// named volume (VolumeName) at VolumePath (Docker and Podman); or an
+// LXC container on the lab's segment (IP).
 type Attachments struct {
 	Bridge     bool
 	Ports      []string
 	VolumePath string
+	// IP puts an LXC container on a veth to the lab's segment bridge
+	// (SegmentBridge) with this address.
+	IP string
 }
 
 // RunDocker starts a container in the host's dockerd from the workload
@@ -194,7 +199,7 @@ func (l *Lab) RunDocker(ctx context.Context, hostName, container string, args []
 
 // RunLXC starts an LXC container under the host's lxcpath with the busybox
 // root filesystem, sharing the host's network namespace, running args.
-func (l *Lab) RunLXC(ctx context.Context, hostName, container string, args []string) error {
+func (l *Lab) RunLXC(ctx context.Context, hostName, container string, args []string, a ...Attachments) error {
 	h, err := l.Host(hostName)
 	if err != nil {
 		return err
@@ -219,7 +224,7 @@ func (l *Lab) RunLXC(ctx context.Context, hostName, container string, args []str
 	// destination host's on restore. No ttys: CRIU cannot dump them.
 	cfg := fmt.Sprintf(`lxc.uts.name = %s
 lxc.rootfs.path = dir:%s
-lxc.net.0.type = none
+%s
 lxc.tty.max = 0
 lxc.pty.max = 1
 lxc.autodev = 1
@@ -229,17 +234,27 @@ lxc.init.cmd = %s
 lxc.signal.halt = SIGTERM
 lxc.log.file = %s/lxc.log
 lxc.log.level = INFO
-`, container, root, strings.Join(args, " "), dir)
+`, container, root, lxcNet(a...), strings.Join(args, " "), dir)
 	if err := os.WriteFile(filepath.Join(dir, "config"), []byte(cfg), 0o640); err != nil {
 		return err
 	}
-	c := h.Command(ctx, "lxc-start", "-P", h.LXCPath(), "-n", container)
-	if out, err := c.CombinedOutput(); err != nil {
+	if err := h.LXC().Start(ctx, container); err != nil {
 		b, _ := os.ReadFile(filepath.Join(dir, "lxc.log"))
 		_ = os.RemoveAll(dir)
-		return fmt.Errorf("lxc-start %s on %s: %v: %s\n%s", container, h.Name, err, out, b)
+		return fmt.Errorf("on %s: %w\n%s", h.Name, err, b)
 	}
 	return nil
+}
+
+// lxcNet is an LXC container's network: none (its host's), or a veth on
+// the segment bridge with a.IP.
+func lxcNet(a ...Attachments) string {
+	if len(a) == 0 || a[0].IP == "" {
+		return "lxc.net.0.type = none"
+	}
+	ip := net.ParseIP(a[0].IP).To4()
+	return fmt.Sprintf("lxc.net.0.type = veth\nlxc.net.0.link = %s\nlxc.net.0.flags = up\nlxc.net.0.ipv4.address = %s/%d\nlxc.net.0.hwaddr = 02:fe:%02x:%02x:%02x:%02x",
+		SegmentBridge, a[0].IP, segmentPrefixLen, ip[0], ip[1], ip[2], ip[3])
 }
 
 // RunIn starts a workload container in a runtime of a lab host: runc (the

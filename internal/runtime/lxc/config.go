@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -128,7 +129,9 @@ func defaultHostEnv() hostEnv {
 	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
 	aa, _ := os.ReadFile("/sys/module/apparmor/parameters/enabled")
 	return hostEnv{
-		linkExists: func(name string) bool { return exists(filepath.Join("/sys/class/net", name)) },
+		// By netlink: /sys/class/net shows the namespace sysfs was
+		// mounted in, not necessarily this process's.
+		linkExists: func(name string) bool { _, err := net.InterfaceByName(name); return err == nil },
 		pathExists: exists,
 		apparmor:   strings.TrimSpace(string(aa)) == "Y",
 		selinux:    exists("/sys/fs/selinux/enforce"),

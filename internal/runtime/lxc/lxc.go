@@ -34,8 +34,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vishvananda/netns"
+
 	"github.com/ferry-migrate/ferry/internal/admission"
 	"github.com/ferry-migrate/ferry/internal/criu"
+	"github.com/ferry-migrate/ferry/internal/privnet"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/tail"
 )
@@ -72,9 +75,16 @@ type Runtime struct {
 	// ContainerNetNS is the network namespace (a path) this host gives
 	// restored containers: the agent's --netns.
 	ContainerNetNS string
+	// SharedBridges are bridges on a segment the hosts share (the agent's
+	// --segment-bridge): a container on one keeps its address and its
+	// connections; on another bridge they are closed.
+	SharedBridges []string
 
 	checkOnce sync.Once
 	checkErr  error
+	// sysfsAlien: /sys shows another network namespace (sysfsForeign).
+	sysfsOnce  sync.Once
+	sysfsAlien bool
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -132,6 +142,14 @@ func (r *Runtime) env(conf string) []string {
 // forked does not outlive it.
 func (r *Runtime) command(ctx context.Context, conf, tool string, args ...string) *exec.Cmd {
 	argv := append([]string{tool, "-P", r.path()}, args...)
+	if r.sysfsForeign() {
+		// liblxc finds bridges and links through /sys/class/net, which
+		// shows the namespace sysfs was mounted in: where that is not the
+		// one the tools run in (entered by nsenter, as the lab's hosts
+		// are), they run with a sysfs of their own, the cgroup mounts
+		// kept.
+		argv = append([]string{"unshare", "--mount", "--", "sh", "-c", remountSysfs, "lxc-sysfs"}, argv...)
+	}
 	if r.NetNS != "" {
 		// liblxc's command socket answers only inside the network
 		// namespace its monitor runs in.
@@ -143,6 +161,54 @@ func (r *Runtime) command(ctx context.Context, conf, tool string, args ...string
 	c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
 	c.WaitDelay = 5 * time.Second
 	return c
+}
+
+// remountSysfs mounts a sysfs of the caller's network namespace over
+// /sys in a mount namespace of its own, moves the cgroup mounts onto it,
+// and runs its arguments.
+const remountSysfs = `mount --make-rprivate / && d=$(mktemp -d /run/ferry-lxc-cgroup.XXXXXX) && ` +
+	`mount --rbind /sys/fs/cgroup "$d" && mount -t sysfs sysfs /sys && mount --move "$d" /sys/fs/cgroup && rmdir "$d" && exec "$@"`
+
+// sysfsForeign says, once, whether /sys shows another network namespace
+// than the one the tools run in: one of its interfaces is missing from
+// /sys/class/net.
+func (r *Runtime) sysfsForeign() bool {
+	r.sysfsOnce.Do(func() {
+		var names []string
+		list := func() error {
+			ifs, err := net.Interfaces()
+			for _, i := range ifs {
+				names = append(names, i.Name)
+			}
+			return err
+		}
+		var err error
+		if r.NetNS == "" {
+			err = list()
+		} else {
+			var h netns.NsHandle
+			if h, err = netns.GetFromPath(r.NetNS); err == nil {
+				ns := privnet.FromHandle(h)
+				err = ns.Do(list)
+				ns.Close()
+			}
+		}
+		for _, n := range names {
+			if _, serr := os.Stat(filepath.Join("/sys/class/net", n)); serr != nil && err == nil {
+				r.sysfsAlien = true
+			}
+		}
+	})
+	return r.sysfsAlien
+}
+
+// Start starts a container of this lxcpath (lxc-start, daemonized).
+func (r *Runtime) Start(ctx context.Context, name string) error {
+	if err := validName(name); err != nil {
+		return err
+	}
+	_, err := r.run(ctx, "", "lxc-start", "-n", name)
+	return err
 }
 
 // run runs an lxc-* command that leaves no process behind and returns its
@@ -304,7 +370,8 @@ func (r *Runtime) Inspect(ctx context.Context, name string) (*runtime.Container,
 		}
 		meta["file:"+strings.TrimPrefix(l.Value, dir+"/")] = b
 	}
-	return &runtime.Container{Runtime: r.Kind(), Name: name, ID: name, PID: pid, Status: status(state), Rootfs: root, Meta: meta}, nil
+	return &runtime.Container{Runtime: r.Kind(), Name: name, ID: name, PID: pid, Status: status(state), Rootfs: root, Meta: meta,
+		Networks: networksOf(lines, r.SharedBridges)}, nil
 }
 
 // Freeze stops the container with the cgroup freezer and tells liblxc's
@@ -413,7 +480,8 @@ func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtim
 	default:
 		return nil, fmt.Errorf("lxc: container %q is %s, not running", c.ID, state)
 	}
-	conf := []string{"work-dir " + quote(o.WorkDir), "verbosity=4"}
+	conf := append([]string{"work-dir " + quote(o.WorkDir), "verbosity=4"},
+		tcpOptions(o.TCPEstablished, o.TCPClose || runtime.HostLocal(c.Networks), o.NetworkQuiet)...)
 	if o.PageServer != "" {
 		host, port, err := net.SplitHostPort(o.PageServer)
 		if err != nil {
@@ -542,7 +610,7 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 		}
 		return nil, err
 	}
-	t := &target{r: r, name: c.Name, dir: dir}
+	t := &target{r: r, name: c.Name, dir: dir, tcpClose: runtime.HostLocal(c.Networks)}
 	err = os.Mkdir(t.RootfsDir(), 0o755)
 	for p, b := range files {
 		if err != nil {
@@ -614,6 +682,9 @@ type target struct {
 	r    *Runtime
 	name string
 	dir  string
+	// tcpClose: the dump closed the container's connections (a bridge
+	// its host's alone).
+	tcpClose bool
 }
 
 func (t *target) RootfsDir() string { return filepath.Join(t.dir, "rootfs") }
@@ -644,7 +715,9 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 		return 0, err
 	}
 	confPath := filepath.Join(o.WorkDir, "criu-restore.conf")
-	if err := writeCRIUConfig(confPath, []string{"mntns-compat-mode", "work-dir " + quote(o.WorkDir), "verbosity=4"}); err != nil {
+	conf := append([]string{"mntns-compat-mode", "work-dir " + quote(o.WorkDir), "verbosity=4"},
+		tcpOptions(o.TCPEstablished, t.tcpClose, false)...)
+	if err := writeCRIUConfig(confPath, conf); err != nil {
 		return 0, err
 	}
 	// The container's monitor is lxc-checkpoint's grandchild and keeps its
