@@ -295,17 +295,24 @@ func TestDockerBridgeAndVolume(t *testing.T) {
 		bound := "dkb-refused-bind"
 		t.Cleanup(func() { _ = l.RemoveFrom(context.Background(), "docker", h1.Name, bound) })
 		dk(t, h1, "run", "-d", "--name", bound, "-v", t.TempDir()+":/data", dockerWorkload, "/bin/memhog", "--memory", "8M")
+		// A port h2 publishes already, for another container.
+		ported := "dkb-refused-port"
+		t.Cleanup(func() { _ = l.RemoveFrom(context.Background(), "docker", h1.Name, ported) })
+		dk(t, h1, append([]string{"run", "-d", "--name", ported, "-p", "7002:7002", dockerWorkload}, memhogArgs("8M", "0")...)...)
+		t.Cleanup(func() { _ = l.RemoveFrom(context.Background(), "docker", h2.Name, "dkb-h2-port") })
+		dk(t, h2, append([]string{"run", "-d", "--name", "dkb-h2-port", "-p", "7002:7002", dockerWorkload}, memhogArgs("8M", "0")...)...)
 		expectRefused(t, l, []refusal{
+			{engine.Request{Container: ported, Mode: engine.ModeCold, Runtime: "docker"}, "publishes port 7002/tcp already", "destination"},
 			{engine.Request{Container: name, Mode: engine.ModeCold, Runtime: "docker"}, `already has a volume named "` + vol + `"`, "destination"},
 			{engine.Request{Container: other, Mode: engine.ModePrecopy, Runtime: "docker"}, `has no network "dkb-net"`, "destination"},
 			{engine.Request{Container: bound, Mode: engine.ModeCold, Runtime: "docker"}, "bind mounts of host paths", "destination"},
 		}, func() {
-			for _, c := range []string{name, other, bound} {
+			for _, c := range []string{name, other, bound, ported} {
 				if got := dk(t, h1, "inspect", "--format", "{{.State.Status}}", c); got != "running" {
 					t.Errorf("%s on h1 after the refusal: %s", c, got)
 				}
 			}
-			if got := dockerPs(t, h2, true); len(got) != 0 {
+			if got := dockerPs(t, h2, true); !slices.Equal(got, []string{"dkb-h2-port:running"}) {
 				t.Errorf("h2's Docker has %v after a refusal", got)
 			}
 		})
