@@ -6,7 +6,6 @@ import (
 	"io"
 	"os"
 	"sync"
-	"time"
 )
 
 // recordSize is one journal record: a page of words derived from the
@@ -44,43 +43,41 @@ func (j *journal) fill(n uint64) error {
 	b := make([]byte, recordSize)
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	for ; j.records*recordSize < n; j.records++ {
-		j.record(j.records, b)
-		if _, err := j.f.WriteAt(b, int64(j.records*recordSize)); err != nil {
-			return fmt.Errorf("journal: %w", err)
+	for j.records*recordSize < n {
+		if err := j.writeNext(b); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
-// writeLoop writes rate bytes per second of its own running time, in
-// whole records, each at its place (not appended: a record the file lost
-// leaves a hole that check finds).
-func (j *journal) writeLoop(rate float64) {
-	const period = 10 * time.Millisecond
-	b := make([]byte, recordSize)
-	last := time.Now()
-	var carry float64
-	for {
-		time.Sleep(period)
-		now := time.Now()
-		step := min(max(now.Sub(last), 0), 100*time.Millisecond)
-		last = now
-		want := rate*step.Seconds()/recordSize + carry
-		n := uint64(want)
-		carry = want - float64(n)
-		for range n {
-			j.mu.Lock()
-			j.record(j.records, b)
-			if _, err := j.f.WriteAt(b, int64(j.records*recordSize)); err != nil {
-				j.mu.Unlock()
-				fmt.Fprintln(os.Stderr, "memhog: journal:", err)
-				return
-			}
-			j.records++
-			j.mu.Unlock()
-		}
+// writeNext writes the next record at its place (not appended: a record
+// the file lost leaves a hole that check finds), in b. The caller holds
+// mu.
+func (j *journal) writeNext(b []byte) error {
+	j.record(j.records, b)
+	if _, err := j.f.WriteAt(b, int64(j.records*recordSize)); err != nil {
+		return fmt.Errorf("journal: %w", err)
 	}
+	j.records++
+	return nil
+}
+
+// writeLoop writes rate bytes per second of its own running time, in
+// whole records.
+func (j *journal) writeLoop(rate float64) {
+	b := make([]byte, recordSize)
+	paced(rate/recordSize, func(n uint64) bool {
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		for range n {
+			if err := j.writeNext(b); err != nil {
+				fmt.Fprintln(os.Stderr, "memhog:", err)
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // check reads the file back: exactly the records written, each intact.

@@ -261,13 +261,8 @@ func TestJournalCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer j.f.Close()
-	b := make([]byte, recordSize)
-	for range 5 {
-		j.record(j.records, b)
-		if _, err := j.f.WriteAt(b, int64(j.records*recordSize)); err != nil {
-			t.Fatal(err)
-		}
-		j.records++
+	if err := j.fill(5 * recordSize); err != nil {
+		t.Fatal(err)
 	}
 	if n, bad, ok := j.check(); !ok || n != 5 || bad != 0 {
 		t.Fatalf("intact journal: %d records, %d bad, ok %v", n, bad, ok)

@@ -88,10 +88,17 @@ func (h *hog) dirtyLoop(rate float64) {
 	if rate <= 0 {
 		return
 	}
+	paced(rate, func(n uint64) bool { h.mem.dirty(n); return true })
+}
+
+// paced calls do, every 10 ms of its own running time, with how many
+// units rate per second asks for since the last call (fractions carried
+// over), until do returns false. A longer gap (a freeze, a VERIFY, a
+// clock jump after restore on another machine) counts as 100 ms: it is
+// not made up for in one burst.
+func paced(rate float64, do func(n uint64) bool) {
 	const (
-		period = 10 * time.Millisecond
-		// A longer gap (a freeze, a VERIFY, a clock jump after restore on
-		// another machine) is not made up for in one burst.
+		period  = 10 * time.Millisecond
 		maxStep = 100 * time.Millisecond
 	)
 	last := time.Now()
@@ -104,7 +111,9 @@ func (h *hog) dirtyLoop(rate float64) {
 		want := rate*step.Seconds() + carry
 		n := uint64(want)
 		carry = want - float64(n)
-		h.mem.dirty(n)
+		if !do(n) {
+			return
+		}
 	}
 }
 
