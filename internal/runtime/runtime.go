@@ -126,6 +126,16 @@ type Network struct {
 	HostLocal bool `json:"host_local"`
 }
 
+// PublishedPort is a port binding as Network.Ports holds it:
+// HOSTPORT->PORT/PROTO, with HOSTIP: first where it is bound to one
+// address.
+func PublishedPort(hostIP, hostPort, port string) string {
+	if hostIP != "" && hostIP != "0.0.0.0" {
+		hostPort = hostIP + ":" + hostPort
+	}
+	return hostPort + "->" + port
+}
+
 // HostLocal says whether any of nets ends at its host.
 func HostLocal(nets []Network) bool {
 	for _, n := range nets {

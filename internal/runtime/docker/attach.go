@@ -14,6 +14,7 @@ package docker
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"sort"
@@ -90,13 +91,8 @@ func networksOf(ctx context.Context, cl *client.Client, j container.InspectRespo
 	if mode.IsContainer() {
 		return nil, fmt.Errorf("docker container %q shares the network of another container (%s): ferry does not move it apart from that one", strings.TrimPrefix(j.Name, "/"), mode)
 	}
-	names := make([]string, 0, len(j.NetworkSettings.Networks))
-	for name := range j.NetworkSettings.Networks {
-		names = append(names, name)
-	}
-	sort.Strings(names)
 	var out []runtime.Network
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(j.NetworkSettings.Networks)) {
 		if name == "host" || name == "none" {
 			continue
 		}
@@ -136,11 +132,7 @@ func publishedPorts(b nat.PortMap) []string {
 	var out []string
 	for p, bs := range b {
 		for _, hb := range bs {
-			host := hb.HostPort
-			if hb.HostIP != "" && hb.HostIP != "0.0.0.0" {
-				host = hb.HostIP + ":" + host
-			}
-			out = append(out, host+"->"+string(p))
+			out = append(out, runtime.PublishedPort(hb.HostIP, hb.HostPort, string(p)))
 		}
 	}
 	sort.Strings(out)

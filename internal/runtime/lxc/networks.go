@@ -1,6 +1,7 @@
 package lxc
 
 import (
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -29,13 +30,8 @@ func networksOf(lines []configLine, shared []string) []runtime.Network {
 		}
 		byIndex[i][key] = l.Value
 	}
-	var idx []string
-	for i := range byIndex {
-		idx = append(idx, i)
-	}
-	slices.Sort(idx)
 	var out []runtime.Network
-	for _, i := range idx {
+	for _, i := range slices.Sorted(maps.Keys(byIndex)) {
 		n := byIndex[i]
 		if n["type"] != "veth" || n["link"] == "" {
 			continue

@@ -12,7 +12,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -85,13 +87,8 @@ func (r *Runtime) volumesOf(ctx context.Context, d *inspectData) ([]runtime.Volu
 // which end at the host. The host's network is none of Podman's here;
 // other drivers are refused.
 func (r *Runtime) networksOf(ctx context.Context, d *inspectData) ([]runtime.Network, error) {
-	names := make([]string, 0, len(d.NetworkSettings.Networks))
-	for name := range d.NetworkSettings.Networks {
-		names = append(names, name)
-	}
-	sort.Strings(names)
 	var out []runtime.Network
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(d.NetworkSettings.Networks)) {
 		driver, err := r.Host.podman(ctx, "network", "inspect", "--format", "{{.Driver}}", name)
 		if err != nil {
 			return nil, err
@@ -110,11 +107,7 @@ func (d *inspectData) publishedPorts() []string {
 	var out []string
 	for p, bs := range d.HostConfig.PortBindings {
 		for _, b := range bs {
-			host := b.HostPort
-			if b.HostIP != "" && b.HostIP != "0.0.0.0" {
-				host = b.HostIP + ":" + host
-			}
-			out = append(out, host+"->"+p)
+			out = append(out, runtime.PublishedPort(b.HostIP, b.HostPort, p))
 		}
 	}
 	sort.Strings(out)
