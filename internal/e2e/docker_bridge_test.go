@@ -16,7 +16,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ferry-migrate/ferry/internal/agent"
-	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 )
@@ -103,13 +102,7 @@ func migrateCold(t *testing.T, l *lab.Lab, name string) engine.Report {
 // volume, h1's neither, and a client connected through h1's published port
 // disconnected rather than left hanging.
 func TestDockerBridgeAndVolume(t *testing.T) {
-	requireDocker(t)
-	bin := ferryBin(t)
-	l := upLab(t, bin)
-	h1, h2 := &l.Hosts[0], &l.Hosts[1]
-	if err := l.ImportWorkloadImage(context.Background(), "docker", h1.Name, h2.Name); err != nil {
-		t.Fatal(err)
-	}
+	bin, l, h1, h2 := dockerLab(t)
 	for _, mode := range []string{engine.ModeCold, engine.ModePrecopy, engine.ModePostcopy, engine.ModeHybrid} {
 		t.Run(mode, func(t *testing.T) {
 			name, vol := "dkb-"+mode, "dkb-"+mode+"-data"
@@ -226,22 +219,8 @@ func TestDockerBridgeAndVolume(t *testing.T) {
 			ip := fmt.Sprintf("%s%d", lab.SegmentSubnet, 60+i)
 			name := "dkb-seg-" + mode
 			dockerRunBridged(t, l, name, name+"-data", false, "--network", "dkb-seg", "--ip", ip)
-			p, _, err := bench.StartProbe(context.Background(), &l.Hosts[2], bin, []string{ip + ":" + memhogPort}, time.Minute)
-			if err != nil {
-				t.Fatal(err)
-			}
-			stream, err := bench.StartStream(context.Background(), &l.Hosts[2], bin, "stream", "--addr", ip+":"+echoPort)
-			if err != nil {
-				_, _ = p.Stop()
-				t.Fatal(err)
-			}
-			rep, err := agent.Migrate(context.Background(), agent.Socket(h1.ControlSock), engine.Request{Container: name, To: h2.AgentAddr, Mode: mode, Runtime: "docker"}, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(300 * time.Millisecond)
-			sr, serr := stream.Stop()
-			pr, perr := p.Stop()
+			m := moveHeld(t, l, bin, ip, engine.Request{Container: name, Mode: mode, Runtime: "docker"})
+			rep, pr, perr, sr, serr := m.rep, m.pr, m.perr, m.sr, m.serr
 			checkMoved(t, "docker", mode, rep, pr, perr)
 			if serr != nil || !sr.OK {
 				t.Errorf("%s: the client's TCP connection did not carry on: %+v %v", mode, sr, serr)
@@ -258,22 +237,16 @@ func TestDockerBridgeAndVolume(t *testing.T) {
 		// freeze, come back, and the connection carries on there.
 		ip, name := lab.SegmentSubnet+"62", "dkb-seg-fails"
 		dockerRunBridged(t, l, name, name+"-data", false, "--network", "dkb-seg", "--ip", ip)
-		stream, err := bench.StartStream(context.Background(), &l.Hosts[2], bin, "stream", "--addr", ip+":"+echoPort)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rep, err := agent.Migrate(context.Background(), agent.Socket(h1.ControlSock), engine.Request{Container: name, To: h2.AgentAddr,
-			Mode: engine.ModeCold, Runtime: "docker", Faults: []string{"restore-fails@restore"}}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(300 * time.Millisecond)
-		sr, serr := stream.Stop()
+		m := moveHeld(t, l, bin, ip, engine.Request{Container: name, Mode: engine.ModeCold, Runtime: "docker", Faults: []string{"restore-fails@restore"}})
+		rep, sr, serr := m.rep, m.sr, m.serr
 		if rep.OK || rep.SourceState != "resumed" {
 			t.Errorf("failed restore: ok=%v source %q: %s", rep.OK, rep.SourceState, rep.Error)
 		}
 		if serr != nil || !sr.OK {
 			t.Errorf("failed restore: the client's TCP connection did not carry on at the source: %+v %v", sr, serr)
+		}
+		if m.perr != nil || !m.pr.StateOK {
+			t.Errorf("failed restore: workload state after the resume: %+v %v", m.pr, m.perr)
 		}
 		if got := dk(t, h1, "inspect", "--format", "{{.State.Status}}", name); got != "running" {
 			t.Errorf("failed restore: h1's copy is %s", got)

@@ -29,6 +29,20 @@ func requireDocker(t *testing.T) {
 	}
 }
 
+// dockerLab is a lab whose h1 and h2 run a dockerd each, the workload
+// image loaded.
+func dockerLab(t *testing.T) (bin string, l *lab.Lab, h1, h2 *lab.Host) {
+	t.Helper()
+	requireDocker(t)
+	bin = ferryBin(t)
+	l = upLab(t, bin)
+	h1, h2 = &l.Hosts[0], &l.Hosts[1]
+	if err := l.ImportWorkloadImage(context.Background(), "docker", h1.Name, h2.Name); err != nil {
+		t.Fatal(err)
+	}
+	return bin, l, h1, h2
+}
+
 // dk runs Docker's CLI against a lab host's daemon and returns its output.
 func dk(t *testing.T, h *lab.Host, args ...string) string {
 	t.Helper()
@@ -72,13 +86,7 @@ func dockerRun(t *testing.T, l *lab.Lab, name, memory string) {
 // by --runtime auto, checked with docker on both hosts; a failing
 // restore; bad input.
 func TestDockerThroughAgents(t *testing.T) {
-	requireDocker(t)
-	bin := ferryBin(t)
-	l := upLab(t, bin)
-	h1, h2 := &l.Hosts[0], &l.Hosts[1]
-	if err := l.ImportWorkloadImage(context.Background(), "docker", h1.Name, h2.Name); err != nil {
-		t.Fatal(err)
-	}
+	bin, l, h1, h2 := dockerLab(t)
 
 	moveInEachMode(t, l, bin, "docker", "dk",
 		func(t *testing.T, name string) { dockerRun(t, l, name, "64M") },

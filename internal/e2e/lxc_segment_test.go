@@ -11,6 +11,8 @@ import (
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/labtool"
+	"github.com/ferry-migrate/ferry/internal/probe"
 )
 
 // TestLXCOnASharedBridge: an LXC container on a veth to a bridge on the
@@ -22,7 +24,7 @@ func TestLXCOnASharedBridge(t *testing.T) {
 	requireLXC(t)
 	bin := ferryBin(t)
 	l := upLab(t, bin)
-	h1, h2 := &l.Hosts[0], &l.Hosts[1]
+	h1 := &l.Hosts[0]
 	for i, c := range []struct {
 		mode  string
 		fault string
@@ -39,26 +41,12 @@ func TestLXCOnASharedBridge(t *testing.T) {
 			if err := l.RunLXC(context.Background(), h1.Name, name, args, lab.Attachments{IP: ip}); err != nil {
 				t.Fatal(err)
 			}
-			p, _, err := bench.StartProbe(context.Background(), &l.Hosts[2], bin, []string{ip + ":" + memhogPort}, time.Minute)
-			if err != nil {
-				t.Fatal(err)
-			}
-			stream, err := bench.StartStream(context.Background(), &l.Hosts[2], bin, "stream", "--addr", ip+":"+echoPort)
-			if err != nil {
-				_, _ = p.Stop()
-				t.Fatal(err)
-			}
-			req := engine.Request{Container: name, To: h2.AgentAddr, Mode: c.mode, Runtime: "lxc"}
+			req := engine.Request{Container: name, Mode: c.mode, Runtime: "lxc"}
 			if c.fault != "" {
 				req.Faults = []string{c.fault}
 			}
-			rep, err := agent.Migrate(context.Background(), agent.Socket(h1.ControlSock), req, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(300 * time.Millisecond)
-			sr, serr := stream.Stop()
-			pr, perr := p.Stop()
+			m := moveHeld(t, l, bin, ip, req)
+			rep, pr, perr, sr, serr := m.rep, m.pr, m.perr, m.sr, m.serr
 			if serr != nil || !sr.OK {
 				t.Errorf("the client's TCP connection did not carry on: %+v %v", sr, serr)
 			}
@@ -79,4 +67,41 @@ func TestLXCOnASharedBridge(t *testing.T) {
 			t.Logf("lxc on the segment, %s: downtime %.0f ms, probe's gap %.0f ms, the TCP client's longest wait %.0f ms", c.mode, rep.DowntimeMs, pr.ClientDowntimeMs, sr.MaxGapMs)
 		})
 	}
+}
+
+// heldMove is what a migration did and what two clients on h3 saw of
+// it: the probe of the workload, and a TCP connection held to its echo
+// port throughout.
+type heldMove struct {
+	rep  engine.Report
+	pr   probe.Result
+	perr error
+	sr   labtool.StreamResult
+	serr error
+}
+
+// moveHeld migrates req from h1 to h2 while h3 probes the workload at ip
+// and holds a connection to its echo port.
+func moveHeld(t *testing.T, l *lab.Lab, bin, ip string, req engine.Request) heldMove {
+	t.Helper()
+	ctx := context.Background()
+	p, _, err := bench.StartProbe(ctx, &l.Hosts[2], bin, []string{ip + ":" + memhogPort}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := bench.StartStream(ctx, &l.Hosts[2], bin, "stream", "--addr", ip+":"+echoPort)
+	if err != nil {
+		_, _ = p.Stop()
+		t.Fatal(err)
+	}
+	req.To = l.Hosts[1].AgentAddr
+	rep, err := agent.Migrate(ctx, agent.Socket(l.Hosts[0].ControlSock), req, nil)
+	time.Sleep(300 * time.Millisecond) // answers after the switch
+	m := heldMove{rep: rep}
+	m.sr, m.serr = stream.Stop()
+	m.pr, m.perr = p.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }

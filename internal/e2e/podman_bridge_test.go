@@ -33,11 +33,7 @@ func pmt(t *testing.T, h *lab.Host, args ...string) string {
 // neither; a volume of the same name at the destination refuses the move
 // before anything is frozen.
 func TestPodmanBridgeAndVolume(t *testing.T) {
-	requirePodman(t)
-	bin := ferryBin(t)
-	l := upLab(t, bin)
-	h1, h2 := &l.Hosts[0], &l.Hosts[1]
-	podmanImport(t, bin, podmanImage, "", h1, h2)
+	bin, l, h1, h2 := podmanLab(t)
 	run := func(t *testing.T, name, vol string) {
 		t.Helper()
 		t.Cleanup(func() {
@@ -107,11 +103,7 @@ func TestPodmanBridgeAndVolume(t *testing.T) {
 // copy running; a process killed while frozen only passes through R on
 // its way out.
 func TestPodmanSourceNeverRunsAgain(t *testing.T) {
-	requirePodman(t)
-	bin := ferryBin(t)
-	l := upLab(t, bin)
-	h1, h2 := &l.Hosts[0], &l.Hosts[1]
-	podmanImport(t, bin, podmanImage, "", h1, h2)
+	_, l, h1, h2 := podmanLab(t)
 	for i := range 3 {
 		name := fmt.Sprintf("pm-once-%d", i)
 		podmanRun(t, l, name, podmanImage, memhogArgs("32M", "200"))

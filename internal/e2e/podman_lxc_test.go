@@ -175,6 +175,18 @@ func podmanImport(t *testing.T, bin string, image string, extra string, hosts ..
 	return ids[0]
 }
 
+// podmanLab is a lab whose h1 and h2 run a Podman each, the workload
+// image imported.
+func podmanLab(t *testing.T) (bin string, l *lab.Lab, h1, h2 *lab.Host) {
+	t.Helper()
+	requirePodman(t)
+	bin = ferryBin(t)
+	l = upLab(t, bin)
+	h1, h2 = &l.Hosts[0], &l.Hosts[1]
+	podmanImport(t, bin, podmanImage, "", h1, h2)
+	return bin, l, h1, h2
+}
+
 // podmanRun starts a container on h1's Podman, host network, default
 // logging (so podman logs works after the move); it is removed from both
 // hosts' instances when the test ends.
@@ -351,11 +363,7 @@ func expectRefused(t *testing.T, l *lab.Lab, cases []refusal, after func()) {
 // h2's through the agents: cold and pre-copy by --runtime podman, cold by
 // --runtime auto; a failing restore; bad input.
 func TestPodmanThroughAgents(t *testing.T) {
-	requirePodman(t)
-	bin := ferryBin(t)
-	l := upLab(t, bin)
-	h1, h2 := &l.Hosts[0], &l.Hosts[1]
-	podmanImport(t, bin, podmanImage, "", h1, h2)
+	bin, l, h1, h2 := podmanLab(t)
 
 	// Pre-copy's rebuild switchover needs only a lazy dump at the source
 	// (ferry's runc dump) and a plain restore: Podman gets it where CRIU's

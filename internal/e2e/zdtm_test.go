@@ -30,13 +30,7 @@ func zdtmDir() string {
 // that the restored watch reports it; CRIU's own zdtm test inotify02 runs
 // in the container too and checks its watches once told to stop.
 func TestInotifyInAnOverlayRoot(t *testing.T) {
-	requireDocker(t)
-	bin := ferryBin(t)
-	l := upLab(t, bin)
-	h1, h2 := &l.Hosts[0], &l.Hosts[1]
-	if err := l.ImportWorkloadImage(context.Background(), "docker", h1.Name, h2.Name); err != nil {
-		t.Fatal(err)
-	}
+	bin, l, h1, h2 := dockerLab(t)
 	for _, mode := range []string{engine.ModeCold, engine.ModePrecopy} {
 		t.Run("watch-"+mode, func(t *testing.T) {
 			name := "dkw-" + mode
