@@ -102,7 +102,7 @@ func (m *migration) dumpStreaming(ctx context.Context) error {
 	})
 	g.Go(func() error {
 		opts := runtime.CheckpointOptions{ImagesDir: imgDir, WorkDir: m.work, PageServer: addr,
-			TCPEstablished: m.keepsAddress(), NetworkQuiet: m.keepsAddress(), SmapsSnapshot: m.smapsSnapshotDir(),
+			TCPEstablished: m.keepsAddress(), TCPClose: m.closesConnections(), NetworkQuiet: m.keepsAddress(), SmapsSnapshot: m.smapsSnapshotDir(),
 			IrmapScanPaths: criu.IrmapScanPaths(m.ctr.PID)}
 		if m.parentRound >= 0 {
 			opts.ParentDir = filepath.Join("..", predumpDir(m.parentRound))

@@ -22,7 +22,8 @@ type earlyRestore struct {
 
 // restoreOptions are what this migration's restore asks of the runtime.
 func (in *incoming) restoreOptions(lazy bool) runtime.RestoreOptions {
-	return runtime.RestoreOptions{ImagesDir: in.images, WorkDir: in.work, Lazy: lazy, TCPEstablished: in.offer.Network != nil || !runtime.HostLocal(in.offer.Networks) && len(in.offer.Networks) > 0}
+	return runtime.RestoreOptions{ImagesDir: in.images, WorkDir: in.work, Lazy: lazy, TCPEstablished: in.offer.Network != nil || !runtime.HostLocal(in.offer.Networks) && len(in.offer.Networks) > 0,
+		TCPClose: runtime.HostLocal(in.offer.Networks)}
 }
 
 // beginRestore begins the restore early where the runtime can; where it

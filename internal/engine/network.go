@@ -89,6 +89,11 @@ func (m *migration) prepareSegmentLinks() error {
 // network is kept quiet by ferry from the freeze (no CRIU network lock).
 func (m *migration) keepsAddress() bool { return m.network != nil || m.linkSpec != nil }
 
+// closesConnections says the container is on a network that ends at its
+// host (runtime.Network.HostLocal): its connections are dumped to be
+// restored closed.
+func (m *migration) closesConnections() bool { return runtime.HostLocal(m.ctr.Networks) }
+
 // silenceSource takes the frozen source copy's interfaces down, so only
 // the destination's copy answers for the address.
 func (m *migration) silenceSource() error {

@@ -147,7 +147,7 @@ func (m *migration) beginLazyDump(ctx context.Context) (*lazyDump, error) {
 	ld.addr = fmt.Sprintf("127.0.0.1:%d", port)
 	ld.opts = runtime.CheckpointOptions{
 		ImagesDir: filepath.Join(m.work, "images"), WorkDir: m.work, PageServer: ld.addr,
-		Lazy: true, TCPEstablished: m.keepsAddress(), NetworkQuiet: m.keepsAddress(), PageNet: pn,
+		Lazy: true, TCPEstablished: m.keepsAddress(), TCPClose: m.closesConnections(), NetworkQuiet: m.keepsAddress(), PageNet: pn,
 		SmapsSnapshot: m.smapsSnapshotDir(), IrmapScanPaths: criu.IrmapScanPaths(m.ctr.PID),
 	}
 	// The dump outlives this call: it ends when its page server is closed.

@@ -214,6 +214,8 @@ type RestoreOptions struct {
 	// Lazy restores with a lazy-pages daemon serving the memory.
 	Lazy           bool
 	TCPEstablished bool
+	// TCPClose restores the connections a TCPClose dump left closed.
+	TCPClose bool
 }
 
 // PrepareOptions say how the container is to sit on this host.

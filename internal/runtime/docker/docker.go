@@ -344,9 +344,6 @@ func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtim
 	if err := rc.RequirePaused(ctx, c.ID, fmt.Sprintf("docker container %q", c.Name), " (dockerd with another --exec-root? agent --docker-exec-root)"); err != nil {
 		return nil, err
 	}
-	// A bridge's address means nothing at the destination: its peers
-	// cannot follow, so its connections are restored closed.
-	o.TCPClose = o.TCPClose || runtime.HostLocal(c.Networks)
 	return rc.Dump(ctx, c.ID, o)
 }
 

@@ -94,7 +94,7 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 	}
 	// Docker made the named volumes the configuration mounts: the
 	// target's to remove if the migration does not commit.
-	t := &target{r: r, id: resp.ID, name: cfg.Name, stopped: stopped, volumes: c.Volumes, tcpClose: runtime.HostLocal(c.Networks)}
+	t := &target{r: r, id: resp.ID, name: cfg.Name, stopped: stopped, volumes: c.Volumes}
 	for name, ep := range eps {
 		if name == primaryNetwork(hc.NetworkMode) {
 			continue
@@ -192,8 +192,6 @@ type target struct {
 	// mounts them.
 	volumes []runtime.Volume
 	mounts  []container.MountPoint
-	// tcpClose: the dump closed the connections (a bridge network).
-	tcpClose bool
 }
 
 func (t *target) RootfsDir() string { return t.upper }
@@ -249,7 +247,7 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	if t.stopped {
 		// StoppedRuntime hands CRIU this file, and a lazy restore its work
 		// directory, where the lazy-pages daemon's socket is.
-		conf := runc.CRIUConfig{LeaveStopped: true, TCPEstablished: o.TCPEstablished, TCPClose: t.tcpClose, LazyPages: o.Lazy}.WithYard(o.WorkDir)
+		conf := runc.CRIUConfig{LeaveStopped: true, TCPEstablished: o.TCPEstablished, TCPClose: o.TCPClose, LazyPages: o.Lazy}.WithYard(o.WorkDir)
 		if o.Lazy {
 			conf.WorkDir, logDir = o.WorkDir, o.WorkDir
 		}

@@ -481,7 +481,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtim
 		return nil, fmt.Errorf("lxc: container %q is %s, not running", c.ID, state)
 	}
 	conf := append([]string{"work-dir " + quote(o.WorkDir), "verbosity=4"},
-		tcpOptions(o.TCPEstablished, o.TCPClose || runtime.HostLocal(c.Networks), o.NetworkQuiet)...)
+		tcpOptions(o.TCPEstablished, o.TCPClose, o.NetworkQuiet)...)
 	if o.PageServer != "" {
 		host, port, err := net.SplitHostPort(o.PageServer)
 		if err != nil {
@@ -610,7 +610,7 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 		}
 		return nil, err
 	}
-	t := &target{r: r, name: c.Name, dir: dir, tcpClose: runtime.HostLocal(c.Networks)}
+	t := &target{r: r, name: c.Name, dir: dir}
 	err = os.Mkdir(t.RootfsDir(), 0o755)
 	for p, b := range files {
 		if err != nil {
@@ -682,9 +682,6 @@ type target struct {
 	r    *Runtime
 	name string
 	dir  string
-	// tcpClose: the dump closed the container's connections (a bridge
-	// its host's alone).
-	tcpClose bool
 }
 
 func (t *target) RootfsDir() string { return filepath.Join(t.dir, "rootfs") }
@@ -716,7 +713,7 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	}
 	confPath := filepath.Join(o.WorkDir, "criu-restore.conf")
 	conf := append([]string{"mntns-compat-mode", "work-dir " + quote(o.WorkDir), "verbosity=4"},
-		tcpOptions(o.TCPEstablished, t.tcpClose, false)...)
+		tcpOptions(o.TCPEstablished, o.TCPClose, false)...)
 	if err := writeCRIUConfig(confPath, conf); err != nil {
 		return 0, err
 	}

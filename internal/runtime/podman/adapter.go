@@ -389,9 +389,6 @@ func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtim
 	if err := tarShm(cfg.ShmDir, filepath.Join(o.ImagesDir, devShmTar)); err != nil {
 		return nil, fmt.Errorf("save /dev/shm of %s: %w", c.Name, err)
 	}
-	// A bridge's address means nothing at the destination: its peers
-	// cannot follow, so its connections are restored closed.
-	o.TCPClose = o.TCPClose || runtime.HostLocal(c.Networks)
 	// runc's own dump: the container, paused, stays paused; a lazy one
 	// leaves the memory to CRIU's page server.
 	return rc.Dump(ctx, c.ID, o)

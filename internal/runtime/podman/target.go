@@ -92,7 +92,7 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	t := &target{r: r, name: cfg.Name, volumes: c.Volumes, tcpClose: runtime.HostLocal(c.Networks)}
+	t := &target{r: r, name: cfg.Name, volumes: c.Volumes}
 	archive := filepath.Join(dir, "create.tar")
 	if err := writeCreateArchive(archive, config, spec, c.Volumes); err != nil {
 		return nil, err
@@ -362,10 +362,8 @@ type target struct {
 	bundle string // Podman's directory for it (config.json, checkpoint)
 	upper  string // its writable layer
 	pid    int    // the restored init's, once restored
-	// volumes are the ones made for it here; tcpClose: the dump closed
-	// its connections (a bridge network).
-	volumes  []runtime.Volume
-	tcpClose bool
+	// volumes are the ones made for it here.
+	volumes []runtime.Volume
 }
 
 func (t *target) RootfsDir() string { return t.upper }
@@ -379,7 +377,7 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	// runc hands CRIU this file, which overrides what Podman asks of it:
 	// a lazy restore's work directory is where the lazy-pages daemon's
 	// socket is.
-	conf := runc.CRIUConfig{LeaveStopped: true, LazyPages: o.Lazy, TCPClose: t.tcpClose}.WithYard(o.WorkDir)
+	conf := runc.CRIUConfig{LeaveStopped: true, LazyPages: o.Lazy, TCPClose: o.TCPClose}.WithYard(o.WorkDir)
 	if o.Lazy {
 		conf.WorkDir = o.WorkDir
 	}
