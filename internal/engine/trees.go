@@ -326,8 +326,8 @@ func (in *incoming) makeTrees() error {
 	return nil
 }
 
-// receiveTrees receives every tree's live sync, and then its frozen one:
-// restored says when the last frozen one is applied.
+// receiveTrees receives every tree's live sync, and then its frozen one;
+// restorable runs once the last frozen one is applied.
 func (in *incoming) receiveTrees(ctx context.Context, sess *transport.Session, router *transport.Router, recv *receiving, restorable func()) {
 	for _, t := range in.trees {
 		recv.Go(func() error { return in.receiveTree(ctx, sess, router, t, true) })
