@@ -1,6 +1,8 @@
 package main
 
 import (
+	"time"
+
 	"github.com/spf13/cobra"
 
 	"github.com/ferry-migrate/ferry/internal/lazyrelay"
@@ -20,6 +22,26 @@ func newLazyRelayCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&socket, "socket", "", "where agents connect")
+	_ = cmd.MarkFlagRequired("socket")
+	return cmd
+}
+
+// newPageKeeperCmd is the process a source agent starts beside each
+// post-copy dump's page server (lazyrelay's keeper); not for users.
+func newPageKeeperCmd() *cobra.Command {
+	var socket string
+	var idle time.Duration
+	cmd := &cobra.Command{
+		Use:    lazyrelay.KeeperCommand,
+		Hidden: true,
+		Short:  "hold a post-copy dump's page server connection across agent restarts",
+		Args:   cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			return lazyrelay.KeeperMain(socket, idle)
+		},
+	}
+	cmd.Flags().StringVar(&socket, "socket", "", "where agents connect")
+	cmd.Flags().DurationVar(&idle, "idle", lazyrelay.KeeperIdle, "let go of the page server after this long with no agent")
 	_ = cmd.MarkFlagRequired("socket")
 	return cmd
 }

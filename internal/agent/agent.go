@@ -210,7 +210,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.set = a.newRuntimes()
 	dst.Runtimes, dst.Journal, dst.Admission = a.set, j, a.Admission
 	src := &engine.Source{Host: a.Host, Runtimes: dst.Runtimes, KeepWork: a.KeepWork, Version: a.Version,
-		Dial: a.dialPeer, Profile: a.Profile, Journal: j, AllowFaults: a.AllowFaults, Lines: &engine.Lines{}}
+		Dial: a.dialPeer, Profile: a.Profile, Journal: j, AllowFaults: a.AllowFaults, Lines: &engine.Lines{}, KeeperExe: dst.RelayExe}
 	if src.VMAs, err = vmas.NewReader(); err != nil {
 		a.Log.Info("the frozen dump reads smaps (no smaps snapshot)", "why", err)
 	} else {

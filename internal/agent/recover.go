@@ -296,6 +296,13 @@ func (a *Agent) resolveOnce(ctx context.Context, id string) (done bool, err erro
 	if err != nil {
 		return false, fmt.Errorf("the destination %s cannot say what became of its copy: %w", e.Peer, err)
 	}
+	if state == journal.Pulling && engine.KeptPull(e) {
+		// An earlier run served this pull; its page keeper holds CRIU's
+		// page server still, and the destination's copy waits for it.
+		if state, err = a.serveKeptPull(ctx, e); err != nil {
+			return false, err
+		}
+	}
 	final, err := a.settle(ctx, e, state)
 	if final == "" {
 		if err == nil {
@@ -330,12 +337,42 @@ var settledNotes = map[string]string{
 	journal.Diverged: "settled later: the destination had committed, but the source copy had been resumed by hand meanwhile: both hosts ran the container, and neither copy was removed",
 }
 
+// serveKeptPull serves the destination the rest of a pull an earlier run
+// of this agent served, from the page keeper that outlived it, and
+// returns the destination's state once the pull ended.
+func (a *Agent) serveKeptPull(ctx context.Context, e journal.Entry) (string, error) {
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	sess, err := a.dialPeer(dctx, e.Peer)
+	cancel()
+	if err != nil {
+		return "", err
+	}
+	defer sess.Close()
+	done, dropped, err := engine.ServeKeptPull(ctx, sess, e)
+	switch {
+	case dropped:
+		a.Log.Warn("the destination dropped the copy whose pull this agent went on with", "migration", e.ID, "error", done.Error)
+		return journal.Dropped, nil
+	case err != nil:
+		return "", fmt.Errorf("going on with the pull an earlier run served: %w", err)
+	}
+	a.Log.Info("the pull an earlier run served went on to its end", "migration", e.ID, "container", e.Container, "faulted", done.Faulted)
+	return journal.Committed, nil
+}
+
 // settle acts on the destination's answer. It returns the final state it
 // recorded, "" while the destination is still deciding.
 func (a *Agent) settle(ctx context.Context, e journal.Entry, state string) (final string, err error) {
 	rt, c, err := a.journaled(e)
 	if err != nil {
 		return "", err
+	}
+	if state == journal.Committed || state == journal.Dropped || state == "unknown" {
+		// What is left of a pull this host served (its page keeper,
+		// CRIU's dump) lets go of the copy before it is resumed or removed.
+		if err := engine.EndKeptPull(e, a.KeepWork); err != nil {
+			a.Log.Warn("what a served pull left stays", "migration", e.ID, "error", err)
+		}
 	}
 	st, serr := runtime.State(ctx, rt, e.Container)
 	switch state {

@@ -13,7 +13,9 @@ import (
 	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/lazyrelay"
 	"github.com/ferry-migrate/ferry/internal/procs"
 )
 
@@ -246,6 +248,56 @@ func TestPostcopyDestinationAgentDiesMidPull(t *testing.T) {
 	}
 }
 
+// TestPostcopySourceAgentDiesMidPull: the source's agent is SIGKILLed
+// while the destination's copy pulls its memory. CRIU's page server, which
+// serves one connection in its life, is held by the dump's page keeper, not
+// by the agent: it does not end with it, and the copy's faults wait. The
+// destination, having lost its source, keeps the pull for it; the
+// restarted source agent finds the keeper in its journal and serves the
+// rest, then removes its copy: the container runs once, at the
+// destination, its memory whole, and ferry ps --all says how it ended.
+func TestPostcopySourceAgentDiesMidPull(t *testing.T) {
+	const name = "hog-src-dies"
+	const id = "5c0dd1e5feed"
+	l, p := slowPullLab(t, name)
+	defer p.Stop()
+	done := migrateAsync(l, engine.Request{ID: id, Container: name, To: l.Hosts[1].AgentAddr, Mode: engine.ModePostcopy, Faults: []string{"kill-source@lazy-pages"}})
+	for deadline := time.Now().Add(60 * time.Second); agentAlive(l.Hosts[0].AgentPID); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the source agent was not killed mid-pull")
+		}
+	}
+	if r := <-done; r.err == nil {
+		t.Fatalf("a report came from a dead agent: %+v", r.rep)
+	}
+	for i := 0; i < 3; i++ {
+		if len(keepers()) == 0 {
+			t.Fatalf("%d s after its agent died, the source's page keeper is gone: the pull cannot go on", i)
+		}
+		if lazyDaemons() == 0 {
+			t.Fatalf("%d s after the source's agent died, the destination's lazy-pages daemon is gone", i)
+		}
+		time.Sleep(time.Second)
+	}
+	if err := l.RestartAgent(context.Background(), "h1"); err != nil {
+		t.Fatal(err)
+	}
+	waitStates(t, l, name, "absent", "running", 2*time.Minute)
+	if pr, err := p.Stop(); err != nil || !pr.StateOK {
+		t.Fatalf("workload after the pull went on: %+v %v", pr, err)
+	}
+	checkSettledJob(t, agent.Socket(l.Hosts[0].ControlSock), id, journal.Removed)
+	if n := lazyDaemons(); n != 0 {
+		t.Errorf("%d lazy-pages daemons outlived the pull", n)
+	}
+	if pids := append(relays(), keepers()...); len(pids) != 0 {
+		t.Errorf("relays or keepers outlived the pull: %v", pids)
+	}
+}
+
+// keepers lists the host's ferry page-keeper processes.
+func keepers() []int { return ferryRunning(lazyrelay.KeeperCommand) }
+
 // migrated is a migration's outcome as the CLI's call returned it.
 type migrated struct {
 	rep engine.Report
@@ -271,11 +323,13 @@ func agentAlive(pid int) bool {
 }
 
 // relays lists the host's ferry lazy-relay processes.
-func relays() []int {
+func relays() []int { return ferryRunning(lazyrelay.Command) }
+
+// ferryRunning lists the host's ferry processes running subcommand cmd.
+func ferryRunning(cmd string) []int {
 	var pids []int
 	for _, pid := range procs.Named("ferry") {
-		b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-		if strings.Contains(string(b), "lazy-relay") {
+		if procs.CmdlineHas(pid, cmd) {
 			pids = append(pids, pid)
 		}
 	}

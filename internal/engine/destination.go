@@ -135,9 +135,14 @@ func (in *incoming) recordPull(peer, state string, pull *journal.Pull) error {
 	if in.d.Journal == nil {
 		return nil
 	}
-	return in.d.Journal.Record(journal.Entry{ID: in.offer.ID, Role: journal.Destination, Peer: peer,
+	return in.d.Journal.Record(in.entry(peer, state, pull))
+}
+
+// entry is this migration as the journal holds it.
+func (in *incoming) entry(peer, state string, pull *journal.Pull) journal.Entry {
+	return journal.Entry{ID: in.offer.ID, Role: journal.Destination, Peer: peer,
 		Container: in.offer.Container, Runtime: in.rt.Kind(), State: state, Pull: pull, NetNS: in.netnsPath,
-		Volumes: volumeNames(in.offer.Volumes)})
+		Volumes: volumeNames(in.offer.Volumes)}
 }
 
 // recordFinal records a final state; a failure leaves the restarted
@@ -220,6 +225,9 @@ type incoming struct {
 	lastWrites *lastWrites
 	// early is the restore begun before the images, where it was.
 	early earlyRestore
+	// stranded: the source was lost mid-pull, and the pull waits for it
+	// (strand): its processes and directory outlive this migration's run.
+	stranded bool
 	// faults are the failures the offer injects here (tests).
 	faults fault.Set
 	// stage says whether the restore was asked for, or the migration
@@ -651,7 +659,12 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 		in.faults.At(fault.Destination, fault.LazyPages)
 		// The container runs here now; its memory keeps arriving until the
 		// lazy-pages daemon has pulled every page.
-		done := lp.wait(sess.Done())
+		done, stranded := lp.wait(sess.Done(), sess.OutageTimeout())
+		if stranded {
+			// The source's agent is gone (restarted?) or the link with it:
+			// the copy's faults wait while it may come back (resume.go).
+			return true, in.strand(lp, sess.Peer.Name, StrandedPullWait(sess.OutageTimeout()))
+		}
 		if done.Error != "" {
 			// Without its memory the restored container cannot go on. The
 			// source resumes its copy on hearing this: only once this one
@@ -921,6 +934,13 @@ func (in *incoming) cleanup(dropContainer bool) error {
 	in.dropHold() // never left holding, whatever the outcome
 	in.early.cancel()
 	var err error
+	if in.stranded {
+		// Its daemon, relay and directory wait for the source (resume.go).
+		if in.store != nil {
+			in.store.Release()
+		}
+		return nil
+	}
 	if in.work != "" {
 		// A restore or lazy-pages daemon stuck on a source that is gone
 		// would hold the container's cgroups and mounts.

@@ -127,6 +127,9 @@ type lazyDump struct {
 	// faults has each request the page server answers, and the pages
 	// the destination waits for, for the push (dropped when it lags).
 	faults chan pushNext
+	// keeper holds the page server's connection in a process of its own,
+	// so that the pull outlives this agent (nil: this agent holds it).
+	keeper *lazyrelay.Process
 }
 
 // beginLazyDump readies a lazy dump before the freeze: the private
@@ -149,6 +152,13 @@ func (m *migration) beginLazyDump(ctx context.Context) (*lazyDump, error) {
 		ImagesDir: filepath.Join(m.work, "images"), WorkDir: m.work, PageServer: ld.addr,
 		Lazy: true, TCPEstablished: m.keepsAddress(), TCPClose: m.closesConnections(), NetworkQuiet: m.keepsAddress(), PageNet: pn,
 		SmapsSnapshot: m.smapsSnapshotDir(), IrmapScanPaths: criu.IrmapScanPaths(m.ctr.PID),
+	}
+	if m.tech.lazy && m.keeperExe != "" {
+		// Before the freeze: its start (a fork and an exec) stays out of
+		// the downtime.
+		if ld.keeper, err = lazyrelay.StartKeeper(m.keeperExe, m.work); err != nil {
+			m.report.Warnings = append(m.report.Warnings, "the pull ends with this agent if it stops: "+err.Error())
+		}
 	}
 	// The dump outlives this call: it ends when its page server is closed.
 	ld.ctx, ld.stopDump = context.WithCancel(context.WithoutCancel(ctx))
@@ -254,6 +264,7 @@ func (ld *lazyDump) stop() {
 		}
 		ld.stopDump()
 		ld.closeNet()
+		ld.stopKeeper()
 		return
 	}
 	select {
@@ -272,6 +283,24 @@ func (ld *lazyDump) stop() {
 	ld.stopDump()
 	_ = ld.wait()
 	ld.closeNet()
+	ld.stopKeeper()
+}
+
+// stopKeeper ends the page keeper, if any: once CRIU's close went through
+// it, it has ended by itself; otherwise its end closes CRIU's connection.
+func (ld *lazyDump) stopKeeper() {
+	if ld.keeper != nil {
+		ld.keeper.Kill()
+	}
+}
+
+// keptPull is what the journal keeps of a lazy dump whose page server a
+// keeper holds: what a restarted agent needs to serve the pull on.
+func (m *migration) keptPull() *journal.Pull {
+	if m.dump == nil || m.dump.keeper == nil {
+		return nil
+	}
+	return &journal.Pull{Daemon: m.dump.keeper.Pid, Dir: m.work}
 }
 
 // refreeze freezes the container's cgroup again (see run).
@@ -293,6 +322,14 @@ func (ld *lazyDump) endPageServer() {
 	conn := ld.conn
 	ld.conn, ld.ended = nil, true
 	ld.mu.Unlock()
+	if ld.keeper != nil {
+		// It holds CRIU's connection, whoever asked through it.
+		ld.stopKeeper()
+		if conn != nil {
+			conn.Close()
+		}
+		return
+	}
 	if conn != nil {
 		conn.Close()
 		return
@@ -358,6 +395,9 @@ func (ld *lazyDump) serve(ctx context.Context, ch *transport.Channel) error {
 	ld.mu.Unlock()
 	if p == nil {
 		conn, err := ld.dial(ctx)
+		if err == nil && ld.keeper != nil {
+			conn, err = ld.handToKeeper(conn)
+		}
 		if err == nil {
 			p = pagestream.NewLazyProxy(conn)
 			p.OnFault(ld.fault)
@@ -381,6 +421,17 @@ func (ld *lazyDump) serve(ctx context.Context, ch *transport.Channel) error {
 		return err
 	}
 	return ch.CloseWrite()
+}
+
+// handToKeeper gives the page keeper CRIU's connection conn and returns
+// the keeper's connection to serve through instead.
+func (ld *lazyDump) handToKeeper(conn net.Conn) (net.Conn, error) {
+	defer conn.Close() // the keeper has its own
+	kc, err := lazyrelay.Keep(ld.m.work, conn.(*net.TCPConn))
+	if err != nil {
+		return nil, err
+	}
+	return kc, nil
 }
 
 // fault tells the push of a request the page server answers: those
@@ -565,6 +616,26 @@ type lazyPages struct {
 	endPush   func()
 	breakOnce sync.Once
 	broke     atomic.Bool
+	// cut is closed once the source's channel failed, with a relay to
+	// wait in (lost); handedOff: the pull was stranded (strand), and stop
+	// leaves it be.
+	cut       chan struct{}
+	cutOnce   sync.Once
+	handedOff bool
+	// conn is the tunnel's connection to the relay or the daemon.
+	conn halfCloser
+}
+
+// lost handles the source's channel failing. Without a relay the pull
+// cannot wait for the source to come back: it is broken. With one, wait
+// tells a lost session (the pull waits for its source) from a source that
+// ended the channel itself (broken).
+func (lp *lazyPages) lost() {
+	if lp.relay == nil {
+		lp.broken()
+		return
+	}
+	lp.cutOnce.Do(func() { close(lp.cut) })
 }
 
 // broken handles a page stream that broke before every page was in: the
@@ -590,7 +661,7 @@ func (lp *lazyPages) broken() {
 // the daemon while the source asks for the restore.
 func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session, router *transport.Router, imagesIn <-chan error) (*lazyPages, error) {
 	var ch *transport.Channel
-	lp := &lazyPages{}
+	lp := &lazyPages{cut: make(chan struct{})}
 	if in.push != nil {
 		lp.endPush = in.push.finish
 	}
@@ -610,7 +681,7 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 		kerr := killCopy(fctx, in.rt, c.Name)
 		slog.Error("post-copy: the page stream broke and the copy could not be frozen: killed", "container", c.Name, "error", err, "kill", kerr)
 	}
-	serve := func(conn halfCloser) error { return spliceVia(conn, ch, plainCopy, plainCopy, lp.broken) }
+	serve := func(conn halfCloser) error { return spliceVia(conn, ch, plainCopy, plainCopy, lp.lost) }
 	if in.store != nil {
 		// Hybrid, and post-copy with its push: answer from the pages held here.
 		serve = func(conn halfCloser) error {
@@ -634,7 +705,7 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 			}, await, served)
 			lp.local.Store(st.LocalPages)
 			if err != nil {
-				lp.broken()
+				lp.lost()
 			}
 			_ = conn.CloseWrite()
 			return errors.Join(err, ch.CloseWrite())
@@ -674,7 +745,7 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 		conn.Close()
 		return nil, err
 	}
-	lp.ch = ch
+	lp.ch, lp.conn = ch, conn
 	served := make(chan error, 1)
 	go func() {
 		hc := newHoldingReads(conn, daemon)
@@ -754,20 +825,48 @@ func (c *holdingReads) renew() {
 // stop ends the renewals; the copies held stay until ReleaseFaults.
 func (c *holdingReads) stop() { close(c.done) }
 
-// wait returns once the daemon has transferred every page or failed.
-// A session lost meanwhile (the source gone past the outage timeout)
-// breaks the stream too: a daemon that saw its page server close may wait
-// on forever.
-func (lp *lazyPages) wait(lost <-chan struct{}) LazyDone {
+// wait returns once the daemon has transferred every page or failed, or
+// (stranded) once the source was lost with a relay to wait in: the pull
+// then waits for the source to come back (strand). A session lost
+// (the source gone past the outage timeout) breaks the stream of a pull
+// without a relay: a daemon that saw its page server close may wait on
+// forever. A channel the source ended while its session lives breaks it
+// too.
+func (lp *lazyPages) wait(lost <-chan struct{}, outage time.Duration) (done LazyDone, stranded bool) {
 	exited := make(chan struct{})
+	decided := make(chan bool, 1) // stranded
 	go func() {
 		select {
 		case <-lost:
+			if lp.relay != nil {
+				decided <- true
+				return
+			}
 			lp.broken()
+		case <-lp.cut:
+			select {
+			case <-lost:
+				decided <- true
+				return
+			case <-time.After(outage + lostGrace):
+				lp.broken()
+			case <-exited:
+			}
 		case <-exited:
 		}
+		decided <- false
 	}()
-	r := lp.daemon.Wait()
+	var r criu.LazyResult
+	daemonDone := make(chan struct{})
+	go func() { r = lp.daemon.Wait(); close(daemonDone) }()
+	select {
+	case <-daemonDone:
+	case s := <-decided:
+		if s {
+			return LazyDone{}, true
+		}
+		<-daemonDone
+	}
 	close(exited)
 	if r.Err != nil {
 		// The daemon died with pages still missing: freeze the copy while
@@ -790,10 +889,20 @@ func (lp *lazyPages) wait(lost <-chan struct{}) LazyDone {
 	if r.Err != nil {
 		d.Error = r.Err.Error()
 	}
-	return d
+	return d, false
 }
 
+// lostGrace is how long, past the session's outage timeout, a pull whose
+// source channel failed waits for the session's loss to say the source is
+// gone rather than ending the pull itself: a source agent that dies resets
+// its streams at once, and its session is lost only once the outage
+// timeout passed without it.
+const lostGrace = 2 * time.Second
+
 func (lp *lazyPages) stop() {
+	if lp.handedOff {
+		return
+	}
 	lp.daemon.Stop()
 	lp.daemon.ReleaseFaults()
 	lp.ch.Close()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/criu"
@@ -13,6 +14,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/lazyrelay"
 	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/pagestream"
+	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
 	"github.com/ferry-migrate/ferry/internal/units"
@@ -100,12 +102,19 @@ func (m *migration) askToResume(ctx context.Context, ld *lazyDump) (LazyDone, bo
 		return LazyDone{}, false, err
 	}
 	defer sess.Close()
+	return askToResumeOn(ctx, sess, m.id, ld.serve)
+}
+
+// askToResumeOn asks the destination on sess to go on with migration
+// id's pull and, if it does, serves it (serve answers the lazy channel)
+// until it ends. dropped says the destination dropped its copy.
+func askToResumeOn(ctx context.Context, sess *transport.Session, id string, serve func(context.Context, *transport.Channel) error) (done LazyDone, dropped bool, err error) {
 	ch, err := sess.Open(ChanLazyResume)
 	if err != nil {
 		return LazyDone{}, false, err
 	}
 	defer ch.Close()
-	if err := ch.Send(LazyResume{ID: m.id}); err != nil {
+	if err := ch.Send(LazyResume{ID: id}); err != nil {
 		return LazyDone{}, false, err
 	}
 	var a LazyResumeAnswer
@@ -119,13 +128,68 @@ func (m *migration) askToResume(ctx context.Context, ld *lazyDump) (LazyDone, bo
 	if err != nil {
 		return LazyDone{}, false, err
 	}
-	go func() { _ = ld.serve(context.WithoutCancel(ctx), data) }()
-	var done LazyDone
+	go func() { _ = serve(context.WithoutCancel(ctx), data) }()
 	if err := ch.Recv(&done); err != nil {
 		data.Close()
 		return LazyDone{}, false, err
 	}
 	return done, done.Error != "", nil
+}
+
+// ServeKeptPull is a restarted source agent's side of a pull its earlier
+// run served through a page keeper (journal entry e's Pull): it asks the
+// destination on sess to go on, and serves the pull from the keeper,
+// which holds CRIU's page server, until it ends. dropped says the
+// destination dropped its copy (the source resumes its own, EndKeptPull
+// first).
+func ServeKeptPull(ctx context.Context, sess *transport.Session, e journal.Entry) (done LazyDone, dropped bool, err error) {
+	if e.Pull == nil {
+		return LazyDone{}, false, errors.New("the journal names no page keeper for this pull")
+	}
+	return askToResumeOn(ctx, sess, e.ID, func(_ context.Context, ch *transport.Channel) error {
+		conn, err := lazyrelay.DialKeeper(e.Pull.Dir)
+		if err != nil {
+			ch.Fail(err)
+			return err
+		}
+		defer conn.Close()
+		closed, err := pagestream.NewLazyProxy(conn).Serve(ch)
+		if err != nil && !closed {
+			ch.Close()
+			return err
+		}
+		return ch.CloseWrite()
+	})
+}
+
+// KeptPull says whether journal entry e is a source's pull whose page
+// keeper still runs: a restarted agent serves it on (ServeKeptPull).
+func KeptPull(e journal.Entry) bool {
+	if e.Role != journal.Source || e.Pull == nil || journal.Final(e.State) {
+		return false
+	}
+	_, err := os.Stat(lazyrelay.KeeperSocket(e.Pull.Dir))
+	return err == nil
+}
+
+// EndKeptPull ends what an earlier run left of a source's pull (e.Pull):
+// the page keeper and, with its connection gone, CRIU's dump, which puts
+// back the freezer state it found (frozen) as it ends; then their work
+// directory goes. The source copy can then be resumed or removed.
+func EndKeptPull(e journal.Entry, keepWork bool) error {
+	if e.Pull == nil {
+		return nil
+	}
+	if procs.CmdlineHas(e.Pull.Daemon, lazyrelay.KeeperCommand, lazyrelay.KeeperSocket(e.Pull.Dir)) {
+		_ = syscall.Kill(e.Pull.Daemon, syscall.SIGKILL)
+	}
+	if _, forced := criu.KillWorkingIn(e.Pull.Dir); len(forced) > 0 {
+		slog.Error("a kept pull's CRIU ran its code inside the container's processes and was killed all the same", "migration", e.ID, "pids", forced)
+	}
+	if keepWork {
+		return nil
+	}
+	return mounts.RemoveAll(e.Pull.Dir)
 }
 
 // strandedPull is a pull an earlier run of this agent left.
@@ -161,15 +225,46 @@ func (d *Destination) AdoptPull(e journal.Entry, rt runtime.Runtime, wait time.D
 		return fmt.Errorf("the pull's relay is gone: %w", err)
 	}
 	conn.Close()
+	d.waitForSource(sp, wait)
+	return nil
+}
+
+// waitForSource keeps sp for its source to go on with (ResumePull) until
+// wait passes; then the copy is dropped.
+func (d *Destination) waitForSource(sp *strandedPull, wait time.Duration) {
 	d.pullsMu.Lock()
+	defer d.pullsMu.Unlock()
 	if d.pulls == nil {
 		d.pulls = map[string]*strandedPull{}
 	}
-	d.pulls[e.ID] = sp
+	d.pulls[sp.e.ID] = sp
 	sp.until = time.Now().Add(wait)
-	sp.expiry = time.AfterFunc(wait, func() { d.expire(e.ID) })
-	d.pullsMu.Unlock()
-	return nil
+	sp.expiry = time.AfterFunc(wait, func() { d.expire(sp.e.ID) })
+}
+
+// strand leaves a pull whose source was lost (its agent died, or the link
+// stayed down past the outage timeout) to wait for it, as a restarted
+// agent leaves one it adopted: the relay keeps the daemon's requests, the
+// copy's faults wait, and the source, back, asks to go on (ResumePull)
+// within wait, or the copy is dropped. Its error says so.
+func (in *incoming) strand(lp *lazyPages, peer string, wait time.Duration) error {
+	lp.handedOff, in.stranded = true, true
+	if lp.endPush != nil {
+		lp.endPush() // no pushed page comes any more
+	}
+	// This agent's turn at the relay ends: the next source's is ResumePull's.
+	lp.conn.Close()
+	tunnelDone := make(chan struct{})
+	go func() { _ = lp.tunnel(); close(tunnelDone) }()
+	select {
+	case <-tunnelDone:
+	case <-time.After(5 * time.Second):
+		slog.Warn("post-copy: the tunnel of a pull whose source was lost did not end", "migration", in.offer.ID)
+	}
+	sp := &strandedPull{e: in.entry(peer, journal.Pulling, lp.pull(in.work)), rt: in.rt, daemon: lp.daemon}
+	in.d.waitForSource(sp, wait)
+	slog.Warn("post-copy: lost the source mid-pull; the copy's faults wait for it to come back", "migration", in.offer.ID, "container", in.offer.Container, "wait", wait)
+	return fmt.Errorf("lost the source during the post-copy pull: the copy's faults wait for it to come back within %v", wait)
 }
 
 // expire drops a stranded pull its source did not come back for (one
@@ -338,11 +433,16 @@ func (d *Destination) ResumePull(ctx context.Context, sess *transport.Session, r
 }
 
 // StrandedPullDirs lists the work directories of the pulls an earlier run
-// left that may be taken over (AdoptPull): the scratch cleanup of a
-// restarted agent must spare them and the processes working there.
+// left that may be taken over (AdoptPull at a destination, ServeKeptPull
+// at a source): the scratch cleanup of a restarted agent must spare them
+// and the processes working there.
 func StrandedPullDirs(entries []journal.Entry) []string {
 	var dirs []string
 	for _, e := range entries {
+		if KeptPull(e) {
+			dirs = append(dirs, e.Pull.Dir)
+			continue
+		}
 		if e.Role == journal.Destination && e.State == journal.Pulling && e.Pull != nil {
 			if _, err := os.Stat(e.Pull.Dir); err == nil {
 				dirs = append(dirs, e.Pull.Dir)

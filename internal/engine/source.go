@@ -53,6 +53,10 @@ type Source struct {
 	// VMAs reads the frozen container's memory flags, for the dump's
 	// smaps snapshot (smaps.go); nil: no snapshot, CRIU reads smaps.
 	VMAs *vmas.Reader
+	// KeeperExe is the ferry binary, which runs each post-copy dump's
+	// page keeper so that the pull outlives this agent (lazyrelay); "":
+	// none, and a pull ends with the agent.
+	KeeperExe string
 }
 
 // migration is the source side's state for one run.
@@ -107,6 +111,8 @@ type migration struct {
 	// runtime's handle on the last dump, which may still hold the container.
 	dump   *lazyDump
 	dumped runtime.Dump
+	// keeperExe runs a lazy dump's page keeper (Source.KeeperExe).
+	keeperExe string
 	// smaps is the snapshot of the container's mappings the final dump
 	// reads, vmas what reads their flags (smaps.go).
 	smaps   *criu.SmapsSnapshot
@@ -278,7 +284,7 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 	if !ValidID(id) {
 		id = newID()
 	}
-	m := &migration{req: req, id: id, host: s.Host, journal: s.Journal, rts: s.Runtimes, progress: progress, start: time.Now(), parentRound: -1, dial: s.Dial, profile: model.DefaultProfile(), vmas: s.VMAs,
+	m := &migration{req: req, id: id, host: s.Host, journal: s.Journal, rts: s.Runtimes, progress: progress, start: time.Now(), parentRound: -1, dial: s.Dial, profile: model.DefaultProfile(), vmas: s.VMAs, keeperExe: s.KeeperExe,
 		phaseBegun: make(chan struct{}, 1)}
 	m.report = Report{SchemaVersion: ReportSchemaVersion, ID: id, StartedAt: m.start.UTC(), FerryVersion: s.Version,
 		Container: req.Container, Mode: req.Mode, From: s.Host.Name, To: req.To}
@@ -800,7 +806,7 @@ func (m *migration) record(state string) error {
 	}
 	return m.journal.Record(journal.Entry{ID: m.id, Role: journal.Source, Peer: m.req.To,
 		Container: m.ctr.Name, Runtime: m.rt.Kind(), Root: m.req.RuncRoot, State: state, NetNS: m.netnsPath, Links: m.links, LinkBridges: m.linkBridges(), Throttled: m.throttled,
-		Volumes: m.removedVolumes()})
+		Volumes: m.removedVolumes(), Pull: m.keptPull()})
 }
 
 // recordFinal records a final state; one that cannot be written only

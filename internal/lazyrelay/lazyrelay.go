@@ -6,7 +6,6 @@
 package lazyrelay
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -56,49 +55,52 @@ func Start(exe string, daemon *net.UnixConn, dir string) (*Process, *net.UnixCon
 		return nil, nil, err
 	}
 	defer f.Close()
+	var conn *net.UnixConn
+	p, err := start(exe, dir, logName, f, []string{Command, "--socket", Socket(dir)}, func() (err error) {
+		conn, err = Dial(dir)
+		return err
+	})
+	return p, conn, err
+}
+
+// start runs exe with args in a session of its own, logging to logName in
+// dir, with extra as its fd 3, and returns once ready succeeds.
+func start(exe, dir, logName string, extra *os.File, args []string, ready func() error) (*Process, error) {
 	logf, err := os.OpenFile(filepath.Join(dir, logName), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	defer logf.Close()
-	cmd := exec.Command(exe, Command, "--socket", Socket(dir))
-	cmd.ExtraFiles = []*os.File{f} // fd 3
+	cmd := exec.Command(exe, args...)
+	if extra != nil {
+		cmd.ExtraFiles = []*os.File{extra} // fd 3
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
-		return nil, nil, fmt.Errorf("start the lazy-pages relay: %w", err)
+		return nil, fmt.Errorf("start %s: %w", args[0], err)
 	}
 	p := &Process{Pid: cmd.Process.Pid, exited: make(chan error, 1)}
 	go func() { p.exited <- cmd.Wait() }()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		if conn, err := Dial(dir); err == nil {
-			return p, conn, nil
+		if ready() == nil {
+			return p, nil
 		}
 		select {
 		case err := <-p.exited:
 			p.exited <- err
-			return nil, nil, fmt.Errorf("the lazy-pages relay exited early: %v: %s", err, tail.File(filepath.Join(dir, logName), 3))
+			return nil, fmt.Errorf("%s exited early: %v: %s", args[0], err, tail.File(filepath.Join(dir, logName), 3))
 		default:
 		}
 		if time.Now().After(deadline) {
 			_ = cmd.Process.Kill()
-			return nil, nil, errors.New("the lazy-pages relay did not listen in 10 s")
+			return nil, fmt.Errorf("%s did not listen in 10 s", args[0])
 		}
 	}
 }
 
 // Dial connects to the relay of work directory dir.
-func Dial(dir string) (*net.UnixConn, error) {
-	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: Socket(dir), Net: "unix"})
-	if err != nil {
-		return nil, err
-	}
-	if err := bigSendBuffer(c); err != nil {
-		c.Close()
-		return nil, err
-	}
-	return c, nil
-}
+func Dial(dir string) (*net.UnixConn, error) { return dialConn(Socket(dir)) }
 
 // sendBuffer is what the agent's and the relay's replies may queue ahead
 // of their reader: two of the daemon's largest requests (4 MiB each).
@@ -117,6 +119,20 @@ func bigSendBuffer(c syscall.Conn) error {
 	return rc.Control(func(fd uintptr) {
 		_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, sendBuffer)
 	})
+}
+
+// Kill stops the process (SIGKILL, by PID), unless it has ended (its PID
+// may be another's by then), and waits for it. Only for one this process
+// started.
+func (p *Process) Kill() {
+	select {
+	case err := <-p.exited:
+		p.exited <- err
+		return
+	default:
+	}
+	_ = syscall.Kill(p.Pid, syscall.SIGKILL)
+	_ = p.Wait()
 }
 
 // Wait returns once the relay has exited (only for one this process

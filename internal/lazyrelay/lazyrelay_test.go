@@ -24,6 +24,13 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	if len(os.Args) == 4 && os.Args[1] == KeeperCommand {
+		if err := KeeperMain(os.Args[3], 30*time.Second); err != nil {
+			os.Stderr.WriteString(err.Error() + "\n")
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	os.Exit(m.Run())
 }
 

@@ -7,6 +7,7 @@ package procs
 import (
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -302,4 +303,24 @@ func fdFlags(info []byte) (int, bool) {
 		}
 	}
 	return 0, false
+}
+
+// CmdlineHas says whether process pid runs with every one of args among
+// its arguments: a PID read from a record is that process still, not
+// another that took the number since.
+func CmdlineHas(pid int, args ...string) bool {
+	if pid <= 0 {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil {
+		return false
+	}
+	have := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+	for _, a := range args {
+		if !slices.Contains(have, a) {
+			return false
+		}
+	}
+	return true
 }

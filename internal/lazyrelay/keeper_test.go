@@ -1,0 +1,202 @@
+package lazyrelay
+
+import (
+	"bytes"
+	"encoding/binary"
+	"io"
+	"net"
+	"os"
+	"testing"
+	"time"
+)
+
+// closeCmd is a lazy-pages daemon's closing request.
+func closeCmd() []byte {
+	b := make([]byte, 32)
+	binary.LittleEndian.PutUint32(b, 0x1023) // PS_IOV_CLOSE
+	return b
+}
+
+// fakePageServer plays CRIU's lazy page server on loopback: it serves one
+// connection (as CRIU does), answering each GET with reply and the close
+// with its 4 bytes, and reports each request it saw and when its
+// connection ended.
+func fakePageServer(t *testing.T) (addr string, asked <-chan uint64, ended <-chan struct{}) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	a, e := make(chan uint64, 16), make(chan struct{})
+	go func() {
+		defer close(e)
+		c, err := l.Accept()
+		l.Close()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		req := make([]byte, 32)
+		for {
+			if _, err := io.ReadFull(c, req); err != nil {
+				return
+			}
+			if binary.LittleEndian.Uint32(req) == 0x1023 {
+				_, _ = c.Write([]byte{0, 0, 0, 0})
+				continue
+			}
+			vaddr := binary.LittleEndian.Uint64(req[16:])
+			a <- vaddr
+			if _, err := c.Write(reply(vaddr)); err != nil {
+				return
+			}
+		}
+	}()
+	return l.Addr().String(), a, e
+}
+
+func startKeeper(t *testing.T, dir, addr string) (*Process, *net.UnixConn) {
+	t.Helper()
+	p, err := StartKeeper(os.Args[0], dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Kill)
+	criu, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := Keep(dir, criu.(*net.TCPConn))
+	criu.Close() // the keeper holds its own copy
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, agent
+}
+
+func ask(t *testing.T, c net.Conn, vaddr uint64) {
+	t.Helper()
+	if _, err := c.Write(get(vaddr)); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 32+4096)
+	if _, err := io.ReadFull(c, got); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, reply(vaddr)) {
+		t.Fatalf("reply to %#x is not the page server's", vaddr)
+	}
+}
+
+// The keeper holds CRIU's connection across agents: the agent that handed
+// it over dies (its connection closes, a request in flight with it), the
+// page server's connection stays, the next agent asks again and is
+// answered, the request already answered coming from the reply kept, not
+// from CRIU a second time; CRIU's close ends the keeper, done.
+func TestKeeperOutlivesTheAgent(t *testing.T) {
+	addr, asked, ended := fakePageServer(t)
+	dir := t.TempDir()
+	p, agent := startKeeper(t, dir, addr)
+
+	ask(t, agent, 0x1000)
+	if v := <-asked; v != 0x1000 {
+		t.Fatalf("page server asked for %#x", v)
+	}
+	// The agent asks, then dies before it reads the reply.
+	if _, err := agent.Write(get(0x2000)); err != nil {
+		t.Fatal(err)
+	}
+	<-asked
+	agent.Close()
+	select {
+	case <-ended:
+		t.Fatal("the page server's connection ended with the agent's")
+	case <-time.After(200 * time.Millisecond):
+	}
+	if !KeeperRuns(dir) {
+		t.Fatal("the keeper is gone with its agent")
+	}
+
+	next, err := DialKeeper(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close()
+	ask(t, next, 0x2000) // the destination asks again for what it did not get
+	select {
+	case v := <-asked:
+		t.Fatalf("page server asked again for %#x: the kept reply was not used", v)
+	default:
+	}
+	ask(t, next, 0x3000)
+	<-asked
+
+	if _, err := next.Write(closeCmd()); err != nil {
+		t.Fatal(err)
+	}
+	ans := make([]byte, 4)
+	if _, err := io.ReadFull(next, ans); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Wait(); err != nil {
+		t.Fatalf("keeper: %v", err)
+	}
+	if !KeeperDone(dir) {
+		t.Fatal("a keeper that passed CRIU's close on did not say so")
+	}
+	select {
+	case <-ended:
+	case <-time.After(5 * time.Second):
+		t.Fatal("CRIU's connection outlived its keeper")
+	}
+}
+
+// A keeper killed (an operator, the agent ending a dump) closes CRIU's
+// connection, so CRIU ends its dump; the page server never hears a close.
+func TestKeeperKilledEndsThePageServer(t *testing.T) {
+	addr, asked, ended := fakePageServer(t)
+	dir := t.TempDir()
+	p, agent := startKeeper(t, dir, addr)
+	defer agent.Close()
+	ask(t, agent, 0x1000)
+	<-asked
+	p.Kill()
+	select {
+	case <-ended:
+	case <-time.After(5 * time.Second):
+		t.Fatal("CRIU's connection outlived its keeper")
+	}
+	if KeeperDone(dir) || KeeperRuns(dir) {
+		t.Fatal("a killed keeper says it finished, or still runs")
+	}
+}
+
+// A first connection that hands over nothing is refused: the keeper ends
+// (nothing to keep), rather than serving an agent with no page server.
+func TestKeeperWantsCRIUsConnectionFirst(t *testing.T) {
+	dir := t.TempDir()
+	p, err := StartKeeper(os.Args[0], dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Kill()
+	c, err := DialKeeper(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write(get(0x1000)); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	done := make(chan error, 1)
+	go func() { done <- p.Wait() }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("the keeper ended well without CRIU's connection")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the keeper waits on without CRIU's connection")
+	}
+}
