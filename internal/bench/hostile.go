@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -266,6 +267,7 @@ func hostileCases() []hostile {
 		hostile{"rootfs: entries climbing out of the root", rootfsEscape},
 		hostile{"images: entries climbing out of the images", imagesEscape},
 		hostile{"images: a task holding CAP_SYS_ADMIN", imagesPrivileged},
+		hostile{"images: a mount of the host's disk", imagesMountHostDisk},
 		hostile{"a second offer for a name in flight", secondOffer},
 		hostile{"a flood of offers", floodOffers},
 		hostile{"an offer that never finishes", neverFinishes},
@@ -412,26 +414,51 @@ func imagesEscape(ctx context.Context, p *peer) (bool, string, error) {
 // imagesPrivileged sends CRIU images whose task holds CAP_SYS_ADMIN and
 // CAP_SYS_MODULE under a configuration that gives neither.
 func imagesPrivileged(ctx context.Context, p *peer) (bool, string, error) {
+	core, err := images.EncodeTaskCaps(^uint64(0))
+	if err != nil {
+		return false, "", err
+	}
+	return sendImages(ctx, p, map[string][]byte{"core-1.img": core}, "CAP_SYS_ADMIN")
+}
+
+// imagesMountHostDisk sends CRIU images of a modest task whose mount tree
+// has CRIU mount a block device of the host's (/dev/sda1, ext4) at /mnt,
+// which the configuration does not mount.
+func imagesMountHostDisk(ctx context.Context, p *peer) (bool, string, error) {
+	core, err := images.EncodeTaskCaps(0)
+	if err != nil {
+		return false, "", err
+	}
+	mounts, err := images.EncodeMounts([]images.Mount{{ID: 1, Parent: 0, Type: "tmpfs", Point: "/", Root: "/", Source: "tmpfs"},
+		{ID: 2, Parent: 1, Type: "ext4", Point: "/mnt", Root: "/", Source: "/dev/sda1"}})
+	if err != nil {
+		return false, "", err
+	}
+	return sendImages(ctx, p, map[string][]byte{"core-1.img": core, "mountpoints-1.img": mounts}, "/dev/sda1")
+}
+
+// sendImages sends files as the migration's images after an honest offer;
+// the destination must refuse them saying want.
+func sendImages(ctx context.Context, p *peer, files map[string][]byte, want string) (bool, string, error) {
 	sess, ctl, ch, err := openAfterOffer(ctx, p, engine.ChanImages)
 	if err != nil {
 		return false, "", err
 	}
 	defer sess.Close()
-	core, err := images.EncodeTaskCaps(^uint64(0))
-	if err != nil {
-		return false, "", err
-	}
 	tw := tar.NewWriter(ch)
-	if err := tw.WriteHeader(&tar.Header{Name: "core-1.img", Mode: 0o600, Size: int64(len(core)), Typeflag: tar.TypeReg}); err != nil {
-		return false, "", err
-	}
-	if _, err := tw.Write(core); err != nil {
-		return false, "", err
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		b := files[name]
+		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o600, Size: int64(len(b)), Typeflag: tar.TypeReg}); err != nil {
+			return false, "", err
+		}
+		if _, err := tw.Write(b); err != nil {
+			return false, "", err
+		}
 	}
 	_ = tw.Close()
 	_ = ch.CloseWrite()
 	answer := refusalOr(ctl, errNoAnswer)
-	if strings.Contains(answer, "CAP_SYS_ADMIN") {
+	if strings.Contains(answer, want) {
 		return false, answer, nil
 	}
 	return true, answer, nil

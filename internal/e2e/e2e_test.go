@@ -20,6 +20,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/dirty"
 	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
@@ -72,12 +73,17 @@ func upLab(t *testing.T, bin string) *lab.Lab { return upShapedLab(t, bin, 0) }
 
 // upShapedLab is upLab with links shaped to bps (0: unshaped).
 func upShapedLab(t *testing.T, bin string, bps int64) *lab.Lab {
+	return upLabWith(t, lab.Options{Hosts: 3, FerryBin: bin, BandwidthBps: bps})
+}
+
+// upLabWith brings up the lab o describes, torn down when the test ends.
+func upLabWith(t *testing.T, o lab.Options) *lab.Lab {
 	t.Helper()
 	ctx := context.Background()
 	if err := lab.Down(ctx); err != nil {
 		t.Fatalf("clearing an old lab: %v", err)
 	}
-	l, err := lab.Up(ctx, lab.Options{Hosts: 3, FerryBin: bin, BandwidthBps: bps})
+	l, err := lab.Up(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -496,27 +502,23 @@ func TestMaxBandwidthCapsTheTransfer(t *testing.T) {
 	t.Logf("capped cold migration: downtime %.0f ms, %d bytes", rep.DowntimeMs, rep.BytesSent)
 }
 
-// TestPostcopySourceAgentKilled kills the source agent while the
-// destination still pulls memory. Post-copy cannot survive that (the
-// Network issue's resume will): the test checks the outcome is reported and
-// that the container does not end up running twice.
-func TestPostcopySourceAgentKilled(t *testing.T) {
+// TestPostcopySourceAgentNeverComesBack kills the source agent while the
+// destination still pulls memory, and leaves it dead. The destination
+// keeps its copy for the source to come back (its page keeper holds the
+// pull), the copy's faults waiting; when the wait runs out it drops the
+// copy. The source copy stays frozen all along: the container never runs
+// twice. Started again, the source agent finds the destination dropped its
+// copy and resumes its own: it runs somewhere again, once.
+func TestPostcopySourceAgentNeverComesBack(t *testing.T) {
 	requireLab(t)
 	bin := ferryBin(t)
-	l := upShapedLab(t, bin, 20_000_000) // 64 MiB takes ~27 s to pull
+	const outage = 3 * time.Second
+	l := upLabWith(t, lab.Options{Hosts: 3, FerryBin: bin, BandwidthBps: 20_000_000, OutageTimeout: outage}) // 64 MiB takes ~27 s to pull
 	p := startMemhog(t, l, bin, "hog")
 	defer p.Stop()
 	src, dst := &l.Hosts[0], &l.Hosts[1]
-	type result struct {
-		rep engine.Report
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		rep, err := agent.Migrate(context.Background(), agent.Socket(src.ControlSock),
-			engine.Request{Container: "hog", To: dst.AgentAddr, Mode: engine.ModePostcopy}, nil)
-		done <- result{rep, err}
-	}()
+	const id = "dead50c0ffee"
+	done := migrateAsync(l, engine.Request{ID: id, Container: "hog", To: dst.AgentAddr, Mode: engine.ModePostcopy})
 	deadline := time.Now().Add(30 * time.Second)
 	for status(t, dst, "hog") != "running" {
 		if time.Now().After(deadline) {
@@ -528,29 +530,30 @@ func TestPostcopySourceAgentKilled(t *testing.T) {
 	if err := syscall.Kill(src.AgentPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	var r result
-	select {
-	case r = <-done:
-	case <-time.After(60 * time.Second):
-		t.Fatal("the CLI never heard the outcome")
-	}
-	if r.err == nil && r.rep.OK {
+	if r := <-done; r.err == nil && r.rep.OK {
 		t.Fatal("a migration whose source agent died mid-transfer reported success")
 	}
-	t.Logf("outcome reported to the CLI: err=%v report.error=%q", r.err, r.rep.Error)
-	// The destination cannot finish without its memory: it must drop the
-	// container rather than run it with holes.
-	deadline = time.Now().Add(60 * time.Second)
-	for status(t, dst, "hog") != "absent" {
-		if time.Now().After(deadline) {
-			t.Fatalf("destination still has the container: %s", status(t, dst, "hog"))
+	// The destination waits for its source, then drops the copy rather
+	// than run it with holes; the source copy never runs meanwhile.
+	wait := engine.StrandedPullWait(outage)
+	for deadline = time.Now().Add(wait + 30*time.Second); status(t, dst, "hog") != "absent"; time.Sleep(250 * time.Millisecond) {
+		if s := status(t, src, "hog"); s == "running" {
+			t.Fatalf("the source copy runs beside the destination's (%s)", status(t, dst, "hog"))
 		}
-		time.Sleep(100 * time.Millisecond)
+		if time.Now().After(deadline) {
+			t.Fatalf("%v after the source was lost, the destination still has the container: %s", wait+30*time.Second, status(t, dst, "hog"))
+		}
 	}
 	if s := status(t, src, "hog"); s == "running" {
-		t.Logf("source copy thawed by CRIU when its page server lost the peer: running")
-	} else {
-		t.Logf("source copy: %s", s)
+		t.Fatal("the source copy resumed with no agent to decide it")
+	}
+	if err := l.RestartAgent(context.Background(), "h1"); err != nil {
+		t.Fatal(err)
+	}
+	waitStates(t, l, "hog", "running", "absent", 30*time.Second)
+	checkSettledJob(t, agent.Socket(src.ControlSock), id, journal.Resumed)
+	if pids := keepers(); len(pids) != 0 {
+		t.Errorf("page keepers outlived the pull: %v", pids)
 	}
 }
 
