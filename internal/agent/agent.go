@@ -219,6 +219,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.Host.SecureWorkRoot(); err != nil {
 		return err
 	}
+	// Every CRIU this agent runs, below a runtime too, records what it
+	// changes in the processes it dumps, for criu.Rescue (ferry's CRIU).
+	if err := os.Setenv(criu.RescueDirEnv, a.Host.RescueDir()); err != nil {
+		return err
+	}
 	// Before anyone is answered: copies restored here and never committed
 	// go, so sources asking afterwards resume theirs.
 	a.clearScratch()
@@ -308,6 +313,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.Log.Info("agent ready", "host", a.Host.Name, "listen", a.Listen, "control", a.Control, "criu", dst.CRIUVersion)
 	a.resolveSources(ctx)
+	go a.watchRescues(ctx)
 	<-ctx.Done()
 	return a.drain(ls)
 }

@@ -50,6 +50,7 @@ func (a *Agent) clearScratch() {
 	if len(forced) > 0 {
 		a.Log.Error("CRIU processes an earlier run left still ran their code inside containers' processes and were killed all the same: those processes may not have survived it", "pids", forced, "waited", criu.InsidePatience)
 	}
+	a.rescue()
 	if a.KeepWork {
 		return
 	}
@@ -66,6 +67,39 @@ func (a *Agent) clearScratch() {
 		}
 	}
 }
+
+// rescue puts back the processes a CRIU that died (killed by someone,
+// crashed) left with its code in them (criu.Rescue); one frozen is put
+// back once thawed, by a later call.
+func (a *Agent) rescue() {
+	rescued, err := criu.RescueWithin(a.Host.RescueDir(), time.Second)
+	if len(rescued) > 0 {
+		a.Log.Warn("processes a dead CRIU left with its code in them were put back", "pids", rescued)
+	}
+	if err != nil {
+		a.Log.Error("processes a dead CRIU left could not all be put back", "error", err)
+	}
+}
+
+// watchRescues puts back, every few seconds until ctx ends, what a CRIU
+// that died outside any migration's watch left (an operator's kill, the
+// OOM killer): a migration that failed does so itself before it resumes
+// its container.
+func (a *Agent) watchRescues(ctx context.Context) {
+	t := time.NewTicker(rescueEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			a.rescue()
+		}
+	}
+}
+
+// rescueEvery is how often watchRescues looks.
+const rescueEvery = 2 * time.Second
 
 // recoverDestination settles every copy a previous run of this agent
 // restored and never committed, removes the containers it prepared for

@@ -50,3 +50,28 @@ func FreezerOf(pid int) (string, error) {
 	}
 	return filepath.Join(mnt, rel), nil
 }
+
+// Frozen says whether process pid's freezer cgroup is frozen (or freezing:
+// the library reads both as frozen):
+// its tasks stop for nothing else then (a ptrace stop waits for the thaw).
+func Frozen(pid int) (bool, error) {
+	dir, err := FreezerOf(pid)
+	if err != nil {
+		return false, err
+	}
+	var st occgroups.FreezerState
+	if occgroups.IsCgroup2UnifiedMode() {
+		m, err := fs2.NewManager(&occgroups.Cgroup{Resources: &occgroups.Resources{}}, dir)
+		if err != nil {
+			return false, err
+		}
+		st, err = m.GetFreezerState()
+		if err != nil {
+			return false, err
+		}
+	} else if st, err = (&fs.FreezerGroup{}).GetState(dir); err != nil {
+		return false, err
+	}
+	// The root cgroup has no freezer state (Undefined): it is never frozen.
+	return st == occgroups.Frozen, nil
+}

@@ -9,15 +9,18 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
 	"strconv"
 	"strings"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/procs"
 )
 
@@ -137,6 +140,12 @@ func Rescue(dir string) (rescued []int, err error) {
 			continue
 		}
 		if !untraced(pid) {
+			continue
+		}
+		if frozen, err := cgroups.Frozen(pid); err == nil && frozen {
+			// A frozen process takes no ptrace stop until it is thawed:
+			// it is put back then, by a later call. (One whose freezer
+			// cannot be read, the root's, is never frozen.)
 			continue
 		}
 		b, err := os.ReadFile(path)
@@ -355,4 +364,38 @@ func sigmask(req int, tid int, mask *uint64) error {
 		return e
 	}
 	return nil
+}
+
+// RescueWithin calls Rescue until no process it could put back is left
+// recorded in dir, for up to wait: a thread still in the parasite when
+// its CRIU died returns by itself moments later. A missing dir (a CRIU
+// without patch 0015 keeps none) is nothing to do.
+func RescueWithin(dir string, wait time.Duration) (rescued []int, err error) {
+	for deadline := time.Now().Add(wait); ; time.Sleep(20 * time.Millisecond) {
+		r, err := Rescue(dir)
+		rescued = append(rescued, r...)
+		if errors.Is(err, fs.ErrNotExist) {
+			return rescued, nil
+		}
+		if !rescuable(dir) || time.Now().After(deadline) {
+			return rescued, err
+		}
+	}
+}
+
+// rescuable says whether dir records a process Rescue could put back now
+// or soon: alive, untraced, not frozen.
+func rescuable(dir string) bool {
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || !procs.Alive(pid) || !untraced(pid) {
+			continue
+		}
+		if frozen, err := cgroups.Frozen(pid); err == nil && frozen {
+			continue
+		}
+		return true
+	}
+	return false
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -880,6 +881,12 @@ func (m *migration) abort(ctx context.Context, cause error) error {
 	}
 	if m.rt.Caps().Freeze {
 		rerr = errors.Join(rerr, m.rt.Thaw(rctx, m.ctr))
+	}
+	// A CRIU that died with its code inside the container's processes
+	// left them spinning where it injected a system call (patch 0015):
+	// they get their own registers back now that they are thawed.
+	if rescued, err := criu.RescueWithin(m.host.RescueDir(), time.Second); len(rescued) > 0 || err != nil {
+		slog.Warn("processes a dead CRIU left were put back", "migration", m.id, "pids", rescued, "error", err)
 	}
 	// Report what is true: an interrupted CRIU may have thawed the
 	// container already, and a thaw that "worked" may not have.

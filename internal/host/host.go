@@ -79,6 +79,12 @@ func (c Config) WorkRoot() string {
 	return filepath.Join(c.StateDir, "work")
 }
 
+// RescueDir is where CRIU keeps, while its code runs inside a process it
+// dumps, what that process needs to be put back if CRIU dies (criu.Rescue;
+// ferry's CRIU, patch 0015). Not named like a migration: a restarted
+// agent's scratch cleanup leaves it.
+func (c Config) RescueDir() string { return filepath.Join(c.WorkRoot(), "criu-rescue") }
+
 // LogsDir keeps the CRIU and runtime logs of failed migrations, one
 // directory per migration ID, after their scratch directories are gone.
 func (c Config) LogsDir() string { return filepath.Join(c.StateDir, "logs") }

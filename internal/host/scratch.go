@@ -15,7 +15,10 @@ import (
 // path (a local user who makes /dev/shm/ferry first would otherwise read
 // and write every migration's images).
 func (c Config) SecureWorkRoot() error {
-	return secureDir(c.WorkRoot())
+	if err := secureDir(c.WorkRoot()); err != nil {
+		return err
+	}
+	return secureDir(c.RescueDir())
 }
 
 func secureDir(dir string) error {
