@@ -71,6 +71,9 @@ type Agent struct {
 	// Containerd is containerd's socket; ContainerdRuncRoot the runc root
 	// containers restored through it get ("": their source's).
 	Containerd, ContainerdRuncRoot string
+	// CNI is where containerd containers' CNI networks are configured
+	// (containerd.CNI; zero: containerd.DefaultCNI).
+	CNI containerd.CNI
 	// Docker is dockerd's address; DockerExecRoot its --exec-root.
 	Docker, DockerExecRoot string
 	// ImageRoots hold the images runc containers with an overlay root may
@@ -149,7 +152,7 @@ func (a *Agent) newRuntimes() runtime.Set {
 	}
 	if _, err := os.Stat(cmp.Or(a.Containerd, containerd.DefaultAddress)); err == nil || a.Containerd != "" {
 		set["containerd"] = &containerd.Runtime{Address: a.Containerd, RuncRoot: a.ContainerdRuncRoot, CgroupParent: a.Host.CgroupParent,
-			NetNS: a.Host.NetNS, StateDir: containerd.StateDir(a.Host.StateDir), Admission: a.Admission, Lazy: a.feats.LazyPages}
+			NetNS: a.Host.NetNS, StateDir: containerd.StateDir(a.Host.StateDir), Admission: a.Admission, Lazy: a.feats.LazyPages, CNI: a.CNI}
 	}
 	if _, err := os.Stat(strings.TrimPrefix(cmp.Or(a.Docker, docker.DefaultHost), "unix://")); err == nil || a.Docker != "" {
 		set["docker"] = &docker.Runtime{Host: a.Docker, ExecRoot: a.DockerExecRoot, NetNS: a.Host.NetNS, Admission: a.Admission, Lazy: a.feats.LazyPages}

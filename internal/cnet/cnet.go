@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -290,4 +291,26 @@ func DeleteUnused(name string) error {
 		return fmt.Errorf("network namespace %s is in use (pids %v): a container of that name has its network here", name, pids)
 	}
 	return Delete(name)
+}
+
+// Do runs f on a thread in the network namespace at path: the sockets it
+// opens and the processes it starts are there. The thread is locked and
+// ends with its goroutine, never serving another goroutine from there.
+func Do(path string, f func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		goruntime.LockOSThread()
+		ns, err := netns.GetFromPath(path)
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer ns.Close()
+		if err := netns.Set(ns); err != nil {
+			errc <- err
+			return
+		}
+		errc <- f()
+	}()
+	return <-errc
 }

@@ -39,6 +39,7 @@ func agentArgs(h *Host, l *Lab) []string {
 		"--state", h.StateDir, "--runc-root", h.RuncRoot(),
 		"--podman-dir", h.PodmanDir(), "--lxc-path", h.LXCPath(),
 		"--containerd", h.Containerd().Socket(), "--containerd-runc-root", h.Containerd().RuncRoot(),
+		"--cni-conf-dir", h.CNI().ConfDir, "--cni-cache-dir", h.CNI().CacheDir,
 		"--docker", h.Docker().Host(), "--docker-exec-root", h.Docker().ExecRoot(), "--image-root", DebianImageRoot(), "--cgroup-parent", h.CgroupParent, "--netns", h.NetNS, "--scratch", h.ScratchDir, "--bundles", h.BundlesDir,
 		"--tls-dir", h.TLSDir(), "--allow", strings.Join(l.hostNames(), ","), "--segment-bridge", SegmentBridge,
 		"--segment-range", SegmentSubnet + "0/" + fmt.Sprint(segmentPrefixLen), "--allow-faults"}

@@ -325,6 +325,9 @@ func (l *Lab) up(ctx context.Context, o Options) error {
 		if err := plugSegment(h); err != nil {
 			return err
 		}
+		if err := h.writeCNIConfig(); err != nil {
+			return err
+		}
 	}
 	if o.NoAgents {
 		return l.save()

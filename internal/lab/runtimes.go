@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -43,7 +44,7 @@ func (h *Host) Containerd() containerd.Daemon {
 // its agent sees it (Close it after use).
 func (h *Host) ContainerdRuntime() *containerd.Runtime {
 	d := h.Containerd()
-	return &containerd.Runtime{Address: d.Socket(), RuncRoot: d.RuncRoot(), StateDir: containerd.StateDir(h.StateDir)}
+	return &containerd.Runtime{Address: d.Socket(), RuncRoot: d.RuncRoot(), StateDir: containerd.StateDir(h.StateDir), CNI: h.CNI()}
 }
 
 // Docker is the host's own dockerd, run in its network namespace (started
@@ -149,8 +150,9 @@ func (l *Lab) RunPodman(ctx context.Context, hostName, container string, args []
 
 // RunContainerd starts a container in the host's containerd (default
 // namespace) from the workload image (ImportWorkloadImage), in the host's
-// network namespace, its cgroup under the host's parent.
-func (l *Lab) RunContainerd(ctx context.Context, hostName, container string, args []string) error {
+// network namespace unless a says Bridge (then on the host's CNI network,
+// CNINetwork), its cgroup under the host's parent.
+func (l *Lab) RunContainerd(ctx context.Context, hostName, container string, args []string, a ...Attachments) error {
 	h, err := l.Host(hostName)
 	if err != nil {
 		return err
@@ -159,20 +161,30 @@ func (l *Lab) RunContainerd(ctx context.Context, hostName, container string, arg
 	if err := d.Start(ctx); err != nil {
 		return err
 	}
-	return d.Run(ctx, containerd.RunOptions{ID: container, Image: workloadRef, Args: args, NetNS: h.NetNS,
-		CgroupsPath: "/" + h.CgroupParent + "/" + namespaces.Default + "-" + container, Log: filepath.Join(d.Dir, container+".log")})
+	o := containerd.RunOptions{ID: container, Image: workloadRef, Args: args, NetNS: h.NetNS,
+		CgroupsPath: "/" + h.CgroupParent + "/" + namespaces.Default + "-" + container, Log: filepath.Join(d.Dir, container+".log")}
+	if len(a) > 0 && a[0].Bridge {
+		want, _ := netip.ParseAddr(a[0].IP)
+		if o.NetNS, _, err = h.attachCNI(ctx, container, want); err != nil {
+			return fmt.Errorf("%s on %s: %w", container, h.Name, err)
+		}
+		o.Labels = map[string]string{containerd.LabelCNINetwork: CNINetwork}
+	}
+	return d.Run(ctx, o)
 }
 
 // Attachments put a lab container on its runtime's default bridge with
 // Ports published (PORT/PROTO, on the same host port), and give it a
-// named volume (VolumeName) at VolumePath (Docker and Podman); or an
-// LXC container on the lab's segment (IP).
+// named volume (VolumeName) at VolumePath (Docker and Podman); a
+// containerd one on the host's CNI network (Bridge); or an LXC container
+// on the lab's segment (IP).
 type Attachments struct {
 	Bridge     bool
 	Ports      []string
 	VolumePath string
 	// IP puts an LXC container on a veth to the lab's segment bridge
-	// (SegmentBridge) with this address.
+	// (SegmentBridge) with this address; with Bridge, a containerd one
+	// asks for it on the CNI network.
 	IP string
 }
 

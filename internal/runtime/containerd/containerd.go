@@ -86,6 +86,9 @@ type Runtime struct {
 	StateDir string
 	// Admission is what this host accepts of an incoming spec.
 	Admission admission.Policy
+	// CNI is this host's CNI setup, for containers on a CNI network
+	// (cni.go); the zero value is DefaultCNI.
+	CNI CNI
 	// Lazy says CRIU's lazy pages work here: a lazy dump at the source
 	// (post-copy, hybrid, pre-copy's rebuild switchover) and a lazy
 	// restore at the destination, which the shim's runc runs with the
@@ -292,6 +295,13 @@ func (r *Runtime) Inspect(ctx context.Context, name string) (*runtime.Container,
 	if s.Process != nil && s.Process.Terminal {
 		return nil, fmt.Errorf("containerd container %q has a terminal: CRIU can restore it only as a shell job, which ferry does not move", c.Name)
 	}
+	n, err := cniNetwork(info.Labels, netnsPathOf(&s))
+	if err != nil {
+		return nil, fmt.Errorf("containerd container %q: %w", c.Name, err)
+	}
+	if n != nil {
+		c.Networks = []runtime.Network{*n}
+	}
 	if c.Meta == nil {
 		c.Meta = map[string][]byte{}
 	}
@@ -434,13 +444,50 @@ func (r *Runtime) Remove(ctx context.Context, c *runtime.Container) error {
 		return err
 	}
 	ns, id := SplitName(c.Name)
-	if err := removeContainer(withNS(ctx, ns), cl, id); err != nil && !errdefs.IsNotFound(err) {
+	ctx = withNS(ctx, ns)
+	attached, err := r.cniAttachment(ctx, cl, id)
+	if err != nil {
 		return err
+	}
+	if err := removeContainer(ctx, cl, id); err != nil && !errdefs.IsNotFound(err) {
+		return err
+	}
+	if attached != nil {
+		if err := r.detach(ctx, attached); err != nil {
+			return err
+		}
 	}
 	if r.StateDir != "" {
 		_ = os.RemoveAll(r.containerDir(ns, id))
 	}
 	return nil
+}
+
+// cniAttachment is container id's attachment to a CNI network, if any.
+func (r *Runtime) cniAttachment(ctx context.Context, cl *client.Client, id string) (*attachment, error) {
+	ctr, err := cl.LoadContainer(ctx, id)
+	if errdefs.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	info, err := ctr.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	name := info.Labels[LabelCNINetwork]
+	if name == "" || info.Spec == nil {
+		return nil, nil
+	}
+	var s specs.Spec
+	if err := typeurl.UnmarshalTo(info.Spec, &s); err != nil {
+		return nil, err
+	}
+	if netnsPathOf(&s) == "" {
+		return nil, nil
+	}
+	return &attachment{network: name, id: id, netns: netnsPathOf(&s)}, nil
 }
 
 // removeContainer deletes a container of ctx's namespace, its task

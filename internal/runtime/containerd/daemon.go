@@ -174,6 +174,8 @@ type RunOptions struct {
 	CgroupsPath string
 	// Log receives its output.
 	Log string
+	// Labels are the container's.
+	Labels map[string]string
 }
 
 // Run creates a container from an image and starts its task, under the
@@ -201,7 +203,7 @@ func (d Daemon) Run(ctx context.Context, o RunOptions) error {
 	}
 	ctr, err := c.NewContainer(ctx, o.ID, client.WithImage(img), client.WithSnapshotter("overlayfs"),
 		client.WithNewSnapshot(o.ID, img), client.WithRuntime("io.containerd.runc.v2", &options.Options{Root: d.RuncRoot()}),
-		client.WithNewSpec(specOpts...))
+		client.WithNewSpec(specOpts...), client.WithContainerLabels(o.Labels))
 	if err != nil {
 		return fmt.Errorf("containerd (%s): create %s: %w", d.Dir, o.ID, err)
 	}

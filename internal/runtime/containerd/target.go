@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
@@ -83,11 +85,23 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 		}
 	}
 	t := &target{r: r, cl: cl, ns: rec.Namespace, id: rec.ID, runc: runc.Host{Root: runcRoot(ro, rec.Namespace)}}
-	spec, err := r.adaptSpec(c.Spec, rec, o.NetNS, t.criuConf())
-	if err != nil {
-		return nil, err
+	netns := o.NetNS
+	if n := cniNetworkOf(c.Networks); n != nil {
+		var got netip.Prefix
+		if t.cni, got, err = r.attach(ctx, *n, rec.Namespace, rec.ID); err != nil {
+			return nil, fmt.Errorf("containerd (%s): %w", r.address(), err)
+		}
+		netns = t.cni.netns
+		if got.Addr().String() != n.Address {
+			slog.Info("containerd: the container gets another address on its CNI network here", "container", c.Name, "network", n.Name, "source", n.Address, "here", got)
+		}
 	}
-	if err := os.MkdirAll(t.dir(), 0o700); err != nil {
+	spec, err := r.adaptSpec(c.Spec, rec, netns, t.criuConf())
+	if err == nil {
+		err = os.MkdirAll(t.dir(), 0o700)
+	}
+	if err != nil {
+		_ = t.detach(ctx)
 		return nil, err
 	}
 	ctr, err := cl.NewContainer(ctx, rec.ID,
@@ -99,6 +113,7 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 		client.WithSpec(spec))
 	if err != nil {
 		_ = os.RemoveAll(t.dir())
+		_ = t.detach(ctx)
 		if errdefs.IsAlreadyExists(err) {
 			return nil, fmt.Errorf("containerd (%s) already has a container %q in namespace %s", r.address(), rec.ID, rec.Namespace)
 		}
@@ -148,11 +163,25 @@ type target struct {
 	upper  string
 	runc   runc.Host
 	pid    int // the restored task's, once restored
+	// cni is its attachment to its CNI network here, if it has one.
+	cni *attachment
 }
 
 func (t *target) dir() string       { return t.r.containerDir(t.ns, t.id) }
 func (t *target) criuConf() string  { return filepath.Join(t.dir(), "criu.conf") }
 func (t *target) RootfsDir() string { return t.upper }
+
+// detach undoes the container's attachment to its CNI network, if any.
+func (t *target) detach(ctx context.Context) error {
+	if t.cni == nil {
+		return nil
+	}
+	err := t.r.detach(ctx, t.cni)
+	if err == nil {
+		t.cni = nil
+	}
+	return err
+}
 
 // StateDir is where an agent whose state lives in agentState keeps its
 // containerd containers' files (Runtime.StateDir).
@@ -170,7 +199,7 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	// The shim passes CRIU neither the TCP nor the lazy option: CRIU reads
 	// them from the configuration file (the work directory, where a lazy
 	// restore finds the lazy-pages daemon's socket, the shim does pass).
-	conf := runc.CRIUConfig{LeaveStopped: true, TCPEstablished: o.TCPEstablished, LazyPages: o.Lazy}.WithYard(o.WorkDir)
+	conf := runc.CRIUConfig{LeaveStopped: true, TCPEstablished: o.TCPEstablished, TCPClose: o.TCPClose, LazyPages: o.Lazy}.WithYard(o.WorkDir)
 	if err := conf.Write(t.criuConf()); err != nil {
 		return 0, err
 	}
@@ -217,6 +246,9 @@ func (r *Runtime) Continue(ctx context.Context, c *runtime.Container) error {
 // cgroup a restore whose CRIU was killed may have left.
 func (t *target) Discard(ctx context.Context) error {
 	if err := removeContainer(withNS(ctx, t.ns), t.cl, t.id); err != nil && !errdefs.IsNotFound(err) {
+		return err
+	}
+	if err := t.detach(ctx); err != nil {
 		return err
 	}
 	if t.r.CgroupParent != "" {
