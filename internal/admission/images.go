@@ -30,8 +30,8 @@ import (
 //     host is refused; and every masked or read-only path that exists on
 //     this host must be masked or read-only in the images too.
 //
-// A configuration that is not an OCI one (LXC's) names none of these:
-// its images are not checked here.
+// A configuration that is not an OCI one (LXC's: CheckLXCImages) is not
+// checked here.
 func (p Policy) CheckImages(dir string, spec []byte) error {
 	if p.Privileged {
 		return nil
@@ -48,14 +48,54 @@ func (p Policy) CheckImages(dir string, spec []byte) error {
 			}
 		}
 	}
-	tasks, err := images.Tasks(dir)
+	why, err := p.imageTasks(dir, allowed, s.Linux != nil && s.Linux.Seccomp != nil)
+	if err != nil {
+		return err
+	}
+	mounts, err := images.Mounts(dir)
 	if err != nil {
 		return fmt.Errorf("the CRIU images: %w", err)
 	}
-	if len(tasks) == 0 {
-		return fmt.Errorf("the CRIU images hold no task (no core-*.img)")
+	why = append(why, imageMounts(&s, mounts, hostHas)...)
+	slices.Sort(why)
+	return refused(why)
+}
+
+// CheckLXCImages checks the CRIU images in dir against the LXC config
+// that passed CheckLXCConfig: every task's capability sets must lie
+// within what the config keeps (lxc.cap.keep, or every capability but
+// those lxc.cap.drop drops, LXC's own includes followed), and where it
+// sets a seccomp profile no task may be restored without a filter. Its
+// mounts are liblxc's to make at the restore, from the config.
+func (p Policy) CheckLXCImages(dir, config string) error {
+	if p.Privileged {
+		return nil
 	}
-	filtered := s.Linux != nil && s.Linux.Seccomp != nil
+	lines := lxcLines(config)
+	seccomp := false
+	for _, l := range lines {
+		if l.key == "lxc.seccomp.profile" && l.value != "" {
+			seccomp = true
+		}
+	}
+	why, err := p.imageTasks(dir, lxcKept(lines), seccomp)
+	if err != nil {
+		return err
+	}
+	slices.Sort(why)
+	return refused(why)
+}
+
+// imageTasks says which tasks of the images in dir hold capabilities
+// beyond allowed, or (filtered) run without a seccomp filter.
+func (p Policy) imageTasks(dir string, allowed uint64, filtered bool) ([]string, error) {
+	tasks, err := images.Tasks(dir)
+	if err != nil {
+		return nil, fmt.Errorf("the CRIU images: %w", err)
+	}
+	if len(tasks) == 0 {
+		return nil, fmt.Errorf("the CRIU images hold no task (no core-*.img)")
+	}
 	var why []string
 	for pid, t := range tasks {
 		if extra := t.Caps &^ allowed; extra != 0 {
@@ -65,13 +105,7 @@ func (p Policy) CheckImages(dir string, spec []byte) error {
 			why = append(why, fmt.Sprintf("task %d of the CRIU images runs without the seccomp filter the configuration sets", pid))
 		}
 	}
-	mounts, err := images.Mounts(dir)
-	if err != nil {
-		return fmt.Errorf("the CRIU images: %w", err)
-	}
-	why = append(why, imageMounts(&s, mounts, hostHas)...)
-	slices.Sort(why)
-	return refused(why)
+	return why, nil
 }
 
 // hostHas says whether path exists on this host (a masked path the kernel

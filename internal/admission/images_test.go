@@ -236,3 +236,24 @@ func TestCheckImagesSeccomp(t *testing.T) {
 		t.Errorf("an unfiltered task under a seccomp configuration: %v", err)
 	}
 }
+
+// An LXC container's images must not give its tasks more than its config
+// keeps: every capability but those it drops, or those it keeps; nor, under
+// a seccomp profile, run a task without a filter.
+func TestCheckLXCImages(t *testing.T) {
+	dir := t.TempDir()
+	writeCore(t, dir, 1, 1<<0|1<<21) // CAP_CHOWN, CAP_SYS_ADMIN
+	const drops = "lxc.cap.drop = mac_admin mac_override sys_time sys_module sys_rawio\n"
+	if err := (admission.Policy{}).CheckLXCImages(dir, drops); err != nil {
+		t.Fatalf("images within what the config keeps refused: %v", err)
+	}
+	if err := (admission.Policy{}).CheckLXCImages(dir, drops+"lxc.cap.drop = sys_admin\n"); !admission.IsRefused(err) || !strings.Contains(err.Error(), "task 1 of the CRIU images holds CAP_SYS_ADMIN") {
+		t.Errorf("CAP_SYS_ADMIN under a config that drops it: %v", err)
+	}
+	if err := (admission.Policy{}).CheckLXCImages(dir, "lxc.cap.keep = chown kill\n"); !admission.IsRefused(err) || !strings.Contains(err.Error(), "CAP_SYS_ADMIN") {
+		t.Errorf("CAP_SYS_ADMIN under a config that keeps chown and kill: %v", err)
+	}
+	if err := (admission.Policy{}).CheckLXCImages(dir, drops+"lxc.seccomp.profile = /usr/share/lxc/config/common.seccomp\n"); !admission.IsRefused(err) || !strings.Contains(err.Error(), "seccomp") {
+		t.Errorf("an unfiltered task under a seccomp profile: %v", err)
+	}
+}

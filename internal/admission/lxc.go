@@ -145,6 +145,35 @@ func lxcKeptDefaults(lines []lxcLine) []string {
 	return []string{"keeps capabilities " + strings.Join(kept, ", ") + " (no lxc.cap.drop of them, nor an include of LXC's common.conf)"}
 }
 
+// lxcKept is the capability mask a config keeps: lxc.cap.keep's, or every
+// capability but those it (and LXC's includes) drops.
+func lxcKept(lines []lxcLine) uint64 {
+	var keep []string
+	kept := false
+	for _, l := range lines {
+		if l.key == "lxc.cap.keep" {
+			keep, kept = strings.Fields(l.value), true
+		}
+	}
+	var mask uint64
+	if kept {
+		for _, c := range keep {
+			if bit, ok := capBits["CAP_"+strings.ToUpper(strings.TrimPrefix(strings.ToLower(c), "cap_"))]; ok {
+				mask |= 1 << bit
+			}
+		}
+		return mask
+	}
+	dropped := map[string]bool{}
+	lxcDrops(lines, dropped, 0)
+	for name, bit := range capBits {
+		if !dropped[strings.ToLower(strings.TrimPrefix(name, "CAP_"))] {
+			mask |= 1 << bit
+		}
+	}
+	return mask
+}
+
 // lxcDrops adds the config's lxc.cap.drop values to dropped, following
 // includes of LXC's own config directory (files, or directories of
 // .conf files) a few levels deep; an empty lxc.cap.drop clears them.

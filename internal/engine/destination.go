@@ -444,7 +444,12 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 		if err == nil {
 			// CRIU restores the tasks' credentials from the images, not
 			// from the configuration admission checked.
-			if err = in.d.Admission.CheckImages(in.images, in.offer.Spec); err != nil {
+			if ic, ok := in.target.(runtime.ImagesChecker); ok {
+				err = ic.CheckImages(in.images)
+			} else {
+				err = in.d.Admission.CheckImages(in.images, in.offer.Spec)
+			}
+			if err != nil {
 				err = fmt.Errorf("the container's CRIU images: %w", err)
 			}
 		}

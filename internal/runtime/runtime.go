@@ -245,6 +245,13 @@ type Target interface {
 	Discard(ctx context.Context) error
 }
 
+// ImagesChecker is a Target that checks the CRIU images it is to restore
+// against its own configuration (an LXC config), where the engine's check
+// against the container's OCI spec does not apply.
+type ImagesChecker interface {
+	CheckImages(dir string) error
+}
+
 // VolumeTarget is a Target whose runtime receives volumes.
 type VolumeTarget interface {
 	// VolumeDir is where the named volume's data is synced into: one of

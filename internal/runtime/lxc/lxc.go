@@ -598,7 +598,8 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 	if err != nil {
 		return nil, fmt.Errorf("lxc: container %q cannot run here: %w", c.Name, err)
 	}
-	if err := r.policy().CheckLXCConfig(admissionText(newCfg, files)); err != nil {
+	text := admissionText(newCfg, files)
+	if err := r.policy().CheckLXCConfig(text); err != nil {
 		return nil, fmt.Errorf("lxc: container %q: %w", c.Name, err)
 	}
 	if err := os.MkdirAll(r.path(), 0o755); err != nil {
@@ -610,7 +611,7 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 		}
 		return nil, err
 	}
-	t := &target{r: r, name: c.Name, dir: dir}
+	t := &target{r: r, name: c.Name, dir: dir, config: text}
 	err = os.Mkdir(t.RootfsDir(), 0o755)
 	for p, b := range files {
 		if err != nil {
@@ -682,9 +683,18 @@ type target struct {
 	r    *Runtime
 	name string
 	dir  string
+	// config is the container's config as admission read it.
+	config string
 }
 
 func (t *target) RootfsDir() string { return filepath.Join(t.dir, "rootfs") }
+
+// CheckImages checks the CRIU images against the container's config
+// (admission.CheckLXCImages): CRIU restores the tasks' capabilities from
+// the images, not from the config.
+func (t *target) CheckImages(dir string) error {
+	return t.r.policy().CheckLXCImages(dir, t.config)
+}
 
 // Restore runs `lxc-checkpoint -r -d` from ImagesDir (every image, the
 // pages too, and liblxc's tty.info where the container has a console).
