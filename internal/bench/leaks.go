@@ -69,6 +69,15 @@ func snapshot(l *lab.Lab) leakSet {
 				s["scratch: "+filepath.Join(h.ScratchDir, e.Name())] = true
 			}
 		}
+		// The agent's rescue directory is its own, not a migration's; a
+		// record left in it is a process CRIU changed and nobody put back.
+		rescue := h.RescueDir()
+		delete(s, "scratch: "+rescue)
+		if ents, err := os.ReadDir(rescue); err == nil {
+			for _, e := range ents {
+				s["CRIU rescue record: "+filepath.Join(rescue, e.Name())] = true
+			}
+		}
 	}
 	runtimeLeftovers(s, cgroups.Root, l.Hosts)
 	return s
