@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/ferry-migrate/ferry/api/client"
+
 	"github.com/spf13/cobra"
 
 	"github.com/ferry-migrate/ferry/internal/agent"
@@ -32,7 +34,7 @@ func (a *agentFlags) add(cmd *cobra.Command, which string) {
 
 // endpoints resolves --from into the agent to ask, and to (a destination:
 // lab host names become NAME@ADDR) into the address the source dials.
-func (a agentFlags) endpoints(to string) (agent.Endpoint, string, error) {
+func (a agentFlags) endpoints(to string) (client.Endpoint, string, error) {
 	from := a.from
 	isLabName := func(s string) bool { return s != "" && !strings.ContainsAny(s, ":/") }
 	var l *lab.Lab
@@ -43,13 +45,13 @@ func (a agentFlags) endpoints(to string) (agent.Endpoint, string, error) {
 			if !isLabName(from) {
 				name = to
 			}
-			return agent.Endpoint{}, "", fmt.Errorf("%q looks like a lab host name, but: %w", name, err)
+			return client.Endpoint{}, "", fmt.Errorf("%q looks like a lab host name, but: %w", name, err)
 		}
 	}
 	if isLabName(to) {
 		h, err := l.Host(to)
 		if err != nil {
-			return agent.Endpoint{}, "", err
+			return client.Endpoint{}, "", err
 		}
 		to = h.Name + "@" + h.AgentAddr // the destination must prove it is h
 	}
@@ -57,11 +59,11 @@ func (a agentFlags) endpoints(to string) (agent.Endpoint, string, error) {
 	case isLabName(from):
 		h, err := l.Host(from)
 		if err != nil {
-			return agent.Endpoint{}, "", err
+			return client.Endpoint{}, "", err
 		}
-		return agent.Socket(h.ControlSock), to, nil
+		return client.Socket(h.ControlSock), to, nil
 	case network == "unix":
-		return agent.Socket(from), to, nil
+		return client.Socket(from), to, nil
 	}
 	name, addr, named := strings.Cut(from, "@")
 	if !named {
@@ -69,9 +71,9 @@ func (a agentFlags) endpoints(to string) (agent.Endpoint, string, error) {
 	}
 	sec, err := a.operatorTLS(from)
 	if err != nil {
-		return agent.Endpoint{}, "", err
+		return client.Endpoint{}, "", err
 	}
-	return agent.Endpoint{Addr: addr, Name: name, Operator: sec}, to, nil
+	return client.Endpoint{Addr: addr, Name: name, Operator: sec}, to, nil
 }
 
 // operatorTLS loads the operator's certificate for reaching from.

@@ -10,9 +10,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/ferry-migrate/ferry/api/client"
+
 	"github.com/spf13/cobra"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/engine"
 )
 
@@ -21,7 +22,7 @@ import (
 // resume; the report follows), a second one detaches; with detach it
 // returns as soon as the agent gave the migration its ID. detached is that
 // ID when the CLI left the migration running.
-func followMigration(ctx context.Context, from agent.Endpoint, req engine.Request, detach bool, accepted func(string), progress func(engine.Progress)) (rep engine.Report, detached string, err error) {
+func followMigration(ctx context.Context, from client.Endpoint, req engine.Request, detach bool, accepted func(string), progress func(engine.Progress)) (rep engine.Report, detached string, err error) {
 	fctx, leave := context.WithCancel(context.WithoutCancel(ctx))
 	defer leave()
 	ids := make(chan string, 1)
@@ -46,7 +47,7 @@ func followMigration(ctx context.Context, from agent.Endpoint, req engine.Reques
 					leave()
 					return
 				}
-				r, err := agent.Cancel(fctx, from, id)
+				r, err := client.Cancel(fctx, from, id)
 				switch {
 				case err != nil:
 					fmt.Fprintf(os.Stderr, "\ncancel %s: %v\n", id, err)
@@ -59,7 +60,7 @@ func followMigration(ctx context.Context, from agent.Endpoint, req engine.Reques
 		}
 	}()
 	var got string
-	rep, err = agent.MigrateJob(fctx, from, req, func(i string) {
+	rep, err = client.MigrateJob(fctx, from, req, func(i string) {
 		got = i
 		if accepted != nil {
 			accepted(i)
@@ -94,7 +95,7 @@ with their outcome and downtime; ferry wait ID prints one's report.`,
 			if err != nil {
 				return err
 			}
-			js, err := agent.Jobs(cmd.Context(), from, all)
+			js, err := client.Jobs(cmd.Context(), from, all)
 			if err != nil {
 				return err
 			}
@@ -169,7 +170,7 @@ and cancel says why. Exit status 1 when nothing was cancelled.`,
 			if err != nil {
 				return err
 			}
-			r, err := agent.Cancel(cmd.Context(), from, args[0])
+			r, err := client.Cancel(cmd.Context(), from, args[0])
 			if err != nil {
 				return err
 			}
@@ -215,7 +216,7 @@ Exit status: 0 settled, 3 still in doubt (the destination cannot answer yet).`,
 			if err != nil {
 				return err
 			}
-			r, err := agent.Resolve(cmd.Context(), from, args[0])
+			r, err := client.Resolve(cmd.Context(), from, args[0])
 			if err != nil {
 				return err
 			}
@@ -260,7 +261,7 @@ with ferry migrate's exit status (see ferry migrate --help).`,
 			if err != nil {
 				return err
 			}
-			rep, err := agent.Wait(cmd.Context(), from, args[0], nil)
+			rep, err := client.Wait(cmd.Context(), from, args[0], nil)
 			if err != nil {
 				return err
 			}

@@ -7,7 +7,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
+	agentclient "github.com/ferry-migrate/ferry/api/client"
+
 	"github.com/ferry-migrate/ferry/internal/drain"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
@@ -115,7 +116,7 @@ func Drain(ctx context.Context, o DrainOptions) (res DrainResult, err error) {
 		return res, err
 	}
 	time.Sleep(300 * time.Millisecond)
-	rep, merr := agent.Migrate(ctx, agent.Socket(src.ControlSock), engine.Request{Container: ref, To: dst.AgentAddr, Mode: engine.ModeCold}, nil)
+	rep, merr := agentclient.Migrate(ctx, agentclient.Socket(src.ControlSock), engine.Request{Container: ref, To: dst.AgentAddr, Mode: engine.ModeCold}, nil)
 	time.Sleep(300 * time.Millisecond)
 	pr, perr := p.Stop()
 	if merr != nil || !rep.OK || perr != nil {
@@ -140,7 +141,7 @@ func Drain(ctx context.Context, o DrainOptions) (res DrainResult, err error) {
 	}
 	time.Sleep(300 * time.Millisecond)
 	o.logf("draining %d containers of %d MiB (%s, %d at once)", o.Containers, o.MemoryBytes>>20, o.Mode, o.Concurrency)
-	dr, derr := drain.Run(ctx, drain.Options{From: agent.Socket(src.ControlSock), To: dst.AgentAddr, Containers: names, Concurrency: o.Concurrency, Handoff: o.Handoff,
+	dr, derr := drain.Run(ctx, drain.Options{From: agentclient.Socket(src.ControlSock), To: dst.AgentAddr, Containers: names, Concurrency: o.Concurrency, Handoff: o.Handoff,
 		Request: engine.Request{Mode: o.Mode, Precopy: o.Precopy}})
 	time.Sleep(300 * time.Millisecond)
 	res.TotalMs, res.OK = dr.TotalMs, dr.OK && derr == nil

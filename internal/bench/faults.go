@@ -16,9 +16,10 @@ import (
 	"syscall"
 	"time"
 
+	agentclient "github.com/ferry-migrate/ferry/api/client"
+
 	"golang.org/x/sys/unix"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/fault"
@@ -394,7 +395,7 @@ func (o FaultsOptions) runCase(ctx context.Context, l *lab.Lab, c FaultCase, nam
 		// systemd brings it back (ferry-agent.service: RestartSec=2s).
 		stopRestarts = restartKilled(mctx, l, []*lab.Host{src, dst}, 2*time.Second, &restarts)
 	}
-	rep, merr := agent.Migrate(mctx, agent.Socket(src.ControlSock), req, progress)
+	rep, merr := agentclient.Migrate(mctx, agentclient.Socket(src.ControlSock), req, progress)
 	stopRestarts()
 	hung := mctx.Err() != nil && ctx.Err() == nil
 	cancel()

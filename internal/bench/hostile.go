@@ -15,9 +15,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ferry-migrate/ferry/api/client"
+
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/images"
@@ -606,7 +607,7 @@ func Hostile(ctx context.Context, o HostileOptions) (res HostileResult, err erro
 		}
 		if !dst.AgentAlive() {
 			hc.AgentDown = true
-		} else if _, err := agent.Status(ctx, agent.Socket(dst.ControlSock)); err != nil {
+		} else if _, err := client.Status(ctx, client.Socket(dst.ControlSock)); err != nil {
 			hc.AgentDown = true
 			hc.Note = strings.TrimSpace(hc.Note + " status: " + err.Error())
 		}
@@ -625,7 +626,7 @@ func Hostile(ctx context.Context, o HostileOptions) (res HostileResult, err erro
 			return res, ctx.Err()
 		}
 	}
-	rep, merr := agent.Migrate(ctx, agent.Socket(src.ControlSock), engine.Request{Container: "honest", To: dst.AgentAddr, Mode: engine.ModeCold}, nil)
+	rep, merr := client.Migrate(ctx, client.Socket(src.ControlSock), engine.Request{Container: "honest", To: dst.AgentAddr, Mode: engine.ModeCold}, nil)
 	switch {
 	case merr != nil:
 		res.Honest = merr.Error()

@@ -15,7 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
+	agentclient "github.com/ferry-migrate/ferry/api/client"
+
 	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
@@ -420,7 +421,7 @@ func (o MigrateOptions) RunOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 		outageDone.Wait()
 		setAllPaths(l, src.Name, true)
 	}()
-	rep, err := agent.Migrate(ctx, agent.Socket(src.ControlSock), engine.Request{Container: name, To: dst.AgentAddr, Mode: o.Mode, Runtime: o.Runtime,
+	rep, err := agentclient.Migrate(ctx, agentclient.Socket(src.ControlSock), engine.Request{Container: name, To: dst.AgentAddr, Mode: o.Mode, Runtime: o.Runtime,
 		Precopy: o.Precopy, MaxBandwidthBps: o.MaxBandwidthBps}, progress)
 	outageDone.Wait() // the probe's verdict includes the network's return
 	setAllPaths(l, src.Name, true)

@@ -8,7 +8,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/api/client"
+
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/procs"
@@ -107,7 +108,7 @@ func Soak(ctx context.Context, o SoakOptions) (res SoakResult, err error) {
 	for i := 0; i < o.Migrations; i++ {
 		from, to := hosts[i%2], hosts[(i+1)%2]
 		mode := o.Modes[i%len(o.Modes)]
-		rep, merr := agent.Migrate(ctx, agent.Socket(from.ControlSock), engine.Request{Container: name, To: to.AgentAddr, Mode: mode}, nil)
+		rep, merr := client.Migrate(ctx, client.Socket(from.ControlSock), engine.Request{Container: name, To: to.AgentAddr, Mode: mode}, nil)
 		m := SoakMigration{From: from.Name, To: to.Name, Mode: mode, OK: merr == nil && rep.OK, DowntimeMs: rep.DowntimeMs, Error: rep.Error}
 		if merr != nil {
 			m.Error = merr.Error()

@@ -12,14 +12,15 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/api/client"
+
 	"github.com/ferry-migrate/ferry/internal/engine"
 )
 
 // Options say what to drain and how.
 type Options struct {
 	// From is the source agent; To the destination's address.
-	From agent.Endpoint
+	From client.Endpoint
 	To   string
 	// Request is every migration's request: mode, pre-copy options,
 	// runtime (Container and To are set per container).
@@ -44,8 +45,8 @@ type Options struct {
 	Finished func(name string, r engine.Report, err error)
 
 	// The agent, replaced in tests.
-	status  func(ctx context.Context, ep agent.Endpoint) (engine.Status, error)
-	migrate func(ctx context.Context, ep agent.Endpoint, req engine.Request, progress func(engine.Progress)) (engine.Report, error)
+	status  func(ctx context.Context, ep client.Endpoint) (engine.Status, error)
+	migrate func(ctx context.Context, ep client.Endpoint, req engine.Request, progress func(engine.Progress)) (engine.Report, error)
 }
 
 func (o *Options) defaults() {
@@ -56,10 +57,10 @@ func (o *Options) defaults() {
 		o.Handoff = engine.HandoffCommit
 	}
 	if o.status == nil {
-		o.status = agent.Status
+		o.status = client.Status
 	}
 	if o.migrate == nil {
-		o.migrate = agent.Migrate
+		o.migrate = client.Migrate
 	}
 }
 

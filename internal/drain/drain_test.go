@@ -10,7 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/api/client"
+
 	"github.com/ferry-migrate/ferry/internal/engine"
 )
 
@@ -39,10 +40,10 @@ func most(m *atomic.Int32, n int32) {
 }
 
 func (h *fakeHost) options(o Options) Options {
-	o.status = func(context.Context, agent.Endpoint) (engine.Status, error) {
+	o.status = func(context.Context, client.Endpoint) (engine.Status, error) {
 		return engine.Status{Host: "h1", Containers: h.list}, nil
 	}
-	o.migrate = func(ctx context.Context, _ agent.Endpoint, req engine.Request, progress func(engine.Progress)) (engine.Report, error) {
+	o.migrate = func(ctx context.Context, _ client.Endpoint, req engine.Request, progress func(engine.Progress)) (engine.Report, error) {
 		most(&h.mostAtOnce, h.running.Add(1))
 		defer h.running.Add(-1)
 		h.mu.Lock()
@@ -189,10 +190,10 @@ func TestDrainNothing(t *testing.T) {
 // anything moves.
 func TestDrainCannotList(t *testing.T) {
 	o := Options{To: "h2"}
-	o.status = func(context.Context, agent.Endpoint) (engine.Status, error) {
+	o.status = func(context.Context, client.Endpoint) (engine.Status, error) {
 		return engine.Status{}, errors.New("connection refused")
 	}
-	o.migrate = func(context.Context, agent.Endpoint, engine.Request, func(engine.Progress)) (engine.Report, error) {
+	o.migrate = func(context.Context, client.Endpoint, engine.Request, func(engine.Progress)) (engine.Report, error) {
 		t.Fatal("migrated without a list")
 		return engine.Report{}, nil
 	}

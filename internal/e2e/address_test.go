@@ -9,7 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/api/client"
+
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/engine"
@@ -90,7 +91,7 @@ func TestKeepsAddressAndConnections(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			l, finish := echoOnSegment(t)
 			ctx := context.Background()
-			rep, err := agent.Migrate(ctx, agent.Socket(l.Hosts[0].ControlSock), engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr, Mode: mode}, nil)
+			rep, err := client.Migrate(ctx, client.Socket(l.Hosts[0].ControlSock), engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr, Mode: mode}, nil)
 			if err != nil || !rep.OK {
 				t.Fatalf("migration: %v %s", err, rep.Error)
 			}
@@ -127,7 +128,7 @@ func TestKeepsAddressAndConnections(t *testing.T) {
 func TestAddressComesBackWhenTheDestinationDies(t *testing.T) {
 	l, finish := echoOnSegment(t)
 	ctx := context.Background()
-	rep, err := agent.Migrate(ctx, agent.Socket(l.Hosts[0].ControlSock),
+	rep, err := client.Migrate(ctx, client.Socket(l.Hosts[0].ControlSock),
 		engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold, Faults: []string{"kill-destination@freeze"}}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -163,7 +164,7 @@ func TestRedisKeepsItsClient(t *testing.T) {
 	waitListening(t, &l.Hosts[2], bin, ip+":6379")
 	finish := startClient(t, &l.Hosts[2], bin, "redis", "--addr", ip+":6379")
 	time.Sleep(300 * time.Millisecond)
-	rep, err := agent.Migrate(ctx, agent.Socket(l.Hosts[0].ControlSock), engine.Request{Container: "redis", To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold}, nil)
+	rep, err := client.Migrate(ctx, client.Socket(l.Hosts[0].ControlSock), engine.Request{Container: "redis", To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold}, nil)
 	if err != nil || !rep.OK {
 		t.Fatalf("migration: %v %s", err, rep.Error)
 	}

@@ -11,7 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/api/client"
+
 	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
@@ -224,5 +225,5 @@ func echoIn(t *testing.T, h *lab.Host, addr string) {
 // migrateQuiet asks h1's agent for req to h2 and returns its report.
 func migrateQuiet(l *lab.Lab, req engine.Request) (engine.Report, error) {
 	req.To = l.Hosts[1].AgentAddr
-	return agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock), req, nil)
+	return client.Migrate(context.Background(), client.Socket(l.Hosts[0].ControlSock), req, nil)
 }

@@ -13,9 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/api/client"
+
 	"golang.org/x/sys/unix"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 )
@@ -83,7 +84,7 @@ func heldConnection(t *testing.T, l *lab.Lab) io.ReadWriteCloser {
 // it committed.
 func migrateCold(t *testing.T, l *lab.Lab, name string) engine.Report {
 	t.Helper()
-	rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock), engine.Request{Container: name, To: l.Hosts[1].AgentAddr,
+	rep, err := client.Migrate(context.Background(), client.Socket(l.Hosts[0].ControlSock), engine.Request{Container: name, To: l.Hosts[1].AgentAddr,
 		Mode: engine.ModeCold, Runtime: "docker"}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -346,7 +347,7 @@ func TestDockerBridgeAndVolume(t *testing.T) {
 		name, vol := "dkb-killed", "dkb-killed-data"
 		dockerRunBridged(t, l, name, vol, true)
 		p := startProbe(t, l, bin, "64M")
-		rep, err := agent.Migrate(context.Background(), agent.Socket(h1.ControlSock), engine.Request{Container: name, To: h2.AgentAddr,
+		rep, err := client.Migrate(context.Background(), client.Socket(h1.ControlSock), engine.Request{Container: name, To: h2.AgentAddr,
 			Mode: engine.ModePrecopy, Runtime: "docker", Faults: []string{"kill-destination@volume-sync"}}, nil)
 		if err != nil {
 			t.Fatal(err)

@@ -8,7 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/api/client"
+
 	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/journal"
@@ -33,7 +34,7 @@ func TestNameTakenAtTheDestinationIsLeftAlone(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rep, err := agent.Migrate(ctx, agent.Socket(l.Hosts[0].ControlSock), engine.Request{Container: "web", To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold}, nil)
+	rep, err := client.Migrate(ctx, client.Socket(l.Hosts[0].ControlSock), engine.Request{Container: "web", To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,8 +70,8 @@ func TestNameTakenAtTheDestinationIsLeftAlone(t *testing.T) {
 func TestAddressComesBackAfterRecovery(t *testing.T) {
 	l, finish := echoOnSegment(t)
 	ctx := context.Background()
-	src := agent.Socket(l.Hosts[0].ControlSock)
-	rep, err := agent.Migrate(ctx, src, engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold,
+	src := client.Socket(l.Hosts[0].ControlSock)
+	rep, err := client.Migrate(ctx, src, engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold,
 		Faults: []string{"kill-destination@restore"}}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -113,8 +114,8 @@ func TestInDoubtCopyResumedByHand(t *testing.T) {
 		}
 	})
 	ctx := context.Background()
-	src := agent.Socket(l.Hosts[0].ControlSock)
-	rep, err := agent.Migrate(ctx, src, engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold,
+	src := client.Socket(l.Hosts[0].ControlSock)
+	rep, err := client.Migrate(ctx, src, engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold,
 		Faults: []string{"kill-destination@commit"}}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -124,7 +125,7 @@ func TestInDoubtCopyResumedByHand(t *testing.T) {
 	}
 	checkNoThawAdvice(t, rep)
 	// Asked now, with the destination's agent down, resolve changes nothing.
-	r, err := agent.Resolve(ctx, src, rep.InDoubtID)
+	r, err := client.Resolve(ctx, src, rep.InDoubtID)
 	if err != nil || r.Settled || status(t, &l.Hosts[0], name) != "paused" {
 		t.Fatalf("resolve with the destination down: %+v %v; source %s", r, err, status(t, &l.Hosts[0], name))
 	}
@@ -156,12 +157,12 @@ func checkNoThawAdvice(t *testing.T, rep engine.Report) {
 
 // resolveUntilSettled runs ferry resolve's request until the migration is
 // settled (the destination's agent may take a moment to answer).
-func resolveUntilSettled(t *testing.T, src agent.Endpoint, id string) engine.Resolution {
+func resolveUntilSettled(t *testing.T, src client.Endpoint, id string) engine.Resolution {
 	t.Helper()
 	var r engine.Resolution
 	var err error
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
-		if r, err = agent.Resolve(context.Background(), src, id); err == nil && r.Settled {
+		if r, err = client.Resolve(context.Background(), src, id); err == nil && r.Settled {
 			return r
 		}
 	}
@@ -171,9 +172,9 @@ func resolveUntilSettled(t *testing.T, src agent.Endpoint, id string) engine.Res
 
 // checkSettledJob fails t unless ferry ps --all shows how the migration
 // was settled.
-func checkSettledJob(t *testing.T, src agent.Endpoint, id, state string) {
+func checkSettledJob(t *testing.T, src client.Endpoint, id, state string) {
 	t.Helper()
-	js, err := agent.Jobs(context.Background(), src, true)
+	js, err := client.Jobs(context.Background(), src, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,8 +199,8 @@ func checkSettledJob(t *testing.T, src agent.Endpoint, id, state string) {
 func TestAddressFollowsACommittedCopyAcrossARestart(t *testing.T) {
 	l, finish := echoOnSegment(t)
 	ctx := context.Background()
-	src := agent.Socket(l.Hosts[0].ControlSock)
-	rep, err := agent.Migrate(ctx, src, engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold,
+	src := client.Socket(l.Hosts[0].ControlSock)
+	rep, err := client.Migrate(ctx, src, engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold,
 		Faults: []string{"kill-destination@commit"}}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -6,7 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/api/client"
+
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/drain"
 	"github.com/ferry-migrate/ferry/internal/engine"
@@ -48,7 +49,7 @@ func TestDrain(t *testing.T) {
 		{&l.Hosts[0], &l.Hosts[1], engine.HandoffCommit},
 		{&l.Hosts[1], &l.Hosts[0], engine.HandoffFreeze},
 	} {
-		res, err := drain.Run(ctx, drain.Options{From: agent.Socket(c.from.ControlSock), To: c.to.AgentAddr,
+		res, err := drain.Run(ctx, drain.Options{From: client.Socket(c.from.ControlSock), To: c.to.AgentAddr,
 			Containers: names, Handoff: c.handoff, Request: engine.Request{Mode: engine.ModePrecopy}})
 		if err != nil || !res.OK {
 			t.Fatalf("drain %s -> %s: %v %+v", c.from.Name, c.to.Name, err, res)

@@ -14,7 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/api/client"
+
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/criu"
@@ -239,7 +240,7 @@ func TestPrecopyNative(t *testing.T) {
 	bin := ferryBin(t)
 	l := upLab(t, bin)
 	p := startMemhog(t, l, bin, "hog")
-	rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock), engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr,
+	rep, err := client.Migrate(context.Background(), client.Socket(l.Hosts[0].ControlSock), engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr,
 		Mode: engine.ModePrecopy, Precopy: engine.PrecopyOptions{Engine: engine.PrecopyNative}}, nil)
 	time.Sleep(200 * time.Millisecond)
 	pr, perr := p.Stop()
@@ -276,7 +277,7 @@ func TestAutoMode(t *testing.T) {
 	p := startMemhog(t, l, bin, "hog")
 	defer p.Stop()
 	ctx := context.Background()
-	rep, err := agent.Migrate(ctx, agent.Socket(l.Hosts[0].ControlSock), engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr,
+	rep, err := client.Migrate(ctx, client.Socket(l.Hosts[0].ControlSock), engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr,
 		Mode: engine.ModeAuto, Precopy: engine.PrecopyOptions{MaxDowntime: time.Millisecond}}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -287,7 +288,7 @@ func TestAutoMode(t *testing.T) {
 	if got := status(t, &l.Hosts[0], "hog"); got != "running" {
 		t.Fatalf("source container is %s after a refused plan", got)
 	}
-	rep, err = agent.Migrate(ctx, agent.Socket(l.Hosts[0].ControlSock), engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr,
+	rep, err = client.Migrate(ctx, client.Socket(l.Hosts[0].ControlSock), engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr,
 		Mode: engine.ModeAuto, Precopy: engine.PrecopyOptions{MaxDowntime: 2 * time.Second}}, nil)
 	if err != nil || !rep.OK {
 		t.Fatalf("auto migration: %v %s", err, rep.Error)
@@ -313,7 +314,7 @@ func TestPrecopyNonConvergent(t *testing.T) {
 			l := upShapedLab(t, bin, 64_000_000)
 			p := startWorkload(t, l, bin, "hog", "16M", "6000", "--dirty-words", "512")
 			opts := engine.PrecopyOptions{MaxRounds: 5, AutoConverge: auto}
-			rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock),
+			rep, err := client.Migrate(context.Background(), client.Socket(l.Hosts[0].ControlSock),
 				engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr, Mode: engine.ModePrecopy, Precopy: opts}, nil)
 			time.Sleep(200 * time.Millisecond)
 			pr, perr := p.Stop()
@@ -400,7 +401,7 @@ func testMigrationWith(t *testing.T, req engine.Request) engine.Report {
 	req.Container, req.To = "hog", l.Hosts[1].AgentAddr
 	rssBefore := statusBytes(t, l.Hosts[1].AgentPID, "VmRSS")
 	anonBefore := statusBytes(t, l.Hosts[1].AgentPID, "RssAnon")
-	rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock), req, nil)
+	rep, err := client.Migrate(context.Background(), client.Socket(l.Hosts[0].ControlSock), req, nil)
 	time.Sleep(200 * time.Millisecond)
 	pr, perr := p.Stop()
 	if err != nil {
@@ -486,7 +487,7 @@ func TestMaxBandwidthCapsTheTransfer(t *testing.T) {
 	bin := ferryBin(t)
 	l := upLab(t, bin)
 	p := startMemhog(t, l, bin, "hog")
-	rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock),
+	rep, err := client.Migrate(context.Background(), client.Socket(l.Hosts[0].ControlSock),
 		engine.Request{Container: "hog", To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold, MaxBandwidthBps: 100_000_000}, nil)
 	pr, perr := p.Stop()
 	if err != nil || !rep.OK {
@@ -551,7 +552,7 @@ func TestPostcopySourceAgentNeverComesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitStates(t, l, "hog", "running", "absent", 30*time.Second)
-	checkSettledJob(t, agent.Socket(src.ControlSock), id, journal.Resumed)
+	checkSettledJob(t, client.Socket(src.ControlSock), id, journal.Resumed)
 	if pids := keepers(); len(pids) != 0 {
 		t.Errorf("page keepers outlived the pull: %v", pids)
 	}
@@ -573,7 +574,7 @@ func TestFailedRestoreResumesSource(t *testing.T) {
 				_ = l.Hosts[0].Runc().Delete(context.Background(), name)
 				_ = os.RemoveAll(l.Hosts[0].BundleDir(name))
 			})
-			rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock),
+			rep, err := client.Migrate(context.Background(), client.Socket(l.Hosts[0].ControlSock),
 				engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: mode, Faults: []string{"restore-fails@restore"}}, nil)
 			time.Sleep(200 * time.Millisecond)
 			pr, perr := p.Stop()
@@ -628,7 +629,7 @@ func TestBadInputFreezesNothing(t *testing.T) {
 	p := startMemhog(t, l, bin, "hog")
 	defer p.Stop()
 	ctx := context.Background()
-	src := agent.Socket(l.Hosts[0].ControlSock)
+	src := client.Socket(l.Hosts[0].ControlSock)
 
 	// A destination whose CRIU is Debian 12's 3.17, which cannot work on
 	// this kernel: a fourth agent in h2 sees a criu that reports that.
@@ -661,7 +662,7 @@ func TestBadInputFreezesNothing(t *testing.T) {
 			if c.name == "unknown mode" {
 				mode = "teleport"
 			}
-			rep, err := agent.Migrate(ctx, src, engine.Request{Container: c.container, To: c.to, Mode: mode}, nil)
+			rep, err := client.Migrate(ctx, src, engine.Request{Container: c.container, To: c.to, Mode: mode}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -8,7 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/api/client"
+
 	"github.com/ferry-migrate/ferry/internal/engine"
 )
 
@@ -27,11 +28,11 @@ func TestJobsListCancelWait(t *testing.T) {
 			_ = h.Runc().Delete(context.Background(), name)
 		}
 	})
-	control := agent.Socket(l.Hosts[0].ControlSock)
+	control := client.Socket(l.Hosts[0].ControlSock)
 	ids := make(chan string, 1)
 	done := make(chan engine.Report, 1)
 	go func() {
-		rep, err := agent.MigrateJob(context.Background(), control,
+		rep, err := client.MigrateJob(context.Background(), control,
 			engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: engine.ModePrecopy}, func(id string) { ids <- id }, nil)
 		if err != nil {
 			t.Error(err)
@@ -45,11 +46,11 @@ func TestJobsListCancelWait(t *testing.T) {
 		t.Fatal("the agent never gave the migration an ID")
 	}
 	time.Sleep(time.Second) // into round 0
-	js, err := agent.Jobs(context.Background(), control, false)
+	js, err := client.Jobs(context.Background(), control, false)
 	if err != nil || len(js) != 1 || js[0].ID != id || js[0].Container != name || !js[0].Ended.IsZero() {
 		t.Fatalf("ps: %+v %v", js, err)
 	}
-	r, err := agent.Cancel(context.Background(), control, id)
+	r, err := client.Cancel(context.Background(), control, id)
 	if err != nil || !r.Cancelled {
 		t.Fatalf("cancel during the rounds: %+v %v", r, err)
 	}
@@ -68,14 +69,14 @@ func TestJobsListCancelWait(t *testing.T) {
 	if d := status(t, &l.Hosts[1], name); d != "absent" {
 		t.Errorf("after the cancel the destination holds a container (%s)", d)
 	}
-	all, err := agent.Jobs(context.Background(), control, true)
+	all, err := client.Jobs(context.Background(), control, true)
 	if err != nil || len(all) == 0 || all[len(all)-1].ID != id || all[len(all)-1].Report == nil {
 		t.Fatalf("ps --all: %+v %v", all, err)
 	}
-	if w, err := agent.Wait(context.Background(), control, id, nil); err != nil || w.OK || w.Error != rep.Error {
+	if w, err := client.Wait(context.Background(), control, id, nil); err != nil || w.OK || w.Error != rep.Error {
 		t.Errorf("wait on the ended migration: %+v %v", w, err)
 	}
-	if r, err := agent.Cancel(context.Background(), control, id); err != nil || r.Cancelled || !strings.Contains(r.Reason, "ended") {
+	if r, err := client.Cancel(context.Background(), control, id); err != nil || r.Cancelled || !strings.Contains(r.Reason, "ended") {
 		t.Errorf("cancel after the end: %+v %v", r, err)
 	}
 	pr, perr := p.Stop()
@@ -168,7 +169,7 @@ func TestCallerChosenID(t *testing.T) {
 			_ = h.Runc().Delete(context.Background(), name)
 		}
 	})
-	control := agent.Socket(l.Hosts[0].ControlSock)
+	control := client.Socket(l.Hosts[0].ControlSock)
 	req := engine.Request{ID: "feed0123beef", Container: name, To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold}
 	type result struct {
 		rep engine.Report
@@ -177,7 +178,7 @@ func TestCallerChosenID(t *testing.T) {
 	results := make(chan result, 2)
 	for i := 0; i < 2; i++ {
 		go func() {
-			rep, err := agent.Migrate(context.Background(), control, req, nil)
+			rep, err := client.Migrate(context.Background(), control, req, nil)
 			results <- result{rep, err}
 		}()
 		time.Sleep(500 * time.Millisecond)
@@ -192,14 +193,14 @@ func TestCallerChosenID(t *testing.T) {
 		t.Errorf("two reports for one ID: %+v and %+v", first.rep, second.rep)
 	}
 	// Ended: the report again, nothing moved twice.
-	again, err := agent.Migrate(context.Background(), control, req, nil)
+	again, err := client.Migrate(context.Background(), control, req, nil)
 	if err != nil || !again.OK || again.TotalMs != first.rep.TotalMs {
 		t.Errorf("the request once the migration ended: %+v %v", again, err)
 	}
 	if s, d := status(t, &l.Hosts[0], name), status(t, &l.Hosts[1], name); s != "absent" || d != "running" {
 		t.Errorf("the container is %s at the source, %s at the destination", s, d)
 	}
-	js, err := agent.Jobs(context.Background(), control, true)
+	js, err := client.Jobs(context.Background(), control, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +218,7 @@ func TestCallerChosenID(t *testing.T) {
 	}
 	other := req
 	other.Container = "someone-else"
-	if _, err := agent.Migrate(context.Background(), control, other, nil); err == nil || !strings.Contains(err.Error(), "names the migration of") {
+	if _, err := client.Migrate(context.Background(), control, other, nil); err == nil || !strings.Contains(err.Error(), "names the migration of") {
 		t.Errorf("the ID for another container: %v", err)
 	}
 	if pr, perr := p.Stop(); perr != nil || !pr.StateOK {

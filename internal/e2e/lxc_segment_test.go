@@ -7,7 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/api/client"
+
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
@@ -95,7 +96,7 @@ func moveHeld(t *testing.T, l *lab.Lab, bin, ip string, req engine.Request) held
 		t.Fatal(err)
 	}
 	req.To = l.Hosts[1].AgentAddr
-	rep, err := agent.Migrate(ctx, agent.Socket(l.Hosts[0].ControlSock), req, nil)
+	rep, err := client.Migrate(ctx, client.Socket(l.Hosts[0].ControlSock), req, nil)
 	time.Sleep(300 * time.Millisecond) // answers after the switch
 	m := heldMove{rep: rep}
 	m.sr, m.serr = stream.Stop()

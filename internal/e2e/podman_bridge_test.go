@@ -9,7 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/api/client"
+
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/procs"
@@ -130,7 +131,7 @@ func TestPodmanSourceNeverRunsAgain(t *testing.T) {
 				}
 			}
 		}()
-		rep, err := agent.Migrate(context.Background(), agent.Socket(h1.ControlSock), engine.Request{Container: name, To: h2.AgentAddr, Mode: engine.ModeCold, Runtime: "podman"}, nil)
+		rep, err := client.Migrate(context.Background(), client.Socket(h1.ControlSock), engine.Request{Container: name, To: h2.AgentAddr, Mode: engine.ModeCold, Runtime: "podman"}, nil)
 		// Until its processes are gone.
 		for deadline := time.Now().Add(5 * time.Second); procs.Alive(pid) && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		}

@@ -14,7 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/api/client"
+
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/engine"
@@ -59,7 +60,7 @@ func startProbe(t *testing.T, l *lab.Lab, bin, memory string) *bench.ProbeProc {
 func migrate(t *testing.T, l *lab.Lab, p *bench.ProbeProc, req engine.Request) (engine.Report, probe.Result, error) {
 	t.Helper()
 	req.To = l.Hosts[1].AgentAddr
-	rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock), req, nil)
+	rep, err := client.Migrate(context.Background(), client.Socket(l.Hosts[0].ControlSock), req, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +81,7 @@ func destinationDiesAfterRestore(t *testing.T, l *lab.Lab, p *bench.ProbeProc, n
 	state func(h *lab.Host) string, w struct{ frozen, held, running string }, held func() error) {
 	t.Helper()
 	h1, h2 := &l.Hosts[0], &l.Hosts[1]
-	rep, err := agent.Migrate(context.Background(), agent.Socket(h1.ControlSock), engine.Request{Container: name, To: h2.AgentAddr,
+	rep, err := client.Migrate(context.Background(), client.Socket(h1.ControlSock), engine.Request{Container: name, To: h2.AgentAddr,
 		Mode: engine.ModeCold, Runtime: rt, Faults: []string{"kill-destination@restore"}}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -344,7 +345,7 @@ func expectRefused(t *testing.T, l *lab.Lab, cases []refusal, after func()) {
 	t.Helper()
 	for _, c := range cases {
 		c.req.To = l.Hosts[1].AgentAddr
-		rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock), c.req, nil)
+		rep, err := client.Migrate(context.Background(), client.Socket(l.Hosts[0].ControlSock), c.req, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

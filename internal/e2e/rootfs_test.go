@@ -12,7 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/api/client"
+
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
@@ -181,7 +182,7 @@ func TestLargeRootfs(t *testing.T) {
 // unless the migration succeeded.
 func moveOK(t *testing.T, from, to *lab.Host, name, mode string) engine.Report {
 	t.Helper()
-	rep, err := agent.Migrate(context.Background(), agent.Socket(from.ControlSock), engine.Request{Container: name, To: to.AgentAddr, Mode: mode}, nil)
+	rep, err := client.Migrate(context.Background(), client.Socket(from.ControlSock), engine.Request{Container: name, To: to.AgentAddr, Mode: mode}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/api/client"
+
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/engine"
@@ -124,7 +125,7 @@ func TestPlainRunc(t *testing.T) {
 			time.Sleep(200 * time.Millisecond)
 			req := c.req
 			req.Container, req.To = p.name, l.Hosts[1].AgentAddr
-			rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock), req, nil)
+			rep, err := client.Migrate(context.Background(), client.Socket(l.Hosts[0].ControlSock), req, nil)
 			time.Sleep(200 * time.Millisecond)
 			pr, perr := probe.Stop()
 			if err != nil {
@@ -180,7 +181,7 @@ func TestPlainRuncBadInput(t *testing.T) {
 	}
 	for _, c := range cases {
 		c.req.To = l.Hosts[1].AgentAddr
-		rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock), c.req, nil)
+		rep, err := client.Migrate(context.Background(), client.Socket(l.Hosts[0].ControlSock), c.req, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

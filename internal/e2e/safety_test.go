@@ -10,7 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/api/client"
+
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/journal"
@@ -36,7 +37,7 @@ func TestFrozenRootfsFailureResumesSource(t *testing.T) {
 				_ = l.Hosts[0].Runc().Delete(context.Background(), name)
 				_ = os.RemoveAll(l.Hosts[0].BundleDir(name))
 			})
-			rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock),
+			rep, err := client.Migrate(context.Background(), client.Socket(l.Hosts[0].ControlSock),
 				engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: mode, Faults: []string{"rootfs-final"}}, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -101,7 +102,7 @@ func TestDestinationAgentDiesAfterRestore(t *testing.T) {
 			_ = h.Runc().Delete(context.Background(), name)
 		}
 	})
-	rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock),
+	rep, err := client.Migrate(context.Background(), client.Socket(l.Hosts[0].ControlSock),
 		engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: engine.ModeCold, Faults: []string{"kill-destination@restore"}}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -135,7 +136,7 @@ func TestSourceChecksTheDestinationsName(t *testing.T) {
 	p := startMemhog(t, l, bin, name)
 	defer p.Stop()
 	t.Cleanup(func() { _ = l.Hosts[0].Runc().Delete(context.Background(), name) })
-	rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock),
+	rep, err := client.Migrate(context.Background(), client.Socket(l.Hosts[0].ControlSock),
 		engine.Request{Container: name, To: "h3@" + l.Hosts[1].AgentAddr, Mode: engine.ModeCold}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -146,7 +147,7 @@ func TestSourceChecksTheDestinationsName(t *testing.T) {
 	if got := status(t, &l.Hosts[0], name); got != "running" {
 		t.Errorf("source container is %s", got)
 	}
-	rep, err = agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock),
+	rep, err = client.Migrate(context.Background(), client.Socket(l.Hosts[0].ControlSock),
 		engine.Request{Container: name, To: "h2@" + l.Hosts[1].AgentAddr, Mode: engine.ModeCold}, nil)
 	if err != nil || !rep.OK {
 		t.Fatalf("the right name refused: %v %s", err, rep.Error)
@@ -174,7 +175,7 @@ func TestSIGTERMDrains(t *testing.T) {
 		time.Sleep(time.Second)
 		_ = syscall.Kill(pid, syscall.SIGTERM)
 	}()
-	rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock),
+	rep, err := client.Migrate(context.Background(), client.Socket(l.Hosts[0].ControlSock),
 		engine.Request{Container: name, To: l.Hosts[1].AgentAddr, Mode: engine.ModePrecopy}, nil)
 	if err != nil {
 		t.Fatalf("the stopping agent sent no report: %v", err)
@@ -286,7 +287,7 @@ func TestPostcopySourceAgentDiesMidPull(t *testing.T) {
 	if pr, err := p.Stop(); err != nil || !pr.StateOK {
 		t.Fatalf("workload after the pull went on: %+v %v", pr, err)
 	}
-	checkSettledJob(t, agent.Socket(l.Hosts[0].ControlSock), id, journal.Removed)
+	checkSettledJob(t, client.Socket(l.Hosts[0].ControlSock), id, journal.Removed)
 	if n := lazyDaemons(); n != 0 {
 		t.Errorf("%d lazy-pages daemons outlived the pull", n)
 	}
@@ -309,7 +310,7 @@ type migrated struct {
 func migrateAsync(l *lab.Lab, req engine.Request) <-chan migrated {
 	done := make(chan migrated, 1)
 	go func() {
-		rep, err := agent.Migrate(context.Background(), agent.Socket(l.Hosts[0].ControlSock), req, nil)
+		rep, err := client.Migrate(context.Background(), client.Socket(l.Hosts[0].ControlSock), req, nil)
 		done <- migrated{rep, err}
 	}()
 	return done

@@ -6,6 +6,8 @@ import (
 	"io"
 	"time"
 
+	"github.com/ferry-migrate/ferry/api"
+
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/pages"
 	"github.com/ferry-migrate/ferry/internal/procs"
@@ -16,7 +18,7 @@ import (
 // ModeAuto measures the live inputs, plans with the host profile, and runs
 // the technique the planner recommends, or refuses before anything is
 // frozen when none fits the downtime budget.
-const ModeAuto = "auto"
+const ModeAuto = api.ModeAuto
 
 // ChanProbe carries a short bulk transfer that measures the link.
 const ChanProbe = "probe"
@@ -26,16 +28,7 @@ const ChanProbe = "probe"
 const probeBytes = 16 << 20
 
 // AutoChoice records what mode auto measured and decided.
-type AutoChoice struct {
-	MemoryBytes   int64              `json:"memory_bytes"`
-	SharedBytes   int64              `json:"shared_bytes,omitempty"` // dumped while frozen in every mode
-	DirtyRate     float64            `json:"dirty_rate"`             // pages per second
-	ThroughputBps float64            `json:"throughput_bps"`         // bits per second
-	Predictions   []model.Prediction `json:"predictions"`
-	Chosen        string             `json:"chosen"`
-	Rounds        int                `json:"rounds,omitempty"`
-	Reason        string             `json:"reason"`
-}
+type AutoChoice = api.AutoChoice
 
 // chooseMode measures and plans; it returns the mode to run.
 func (m *migration) chooseMode(ctx context.Context) (string, error) {

@@ -33,7 +33,7 @@ func TestFailAtKeepsTheFirstPlace(t *testing.T) {
 }
 
 func TestStopRule(t *testing.T) {
-	o := PrecopyOptions{MaxRounds: 5}.withDefaults()
+	o := withDefaults(PrecopyOptions{MaxRounds: 5})
 	// The switchover's prediction: what is left over the link, plus 300 ms.
 	var asked []float64
 	predict := func(left, throughput float64) time.Duration {
@@ -41,25 +41,25 @@ func TestStopRule(t *testing.T) {
 		return seconds(left/throughput + 0.3)
 	}
 	r0 := Round{Index: 0, Bytes: 256 << 20, DurationMs: 2300}
-	if k, _ := o.stop(r0, nil, 0, predict); k != keepGoing {
+	if k, _ := stopRule(o, r0, nil, 0, predict); k != keepGoing {
 		t.Errorf("first round stopped: %v", k)
 	}
 	small := Round{Index: 1, Bytes: 1 << 20, DurationMs: 20}
-	if k, why := o.stop(small, &r0, 1, predict); k != stopSmall || !strings.Contains(why, "threshold") {
+	if k, why := stopRule(o, small, &r0, 1, predict); k != stopSmall || !strings.Contains(why, "threshold") {
 		t.Errorf("small round: %v %q", k, why)
 	}
 	r1 := Round{Index: 1, Bytes: 100 << 20, DurationMs: 900}
 	r2 := Round{Index: 2, Bytes: 99 << 20, DurationMs: 890}
-	if k, _ := o.stop(r2, &r1, 2, predict); k != stopNotConverging {
+	if k, _ := stopRule(o, r2, &r1, 2, predict); k != stopNotConverging {
 		t.Errorf("flat rounds: %v", k)
 	}
-	if k, _ := o.stop(r2, &r1, 4, predict); k != stopMaxRounds {
+	if k, _ := stopRule(o, r2, &r1, 4, predict); k != stopMaxRounds {
 		t.Errorf("last allowed round: %v", k)
 	}
 	fit := o
 	fit.MaxDowntime = 10 * time.Second
 	shrinking := Round{Index: 1, Bytes: 50 << 20, DurationMs: 450, DirtyRate: 100}
-	if k, why := fit.stop(shrinking, &r0, 1, predict); k != stopFits || !strings.Contains(why, "fits") {
+	if k, why := stopRule(fit, shrinking, &r0, 1, predict); k != stopFits || !strings.Contains(why, "fits") {
 		t.Errorf("generous budget: %v %q", k, why)
 	}
 	// Left: 100 pages/s for 0.45 s; throughput: the better of the two rounds.
@@ -67,7 +67,7 @@ func TestStopRule(t *testing.T) {
 		t.Errorf("prediction asked for %v", asked)
 	}
 	fit.MaxDowntime = 250 * time.Millisecond
-	if k, _ := fit.stop(shrinking, &r0, 1, predict); k != keepGoing {
+	if k, _ := stopRule(fit, shrinking, &r0, 1, predict); k != keepGoing {
 		t.Errorf("budget below the prediction stopped: %v", k)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"slices"
 	"sync"
+
+	"github.com/ferry-migrate/ferry/api"
 )
 
 // A line is migrations from this host whose memory crosses a few at a
@@ -38,19 +40,12 @@ type ticket struct {
 }
 
 // LineSpec names a line and how many of its migrations cross at once.
-type LineSpec struct {
-	Name string `json:"name"`
-	// Width is how many cross at once (0: one).
-	Width int `json:"width,omitempty"`
-	// Handoff is when a migration with live rounds gives its turn away:
-	// HandoffCommit (the default) or HandoffFreeze.
-	Handoff string `json:"handoff,omitempty"`
-}
+type LineSpec = api.LineSpec
 
 // When a migration in a line gives its turn to the next.
 const (
-	HandoffCommit = "commit"
-	HandoffFreeze = "freeze"
+	HandoffCommit = api.HandoffCommit
+	HandoffFreeze = api.HandoffFreeze
 )
 
 // join puts a migration at the end of its line.

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/ferry-migrate/ferry/api"
+
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/zeebo/xxh3"
 
@@ -40,23 +42,7 @@ import (
 const ChanRounds = "rounds"
 
 // Round describes one pre-copy round.
-type Round struct {
-	Index      int     `json:"index"`
-	Bytes      int64   `json:"bytes"`       // on the wire
-	RawBytes   int64   `json:"raw_bytes"`   // the round stream before compression
-	Pages      uint64  `json:"pages"`       // pages sent (whole or as a delta)
-	DeltaPages uint64  `json:"delta_pages"` // of which as XOR deltas
-	DurationMs float64 `json:"duration_ms"`
-	FrozenMs   float64 `json:"frozen_ms"`  // content-based rounds never freeze
-	DirtyRate  float64 `json:"dirty_rate"` // pages per second changed since the round before
-	// ThrottlePct is the CPU throttle auto-converge applied during the round.
-	ThrottlePct int `json:"throttle_pct,omitempty"`
-	// Final marks hybrid's last round, read while the container is frozen.
-	Final bool `json:"final,omitempty"`
-	// UnchangedPages were not read: the kernel's write tracking said they
-	// were not written since the round before.
-	UnchangedPages uint64 `json:"unchanged_pages,omitempty"`
-}
+type Round = api.Round
 
 // RoundAck tells the source a round is stored at the destination.
 type RoundAck struct {
@@ -65,38 +51,16 @@ type RoundAck struct {
 }
 
 // PrecopyOptions are the stop rule and the stream's shape.
-type PrecopyOptions struct {
-	MaxRounds int `json:"max_rounds,omitempty"`
-	// MinRoundBytes: stop once a round sends less than this.
-	MinRoundBytes int64 `json:"min_round_bytes,omitempty"`
-	// MaxDowntime: stop once the predicted downtime fits.
-	MaxDowntime time.Duration `json:"max_downtime,omitempty"`
-	// AutoConverge throttles the container's CPU when rounds stop shrinking.
-	AutoConverge bool   `json:"auto_converge,omitempty"`
-	Compress     string `json:"compress,omitempty"` // "none" or "zstd"
-	// Engine: auto (native where the kernel tracks dirty pages), native
-	// or content.
-	Engine string `json:"engine,omitempty"`
-	// Switchover, for the content engine: rebuild or dump (see below);
-	// auto picks rebuild where CRIU's lazy dump works.
-	Switchover string `json:"switchover,omitempty"`
-	// WriteTracking, for the content engine: auto (read only what the
-	// kernel says was written, where it can say) or off (see tracking.go).
-	WriteTracking string `json:"write_tracking,omitempty"`
-}
+type PrecopyOptions = api.PrecopyOptions
 
-// How content-based pre-copy switches over.
+// How content-based pre-copy switches over (see api).
 const (
-	// SwitchoverRebuild: CRIU dumps without memory while ferry sends the
-	// frozen memory's changes as a last round; the destination completes
-	// the images from its copy and restores them. Needs CRIU's lazy dump.
-	SwitchoverRebuild = "rebuild"
-	// SwitchoverDump: a full CRIU dump whose page stream carries references
-	// to the pages the destination holds.
-	SwitchoverDump = "dump"
+	SwitchoverRebuild = api.SwitchoverRebuild
+	SwitchoverDump    = api.SwitchoverDump
 )
 
-func (o PrecopyOptions) withDefaults() PrecopyOptions {
+// withDefaults fills the options a request left out.
+func withDefaults(o PrecopyOptions) PrecopyOptions {
 	if o.MaxRounds <= 0 {
 		o.MaxRounds = 8
 	}
@@ -253,7 +217,7 @@ type StalePages struct {
 // runRounds sends rounds while the container runs, until the stop rule
 // says switch over, throttling the CPU when auto-converge is on.
 func (m *migration) runRounds(ctx context.Context, ps *precopySource) error {
-	o := m.req.Precopy.withDefaults()
+	o := withDefaults(m.req.Precopy)
 	throttle := &cpuThrottle{}
 	m.liftThrottle = throttle.lift
 	var prev *Round
@@ -269,7 +233,7 @@ func (m *migration) runRounds(ctx context.Context, ps *precopySource) error {
 		r.ThrottlePct = throttle.pct
 		m.roundDone(r, prev, i, m.contentSwitchover)
 		ps.next, ps.last = i+1, r
-		stop, why := o.stop(r, prev, i, m.contentSwitchover)
+		stop, why := stopRule(o, r, prev, i, m.contentSwitchover)
 		if stop == stopNotConverging && o.AutoConverge && throttle.pct < 99 && i+1 < o.MaxRounds {
 			if !m.throttled {
 				// Journaled first: an agent that dies from here on lifts it
@@ -379,7 +343,7 @@ const (
 
 // stop applies the stop rule after round r. switchover predicts the
 // downtime when left bytes remain to send at throughput bytes/s.
-func (o PrecopyOptions) stop(r Round, prev *Round, i int, switchover func(left, throughput float64) time.Duration) (stopKind, string) {
+func stopRule(o PrecopyOptions, r Round, prev *Round, i int, switchover func(left, throughput float64) time.Duration) (stopKind, string) {
 	if r.Bytes < o.MinRoundBytes && i > 0 {
 		return stopSmall, fmt.Sprintf("round %d sent %d bytes, under the %d-byte threshold", i, r.Bytes, o.MinRoundBytes)
 	}

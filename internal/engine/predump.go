@@ -45,7 +45,7 @@ type PageStreamInfo struct {
 }
 
 func (m *migration) precopyNative(ctx context.Context) error {
-	o := m.req.Precopy.withDefaults()
+	o := withDefaults(m.req.Precopy)
 	if err := m.syncRootfsLive(ctx); err != nil {
 		return err
 	}
@@ -72,7 +72,7 @@ func (m *migration) precopyNative(ctx context.Context) error {
 		}
 		m.roundDone(r, prev, i, switchover)
 		last = i
-		stop, why := o.stop(r, prev, i, switchover)
+		stop, why := stopRule(o, r, prev, i, switchover)
 		if stop != keepGoing {
 			m.report.StopReason = why
 			break

@@ -117,14 +117,14 @@ var techniques = map[string]technique{
 		needs:  runtime.Caps{PreDump: true},
 		channels: func(o PrecopyOptions) []string {
 			chans := []string{ChanPages}
-			for i := 0; i < o.withDefaults().MaxRounds; i++ {
+			for i := 0; i < withDefaults(o).MaxRounds; i++ {
 				chans = append(chans, predumpChan(i))
 			}
 			return chans
 		},
 		source: (*migration).precopyNative,
 		receive: func(in *incoming, ctx context.Context, rx receivers) {
-			in.receivePredumps(ctx, rx.sess, rx.router, in.offer.Precopy.withDefaults().MaxRounds)
+			in.receivePredumps(ctx, rx.sess, rx.router, withDefaults(in.offer.Precopy).MaxRounds)
 			rx.g.Go(func() error { return in.receiveFinalPages(ctx, rx.sess, rx.router, nil) })
 		},
 	},

@@ -11,9 +11,10 @@ import (
 	"strings"
 	"time"
 
+	agentclient "github.com/ferry-migrate/ferry/api/client"
+
 	"github.com/schollz/progressbar/v3"
 
-	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/engine"
@@ -178,7 +179,7 @@ func (o Options) runPoint(ctx context.Context, l *lab.Lab, p Point, rep, n int) 
 	}
 	r.WorkingSetBytes, r.SharedBytes = measureService(ctx, src, name, o.Spec.Before)
 	start := time.Now()
-	rep2, merr := agent.Migrate(ctx, agent.Socket(src.ControlSock), engine.Request{Container: name, To: dst.AgentAddr, Mode: mode, Runtime: p.Runtime, Precopy: precopy}, nil)
+	rep2, merr := agentclient.Migrate(ctx, agentclient.Socket(src.ControlSock), engine.Request{Container: name, To: dst.AgentAddr, Mode: mode, Runtime: p.Runtime, Precopy: precopy}, nil)
 	sleep(ctx, o.Spec.After)
 	lr, lerr := load.Stop()
 	r.StartUnixMs = start.UnixMilli()

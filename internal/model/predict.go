@@ -5,14 +5,16 @@ import (
 	"math"
 	"slices"
 	"strings"
+
+	"github.com/ferry-migrate/ferry/api"
 )
 
 // Modes Predict knows. The first four are ferry's engine modes.
 const (
-	ModeCold          = "cold"
-	ModePrecopy       = "precopy" // content-based (no kernel dirty tracking)
-	ModePostcopy      = "postcopy"
-	ModeHybrid        = "hybrid"
+	ModeCold          = api.ModeCold
+	ModePrecopy       = api.ModePrecopy // content-based (no kernel dirty tracking)
+	ModePostcopy      = api.ModePostcopy
+	ModeHybrid        = api.ModeHybrid
 	ModeNativePrecopy = "precopy-native" // CRIU pre-dump with soft-dirty: PAM
 )
 
@@ -59,19 +61,7 @@ type Inputs struct {
 }
 
 // Prediction is one technique's predicted cost.
-type Prediction struct {
-	Mode       string  `json:"mode"`
-	Rounds     int     `json:"rounds"` // live rounds before the switchover (0 for cold and post-copy)
-	DowntimeMs float64 `json:"downtime_ms"`
-	TotalMs    float64 `json:"total_ms"`
-	Bytes      float64 `json:"bytes"` // sent over the link
-	// FrozenMs: freezes before the switchover (native pre-copy only).
-	FrozenMs float64 `json:"frozen_ms,omitempty"`
-	// DegradedMs: after the service resumes, until every page is in place
-	// (post-copy and hybrid; faults may wait meanwhile).
-	DegradedMs float64 `json:"degraded_ms,omitempty"`
-	Note       string  `json:"note,omitempty"`
-}
+type Prediction = api.Prediction
 
 func (in Inputs) check() error {
 	switch {

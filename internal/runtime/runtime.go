@@ -20,6 +20,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/ferry-migrate/ferry/api"
+
 	"github.com/ferry-migrate/ferry/internal/privnet"
 	"github.com/ferry-migrate/ferry/internal/procs"
 )
@@ -105,26 +107,7 @@ type Volume struct {
 }
 
 // Network is a network the runtime attached the container to.
-type Network struct {
-	// Name is the runtime's name for it (Docker's "bridge", a user's own),
-	// which the destination must have too; Driver its kind.
-	Name   string `json:"name"`
-	Driver string `json:"driver"`
-	// Address is the container's address on it at the source, in
-	// Subnet.
-	Address string `json:"address,omitempty"`
-	Subnet  string `json:"subnet,omitempty"`
-	// Ports are the ports published on the host for it, as
-	// "HOSTPORT->PORT/PROTO".
-	Ports []string `json:"ports,omitempty"`
-	// HostLocal says the network ends at its host (a bridge behind the
-	// host's NAT): the container's address there means nothing elsewhere,
-	// so its established connections cannot follow it and are closed at
-	// the destination, while listening sockets and published ports move.
-	// Otherwise the network is a segment both hosts share (macvlan,
-	// ipvlan): the container keeps its address and connections.
-	HostLocal bool `json:"host_local"`
-}
+type Network = api.Network
 
 // PublishedPort is a port binding as Network.Ports holds it:
 // HOSTPORT->PORT/PROTO, with HOSTIP: first where it is bound to one

@@ -1,4 +1,4 @@
-package engine
+package api
 
 import (
 	"bytes"
@@ -12,14 +12,14 @@ import (
 
 var updateSchema = flag.Bool("update-schema", false, "rewrite docs/report.schema.json from the Report type")
 
-const reportSchemaPath = "../../docs/report.schema.json"
+const reportSchemaPath = "../docs/report.schema.json"
 
 // reportSchema is the JSON Schema of Report, generated from the Go type
 // and its field comments.
 func reportSchema(t *testing.T) []byte {
 	t.Helper()
 	r := &jsonschema.Reflector{DoNotReference: false}
-	if err := r.AddGoComments("github.com/ferry-migrate/ferry/internal/engine", "./"); err != nil {
+	if err := r.AddGoComments("github.com/ferry-migrate/ferry/api", "./"); err != nil {
 		t.Fatal(err)
 	}
 	s := r.Reflect(&Report{})
@@ -37,7 +37,7 @@ func reportSchema(t *testing.T) []byte {
 func jsonNumber(n int) string { b, _ := json.Marshal(n); return string(b) }
 
 // docs/report.schema.json is the schema of the Report type as it is (go
-// test ./internal/engine -run TestReportSchema -update-schema rewrites it).
+// test ./api -run TestReportSchema -update-schema rewrites it).
 func TestReportSchema(t *testing.T) {
 	want := reportSchema(t)
 	if *updateSchema {
@@ -50,7 +50,7 @@ func TestReportSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(got, want) {
-		t.Fatalf("%s is not the Report type's schema: run go test ./internal/engine -run TestReportSchema -update-schema", reportSchemaPath)
+		t.Fatalf("%s is not the Report type's schema: run go test ./api -run TestReportSchema -update-schema", reportSchemaPath)
 	}
 	// Every field a report carries is in it, by its JSON name.
 	var schema struct {

@@ -1,15 +1,16 @@
-package agent
+// Package client asks a ferry agent for migrations and follows them, over
+// the agent's control socket or, with an operator's certificate, its
+// address: the client side of the api package's types.
+package client
 
 import (
 	"context"
 	"errors"
 	"fmt"
 
-	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/api"
 	"github.com/ferry-migrate/ferry/internal/transport"
 )
-
-// The CLI's side of an agent's control requests.
 
 // Endpoint is where the CLI reaches an agent: its control socket on this
 // host, or, from anywhere, its peer address over mutual TLS with an
@@ -55,54 +56,54 @@ func (e Endpoint) dial(ctx context.Context) (*transport.Session, error) {
 
 // Migrate asks the agent at ep to migrate a container, calling
 // progress for each live update, and returns the final report.
-func Migrate(ctx context.Context, ep Endpoint, req engine.Request, progress func(engine.Progress)) (engine.Report, error) {
+func Migrate(ctx context.Context, ep Endpoint, req api.Request, progress func(api.Progress)) (api.Report, error) {
 	return MigrateJob(ctx, ep, req, nil, progress)
 }
 
 // MigrateJob is Migrate that also hears the migration's ID as soon as the
 // agent accepts it (accepted), e.g. to cancel it or to leave it running.
-func MigrateJob(ctx context.Context, ep Endpoint, req engine.Request, accepted func(id string), progress func(engine.Progress)) (engine.Report, error) {
-	return follow(ctx, ep, engine.ChanMigrate, req, accepted, progress, func(err error) error {
+func MigrateJob(ctx context.Context, ep Endpoint, req api.Request, accepted func(id string), progress func(api.Progress)) (api.Report, error) {
+	return follow(ctx, ep, api.ChanMigrate, req, accepted, progress, func(err error) error {
 		return fmt.Errorf("lost the source agent at %s during the migration of %q (%v): "+
-			"the container may be at either host; check with `ferry lab status` or `runc list` on both", ep, req.Container, err)
+			"the container may be at either host; `ferry ps --all` on the source says what became of it once its agent is back", ep, req.Container, err)
 	})
 }
 
 // Wait follows the migration id on the agent at ep until it ends,
 // and returns its report (at once if it has ended).
-func Wait(ctx context.Context, ep Endpoint, id string, progress func(engine.Progress)) (engine.Report, error) {
-	return follow(ctx, ep, engine.ChanWait, engine.JobRef{ID: id}, nil, progress, func(err error) error {
+func Wait(ctx context.Context, ep Endpoint, id string, progress func(api.Progress)) (api.Report, error) {
+	return follow(ctx, ep, api.ChanWait, api.JobRef{ID: id}, nil, progress, func(err error) error {
 		return fmt.Errorf("lost the agent at %s while waiting for migration %s: %w", ep, id, err)
 	})
 }
 
 // follow sends q on a channel of kind and reads events until the report.
-func follow(ctx context.Context, ep Endpoint, kind string, q any, accepted func(string), progress func(engine.Progress), lost func(error) error) (engine.Report, error) {
+func follow(ctx context.Context, ep Endpoint, kind string, q any, accepted func(string), progress func(api.Progress), lost func(error) error) (api.Report, error) {
 	sess, err := ep.dial(ctx)
 	if err != nil {
-		return engine.Report{}, err
+		return api.Report{}, err
 	}
 	defer sess.Close()
 	ch, err := sess.Open(kind)
 	if err != nil {
-		return engine.Report{}, err
+		return api.Report{}, err
 	}
 	defer ch.Close()
 	if err := ch.Send(q); err != nil {
-		return engine.Report{}, err
+		return api.Report{}, err
 	}
 	stop := context.AfterFunc(ctx, func() { sess.Close() })
 	defer stop()
 	for {
-		var ev engine.Event
+		var ev api.Event
 		if err := ch.Recv(&ev); err != nil {
 			if ctx.Err() != nil {
-				return engine.Report{}, errors.Join(ctx.Err(), errors.New("the agent carries on with the migration"))
+				return api.Report{}, errors.Join(ctx.Err(), errors.New("the agent carries on with the migration"))
 			}
 			if transport.IsRemote(err) {
-				return engine.Report{}, err
+				return api.Report{}, err
 			}
-			return engine.Report{}, lost(err)
+			return api.Report{}, lost(err)
 		}
 		switch {
 		case ev.Report != nil:
@@ -116,32 +117,32 @@ func follow(ctx context.Context, ep Endpoint, kind string, q any, accepted func(
 }
 
 // Status asks the agent at ep what it runs.
-func Status(ctx context.Context, ep Endpoint) (engine.Status, error) {
-	var st engine.Status
-	err := ask(ctx, ep, engine.ChanStatus, nil, &st)
+func Status(ctx context.Context, ep Endpoint) (api.Status, error) {
+	var st api.Status
+	err := ask(ctx, ep, api.ChanStatus, nil, &st)
 	return st, err
 }
 
 // Jobs lists the agent's running migrations, and with all the ended ones
 // it kept.
-func Jobs(ctx context.Context, ep Endpoint, all bool) ([]engine.Job, error) {
-	var js []engine.Job
-	err := ask(ctx, ep, engine.ChanJobs, engine.JobsQuery{All: all}, &js)
+func Jobs(ctx context.Context, ep Endpoint, all bool) ([]api.Job, error) {
+	var js []api.Job
+	err := ask(ctx, ep, api.ChanJobs, api.JobsQuery{All: all}, &js)
 	return js, err
 }
 
 // Cancel asks the agent to abort migration id where its source can still
 // resume.
-func Cancel(ctx context.Context, ep Endpoint, id string) (engine.CancelReply, error) {
-	var r engine.CancelReply
-	err := ask(ctx, ep, engine.ChanCancel, engine.JobRef{ID: id}, &r)
+func Cancel(ctx context.Context, ep Endpoint, id string) (api.CancelReply, error) {
+	var r api.CancelReply
+	err := ask(ctx, ep, api.ChanCancel, api.JobRef{ID: id}, &r)
 	return r, err
 }
 
 // Resolve asks the agent to settle migration id, left in doubt, now.
-func Resolve(ctx context.Context, ep Endpoint, id string) (engine.Resolution, error) {
-	var r engine.Resolution
-	err := ask(ctx, ep, engine.ChanResolve, engine.JobRef{ID: id}, &r)
+func Resolve(ctx context.Context, ep Endpoint, id string) (api.Resolution, error) {
+	var r api.Resolution
+	err := ask(ctx, ep, api.ChanResolve, api.JobRef{ID: id}, &r)
 	return r, err
 }
 

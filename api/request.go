@@ -1,0 +1,66 @@
+package api
+
+import "time"
+
+// Request is what the CLI asks of a source agent.
+type Request struct {
+	// ID names the migration: the caller's choice (12 lowercase hex
+	// digits), or, left empty, the source agent's when it accepts the
+	// request. A request repeated with the same ID (a controller
+	// retrying) follows the migration that ID names, running or ended,
+	// instead of starting a second one.
+	ID        string `json:"id,omitempty"`
+	Container string `json:"container"`
+	To        string `json:"to"`
+	Mode      string `json:"mode"`
+	// Runtime names the container's runtime (runc, podman, lxc); auto
+	// (or empty) finds it by name in the runtimes this host has.
+	Runtime string `json:"runtime,omitempty"`
+	// RuncRoot is the runc root a runc container lives under, when not
+	// the agent's own.
+	RuncRoot string `json:"runc_root,omitempty"`
+	// KeepVolumes leaves the source's copy of the volumes that moved in
+	// place after the commit (by default they are removed with it).
+	KeepVolumes bool `json:"keep_volumes,omitempty"`
+	// Faults to inject, for tests (see package fault: ACTION@PHASE);
+	// honoured only by agents started with --allow-faults.
+	Faults []string `json:"faults,omitempty"`
+	// Precopy shapes pre-copy and hybrid rounds.
+	Precopy PrecopyOptions `json:"precopy,omitempty"`
+	// MaxBandwidthBps caps what the source sends, in bits per second.
+	MaxBandwidthBps int64 `json:"max_bandwidth_bps,omitempty"`
+	// Line puts the migration in a line of this host's migrations (a
+	// drain's) whose memory crosses a few at a time (line.go).
+	Line *LineSpec `json:"line,omitempty"`
+}
+
+// PrecopyOptions are the stop rule and the stream's shape.
+type PrecopyOptions struct {
+	MaxRounds int `json:"max_rounds,omitempty"`
+	// MinRoundBytes: stop once a round sends less than this.
+	MinRoundBytes int64 `json:"min_round_bytes,omitempty"`
+	// MaxDowntime: stop once the predicted downtime fits.
+	MaxDowntime time.Duration `json:"max_downtime,omitempty"`
+	// AutoConverge throttles the container's CPU when rounds stop shrinking.
+	AutoConverge bool   `json:"auto_converge,omitempty"`
+	Compress     string `json:"compress,omitempty"` // "none" or "zstd"
+	// Engine: auto (native where the kernel tracks dirty pages), native
+	// or content.
+	Engine string `json:"engine,omitempty"`
+	// Switchover, for the content engine: rebuild or dump (see below);
+	// auto picks rebuild where CRIU's lazy dump works.
+	Switchover string `json:"switchover,omitempty"`
+	// WriteTracking, for the content engine: auto (read only what the
+	// kernel says was written, where it can say) or off (see tracking.go).
+	WriteTracking string `json:"write_tracking,omitempty"`
+}
+
+// LineSpec names a line and how many of its migrations cross at once.
+type LineSpec struct {
+	Name string `json:"name"`
+	// Width is how many cross at once (0: one).
+	Width int `json:"width,omitempty"`
+	// Handoff is when a migration with live rounds gives its turn away:
+	// HandoffCommit (the default) or HandoffFreeze.
+	Handoff string `json:"handoff,omitempty"`
+}
