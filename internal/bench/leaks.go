@@ -29,8 +29,11 @@ func snapshot(l *lab.Lab) leakSet {
 	for _, pid := range labCRIUs(l) {
 		s[fmt.Sprintf("process: criu pid %d", pid)] = true
 	}
-	for _, pid := range labRelays(l) {
+	for _, pid := range labRelays(l, lazyrelay.Command) {
 		s[fmt.Sprintf("process: ferry lazy-relay pid %d", pid)] = true
+	}
+	for _, pid := range labRelays(l, lazyrelay.KeeperCommand) {
+		s[fmt.Sprintf("process: ferry page-keeper pid %d", pid)] = true
 	}
 	if ents, err := os.ReadDir("/var/run/netns"); err == nil {
 		for _, e := range ents {
@@ -191,13 +194,14 @@ func cleanLeaks(l *lab.Lab) {
 	}
 }
 
-// labRelays lists the post-copy relays (package lazyrelay) the lab
-// hosts' agents started: each should end with its pull.
-func labRelays(l *lab.Lab) []int {
+// labRelays lists the processes of package lazyrelay running cmd (the
+// destination's relay, the source's page keeper) the lab hosts' agents
+// started: each should end with its pull.
+func labRelays(l *lab.Lab, cmd string) []int {
 	return slices.DeleteFunc(l.HostProcesses(), func(pid int) bool {
 		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 		args := strings.Split(string(b), "\x00")
-		return len(args) < 2 || args[1] != lazyrelay.Command
+		return len(args) < 2 || args[1] != cmd
 	})
 }
 
