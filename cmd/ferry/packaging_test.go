@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/spf13/cobra"
@@ -224,9 +226,7 @@ func TestDebPackage(t *testing.T) {
 // runs ferry --version there, and removes then purges it. Its
 // dependencies are not in minbase: dpkg is told to go on without them.
 func debInstalls(t *testing.T, deb string) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the root filesystem keeps its owners, dpkg chroots")
-	}
+	testroot.Require(t, "needs root: the root filesystem keeps its owners, dpkg chroots")
 	for _, tool := range []string{"dpkg", "chroot", "tar"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("needs %s", tool)

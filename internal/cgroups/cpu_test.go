@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	occgroups "github.com/opencontainers/cgroups"
 )
 
@@ -49,9 +51,7 @@ func TestLimited(t *testing.T) {
 // TestCPUOfRealCgroup throttles a real process in a cgroup the test makes
 // under this host's cpu controller (v1, or v2 where cpu is delegated).
 func TestCPUOfRealCgroup(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to make a cgroup")
-	}
+	testroot.Require(t, "needs root to make a cgroup")
 	parent := controllerRoot(t, "cpu")
 	dir := filepath.Join(parent, fmt.Sprintf("ferry-cgroups-test-%d", os.Getpid()))
 	if err := os.Mkdir(dir, 0o755); err != nil {

@@ -8,14 +8,14 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/ferry-migrate/ferry/internal/testroot"
 )
 
 // A cgroup in every hierarchy holding a frozen process and a child
 // cgroup: Destroy thaws and kills the process and removes every level.
 func TestDestroy(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to make cgroups")
-	}
+	testroot.Require(t, "needs root to make cgroups")
 	hs := Hierarchies(Root)
 	if len(hs) == 0 {
 		t.Skip("no cgroup hierarchy mounted at " + Root)

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	occgroups "github.com/opencontainers/cgroups"
 
 	"github.com/ferry-migrate/ferry/internal/procs"
@@ -17,9 +19,7 @@ import (
 // no other; the freezer then says FROZEN, as runc reads it for "paused";
 // Thaw lets them run again.
 func TestFreeze(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to make cgroups")
-	}
+	testroot.Require(t, "needs root to make cgroups")
 	if occgroups.IsCgroup2UnifiedMode() {
 		t.Skip("skipped: this machine has cgroup v2 only; the test makes v1 freezer cgroups")
 	}

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/moby/sys/mountinfo"
 	occgroups "github.com/opencontainers/cgroups"
@@ -80,9 +82,7 @@ func TestYard(t *testing.T) {
 // A stopped process in a cgroup of its own, and one in a cgroup below
 // it, run again after Continue; one outside stays stopped.
 func TestContinue(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to make cgroups")
-	}
+	testroot.Require(t, "needs root to make cgroups")
 	dir, child, run := freezerTree(t, "ferry-continue-test")
 	start := func(in string) *exec.Cmd {
 		c := run(in)

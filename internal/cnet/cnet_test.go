@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/ferry-migrate/ferry/internal/testroot"
 )
 
 func TestNames(t *testing.T) {
@@ -24,9 +26,7 @@ func TestNames(t *testing.T) {
 // tbr0 at 10.98.0.1/24, removed at the end with container namespace ctr.
 func segment(t *testing.T, hostName, ctr string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for network namespaces")
-	}
+	testroot.Require(t, "needs root for network namespaces")
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("iproute2 missing")
 	}

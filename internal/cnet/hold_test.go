@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	"github.com/ferry-migrate/ferry/internal/privnet"
 	"github.com/vishvananda/netns"
 )
@@ -17,9 +19,7 @@ import (
 // holdNetns makes a named namespace with loopback up, removed at the end.
 func holdNetns(t *testing.T) (string, *privnet.NS) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: makes network namespaces")
-	}
+	testroot.Require(t, "needs root: makes network namespaces")
 	for _, tool := range []string{"ip", "iptables", "nsenter"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("needs %s", tool)

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	"github.com/checkpoint-restore/go-criu/v7/stats"
 	"golang.org/x/sys/unix"
 )
@@ -168,9 +170,7 @@ func TestReadDumpStatsBadFiles(t *testing.T) {
 // needCRIU skips unless the test runs as root with criu in PATH.
 func needCRIU(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: needs root for CRIU")
-	}
+	testroot.Require(t, "skipping: needs root for CRIU")
 	if _, err := Binary(); err != nil {
 		t.Skip("skipping: criu not in PATH")
 	}

@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	gocriu "github.com/checkpoint-restore/go-criu/v7"
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"golang.org/x/sys/unix"
@@ -142,9 +144,7 @@ type lab struct {
 
 func newLab(t *testing.T) *lab {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: ptrace of another process and SIGKILL of it")
-	}
+	testroot.Require(t, "needs root: ptrace of another process and SIGKILL of it")
 	l := &lab{dir: t.TempDir(), victim: startSleeper(t)}
 
 	self, err := os.Executable()
@@ -495,9 +495,7 @@ func dead(t *testing.T, pid int) {
 // holding what its runtime waits on: Abandoned finds that task (only
 // then, and only in its directory), and WatchAbandoned kills it.
 func TestAbandoned(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root, as the package's other process tests")
-	}
+	testroot.Require(t, "needs root, as the package's other process tests")
 	dir := t.TempDir()
 	self, err := os.Executable()
 	if err != nil {

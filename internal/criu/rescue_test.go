@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/ferry-migrate/ferry/internal/procs"
@@ -63,9 +65,7 @@ func TestParseRescueRecord(t *testing.T) {
 // RescueDirEnv) or a C compiler (for the probe).
 func needRescueCRIU(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: needs root for CRIU")
-	}
+	testroot.Require(t, "skipping: needs root for CRIU")
 	bin := os.Getenv(rescueCRIUEnv)
 	if bin == "" {
 		var err error

@@ -14,6 +14,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 
@@ -164,9 +166,7 @@ type kid struct {
 
 func startChild(t *testing.T, mode string, env ...string) *kid {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: ptrace and pidfd_getfd of another process")
-	}
+	testroot.Require(t, "needs root: ptrace and pidfd_getfd of another process")
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(append(os.Environ(), childEnv+"="+mode), env...)
 	cmd.Stderr = os.Stderr
@@ -382,9 +382,7 @@ func TestSeccompIsRespected(t *testing.T) {
 // (Nothing waits for the child while it is traced: a waiting parent would
 // take the tracer's stop reports.)
 func TestTrackedSleeperWakesOnTime(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: ptrace and pidfd_getfd of another process")
-	}
+	testroot.Require(t, "needs root: ptrace and pidfd_getfd of another process")
 	cmd := exec.Command("sleep", "1")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	"github.com/ferry-migrate/ferry/api/client"
 
 	"github.com/ferry-migrate/ferry/internal/bench"
@@ -58,9 +60,7 @@ func requireLab(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test: skipped with -short")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("integration test: needs root for namespaces, runc and CRIU")
-	}
+	testroot.Require(t, "integration test: needs root for namespaces, runc and CRIU")
 	for _, tool := range []string{"criu", "runc", "ip"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("integration test: %s not installed (run `make setup`)", tool)

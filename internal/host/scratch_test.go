@@ -5,14 +5,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ferry-migrate/ferry/internal/testroot"
 )
 
 // The scratch root is made private; one made first by another user, or
 // below a directory another user could rewrite, is refused.
 func TestSecureWorkRoot(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: files owned by another user are made")
-	}
+	testroot.Require(t, "needs root: files owned by another user are made")
 	base := t.TempDir()
 	if err := os.Chmod(base, 0o755); err != nil {
 		t.Fatal(err)

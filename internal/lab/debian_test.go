@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
@@ -84,9 +86,7 @@ func TestDebianKey(t *testing.T) {
 // if needed; it skips (saying why) when it can be neither found nor built.
 func needDebianRootfs(t *testing.T) DebianRootfs {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the root filesystem keeps its owners")
-	}
+	testroot.Require(t, "needs root: the root filesystem keeps its owners")
 	for _, tool := range []string{"tar", "chroot"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("needs %s: %v", tool, err)
@@ -376,9 +376,7 @@ func TestDebianPodmanImage(t *testing.T) {
 // that no lab knows (its own state directory and cgroup parent, a private
 // network namespace): it runs next to a lab that others use.
 func TestDebianLabRun(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for runc and cgroups")
-	}
+	testroot.Require(t, "needs root for runc and cgroups")
 	if _, err := exec.LookPath("runc"); err != nil {
 		t.Skipf("SKIP (not a pass): no runc: %v", err)
 	}
@@ -446,9 +444,7 @@ func TestDebianDebootstrap(t *testing.T) {
 	if os.Getenv("FERRY_TEST_DEBOOTSTRAP") == "" {
 		t.Skip("SKIP (not a pass): set FERRY_TEST_DEBOOTSTRAP=1 to build with debootstrap (a few minutes)")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testroot.Require(t, "needs root")
 	if _, err := exec.LookPath("debootstrap"); err != nil {
 		t.Skipf("SKIP (not a pass): no debootstrap: %v", err)
 	}

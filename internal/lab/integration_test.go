@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/vishvananda/netlink"
@@ -60,9 +62,7 @@ func fakeAgent(args []string) int {
 // needLabHost skips unless the test can build a lab without disturbing one.
 func needLabHost(t *testing.T, tools ...string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for network namespaces, cgroups and runc")
-	}
+	testroot.Require(t, "needs root for network namespaces, cgroups and runc")
 	for _, tool := range append([]string{"ip"}, tools...) {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("needs %s: %v", tool, err)

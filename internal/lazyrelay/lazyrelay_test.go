@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"golang.org/x/sys/unix"
 )
@@ -182,9 +184,7 @@ func TestRelayEndsWithALinkNoDaemonTook(t *testing.T) {
 // whole replies: each side writes a reply while the next reads the one
 // before.
 func TestRepliesQueueWhole(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("SO_SNDBUFFORCE needs root (CAP_NET_ADMIN); without it the default buffer stays")
-	}
+	testroot.Require(t, "SO_SNDBUFFORCE needs root (CAP_NET_ADMIN); without it the default buffer stays")
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -113,9 +115,7 @@ type holder struct {
 
 func needRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("reading another process's memory and page frames needs root")
-	}
+	testroot.Require(t, "reading another process's memory and page frames needs root")
 }
 
 // startHolder starts a holder of mib MiB; cleanup kills it by PID.

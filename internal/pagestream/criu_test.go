@@ -18,6 +18,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -154,9 +156,7 @@ func logTail(path string) string {
 // client, carries the stream through Dedup and Expand into a real CRIU page
 // server, restores from what it wrote and checks the restored memory.
 func TestCRIUDumpThroughDedup(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for CRIU")
-	}
+	testroot.Require(t, "needs root for CRIU")
 	criu, err := exec.LookPath("criu")
 	if err != nil {
 		t.Skip("criu not in PATH")

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	"github.com/ferry-migrate/ferry/internal/criu"
 )
 
@@ -327,9 +329,7 @@ func TestText(t *testing.T) {
 
 // TestRunHost checks this machine: root with CRIU 4.2.1 and runc must pass.
 func TestRunHost(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: needs root")
-	}
+	testroot.Require(t, "skipping: needs root")
 	if _, err := criu.Binary(); err != nil {
 		t.Skip("skipping: criu not in PATH")
 	}

@@ -6,13 +6,13 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/ferry-migrate/ferry/internal/testroot"
 )
 
 func needRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: makes network namespaces")
-	}
+	testroot.Require(t, "needs root: makes network namespaces")
 }
 
 // A listener made inside the namespace is reachable from inside and not

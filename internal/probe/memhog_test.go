@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	"github.com/ferry-migrate/ferry/internal/procs"
 )
 
@@ -148,9 +150,7 @@ func TestMemhogIntegration(t *testing.T) {
 		t.Errorf("STAT = %+v", s)
 	}
 
-	if os.Geteuid() != 0 {
-		t.Skip("corrupting another process's memory through /proc/PID/mem needs root")
-	}
+	testroot.Require(t, "corrupting another process's memory through /proc/PID/mem needs root")
 	start := findMapping(t, pid, size, buf)
 	mem, err := os.OpenFile(fmt.Sprintf("/proc/%d/mem", pid), os.O_RDWR, 0)
 	if err != nil {

@@ -4,6 +4,8 @@ import (
 	"os"
 	"testing"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -64,9 +66,7 @@ func TestReferencedSeesTouchedPages(t *testing.T) {
 // An anonymous shared mapping counts what it holds, once however many
 // times it is mapped; private memory does not count.
 func TestSharedMemory(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("SKIP (not a pass): /proc/PID/map_files needs root")
-	}
+	testroot.Require(t, "SKIP (not a pass): /proc/PID/map_files needs root")
 	before := SharedMemory([]int{os.Getpid()})
 	shared, err := unix.Mmap(-1, 0, 8<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_ANONYMOUS)
 	if err != nil {

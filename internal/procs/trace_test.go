@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/ferry-migrate/ferry/internal/testroot"
 )
 
 func TestParseSyscallPC(t *testing.T) {
@@ -34,9 +36,7 @@ func TestParseSyscallPC(t *testing.T) {
 // counter is read (internal/criu's TestKillWorkingIn* cover a traced
 // one).
 func TestTraceesAndProgramCounter(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: reads other processes' /proc/PID/syscall")
-	}
+	testroot.Require(t, "needs root: reads other processes' /proc/PID/syscall")
 	cmd := exec.Command("sleep", "30")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -584,9 +586,7 @@ func TestWriteDeltaNeverFollowsSwappedSymlinks(t *testing.T) {
 // TestScanStopsAtMounts mounts a tmpfs inside the tree, in a mount namespace
 // of a thread of its own so nothing leaks to the host.
 func TestScanStopsAtMounts(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount")
-	}
+	testroot.Require(t, "needs root to mount")
 	dir := t.TempDir()
 	write(t, filepath.Join(dir, "mnt/under"), []byte("hidden by the mount"), 0o644)
 	type result struct {

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	"github.com/ferry-migrate/ferry/internal/cnet"
 )
 
@@ -32,9 +34,7 @@ func TestOwnNetNS(t *testing.T) {
 // asks for where it is free, another where it is taken, and gives it
 // back on detach; its pinned namespace goes with RemoveNetNS.
 func TestCNIAttachDetach(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: needs root for network namespaces")
-	}
+	testroot.Require(t, "skipping: needs root for network namespaces")
 	if _, err := os.Stat("/usr/lib/cni/bridge"); err != nil {
 		t.Skip("skipping: the CNI plugins are not installed (apt-get install containernetworking-plugins)")
 	}

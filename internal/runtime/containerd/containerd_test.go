@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/mounts"
@@ -39,9 +41,7 @@ type host struct {
 
 func requireTools(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testroot.Require(t, "needs root")
 	for _, tool := range []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc", "criu", "tar"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("needs %s in PATH (apt-get install containerd runc; CRIU from make setup)", tool)

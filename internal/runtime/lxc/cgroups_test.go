@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"golang.org/x/sys/unix"
 )
@@ -38,9 +40,7 @@ func TestNamedFor(t *testing.T) {
 // On this machine's real cgroups: empty cgroups named for the container
 // go, with or without a suffix; one holding a process stays.
 func TestRemoveEmptyCgroups(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to make cgroups")
-	}
+	testroot.Require(t, "needs root to make cgroups")
 	name := "ferry-test-" + strconv.Itoa(os.Getpid())
 	pids := filepath.Join(cgroups.Root, "pids")
 	if _, err := os.Stat(filepath.Join(pids, "cgroup.procs")); err != nil {

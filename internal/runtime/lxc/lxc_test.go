@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	"github.com/vishvananda/netns"
 
 	"github.com/ferry-migrate/ferry/internal/cgroups"
@@ -38,9 +40,7 @@ while true; do i=$((i+1)); echo $i > /c.new; mv /c.new /c; sleep 0.1; done
 
 func requireTools(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("skipped: needs root (LXC checkpoint/restore)")
-	}
+	testroot.Require(t, "skipped: needs root (LXC checkpoint/restore)")
 	for _, tool := range []string{"lxc-start", "lxc-checkpoint", "lxc-info", "lxc-ls", "lxc-stop", "lxc-destroy", "lxc-freeze", "lxc-cgroup"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("skipped: %s not found (apt-get install lxc)", tool)

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	"github.com/ferry-migrate/ferry/internal/mounts"
 )
 
@@ -22,9 +24,7 @@ const counterLoop = `i=0; while true; do i=$((i+1)); echo $i > /tmp/c.new; mv /t
 
 func requireTools(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testroot.Require(t, "needs root")
 	for _, tool := range []string{"podman", "criu", "nsenter", "ip", "tar"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("needs %s in PATH", tool)

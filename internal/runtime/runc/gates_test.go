@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
@@ -112,9 +114,7 @@ type gateHosts struct {
 
 func requireRuncCRIU(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("skipped: needs root (runc, CRIU)")
-	}
+	testroot.Require(t, "skipped: needs root (runc, CRIU)")
 	for _, tool := range []string{"runc", "criu"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("skipped: %s not found (make setup)", tool)

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ferry-migrate/ferry/internal/testroot"
+
 	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 )
@@ -80,9 +82,7 @@ func TestImageHere(t *testing.T) {
 // TestOverlayRoot mounts a real overlay and reads it back as Inspect
 // does: the upper layer moves, the image is named by its digest.
 func TestOverlayRoot(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("SKIP (not a pass): mounting an overlay needs root")
-	}
+	testroot.Require(t, "SKIP (not a pass): mounting an overlay needs root")
 	dir := t.TempDir()
 	img := image(t, dir, "img")
 	ov := mounts.Overlay{Lower: []string{img}, Upper: filepath.Join(dir, "upper"), Work: filepath.Join(dir, "work")}
