@@ -171,16 +171,12 @@ func ContainerPIDs(initPID int) ([]int, error) {
 	if _, err := os.Stat(fmt.Sprintf("/proc/%d", initPID)); err != nil {
 		return nil, fmt.Errorf("pages: container init: %w", err)
 	}
-	children := childrenFromTasks
 	if _, err := os.Stat(fmt.Sprintf("/proc/%d/task/%d/children", initPID, initPID)); err != nil {
-		// Kernels without CONFIG_PROC_CHILDREN: build the tree from every
+		// Kernels without CONFIG_PROC_CHILDREN: the tree from every
 		// process's parent instead.
-		byParent, err := parentMap()
-		if err != nil {
-			return nil, err
-		}
-		children = func(pid int) []int { return byParent[pid] }
+		return append([]int{initPID}, procs.Descendants(initPID, "")...), nil
 	}
+	children := childrenFromTasks
 	out := []int{initPID}
 	seen := map[int]bool{initPID: true}
 	for i := 0; i < len(out); i++ {
@@ -211,39 +207,6 @@ func childrenFromTasks(pid int) []int {
 		}
 	}
 	return out
-}
-
-// parentMap maps every pid to its children, from /proc/*/stat.
-func parentMap() (map[int][]int, error) {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil, err
-	}
-	m := map[int][]int{}
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// The command name may hold spaces and parentheses: fields start
-		// after the last ')'.
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
-		}
-		f := bytes.Fields(b[i+1:])
-		if len(f) < 2 {
-			continue
-		}
-		if ppid, err := strconv.Atoi(string(f[1])); err == nil {
-			m[ppid] = append(m[ppid], pid)
-		}
-	}
-	return m, nil
 }
 
 var (

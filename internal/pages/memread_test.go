@@ -46,12 +46,8 @@ func TestContainerPIDs(t *testing.T) {
 		t.Fatalf("ContainerPIDs(%d) = %v, want self first and holder %d", os.Getpid(), pids, h.pid)
 	}
 	// The fallback for kernels without /proc/PID/task/TID/children.
-	m, err := parentMap()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Contains(m[os.Getpid()], h.pid) {
-		t.Fatalf("parentMap()[%d] = %v, want holder %d", os.Getpid(), m[os.Getpid()], h.pid)
+	if d := procs.Descendants(os.Getpid(), ""); !slices.Contains(d, h.pid) {
+		t.Fatalf("procs.Descendants(%d) = %v, want holder %d", os.Getpid(), d, h.pid)
 	}
 	if _, err := ContainerPIDs(1 << 30); err == nil {
 		t.Fatal("ContainerPIDs of a pid that does not exist succeeded")
