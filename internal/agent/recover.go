@@ -72,6 +72,10 @@ func (a *Agent) clearScratch() {
 // crashed) left with its code in them (criu.Rescue); one frozen is put
 // back once thawed, by a later call.
 func (a *Agent) rescue() {
+	// Made again if someone removed it: without it CRIU keeps no records.
+	if err := os.MkdirAll(a.Host.RescueDir(), 0o700); err != nil {
+		a.Log.Warn("CRIU's rescue directory", "error", err)
+	}
 	rescued, err := criu.RescueWithin(a.Host.RescueDir(), time.Second)
 	if len(rescued) > 0 {
 		a.Log.Warn("processes a dead CRIU left with its code in them were put back", "pids", rescued)

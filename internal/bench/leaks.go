@@ -189,7 +189,9 @@ func cleanLeaks(l *lab.Lab) {
 	for _, h := range l.Hosts {
 		ents, _ := os.ReadDir(h.ScratchDir)
 		for _, e := range ents {
-			_ = os.RemoveAll(filepath.Join(h.ScratchDir, e.Name()))
+			if p := filepath.Join(h.ScratchDir, e.Name()); p != h.RescueDir() { // the agent's own
+				_ = os.RemoveAll(p)
+			}
 		}
 	}
 }

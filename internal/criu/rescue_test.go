@@ -288,6 +288,28 @@ func TestRescueRecordsGoAfterADump(t *testing.T) {
 	}
 }
 
+// A rescue directory CRIU cannot write to (removed by someone) turns the
+// records off: the dump goes on as without them, and says so in its log.
+func TestRescueDirGoneDumpsAsBefore(t *testing.T) {
+	bin := needRescueCRIU(t)
+	p := startProbe(t, buildProbe(t))
+	dir := t.TempDir()
+	dump := exec.Command(bin, "dump", "-t", strconv.Itoa(p.pid), "-D", dir, "-o", "dump.log", "-v4",
+		"--shell-job", "--leave-running")
+	dump.Dir = dir
+	dump.Env = append(os.Environ(), RescueDirEnv+"="+filepath.Join(dir, "gone"))
+	if out, err := dump.CombinedOutput(); err != nil {
+		t.Fatalf("dump with its rescue directory gone: %v %s\n%s", err, out, LogErrors(filepath.Join(dir, "dump.log")))
+	}
+	log, _ := os.ReadFile(filepath.Join(dir, "dump.log"))
+	if !strings.Contains(string(log), "no rescue records") {
+		t.Error("the dump's log does not say it kept no rescue records")
+	}
+	if !p.answers(time.Second) {
+		t.Fatal("the probe does not answer after its dump")
+	}
+}
+
 // A CRIU killed while its code is inside the probe (as compel's system
 // calls go in, and as the cure begins) leaves it for Rescue, which puts
 // it back: the probe lives and answers.
