@@ -179,7 +179,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := os.MkdirAll(a.Host.StateDir, 0o700); err != nil {
 		return err
 	}
-	dst := &engine.Destination{Host: a.Host, AllowFaults: a.AllowFaults, KeepWork: a.KeepWork, NoPrewarm: a.NoPrewarm, SegmentBridge: a.SegmentBridge}
+	dst := &engine.Destination{Host: a.Host, Log: a.Log, AllowFaults: a.AllowFaults, KeepWork: a.KeepWork, NoPrewarm: a.NoPrewarm, SegmentBridge: a.SegmentBridge}
 	// Each post-copy pull's relay is this binary (package lazyrelay).
 	if exe, err := os.Executable(); err == nil {
 		dst.RelayExe = exe
@@ -213,7 +213,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.set = a.newRuntimes()
 	dst.Runtimes, dst.Journal, dst.Admission = a.set, j, a.Admission
 	src := &engine.Source{Host: a.Host, Runtimes: dst.Runtimes, KeepWork: a.KeepWork, Version: a.Version,
-		Dial: a.dialPeer, Profile: a.Profile, Journal: j, AllowFaults: a.AllowFaults, Lines: &engine.Lines{}, KeeperExe: dst.RelayExe}
+		Dial: a.dialPeer, Profile: a.Profile, Journal: j, AllowFaults: a.AllowFaults, Lines: &engine.Lines{}, KeeperExe: dst.RelayExe, Log: a.Log}
 	if src.VMAs, err = vmas.NewReader(); err != nil {
 		a.Log.Info("the frozen dump reads smaps (no smaps snapshot)", "why", err)
 	} else {

@@ -408,7 +408,7 @@ func (a *Agent) settle(ctx context.Context, e journal.Entry, state string) (fina
 	if state == journal.Committed || state == journal.Dropped || state == "unknown" {
 		// What is left of a pull this host served (its page keeper,
 		// CRIU's dump) lets go of the copy before it is resumed or removed.
-		if err := engine.EndKeptPull(e, a.KeepWork); err != nil {
+		if err := engine.EndKeptPull(e, a.KeepWork, a.Log); err != nil {
 			a.Log.Warn("what a served pull left stays", "migration", e.ID, "error", err)
 		}
 	}

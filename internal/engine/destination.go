@@ -46,6 +46,8 @@ func commitWindow(outage time.Duration) time.Duration {
 // Destination receives migrations into this host.
 type Destination struct {
 	Host host.Config
+	// Log is where the destination's migrations log (nil: slog's default).
+	Log *slog.Logger
 	// Runtimes are the container runtimes on this host, by kind; an
 	// incoming container is restored into the one its source named.
 	Runtimes runtime.Set
@@ -149,7 +151,7 @@ func (in *incoming) entry(peer, state string, pull *journal.Pull) journal.Entry 
 // agent to drop a copy that is gone already.
 func (in *incoming) recordFinal(peer, state string) {
 	if err := in.record(peer, state); err != nil {
-		slog.Warn("journal", "migration", in.offer.ID, "error", err)
+		in.d.log().Warn("journal", "migration", in.offer.ID, "error", err)
 	}
 }
 
@@ -238,6 +240,7 @@ type incoming struct {
 // Receive serves one migration offered on ctl. Until the source commits,
 // everything it creates is removed again when anything fails.
 func (d *Destination) Receive(ctx context.Context, sess *transport.Session, router *transport.Router, ctl *transport.Channel) {
+	ctx = withLogger(ctx, d.log())
 	defer ctl.Close()
 	in := &incoming{d: d, peer: sess.Peer.Name}
 	if err := ctl.Recv(&in.offer); err != nil {
@@ -314,7 +317,7 @@ func (d *Destination) Receive(ctx context.Context, sess *transport.Session, rout
 	// the failure. A copy that could not be discarded may run: then the
 	// source hears nothing it could take for a yes to resume.
 	if derr := in.cleanup(!committed); derr != nil && !committed {
-		slog.Error("a failed migration's container could not be discarded; the source stays frozen", "container", in.offer.Container, "error", derr)
+		d.log().Error("a failed migration's container could not be discarded; the source stays frozen", "container", in.offer.Container, "error", derr)
 		return
 	}
 	if err != nil {
@@ -594,11 +597,11 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 		return false, err
 	}
 	if local != nil {
-		holdLocalFaults(local)
+		holdLocalFaults(local, in.d.log())
 	}
 	if in.offer.Precopy.AutoConverge {
 		if err := liftThrottle(pid, in.offer.Spec); err != nil {
-			slog.Warn("the CPU throttle auto-converge left stays", "migration", in.offer.ID, "container", in.offer.Container, "error", err)
+			in.d.log().Warn("the CPU throttle auto-converge left stays", "migration", in.offer.ID, "container", in.offer.Container, "error", err)
 		}
 	}
 	if err := ctl.Send(Restored{Pid: pid, WaitMs: units.Millis(start.Sub(asked)), RestoreMs: units.Millis(time.Since(start)),
@@ -905,7 +908,7 @@ func (in *incoming) restore(ctx context.Context, lazy bool) (int, error) {
 		// A CRIU killed mid-restore leaves the tasks it forked holding
 		// its runtime's socket: the runtime would wait on them for ever.
 		stop := criu.WatchAbandoned(250*time.Millisecond, func(pid int) {
-			slog.Warn("killed what a dead restore's CRIU left behind", "migration", in.offer.ID, "pid", pid)
+			in.d.log().Warn("killed what a dead restore's CRIU left behind", "migration", in.offer.ID, "pid", pid)
 		}, in.criuDirs()...)
 		defer stop()
 	}
@@ -950,7 +953,7 @@ func (in *incoming) cleanup(dropContainer bool) error {
 		// A restore or lazy-pages daemon stuck on a source that is gone
 		// would hold the container's cgroups and mounts.
 		if pids, _ := criu.KillWorkingIn(in.work); len(pids) > 0 {
-			slog.Warn("killed CRIU processes still working for an ended migration", "migration", in.offer.ID, "pids", pids)
+			in.d.log().Warn("killed CRIU processes still working for an ended migration", "migration", in.offer.ID, "pids", pids)
 		}
 	}
 	if dropContainer && in.target != nil {
@@ -976,15 +979,15 @@ func (in *incoming) cleanup(dropContainer bool) error {
 	}
 	if in.work != "" && dropContainer {
 		if dir, err := keepLogs(in.work, in.d.Host.LogsDir(), in.offer.ID); err != nil {
-			slog.Warn("logs of a failed migration not all kept", "migration", in.offer.ID, "dir", dir, "error", err)
+			in.d.log().Warn("logs of a failed migration not all kept", "migration", in.offer.ID, "dir", dir, "error", err)
 		} else if dir != "" {
-			slog.Info("kept the logs of a failed migration", "migration", in.offer.ID, "dir", dir)
+			in.d.log().Info("kept the logs of a failed migration", "migration", in.offer.ID, "dir", dir)
 		}
 	}
 	if in.work != "" && !in.d.KeepWork {
 		// A CRIU killed mid-restore leaves its cgroup yard mounted here.
 		if err := mounts.RemoveAll(in.work); err != nil {
-			slog.Warn("scratch left behind", "dir", in.work, "error", err)
+			in.d.log().Warn("scratch left behind", "dir", in.work, "error", err)
 		}
 	}
 	return err

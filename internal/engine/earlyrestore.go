@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"log/slog"
 	"sync"
 
 	"github.com/ferry-migrate/ferry/internal/runtime"
@@ -36,7 +35,7 @@ func (in *incoming) beginRestore() {
 	o := in.restoreOptions(in.tech.lazy || in.restoresFromOwnImages())
 	r, err := et.StartRestore(o)
 	if err != nil {
-		slog.Info("restore not begun before the images", "migration", in.offer.ID, "container", in.offer.Container, "why", err)
+		in.d.log().Info("restore not begun before the images", "migration", in.offer.ID, "container", in.offer.Container, "why", err)
 		return
 	}
 	in.early.mu.Lock()

@@ -56,9 +56,9 @@ func (in *incoming) startLocalPull() (*criu.LazyPages, error) {
 
 // holdLocalFaults takes this agent's copies of the daemon's userfaultfds
 // once the restore handed it every one.
-func holdLocalFaults(daemon *criu.LazyPages) {
+func holdLocalFaults(daemon *criu.LazyPages, log *slog.Logger) {
 	if _, err := daemon.HoldFaults(); err != nil {
-		slog.Warn("pre-copy: some of the restored copy's faults are held by the lazy-pages daemon alone", "error", err)
+		log.Warn("pre-copy: some of the restored copy's faults are held by the lazy-pages daemon alone", "error", err)
 	}
 }
 
@@ -79,7 +79,7 @@ func (in *incoming) finishLocalPull(ctx context.Context, daemon *criu.LazyPages)
 	c := &runtime.Container{Runtime: in.rt.Kind(), Name: in.offer.Container, ID: in.offer.Container}
 	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	if err := in.rt.Freeze(fctx, c); err != nil {
-		slog.Warn("pre-copy: a copy whose pull failed could not be frozen first", "migration", in.offer.ID, "error", err)
+		in.d.log().Warn("pre-copy: a copy whose pull failed could not be frozen first", "migration", in.offer.ID, "error", err)
 	}
 	cancel()
 	if err := in.target.Discard(ctx); err != nil {
@@ -103,7 +103,7 @@ func (d *Destination) AdoptLocalPull(e journal.Entry, rt runtime.Runtime) error 
 	}
 	daemon, err := criu.AttachLazyPages(e.Pull.Daemon, e.Pull.Dir)
 	if err == nil {
-		holdLocalFaults(daemon)
+		holdLocalFaults(daemon, d.log())
 	}
 	go func() {
 		if daemon != nil {
@@ -122,11 +122,11 @@ func (d *Destination) AdoptLocalPull(e journal.Entry, rt runtime.Runtime) error 
 			fcancel()
 			if err := rt.Remove(ctx, c); err != nil && !errors.Is(err, runtime.ErrNotFound) {
 				cancel()
-				slog.Error("pre-copy: a copy whose pull failed could not be dropped; it stays frozen", "migration", e.ID, "container", e.Container, "error", err)
+				d.log().Error("pre-copy: a copy whose pull failed could not be dropped; it stays frozen", "migration", e.ID, "container", e.Container, "error", err)
 				return // its faults stay held
 			}
 			cancel()
-			slog.Warn("pre-copy: dropped a copy whose memory did not all arrive from its own images; its source resumes its own", "migration", e.ID, "container", e.Container, "why", why)
+			d.log().Warn("pre-copy: dropped a copy whose memory did not all arrive from its own images; its source resumes its own", "migration", e.ID, "container", e.Container, "why", why)
 		}
 		if daemon != nil {
 			daemon.ReleaseFaults()

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -293,7 +292,7 @@ func (in *incoming) prepareNetwork() error {
 		// Without a hold the address waits for the restore, as before:
 		// slower for the peers, never unsafe.
 		in.holdErr = err.Error()
-		slog.Warn("cannot hold the container's packets: its address moves at the restore", "container", in.offer.Container, "error", err)
+		in.d.log().Warn("cannot hold the container's packets: its address moves at the restore", "container", in.offer.Container, "error", err)
 		return nil
 	}
 	in.hold = h
@@ -352,7 +351,7 @@ func (in *incoming) announceRuntimeNetworks(pid int) {
 		err = cnet.Announce(ns, spec)
 	}
 	if err != nil {
-		slog.Warn("announcing the restored copy's addresses", "container", in.offer.Container, "error", err)
+		in.d.log().Warn("announcing the restored copy's addresses", "container", in.offer.Container, "error", err)
 	}
 }
 
@@ -364,7 +363,7 @@ func (in *incoming) releaseHeld() int {
 	}
 	n, err := in.hold.Release()
 	if err != nil {
-		slog.Warn("releasing the packets held for the container", "container", in.offer.Container, "error", err)
+		in.d.log().Warn("releasing the packets held for the container", "container", in.offer.Container, "error", err)
 	}
 	return n
 }
@@ -375,7 +374,7 @@ func (in *incoming) closeHold() {
 		return
 	}
 	if err := in.hold.Close(); err != nil {
-		slog.Warn("ending the hold on the container's packets", "container", in.offer.Container, "error", err)
+		in.d.log().Warn("ending the hold on the container's packets", "container", in.offer.Container, "error", err)
 	}
 	in.hold = nil
 }
@@ -396,7 +395,7 @@ func (in *incoming) dropNetwork() { _ = DropNetwork(in.netnsPath) }
 func (in *incoming) silenceNetwork() {
 	if in.up {
 		if err := SilenceNetwork(in.netnsPath); err != nil {
-			slog.Warn("silencing the dropped copy's network", "container", in.offer.Container, "error", err)
+			in.d.log().Warn("silencing the dropped copy's network", "container", in.offer.Container, "error", err)
 		}
 		in.up = false
 	}

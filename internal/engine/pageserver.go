@@ -113,7 +113,7 @@ func loopbackTunnel(ctx context.Context, serve func(conn halfCloser) error) (str
 	go func() {
 		stop := context.AfterFunc(ctx, func() { l.Close() })
 		defer stop()
-		conn, err := acceptCRIU(l)
+		conn, err := acceptCRIU(l, loggerFrom(ctx))
 		l.Close()
 		if err != nil {
 			done <- fmt.Errorf("page tunnel: CRIU never connected: %w", err)
@@ -126,7 +126,7 @@ func loopbackTunnel(ctx context.Context, serve func(conn halfCloser) error) (str
 }
 
 // acceptCRIU accepts until a connection comes from this agent's CRIU.
-func acceptCRIU(l *net.TCPListener) (*net.TCPConn, error) {
+func acceptCRIU(l *net.TCPListener, log *slog.Logger) (*net.TCPConn, error) {
 	for {
 		conn, err := l.AcceptTCP()
 		if err != nil {
@@ -136,7 +136,7 @@ func acceptCRIU(l *net.TCPListener) (*net.TCPConn, error) {
 		if ok {
 			return conn, nil
 		}
-		slog.Warn("page tunnel: closed a connection not from this agent's CRIU", "from", conn.RemoteAddr(), "error", err)
+		log.Warn("page tunnel: closed a connection not from this agent's CRIU", "from", conn.RemoteAddr(), "error", err)
 		conn.Close()
 	}
 }

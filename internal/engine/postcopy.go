@@ -164,7 +164,7 @@ func (m *migration) beginLazyDump(ctx context.Context) (*lazyDump, error) {
 	ld.ctx, ld.stopDump = context.WithCancel(context.WithoutCancel(ctx))
 	if ec, ok := m.rt.(runtime.EarlyCheckpointer); ok {
 		if ld.early, err = ec.StartCheckpoint(ld.ctx, m.ctr, ld.opts); err != nil {
-			slog.Info("dump not begun before the freeze", "migration", m.req.ID, "container", m.ctr.Name, "why", err)
+			m.log.Info("dump not begun before the freeze", "migration", m.req.ID, "container", m.ctr.Name, "why", err)
 		}
 	}
 	return ld, nil
@@ -310,7 +310,7 @@ func (m *migration) refreeze() {
 		err = cgroups.Freeze(dir)
 	}
 	if err != nil {
-		slog.Warn("a lazy dump's CRIU is killed and its container could not be frozen first: it may run on", "container", m.ctr.Name, "error", err)
+		m.log.Warn("a lazy dump's CRIU is killed and its container could not be frozen first: it may run on", "container", m.ctr.Name, "error", err)
 	}
 }
 
@@ -679,7 +679,7 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 		// namespace with it). It is dropped next anyway; the source's
 		// copy, whole, resumes.
 		kerr := killCopy(fctx, in.rt, c.Name)
-		slog.Error("post-copy: the page stream broke and the copy could not be frozen: killed", "container", c.Name, "error", err, "kill", kerr)
+		in.d.log().Error("post-copy: the page stream broke and the copy could not be frozen: killed", "container", c.Name, "error", err, "kill", kerr)
 	}
 	serve := func(conn halfCloser) error { return spliceVia(conn, ch, plainCopy, plainCopy, lp.lost) }
 	if in.store != nil {
@@ -748,7 +748,7 @@ func (in *incoming) startLazyPages(ctx context.Context, sess *transport.Session,
 	lp.ch, lp.conn = ch, conn
 	served := make(chan error, 1)
 	go func() {
-		hc := newHoldingReads(conn, daemon)
+		hc := newHoldingReads(conn, daemon, in.d.log())
 		defer hc.stop()
 		defer conn.Close()
 		served <- serve(hc)
@@ -773,14 +773,15 @@ const holdEvery = 10 * time.Millisecond
 type holdingReads struct {
 	halfCloser
 	daemon *criu.LazyPages
+	log    *slog.Logger
 	held   bool // by Read, which one goroutine calls
 	asked  chan struct{}
 	done   chan struct{}
 	warned atomic.Bool
 }
 
-func newHoldingReads(conn halfCloser, daemon *criu.LazyPages) *holdingReads {
-	c := &holdingReads{halfCloser: conn, daemon: daemon, asked: make(chan struct{}, 1), done: make(chan struct{})}
+func newHoldingReads(conn halfCloser, daemon *criu.LazyPages, log *slog.Logger) *holdingReads {
+	c := &holdingReads{halfCloser: conn, daemon: daemon, log: log, asked: make(chan struct{}, 1), done: make(chan struct{})}
 	go c.renew()
 	return c
 }
@@ -802,7 +803,7 @@ func (c *holdingReads) Read(p []byte) (int, error) {
 
 func (c *holdingReads) hold() {
 	if _, err := c.daemon.HoldFaults(); err != nil && !c.warned.Swap(true) {
-		slog.Warn("post-copy: some of the restored copy's faults are held by the lazy-pages daemon alone", "error", err)
+		c.log.Warn("post-copy: some of the restored copy's faults are held by the lazy-pages daemon alone", "error", err)
 	}
 }
 

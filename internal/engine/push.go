@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"sync"
 	"time"
 
@@ -136,7 +135,7 @@ func (m *migration) startPush(ctx context.Context, quiet func(), faults <-chan p
 		}
 		if err != nil && ctx.Err() == nil {
 			// The daemon asks the source for what did not come.
-			slog.Warn("post-copy: the push ended early", "container", m.ctr.Name, "error", err)
+			m.log.Warn("post-copy: the push ended early", "container", m.ctr.Name, "error", err)
 		}
 	}()
 	return func() { cancel(); <-done }

@@ -80,7 +80,7 @@ func (m *migration) resumePull(ctx context.Context, ld *lazyDump, lost error) (d
 			}
 			return done, dropped, err
 		}
-		slog.Info("post-copy: asking the destination to go on with the pull", "migration", m.id, "error", err)
+		m.log.Info("post-copy: asking the destination to go on with the pull", "migration", m.id, "error", err)
 		if time.Now().After(deadline) {
 			return done, false, fmt.Errorf("%w; the destination did not come back to go on with the pull within %v (%v)", lost, resumeWindow(m.sess.OutageTimeout()), err)
 		}
@@ -176,7 +176,7 @@ func KeptPull(e journal.Entry) bool {
 // the page keeper and, with its connection gone, CRIU's dump, which puts
 // back the freezer state it found (frozen) as it ends; then their work
 // directory goes. The source copy can then be resumed or removed.
-func EndKeptPull(e journal.Entry, keepWork bool) error {
+func EndKeptPull(e journal.Entry, keepWork bool, log *slog.Logger) error {
 	if e.Pull == nil {
 		return nil
 	}
@@ -184,7 +184,7 @@ func EndKeptPull(e journal.Entry, keepWork bool) error {
 		_ = syscall.Kill(e.Pull.Daemon, syscall.SIGKILL)
 	}
 	if _, forced := criu.KillWorkingIn(e.Pull.Dir); len(forced) > 0 {
-		slog.Error("a kept pull's CRIU ran its code inside the container's processes and was killed all the same", "migration", e.ID, "pids", forced)
+		log.Error("a kept pull's CRIU ran its code inside the container's processes and was killed all the same", "migration", e.ID, "pids", forced)
 	}
 	if keepWork {
 		return nil
@@ -216,7 +216,7 @@ func (d *Destination) AdoptPull(e journal.Entry, rt runtime.Runtime, wait time.D
 		return err
 	}
 	if _, err := daemon.HoldFaults(); err != nil {
-		slog.Warn("post-copy: a pull taken over is held by its lazy-pages daemon alone", "migration", e.ID, "error", err)
+		d.log().Warn("post-copy: a pull taken over is held by its lazy-pages daemon alone", "migration", e.ID, "error", err)
 	}
 	sp := &strandedPull{e: e, rt: rt, daemon: daemon}
 	conn, err := lazyrelay.Dial(e.Pull.Dir)
@@ -259,11 +259,11 @@ func (in *incoming) strand(lp *lazyPages, peer string, wait time.Duration) error
 	select {
 	case <-tunnelDone:
 	case <-time.After(5 * time.Second):
-		slog.Warn("post-copy: the tunnel of a pull whose source was lost did not end", "migration", in.offer.ID)
+		in.d.log().Warn("post-copy: the tunnel of a pull whose source was lost did not end", "migration", in.offer.ID)
 	}
 	sp := &strandedPull{e: in.entry(peer, journal.Pulling, lp.pull(in.work)), rt: in.rt, daemon: lp.daemon}
 	in.d.waitForSource(sp, wait)
-	slog.Warn("post-copy: lost the source mid-pull; the copy's faults wait for it to come back", "migration", in.offer.ID, "container", in.offer.Container, "wait", wait)
+	in.d.log().Warn("post-copy: lost the source mid-pull; the copy's faults wait for it to come back", "migration", in.offer.ID, "container", in.offer.Container, "wait", wait)
 	return fmt.Errorf("lost the source during the post-copy pull: the copy's faults wait for it to come back within %v", wait)
 }
 
@@ -278,7 +278,7 @@ func (d *Destination) expire(id string) {
 	}
 	delete(d.pulls, id)
 	d.pullsMu.Unlock()
-	slog.Warn("post-copy: the source did not come back for a pull this agent took over; the copy is dropped", "migration", id, "container", sp.e.Container)
+	d.log().Warn("post-copy: the source did not come back for a pull this agent took over; the copy is dropped", "migration", id, "container", sp.e.Container)
 	d.dropPull(sp)
 }
 
@@ -291,14 +291,14 @@ func (d *Destination) dropPull(sp *strandedPull) {
 	c := JournaledContainer(sp.e)
 	fctx, fcancel := context.WithTimeout(ctx, 5*time.Second)
 	if err := sp.rt.Freeze(fctx, c); err != nil {
-		slog.Warn("post-copy: a dropped pull's copy could not be frozen first", "migration", sp.e.ID, "error", err)
+		d.log().Warn("post-copy: a dropped pull's copy could not be frozen first", "migration", sp.e.ID, "error", err)
 	}
 	fcancel()
 	sp.daemon.Stop()
 	err := sp.rt.Remove(ctx, c)
 	sp.daemon.ReleaseFaults()
 	if err != nil && !errors.Is(err, runtime.ErrNotFound) {
-		slog.Error("post-copy: a dropped pull's copy could not be removed", "migration", sp.e.ID, "container", sp.e.Container, "error", err)
+		d.log().Error("post-copy: a dropped pull's copy could not be removed", "migration", sp.e.ID, "container", sp.e.Container, "error", err)
 		return
 	}
 	d.endPull(sp.e, journal.Dropped)
@@ -308,7 +308,7 @@ func (d *Destination) dropPull(sp *strandedPull) {
 func (d *Destination) endPull(e journal.Entry, state string) {
 	if d.Journal != nil {
 		if err := d.Journal.Set(e.ID, state); err != nil {
-			slog.Error("journal", "migration", e.ID, "error", err)
+			d.log().Error("journal", "migration", e.ID, "error", err)
 		}
 	}
 	d.RemovePullDir(e)
@@ -322,7 +322,7 @@ func (d *Destination) RemovePullDir(e journal.Entry) {
 		return
 	}
 	if err := mounts.RemoveAll(e.Pull.Dir); err != nil {
-		slog.Warn("scratch left by an earlier run", "dir", e.Pull.Dir, "error", err)
+		d.log().Warn("scratch left by an earlier run", "dir", e.Pull.Dir, "error", err)
 	}
 }
 
@@ -404,7 +404,7 @@ func (d *Destination) ResumePull(ctx context.Context, sess *transport.Session, r
 		return
 	}
 	start := time.Now()
-	hc := newHoldingReads(conn, sp.daemon)
+	hc := newHoldingReads(conn, sp.daemon, d.log())
 	st, err := pagestream.ServeLazy(hc, data, func(pagestream.PageKey) ([]byte, pagestream.Hash, bool) { return nil, pagestream.Hash{}, false }) // no page is held here any more
 	hc.stop()
 	conn.Close()
@@ -422,7 +422,7 @@ func (d *Destination) ResumePull(ctx context.Context, sess *transport.Session, r
 		d.forget(sp)
 		faulted, pushed := criu.LazyCounts(sp.daemon.LogPath())
 		d.endPull(sp.e, journal.Started)
-		slog.Info("post-copy: a pull taken over after a restart is complete", "migration", sp.e.ID, "container", sp.e.Container, "pages", st.Pages)
+		d.log().Info("post-copy: a pull taken over after a restart is complete", "migration", sp.e.ID, "container", sp.e.Container, "pages", st.Pages)
 		_ = ch.Send(LazyDone{Ms: units.Millis(time.Since(start)), Faulted: faulted, Pushed: pushed})
 	case err != nil:
 		// The source's side broke again: it asks again within its window.

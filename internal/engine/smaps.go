@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"log/slog"
 	"os"
 	"path/filepath"
 
@@ -39,7 +38,7 @@ func (m *migration) takeSmapsSnapshot() {
 	}
 	if err != nil {
 		_ = os.RemoveAll(dir)
-		slog.Info("no smaps snapshot: the dump reads smaps", "migration", m.req.ID, "why", err)
+		m.log.Info("no smaps snapshot: the dump reads smaps", "migration", m.req.ID, "why", err)
 	}
 }
 

@@ -54,6 +54,8 @@ type Source struct {
 	// VMAs reads the frozen container's memory flags, for the dump's
 	// smaps snapshot (smaps.go); nil: no snapshot, CRIU reads smaps.
 	VMAs *vmas.Reader
+	// Log is where the source's migrations log (nil: slog's default).
+	Log *slog.Logger
 	// KeeperExe is the ferry binary, which runs each post-copy dump's
 	// page keeper so that the pull outlives this agent (lazyrelay); "":
 	// none, and a pull ends with the agent.
@@ -114,6 +116,8 @@ type migration struct {
 	dumped runtime.Dump
 	// keeperExe runs a lazy dump's page keeper (Source.KeeperExe).
 	keeperExe string
+	// log is the migration's logger (Source.Log).
+	log *slog.Logger
 	// smaps is the snapshot of the container's mappings the final dump
 	// reads, vmas what reads their flags (smaps.go).
 	smaps   *criu.SmapsSnapshot
@@ -285,7 +289,7 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 	if !ValidID(id) {
 		id = newID()
 	}
-	m := &migration{req: req, id: id, host: s.Host, journal: s.Journal, rts: s.Runtimes, progress: progress, start: time.Now(), parentRound: -1, dial: s.Dial, profile: model.DefaultProfile(), vmas: s.VMAs, keeperExe: s.KeeperExe,
+	m := &migration{req: req, id: id, host: s.Host, journal: s.Journal, rts: s.Runtimes, progress: progress, start: time.Now(), parentRound: -1, dial: s.Dial, profile: model.DefaultProfile(), vmas: s.VMAs, keeperExe: s.KeeperExe, log: orDefault(s.Log),
 		phaseBegun: make(chan struct{}, 1)}
 	m.report = Report{SchemaVersion: ReportSchemaVersion, ID: id, StartedAt: m.start.UTC(), FerryVersion: s.Version,
 		Container: req.Container, Mode: req.Mode, From: s.Host.Name, To: req.To}
@@ -886,7 +890,7 @@ func (m *migration) abort(ctx context.Context, cause error) error {
 	// left them spinning where it injected a system call (patch 0015):
 	// they get their own registers back now that they are thawed.
 	if rescued, err := criu.RescueWithin(m.host.RescueDir(), time.Second); len(rescued) > 0 || err != nil {
-		slog.Warn("processes a dead CRIU left were put back", "migration", m.id, "pids", rescued, "error", err)
+		m.log.Warn("processes a dead CRIU left were put back", "migration", m.id, "pids", rescued, "error", err)
 	}
 	// Report what is true: an interrupted CRIU may have thawed the
 	// container already, and a thaw that "worked" may not have.

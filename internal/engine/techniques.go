@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"strings"
 
 	"github.com/ferry-migrate/ferry/internal/pages"
@@ -148,7 +147,7 @@ var techniques = map[string]technique{
 			}
 			go func() {
 				if err := in.push.receive(ctx, rx.sess, rx.router); err != nil && ctx.Err() == nil {
-					slog.Warn("post-copy: the push broke off; the lazy-pages daemon asks the source for the rest", "error", err)
+					in.d.log().Warn("post-copy: the push broke off; the lazy-pages daemon asks the source for the rest", "error", err)
 				}
 			}()
 		},
