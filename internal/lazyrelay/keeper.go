@@ -3,9 +3,11 @@ package lazyrelay
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/pagestream"
@@ -101,10 +103,38 @@ func KeeperMain(socket string, idle time.Duration) error {
 		return err
 	}
 	var proxy *pagestream.LazyProxy
+	var mu sync.Mutex
 	var criu net.Conn
+	gone := make(chan struct{})
 	defer func() {
+		mu.Lock()
 		if criu != nil {
 			criu.Close()
+		}
+		mu.Unlock()
+	}()
+	// A keeper whose socket is removed (its work directory cleared: a
+	// restarted agent found nothing to go on with) lets go at once, CRIU's
+	// connection with it, rather than after idle.
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(500 * time.Millisecond):
+			}
+			if _, err := os.Stat(socket); errors.Is(err, fs.ErrNotExist) {
+				close(gone)
+				l.Close()
+				mu.Lock()
+				if criu != nil {
+					criu.Close()
+				}
+				mu.Unlock()
+				return
+			}
 		}
 	}()
 	for {
@@ -112,6 +142,14 @@ func KeeperMain(socket string, idle time.Duration) error {
 			return err
 		}
 		c, err := l.AcceptUnix()
+		select {
+		case <-gone:
+			if c != nil {
+				c.Close()
+			}
+			return errors.New("the socket was removed: CRIU's connection let go")
+		default:
+		}
 		if err != nil {
 			return fmt.Errorf("no agent came for %v: CRIU's connection let go: %w", idle, err)
 		}
@@ -120,11 +158,15 @@ func KeeperMain(socket string, idle time.Duration) error {
 			return err
 		}
 		if proxy == nil {
-			if criu, err = receiveConn(c); err != nil {
+			conn, err := receiveConn(c)
+			if err != nil {
 				c.Close()
 				return err
 			}
-			proxy = pagestream.NewLazyProxy(criu)
+			mu.Lock()
+			criu = conn
+			mu.Unlock()
+			proxy = pagestream.NewLazyProxy(conn)
 		}
 		closed, err := proxy.Serve(c)
 		c.Close()

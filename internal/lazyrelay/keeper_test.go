@@ -200,3 +200,50 @@ func TestKeeperWantsCRIUsConnectionFirst(t *testing.T) {
 		t.Fatal("the keeper waits on without CRIU's connection")
 	}
 }
+
+// A keeper whose socket goes (its work directory cleared by a restarted
+// agent that found nothing to go on with) ends, with CRIU's connection,
+// without waiting out its idle time.
+func TestKeeperEndsWithItsSocket(t *testing.T) {
+	addr, asked, ended := fakePageServer(t)
+	dir := t.TempDir()
+	p, agent := startKeeper(t, dir, addr)
+	ask(t, agent, 0x1000)
+	<-asked
+	agent.Close()
+	if err := os.Remove(KeeperSocket(dir)); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the keeper outlived its socket")
+	}
+	select {
+	case <-ended:
+	case <-time.After(5 * time.Second):
+		t.Fatal("CRIU's connection outlived its keeper")
+	}
+}
+
+// A keeper that never got CRIU's connection ends with its socket too.
+func TestKeeperWithoutCRIUEndsWithItsSocket(t *testing.T) {
+	dir := t.TempDir()
+	p, err := StartKeeper(os.Args[0], dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Kill()
+	if err := os.Remove(KeeperSocket(dir)); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the keeper outlived its socket")
+	}
+}
