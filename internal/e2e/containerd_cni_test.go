@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -21,12 +20,13 @@ import (
 
 // A containerd container on a CNI bridge network (each lab host's
 // lab.CNINetwork, the same subnet on every host, its bridge in the host's
-// namespace) moves: at the destination it is attached to the network of
-// that name, with its address where it is free there and another where
-// it is taken; its memory is whole (probed through a forward of each
-// host's address to the container's, as a published port would be); the
-// source's namespace and address lease are gone. A destination without
-// the network refuses the container before anything is frozen.
+// namespace) with ports published through the network's portmap plugin
+// moves: at the destination it is attached to the network of that name,
+// with its address where it is free there and another where it is taken,
+// its ports published again (the probe reaches it through them, its
+// memory whole); the source's namespace, address lease and ports are
+// gone. A destination without the network, or where another container
+// publishes one of its ports, refuses it before anything is frozen.
 func TestContainerdOnACNIBridge(t *testing.T) {
 	requireContainerd(t)
 	if _, err := os.Stat("/usr/lib/cni/bridge"); err != nil {
@@ -39,9 +39,9 @@ func TestContainerdOnACNIBridge(t *testing.T) {
 	if err := l.ImportWorkloadImage(ctx, "containerd", h1.Name, h2.Name); err != nil {
 		t.Fatal(err)
 	}
-	// run starts memhog on h's CNI network (at want, if given) and
-	// returns its address there.
-	run := func(t *testing.T, h *lab.Host, name, want string) string {
+	// run starts memhog on h's CNI network (at want, if given), its probe
+	// and echo ports published with published, and returns its address.
+	run := func(t *testing.T, h *lab.Host, name, want string, published bool) string {
 		t.Helper()
 		t.Cleanup(func() {
 			for _, h := range l.Hosts[:2] {
@@ -49,19 +49,21 @@ func TestContainerdOnACNIBridge(t *testing.T) {
 			}
 		})
 		args := append(memhogArgs("64M", "200"), "--echo-port", echoPort)
-		if err := l.RunContainerd(ctx, h.Name, name, args, lab.Attachments{Bridge: true, IP: want}); err != nil {
+		a := lab.Attachments{Bridge: true, IP: want}
+		if published {
+			a.Ports = []string{memhogPort + "/udp", echoPort + "/tcp"}
+		}
+		if err := l.RunContainerd(ctx, h.Name, name, args, a); err != nil {
 			t.Fatal(err)
 		}
 		return cniAddress(t, h, name)
 	}
-	// move moves name; with probed, memhog is probed through a forward of
-	// each host's address to addr, its address at both.
+	// move moves name; with probed, memhog is probed through its
+	// published port at each host's address.
 	move := func(t *testing.T, name, mode, addr string, probed bool) engine.Report {
 		t.Helper()
 		var rep engine.Report
 		if probed {
-			forwardProbe(t, h1, addr)
-			forwardProbe(t, h2, addr)
 			p := startProbe(t, l, bin, "64M")
 			var pr probe.Result
 			var perr error
@@ -101,19 +103,29 @@ func TestContainerdOnACNIBridge(t *testing.T) {
 	for _, mode := range []string{engine.ModeCold, engine.ModePostcopy} {
 		t.Run(mode, func(t *testing.T) {
 			name := "cni-" + mode
-			addr := run(t, h1, name, "")
-			move(t, name, mode, addr, true)
+			addr := run(t, h1, name, "", true)
+			rep := move(t, name, mode, addr, true)
 			if got := cniAddress(t, h2, name); got != addr {
 				t.Errorf("address on h2 %s, want %s (free there)", got, addr)
 			}
+			if !strings.Contains(rep.Networks[0].Outcome, "published again") {
+				t.Errorf("the report does not say the ports are published again: %q", rep.Networks[0].Outcome)
+			}
 			echoIn(t, h2, addr)
+			// The ports answer at h2's address, from h3, and no longer at h1's.
+			if err := echoFrom(&l.Hosts[2], h2.Addr); err != nil {
+				t.Errorf("echo through h2's published port: %v", err)
+			}
+			if err := echoFrom(&l.Hosts[2], h1.Addr); err == nil {
+				t.Error("h1 still forwards the moved container's port")
+			}
 		})
 	}
 
 	t.Run("address taken", func(t *testing.T) {
 		name := "cni-taken"
-		addr := run(t, h1, name, "")
-		run(t, h2, "cni-squat", addr) // holds the address at h2
+		addr := run(t, h1, name, "", false)
+		run(t, h2, "cni-squat", addr, false) // holds the address at h2
 		rep := move(t, name, engine.ModeCold, addr, false)
 		got := cniAddress(t, h2, name)
 		if got == addr {
@@ -126,9 +138,28 @@ func TestContainerdOnACNIBridge(t *testing.T) {
 		echoIn(t, h2, addr) // the squatter, untouched
 	})
 
+	t.Run("port taken at the destination", func(t *testing.T) {
+		name := "cni-port"
+		run(t, h1, name, "", true)
+		run(t, h2, "cni-port-squat", "", true) // publishes the same ports at h2
+		rep, err := migrateQuiet(l, engine.Request{Container: name, Mode: engine.ModeCold, Runtime: "containerd"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.OK || !strings.Contains(rep.Error, "publishes port") || rep.FrozenMs != 0 {
+			t.Fatalf("report: ok=%v frozen %.0f ms at %q: %s", rep.OK, rep.FrozenMs, rep.FailedAt, rep.Error)
+		}
+		if got := ctrTasks(t, h1); !strings.Contains(got, name+":RUNNING") {
+			t.Errorf("ctr tasks ls on h1: %q", got)
+		}
+		if got := ctrContainers(t, h2); got != "cni-port-squat" {
+			t.Errorf("h2 keeps %q", got)
+		}
+	})
+
 	t.Run("network missing at the destination", func(t *testing.T) {
 		name := "cni-nonet"
-		run(t, h1, name, "")
+		run(t, h1, name, "", false)
 		conf := filepath.Join(h2.CNI().ConfDir, "10-"+lab.CNINetwork+".conflist")
 		if err := os.Rename(conf, conf+".away"); err != nil {
 			t.Fatal(err)
@@ -172,33 +203,19 @@ func cniAddress(t *testing.T, h *lab.Host, name string) string {
 	return c.Networks[0].Address
 }
 
-// forwardProbe forwards memhog's probe port at h's address to addr on
-// h's CNI network (what a published port does), until the lab goes.
-func forwardProbe(t *testing.T, h *lab.Host, addr string) {
-	t.Helper()
-	for _, args := range [][]string{
-		{"-t", "nat", "-A", "PREROUTING", "-p", "udp", "-d", h.Addr, "--dport", memhogPort, "-j", "DNAT", "--to-destination", addr},
-		{"-t", "nat", "-A", "POSTROUTING", "-p", "udp", "-d", addr, "--dport", memhogPort, "-j", "MASQUERADE"},
-	} {
-		cmd := exec.Command("nsenter", append([]string{"--net=" + h.NetNS, "iptables", "-w"}, args...)...)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("iptables in %s: %v: %s", h.Name, err, out)
-		}
-		del := append([]string{"--net=" + h.NetNS, "iptables", "-w"}, args...)
-		for i, a := range del {
-			if a == "-A" {
-				del[i] = "-D"
-			}
-		}
-		t.Cleanup(func() { _ = exec.Command("nsenter", del...).Run() })
-	}
-}
-
 // echoIn checks that memhog's echo port answers at addr from h's
 // namespace (where its CNI bridge is).
 func echoIn(t *testing.T, h *lab.Host, addr string) {
 	t.Helper()
-	err := cnet.Do(h.NetNS, func() error {
+	if err := echoFrom(h, addr); err != nil {
+		t.Errorf("echo at %s from %s: %v", addr, h.Name, err)
+	}
+}
+
+// echoFrom has memhog's echo port at addr echo a line to a client in h's
+// namespace.
+func echoFrom(h *lab.Host, addr string) error {
+	return cnet.Do(h.NetNS, func() error {
 		c, err := net.DialTimeout("tcp", net.JoinHostPort(addr, echoPort), 3*time.Second)
 		if err != nil {
 			return err
@@ -217,9 +234,6 @@ func echoIn(t *testing.T, h *lab.Host, addr string) {
 		}
 		return nil
 	})
-	if err != nil {
-		t.Errorf("echo at %s from %s: %v", addr, h.Name, err)
-	}
 }
 
 // migrateQuiet asks h1's agent for req to h2 and returns its report.

@@ -322,14 +322,10 @@ func (ld *lazyDump) endPageServer() {
 	conn := ld.conn
 	ld.conn, ld.ended = nil, true
 	ld.mu.Unlock()
-	if ld.keeper != nil {
-		// It holds CRIU's connection, whoever asked through it.
-		ld.stopKeeper()
-		if conn != nil {
-			conn.Close()
-		}
-		return
-	}
+	// A keeper handed CRIU's connection holds it: its end closes it. One
+	// never handed it ends all the same, and CRIU, whose page server has
+	// had no client, is told to close below.
+	ld.stopKeeper()
 	if conn != nil {
 		conn.Close()
 		return

@@ -41,7 +41,9 @@ func (h *Host) writeCNIConfig() error {
   "name": %q,
   "plugins": [
     {"type": "bridge", "bridge": %q, "isGateway": true, "ipMasq": false,
-     "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "routes": [{"dst": "0.0.0.0/0"}], "dataDir": %q}}
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "routes": [{"dst": "0.0.0.0/0"}], "dataDir": %q}},
+    {"type": "portmap", "capabilities": {"portMappings": true}},
+    {"type": "firewall"}
   ]
 }
 `, CNINetwork, cniBridge, CNISubnet, filepath.Join(h.StateDir, "cni", "ipam"))
@@ -50,9 +52,10 @@ func (h *Host) writeCNIConfig() error {
 
 // attachCNI gives containerd container id on h a network namespace on
 // the host's CNINetwork, pinned where the host's agent removes it with the
-// container, and returns its path and address (want where it is free). The plugins run in the
+// container, and returns its path and address (want where it is free),
+// with ports published on the host's address. The plugins run in the
 // host's namespace: the bridge is the host's.
-func (h *Host) attachCNI(ctx context.Context, id string, want netip.Addr) (string, netip.Prefix, error) {
+func (h *Host) attachCNI(ctx context.Context, id string, want netip.Addr, ports []containerd.PortMapping) (string, netip.Prefix, error) {
 	r := h.ContainerdRuntime()
 	path := filepath.Join(r.NetNSDir(), "default-"+id)
 	if err := containerd.NewNetNS(path); err != nil {
@@ -60,7 +63,7 @@ func (h *Host) attachCNI(ctx context.Context, id string, want netip.Addr) (strin
 	}
 	var addr netip.Prefix
 	err := cnet.Do(h.NetNS, func() (err error) {
-		addr, err = h.CNI().Attach(ctx, CNINetwork, id, path, want)
+		addr, err = h.CNI().Attach(ctx, CNINetwork, id, path, want, ports)
 		return err
 	})
 	if err != nil {

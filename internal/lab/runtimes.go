@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
@@ -165,10 +167,22 @@ func (l *Lab) RunContainerd(ctx context.Context, hostName, container string, arg
 		CgroupsPath: "/" + h.CgroupParent + "/" + namespaces.Default + "-" + container, Log: filepath.Join(d.Dir, container+".log")}
 	if len(a) > 0 && a[0].Bridge {
 		want, _ := netip.ParseAddr(a[0].IP)
-		if o.NetNS, _, err = h.attachCNI(ctx, container, want); err != nil {
+		o.Labels = map[string]string{containerd.LabelCNINetwork: CNINetwork}
+		var label []string
+		for _, p := range a[0].Ports { // PORT/PROTO, on the same host port
+			port, proto, _ := strings.Cut(p, "/")
+			label = append(label, port+":"+port+"/"+cmp.Or(proto, "tcp"))
+		}
+		ports, err := containerd.ParsePorts(strings.Join(label, ","))
+		if err != nil {
+			return err
+		}
+		if len(ports) > 0 {
+			o.Labels[containerd.LabelCNIPorts] = strings.Join(label, ",")
+		}
+		if o.NetNS, _, err = h.attachCNI(ctx, container, want, ports); err != nil {
 			return fmt.Errorf("%s on %s: %w", container, h.Name, err)
 		}
-		o.Labels = map[string]string{containerd.LabelCNINetwork: CNINetwork}
 	}
 	return d.Run(ctx, o)
 }
@@ -309,7 +323,9 @@ func (l *Lab) RemoveFrom(ctx context.Context, kind, hostName, container string) 
 		}
 		r := h.ContainerdRuntime()
 		defer r.Close()
-		return r.Remove(ctx, &runtime.Container{Name: container, ID: container})
+		// In the host's namespace: a CNI network's plugins undo what they
+		// did there (its bridge, its port forwarding).
+		return cnet.Do(h.NetNS, func() error { return r.Remove(ctx, &runtime.Container{Name: container, ID: container}) })
 	case "docker":
 		if h.Docker().PID() == 0 {
 			return nil

@@ -62,7 +62,7 @@ func TestCNIAttachDetach(t *testing.T) {
 			t.Fatal(err)
 		}
 		var got netip.Prefix
-		err := cnet.Do(host, func() (err error) { got, err = c.Attach(ctx, "t", id, ns, want); return err })
+		err := cnet.Do(host, func() (err error) { got, err = c.Attach(ctx, "t", id, ns, want, nil); return err })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -81,7 +81,7 @@ func TestCNIAttachDetach(t *testing.T) {
 	if a2.Addr() == want {
 		t.Errorf("%s given twice", want)
 	}
-	if err := cnet.Do(host, func() error { return c.Detach(ctx, "t", "one", ns1) }); err != nil {
+	if err := cnet.Do(host, func() error { return c.Detach(ctx, "t", "one", ns1, nil) }); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "ipam", "t", want.String())); !os.IsNotExist(err) {
@@ -97,5 +97,17 @@ func TestCNIAttachDetach(t *testing.T) {
 	}
 	if _, err := cnet.NetlinkIn(ns1); err == nil {
 		t.Error("a removed namespace can still be entered")
+	}
+}
+
+func TestParsePorts(t *testing.T) {
+	got, err := ParsePorts("8080:80, 5353:53/udp,")
+	if err != nil || len(got) != 2 || got[0] != (PortMapping{8080, 80, "tcp"}) || got[1] != (PortMapping{5353, 53, "udp"}) {
+		t.Errorf("ParsePorts: %+v %v", got, err)
+	}
+	for _, bad := range []string{"80", "0:80", "80:70000", "a:b", "80:80/icmp"} {
+		if _, err := ParsePorts(bad); err == nil {
+			t.Errorf("ParsePorts(%q) took it", bad)
+		}
 	}
 }

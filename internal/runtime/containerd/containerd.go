@@ -487,7 +487,8 @@ func (r *Runtime) cniAttachment(ctx context.Context, cl *client.Client, id strin
 	if netnsPathOf(&s) == "" {
 		return nil, nil
 	}
-	return &attachment{network: name, id: id, netns: netnsPathOf(&s)}, nil
+	ports, _ := ParsePorts(info.Labels[LabelCNIPorts]) // what Inspect accepted
+	return &attachment{network: name, id: id, netns: netnsPathOf(&s), ports: ports}, nil
 }
 
 // removeContainer deletes a container of ctx's namespace, its task

@@ -88,7 +88,16 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 	netns := o.NetNS
 	if n := cniNetworkOf(c.Networks); n != nil {
 		var got netip.Prefix
-		if t.cni, got, err = r.attach(ctx, *n, rec.Namespace, rec.ID); err != nil {
+		ports, err := ParsePorts(rec.Labels[LabelCNIPorts])
+		if err != nil {
+			return nil, err
+		}
+		if other, port, err := portTaken(ctx, cl, ports); err != nil {
+			return nil, err
+		} else if other != "" {
+			return nil, fmt.Errorf("containerd (%s): container %s publishes port %s here already: ferry does not take it over; move this one elsewhere or free the port", r.address(), other, port)
+		}
+		if t.cni, got, err = r.attach(ctx, *n, ports, rec.Namespace, rec.ID); err != nil {
 			return nil, fmt.Errorf("containerd (%s): %w", r.address(), err)
 		}
 		netns = t.cni.netns
