@@ -1,8 +1,10 @@
-// Package lazyrelay runs pagestream.Relay in a process of its own, so that
-// a destination's post-copy pull outlives the agent that serves it: the
-// agent starts `ferry lazy-relay` with the lazy-pages daemon's connection,
-// and serves the daemon through the relay's socket; an agent restarted
-// after a crash connects to that socket again and the pull goes on.
+// Package lazyrelay keeps a post-copy pull going across an agent's death,
+// one process at each end. At the destination it runs pagestream.Relay in
+// a process of its own: the agent starts `ferry lazy-relay` with the
+// lazy-pages daemon's connection and serves the daemon through the
+// relay's socket. At the source the page keeper (keeper.go) holds CRIU's
+// page server connection. An agent restarted after a crash connects to
+// that socket again and the pull goes on.
 package lazyrelay
 
 import (
