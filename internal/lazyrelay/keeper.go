@@ -31,9 +31,6 @@ const KeeperCommand = "page-keeper"
 const (
 	keeperSocketName = "page-keeper.socket"
 	keeperLogName    = "page-keeper.log"
-	// keeperDoneName is written once CRIU's close was passed on: the
-	// destination had every page.
-	keeperDoneName = "page-keeper.done"
 )
 
 // KeeperIdle is how long a keeper holds CRIU's connection with no agent
@@ -77,31 +74,16 @@ func Keep(dir string, criu *net.TCPConn) (*net.UnixConn, error) {
 // DialKeeper connects to the keeper of work directory dir.
 func DialKeeper(dir string) (*net.UnixConn, error) { return dialConn(KeeperSocket(dir)) }
 
-// KeeperDone says whether the keeper of dir passed CRIU's close on: the
-// destination had every page.
-func KeeperDone(dir string) bool {
-	_, err := os.Stat(filepath.Join(dir, keeperDoneName))
-	return err == nil
-}
-
-// KeeperRuns says whether a keeper listens in dir (the connection made to
-// ask is its turn of an agent that asks nothing).
-func KeeperRuns(dir string) bool { return dialable(KeeperSocket(dir)) == nil }
-
 // KeeperMain is the keeper process: the first agent to connect to socket
 // hands it CRIU's connection (Keep); it serves that agent and every next
-// one in turn, and ends once CRIU's close was passed on, or after idle
-// with no agent.
+// one in turn, and ends well (exit status 0) once CRIU's close was passed
+// on; it fails after idle with no agent, or once its socket is removed.
 func KeeperMain(socket string, idle time.Duration) error {
-	_ = os.Remove(socket)
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: socket, Net: "unix"})
+	l, err := listen(socket)
 	if err != nil {
 		return err
 	}
 	defer os.Remove(socket)
-	if err := os.Chmod(socket, 0o600); err != nil {
-		return err
-	}
 	var proxy *pagestream.LazyProxy
 	var mu sync.Mutex
 	var criu net.Conn
@@ -171,7 +153,7 @@ func KeeperMain(socket string, idle time.Duration) error {
 		closed, err := proxy.Serve(c)
 		c.Close()
 		if closed {
-			return os.WriteFile(filepath.Join(filepath.Dir(socket), keeperDoneName), nil, 0o600)
+			return nil
 		}
 		if errors.Is(err, pagestream.ErrPageServer) {
 			return err // nothing left to keep
@@ -216,12 +198,17 @@ func dialConn(socket string) (*net.UnixConn, error) {
 	return c, nil
 }
 
-// dialable checks that something accepts connections on socket, without
-// taking a turn: the connection closes unused.
-func dialable(socket string) error {
-	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: socket, Net: "unix"})
-	if err == nil {
-		c.Close()
+// listen listens on socket (one left by a process before is replaced),
+// for this user alone; the caller removes it when done.
+func listen(socket string) (*net.UnixListener, error) {
+	_ = os.Remove(socket)
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: socket, Net: "unix"})
+	if err != nil {
+		return nil, err
 	}
-	return err
+	if err := os.Chmod(socket, 0o600); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
 }

@@ -114,7 +114,7 @@ func TestKeeperOutlivesTheAgent(t *testing.T) {
 		t.Fatal("the page server's connection ended with the agent's")
 	case <-time.After(200 * time.Millisecond):
 	}
-	if !KeeperRuns(dir) {
+	if !keeperRuns(dir) {
 		t.Fatal("the keeper is gone with its agent")
 	}
 
@@ -139,17 +139,11 @@ func TestKeeperOutlivesTheAgent(t *testing.T) {
 	if _, err := io.ReadFull(next, ans); err != nil {
 		t.Fatal(err)
 	}
+	// Ending well (status 0) is how a keeper says it passed CRIU's close on.
 	if err := p.Wait(); err != nil {
-		t.Fatalf("keeper: %v", err)
+		t.Fatalf("a keeper that passed CRIU's close on did not end well: %v", err)
 	}
-	if !KeeperDone(dir) {
-		t.Fatal("a keeper that passed CRIU's close on did not say so")
-	}
-	select {
-	case <-ended:
-	case <-time.After(5 * time.Second):
-		t.Fatal("CRIU's connection outlived its keeper")
-	}
+	within(t, ended, "CRIU's connection outlived its keeper")
 }
 
 // A keeper killed (an operator, the agent ending a dump) closes CRIU's
@@ -162,12 +156,8 @@ func TestKeeperKilledEndsThePageServer(t *testing.T) {
 	ask(t, agent, 0x1000)
 	<-asked
 	p.Kill()
-	select {
-	case <-ended:
-	case <-time.After(5 * time.Second):
-		t.Fatal("CRIU's connection outlived its keeper")
-	}
-	if KeeperDone(dir) || KeeperRuns(dir) {
+	within(t, ended, "CRIU's connection outlived its keeper")
+	if p.Wait() == nil || keeperRuns(dir) {
 		t.Fatal("a killed keeper says it finished, or still runs")
 	}
 }
@@ -189,15 +179,8 @@ func TestKeeperWantsCRIUsConnectionFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Close()
-	done := make(chan error, 1)
-	go func() { done <- p.Wait() }()
-	select {
-	case err := <-done:
-		if err == nil {
-			t.Fatal("the keeper ended well without CRIU's connection")
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the keeper waits on without CRIU's connection")
+	if err := waitEnd(t, p, "the keeper waits on without CRIU's connection"); err == nil {
+		t.Fatal("the keeper ended well without CRIU's connection")
 	}
 }
 
@@ -214,18 +197,8 @@ func TestKeeperEndsWithItsSocket(t *testing.T) {
 	if err := os.Remove(KeeperSocket(dir)); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- p.Wait() }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the keeper outlived its socket")
-	}
-	select {
-	case <-ended:
-	case <-time.After(5 * time.Second):
-		t.Fatal("CRIU's connection outlived its keeper")
-	}
+	waitEnd(t, p, "the keeper outlived its socket")
+	within(t, ended, "CRIU's connection outlived its keeper")
 }
 
 // A keeper that never got CRIU's connection ends with its socket too.
@@ -239,11 +212,40 @@ func TestKeeperWithoutCRIUEndsWithItsSocket(t *testing.T) {
 	if err := os.Remove(KeeperSocket(dir)); err != nil {
 		t.Fatal(err)
 	}
+	waitEnd(t, p, "the keeper outlived its socket")
+}
+
+// keeperRuns says whether a keeper accepts connections in dir (the one
+// made to ask is, to the keeper, an agent that asks nothing).
+func keeperRuns(dir string) bool {
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: KeeperSocket(dir), Net: "unix"})
+	if err == nil {
+		c.Close()
+	}
+	return err == nil
+}
+
+// within fails t with why unless ch is closed within 5 s.
+func within(t *testing.T, ch <-chan struct{}, why string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(5 * time.Second):
+		t.Fatal(why)
+	}
+}
+
+// waitEnd returns p's end (its Wait), failing t with why unless it ends
+// within 5 s.
+func waitEnd(t *testing.T, p *Process, why string) error {
+	t.Helper()
 	done := make(chan error, 1)
 	go func() { done <- p.Wait() }()
 	select {
-	case <-done:
+	case err := <-done:
+		return err
 	case <-time.After(5 * time.Second):
-		t.Fatal("the keeper outlived its socket")
+		t.Fatal(why)
+		return nil
 	}
 }

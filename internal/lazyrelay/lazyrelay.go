@@ -152,12 +152,8 @@ func Main(socket string) error {
 	if err != nil {
 		return fmt.Errorf("fd 3 is not the lazy-pages daemon's connection: %w", err)
 	}
-	_ = os.Remove(socket)
-	l, err := net.Listen("unix", socket)
+	l, err := listen(socket)
 	if err != nil {
-		return err
-	}
-	if err := os.Chmod(socket, 0o600); err != nil {
 		return err
 	}
 	defer os.Remove(socket)
