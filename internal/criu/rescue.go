@@ -139,13 +139,7 @@ func Rescue(dir string) (rescued []int, err error) {
 			_ = os.Remove(path)
 			continue
 		}
-		if !untraced(pid) {
-			continue
-		}
-		if frozen, err := cgroups.Frozen(pid); err == nil && frozen {
-			// A frozen process takes no ptrace stop until it is thawed:
-			// it is put back then, by a later call. (One whose freezer
-			// cannot be read, the root's, is never frozen.)
+		if !ready(pid) {
 			continue
 		}
 		b, err := os.ReadFile(path)
@@ -171,6 +165,18 @@ func Rescue(dir string) (rescued []int, err error) {
 		}
 	}
 	return rescued, errors.Join(errs...)
+}
+
+// ready says whether recorded process pid can be put back now: its CRIU
+// is gone (untraced), and it is not frozen. A frozen process takes no
+// ptrace stop until it is thawed: it is put back then, by a later call.
+// (One whose freezer cannot be read, the root's, is never frozen.)
+func ready(pid int) bool {
+	if !untraced(pid) {
+		return false
+	}
+	frozen, err := cgroups.Frozen(pid)
+	return err != nil || !frozen
 }
 
 // untraced says whether pid's tracer is gone (the kernel let it go).
@@ -388,14 +394,9 @@ func RescueWithin(dir string, wait time.Duration) (rescued []int, err error) {
 func rescuable(dir string) bool {
 	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || !procs.Alive(pid) || !untraced(pid) {
-			continue
+		if pid, err := strconv.Atoi(e.Name()); err == nil && procs.Alive(pid) && ready(pid) {
+			return true
 		}
-		if frozen, err := cgroups.Frozen(pid); err == nil && frozen {
-			continue
-		}
-		return true
 	}
 	return false
 }

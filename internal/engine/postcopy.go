@@ -876,17 +876,25 @@ func (lp *lazyPages) wait(lost <-chan struct{}, outage time.Duration) (done Lazy
 	}
 	d := LazyDone{Ms: units.Millis(r.Elapsed), Faulted: r.Faulted, Pushed: r.Pushed}
 	// The tunnel ends right after the daemon's last request.
-	tunnelDone := make(chan struct{})
-	go func() { _ = lp.tunnel(); close(tunnelDone) }()
-	select {
-	case <-tunnelDone:
-	case <-time.After(2 * time.Second):
-	}
+	lp.tunnelEnds(2 * time.Second)
 	d.Local = lp.local.Load()
 	if r.Err != nil {
 		d.Error = r.Err.Error()
 	}
 	return d, false
+}
+
+// tunnelEnds waits up to patience for the tunnel to end, and says
+// whether it did.
+func (lp *lazyPages) tunnelEnds(patience time.Duration) bool {
+	done := make(chan struct{})
+	go func() { _ = lp.tunnel(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-time.After(patience):
+		return false
+	}
 }
 
 // lostGrace is how long, past the session's outage timeout, a pull whose

@@ -254,11 +254,7 @@ func (in *incoming) strand(lp *lazyPages, peer string, wait time.Duration) error
 	}
 	// This agent's turn at the relay ends: the next source's is ResumePull's.
 	lp.conn.Close()
-	tunnelDone := make(chan struct{})
-	go func() { _ = lp.tunnel(); close(tunnelDone) }()
-	select {
-	case <-tunnelDone:
-	case <-time.After(5 * time.Second):
+	if !lp.tunnelEnds(5 * time.Second) {
 		in.d.log().Warn("post-copy: the tunnel of a pull whose source was lost did not end", "migration", in.offer.ID)
 	}
 	sp := &strandedPull{e: in.entry(peer, journal.Pulling, lp.pull(in.work)), rt: in.rt, daemon: lp.daemon}
