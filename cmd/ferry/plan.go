@@ -54,8 +54,7 @@ hybrid), says which fit --max-downtime, and recommends one with the reason.
 It exits with status 1 when no technique fits the budget.
 
 --runtime says which runtime the container runs under, for what its
-restore can do: lxc restores only from complete images (no post-copy or
-hybrid); docker copies the images into containerd before it restores them
+restore can do: docker copies the images into containerd before it restores them
 (all of memory in cold and pre-copy, none in the lazy modes), which costs
 downtime; runc, podman and containerd read them in place.
 
@@ -133,7 +132,7 @@ development machine.`,
 var planCaps = map[string]runtime.Caps{
 	"runc":       (&runc.Runtime{Lazy: true}).Caps(),
 	"podman":     (&podman.Runtime{Lazy: true}).Caps(),
-	"lxc":        (&lxc.Runtime{}).Caps(),
+	"lxc":        (&lxc.Runtime{Lazy: true}).Caps(),
 	"containerd": (&containerd.Runtime{Lazy: true}).Caps(),
 	"docker":     docker.CapsFor(true, true),
 }

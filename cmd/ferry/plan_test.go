@@ -26,10 +26,6 @@ func TestPlanPerRuntime(t *testing.T) {
 			}
 		}
 		switch kind {
-		case "lxc":
-			if lazy != 0 || out.Recommended == "" {
-				t.Errorf("lxc: %d lazy predictions, recommended %q", lazy, out.Recommended)
-			}
 		case "docker":
 			if out.Recommended != model.ModePrecopy && out.Recommended != model.ModePostcopy && out.Recommended != model.ModeHybrid {
 				t.Errorf("docker within 1 s: recommended %q (%s)", out.Recommended, out.Reason)

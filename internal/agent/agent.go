@@ -159,7 +159,7 @@ func (a *Agent) newRuntimes() runtime.Set {
 	}
 	if _, err := exec.LookPath("lxc-checkpoint"); err == nil {
 		lx := lxc.New(a.LXCPath)
-		lx.Admission, lx.ContainerNetNS = a.Admission, a.Host.NetNS
+		lx.Admission, lx.ContainerNetNS, lx.Lazy = a.Admission, a.Host.NetNS, a.feats.LazyPages
 		if a.SegmentBridge != "" {
 			lx.SharedBridges = []string{a.SegmentBridge}
 		}

@@ -116,7 +116,7 @@ func FaultMatrix(runtimes, modes, phases, actions []string) []FaultCase {
 	}
 	var out []FaultCase
 	for _, rt := range runtimes {
-		for _, m := range runtimeModes(rt) {
+		for _, m := range faultModes {
 			if len(modes) > 0 && !slices.Contains(modes, m) {
 				continue
 			}
@@ -141,26 +141,20 @@ func FaultMatrix(runtimes, modes, phases, actions []string) []FaultCase {
 // faultRuntimes are the runtimes the matrix can run a workload in.
 var faultRuntimes = []string{"runc", "podman", "lxc", "containerd", "docker"}
 
-// runtimeModes lists the techniques the lab can run in a runtime: LXC
-// restores only from complete images (liblxc never asks CRIU for lazy
-// pages; see engine.Modes and ferry check), the others lazily too.
-func runtimeModes(rt string) []string {
-	if rt == "lxc" {
-		return []string{engine.ModeCold, engine.ModePrecopy}
-	}
-	return []string{engine.ModeCold, engine.ModePrecopy, engine.ModePostcopy, engine.ModeHybrid}
-}
+// faultModes are the techniques the matrix runs, in every runtime (each
+// restores lazily too where CRIU's lazy pages work).
+var faultModes = []string{engine.ModeCold, engine.ModePrecopy, engine.ModePostcopy, engine.ModeHybrid}
 
 // applies says whether fault a at phase p of mode m in runtime rt breaks
-// something. Pre-copy has a lazy-pages phase too where the runtime
-// restores lazily (not LXC): the destination's copy runs while its memory
+// something. Pre-copy has a lazy-pages phase too: the destination's copy
+// runs while its memory
 // arrives from the destination's own images, the source waiting, frozen.
 // So has Docker's cold (the rebuild switchover), which runs no page server
 // at the destination during the dump.
 func applies(rt, m, p, a string) bool {
 	lazy := m == engine.ModePostcopy || m == engine.ModeHybrid
 	coldRebuild := m == engine.ModeCold && rt == "docker"
-	pulls := lazy || (m == engine.ModePrecopy && rt != "lxc") || coldRebuild
+	pulls := lazy || m == engine.ModePrecopy || coldRebuild
 	switch p {
 	case fault.Rounds:
 		if m != engine.ModePrecopy && m != engine.ModeHybrid {
@@ -213,10 +207,10 @@ func Faults(ctx context.Context, o FaultsOptions) (res FaultsResult, err error) 
 			if !slices.Contains(faultRuntimes, rt) {
 				return res, fmt.Errorf("unknown runtime %q (one of %s)", rt, strings.Join(faultRuntimes, ", "))
 			}
-			for _, m := range o.Modes {
-				if !slices.Contains(runtimeModes(rt), m) {
-					return res, fmt.Errorf("%s containers cannot be moved with %s (only %s)", rt, m, strings.Join(runtimeModes(rt), ", "))
-				}
+		}
+		for _, m := range o.Modes {
+			if !slices.Contains(faultModes, m) {
+				return res, fmt.Errorf("unknown mode %q (one of %s)", m, strings.Join(faultModes, ", "))
 			}
 		}
 		for _, a := range o.Actions {

@@ -321,7 +321,7 @@ func moveInEachMode(t *testing.T, l *lab.Lab, bin, kind, prefix string, run func
 				mode = rep.Mode
 			}
 			rebuild := mode == engine.ModePrecopy && c.switchover != engine.SwitchoverDump || kind == "docker" && mode == engine.ModeCold
-			if own := rebuild && kind != "lxc" && criu.ProbeFeatures(context.Background()).LazyPages; rep.RestoreFromOwnImages != own {
+			if own := rebuild && criu.ProbeFeatures(context.Background()).LazyPages; rep.RestoreFromOwnImages != own {
 				t.Errorf("restored from its own images: %v, want %v", rep.RestoreFromOwnImages, own)
 			}
 			noScratch(t, &l.Hosts[0])
@@ -579,27 +579,17 @@ func lxcRun(t *testing.T, l *lab.Lab, name string, args []string) {
 }
 
 // TestLXCThroughAgents moves LXC containers from h1's lxcpath to h2's
-// through the agents: cold and pre-copy by --runtime lxc, cold by
-// --runtime auto; a failing restore; bad input.
+// through the agents in every mode (moveInEachMode); a failing restore;
+// bad input.
 func TestLXCThroughAgents(t *testing.T) {
 	requireLXC(t)
 	bin := ferryBin(t)
 	l := upLab(t, bin)
 	h1, h2 := &l.Hosts[0], &l.Hosts[1]
 
-	for _, c := range []struct{ name, mode, runtime string }{
-		{"cold", engine.ModeCold, "lxc"},
-		{"precopy", engine.ModePrecopy, "lxc"},
-		{"auto", engine.ModeCold, engine.RuntimeAuto},
-		// The planner knows LXC cannot restore lazily.
-		{"mode-auto", engine.ModeAuto, "lxc"},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			name := "lx-" + c.name
-			lxcRun(t, l, name, memhogArgs("64M", "200"))
-			p := startProbe(t, l, bin, "64M")
-			rep, pr, perr := migrate(t, l, p, engine.Request{Container: name, Mode: c.mode, Runtime: c.runtime})
-			checkMoved(t, "lxc", c.mode, rep, pr, perr)
+	moveInEachMode(t, l, bin, "lxc", "lx",
+		func(t *testing.T, name string) { lxcRun(t, l, name, memhogArgs("64M", "200")) },
+		func(t *testing.T, name string) {
 			if got := lxcRunning(t, h2); !slices.Contains(got, name) {
 				t.Errorf("lxc-ls --running -P %s: %v, no %s", h2.LXCPath(), got, name)
 			}
@@ -612,8 +602,6 @@ func TestLXCThroughAgents(t *testing.T) {
 			if out, err := lxcIn(h1, "lxc-ls", "-1"); err != nil || strings.Contains(out, name) {
 				t.Errorf("lxc-ls -P %s: %q %v", h1.LXCPath(), out, err)
 			}
-			noScratch(t, h1)
-			noScratch(t, h2)
 			if _, err := lxcIn(h2, "lxc-stop", "-n", name, "-t", "10"); err != nil {
 				t.Fatalf("lxc-stop on h2: %v", err)
 			}
@@ -627,7 +615,6 @@ func TestLXCThroughAgents(t *testing.T) {
 				t.Errorf("after lxc-destroy on h2: %s", st)
 			}
 		})
-	}
 
 	t.Run("failed restore", func(t *testing.T) {
 		name := "lx-fail"
@@ -681,8 +668,6 @@ func TestLXCThroughAgents(t *testing.T) {
 		lxcRun(t, l, name, memhogArgs("16M", "100"))
 		expectRefused(t, l, []refusal{
 			{engine.Request{Container: "lx-nosuch", Mode: engine.ModeCold, Runtime: "lxc"}, `no container "lx-nosuch"`, "prepare"},
-			{engine.Request{Container: name, Mode: engine.ModePostcopy, Runtime: "lxc"}, "cannot move lxc containers", "prepare"},
-			{engine.Request{Container: name, Mode: engine.ModeHybrid, Runtime: "lxc"}, "cannot move lxc containers", "prepare"},
 		}, func() {
 			if st := lxcState(t, h1, name); st != "RUNNING" {
 				t.Fatalf("after a refused request the container is %s", st)

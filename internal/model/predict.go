@@ -52,7 +52,8 @@ type Inputs struct {
 	// own layer, or its whole tree), sent before the technique starts.
 	RootfsBytes float64 `json:"rootfs_bytes,omitempty"`
 	// NoLazyRestore: the container's runtime restores only from complete
-	// images (LXC), so post-copy and hybrid cannot move it.
+	// images here (CRIU's lazy pages do not work on the host), so
+	// post-copy and hybrid cannot move it.
 	NoLazyRestore bool `json:"no_lazy_restore,omitempty"`
 	// CopiesImages: the runtime's restore copies the images first (Docker
 	// streams them into containerd, which unpacks them), at the profile's

@@ -187,7 +187,7 @@ func (p Probes) Run(ctx context.Context) Report {
 	for i, caps := range []runtime.Caps{
 		(&runc.Runtime{Lazy: feat.LazyPages, DirtyTracking: feat.DirtyTracking}).Caps(),
 		(&podman.Runtime{Lazy: feat.LazyPages}).Caps(),
-		(&lxc.Runtime{}).Caps(),
+		(&lxc.Runtime{Lazy: feat.LazyPages}).Caps(),
 		(&containerd.Runtime{Lazy: feat.LazyPages}).Caps(),
 		docker.CapsFor(feat.LazyPages, ferryRunc),
 	} {

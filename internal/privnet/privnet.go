@@ -13,6 +13,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // NS is a private network namespace, held open by a file descriptor: it
@@ -52,6 +53,16 @@ func (n *NS) Do(f func() error) error {
 		}
 		return f()
 	})
+}
+
+// File is a descriptor of the namespace of its own, for a child process
+// to enter (nsenter --net=/proc/self/fd/N); the caller closes it.
+func (n *NS) File() (*os.File, error) {
+	fd, err := unix.Dup(int(n.h))
+	if err != nil {
+		return nil, fmt.Errorf("network namespace descriptor: %w", err)
+	}
+	return os.NewFile(uintptr(fd), "netns"), nil
 }
 
 // Close lets the namespace go once nothing runs in it.

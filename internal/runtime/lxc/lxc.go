@@ -79,6 +79,9 @@ type Runtime struct {
 	// --segment-bridge): a container on one keeps its address and its
 	// connections; on another bridge they are closed.
 	SharedBridges []string
+	// Lazy says CRIU's lazy pages work on this host (fs.pipe-max-size,
+	// userfaultfd): the lazy modes are offered.
+	Lazy bool
 
 	checkOnce sync.Once
 	checkErr  error
@@ -115,14 +118,20 @@ func (r *Runtime) dir(name string) string { return filepath.Join(r.path(), name)
 func (r *Runtime) Kind() string { return "lxc" }
 
 // Caps: the freezer keeps the source resumable (see the package comment).
-// liblxc never passes CRIU --lazy-pages, and its pre-dump needs soft-dirty
-// tracking and is not wired here: neither is offered. A restored copy
-// stays frozen until Start (see Restore).
-func (r *Runtime) Caps() runtime.Caps { return runtime.Caps{Freeze: true, RestoreStopped: true} }
+// liblxc has no flag for CRIU's lazy pages, but CRIU's configuration file
+// does (lazyDump, Restore): offered where they work here. liblxc's
+// pre-dump needs soft-dirty tracking and is not wired: not offered. A
+// restored copy stays frozen until Start (see Restore).
+func (r *Runtime) Caps() runtime.Caps {
+	return runtime.Caps{Freeze: true, LazyDump: r.Lazy, LazyRestore: r.Lazy, RestoreStopped: true}
+}
 
 // env is the environment of every lxc-* command: PATH finds r.criu()
 // first, and CRIU_CONFIG_FILE is conf or nothing (never one inherited).
-func (r *Runtime) env(conf string) []string {
+func (r *Runtime) env(conf string) []string { return r.envWithCRIU(conf, filepath.Dir(r.criu())) }
+
+// envWithCRIU is env with PATH finding "criu" in dir first.
+func (r *Runtime) envWithCRIU(conf, dir string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
 		if strings.HasPrefix(kv, "PATH=") || strings.HasPrefix(kv, "CRIU_CONFIG_FILE=") {
@@ -130,7 +139,7 @@ func (r *Runtime) env(conf string) []string {
 		}
 		env = append(env, kv)
 	}
-	env = append(env, "PATH="+filepath.Dir(r.criu())+":"+systemPath)
+	env = append(env, "PATH="+dir+":"+systemPath)
 	if conf != "" {
 		env = append(env, "CRIU_CONFIG_FILE="+conf)
 	}
@@ -445,8 +454,8 @@ func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtim
 	switch {
 	case o.PreDump || o.ParentDir != "":
 		return nil, errors.New("lxc: CRIU pre-dumps are not supported by ferry's LXC runtime")
-	case o.Lazy:
-		return nil, errors.New("lxc: lazy dumps are not supported (liblxc never passes CRIU --lazy-pages)")
+	case o.Lazy && !r.Lazy:
+		return nil, errors.New("lxc: lazy dumps are not available on this host (see ferry check)")
 	case o.ImagesDir == "" || o.WorkDir == "":
 		return nil, errors.New("lxc: a checkpoint needs an images and a work directory")
 	}
@@ -487,21 +496,147 @@ func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtim
 		if err != nil {
 			return nil, fmt.Errorf("lxc: page server %q: %w", o.PageServer, err)
 		}
-		conf = append(conf, "page-server", "address "+host, "port "+port)
+		// A lazy dump is the page server (it listens there); any other
+		// sends its pages to one.
+		if !o.Lazy {
+			conf = append(conf, "page-server")
+		}
+		conf = append(conf, "address "+host, "port "+port)
+	}
+	for _, p := range o.IrmapScanPaths {
+		conf = append(conf, "irmap-scan-path "+quote(p))
+	}
+	if o.Lazy {
+		return r.lazyDump(ctx, c, o, conf)
 	}
 	confPath := filepath.Join(o.WorkDir, "criu-dump.conf")
 	if err := writeCRIUConfig(confPath, conf); err != nil {
 		return nil, err
 	}
 	_, err = r.run(ctx, confPath, "lxc-checkpoint", "-n", c.ID, "-D", o.ImagesDir)
-	log := filepath.Join(o.WorkDir, "dump.log")
-	if rerr := os.Rename(filepath.Join(o.ImagesDir, "dump.log"), log); rerr != nil {
-		log = filepath.Join(o.ImagesDir, "dump.log")
-	}
 	if err != nil {
-		return nil, fmt.Errorf("%w%s", err, criu.LogErrors(log))
+		return nil, fmt.Errorf("%w%s", err, criu.LogErrors(dumpLog(o)))
 	}
+	dumpLog(o)
 	return doneDump{}, nil
+}
+
+// dumpLog moves the CRIU log liblxc writes into the images directory to
+// the work directory, and returns where it is.
+func dumpLog(o runtime.CheckpointOptions) string {
+	log := filepath.Join(o.WorkDir, "dump.log")
+	if err := os.Rename(filepath.Join(o.ImagesDir, "dump.log"), log); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return filepath.Join(o.ImagesDir, "dump.log")
+	}
+	return log
+}
+
+// Fixed descriptors of a lazy dump's lxc-checkpoint, which liblxc leaves
+// open for the criu it execs: CRIU's readiness (status-fd), and the
+// private network namespace its page server is to listen in.
+const (
+	lazyStatusFD = 3
+	lazyNetFD    = 4
+)
+
+// lazyDump runs `lxc-checkpoint` with CRIU's lazy-pages (through its
+// configuration file: liblxc has no flag for it) and returns once CRIU's
+// page server listens; lxc-checkpoint runs on until that server is closed.
+//
+// lxc-checkpoint itself must run where the container's monitor answers
+// (its command socket is an abstract one, seen in one network namespace
+// only), but the page server must listen in o.PageNet: criu is reached
+// through a wrapper, first in PATH, that enters the namespace
+// lxc-checkpoint was handed as a descriptor.
+func (r *Runtime) lazyDump(ctx context.Context, c *runtime.Container, o runtime.CheckpointOptions, conf []string) (runtime.Dump, error) {
+	conf = append(conf, "lazy-pages", "status-fd "+strconv.Itoa(lazyStatusFD))
+	confPath := filepath.Join(o.WorkDir, "criu-dump.conf")
+	if err := writeCRIUConfig(confPath, conf); err != nil {
+		return nil, err
+	}
+	status, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer status.Close()
+	errPath := filepath.Join(o.WorkDir, "lxc-dump.err")
+	errf, err := os.Create(errPath)
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	defer errf.Close()
+	cmd := r.command(ctx, confPath, "lxc-checkpoint", "-n", c.ID, "-D", o.ImagesDir)
+	cmd.Stdout, cmd.Stderr = errf, errf
+	cmd.ExtraFiles = []*os.File{w}
+	if o.PageNet != nil {
+		wrapper, err := criuInNetns(o.WorkDir, r.criu())
+		if err != nil {
+			w.Close()
+			return nil, err
+		}
+		nsf, err := o.PageNet.File()
+		if err != nil {
+			w.Close()
+			return nil, err
+		}
+		defer nsf.Close()
+		cmd.ExtraFiles = append(cmd.ExtraFiles, nsf)
+		cmd.Env = r.envWithCRIU(confPath, wrapper)
+	}
+	err = cmd.Start()
+	w.Close()
+	if err != nil {
+		return nil, fmt.Errorf("lxc-checkpoint: %w", err)
+	}
+	d := &lazyDumping{done: make(chan struct{})}
+	go func() {
+		d.err = cmd.Wait()
+		if d.err != nil {
+			msg, _ := os.ReadFile(errPath)
+			d.err = fmt.Errorf("lxc-checkpoint -P %s -n %s -D %s: %w: %s%s", r.path(), c.ID, o.ImagesDir, d.err,
+				tail.Lines(strings.TrimSpace(string(msg)), 6), criu.LogErrors(dumpLog(o)))
+		} else {
+			dumpLog(o)
+		}
+		close(d.done)
+	}()
+	var b [1]byte
+	if n, rerr := status.Read(b[:]); n != 1 {
+		<-d.done
+		return nil, errors.Join(d.err, fmt.Errorf("lxc: CRIU never signalled that the lazy page server is ready: %v", rerr))
+	}
+	return d, nil
+}
+
+// lazyDumping is a lazy lxc-checkpoint whose page server serves; the
+// container stays frozen (Caps.Freeze), so Release has nothing to do.
+type lazyDumping struct {
+	done chan struct{}
+	err  error
+}
+
+func (d *lazyDumping) Wait() error                       { <-d.done; return d.err }
+func (*lazyDumping) Release(context.Context, bool) error { return nil }
+
+// criuInNetns writes, in dir, a directory holding a "criu" that runs real
+// in the network namespace open on descriptor lazyNetFD, and returns the
+// directory (to go first in PATH: liblxc looks "criu" up there).
+func criuInNetns(dir, real string) (string, error) {
+	bin := filepath.Join(dir, "criu-in-netns")
+	if err := os.MkdirAll(bin, 0o700); err != nil {
+		return "", err
+	}
+	script := fmt.Sprintf("#!/bin/sh\nexec nsenter --net=/proc/self/fd/%d -- %s \"$@\"\n", lazyNetFD, shellQuote(real))
+	if err := os.WriteFile(filepath.Join(bin, "criu"), []byte(script), 0o700); err != nil {
+		return "", err
+	}
+	return bin, nil
+}
+
+// shellQuote makes s one word for sh.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // writeCRIUConfig writes a CRIU configuration file, one option a line.
@@ -709,8 +844,8 @@ func (t *target) CheckImages(dir string) error {
 // it at once.
 func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, error) {
 	r := t.r
-	if o.Lazy {
-		return 0, errors.New("lxc: lazy restores are not supported (liblxc never passes CRIU --lazy-pages)")
+	if o.Lazy && !r.Lazy {
+		return 0, errors.New("lxc: lazy restores are not available on this host (see ferry check)")
 	}
 	if o.ImagesDir == "" || o.WorkDir == "" {
 		return 0, errors.New("lxc: a restore needs an images and a work directory")
@@ -724,6 +859,10 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	confPath := filepath.Join(o.WorkDir, "criu-restore.conf")
 	conf := append([]string{"mntns-compat-mode", "work-dir " + quote(o.WorkDir), "verbosity=4"},
 		tcpOptions(o.TCPEstablished, o.TCPClose, false)...)
+	if o.Lazy {
+		// The lazy-pages daemon's socket is in the work directory.
+		conf = append(conf, "lazy-pages")
+	}
 	if err := writeCRIUConfig(confPath, conf); err != nil {
 		return 0, err
 	}
