@@ -81,6 +81,9 @@ type Report struct {
 	// Volumes are the volumes that moved, each synced as the root
 	// filesystem is.
 	Volumes []VolumeSync `json:"volumes,omitempty"`
+	// Shared are the host directories the container bind-mounts that the
+	// destination has as the same storage: remounted there, not copied.
+	Shared []SharedDir `json:"shared,omitempty"`
 	// Networks are the runtime's networks the container was attached to,
 	// and what became of its address and connections on each (said
 	// before the freeze too, in the events, and by ferry plan).
@@ -147,6 +150,17 @@ type VolumeSync struct {
 	Entries     int    `json:"entries"`
 	FrozenBytes int64  `json:"frozen_bytes"`
 	FrozenScan  string `json:"frozen_scan,omitempty"`
+}
+
+// SharedDir is a host directory a container bind-mounts. It is the
+// host's, not the container's: never copied, it follows only where the
+// destination has the same storage at that path (a network filesystem).
+type SharedDir struct {
+	// Source is its path on the host; Path where the container sees it.
+	Source string `json:"source"`
+	Path   string `json:"path"`
+	// Identity names the storage at the source (shareddir.Identity).
+	Identity string `json:"identity,omitempty"`
 }
 
 // NetworkMove is what a migration does to the container's place on one

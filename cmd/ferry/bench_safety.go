@@ -86,8 +86,8 @@ Only the cases where a fault can strike are run (--list shows them).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringSliceVar(&o.Runtimes, "runtime", []string{"runc"}, "runtimes to run the workload in: runc, podman, lxc, containerd, docker (lxc in cold and precopy only)")
-	f.StringSliceVar(&o.Modes, "mode", nil, "techniques (default all the runtime runs: cold, precopy, postcopy, hybrid)")
+	f.StringSliceVar(&o.Runtimes, "runtime", []string{"runc"}, "runtimes to run the workload in: runc, podman, lxc, containerd, docker")
+	f.StringSliceVar(&o.Modes, "mode", nil, "techniques (default all: cold, precopy, postcopy, hybrid)")
 	f.StringSliceVar(&o.Phases, "phase", nil, "phases (default all)")
 	f.StringSliceVar(&o.Actions, "fault", nil, "faults (default all)")
 	f.StringVar(&memory, "memory", "64M", "workload memory")

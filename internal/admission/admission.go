@@ -131,7 +131,7 @@ func (p Policy) CheckSpec(b []byte) error {
 			kind = "bind mount"
 		}
 		for _, path := range hostPaths(m.Source, isBind(m), m.Options) {
-			if !p.bindAllowed(path) {
+			if !p.BindAllowed(path) {
 				why = append(why, fmt.Sprintf("%s of host path %s", kind, path))
 			}
 		}
@@ -321,10 +321,10 @@ func hostPaths(source string, bind bool, options []string) []string {
 	return paths
 }
 
-// bindAllowed says whether a bind mount's source lies under an allowed
+// BindAllowed says whether a bind mount's source lies under an allowed
 // directory, compared as clean absolute paths (no "..", no prefix tricks:
 // /srv/data2 is not under /srv/data).
-func (p Policy) bindAllowed(src string) bool {
+func (p Policy) BindAllowed(src string) bool {
 	if !filepath.IsAbs(src) {
 		return false
 	}

@@ -285,7 +285,7 @@ func (p Policy) lxcMount(entry, rootfs string) string {
 	}
 	bind := f[2] == "bind" || f[2] == "rbind" || slices.Contains(opts, "bind") || slices.Contains(opts, "rbind")
 	allowed := func(path string) bool {
-		return p.bindAllowed(path) || (rootfs != "" && under(path, rootfs))
+		return p.BindAllowed(path) || (rootfs != "" && under(path, rootfs))
 	}
 	for _, path := range hostPaths(f[0], bind, opts) {
 		if !allowed(path) {

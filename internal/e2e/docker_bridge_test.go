@@ -255,6 +255,31 @@ func TestDockerBridgeAndVolume(t *testing.T) {
 		t.Logf("docker macvlan, failed restore: the TCP client's longest wait %.0f ms", sr.MaxGapMs)
 	})
 
+	// A bind mount of storage both hosts have (the lab's shared directory,
+	// as one network filesystem mounted on both): remounted at h2 and
+	// not copied, the journal memhog writes there intact (its VERIFY
+	// reads it back), the report naming it.
+	t.Run("shared bind mount", func(t *testing.T) {
+		name, dir := "dkb-shared", filepath.Join(lab.SharedStorage, "dkb-shared")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.RemoveAll(dir) })
+		dockerRunBridged(t, l, name, dir, true)
+		p := startProbe(t, l, bin, "64M")
+		rep, pr, perr := migrate(t, l, p, engine.Request{Container: name, Mode: engine.ModePrecopy, Runtime: "docker"})
+		checkMoved(t, "docker", engine.ModePrecopy, rep, pr, perr)
+		if len(rep.Volumes) != 0 || len(rep.Shared) != 1 || rep.Shared[0].Source != dir || rep.Shared[0].Path != "/data" {
+			t.Errorf("report's volumes %+v, shared %+v", rep.Volumes, rep.Shared)
+		}
+		if got := dk(t, h2, "inspect", "--format", "{{range .Mounts}}{{.Type}} {{.Source}}{{end}}", name); got != "bind "+dir {
+			t.Errorf("h2's container mounts %q, want bind %s", got, dir)
+		}
+		if st, err := os.Stat(filepath.Join(dir, "journal")); err != nil || st.Size() == 0 || st.Size()%4096 != 0 {
+			t.Errorf("the journal on the shared directory: %v %v", st, err)
+		}
+	})
+
 	t.Run("refused", func(t *testing.T) {
 		name, vol := "dkb-refused", "dkb-refused-data"
 		dockerRunBridged(t, l, name, vol, true)

@@ -616,6 +616,38 @@ func TestLXCThroughAgents(t *testing.T) {
 			}
 		})
 
+	// A writable bind mount of storage both hosts have (an
+	// lxc.mount.entry from the lab's shared directory): remounted at h2,
+	// not copied, the journal memhog writes there intact.
+	t.Run("shared mount entry", func(t *testing.T) {
+		name, dir := "lx-shared", filepath.Join(lab.SharedStorage, "lx-shared")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.RemoveAll(dir) })
+		t.Cleanup(func() {
+			for _, h := range l.Hosts[:2] {
+				_ = l.RemoveFrom(context.Background(), "lxc", h.Name, name)
+			}
+		})
+		args := append(memhogArgs("64M", "200"), "--journal", "/data/journal", "--journal-rate", "512K")
+		if err := l.RunLXC(context.Background(), h1.Name, name, args, lab.Attachments{Shared: dir}); err != nil {
+			t.Fatal(err)
+		}
+		p := startProbe(t, l, bin, "64M")
+		rep, pr, perr := migrate(t, l, p, engine.Request{Container: name, Mode: engine.ModeCold, Runtime: "lxc"})
+		checkMoved(t, "lxc", engine.ModeCold, rep, pr, perr)
+		if len(rep.Shared) != 1 || rep.Shared[0].Source != dir || rep.Shared[0].Path != "/data" {
+			t.Errorf("report's shared directories: %+v", rep.Shared)
+		}
+		if st, err := os.Stat(filepath.Join(dir, "journal")); err != nil || st.Size() == 0 || st.Size()%4096 != 0 {
+			t.Errorf("the journal on the shared directory: %v %v", st, err)
+		}
+		if st := lxcState(t, h2, name); st != "RUNNING" {
+			t.Errorf("lxc-info on h2: %s", st)
+		}
+	})
+
 	t.Run("failed restore", func(t *testing.T) {
 		name := "lx-fail"
 		lxcRun(t, l, name, memhogArgs("64M", "200"))

@@ -27,6 +27,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/pages"
 	"github.com/ferry-migrate/ferry/internal/pagestream"
 	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/shareddir"
 	"github.com/ferry-migrate/ferry/internal/transport"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
@@ -385,8 +386,18 @@ func (in *incoming) prepare(ctx context.Context) error {
 	if err := in.prepareNetwork(); err != nil {
 		return err
 	}
+	for _, d := range o.Shared {
+		// Never a look at a path this host does not let containers
+		// mount: what exists here is not the peer's to learn.
+		if p := in.d.Admission; !p.Privileged && !p.BindAllowed(d.Source) {
+			return fmt.Errorf("bind mount %s (at %s in the container): not under a directory this host allows (agent --allow-bind)", d.Source, d.Path)
+		}
+		if err := shareddir.Check(d); err != nil {
+			return err
+		}
+	}
 	c := &runtime.Container{Runtime: kind, Name: o.Container, ID: o.Container, Spec: o.Spec, Image: o.Image, Meta: o.Meta,
-		Volumes: o.Volumes, Networks: o.Networks}
+		Volumes: o.Volumes, Networks: o.Networks, Shared: o.Shared}
 	t, err := rt.Prepare(ctx, c, runtime.PrepareOptions{WorkDir: in.work, NetNS: in.netnsPath})
 	if err != nil {
 		return fmt.Errorf("%s on %s: %w", kind, in.d.Host.Name, err)
@@ -655,6 +666,12 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 		return done.Error == "", err
 	}
 	if err != nil {
+		if lp != nil && lp.relay != nil {
+			// The source is gone as the pull begins, after the copy
+			// started: its pages wait in its page keeper, for its agent
+			// to come back (strand), as in a pull the source left later.
+			return true, in.strand(lp, sess.Peer.Name, StrandedPullWait(sess.OutageTimeout()))
+		}
 		if lp != nil {
 			// The source is gone as the pull begins: its pages cannot
 			// come, and the copy must not run on without them.

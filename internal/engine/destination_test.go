@@ -13,6 +13,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/pages"
 	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/shareddir"
 	"github.com/ferry-migrate/ferry/internal/transport"
 )
 
@@ -47,6 +48,11 @@ func TestDestinationRefusesBadOffers(t *testing.T) {
 		{name: "a volume of negative size", offer: func(o *Offer) { o.Volumes = []runtime.Volume{{Name: "d", Path: "/d", Bytes: -1}} }, want: "negative size"},
 		{name: "a technique the runtime cannot receive", offer: func(o *Offer) { o.Mode = ModePostcopy }, want: "h2: postcopy cannot move fake containers on this host: it needs a lazy restore"},
 		{name: "native pre-copy without pre-dump", offer: func(o *Offer) { o.Mode, o.Precopy.Engine = ModePrecopy, PrecopyNative }, want: "soft-dirty"},
+		{name: "a bind mount of a path this host does not allow", offer: func(o *Offer) { o.Shared = []shareddir.Dir{{Source: "/etc", Path: "/x", Identity: "1:2.3:4"}} },
+			want: "bind mount /etc (at /x in the container): not under a directory this host allows"},
+		{name: "a bind mount of another directory than the source's", change: func(h *harness) { h.d.Admission.BindSources = []string{"/"} },
+			offer: func(o *Offer) { o.Shared = []shareddir.Dir{{Source: "/etc", Path: "/x", Identity: "1:2.3:4"}} },
+			want:  "this host's /etc is another directory than the source's"},
 		{name: "CRIU missing", change: func(h *harness) { h.d.CRIUError = errors.New("criu: executable file not found") },
 			want: "CRIU cannot restore on h2: criu: executable file not found"},
 		{name: "an address of its own without a segment bridge",

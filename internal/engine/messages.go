@@ -18,6 +18,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/rootfs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/shareddir"
 )
 
 // Channel kinds on a session between a source and a destination agent.
@@ -90,6 +91,9 @@ type Offer struct {
 	// attaches it to again.
 	Volumes  []runtime.Volume  `json:"volumes,omitempty"`
 	Networks []runtime.Network `json:"networks,omitempty"`
+	// Shared are host directories the container bind-mounts, which the
+	// destination must have as the same storage (never copied).
+	Shared []shareddir.Dir `json:"shared,omitempty"`
 }
 
 // Accept is the destination's yes to an Offer.

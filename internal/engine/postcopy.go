@@ -116,6 +116,8 @@ type lazyDump struct {
 	stopDump context.CancelFunc
 	exited   chan struct{}
 	result   error
+	// connectMu makes the page server's connection once (connect).
+	connectMu sync.Mutex
 	// conn is the tunnel's connection to CRIU's page server, once made;
 	// proxy serves it to a destination that may come back (resume.go).
 	// ended is set once endPageServer ran: a connection made after that
@@ -203,6 +205,11 @@ func (ld *lazyDump) run() error {
 		close(ld.exited)
 	}()
 	m.dump, m.dumped = ld, d
+	if ld.keeper != nil {
+		if _, err := ld.connect(ld.ctx); err != nil {
+			m.report.Warnings = append(m.report.Warnings, "the page keeper holds no connection yet: "+err.Error())
+		}
+	}
 	return nil
 }
 
@@ -390,16 +397,8 @@ func (ld *lazyDump) serve(ctx context.Context, ch *transport.Channel) error {
 	p := ld.proxy
 	ld.mu.Unlock()
 	if p == nil {
-		conn, err := ld.dial(ctx)
-		if err == nil && ld.keeper != nil {
-			conn, err = ld.handToKeeper(conn)
-		}
-		if err == nil {
-			p = pagestream.NewLazyProxy(conn)
-			p.OnFault(ld.fault)
-			err = ld.keep(conn, p)
-		}
-		if err != nil {
+		var err error
+		if p, err = ld.connect(ctx); err != nil {
 			ch.Fail(err)
 			return err
 		}
@@ -417,6 +416,34 @@ func (ld *lazyDump) serve(ctx context.Context, ch *transport.Channel) error {
 		return err
 	}
 	return ch.CloseWrite()
+}
+
+// connect connects to the dump's page server, through the page keeper
+// where one runs, once: the first request's serve, or the dump's end
+// where a keeper runs (run), so that the pull outlives this agent from
+// the commit on, however late the destination's daemon first asks.
+func (ld *lazyDump) connect(ctx context.Context) (*pagestream.LazyProxy, error) {
+	ld.connectMu.Lock()
+	defer ld.connectMu.Unlock()
+	ld.mu.Lock()
+	p := ld.proxy
+	ld.mu.Unlock()
+	if p != nil {
+		return p, nil
+	}
+	conn, err := ld.dial(ctx)
+	if err == nil && ld.keeper != nil {
+		conn, err = ld.handToKeeper(conn)
+	}
+	if err != nil {
+		return nil, err
+	}
+	p = pagestream.NewLazyProxy(conn)
+	p.OnFault(ld.fault)
+	if err := ld.keep(conn, p); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // handToKeeper gives the page keeper CRIU's connection conn and returns

@@ -240,6 +240,28 @@ func (d *Destination) waitForSource(sp *strandedPull, wait time.Duration) {
 	d.pulls[sp.e.ID] = sp
 	sp.until = time.Now().Add(wait)
 	sp.expiry = time.AfterFunc(wait, func() { d.expire(sp.e.ID) })
+	go d.completeAlone(sp)
+}
+
+// completeAlone ends a waiting pull whose daemon finishes well by itself:
+// every page was in already (a hybrid's few last pages, the source's
+// close passed on just before it was lost), so the copy runs whole and
+// needs no source. A source that comes back hears it started.
+func (d *Destination) completeAlone(sp *strandedPull) {
+	if r := sp.daemon.Wait(); r.Err != nil {
+		return
+	}
+	d.pullsMu.Lock()
+	if d.pulls[sp.e.ID] != sp || sp.busy {
+		d.pullsMu.Unlock()
+		return // expired, or a source is resuming it: its end is theirs
+	}
+	delete(d.pulls, sp.e.ID)
+	sp.expiry.Stop()
+	d.pullsMu.Unlock()
+	sp.daemon.ReleaseFaults()
+	d.endPull(sp.e, journal.Started)
+	d.log().Info("post-copy: a pull whose source was lost had every page already: the copy runs whole", "migration", sp.e.ID, "container", sp.e.Container)
 }
 
 // strand leaves a pull whose source was lost (its agent died, or the link

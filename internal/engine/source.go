@@ -396,7 +396,7 @@ func (m *migration) run(ctx context.Context) error {
 	offer := Offer{ID: m.id, Container: m.req.Container, Mode: m.req.Mode, SourceHost: m.host.Name,
 		Runtime: m.ctr.Runtime, Spec: json.RawMessage(m.ctr.Spec), Image: m.ctr.Image, Meta: m.ctr.Meta,
 		Faults: m.req.Faults, Precopy: m.req.Precopy, MemoryBytes: procs.TreeResident(m.ctr.PID), Network: m.network,
-		Volumes: m.ctr.Volumes, Networks: m.ctr.Networks}
+		Volumes: m.ctr.Volumes, Networks: m.ctr.Networks, Shared: m.ctr.Shared}
 	if err := m.ctl.Send(offer); err != nil {
 		return failAt("offer to destination", err)
 	}
@@ -457,8 +457,12 @@ func (m *migration) prepare(ctx context.Context) error {
 	if err := m.makeTrees(); err != nil {
 		return err
 	}
+	if err := identifyShared(m.ctr.Shared); err != nil {
+		return err
+	}
 	m.mu.Lock() // the progress reporter reads it
 	m.report.Networks = networkMoves(m.ctr.Networks)
+	m.report.Shared = m.ctr.Shared
 	m.mu.Unlock()
 	caps := m.rt.Caps()
 	m.req.Precopy.Engine = precopyEngine(m.req.Precopy.Engine, caps)

@@ -93,6 +93,7 @@ func TestVolumeTooBigIsRefused(t *testing.T) {
 		t.Fatalf("report: ok=%v frozen %.0f ms: %s", rep.OK, rep.FrozenMs, rep.Error)
 	}
 	r.calls()
+	r.returned() // the destination discards as it returns, after the source's report
 	r.want(counts{prepared: 1, discarded: 1})
 }
 

@@ -42,7 +42,7 @@ func agentArgs(h *Host, l *Lab) []string {
 		"--cni-conf-dir", h.CNI().ConfDir, "--cni-cache-dir", h.CNI().CacheDir,
 		"--docker", h.Docker().Host(), "--docker-exec-root", h.Docker().ExecRoot(), "--image-root", DebianImageRoot(), "--cgroup-parent", h.CgroupParent, "--netns", h.NetNS, "--scratch", h.ScratchDir, "--bundles", h.BundlesDir,
 		"--tls-dir", h.TLSDir(), "--allow", strings.Join(l.hostNames(), ","), "--segment-bridge", SegmentBridge,
-		"--segment-range", SegmentSubnet + "0/" + fmt.Sprint(segmentPrefixLen), "--allow-faults"}
+		"--segment-range", SegmentSubnet + "0/" + fmt.Sprint(segmentPrefixLen), "--allow-bind", SharedStorage, "--allow-faults"}
 	if l.OutageTimeout > 0 {
 		args = append(args, "--outage-timeout", l.OutageTimeout.String())
 	}

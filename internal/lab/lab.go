@@ -27,6 +27,11 @@ import (
 const (
 	// StateDir holds each lab host's state directory (hN).
 	StateDir = "/var/lib/ferry/lab"
+	// SharedStorage is a directory every lab host has as the same
+	// storage, as hosts that mount one network filesystem do: containers
+	// may bind-mount from it (the agents' --allow-bind), and it follows
+	// them, never copied.
+	SharedStorage = StateDir + "/shared"
 	// RunDir holds the state file and the agents' control sockets.
 	RunDir = "/run/ferry/lab"
 	// ScratchDir holds, on tmpfs, the hosts' migration images (hN) and
@@ -314,6 +319,9 @@ func (l *Lab) up(ctx context.Context, o Options) error {
 	if err := buildSegment(); err != nil {
 		return err
 	}
+	if err := os.MkdirAll(SharedStorage, 0o755); err != nil {
+		return err
+	}
 	for k := range l.Hosts {
 		h := &l.Hosts[k]
 		if err := os.MkdirAll(h.RuncRoot(), 0o700); err != nil {
@@ -323,6 +331,9 @@ func (l *Lab) up(ctx context.Context, o Options) error {
 			return err
 		}
 		if err := plugSegment(h); err != nil {
+			return err
+		}
+		if err := addHostBridge(h); err != nil {
 			return err
 		}
 		if err := h.writeCNIConfig(); err != nil {

@@ -294,3 +294,32 @@ func plugSegment(h *Host) error {
 	addr := &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(h.SegmentAddr()).To4(), Mask: net.CIDRMask(segmentPrefixLen, 32)}}
 	return hn.AddrAdd(hb, addr)
 }
+
+const (
+	// HostBridge is each host's own bridge, as LXC's lxc-net makes
+	// (lxcbr0, 10.0.3.1/24 on every host): the same subnet everywhere, on
+	// segments of their own, so an address can be kept but connections
+	// cannot.
+	HostBridge = "lxcbr0"
+	// HostBridgeSubnet is its addresses; each host has .1.
+	HostBridgeSubnet    = "10.0.3."
+	hostBridgePrefixLen = 24
+)
+
+// addHostBridge gives host h its HostBridge.
+func addHostBridge(h *Host) error {
+	hn, err := handleAt(h.NetNSName)
+	if err != nil {
+		return err
+	}
+	defer hn.Close()
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: HostBridge}}
+	if err := hn.LinkAdd(br); err != nil {
+		return fmt.Errorf("%s: add bridge %s: %w", h.Name, HostBridge, err)
+	}
+	if err := hn.LinkSetUp(br); err != nil {
+		return err
+	}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(HostBridgeSubnet + "1").To4(), Mask: net.CIDRMask(hostBridgePrefixLen, 32)}}
+	return hn.AddrAdd(br, addr)
+}

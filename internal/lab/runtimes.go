@@ -196,9 +196,13 @@ type Attachments struct {
 	Bridge     bool
 	Ports      []string
 	VolumePath string
+	// Shared bind-mounts this directory (of SharedStorage) at /data in
+	// an LXC container (an lxc.mount.entry).
+	Shared string
 	// IP puts an LXC container on a veth to the lab's segment bridge
-	// (SegmentBridge) with this address; with Bridge, a containerd one
-	// asks for it on the CNI network.
+	// (SegmentBridge) with this address, or with Bridge to its host's own
+	// (HostBridge); with Bridge, a containerd one asks for it on the CNI
+	// network.
 	IP string
 }
 
@@ -260,7 +264,7 @@ lxc.init.cmd = %s
 lxc.signal.halt = SIGTERM
 lxc.log.file = %s/lxc.log
 lxc.log.level = INFO
-`, container, root, lxcNet(a...), strings.Join(args, " "), dir)
+%s`, container, root, lxcNet(a...), strings.Join(args, " "), dir, lxcMounts(a...))
 	if err := os.WriteFile(filepath.Join(dir, "config"), []byte(cfg), 0o640); err != nil {
 		return err
 	}
@@ -272,15 +276,28 @@ lxc.log.level = INFO
 	return nil
 }
 
+// lxcMounts are an LXC container's mount entries: a.Shared at /data.
+func lxcMounts(a ...Attachments) string {
+	if len(a) == 0 || a[0].Shared == "" {
+		return ""
+	}
+	return "lxc.mount.entry = " + a[0].Shared + " data none bind,create=dir 0 0\n"
+}
+
 // lxcNet is an LXC container's network: none (its host's), or a veth on
-// the segment bridge with a.IP.
+// the segment bridge, or with a.Bridge its host's own bridge, with a.IP.
 func lxcNet(a ...Attachments) string {
 	if len(a) == 0 || a[0].IP == "" {
 		return "lxc.net.0.type = none"
 	}
+	bridge, prefix, gw := SegmentBridge, segmentPrefixLen, ""
+	if a[0].Bridge {
+		bridge, prefix = HostBridge, hostBridgePrefixLen
+		gw = "\nlxc.net.0.ipv4.gateway = " + HostBridgeSubnet + "1"
+	}
 	ip := net.ParseIP(a[0].IP).To4()
-	return fmt.Sprintf("lxc.net.0.type = veth\nlxc.net.0.link = %s\nlxc.net.0.flags = up\nlxc.net.0.ipv4.address = %s/%d\nlxc.net.0.hwaddr = 02:fe:%02x:%02x:%02x:%02x",
-		SegmentBridge, a[0].IP, segmentPrefixLen, ip[0], ip[1], ip[2], ip[3])
+	return fmt.Sprintf("lxc.net.0.type = veth\nlxc.net.0.link = %s\nlxc.net.0.flags = up\nlxc.net.0.ipv4.address = %s/%d%s\nlxc.net.0.hwaddr = 02:fe:%02x:%02x:%02x:%02x",
+		bridge, a[0].IP, prefix, gw, ip[0], ip[1], ip[2], ip[3])
 }
 
 // RunIn starts a workload container in a runtime of a lab host: runc (the

@@ -24,6 +24,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/privnet"
 	"github.com/ferry-migrate/ferry/internal/procs"
+	"github.com/ferry-migrate/ferry/internal/shareddir"
 )
 
 // ErrNotFound is returned when a runtime does not know the container.
@@ -90,6 +91,9 @@ type Container struct {
 	// Networks are the runtime's networks the container is attached to,
 	// which the destination's runtime attaches it to again.
 	Networks []Network `json:"networks,omitempty"`
+	// Shared are host directories it bind-mounts, which are not copied:
+	// the destination must have the same storage there (shareddir).
+	Shared []shareddir.Dir `json:"shared,omitempty"`
 }
 
 // Volume is a directory of data the runtime mounts into the container

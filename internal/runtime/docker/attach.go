@@ -29,6 +29,7 @@ import (
 	"github.com/docker/go-connections/nat"
 
 	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/shareddir"
 )
 
 // volumesOf lists the container's named volumes, each of the local
@@ -62,6 +63,20 @@ func volumesOf(ctx context.Context, cl *client.Client, j container.InspectRespon
 		out = append(out, runtime.Volume{Name: mp.Name, Path: mp.Destination, Dir: mp.Source})
 	}
 	return out, nil
+}
+
+// sharedOf lists the container's writable bind mounts of host paths:
+// data, remounted where the destination has the same storage, never
+// copied (runtime.Container.Shared). Read-only ones (/etc/localtime) are
+// the host's own files, mounted again from the destination's.
+func sharedOf(j container.InspectResponse) []shareddir.Dir {
+	var out []shareddir.Dir
+	for _, mp := range j.Mounts {
+		if mp.Type == mount.TypeBind && mp.RW {
+			out = append(out, shareddir.Dir{Source: mp.Source, Path: mp.Destination})
+		}
+	}
+	return out
 }
 
 func optionList(o map[string]string) string {

@@ -37,8 +37,10 @@
 //
 // Named volumes of the local driver move with the container, and a
 // container on a bridge network is attached to the destination's network
-// of that name (attach.go). Not moved: bind mounts of host paths, other
-// network drivers, logs written before the move.
+// of that name (attach.go). A bind mount of a host directory is not
+// copied: it is remounted where the destination allows its source
+// (--allow-bind) and has the same storage there (runtime.Container.Shared).
+// Not moved: other network drivers, logs written before the move.
 package docker
 
 import (
@@ -290,6 +292,7 @@ func (r *Runtime) Inspect(ctx context.Context, name string) (*runtime.Container,
 	if c.Volumes, err = volumesOf(ctx, cl, j); err != nil {
 		return nil, err
 	}
+	c.Shared = sharedOf(j)
 	if c.Networks, err = networksOf(ctx, cl, j); err != nil {
 		return nil, err
 	}

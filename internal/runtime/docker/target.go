@@ -142,7 +142,13 @@ func (r *Runtime) admit(cfg *config) error {
 		}
 	}
 	add(!h.Privileged, "is privileged (--privileged)")
-	add(len(hostPaths(h)) == 0, "has bind mounts of host paths (%s): ferry moves named volumes with a container, not this host's directories", strings.Join(hostPaths(h), ", "))
+	var outside []string
+	for _, src := range hostPaths(h) {
+		if !p.BindAllowed(src) {
+			outside = append(outside, src)
+		}
+	}
+	add(len(outside) == 0, "has bind mounts of host paths this host does not allow (%s): ferry remounts a host directory only from where the agent allows (--allow-bind) and copies none; move data in a named volume", strings.Join(outside, ", "))
 	add(len(h.Devices) == 0, "has host devices (--device)")
 	add(len(h.DeviceCgroupRules) == 0, "has device cgroup rules (--device-cgroup-rule %s)", strings.Join(h.DeviceCgroupRules, ", "))
 	// The daemon lists the paths it masks and keeps read-only; none (a

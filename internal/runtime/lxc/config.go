@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/ferry-migrate/ferry/internal/admission"
+	"github.com/ferry-migrate/ferry/internal/shareddir"
 )
 
 // An LXC configuration file is a list of "key = value" lines; "#" starts a
@@ -123,6 +126,12 @@ type hostEnv struct {
 	pathExists func(path string) bool
 	// apparmor, selinux: the LSM is enabled here.
 	apparmor, selinux bool
+	// linkPrefixes are the IPv4 addresses of an interface here, with
+	// their subnets.
+	linkPrefixes func(name string) []netip.Prefix
+	// addressTaken says which container here is configured with this
+	// address on that link ("" for none).
+	addressTaken func(link string, addr netip.Addr) string
 }
 
 func defaultHostEnv() hostEnv {
@@ -135,7 +144,52 @@ func defaultHostEnv() hostEnv {
 		pathExists: exists,
 		apparmor:   strings.TrimSpace(string(aa)) == "Y",
 		selinux:    exists("/sys/fs/selinux/enforce"),
+		linkPrefixes: func(name string) []netip.Prefix {
+			i, err := net.InterfaceByName(name)
+			if err != nil {
+				return nil
+			}
+			addrs, _ := i.Addrs()
+			var out []netip.Prefix
+			for _, a := range addrs {
+				if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Is4() {
+					out = append(out, p)
+				}
+			}
+			return out
+		},
+		addressTaken: func(string, netip.Addr) string { return "" },
 	}
+}
+
+// checkAddress refuses a static address CRIU would restore where it
+// cannot work: outside every subnet of the link here (the host's own
+// bridge on another subnet), or the address of the link itself or of
+// another container configured here. CRIU restores the address the
+// container had; it cannot be given another.
+func checkAddress(i int, link, address string, env hostEnv) error {
+	p, err := netip.ParsePrefix(address)
+	if err != nil || link == "" {
+		return nil
+	}
+	here := env.linkPrefixes(link)
+	var subnets []string
+	inSubnet := len(here) == 0 // an interface without addresses: a plain switch
+	for _, h := range here {
+		if h.Addr() == p.Addr() {
+			return fmt.Errorf("lxc.net.%d.ipv4.address = %s: %s is %s's own address on this host", i, address, p.Addr(), link)
+		}
+		subnets = append(subnets, h.Masked().String())
+		inSubnet = inSubnet || h.Masked().Contains(p.Addr())
+	}
+	if !inSubnet {
+		return fmt.Errorf("lxc.net.%d.ipv4.address = %s: not in %s's subnet on this host (%s); CRIU restores the address the container had, so it would be unreachable here",
+			i, address, link, strings.Join(subnets, ", "))
+	}
+	if other := env.addressTaken(link, p.Addr()); other != "" {
+		return fmt.Errorf("lxc.net.%d.ipv4.address = %s: container %q here has %s on %s already", i, address, other, p.Addr(), link)
+	}
+	return nil
 }
 
 // rewriteConfig adapts a source's config to this host: every path under
@@ -150,10 +204,24 @@ func rewriteConfig(cfg []byte, srcDir, dstDir string, env hostEnv) ([]byte, []st
 		return nil, nil, err
 	}
 	var notes []string
-	netTypes := map[int]string{}
+	netTypes, links, addresses := map[int]string{}, map[int]string{}, map[int]string{}
 	for _, l := range lines {
-		if i, sub, ok := admission.LXCNetKey(l.Key); ok && sub == "type" {
-			netTypes[i] = l.Value
+		if i, sub, ok := admission.LXCNetKey(l.Key); ok {
+			switch sub {
+			case "type":
+				netTypes[i] = l.Value
+			case "link":
+				links[i] = l.Value
+			case "ipv4.address":
+				addresses[i] = l.Value
+			}
+		}
+	}
+	for i, t := range netTypes {
+		if t == "veth" || t == "macvlan" {
+			if err := checkAddress(i, links[i], addresses[i], env); err != nil {
+				return nil, nil, err
+			}
 		}
 	}
 	var out []configLine
@@ -211,6 +279,29 @@ func rewriteConfig(cfg []byte, srcDir, dstDir string, env hostEnv) ([]byte, []st
 		return nil, nil, errors.New("config has no lxc.rootfs.path")
 	}
 	return formatConfig(out), notes, nil
+}
+
+// sharedOf lists the writable bind mounts of host directories in a
+// config's mount entries: data, which is never copied and follows only
+// onto the same storage (runtime.Container.Shared). Read-only ones (the
+// busybox template's /lib) are the host's own files, mounted again from
+// the destination's.
+func sharedOf(lines []configLine) []shareddir.Dir {
+	var out []shareddir.Dir
+	for _, l := range lines {
+		if l.Key != "lxc.mount.entry" {
+			continue
+		}
+		f := strings.Fields(l.Value)
+		if len(f) < 4 || !filepath.IsAbs(f[0]) {
+			continue
+		}
+		opts := strings.Split(f[3], ",")
+		if (slices.Contains(opts, "bind") || slices.Contains(opts, "rbind")) && !slices.Contains(opts, "ro") {
+			out = append(out, shareddir.Dir{Source: filepath.Clean(f[0]), Path: filepath.Join("/", f[1])})
+		}
+	}
+	return out
 }
 
 // checkMountEntry checks that the source of a bind mount exists here:

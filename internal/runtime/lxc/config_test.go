@@ -1,6 +1,7 @@
 package lxc
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 )
@@ -33,7 +34,46 @@ func fakeEnv(links, paths []string) hostEnv {
 			return false
 		}
 	}
-	return hostEnv{linkExists: in(links), pathExists: in(paths)}
+	return hostEnv{linkExists: in(links), pathExists: in(paths),
+		linkPrefixes: func(string) []netip.Prefix { return nil },
+		addressTaken: func(string, netip.Addr) string { return "" }}
+}
+
+// A static address on a host's own bridge: kept where the bridge here
+// has its subnet and nobody else has it; refused, saying why, otherwise.
+func TestCheckAddress(t *testing.T) {
+	env := fakeEnv([]string{"lxcbr0"}, nil)
+	env.linkPrefixes = func(name string) []netip.Prefix {
+		if name == "lxcbr0" {
+			return []netip.Prefix{netip.MustParsePrefix("10.0.3.1/24")}
+		}
+		return nil
+	}
+	env.addressTaken = func(link string, a netip.Addr) string {
+		if link == "lxcbr0" && a == netip.MustParseAddr("10.0.3.20") {
+			return "web"
+		}
+		return ""
+	}
+	for _, c := range []struct {
+		link, address, want string
+	}{
+		{"lxcbr0", "10.0.3.10/24", ""},
+		{"lxcbr0", "", ""},            // DHCP: nothing to check
+		{"br9", "192.168.9.5/24", ""}, // no address on the link: a plain switch
+		{"lxcbr0", "10.0.4.10/24", "not in lxcbr0's subnet on this host (10.0.3.0/24)"},
+		{"lxcbr0", "10.0.3.1/24", "lxcbr0's own address"},
+		{"lxcbr0", "10.0.3.20/24", `container "web" here has 10.0.3.20`},
+	} {
+		err := checkAddress(0, c.link, c.address, env)
+		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("%s on %s: %v, want %q", c.address, c.link, err, c.want)
+		}
+	}
+	cfg := "lxc.rootfs.path = dir:/srv/a/bb/rootfs\nlxc.net.0.type = veth\nlxc.net.0.link = lxcbr0\nlxc.net.0.ipv4.address = 10.0.4.10/24\n"
+	if _, _, err := rewriteConfig([]byte(cfg), "/srv/a/bb", "/srv/b/bb", env); err == nil || !strings.Contains(err.Error(), "subnet") {
+		t.Errorf("a config with an address outside the bridge's subnet: %v", err)
+	}
 }
 
 func TestRewriteConfig(t *testing.T) {
@@ -104,5 +144,15 @@ func TestCRIUVersion(t *testing.T) {
 	}
 	if _, err := criuVersion("nothing"); err == nil {
 		t.Error("criuVersion accepted no version")
+	}
+}
+
+// Writable bind mounts of host directories are shared data; read-only
+// ones, optional ones' sources aside, are the host's own files.
+func TestSharedOf(t *testing.T) {
+	cfg := templateConfig + "lxc.mount.entry = /srv/data srv/data none bind,create=dir 0 0\nlxc.mount.entry = tmpfs tmp tmpfs defaults 0 0\n"
+	got := sharedOf(parseConfig([]byte(cfg)))
+	if len(got) != 1 || got[0].Source != "/srv/data" || got[0].Path != "/srv/data" {
+		t.Errorf("shared: %+v, want /srv/data only", got)
 	}
 }

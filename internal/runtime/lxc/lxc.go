@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -380,7 +381,7 @@ func (r *Runtime) Inspect(ctx context.Context, name string) (*runtime.Container,
 		meta["file:"+strings.TrimPrefix(l.Value, dir+"/")] = b
 	}
 	return &runtime.Container{Runtime: r.Kind(), Name: name, ID: name, PID: pid, Status: status(state), Rootfs: root, Meta: meta,
-		Networks: networksOf(lines, r.SharedBridges)}, nil
+		Networks: networksOf(lines, r.SharedBridges), Shared: sharedOf(lines)}, nil
 }
 
 // Freeze stops the container with the cgroup freezer and tells liblxc's
@@ -723,6 +724,7 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 		}
 	}
 	env := defaultHostEnv()
+	env.addressTaken = func(link string, a netip.Addr) string { return r.addressTaken(c.Name, link, a) }
 	hostPath := env.pathExists
 	env.pathExists = func(p string) bool { _, carried := files[p]; return carried || hostPath(p) }
 	srcDir := ""
@@ -763,6 +765,28 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 		return nil, errors.Join(err, os.RemoveAll(dir))
 	}
 	return t, nil
+}
+
+// addressTaken names a container under this lxcpath, other than name,
+// whose config gives it address a on link ("" for none): running or not,
+// the two could not both run.
+func (r *Runtime) addressTaken(name, link string, a netip.Addr) string {
+	ents, _ := os.ReadDir(r.path())
+	for _, e := range ents {
+		if e.Name() == name {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(r.path(), e.Name(), "config"))
+		if err != nil {
+			continue
+		}
+		for _, n := range networksOf(parseConfig(b), nil) {
+			if n.Name == link && n.Address == a.String() {
+				return e.Name()
+			}
+		}
+	}
+	return ""
 }
 
 // policy is the admission policy for a container restored here. A

@@ -206,6 +206,7 @@ func (r *Runtime) Inspect(ctx context.Context, name string) (*runtime.Container,
 	}
 	c.Spec = rec.spec
 	c.Meta = map[string][]byte{MetaConfig: rec.config, MetaSpec: rec.spec}
+	c.Shared = sharedOf(d)
 	if c.Volumes, err = r.volumesOf(ctx, d); err != nil {
 		return nil, err
 	}

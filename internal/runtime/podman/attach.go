@@ -19,6 +19,7 @@ import (
 	"strings"
 
 	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/shareddir"
 )
 
 // attachments is the part of `podman inspect` that says what the
@@ -30,6 +31,7 @@ type attachments struct {
 		Source      string `json:"Source"`
 		Destination string `json:"Destination"`
 		Driver      string `json:"Driver"`
+		RW          bool   `json:"RW"`
 	} `json:"Mounts"`
 	NetworkSettings struct {
 		Networks map[string]struct {
@@ -43,6 +45,20 @@ type attachments struct {
 			HostPort string `json:"HostPort"`
 		} `json:"PortBindings"`
 	} `json:"HostConfig"`
+}
+
+// sharedOf lists the container's writable bind mounts of host
+// directories: data, remounted where the destination has the same
+// storage, never copied (runtime.Container.Shared). Read-only ones are
+// the host's own files, mounted again from the destination's.
+func sharedOf(d *inspectData) []shareddir.Dir {
+	var out []shareddir.Dir
+	for _, m := range d.Mounts {
+		if m.Type == "bind" && m.RW {
+			out = append(out, shareddir.Dir{Source: m.Source, Path: m.Destination})
+		}
+	}
+	return out
 }
 
 // volumesOf lists the container's named volumes, each of the local
