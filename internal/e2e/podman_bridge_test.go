@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -78,6 +80,25 @@ func TestPodmanBridgeAndVolume(t *testing.T) {
 			}
 		})
 	}
+	// A writable bind mount of the lab's shared storage: mounted again at
+	// h2, not copied, the journal memhog writes there intact.
+	t.Run("shared bind mount", func(t *testing.T) {
+		name, dir := "pmb-shared", filepath.Join(lab.SharedStorage, "pmb-shared")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.RemoveAll(dir) })
+		run(t, name, dir)
+		p := startProbe(t, l, bin, "64M")
+		rep, pr, perr := migrate(t, l, p, engine.Request{Container: name, Mode: engine.ModeCold, Runtime: "podman"})
+		checkMoved(t, "podman", engine.ModeCold, rep, pr, perr)
+		if len(rep.Volumes) != 0 || len(rep.Shared) != 1 || rep.Shared[0].Source != dir || rep.Shared[0].Path != "/data" {
+			t.Errorf("report's volumes %+v, shared %+v", rep.Volumes, rep.Shared)
+		}
+		if st, err := os.Stat(filepath.Join(dir, "journal")); err != nil || st.Size() == 0 || st.Size()%4096 != 0 {
+			t.Errorf("the journal on the shared directory: %v %v", st, err)
+		}
+	})
 	t.Run("volume taken", func(t *testing.T) {
 		name, vol := "pmb-taken", "pmb-taken-data"
 		run(t, name, vol)

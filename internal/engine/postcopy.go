@@ -498,6 +498,16 @@ func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
 		stopPush = m.startPush(ctx, ld.quiet, ld.faults)
 	}
 	defer stopPush()
+	// A page server that failed (its CRIU killed) serves no page: the
+	// copy, restored but not yet run, is dropped and the source resumes.
+	// One that ended well had served every page already.
+	select {
+	case <-ld.exited:
+		if ld.result != nil {
+			return m.abort(ctx, failAt("dump on "+m.host.Name, fmt.Errorf("CRIU's lazy page server failed before the commit: %w", ld.result)))
+		}
+	default:
+	}
 	// From here the destination's copy runs and changes: resuming the
 	// source would fork the container's state, so the migration commits.
 	if err := m.sendCommit(ctx); err != nil {
