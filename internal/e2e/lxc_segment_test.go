@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strings"
 	"testing"
@@ -168,22 +169,8 @@ func TestLXCOnItsHostsBridge(t *testing.T) {
 			if after.Boot != before.Boot || after.Counter < before.Counter || !after.VerifyOK {
 				t.Errorf("memhog at h2: boot %s counter %d verify %v; at h1 before: boot %s counter %d", after.Boot, after.Counter, after.VerifyOK, before.Boot, before.Counter)
 			}
-			_ = conn.(interface{ SetReadDeadline(time.Time) error }).SetReadDeadline(time.Now().Add(5 * time.Second))
-			if _, err := conn.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
-				t.Errorf("the h1 client's connection after the move: %v, want it closed", err)
-			}
-			c, err := h2.Dial(ctx, "tcp", ip+":"+echoPort)
-			if err != nil {
-				t.Fatalf("a client on h2's bridge: %v", err)
-			}
-			defer c.Close()
-			if _, err := c.Write([]byte("again\n")); err != nil {
-				t.Fatal(err)
-			}
-			buf := make([]byte, 6)
-			if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "again\n" {
-				t.Errorf("echo at h2: %q %v", buf, err)
-			}
+			connectionEnded(t, conn, "the h1 client's connection")
+			echoes(t, h2, ip+":"+echoPort, "a client on h2's bridge")
 			if st := lxcState(t, h1, name); st != "absent" {
 				t.Errorf("h1 still has the container: %s", st)
 			}
@@ -254,4 +241,35 @@ func saidBeforeFreeze(events []api.Progress, what string) bool {
 		}
 	}
 	return false
+}
+
+// connectionEnded checks that conn, a client's connection to the
+// container at the source, ends (EOF or a reset) within 5 s rather than
+// hanging: the container's connections were closed by the move.
+func connectionEnded(t *testing.T, conn net.Conn, what string) {
+	t.Helper()
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := conn.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("%s after the move: %v, want it closed", what, err)
+	}
+}
+
+// echoes checks that a new client, from host h, gets its line back from
+// the container's echo port at addr.
+func echoes(t *testing.T, h *lab.Host, addr, what string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := h.Dial(ctx, "tcp", addr)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("again\n")); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	buf := make([]byte, 6)
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "again\n" {
+		t.Errorf("%s: echo %q %v", what, buf, err)
+	}
 }
