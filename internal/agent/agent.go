@@ -103,12 +103,15 @@ type Agent struct {
 	// settling: one settle of a migration left in doubt at a time (the
 	// background retries and ferry resolve).
 	settling sync.Mutex
-	jobs     *jobs // this agent's migrations as a source
-	metrics  *metrics
-	feats    criu.Features
-	set      runtime.Set // the runtimes this host has (newRuntimes)
-	journal  *journal.Journal
-	dst      *engine.Destination
+	// rescueErr is the last error rescue logged (a string), so that a
+	// record that cannot be put back is not logged every tick.
+	rescueErr atomic.Value
+	jobs      *jobs // this agent's migrations as a source
+	metrics   *metrics
+	feats     criu.Features
+	set       runtime.Set // the runtimes this host has (newRuntimes)
+	journal   *journal.Journal
+	dst       *engine.Destination
 	// inflight counts migrations under way; draining refuses new ones.
 	inflight sync.WaitGroup
 	draining atomic.Bool

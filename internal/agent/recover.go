@@ -80,7 +80,13 @@ func (a *Agent) rescue() {
 	if len(rescued) > 0 {
 		a.Log.Warn("processes a dead CRIU left with its code in them were put back", "pids", rescued)
 	}
+	// A record that cannot be put back fails the same way every few
+	// seconds: said once, and again only when what fails changes.
+	msg := ""
 	if err != nil {
+		msg = err.Error()
+	}
+	if last, _ := a.rescueErr.Swap(msg).(string); msg != "" && msg != last {
 		a.Log.Error("processes a dead CRIU left could not all be put back", "error", err)
 	}
 }
