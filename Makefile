@@ -48,6 +48,7 @@ test: setup build
 	$(GO) vet ./...
 	$(MAKE) lint
 	cd tools/package && $(GO) vet . && $(GO) test -count=1 .
+	cd tools/kube && CGO_ENABLED=0 $(GO) vet ./ociimage && CGO_ENABLED=0 $(GO) test -count=1 ./ociimage
 	FERRY_BIN=$(CURDIR)/$(BIN)/ferry $(GO) test -p 1 -count=1 -timeout 40m ./...
 	$(MAKE) fuzz
 

@@ -154,6 +154,14 @@ if command -v go >/dev/null; then
   fi
 fi
 
+# The lab's Kubernetes cluster (ferry lab up --kubernetes, its tests): one
+# binary of Kubernetes' components, etcd, containerd 2.4 and its shim, the
+# pause image, built from Go modules into /var/cache/ferry/kube (about ten
+# minutes on two cores the first time, a second after).
+if command -v go >/dev/null; then
+  bash "$(dirname "$0")/kube-build.sh" || { log "the Kubernetes lab's build failed (above)"; exit 1; }
+fi
+
 cur=$(sysctl -n fs.pipe-max-size)
 if [ "$cur" -lt "$PIPE_MAX_MIN" ]; then
   log "raising fs.pipe-max-size from $cur to $PIPE_MAX_SET (CRIU lazy pages need large pipes)"

@@ -48,12 +48,27 @@ control socket /run/ferry/lab/hN.sock.
 --bandwidth shapes each host's link with tbf in both directions. RATE is in
 bits per second: 1gbit, 100mbit, 500M, 2.5g (k, M, G are decimal).
 
+--kubernetes also brings up a Kubernetes 1.37 cluster over the hosts: h1 and
+h2 are its nodes (a containerd 2.4 and a kubelet each, in the host's
+namespace, pods on a CNI bridge of their own: 10.92.1.0/24, 10.92.2.0/24),
+h3 runs etcd and the control plane (the apiserver at h3's address). Its
+binaries come from scripts/kube-build.sh's cache (/var/cache/ferry/kube;
+make test and make demo build it: about 10 minutes the first time on two
+cores). The admin's kubeconfig is printed; run kubectl or clients inside a
+lab host's namespace (nsenter --net=/run/netns/ferry-h3). Images come from
+no registry: load them into the nodes' containerd (namespace k8s.io) and use
+imagePullPolicy: Never. No kube-proxy, Services or DNS.
+
 It fails if a lab is already up: run 'ferry lab down' first.`,
 		Example: `  ferry lab up
   ferry lab up --hosts 3 --bandwidth 1gbit
-  ferry lab up --bandwidth 100mbit`,
+  ferry lab up --bandwidth 100mbit
+  ferry lab up --kubernetes`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.Kubernetes && !cmd.Flags().Changed("hosts") {
+				o.Hosts = 3
+			}
 			if bandwidth != "" {
 				var err error
 				if o.BandwidthBps, err = lab.ParseRate(bandwidth); err != nil {
@@ -79,6 +94,9 @@ It fails if a lab is already up: run 'ferry lab down' first.`,
 				}
 				fmt.Printf("  %s  %s  %s\n", h.Name, h.Addr, agent)
 			}
+			if l.Kubeconfig != "" {
+				fmt.Printf("kubernetes: nodes h1, h2; control plane on h3; kubeconfig %s\n", l.Kubeconfig)
+			}
 			return nil
 		},
 	}
@@ -88,6 +106,7 @@ It fails if a lab is already up: run 'ferry lab down' first.`,
 	f.IntVar(&o.Paths, "paths", 1, fmt.Sprintf("independent paths between hosts, each shaped to --bandwidth (1-%d); with 2 or more, agents use MPTCP over all", lab.MaxPaths))
 	f.IntVar(&o.Streams, "streams", 0, "agents without MPTCP: stripe sessions over this many TCP connections (--mptcp=false --streams N)")
 	f.BoolVar(&o.NoAgents, "no-agents", false, "create hosts and links only, start no agents")
+	f.BoolVar(&o.Kubernetes, "kubernetes", false, "also bring up a Kubernetes cluster: h1 and h2 its nodes, h3 its control plane (3 hosts unless --hosts says more)")
 	return cmd
 }
 
@@ -95,7 +114,9 @@ func newLabDownCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "down",
 		Short: "Remove the lab: containers, agents, namespaces, cgroups, state",
-		Long: `down deletes every container on the lab's hosts, stops the agents and any
+		Long: `down brings the lab's Kubernetes cluster down (its pods, kubelets,
+containerds, control plane, cgroups and rules), deletes every container on
+the lab's hosts, stops the agents and any
 other process left in the lab's namespaces, deletes the namespaces (and with
 them the links), removes the hosts' cgroups and /var/lib/ferry/lab and
 /run/ferry/lab. It also cleans up after a crash, without the state file, and

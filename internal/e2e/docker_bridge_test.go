@@ -288,7 +288,7 @@ func TestDockerBridgeAndVolume(t *testing.T) {
 			{engine.Request{Container: ported, Mode: engine.ModeCold, Runtime: "docker"}, "publishes port 7002/tcp already", "destination"},
 			{engine.Request{Container: name, Mode: engine.ModeCold, Runtime: "docker"}, `already has a volume named "` + vol + `"`, "destination"},
 			{engine.Request{Container: other, Mode: engine.ModePrecopy, Runtime: "docker"}, `has no network "dkb-net"`, "destination"},
-			{engine.Request{Container: bound, Mode: engine.ModeCold, Runtime: "docker"}, "bind mounts of host paths", "destination"},
+			{engine.Request{Container: bound, Mode: engine.ModeCold, Runtime: "docker"}, "not under a directory this host allows (agent --allow-bind)", "destination"},
 		}, func() {
 			for _, c := range []string{name, other, bound, ported} {
 				if got := dk(t, h1, "inspect", "--format", "{{.State.Status}}", c); got != "running" {

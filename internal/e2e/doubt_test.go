@@ -174,19 +174,28 @@ func resolveUntilSettled(t *testing.T, src client.Endpoint, id string) engine.Re
 // was settled.
 func checkSettledJob(t *testing.T, src client.Endpoint, id, state string) {
 	t.Helper()
-	js, err := client.Jobs(context.Background(), src, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, j := range js {
-		if j.ID == id {
-			if j.Report == nil || j.Report.Settled == "" || j.Report.SourceState != state {
-				t.Errorf("ferry ps --all: %+v", j.Report)
+	// The agent records the settled job just after it acted on the
+	// container, which the caller may have seen first.
+	var last *engine.Report
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		js, err := client.Jobs(context.Background(), src, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, j := range js {
+			if j.ID == id {
+				last = j.Report
+				if last != nil && last.Settled != "" && last.SourceState == state {
+					return
+				}
 			}
-			return
 		}
 	}
-	t.Errorf("ferry ps --all does not list %s", id)
+	if last == nil {
+		t.Errorf("ferry ps --all does not list %s", id)
+		return
+	}
+	t.Errorf("ferry ps --all: %+v", last)
 }
 
 // TestAddressFollowsACommittedCopyAcrossARestart: the destination agent

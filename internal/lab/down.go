@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ferry-migrate/ferry/internal/cnet"
+	"github.com/ferry-migrate/ferry/internal/kubelab"
 )
 
 var (
@@ -55,6 +56,13 @@ func Down(ctx context.Context) error {
 	if os.Geteuid() != 0 {
 		return errors.New("ferry lab needs root (network namespaces, cgroups, runc)")
 	}
+	var errs []error
+	// The cluster first, while the namespaces its processes run in
+	// exist: it knows its own processes, cgroups and rules (its state in
+	// KubeDir), also after a crash.
+	if err := kubelab.Down(KubeDir); err != nil {
+		errs = append(errs, fmt.Errorf("the lab's Kubernetes: %w", err))
+	}
 	byIndex := map[int]*Host{}
 	for i := 1; i <= MaxHosts; i++ {
 		h := newHost(i)
@@ -77,7 +85,6 @@ func Down(ctx context.Context) error {
 	}
 	slices.SortFunc(hosts, func(a, b *Host) int { return a.Index - b.Index })
 
-	var errs []error
 	// Agents first, so that none starts or restores a container meanwhile.
 	var pids []int
 	for _, h := range hosts {

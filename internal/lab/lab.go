@@ -88,6 +88,9 @@ type Options struct {
 	FerryBin string
 	// NoAgents sets up the network and state only.
 	NoAgents bool
+	// Kubernetes brings up a Kubernetes cluster over the hosts (kube.go):
+	// h1 and h2 its nodes, h3 its control plane.
+	Kubernetes bool
 }
 
 // Host is one lab host.
@@ -115,6 +118,9 @@ type Lab struct {
 	OutageTimeout time.Duration `json:"outage_timeout,omitempty"`
 	Streams       int           `json:"streams,omitempty"`
 	FerryBin      string        `json:"ferry_bin"`
+	// Kubeconfig is the admin's kubeconfig of the lab's Kubernetes
+	// cluster, when it has one (Options.Kubernetes).
+	Kubeconfig string `json:"kubeconfig,omitempty"`
 }
 
 // PathAddr is the host's address on path p (path 0: Addr).
@@ -276,6 +282,9 @@ func Up(ctx context.Context, o Options) (*Lab, error) {
 	if o.Paths < 1 || o.Paths > MaxPaths {
 		return nil, fmt.Errorf("a lab has 1 to %d paths between hosts, not %d", MaxPaths, o.Paths)
 	}
+	if o.Kubernetes && o.Hosts < 3 {
+		return nil, fmt.Errorf("a lab with Kubernetes has 3 hosts at least (h1 and h2 its nodes, h3 its control plane), not %d", o.Hosts)
+	}
 	if why := existing(); why != "" {
 		return nil, fmt.Errorf("a ferry lab is already up (%s); run `ferry lab down` first", why)
 	}
@@ -341,6 +350,11 @@ func (l *Lab) up(ctx context.Context, o Options) error {
 		}
 	}
 	if o.NoAgents {
+		if o.Kubernetes {
+			if err := l.upKubernetes(ctx); err != nil {
+				return err
+			}
+		}
 		return l.save()
 	}
 	if err := l.issueCerts(); err != nil {
@@ -362,6 +376,9 @@ func (l *Lab) up(ctx context.Context, o Options) error {
 		if err := a.waitReady(ctx, agentStartTimeout); err != nil {
 			return err
 		}
+	}
+	if o.Kubernetes {
+		return l.upKubernetes(ctx)
 	}
 	return nil
 }

@@ -1,0 +1,282 @@
+package kubelab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/ferry-migrate/ferry/internal/cgroups"
+	"github.com/ferry-migrate/ferry/internal/cnet"
+)
+
+// Dialer returns a dial function whose sockets live in the network
+// namespace at nsPath (a named namespace, or /proc/PID/ns/net for a pod's
+// process): the lab's addresses are reachable from its namespaces only.
+// The returned connection works from any goroutine.
+func Dialer(nsPath string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var conn net.Conn
+		err := inNetNS(nsPath, func() error {
+			var d net.Dialer
+			c, err := d.DialContext(ctx, network, addr)
+			conn = c
+			return err
+		})
+		return conn, err
+	}
+}
+
+// inNetNS runs fn on an OS thread of its own, switched into the network
+// namespace at nsPath, and switches the thread back before Go may reuse
+// it. A thread that cannot switch back ends with its goroutine (locked),
+// never to serve another. Switching back matters: Go cannot end the
+// process's main thread, and a main thread left in the namespace would
+// keep it alive after it is deleted.
+func inNetNS(nsPath string, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- err
+			return
+		}
+		defer orig.Close()
+		target, err := netns.GetFromPath(nsPath)
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("network namespace %s: %w", nsPath, err)
+			return
+		}
+		defer target.Close()
+		if err := netns.Set(target); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("enter network namespace %s: %w", nsPath, err)
+			return
+		}
+		ferr := fn()
+		if err := netns.Set(orig); err != nil {
+			errc <- errors.Join(ferr, fmt.Errorf("leave network namespace %s: %w", nsPath, err))
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
+}
+
+// linkUp sets the named link up in the namespace at nsPath.
+func linkUp(nsPath, name string) error {
+	h, err := cnet.NetlinkIn(nsPath)
+	if err != nil {
+		return fmt.Errorf("netlink in %s: %w", nsPath, err)
+	}
+	defer h.Close()
+	l, err := h.LinkByName(name)
+	if err == nil {
+		err = h.LinkSetUp(l)
+	}
+	if err != nil {
+		return fmt.Errorf("%s up in %s: %w", name, nsPath, err)
+	}
+	return nil
+}
+
+// addRoute routes dst via gateway in the namespace at nsPath; an
+// identical route already there is fine.
+func addRoute(r route) error {
+	h, err := cnet.NetlinkIn(r.NetNS)
+	if err != nil {
+		return fmt.Errorf("netlink in %s: %w", r.NetNS, err)
+	}
+	defer h.Close()
+	_, dst, err := net.ParseCIDR(r.Dst)
+	if err != nil {
+		return err
+	}
+	err = h.RouteReplace(&netlink.Route{Dst: dst, Gw: net.ParseIP(r.Via)})
+	if err != nil {
+		return fmt.Errorf("route %s via %s in %s: %w", r.Dst, r.Via, r.NetNS, err)
+	}
+	return nil
+}
+
+// delRoute removes a route addRoute added; one already gone (or a
+// namespace already gone) is not an error.
+func delRoute(r route) error {
+	if _, err := os.Stat(r.NetNS); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	h, err := cnet.NetlinkIn(r.NetNS)
+	if err != nil {
+		return fmt.Errorf("netlink in %s: %w", r.NetNS, err)
+	}
+	defer h.Close()
+	_, dst, err := net.ParseCIDR(r.Dst)
+	if err != nil {
+		return err
+	}
+	err = h.RouteDel(&netlink.Route{Dst: dst, Gw: net.ParseIP(r.Via)})
+	if err != nil && !errors.Is(err, unix.ESRCH) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("delete route %s via %s in %s: %w", r.Dst, r.Via, r.NetNS, err)
+	}
+	return nil
+}
+
+// deleteBridge removes a CNI bridge and the pods' veths still attached to
+// it (their peers go with them), so that none outlives the cluster even
+// while the kernel is still tearing a pod's namespace down.
+func deleteBridge(b bridge) error {
+	if _, err := os.Stat(b.NetNS); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	h, err := cnet.NetlinkIn(b.NetNS)
+	if err != nil {
+		return fmt.Errorf("netlink in %s: %w", b.NetNS, err)
+	}
+	defer h.Close()
+	br, err := h.LinkByName(b.Name)
+	var notFound netlink.LinkNotFoundError
+	if errors.As(err, &notFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("bridge %s in %s: %w", b.Name, b.NetNS, err)
+	}
+	if br.Type() != "bridge" {
+		return fmt.Errorf("%s in %s is a %s, not the CNI bridge: left alone", b.Name, b.NetNS, br.Type())
+	}
+	links, err := h.LinkList()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, l := range links {
+		if l.Attrs().MasterIndex == br.Attrs().Index {
+			if err := h.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+				errs = append(errs, fmt.Errorf("delete %s in %s: %w", l.Attrs().Name, b.NetNS, err))
+			}
+		}
+	}
+	if err := h.LinkDel(br); err != nil && !errors.Is(err, unix.ENODEV) {
+		errs = append(errs, fmt.Errorf("delete bridge %s in %s: %w", b.Name, b.NetNS, err))
+	}
+	return errors.Join(errs...)
+}
+
+// kubeletChains are the iptables chains a kubelet makes in its namespace
+// (KUBE-IPTABLES-HINT, its canaries, KUBE-FIREWALL and the INPUT and
+// OUTPUT jumps to it), by table.
+var kubeletChains = map[string][]string{
+	"mangle": {"KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"},
+	"nat":    {"KUBE-KUBELET-CANARY"},
+	"filter": {"KUBE-KUBELET-CANARY", "KUBE-FIREWALL"},
+}
+
+// removeKubeletChains undoes what a kubelet left in the iptables of the
+// namespace at nsPath (the caller's, not the cluster's). Best effort: a
+// chain or a rule that is not there is what it should be.
+func removeKubeletChains(ctx context.Context, nsPath string) {
+	if _, err := os.Stat(nsPath); err != nil {
+		return
+	}
+	for _, ipt := range []string{"iptables", "ip6tables"} {
+		if _, err := exec.LookPath(ipt); err != nil {
+			continue
+		}
+		run := func(args ...string) {
+			_ = exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + nsPath, "--", ipt, "-w", "5"}, args...)...).Run()
+		}
+		for _, parent := range []string{"INPUT", "OUTPUT"} {
+			run("-t", "filter", "-D", parent, "-j", "KUBE-FIREWALL")
+		}
+		for table, chains := range kubeletChains {
+			for _, c := range chains {
+				run("-t", table, "-F", c)
+				run("-t", table, "-X", c)
+			}
+		}
+	}
+}
+
+// makeCgroup creates rel (and its parents) in every cgroup hierarchy. In
+// the cpuset hierarchy a new cgroup starts with no CPUs and no memory
+// nodes, and a process could not join it: it gets its parent's.
+func makeCgroup(rel string) error {
+	for _, h := range cgroups.Hierarchies(cgroups.Root) {
+		parts := strings.Split(strings.Trim(rel, "/"), "/")
+		dir := h
+		for _, p := range parts {
+			parent := dir
+			dir = filepath.Join(dir, p)
+			if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+				return fmt.Errorf("cgroup %s: %w", dir, err)
+			}
+			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+				if err := inheritCgroupFile(parent, dir, f); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// inheritCgroupFile copies file from parent to dir when dir has it empty.
+func inheritCgroupFile(parent, dir, file string) error {
+	cur, err := os.ReadFile(filepath.Join(dir, file))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // another hierarchy
+	}
+	if err != nil || strings.TrimSpace(string(cur)) != "" {
+		return err
+	}
+	val, err := os.ReadFile(filepath.Join(parent, file))
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, file), val, 0); err != nil {
+		return fmt.Errorf("cgroup %s: %w", filepath.Join(dir, file), err)
+	}
+	return nil
+}
+
+// cgroup2Dir is rel's directory in the machine's cgroup v2 hierarchy
+// (unified below /sys/fs/cgroup on a hybrid host, /sys/fs/cgroup itself
+// on a pure v2 one), "" when there is none.
+func cgroup2Dir(rel string) string {
+	for _, h := range cgroups.Hierarchies(cgroups.Root) {
+		var st unix.Statfs_t
+		if unix.Statfs(h, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+			return filepath.Join(h, rel)
+		}
+	}
+	return ""
+}
+
+// joinCgroup moves pid into rel in every hierarchy where rel exists.
+func joinCgroup(rel string, pid int) error {
+	var errs []error
+	for _, h := range cgroups.Hierarchies(cgroups.Root) {
+		procsFile := filepath.Join(h, rel, "cgroup.procs")
+		if _, err := os.Stat(procsFile); err != nil {
+			continue
+		}
+		if err := os.WriteFile(procsFile, []byte(fmt.Sprint(pid)), 0); err != nil {
+			errs = append(errs, fmt.Errorf("move %d into %s: %w", pid, procsFile, err))
+		}
+	}
+	return errors.Join(errs...)
+}
