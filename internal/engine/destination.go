@@ -288,7 +288,7 @@ func (d *Destination) Receive(ctx context.Context, sess *transport.Session, rout
 			}
 		}()
 		var step Step
-		if err := ctl.Recv(&step); err != nil || step.Do != "mode" || validateMode(step.Mode) != nil || step.Mode == ModeAuto {
+		if err := ctl.Recv(&step); err != nil || step.Do != StepMode || validateMode(step.Mode) != nil || step.Mode == ModeAuto {
 			in.cleanup(true)
 			return
 		}
@@ -506,7 +506,7 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 			abort = fmt.Errorf("receiving state on %s: %w", in.d.Host.Name, ferr)
 		case abort = <-stalled:
 		}
-		if abort != nil || err != nil || step.Do != "address" {
+		if abort != nil || err != nil || step.Do != StepAddress {
 			break
 		}
 		taken, terr := in.takeAddress()
@@ -533,7 +533,7 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 		abandon()
 		return false, abort
 	}
-	if err != nil || step.Do != "restore" {
+	if err != nil || step.Do != StepRestore {
 		abandon()
 		if err == nil {
 			err = fmt.Errorf("source asked to %q before restore", step.Do)
@@ -629,7 +629,7 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 	case <-time.After(commitWindow(sess.OutageTimeout())):
 		err = errors.New("no commit from the source in time")
 	}
-	if err != nil || step.Do != "commit" {
+	if err != nil || step.Do != StepCommit {
 		if err == nil {
 			err = fmt.Errorf("source sent %q instead of commit", step.Do)
 		}

@@ -104,12 +104,23 @@ type Accept struct {
 	PrecopyEngine string `json:"precopy_engine,omitempty"`
 }
 
+// StepName is what a Step asks of the destination.
+type StepName string
+
+// The steps a source sends, in this order where a migration has them.
+const (
+	// StepMode (mode auto): the technique the source chose.
+	StepMode StepName = "mode"
+	// StepAddress: the source froze; the destination takes the
+	// container's address, holding its packets, and answers AddressTaken.
+	StepAddress StepName = "address"
+	StepRestore StepName = "restore"
+	StepCommit  StepName = "commit"
+)
+
 // Step is a control message naming what the source asks for next.
 type Step struct {
-	// "mode", "address" (the source froze: the destination takes the
-	// container's address, holding its packets, and answers AddressTaken),
-	// "restore", "commit", "abort".
-	Do string `json:"do"`
+	Do StepName `json:"do"`
 	// With "mode" (mode auto): the technique the source chose, and its
 	// pre-copy options, before any of its channels open.
 	Mode    string          `json:"mode,omitempty"`

@@ -227,7 +227,7 @@ func (m *migration) handOverAddress() error {
 	if m.network == nil {
 		return nil
 	}
-	if err := m.ctl.Send(Step{Do: "address"}); err != nil {
+	if err := m.ctl.Send(Step{Do: StepAddress}); err != nil {
 		return err
 	}
 	if err := m.ctl.Recv(&AddressTaken{}); err != nil {

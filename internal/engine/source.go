@@ -417,7 +417,7 @@ func (m *migration) run(ctx context.Context) error {
 		if m.key, m.tech, err = techniqueFor(mode, m.req.Precopy, m.rt); err != nil {
 			return m.abort(ctx, failAt("plan", err))
 		}
-		if err := m.ctl.Send(Step{Do: "mode", Mode: mode, Precopy: &m.req.Precopy}); err != nil {
+		if err := m.ctl.Send(Step{Do: StepMode, Mode: mode, Precopy: &m.req.Precopy}); err != nil {
 			return failAt("plan", err)
 		}
 		var again Accept
@@ -735,7 +735,7 @@ func (m *migration) sendCommit(ctx context.Context) error {
 	if err := m.record(journal.CommitSent); err != nil {
 		return m.abort(ctx, failAt("commit", err))
 	}
-	if err := m.ctl.Send(Step{Do: "commit"}); err != nil {
+	if err := m.ctl.Send(Step{Do: StepCommit}); err != nil {
 		return m.inDoubt(failAt("commit", err))
 	}
 	m.faults.At(fault.Source, fault.Commit)
@@ -772,7 +772,7 @@ func (m *migration) requestRestore(ctx context.Context) (Restored, error) {
 	if err := ctx.Err(); err != nil {
 		return rs, m.abort(ctx, failAt("restore", fmt.Errorf("cancelled before the restore (the agent is stopping, or the request was withdrawn): %w", err)))
 	}
-	if err := m.ctl.Send(Step{Do: "restore"}); err != nil {
+	if err := m.ctl.Send(Step{Do: StepRestore}); err != nil {
 		// Part of it may have arrived: the destination may be restoring.
 		return rs, m.inDoubt(failAt("restore", fmt.Errorf("%w (the request may have reached the destination, so it may run the container)", err)))
 	}
