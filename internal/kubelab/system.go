@@ -97,20 +97,12 @@ func linkUp(nsPath, name string) error {
 // addRoute routes dst via gateway in the namespace at nsPath; an
 // identical route already there is fine.
 func addRoute(r route) error {
-	h, err := cnet.NetlinkIn(r.NetNS)
-	if err != nil {
-		return fmt.Errorf("netlink in %s: %w", r.NetNS, err)
-	}
-	defer h.Close()
-	_, dst, err := net.ParseCIDR(r.Dst)
-	if err != nil {
-		return err
-	}
-	err = h.RouteReplace(&netlink.Route{Dst: dst, Gw: net.ParseIP(r.Via)})
-	if err != nil {
-		return fmt.Errorf("route %s via %s in %s: %w", r.Dst, r.Via, r.NetNS, err)
-	}
-	return nil
+	return onRoute(r, func(h *netlink.Handle, nr *netlink.Route) error {
+		if err := h.RouteReplace(nr); err != nil {
+			return fmt.Errorf("route %s via %s in %s: %w", r.Dst, r.Via, r.NetNS, err)
+		}
+		return nil
+	})
 }
 
 // delRoute removes a route addRoute added; one already gone (or a
@@ -119,6 +111,17 @@ func delRoute(r route) error {
 	if _, err := os.Stat(r.NetNS); errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
+	return onRoute(r, func(h *netlink.Handle, nr *netlink.Route) error {
+		if err := h.RouteDel(nr); err != nil && !errors.Is(err, unix.ESRCH) && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("delete route %s via %s in %s: %w", r.Dst, r.Via, r.NetNS, err)
+		}
+		return nil
+	})
+}
+
+// onRoute runs do with a netlink handle in r's namespace and r as a
+// netlink route.
+func onRoute(r route, do func(*netlink.Handle, *netlink.Route) error) error {
 	h, err := cnet.NetlinkIn(r.NetNS)
 	if err != nil {
 		return fmt.Errorf("netlink in %s: %w", r.NetNS, err)
@@ -128,11 +131,7 @@ func delRoute(r route) error {
 	if err != nil {
 		return err
 	}
-	err = h.RouteDel(&netlink.Route{Dst: dst, Gw: net.ParseIP(r.Via)})
-	if err != nil && !errors.Is(err, unix.ESRCH) && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("delete route %s via %s in %s: %w", r.Dst, r.Via, r.NetNS, err)
-	}
-	return nil
+	return do(h, &netlink.Route{Dst: dst, Gw: net.ParseIP(r.Via)})
 }
 
 // deleteBridge removes a CNI bridge and the pods' veths still attached to
