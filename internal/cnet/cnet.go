@@ -17,6 +17,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -294,23 +295,41 @@ func DeleteUnused(name string) error {
 }
 
 // Do runs f on a thread in the network namespace at path: the sockets it
-// opens and the processes it starts are there. The thread is locked and
-// ends with its goroutine, never serving another goroutine from there.
+// opens and the processes it starts are there. The thread is locked to f
+// and switched back before it serves another goroutine; one that cannot
+// be switched back stays locked, and ends with its goroutine. Switching
+// back matters: Go cannot end the process's main thread, and a main
+// thread left in the namespace would keep it alive after it is deleted.
 func Do(path string, f func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		goruntime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			goruntime.UnlockOSThread()
+			errc <- err
+			return
+		}
+		defer orig.Close()
 		ns, err := netns.GetFromPath(path)
 		if err != nil {
-			errc <- err
+			goruntime.UnlockOSThread()
+			errc <- fmt.Errorf("network namespace %s: %w", path, err)
 			return
 		}
 		defer ns.Close()
 		if err := netns.Set(ns); err != nil {
-			errc <- err
+			goruntime.UnlockOSThread()
+			errc <- fmt.Errorf("enter network namespace %s: %w", path, err)
 			return
 		}
-		errc <- f()
+		ferr := f()
+		if err := netns.Set(orig); err != nil {
+			errc <- errors.Join(ferr, fmt.Errorf("leave network namespace %s: %w", path, err))
+			return
+		}
+		goruntime.UnlockOSThread()
+		errc <- ferr
 	}()
 	return <-errc
 }

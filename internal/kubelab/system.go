@@ -9,11 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/ferry-migrate/ferry/internal/cgroups"
@@ -27,7 +25,7 @@ import (
 func Dialer(nsPath string) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		var conn net.Conn
-		err := inNetNS(nsPath, func() error {
+		err := cnet.Do(nsPath, func() error {
 			var d net.Dialer
 			c, err := d.DialContext(ctx, network, addr)
 			conn = c
@@ -35,46 +33,6 @@ func Dialer(nsPath string) func(ctx context.Context, network, addr string) (net.
 		})
 		return conn, err
 	}
-}
-
-// inNetNS runs fn on an OS thread of its own, switched into the network
-// namespace at nsPath, and switches the thread back before Go may reuse
-// it. A thread that cannot switch back ends with its goroutine (locked),
-// never to serve another. Switching back matters: Go cannot end the
-// process's main thread, and a main thread left in the namespace would
-// keep it alive after it is deleted.
-func inNetNS(nsPath string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		target, err := netns.GetFromPath(nsPath)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("network namespace %s: %w", nsPath, err)
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("enter network namespace %s: %w", nsPath, err)
-			return
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			errc <- errors.Join(ferr, fmt.Errorf("leave network namespace %s: %w", nsPath, err))
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
 }
 
 // linkUp sets the named link up in the namespace at nsPath.

@@ -4,8 +4,7 @@ import (
 	"context"
 	"net"
 
-	"github.com/vishvananda/netns"
-
+	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/transport"
 )
 
@@ -42,16 +41,4 @@ func (h *Host) Dial(ctx context.Context, network, addr string) (net.Conn, error)
 
 // inNetNS runs f on a thread of its own in h's network namespace: the
 // sockets it makes are the namespace's.
-func (h *Host) inNetNS(f func() error) error {
-	return onFreshThread(func() error {
-		ns, err := netns.GetFromName(h.NetNSName)
-		if err != nil {
-			return err
-		}
-		defer ns.Close()
-		if err := netns.Set(ns); err != nil {
-			return err
-		}
-		return f()
-	})
-}
+func (h *Host) inNetNS(f func() error) error { return cnet.Do(h.NetNS, f) }
