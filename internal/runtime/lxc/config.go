@@ -292,40 +292,46 @@ func sharedOf(lines []configLine) []shareddir.Dir {
 		if l.Key != "lxc.mount.entry" {
 			continue
 		}
-		f := strings.Fields(l.Value)
-		if len(f) < 4 || !filepath.IsAbs(f[0]) {
-			continue
-		}
-		opts := strings.Split(f[3], ",")
-		if (slices.Contains(opts, "bind") || slices.Contains(opts, "rbind")) && !slices.Contains(opts, "ro") {
-			out = append(out, shareddir.Dir{Source: filepath.Clean(f[0]), Path: filepath.Join("/", f[1])})
+		if m, ok := parseMountEntry(l.Value); ok && m.hostBind() && !m.has("ro") {
+			out = append(out, shareddir.Dir{Source: filepath.Clean(m.source), Path: filepath.Join("/", m.target)})
 		}
 	}
 	return out
 }
 
+// mountEntry is an lxc.mount.entry: what is mounted, where under the
+// rootfs, with which options (fstab's fields).
+type mountEntry struct {
+	source, target string
+	opts           []string
+}
+
+// parseMountEntry reads an lxc.mount.entry's value; false for one of
+// fewer than four fields.
+func parseMountEntry(v string) (mountEntry, bool) {
+	f := strings.Fields(v)
+	if len(f) < 4 {
+		return mountEntry{}, false
+	}
+	return mountEntry{source: f[0], target: f[1], opts: strings.Split(f[3], ",")}, true
+}
+
+func (m mountEntry) has(opt string) bool { return slices.Contains(m.opts, opt) }
+
+// hostBind says whether the entry bind-mounts a host path.
+func (m mountEntry) hostBind() bool {
+	return (m.has("bind") || m.has("rbind")) && filepath.IsAbs(m.source)
+}
+
 // checkMountEntry checks that the source of a bind mount exists here:
 // "/lib lib none ro,bind 0 0" needs /lib (unless "optional").
 func checkMountEntry(entry string, env hostEnv) error {
-	f := strings.Fields(entry)
-	if len(f) < 4 {
+	m, ok := parseMountEntry(entry)
+	if !ok || !m.hostBind() || m.has("optional") {
 		return nil
 	}
-	opts := strings.Split(f[3], ",")
-	bind, optional := false, false
-	for _, o := range opts {
-		switch o {
-		case "bind", "rbind":
-			bind = true
-		case "optional":
-			optional = true
-		}
-	}
-	if !bind || optional || !filepath.IsAbs(f[0]) {
-		return nil
-	}
-	if !env.pathExists(f[0]) {
-		return fmt.Errorf("lxc.mount.entry = %s: the bind mount's source %s does not exist on this host", entry, f[0])
+	if !env.pathExists(m.source) {
+		return fmt.Errorf("lxc.mount.entry = %s: the bind mount's source %s does not exist on this host", entry, m.source)
 	}
 	return nil
 }

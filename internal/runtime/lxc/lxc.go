@@ -228,9 +228,15 @@ func (r *Runtime) run(ctx context.Context, conf, tool string, args ...string) (s
 	var out, errb bytes.Buffer
 	c.Stdout, c.Stderr = &out, &errb
 	if err := c.Run(); err != nil {
-		return out.String(), fmt.Errorf("%s -P %s %s: %w: %s", tool, r.path(), strings.Join(args, " "), err, tail.Lines(strings.TrimSpace(errb.String()), 6))
+		return out.String(), r.failed(tool, args, err, errb.Bytes())
 	}
 	return out.String(), nil
+}
+
+// failed is the error of an lxc-* command: the command line, how it
+// ended, and the tail of its standard error.
+func (r *Runtime) failed(tool string, args []string, err error, stderr []byte) error {
+	return fmt.Errorf("%s -P %s %s: %w: %s", tool, r.path(), strings.Join(args, " "), err, tail.Lines(strings.TrimSpace(string(stderr)), 6))
 }
 
 // check says, once, whether this host can checkpoint and restore LXC
@@ -567,7 +573,8 @@ func (r *Runtime) lazyDump(ctx context.Context, c *runtime.Container, o runtime.
 		return nil, err
 	}
 	defer errf.Close()
-	cmd := r.command(ctx, confPath, "lxc-checkpoint", "-n", c.ID, "-D", o.ImagesDir)
+	args := []string{"-n", c.ID, "-D", o.ImagesDir}
+	cmd := r.command(ctx, confPath, "lxc-checkpoint", args...)
 	cmd.Stdout, cmd.Stderr = errf, errf
 	cmd.ExtraFiles = []*os.File{w}
 	if o.PageNet != nil {
@@ -595,8 +602,7 @@ func (r *Runtime) lazyDump(ctx context.Context, c *runtime.Container, o runtime.
 		d.err = cmd.Wait()
 		if d.err != nil {
 			msg, _ := os.ReadFile(errPath)
-			d.err = fmt.Errorf("lxc-checkpoint -P %s -n %s -D %s: %w: %s%s", r.path(), c.ID, o.ImagesDir, d.err,
-				tail.Lines(strings.TrimSpace(string(msg)), 6), criu.LogErrors(dumpLog(o)))
+			d.err = fmt.Errorf("%w%s", r.failed("lxc-checkpoint", args, d.err, msg), criu.LogErrors(dumpLog(o)))
 		} else {
 			dumpLog(o)
 		}
@@ -898,7 +904,8 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	if err != nil {
 		return 0, err
 	}
-	cmd := r.command(ctx, confPath, "lxc-checkpoint", "-n", t.name, "-r", "-D", o.ImagesDir, "-d")
+	args := []string{"-n", t.name, "-r", "-D", o.ImagesDir, "-d"}
+	cmd := r.command(ctx, confPath, "lxc-checkpoint", args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	cmd.Stderr = errf
 	err = cmd.Run()
@@ -909,8 +916,7 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	}
 	if err != nil {
 		msg, _ := os.ReadFile(errPath)
-		return 0, fmt.Errorf("lxc-checkpoint -P %s -n %s -r -D %s: %w: %s%s", r.path(), t.name, o.ImagesDir, err,
-			tail.Lines(strings.TrimSpace(string(msg)), 6), criu.LogErrors(log))
+		return 0, fmt.Errorf("%w%s", r.failed("lxc-checkpoint", args, err, msg), criu.LogErrors(log))
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
