@@ -24,6 +24,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/shareddir"
 	"github.com/ferry-migrate/ferry/internal/transport"
 	"github.com/ferry-migrate/ferry/internal/units"
 	"github.com/ferry-migrate/ferry/internal/vmas"
@@ -457,7 +458,7 @@ func (m *migration) prepare(ctx context.Context) error {
 	if err := m.makeTrees(); err != nil {
 		return err
 	}
-	if err := identifyShared(m.ctr.Shared); err != nil {
+	if err := shareddir.Identify(m.ctr.Shared); err != nil {
 		return err
 	}
 	m.mu.Lock() // the progress reporter reads it

@@ -18,7 +18,6 @@ import (
 	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/rootfs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
-	"github.com/ferry-migrate/ferry/internal/shareddir"
 	"github.com/ferry-migrate/ferry/internal/transport"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
@@ -465,19 +464,4 @@ func (m *migration) removedVolumes() []string {
 		return nil
 	}
 	return volumeNames(m.ctr.Volumes)
-}
-
-// identifyShared names the storage of each host directory the container
-// bind-mounts, for the destination to check it has the same
-// (shareddir.Check): only directories of shared storage follow a
-// container.
-func identifyShared(dirs []shareddir.Dir) error {
-	for i, d := range dirs {
-		id, err := shareddir.Identity(d.Source)
-		if err != nil {
-			return fmt.Errorf("bind mount %s (at %s in the container): %w: ferry remounts host directories of storage the destination shares, and copies none", d.Source, d.Path, err)
-		}
-		dirs[i].Identity = id
-	}
-	return nil
 }

@@ -40,6 +40,19 @@ func Identity(dir string) (string, error) {
 	return fmt.Sprintf("%x:%x.%x:%d", fs.Type, uint32(fs.Fsid.Val[0]), uint32(fs.Fsid.Val[1]), st.Ino), nil
 }
 
+// Identify fills each of dirs' Identity at the source, for the
+// destination's Check.
+func Identify(dirs []Dir) error {
+	for i, d := range dirs {
+		id, err := Identity(d.Source)
+		if err != nil {
+			return fmt.Errorf("bind mount %s (at %s in the container): %w: ferry remounts host directories of storage the destination shares, and copies none", d.Source, d.Path, err)
+		}
+		dirs[i].Identity = id
+	}
+	return nil
+}
+
 // Check says whether d, as the source found it, is the same storage here:
 // an error says what is missing or different, and what to do.
 func Check(d Dir) error {
