@@ -20,6 +20,7 @@ LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 build:
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ferry ./cmd/ferry
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/memhog ./workloads/memhog
+	CGO_ENABLED=0 $(GO) build -ldflags '-X main.version=$(VERSION)' -o $(BIN)/ferry-controller ./cmd/ferry-controller
 
 # Man pages from the commands' help, into bin/man (not kept in git).
 man: build
@@ -40,6 +41,7 @@ GOLANGCI_LINT ?= $(shell PATH=$(PATH) $(GO) env GOPATH)/bin/golangci-lint
 lint:
 	$(GOLANGCI_LINT) run ./...
 	cd tools/package && $(GOLANGCI_LINT) run --config ../../.golangci.yml ./...
+	cd tools/kube/shim && $(GOLANGCI_LINT) run --config ../../../.golangci.yml ./...
 
 # Every test: unit and integration (real CRIU, runc, Podman, namespaces).
 # Packages run one at a time: the lab's namespaces and cgroups are shared
@@ -49,6 +51,7 @@ test: setup build
 	$(MAKE) lint
 	cd tools/package && $(GO) vet . && $(GO) test -count=1 .
 	cd tools/kube && CGO_ENABLED=0 $(GO) vet ./ociimage && CGO_ENABLED=0 $(GO) test -count=1 ./ociimage
+	cd tools/kube/shim && CGO_ENABLED=0 $(GO) vet -tags no_btrfs ./... && CGO_ENABLED=0 $(GO) test -tags no_btrfs -count=1 ./...
 	FERRY_BIN=$(CURDIR)/$(BIN)/ferry $(GO) test -p 1 -count=1 -timeout 40m ./...
 	$(MAKE) fuzz
 

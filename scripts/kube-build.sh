@@ -7,6 +7,8 @@
 #                                         (tools/kube), plus `ferry-kube image`
 #   $CACHE/bin/etcd                       etcd (tools/kube/etcd)
 #   $CACHE/bin/containerd, containerd-shim-runc-v2, ctr
+#   $CACHE/bin/containerd-shim-ferry-v2   the runc shim that restores a migrated
+#                                         container's replacement (tools/kube/shim)
 #   $CACHE/cni/                           CNI plugins: bridge, host-local, loopback
 #   $CACHE/images/pause.tar               the pod sandbox image, OCI image layout
 #   $CACHE/stamp                          what each output was built from
@@ -186,6 +188,25 @@ build_containerd() {
   "$BIN/containerd" --version
 }
 
+# build_shim builds ferry's shim: containerd's runc shim, with the
+# restore wrapper, from the containerd that tools/kube/shim's go.mod
+# requires, which must be $CONTAINERD_VERSION (the shim talks to that
+# containerd).
+build_shim() {
+  local have
+  cd "$REPO/tools/kube/shim"
+  have=$(go list -m -f '{{.Version}}' github.com/containerd/containerd/v2)
+  if [ "$have" != "$CONTAINERD_VERSION" ]; then
+    echo "tools/kube/shim/go.mod requires containerd $have, not $CONTAINERD_VERSION: update it (go get, go mod tidy)"
+    return 1
+  fi
+  CGO_ENABLED=0 nice -n 10 go build -tags no_btrfs -trimpath \
+    -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION" \
+    -o "$BIN/containerd-shim-ferry-v2.new" .
+  mv "$BIN/containerd-shim-ferry-v2.new" "$BIN/containerd-shim-ferry-v2"
+  "$BIN/containerd-shim-ferry-v2" -v
+}
+
 # system_cni_usable: the system's plugins speak the CNI spec version the
 # lab's network config uses (1.0.0), which containerd 2.4.2 (libcni 1.3)
 # drives as it is.
@@ -244,6 +265,9 @@ main() {
     "$BIN/etcd" build_etcd heavy
   step containerd "$CONTAINERD_VERSION $GO_VERSION no_btrfs" \
     "$BIN/containerd $BIN/containerd-shim-runc-v2 $BIN/ctr" build_containerd heavy
+  step ferry-shim "$CONTAINERD_VERSION $GO_VERSION src:$(hash_files tools/kube/shim/go.mod tools/kube/shim/go.sum \
+    tools/kube/shim/*.go tools/kube/shim/restore/*.go api/restoreshim/*.go)" \
+    "$BIN/containerd-shim-ferry-v2" build_shim heavy
   if system_cni_usable; then cni_heavy=""; fi
   step cni "$(cni_source)" "$CACHE/cni/bridge $CACHE/cni/host-local $CACHE/cni/loopback" install_cni $cni_heavy
   # ferry-kube packs the image: a rebuilt ferry-kube repacks it.

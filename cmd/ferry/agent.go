@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/ferry-migrate/ferry/api/restoreshim"
 	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
 	"github.com/ferry-migrate/ferry/internal/runtime/docker"
@@ -120,6 +121,8 @@ runs the agent with /etc/ferry/agent.toml, and the example file.`,
 	f.StringVar(&a.PodmanDir, "podman-dir", "", "a Podman instance of this agent's own under this directory (storage, run, network config); empty: the machine's Podman")
 	f.StringVar(&a.Containerd, "containerd", "", "containerd's socket, whose containers this agent moves and where it restores them (default "+containerd.DefaultAddress+", used when it exists)")
 	f.StringVar(&a.ContainerdRuncRoot, "containerd-runc-root", "", "runc root that containers restored through containerd get (the shim's --root); empty: the one their source used")
+	f.StringVar(&a.Kubernetes, "kubernetes", "", "the containerd socket of this node's kubelet: its pods' containers move with --runtime kubernetes, and replacement pods (RuntimeClass ferry) are restored here through ferry's shim; empty: no Kubernetes")
+	f.StringVar(&a.ShimDir, "shim-dir", "", "the rendezvous directory of this node's ferry shim (its containerd's "+restoreshim.DirEnv+"; default "+restoreshim.DefaultDir+")")
 	f.StringVar(&a.CNI.ConfDir, "cni-conf-dir", containerd.DefaultCNI.ConfDir, "CNI network configuration lists: a containerd container labelled "+containerd.LabelCNINetwork+"=NAME is attached at the destination to the network NAME found here")
 	f.StringSliceVar(&a.CNI.BinDirs, "cni-bin-dir", containerd.DefaultCNI.BinDirs, "directories holding the CNI plugins")
 	f.StringVar(&a.CNI.CacheDir, "cni-cache-dir", "", "where CNI keeps its record of each attachment (default CNI's own, /var/lib/cni)")

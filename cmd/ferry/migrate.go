@@ -53,7 +53,11 @@ named: runc (under the agent's --runc-root, default /run/runc, or
 socket; NAME is the container's ID, in the namespace --namespace names,
 default "default"), docker (the agent's --docker; restores need dockerd
 --experimental, and Docker's restore copies the images twice: all of
-memory in cold and pre-copy, next to nothing in post-copy and hybrid). It is
+memory in cold and pre-copy, next to nothing in post-copy and hybrid),
+kubernetes (the agent's --kubernetes: a pod's container, NAME its
+containerd ID; the destination restores it into a replacement pod that its
+kubelet made, with RuntimeClass ferry: a Migration resource and ferry's
+controller drive this, see docs/KUBERNETES.md). It is
 restored at the destination into the same kind of runtime, under the same
 name, and that runtime manages it afterwards. A technique the runtime cannot do is refused before anything
 is frozen; ferry check lists what each runtime supports on a host.

@@ -135,6 +135,7 @@ var planCaps = map[string]runtime.Caps{
 	"lxc":        (&lxc.Runtime{Lazy: true}).Caps(),
 	"containerd": (&containerd.Runtime{Lazy: true}).Caps(),
 	"docker":     docker.CapsFor(true, true),
+	"kubernetes": (&containerd.Runtime{Lazy: true}).Caps(),
 }
 
 // loadProfile reads a calibrated profile, or returns the defaults with

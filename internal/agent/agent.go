@@ -30,6 +30,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
 	"github.com/ferry-migrate/ferry/internal/runtime/docker"
+	"github.com/ferry-migrate/ferry/internal/runtime/kubernetes"
 	"github.com/ferry-migrate/ferry/internal/runtime/lxc"
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
@@ -71,6 +72,10 @@ type Agent struct {
 	// Containerd is containerd's socket; ContainerdRuncRoot the runc root
 	// containers restored through it get ("": their source's).
 	Containerd, ContainerdRuncRoot string
+	// Kubernetes is the containerd socket of this node's kubelet, whose
+	// pods' containers move (runtime kubernetes; "": none); ShimDir is
+	// its ferry shim's rendezvous directory ("": restoreshim.DefaultDir).
+	Kubernetes, ShimDir string
 	// CNI is where containerd containers' CNI networks are configured
 	// (containerd.CNI; zero: containerd.DefaultCNI).
 	CNI containerd.CNI
@@ -156,6 +161,10 @@ func (a *Agent) newRuntimes() runtime.Set {
 	if _, err := os.Stat(cmp.Or(a.Containerd, containerd.DefaultAddress)); err == nil || a.Containerd != "" {
 		set["containerd"] = &containerd.Runtime{Address: a.Containerd, RuncRoot: a.ContainerdRuncRoot, CgroupParent: a.Host.CgroupParent,
 			NetNS: a.Host.NetNS, StateDir: containerd.StateDir(a.Host.StateDir), Admission: a.Admission, Lazy: a.feats.LazyPages, CNI: a.CNI}
+	}
+	if a.Kubernetes != "" {
+		ctrd := &containerd.Runtime{Address: a.Kubernetes, Lazy: a.feats.LazyPages}
+		set["kubernetes"] = &kubernetes.Runtime{Containerd: ctrd, RestoreDir: a.ShimDir, Admission: a.Admission}
 	}
 	if _, err := os.Stat(strings.TrimPrefix(cmp.Or(a.Docker, docker.DefaultHost), "unix://")); err == nil || a.Docker != "" {
 		set["docker"] = &docker.Runtime{Host: a.Docker, ExecRoot: a.DockerExecRoot, NetNS: a.Host.NetNS, Admission: a.Admission, Lazy: a.feats.LazyPages}

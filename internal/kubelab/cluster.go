@@ -17,9 +17,13 @@ import (
 
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/ferry-migrate/ferry/api/restoreshim"
 )
 
 // Paths fixed in the kubelet, whatever its root directory: every kubelet
@@ -82,6 +86,29 @@ func Up(ctx context.Context, c Config) (*Cluster, error) {
 		return nil, fmt.Errorf("kubelab: %w", err)
 	}
 	return &Cluster{cfg: c, layout: l, rest: u.rest, client: u.client}, nil
+}
+
+// Attach is the cluster c describes, which Up brought up before (another
+// process may have): a client through its admin's kubeconfig.
+func Attach(c Config) (*Cluster, error) {
+	c, err := c.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("kubelab: %w", err)
+	}
+	l := layout(filepath.Clean(c.Dir))
+	if _, err := os.Stat(l.state()); err != nil {
+		return nil, fmt.Errorf("kubelab: no cluster in %s: %w", c.Dir, err)
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", l.kubeconfig("admin"))
+	if err != nil {
+		return nil, fmt.Errorf("kubelab: %w", err)
+	}
+	cfg.Dial = Dialer(c.ControlNetNS)
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Cluster{cfg: c, layout: l, rest: cfg, client: cs}, nil
 }
 
 // checkNoSystemKubelet refuses to run beside a kubelet of the machine's
@@ -241,7 +268,8 @@ func (u *upper) run(ctx context.Context) error {
 	containerds := map[string]*daemon{}
 	for _, n := range c.Nodes {
 		argv := append([]string{filepath.Join(c.Bin, "containerd")}, containerdArgs(n, l)...)
-		if containerds[n.Name], err = startDaemon(c, l, st, "containerd-"+n.Name, n.NetNS, argv); err != nil {
+		env := []string{restoreshim.DirEnv + "=" + l.node(n.Name).restoreDir(), restoreshim.WaitEnv + "=" + (RestoreWait - time.Minute).String()}
+		if containerds[n.Name], err = startDaemon(c, l, st, "containerd-"+n.Name, n.NetNS, argv, env...); err != nil {
 			return err
 		}
 	}
@@ -345,6 +373,10 @@ func (u *upper) run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+	}
+	rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: ShimHandler}, Handler: ShimHandler}
+	if _, err := u.client.NodeV1().RuntimeClasses().Create(ctx, rc, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("RuntimeClass %s: %w", ShimHandler, err)
 	}
 	return waitReady(ctx, "service account default/default", c.ReadyTimeout, []*daemon{cm}, func(ctx context.Context) error {
 		_, err := u.client.CoreV1().ServiceAccounts(metav1.NamespaceDefault).Get(ctx, "default", metav1.GetOptions{})
@@ -468,6 +500,12 @@ func (c *Cluster) Dir() string { return c.layout.dir() }
 // Log is component's log: "etcd", "apiserver", "controller-manager",
 // "scheduler", "containerd-NODE" or "kubelet-NODE".
 func (c *Cluster) Log(component string) string { return c.layout.log(component) }
+
+// NodeSocket is the containerd socket (the kubelet's runtime) of node of
+// the cluster in dir; NodeShimDir its ferry shim's rendezvous directory
+// (restoreshim.DirEnv). A ferry agent on the node takes both.
+func NodeSocket(dir, node string) string  { return layout(filepath.Clean(dir)).node(node).socket() }
+func NodeShimDir(dir, node string) string { return layout(filepath.Clean(dir)).node(node).restoreDir() }
 
 // CgroupRoot is node's kubelet cgroup root (relative to each hierarchy):
 // its pods' cgroups are below it.

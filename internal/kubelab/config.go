@@ -42,7 +42,20 @@ const (
 const DefaultCache = "/var/cache/ferry/kube"
 
 // Binaries the cache's bin directory must hold.
-var Binaries = []string{"ferry-kube", "etcd", "containerd", "containerd-shim-runc-v2", "ctr"}
+var Binaries = []string{"ferry-kube", "etcd", "containerd", "containerd-shim-runc-v2", ShimBinary, "ctr"}
+
+// ShimBinary is ferry's containerd shim (tools/kube/shim), the runtime
+// handler ShimHandler of every node's containerd and of RuntimeClass
+// ferry.
+const (
+	ShimBinary  = "containerd-shim-ferry-v2"
+	ShimHandler = "ferry"
+)
+
+// RestoreWait is the kubelets' runtimeRequestTimeout: a replacement pod's
+// container waits in ferry's shim for its migration (restoreshim.WaitEnv)
+// a minute less, so the shim, not the kubelet, gives up first.
+const RestoreWait = 10 * time.Minute
 
 // CNIPlugins the cache's cni directory must hold.
 var CNIPlugins = []string{"bridge", "host-local", "loopback"}

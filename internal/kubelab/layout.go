@@ -12,7 +12,8 @@ import "path/filepath"
 //	DIR/logs/COMPONENT.log       one log per process
 //	DIR/NODE/                    a node: containerd's config, root, state,
 //	                             sockets, runc root, CNI config and IPAM
-//	                             data, the kubelet's root and pod logs
+//	                             data, the kubelet's root and pod logs,
+//	                             ferry's shim's rendezvous (restore/)
 type layout string
 
 func (l layout) dir() string                  { return string(l) }
@@ -54,3 +55,4 @@ func (n nodeLayout) kubeletConfig() string { return n.path("kubelet.yaml") }
 func (n nodeLayout) podLogs() string       { return n.path("pod-logs") }
 func (n nodeLayout) volumePlugins() string { return n.path("volume-plugins") }
 func (n nodeLayout) cdiSpecs() string      { return n.path("cdi") }
+func (n nodeLayout) restoreDir() string    { return n.path("restore") }

@@ -30,7 +30,7 @@ type daemon struct {
 // cluster's daemons cgroup where the machine has cgroup v2, so that Down
 // finds it (and what it forks, such as containerd's shims) whatever
 // happens; elsewhere it joins that cgroup right after it starts.
-func startDaemon(c Config, l layout, st *state, name, netns string, argv []string) (*daemon, error) {
+func startDaemon(c Config, l layout, st *state, name, netns string, argv []string, env ...string) (*daemon, error) {
 	logPath := l.log(name)
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -43,7 +43,7 @@ func startDaemon(c Config, l layout, st *state, name, netns string, argv []strin
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = daemonEnv(c)
+	cmd.Env = append(daemonEnv(c), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if dir := cgroup2Dir(daemonsCgroup(c)); dir != "" {
 		fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)

@@ -189,6 +189,18 @@ func containerdConfig(c Config, n Node, l layout) ([]byte, error) {
 				"containerd": map[string]any{
 					"default_runtime_name": "runc",
 					"runtimes": map[string]any{
+						// RuntimeClass ferry: a replacement pod's container
+						// is restored by ferry's shim (api/restoreshim),
+						// which reads the restore annotation from the spec.
+						ShimHandler: map[string]any{
+							"runtime_type":    "io.containerd.runc.v2",
+							"runtime_path":    filepath.Join(c.Bin, ShimBinary),
+							"pod_annotations": []string{"ferry.dev/*"},
+							"options": map[string]any{
+								"SystemdCgroup": false,
+								"Root":          nl.runcRoot(),
+							},
+						},
 						"runc": map[string]any{
 							"runtime_type": "io.containerd.runc.v2",
 							// The machine's own shim is on PATH: name ours.
@@ -281,6 +293,7 @@ type kubeletConfiguration struct {
 	RotateCertificates          bool              `json:"rotateCertificates"`
 	ServerTLSBootstrap          bool              `json:"serverTLSBootstrap"`
 	RegisterNode                bool              `json:"registerNode"`
+	RuntimeRequestTimeout       string            `json:"runtimeRequestTimeout"`
 }
 
 type kubeletAuthn struct {
@@ -316,6 +329,9 @@ func kubeletConfig(c Config, n Node, l layout) ([]byte, error) {
 		// The unix:// scheme: a bare path is deprecated.
 		ContainerRuntimeEndpoint: "unix://" + nl.socket(),
 		CgroupDriver:             "cgroupfs",
+		// A replacement pod's Start waits in ferry's shim for the
+		// migration's switchover: longer than the default 2 minutes.
+		RuntimeRequestTimeout: RestoreWait.String(),
 		// Kubelets share the machine's cgroup hierarchies: each needs a
 		// root of its own, made before it starts.
 		CgroupRoot:    nodeCgroupRoot(c, n.Name),

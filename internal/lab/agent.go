@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/kubelab"
 	"github.com/ferry-migrate/ferry/internal/procs"
 )
 
@@ -43,6 +44,11 @@ func agentArgs(h *Host, l *Lab) []string {
 		"--docker", h.Docker().Host(), "--docker-exec-root", h.Docker().ExecRoot(), "--image-root", DebianImageRoot(), "--cgroup-parent", h.CgroupParent, "--netns", h.NetNS, "--scratch", h.ScratchDir, "--bundles", h.BundlesDir,
 		"--tls-dir", h.TLSDir(), "--allow", strings.Join(l.hostNames(), ","), "--segment-bridge", SegmentBridge,
 		"--segment-range", SegmentSubnet + "0/" + fmt.Sprint(segmentPrefixLen), "--allow-bind", SharedStorage, "--allow-faults"}
+	if h.Index <= kubeNodes {
+		// The Kubernetes lab's nodes (whether it is up or not: the agent
+		// connects at first use).
+		args = append(args, "--kubernetes", kubelab.NodeSocket(KubeDir, h.Name), "--shim-dir", kubelab.NodeShimDir(KubeDir, h.Name))
+	}
 	if l.OutageTimeout > 0 {
 		args = append(args, "--outage-timeout", l.OutageTimeout.String())
 	}

@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 
@@ -20,16 +21,29 @@ const kubeNodes = 2
 // upKubernetes brings up the cluster (kubelab.Up): etcd and the control
 // plane in h3's namespace, a containerd and a kubelet in each node's.
 func (l *Lab) upKubernetes(ctx context.Context) error {
+	k, err := kubelab.Up(ctx, l.kubeConfig())
+	if err != nil {
+		return err
+	}
+	l.Kubeconfig = k.Kubeconfig()
+	return l.save()
+}
+
+// kubeConfig is the lab's cluster as kubelab describes it.
+func (l *Lab) kubeConfig() kubelab.Config {
 	c := kubelab.Config{Dir: KubeDir, Name: "ferry-lab",
 		ControlNetNS: l.Hosts[kubeNodes].NetNS, ControlIP: l.Hosts[kubeNodes].Addr}
 	for i := range kubeNodes {
 		h := &l.Hosts[i]
 		c.Nodes = append(c.Nodes, kubelab.Node{Name: h.Name, NetNS: h.NetNS, IP: h.Addr, PodCIDR: fmt.Sprintf("10.92.%d.0/24", h.Index)})
 	}
-	k, err := kubelab.Up(ctx, c)
-	if err != nil {
-		return err
+	return c
+}
+
+// Kubernetes is the lab's cluster (ferry lab up --kubernetes).
+func (l *Lab) Kubernetes() (*kubelab.Cluster, error) {
+	if l.Kubeconfig == "" {
+		return nil, errors.New("the lab has no Kubernetes cluster (ferry lab up --kubernetes)")
 	}
-	l.Kubeconfig = k.Kubeconfig()
-	return l.save()
+	return kubelab.Attach(l.kubeConfig())
 }

@@ -118,8 +118,8 @@ func (r *Runtime) address() string {
 	return r.Address
 }
 
-// connect returns the client, dialled once.
-func (r *Runtime) connect() (*client.Client, error) {
+// Connect returns the client, dialled once.
+func (r *Runtime) Connect() (*client.Client, error) {
 	return r.conn.Get(func() (*client.Client, error) {
 		if _, err := os.Stat(r.address()); err != nil {
 			return nil, fmt.Errorf("containerd: no socket at %s (is containerd running? agent --containerd): %w", r.address(), err)
@@ -223,7 +223,7 @@ func (r *Runtime) Inspect(ctx context.Context, name string) (*runtime.Container,
 	if identifiers.Validate(ns) != nil || identifiers.Validate(id) != nil {
 		return nil, fmt.Errorf("containerd: %q is no containerd name (NS/ID or ID): %w", name, runtime.ErrNotFound)
 	}
-	cl, err := r.connect()
+	cl, err := r.Connect()
 	if errors.Is(err, os.ErrNotExist) {
 		// No daemon here, so none of its containers.
 		return nil, fmt.Errorf("%w: %w", err, runtime.ErrNotFound)
@@ -285,7 +285,7 @@ func (r *Runtime) Inspect(ctx context.Context, name string) (*runtime.Container,
 	}
 	rec.ImageDigest = img.Target().Digest.String()
 	c.Image = info.Image + "@" + rec.ImageDigest
-	if c.Rootfs, err = upperDir(ctx, cl, info.Snapshotter, info.SnapshotKey); err != nil {
+	if c.Rootfs, err = UpperDir(ctx, cl, info.Snapshotter, info.SnapshotKey); err != nil {
 		return nil, fmt.Errorf("containerd container %q: %w", c.Name, err)
 	}
 	var s specs.Spec
@@ -323,8 +323,8 @@ func specJSON(info containers.Container) ([]byte, error) {
 	return json.Marshal(&s)
 }
 
-// upperDir is an overlayfs snapshot's writable directory.
-func upperDir(ctx context.Context, cl *client.Client, snapshotter, key string) (string, error) {
+// UpperDir is an overlayfs snapshot's writable directory.
+func UpperDir(ctx context.Context, cl *client.Client, snapshotter, key string) (string, error) {
 	ms, err := cl.SnapshotService(snapshotter).Mounts(ctx, key)
 	if err != nil {
 		return "", fmt.Errorf("its snapshot %s: %w", key, err)
@@ -342,7 +342,7 @@ func upperDir(ctx context.Context, cl *client.Client, snapshotter, key string) (
 // task loads a container's task.
 func (r *Runtime) task(ctx context.Context, name string) (client.Task, context.Context, error) {
 	ns, id := SplitName(name)
-	cl, err := r.connect()
+	cl, err := r.Connect()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -376,7 +376,7 @@ func (r *Runtime) Thaw(ctx context.Context, c *runtime.Container) error {
 	if err == nil || !strings.Contains(err.Error(), "not paused") {
 		return err
 	}
-	rc, rerr := r.runcOf(tctx, c.Name)
+	rc, rerr := r.RuncOf(tctx, c.Name)
 	if rerr != nil {
 		return errors.Join(err, rerr)
 	}
@@ -387,10 +387,10 @@ func (r *Runtime) Thaw(ctx context.Context, c *runtime.Container) error {
 	return t.Resume(tctx)
 }
 
-// runcOf is runc for a container's runc root, from its runtime options.
-func (r *Runtime) runcOf(ctx context.Context, name string) (runc.Host, error) {
+// RuncOf is runc for a container's runc root, from its runtime options.
+func (r *Runtime) RuncOf(ctx context.Context, name string) (runc.Host, error) {
 	ns, id := SplitName(name)
-	cl, err := r.connect()
+	cl, err := r.Connect()
 	if err != nil {
 		return runc.Host{}, err
 	}
@@ -439,7 +439,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtim
 // Remove kills and deletes the task, then the container and its
 // snapshot; a container already gone counts as removed.
 func (r *Runtime) Remove(ctx context.Context, c *runtime.Container) error {
-	cl, err := r.connect()
+	cl, err := r.Connect()
 	if err != nil {
 		return err
 	}

@@ -55,7 +55,7 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 	if r.RuncRoot != "" {
 		ro.Root = r.RuncRoot
 	}
-	cl, err := r.connect()
+	cl, err := r.Connect()
 	if err != nil {
 		return nil, err
 	}
@@ -129,7 +129,7 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 		return nil, fmt.Errorf("containerd: create %s: %w", c.Name, err)
 	}
 	t.ctr = ctr
-	if t.upper, err = upperDir(ctx, cl, rec.Snapshotter, rec.ID); err != nil {
+	if t.upper, err = UpperDir(ctx, cl, rec.Snapshotter, rec.ID); err != nil {
 		_ = t.Discard(ctx)
 		return nil, err
 	}
@@ -244,7 +244,7 @@ func (t *target) Start(ctx context.Context) error { return t.runc.ContinueRestor
 
 // Continue sends every process of a container restored here SIGCONT.
 func (r *Runtime) Continue(ctx context.Context, c *runtime.Container) error {
-	rc, err := r.runcOf(ctx, c.Name)
+	rc, err := r.RuncOf(ctx, c.Name)
 	if err != nil {
 		return err
 	}
