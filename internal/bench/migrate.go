@@ -171,6 +171,8 @@ type Baselines struct {
 	Link   *LinkBaseline   `json:"link,omitempty"`
 	Podman *PodmanBaseline `json:"podman,omitempty"`
 	Paths  *PathsBaseline  `json:"paths,omitempty"`
+	// Recreate: --runtime kubernetes, Kubernetes' delete-and-recreate.
+	Recreate *RecreateBaseline `json:"recreate,omitempty"`
 }
 
 // MigrateResult is what `ferry bench migrate --json` prints.
@@ -202,6 +204,11 @@ type MigrateResult struct {
 	// memory).
 	Against             *MigrateResult `json:"against,omitempty"`
 	ClientDowntimeRatio float64        `json:"client_downtime_ratio,omitempty"`
+	// --runtime kubernetes: Against is plain containerd's runs, and these
+	// the median client downtime over containerd's and over Kubernetes'
+	// delete-and-recreate (Baselines.Recreate).
+	ClientDowntimeVsContainerd float64 `json:"client_downtime_vs_containerd,omitempty"`
+	ClientDowntimeVsRecreate   float64 `json:"client_downtime_vs_recreate,omitempty"`
 }
 
 const workloadPort = 7000
@@ -212,6 +219,9 @@ const workloadPort = 7000
 func Migrate(ctx context.Context, o MigrateOptions) (res MigrateResult, err error) {
 	if o.Repeat < 1 {
 		o.Repeat = 1
+	}
+	if o.Runtime == "kubernetes" {
+		return migrateKubernetes(ctx, o)
 	}
 	for _, b := range o.Baselines {
 		if b != "link" && b != "podman" && b != "paths" {
@@ -440,21 +450,8 @@ func (o MigrateOptions) RunOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 		r.Error = err.Error()
 		return r
 	}
-	r = Run{OK: rep.OK, DowntimeMs: rep.DowntimeMs, TotalMs: rep.TotalMs, FrozenMs: rep.FrozenMs,
-		BytesSent: rep.BytesSent, MemoryBytes: rep.MemoryBytes, Error: rep.Error, Phases: rep.Phases,
-		PathCutAtBytes: cutAt.Load(), OutageAtBytes: outageAt.Load(),
-		SourceState: rep.SourceState, Transport: rep.Transport,
-		RestoreMs: rep.RestoreMs, PagesFaulted: rep.PagesFaulted, PagesPushed: rep.PagesPushed, PushMs: rep.PushMs,
-		PagesReferenced: rep.PagesReferenced, PagesFetched: rep.PagesFetched, FillMs: rep.FillMs,
-		PagesLastWritten: rep.PagesLastWritten, LastWritesMs: rep.LastWritesMs, RestoreFromOwnImages: rep.RestoreFromOwnImages, Rounds: rep.Rounds, StopReason: rep.StopReason, ThrottlePct: rep.ThrottlePct,
-		RootfsBytes: rep.RootfsBytes, RootfsEntries: rep.RootfsEntries, FrozenRootfsBytes: rep.FrozenRootfsBytes}
-	for _, v := range rep.Volumes {
-		r.VolumeBytes += v.Bytes
-		r.FrozenVolumeBytes += v.FrozenBytes
-	}
-	if r.Rounds == nil {
-		r.Rounds = []engine.Round{}
-	}
+	r = runOf(rep)
+	r.PathCutAtBytes, r.OutageAtBytes = cutAt.Load(), outageAt.Load()
 	if perr != nil {
 		r.Error = errors.Join(errors.New(r.Error), perr).Error()
 		return r
@@ -547,6 +544,25 @@ func (o MigrateOptions) PodmanBaselineOnce(ctx context.Context, src, dst, client
 }
 
 // emptyResult is a result of o's with no run yet.
+// runOf is what a run records of a migration's report.
+func runOf(rep engine.Report) Run {
+	r := Run{OK: rep.OK, DowntimeMs: rep.DowntimeMs, TotalMs: rep.TotalMs, FrozenMs: rep.FrozenMs,
+		BytesSent: rep.BytesSent, MemoryBytes: rep.MemoryBytes, Error: rep.Error, Phases: rep.Phases,
+		SourceState: rep.SourceState, Transport: rep.Transport,
+		RestoreMs: rep.RestoreMs, PagesFaulted: rep.PagesFaulted, PagesPushed: rep.PagesPushed, PushMs: rep.PushMs,
+		PagesReferenced: rep.PagesReferenced, PagesFetched: rep.PagesFetched, FillMs: rep.FillMs,
+		PagesLastWritten: rep.PagesLastWritten, LastWritesMs: rep.LastWritesMs, RestoreFromOwnImages: rep.RestoreFromOwnImages, Rounds: rep.Rounds, StopReason: rep.StopReason, ThrottlePct: rep.ThrottlePct,
+		RootfsBytes: rep.RootfsBytes, RootfsEntries: rep.RootfsEntries, FrozenRootfsBytes: rep.FrozenRootfsBytes}
+	for _, v := range rep.Volumes {
+		r.VolumeBytes += v.Bytes
+		r.FrozenVolumeBytes += v.FrozenBytes
+	}
+	if r.Rounds == nil {
+		r.Rounds = []engine.Round{}
+	}
+	return r
+}
+
 func (o MigrateOptions) emptyResult() MigrateResult {
 	return MigrateResult{Runtime: o.Runtime, Mode: o.Mode, MemoryBytes: o.MemoryBytes, DirtyRate: o.DirtyRate, BandwidthBps: o.BandwidthBps, Paths: max(o.Paths, 1), Runs: []Run{},
 		Network: o.Network, VolumeBytes: o.VolumeBytes}

@@ -30,7 +30,10 @@ import (
 	"github.com/ferry-migrate/ferry/internal/units"
 )
 
-const memhogPort = "7000"
+const (
+	memhogPort    = "7000"
+	memhogPortNum = 7000
+)
 
 // ferryBin returns a ferry binary with memhog beside it: FERRY_BIN (set by
 // `make test`) or one built for this test run.

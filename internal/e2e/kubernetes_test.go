@@ -2,59 +2,33 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	nodev1 "k8s.io/api/node/v1"
-	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apiextclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/yaml"
 
 	agentclient "github.com/ferry-migrate/ferry/api/client"
 	v1 "github.com/ferry-migrate/ferry/api/kube/v1alpha1"
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/kubecontroller"
 	"github.com/ferry-migrate/ferry/internal/kubelab"
+	"github.com/ferry-migrate/ferry/internal/kubeworld"
 	"github.com/ferry-migrate/ferry/internal/lab"
-	"github.com/ferry-migrate/ferry/internal/pki"
-	"github.com/ferry-migrate/ferry/internal/procs"
-	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
-	kuberuntime "github.com/ferry-migrate/ferry/internal/runtime/kubernetes"
 )
 
-// kubeWorld is the lab's cluster with ferry installed: the CRD, the
-// controller (in h3's namespace, beside the control plane), memhog's
-// image on both nodes, the agents of h1 and h2 serving the kubelets'
-// containerds.
-type kubeWorld struct {
-	l      *lab.Lab
-	cs     kubernetes.Interface
-	c      client.Client
-	bin    string // ferry
-	ctlLog string
-	// The controller's binary, its operator certificate's directory and
-	// its process.
-	ctlBin, tls string
-	ctl         procs.Started
-}
-
-const memhogImage = "localhost/memhog:1"
-
+// upKubeWorld brings up a lab with Kubernetes and installs ferry in it
+// (kubeworld.Install: the CRD, ferry-controller, memhog's image), all
+// taken down when the test ends; a failed test shows the controller's and
+// agents' logs.
 func upKubeWorld(t *testing.T) *kubeWorld {
 	t.Helper()
 	requireLab(t)
@@ -63,204 +37,82 @@ func upKubeWorld(t *testing.T) *kubeWorld {
 	}
 	bin := ferryBin(t)
 	ctlBin := filepath.Join(filepath.Dir(bin), "ferry-controller")
-	build := exec.Command("go", "build", "-o", ctlBin, "./cmd/ferry-controller")
-	build.Dir, build.Env = "../..", append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build ferry-controller: %v\n%s", err, out)
+	if _, err := os.Stat(ctlBin); err != nil {
+		build := exec.Command("go", "build", "-o", ctlBin, "./cmd/ferry-controller")
+		build.Dir, build.Env = "../..", append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("build ferry-controller: %v\n%s", err, out)
+		}
 	}
 	l := upLabWith(t, lab.Options{Hosts: 3, FerryBin: bin, Kubernetes: true})
-	cl, err := l.Kubernetes()
+	w, err := kubeworld.Install(context.Background(), l, filepath.Join(filepath.Dir(bin), "memhog"), ctlBin, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	if err := cl.ImportBinary(ctx, memhogImage, filepath.Join(filepath.Dir(bin), "memhog")); err != nil {
-		t.Fatal(err)
-	}
-	installCRD(t, cl)
-	ctrllog.SetLogger(logr.Discard())
-	scheme := runtime.NewScheme()
-	_ = clientgoscheme.AddToScheme(scheme)
-	_ = v1.AddToScheme(scheme)
-	c, err := client.New(cl.RESTConfig(), client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tls := t.TempDir()
-	if err := pki.IssueOperator(lab.PKIDir, tls, "ferry-controller", time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	w := &kubeWorld{l: l, cs: cl.Client(), c: c, bin: bin, ctlLog: filepath.Join(t.TempDir(), "controller.log"), ctlBin: ctlBin, tls: tls}
-	w.startController(t)
 	t.Cleanup(func() {
-		w.stopController()
+		w.Close()
 		if t.Failed() {
-			b, _ := os.ReadFile(w.ctlLog)
-			t.Logf("controller log:\n%s", tailLines(string(b), 60))
-			for _, h := range w.l.Hosts[:2] {
-				b, _ := os.ReadFile(filepath.Join(h.StateDir, "agent.log"))
-				t.Logf("agent %s log:\n%s", h.Name, tailLines(string(b), 30))
-			}
+			t.Log(w.Logs(60))
 		}
 	})
-	return w
+	return &kubeWorld{World: w, t: t, bin: bin}
 }
 
-// installCRD applies deploy/kubernetes/crd.yaml as a user would and waits
-// until it is served.
-func installCRD(t *testing.T, cl *kubelab.Cluster) {
+// kubeWorld is kubeworld.World with the test's failures.
+type kubeWorld struct {
+	*kubeworld.World
+	t   *testing.T
+	bin string // ferry
+}
+
+func (w *kubeWorld) memhogDeployment(t *testing.T, name, memory string) *corev1.Pod {
 	t.Helper()
-	b, err := os.ReadFile("../../deploy/kubernetes/crd.yaml")
+	p, err := w.Memhog(context.Background(), name, memory, 200, memhogPortNum)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var crd apiextv1.CustomResourceDefinition
-	if err := yaml.UnmarshalStrict(b, &crd); err != nil {
-		t.Fatalf("crd.yaml: %v", err)
-	}
-	ax, err := apiextclient.NewForConfig(cl.RESTConfig())
+	t.Cleanup(func() { _ = w.DeleteDeployment(context.Background(), name) })
+	return p
+}
+
+func (w *kubeWorld) pods(t *testing.T, app string) []corev1.Pod {
+	t.Helper()
+	pods, err := w.Pods(context.Background(), app)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	if _, err := ax.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, &crd, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 30*time.Second, "the Migration CRD established", func() (bool, error) {
-		got, err := ax.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, err
+	return pods
+}
+
+func (w *kubeWorld) migrate(t *testing.T, m *v1.Migration, watch func(*v1.Migration)) *v1.Migration {
+	t.Helper()
+	got, err := w.Migrate(context.Background(), m, func(m *v1.Migration) error {
+		if watch != nil {
+			watch(m)
 		}
-		for _, c := range got.Status.Conditions {
-			if c.Type == apiextv1.Established && c.Status == apiextv1.ConditionTrue {
-				return true, nil
-			}
-		}
-		return false, nil
+		return nil
 	})
-}
-
-// startController runs ferry-controller in h3's namespace (killed by
-// PID when the test ends; its log shown if the test failed).
-func (w *kubeWorld) startController(t *testing.T) {
-	t.Helper()
-	p, err := procs.StartDetached([]string{w.ctlBin, "--kubeconfig", w.l.Kubeconfig, "--tls-dir", w.tls, "--operator", "ferry-controller"},
-		w.l.Hosts[2].NetNS, w.ctlLog, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.ctl = p
-}
-
-// stopController kills the controller, as a crash would.
-func (w *kubeWorld) stopController() {
-	if w.ctl.PID > 0 {
-		_ = syscall.Kill(w.ctl.PID, syscall.SIGKILL)
-		<-w.ctl.Exited
-		w.ctl = procs.Started{}
-	}
-}
-
-func tailLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return got
 }
 
 func waitFor(t *testing.T, d time.Duration, what string, ok func() (bool, error)) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	var last error
-	for time.Now().Before(deadline) {
+	err := kubeworld.Wait(context.Background(), d, what, func() error {
 		done, err := ok()
 		if done {
-			return
+			return nil
 		}
-		last = err
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("waiting %v for %s: %v", d, what, last)
-}
-
-// memhogDeployment runs one memhog pod and returns it once Running.
-func (w *kubeWorld) memhogDeployment(t *testing.T, name, memory string) *corev1.Pod {
-	t.Helper()
-	ctx := context.Background()
-	one, never, noToken := int32(1), corev1.PullNever, false
-	labels := map[string]string{"app": name}
-	d := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: &one,
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{
-					AutomountServiceAccountToken:  &noToken,
-					TerminationGracePeriodSeconds: new(int64),
-					Containers: []corev1.Container{{
-						Name: "memhog", Image: memhogImage, ImagePullPolicy: never,
-						Command: []string{"/memhog", "--memory", memory, "--dirty-rate", "200", "--port", memhogPort},
-					}},
-				},
-			},
-		},
-	}
-	if _, err := w.cs.AppsV1().Deployments("default").Create(ctx, d, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = w.cs.AppsV1().Deployments("default").Delete(context.Background(), name, metav1.DeleteOptions{})
-	})
-	var pod *corev1.Pod
-	waitFor(t, 2*time.Minute, "the Deployment's pod running", func() (bool, error) {
-		pods := w.pods(t, name)
-		if len(pods) == 1 && pods[0].Status.Phase == corev1.PodRunning && pods[0].Status.PodIP != "" {
-			pod = &pods[0]
-			return true, nil
+		if err == nil {
+			err = errors.New("not yet")
 		}
-		return false, fmt.Errorf("%d pods", len(pods))
+		return err
 	})
-	return pod
-}
-
-// pods lists app's pods that are not being deleted.
-func (w *kubeWorld) pods(t *testing.T, app string) []corev1.Pod {
-	t.Helper()
-	list, err := w.cs.CoreV1().Pods("default").List(context.Background(), metav1.ListOptions{LabelSelector: "app=" + app})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []corev1.Pod
-	for _, p := range list.Items {
-		if p.DeletionTimestamp == nil {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
-// migrate makes a Migration and waits for its end.
-func (w *kubeWorld) migrate(t *testing.T, m *v1.Migration, watch func(*v1.Migration)) *v1.Migration {
-	t.Helper()
-	ctx := context.Background()
-	m.Namespace = "default"
-	if err := w.c.Create(ctx, m); err != nil {
-		t.Fatal(err)
-	}
-	var got v1.Migration
-	waitFor(t, 4*time.Minute, "Migration "+m.Name+" to end", func() (bool, error) {
-		if err := w.c.Get(ctx, client.ObjectKeyFromObject(m), &got); err != nil {
-			return false, err
-		}
-		if watch != nil {
-			watch(&got)
-		}
-		return v1.Final(got.Status.Phase), fmt.Errorf("phase %q: %s", got.Status.Phase, got.Status.Message)
-	})
-	return &got
 }
 
 // TestKubernetesDeploymentPodMoves: a Deployment's memhog pod moves to
@@ -281,15 +133,19 @@ func TestKubernetesDeploymentPodMoves(t *testing.T) {
 				if p != nil || !strings.HasPrefix(m.Status.Message, "held") {
 					return
 				}
-				ip := w.sandboxAddress(t, m.Status.TargetNode, m.Status.TargetPod)
-				var err error
-				p, _, err = bench.StartProbe(context.Background(), &w.l.Hosts[2], w.bin,
+				ip, err := w.SandboxAddress(context.Background(), m.Status.TargetNode, m.Status.TargetPod)
+				if err != nil {
+					t.Fatal(err)
+				}
+				p, _, err = bench.StartProbe(context.Background(), &w.Lab.Hosts[2], w.bin,
 					[]string{src.Status.PodIP + ":" + memhogPort, ip + ":" + memhogPort}, time.Minute)
 				if err != nil {
 					t.Fatalf("probe: %v", err)
 				}
 				time.Sleep(300 * time.Millisecond) // answers before the freeze
-				w.release(t, m)
+				if err := w.Release(context.Background(), m); err != nil {
+					t.Fatal(err)
+				}
 			})
 		if m.Status.Phase != v1.PhaseSucceeded {
 			t.Fatalf("%s: Migration ended %s: %s", mode, m.Status.Phase, m.Status.Message)
@@ -312,50 +168,17 @@ func TestKubernetesDeploymentPodMoves(t *testing.T) {
 		time.Sleep(3 * time.Second)
 		pods := w.pods(t, name)
 		if len(pods) != 1 || pods[0].Name != m.Status.TargetPod || pods[0].Spec.NodeName != m.Status.TargetNode || pods[0].Spec.NodeName == src.Spec.NodeName {
-			t.Fatalf("%s: pods after the move: %v", mode, podNames(pods))
+			t.Fatalf("%s: pods after the move: %v", mode, kubeworld.PodNames(pods))
 		}
 		if ref := metav1.GetControllerOf(&pods[0]); ref == nil || ref.Kind != "ReplicaSet" {
 			t.Errorf("%s: the replacement's controller is %v, want its ReplicaSet", mode, ref)
 		}
 		t.Logf("%s: pod %s (%s) -> %s (%s): client downtime %.0f ms, ferry's downtime %.0f ms, total %.0f ms, %s",
 			mode, src.Name, src.Spec.NodeName, m.Status.TargetPod, m.Status.TargetNode, res.ClientDowntimeMs, rep.DowntimeMs, rep.TotalMs, rep.Network)
-		if err := w.cs.AppsV1().Deployments("default").Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+		if err := w.DeleteDeployment(context.Background(), name); err != nil {
 			t.Fatal(err)
 		}
 	}
-}
-
-// sandboxAddress waits for pod's sandbox on node to have an address and
-// returns it (the kubelet reports it only once the container started).
-func (w *kubeWorld) sandboxAddress(t *testing.T, node, pod string) string {
-	t.Helper()
-	cd := &containerd.Runtime{Address: kubelab.NodeSocket(lab.KubeDir, node)}
-	defer cd.Close()
-	var ip string
-	waitFor(t, time.Minute, "pod "+pod+"'s sandbox address", func() (bool, error) {
-		var err error
-		ip, err = kuberuntime.SandboxAddress(context.Background(), cd, "default", pod)
-		return err == nil, err
-	})
-	return ip
-}
-
-// release sets a held Migration going.
-func (w *kubeWorld) release(t *testing.T, m *v1.Migration) {
-	t.Helper()
-	patch := client.MergeFrom(m.DeepCopy())
-	m.Spec.Hold = false
-	if err := w.c.Patch(context.Background(), m, patch); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func podNames(pods []corev1.Pod) []string {
-	var out []string
-	for _, p := range pods {
-		out = append(out, p.Name+"@"+p.Spec.NodeName)
-	}
-	return out
 }
 
 // TestKubernetesMigrationFailures: bad input ends a Migration Failed with
@@ -377,14 +200,14 @@ func TestKubernetesMigrationFailures(t *testing.T) {
 		hostPath := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "hostpath", Namespace: "default"}, Spec: corev1.PodSpec{
 			NodeName: src.Spec.NodeName, TerminationGracePeriodSeconds: new(int64),
 			Volumes: []corev1.Volume{{Name: "h", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/tmp"}}}},
-			Containers: []corev1.Container{{Name: "memhog", Image: memhogImage, ImagePullPolicy: corev1.PullNever, Command: []string{"/memhog", "--memory", "4M"},
+			Containers: []corev1.Container{{Name: "memhog", Image: kubeworld.MemhogImage, ImagePullPolicy: corev1.PullNever, Command: []string{"/memhog", "--memory", "4M"},
 				VolumeMounts: []corev1.VolumeMount{{Name: "h", MountPath: "/h"}}}}}}
-		if _, err := w.cs.CoreV1().Pods("default").Create(ctx, hostPath, metav1.CreateOptions{}); err != nil {
+		if _, err := w.Clientset.CoreV1().Pods("default").Create(ctx, hostPath, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		defer func() { _ = w.cs.CoreV1().Pods("default").Delete(ctx, "hostpath", metav1.DeleteOptions{}) }()
+		defer func() { _ = w.Clientset.CoreV1().Pods("default").Delete(ctx, "hostpath", metav1.DeleteOptions{}) }()
 		waitFor(t, time.Minute, "the hostPath pod running", func() (bool, error) {
-			p, err := w.cs.CoreV1().Pods("default").Get(ctx, "hostpath", metav1.GetOptions{})
+			p, err := w.Clientset.CoreV1().Pods("default").Get(ctx, "hostpath", metav1.GetOptions{})
 			return err == nil && p.Status.Phase == corev1.PodRunning, err
 		})
 		for i, c := range []struct {
@@ -406,7 +229,7 @@ func TestKubernetesMigrationFailures(t *testing.T) {
 			}
 		}
 		// Without the RuntimeClass, no replacement can be restored.
-		if err := w.cs.NodeV1().RuntimeClasses().Delete(ctx, "ferry", metav1.DeleteOptions{}); err != nil {
+		if err := w.Clientset.NodeV1().RuntimeClasses().Delete(ctx, "ferry", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		m := w.migrate(t, &v1.Migration{ObjectMeta: metav1.ObjectMeta{Name: "bad-rc"}, Spec: v1.MigrationSpec{PodName: src.Name}}, nil)
@@ -414,7 +237,7 @@ func TestKubernetesMigrationFailures(t *testing.T) {
 			t.Errorf("without the RuntimeClass: %s %q", m.Status.Phase, m.Status.Message)
 		}
 		rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "ferry"}, Handler: "ferry"}
-		if _, err := w.cs.NodeV1().RuntimeClasses().Create(ctx, rc, metav1.CreateOptions{}); err != nil {
+		if _, err := w.Clientset.NodeV1().RuntimeClasses().Create(ctx, rc, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		w.checkUntouched(t, src)
@@ -430,7 +253,7 @@ func TestKubernetesMigrationFailures(t *testing.T) {
 				time.Sleep(700 * time.Millisecond)
 				patch := client.MergeFrom(m.DeepCopy())
 				m.Spec.Cancel = true
-				if err := w.c.Patch(ctx, m, patch); err != nil {
+				if err := w.Client.Patch(ctx, m, patch); err != nil {
 					t.Fatal(err)
 				}
 				cancelled = true
@@ -447,16 +270,18 @@ func TestKubernetesMigrationFailures(t *testing.T) {
 		killed := false
 		m = w.migrate(t, m, func(m *v1.Migration) {
 			if m.Status.Phase == v1.PhaseMigrating && !killed {
-				w.stopController()
+				w.StopController()
 				killed = true
 				time.Sleep(2 * time.Second)
-				w.startController(t)
+				if err := w.StartController(); err != nil {
+					t.Fatal(err)
+				}
 			}
 		})
 		if !killed || m.Status.Phase != v1.PhaseSucceeded {
 			t.Fatalf("killed %v; ended %s %q", killed, m.Status.Phase, m.Status.Message)
 		}
-		jobs, err := agentclient.Jobs(ctx, agentclient.Socket(w.l.Hosts[hostIndex(src.Spec.NodeName)].ControlSock), true)
+		jobs, err := agentclient.Jobs(ctx, agentclient.Socket(w.Lab.Hosts[hostIndex(src.Spec.NodeName)].ControlSock), true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -474,9 +299,9 @@ func TestKubernetesMigrationFailures(t *testing.T) {
 		}
 		time.Sleep(3 * time.Second)
 		if pods := w.pods(t, "memhog"); len(pods) != 1 || pods[0].Name != m.Status.TargetPod || pods[0].Spec.NodeName != other {
-			t.Fatalf("pods after the move: %v", podNames(pods))
+			t.Fatalf("pods after the move: %v", kubeworld.PodNames(pods))
 		}
-		moved, err := w.cs.CoreV1().Pods("default").Get(ctx, m.Status.TargetPod, metav1.GetOptions{})
+		moved, err := w.Clientset.CoreV1().Pods("default").Get(ctx, m.Status.TargetPod, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -489,7 +314,7 @@ func TestKubernetesMigrationFailures(t *testing.T) {
 		restarted := false
 		m = w.migrate(t, m, func(m *v1.Migration) {
 			if !restarted && strings.HasPrefix(m.Status.Message, "in doubt") {
-				if err := w.l.RestartAgent(ctx, m.Status.TargetNode); err != nil {
+				if err := w.Lab.RestartAgent(ctx, m.Status.TargetNode); err != nil {
 					t.Fatal(err)
 				}
 				restarted = true
@@ -513,9 +338,9 @@ func (w *kubeWorld) checkUntouched(t *testing.T, p *corev1.Pod) {
 	ctx := context.Background()
 	waitFor(t, 30*time.Second, "pod "+p.Name+" alone in its app", func() (bool, error) {
 		pods := w.pods(t, p.Labels["app"])
-		return len(pods) == 1 && pods[0].Name == p.Name, fmt.Errorf("pods %v", podNames(pods))
+		return len(pods) == 1 && pods[0].Name == p.Name, fmt.Errorf("pods %v", kubeworld.PodNames(pods))
 	})
-	now, err := w.cs.CoreV1().Pods("default").Get(ctx, p.Name, metav1.GetOptions{})
+	now, err := w.Clientset.CoreV1().Pods("default").Get(ctx, p.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -523,7 +348,7 @@ func (w *kubeWorld) checkUntouched(t *testing.T, p *corev1.Pod) {
 		now.Status.ContainerStatuses[0].ContainerID != p.Status.ContainerStatuses[0].ContainerID || now.Status.ContainerStatuses[0].RestartCount != 0 {
 		t.Fatalf("pod %s is not as it was: %s %+v", p.Name, now.Status.Phase, now.Status.ContainerStatuses)
 	}
-	pr, _, err := bench.StartProbe(ctx, &w.l.Hosts[2], w.bin, []string{p.Status.PodIP + ":" + memhogPort}, 10*time.Second)
+	pr, _, err := bench.StartProbe(ctx, &w.Lab.Hosts[2], w.bin, []string{p.Status.PodIP + ":" + memhogPort}, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"math"
 	"strings"
 	"time"
 
@@ -52,6 +53,19 @@ func movable(pod *corev1.Pod) error {
 	}
 	if pod.Spec.HostNetwork {
 		return fmt.Errorf("uses the host's network: its address is its node's")
+	}
+	kinds := map[string]string{}
+	for _, vol := range pod.Spec.Volumes {
+		if vol.EmptyDir != nil {
+			kinds[vol.Name] = "emptyDir"
+		}
+	}
+	for _, c := range pod.Spec.Containers {
+		for _, vm := range c.VolumeMounts {
+			if (vm.SubPath != "" || vm.SubPathExpr != "") && kinds[vm.Name] != "" {
+				return fmt.Errorf("mounts part of %s volume %q (subPath): ferry moves emptyDir volumes mounted whole only", kinds[vm.Name], vm.Name)
+			}
+		}
 	}
 	for _, vol := range pod.Spec.Volumes {
 		switch {
@@ -120,6 +134,10 @@ func replacement(src *corev1.Pod, m *v1.Migration) *corev1.Pod {
 	}
 	spec := src.Spec.DeepCopy()
 	spec.NodeName = m.Status.TargetNode
+	// Set by the API, not by a pod's creator: a debugger's ephemeral
+	// containers, and the overhead of the source's RuntimeClass (ferry's
+	// is another).
+	spec.EphemeralContainers, spec.Overhead = nil, nil
 	rc := RuntimeClass
 	spec.RuntimeClassName = &rc
 	var vols []corev1.Volume
@@ -260,7 +278,7 @@ func (r *Reconciler) pickTarget(ctx context.Context, pod *corev1.Pod, want strin
 			requested[p.Spec.NodeName] += c.Resources.Requests.Memory().Value()
 		}
 	}
-	best, bestFree := "", int64(-1)
+	best, bestFree := "", int64(math.MinInt64)
 	var why []string
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
@@ -272,7 +290,7 @@ func (r *Reconciler) pickTarget(ctx context.Context, pod *corev1.Pod, want strin
 			continue
 		}
 		free := n.Status.Allocatable.Memory().Value() - requested[n.Name]
-		if free > bestFree || (free == bestFree && n.Name < best) {
+		if best == "" || free > bestFree || (free == bestFree && n.Name < best) {
 			best, bestFree = n.Name, free
 		}
 	}

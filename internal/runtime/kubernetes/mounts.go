@@ -50,7 +50,9 @@ func classifyMounts(s *specs.Spec, podUID, sandboxID string) (mounts, error) {
 		}
 		plugin, vol, ok := podVolume(mt.Source, podUID)
 		switch {
-		case ok && plugin == emptyDirPlugin:
+		case podUID != "" && strings.Contains(mt.Source, "/pods/"+podUID+"/volume-subpaths/"):
+			refused = append(refused, fmt.Sprintf("part of a volume (subPath) at %s: ferry cannot tell here which volume it is from, so it moves pods that mount volumes whole", mt.Destination))
+		case ok && plugin == emptyDirPlugin && !strings.Contains(strings.TrimPrefix(mt.Source, volumeRoot(mt.Source, podUID, plugin, vol)), "/"):
 			m.emptyDirs = append(m.emptyDirs, runtime.Volume{Name: vol, Path: mt.Destination, Dir: mt.Source})
 		case ok && madeByKubelet[plugin]:
 		case ok:
@@ -70,7 +72,8 @@ func classifyMounts(s *specs.Spec, podUID, sandboxID string) (mounts, error) {
 }
 
 // podVolume splits a kubelet volume directory,
-// ROOT/pods/UID/volumes/PLUGIN/NAME, into plugin and name.
+// ROOT/pods/UID/volumes/PLUGIN/NAME, or a path below it (a CSI volume's
+// NAME/mount), into plugin and name.
 func podVolume(src, podUID string) (plugin, name string, ok bool) {
 	if podUID == "" {
 		return "", "", false
@@ -79,11 +82,18 @@ func podVolume(src, podUID string) (plugin, name string, ok bool) {
 	if !found {
 		return "", "", false
 	}
-	plugin, name, found = strings.Cut(rest, "/")
-	if !found || name == "" || strings.Contains(name, "/") {
+	plugin, rest, found = strings.Cut(rest, "/")
+	name, _, _ = strings.Cut(rest, "/")
+	if !found || name == "" {
 		return "", "", false
 	}
 	return plugin, name, true
+}
+
+// volumeRoot is the directory of volume name of plugin in src's path.
+func volumeRoot(src, podUID, plugin, name string) string {
+	prefix, _, _ := strings.Cut(src, "/pods/"+podUID+"/volumes/")
+	return prefix + "/pods/" + podUID + "/volumes/" + plugin + "/" + name
 }
 
 func hasOption(opts []string, o string) bool {
