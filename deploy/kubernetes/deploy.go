@@ -10,5 +10,16 @@ import "embed"
 //go:embed *.yaml
 var Manifests embed.FS
 
-// CRD is the Migration CustomResourceDefinition's file.
-const CRD = "crd.yaml"
+// The files: the Migration CustomResourceDefinition, the controller's
+// identity and permissions, the RuntimeClass of replacement pods.
+const (
+	CRD          = "crd.yaml"
+	RBAC         = "rbac.yaml"
+	RuntimeClass = "runtimeclass.yaml"
+)
+
+// ControllerAccount is the controller's ServiceAccount in RBAC.
+const (
+	ControllerNamespace = "ferry-system"
+	ControllerAccount   = "ferry-controller"
+)

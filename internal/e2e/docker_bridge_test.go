@@ -65,7 +65,15 @@ func heldConnection(t *testing.T, l *lab.Lab) net.Conn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := l.Hosts[2].Dial(ctx, "tcp", l.Hosts[0].Addr+":"+echoPort)
+	// The published port answers once the container's server listens.
+	var c net.Conn
+	var err error
+	for {
+		if c, err = l.Hosts[2].Dial(ctx, "tcp", l.Hosts[0].Addr+":"+echoPort); err == nil || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

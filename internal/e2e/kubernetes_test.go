@@ -250,7 +250,17 @@ func TestKubernetesMigrationFailures(t *testing.T) {
 		cancelled := false
 		m = w.migrate(t, m, func(m *v1.Migration) {
 			if m.Status.Phase == v1.PhaseMigrating && !cancelled {
-				time.Sleep(700 * time.Millisecond)
+				// Once the source's agent is in a round.
+				ep := agentclient.Socket(w.Lab.Hosts[hostIndex(m.Status.SourceNode)].ControlSock)
+				waitFor(t, 30*time.Second, "a pre-copy round", func() (bool, error) {
+					jobs, err := agentclient.Jobs(ctx, ep, false)
+					for _, j := range jobs {
+						if j.ID == m.Status.JobID && strings.HasPrefix(j.Progress.Phase, "round-") {
+							return true, nil
+						}
+					}
+					return false, err
+				})
 				patch := client.MergeFrom(m.DeepCopy())
 				m.Spec.Cancel = true
 				if err := w.Client.Patch(ctx, m, patch); err != nil {

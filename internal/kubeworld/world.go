@@ -18,13 +18,18 @@ import (
 
 	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
+	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/yaml"
@@ -53,8 +58,8 @@ type World struct {
 	// ControllerLog is the controller's output.
 	ControllerLog string
 
-	ctlBin, tls string
-	ctl         procs.Started
+	ctlBin, tls, kubeconfig string
+	ctl                     procs.Started
 }
 
 // Install installs ferry in l's cluster (up with Kubernetes): memhog's
@@ -83,11 +88,22 @@ func Install(ctx context.Context, l *lab.Lab, memhog, ctlBin, dir string) (*Worl
 	if err != nil {
 		return nil, err
 	}
+	for _, f := range []string{deploy.RBAC, deploy.RuntimeClass} {
+		if err := apply(ctx, c, scheme, f); err != nil {
+			return nil, err
+		}
+	}
 	tls := filepath.Join(dir, "tls")
 	if err := pki.IssueOperator(lab.PKIDir, tls, "ferry-controller", 24*time.Hour); err != nil {
 		return nil, err
 	}
-	w := &World{Lab: l, Clientset: cl.Client(), Client: c, ControllerLog: filepath.Join(dir, "controller.log"), ctlBin: ctlBin, tls: tls}
+	// The controller runs as its ServiceAccount, with the manifest's
+	// permissions only.
+	kubeconfig := filepath.Join(dir, "controller.kubeconfig")
+	if err := accountKubeconfig(ctx, cl, kubeconfig); err != nil {
+		return nil, err
+	}
+	w := &World{Lab: l, Clientset: cl.Client(), Client: c, ControllerLog: filepath.Join(dir, "controller.log"), ctlBin: ctlBin, tls: tls, kubeconfig: kubeconfig}
 	return w, w.StartController()
 }
 
@@ -122,10 +138,57 @@ func installCRD(ctx context.Context, cl *kubelab.Cluster) error {
 	})
 }
 
+// apply creates every object of a manifest (one that exists is left).
+func apply(ctx context.Context, c client.Client, scheme *runtime.Scheme, file string) error {
+	b, err := deploy.Manifests.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	decode := serializer.NewCodecFactory(scheme).UniversalDeserializer().Decode
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		obj, _, err := decode([]byte(doc), nil, nil)
+		if err != nil {
+			return fmt.Errorf("%s: %w", file, err)
+		}
+		co, ok := obj.(client.Object)
+		if !ok {
+			return fmt.Errorf("%s: a %T", file, obj)
+		}
+		if err := c.Create(ctx, co); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("%s: %w", file, err)
+		}
+	}
+	return nil
+}
+
+// accountKubeconfig writes a kubeconfig for the controller's
+// ServiceAccount: a token the API issues, the cluster's CA.
+func accountKubeconfig(ctx context.Context, cl *kubelab.Cluster, path string) error {
+	secs := int64(24 * 3600)
+	tr, err := cl.Client().CoreV1().ServiceAccounts(deploy.ControllerNamespace).CreateToken(ctx, deploy.ControllerAccount,
+		&authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{ExpirationSeconds: &secs}}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("a token for %s/%s: %w", deploy.ControllerNamespace, deploy.ControllerAccount, err)
+	}
+	rc := cl.RESTConfig()
+	ca := rc.CAData
+	if len(ca) == 0 && rc.CAFile != "" {
+		if ca, err = os.ReadFile(rc.CAFile); err != nil {
+			return err
+		}
+	}
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["lab"] = &clientcmdapi.Cluster{Server: rc.Host, CertificateAuthorityData: ca}
+	cfg.AuthInfos["ferry-controller"] = &clientcmdapi.AuthInfo{Token: tr.Status.Token}
+	cfg.Contexts["lab"] = &clientcmdapi.Context{Cluster: "lab", AuthInfo: "ferry-controller"}
+	cfg.CurrentContext = "lab"
+	return clientcmd.WriteToFile(*cfg, path)
+}
+
 // StartController runs ferry-controller in the control plane's namespace
 // (the lab's third host).
 func (w *World) StartController() error {
-	p, err := procs.StartDetached([]string{w.ctlBin, "--kubeconfig", w.Lab.Kubeconfig, "--tls-dir", w.tls, "--operator", "ferry-controller"},
+	p, err := procs.StartDetached([]string{w.ctlBin, "--kubeconfig", w.kubeconfig, "--tls-dir", w.tls, "--operator", "ferry-controller"},
 		w.Lab.Hosts[2].NetNS, w.ControllerLog, nil)
 	if err != nil {
 		return fmt.Errorf("start ferry-controller: %w", err)
