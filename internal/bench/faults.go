@@ -418,7 +418,7 @@ func (o FaultsOptions) runCase(ctx context.Context, l *lab.Lab, c FaultCase, nam
 		notes = append(notes, fmt.Sprintf("HUNG: the migration had not ended after %v; both agents killed", caseTimeout))
 		for _, h := range []*lab.Host{src, dst} {
 			if h.AgentAlive() {
-				_ = syscall.Kill(h.AgentPID, syscall.SIGKILL)
+				notes = append(notes, keepStacks(h))
 			}
 		}
 		time.Sleep(500 * time.Millisecond)
@@ -649,4 +649,27 @@ func fillScratch(dir string) (func(), error) {
 		}
 		_ = unix.Unmount(dir, unix.MNT_DETACH)
 	}, nil
+}
+
+// keepStacks ends a hung case's agent with SIGQUIT, so that it writes
+// every goroutine's stack into its log (SIGKILL after 3 s), and keeps a
+// copy of that log, which the lab removes, in the temporary directory:
+// the evidence of where it waited.
+func keepStacks(h *lab.Host) string {
+	_ = syscall.Kill(h.AgentPID, syscall.SIGQUIT)
+	for deadline := time.Now().Add(3 * time.Second); h.AgentAlive() && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if h.AgentAlive() {
+		_ = syscall.Kill(h.AgentPID, syscall.SIGKILL)
+	}
+	log, err := os.ReadFile(filepath.Join(h.StateDir, "agent.log"))
+	if err != nil {
+		return fmt.Sprintf("%s's agent log: %v", h.Name, err)
+	}
+	out := filepath.Join(os.TempDir(), fmt.Sprintf("ferry-hung-%s-%s.log", h.Name, time.Now().Format("20060102-150405")))
+	if err := os.WriteFile(out, log, 0o600); err != nil {
+		return fmt.Sprintf("%s's agent log: %v", h.Name, err)
+	}
+	return fmt.Sprintf("%s's agent quit with its goroutines' stacks: %s", h.Name, out)
 }
