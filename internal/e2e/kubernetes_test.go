@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	corev1 "k8s.io/api/core/v1"
 	nodev1 "k8s.io/api/node/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,6 +24,8 @@ import (
 	"github.com/ferry-migrate/ferry/internal/kubelab"
 	"github.com/ferry-migrate/ferry/internal/kubeworld"
 	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
+	kuberuntime "github.com/ferry-migrate/ferry/internal/runtime/kubernetes"
 )
 
 // upKubeWorld brings up a lab with Kubernetes and installs ferry in it
@@ -170,6 +173,7 @@ func TestKubernetesDeploymentPodMoves(t *testing.T) {
 		if len(pods) != 1 || pods[0].Name != m.Status.TargetPod || pods[0].Spec.NodeName != m.Status.TargetNode || pods[0].Spec.NodeName == src.Spec.NodeName {
 			t.Fatalf("%s: pods after the move: %v", mode, kubeworld.PodNames(pods))
 		}
+		checkInItsPod(t, &pods[0])
 		if ref := metav1.GetControllerOf(&pods[0]); ref == nil || ref.Kind != "ReplicaSet" {
 			t.Errorf("%s: the replacement's controller is %v, want its ReplicaSet", mode, ref)
 		}
@@ -365,5 +369,43 @@ func (w *kubeWorld) checkUntouched(t *testing.T, p *corev1.Pod) {
 	res, err := pr.Stop()
 	if err != nil || !res.StateOK {
 		t.Fatalf("pod %s's memhog: %+v %v", p.Name, res, err)
+	}
+}
+
+// checkInItsPod checks that pod's restored container shares its own
+// pod's sandbox namespaces (network, IPC, UTS: the pod's address and
+// hostname), not the source pod's, and sees its own pod's files.
+func checkInItsPod(t *testing.T, pod *corev1.Pod) {
+	t.Helper()
+	ctx := namespaces.WithNamespace(context.Background(), kuberuntime.Namespace)
+	cd := &containerd.Runtime{Address: kubelab.NodeSocket(lab.KubeDir, pod.Spec.NodeName)}
+	defer cd.Close()
+	cl, err := cd.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pidOf := func(filter string) int {
+		ctrs, err := cl.Containers(ctx, filter)
+		if err != nil || len(ctrs) != 1 {
+			t.Fatalf("containers %s: %d, %v", filter, len(ctrs), err)
+		}
+		task, err := ctrs[0].Task(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return int(task.Pid())
+	}
+	id := strings.TrimPrefix(pod.Status.ContainerStatuses[0].ContainerID, "containerd://")
+	ctr := pidOf(fmt.Sprintf(`id==%s`, id))
+	pause := pidOf(fmt.Sprintf(`labels."%s"==%s,labels."io.cri-containerd.kind"==sandbox`, kuberuntime.LabelPodName, pod.Name))
+	for _, ns := range []string{"net", "ipc", "uts"} {
+		a, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", ctr, ns))
+		b, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", pause, ns))
+		if a == "" || a != b {
+			t.Errorf("pod %s: the restored container's %s namespace is %q, its sandbox's %q", pod.Name, ns, a, b)
+		}
+	}
+	if host, err := os.ReadFile(fmt.Sprintf("/proc/%d/root/etc/hostname", ctr)); err != nil || strings.TrimSpace(string(host)) != pod.Name {
+		t.Errorf("pod %s: the restored container's /etc/hostname is %q (%v)", pod.Name, host, err)
 	}
 }
