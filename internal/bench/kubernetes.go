@@ -103,14 +103,22 @@ func migrateKubernetes(ctx context.Context, o MigrateOptions) (res MigrateResult
 // until the probe polls both the pod and its replacement, then released.
 func (o MigrateOptions) kubeRunOnce(ctx context.Context, w *kubeworld.World, name string) (r Run) {
 	defer func() { _ = w.DeleteDeployment(context.WithoutCancel(ctx), name) }()
+	// From h1 to h2, as the containerd run beside it: the pod is made
+	// with h2 cordoned.
+	uncordon, err := cordon(ctx, w, w.Lab.Hosts[1].Name, true)
+	if err != nil {
+		r.Error = err.Error()
+		return r
+	}
 	src, err := w.Memhog(ctx, name, strconv.FormatInt(o.MemoryBytes, 10), o.DirtyRate, workloadPort)
+	uncordon()
 	if err != nil {
 		r.Error = err.Error()
 		return r
 	}
 	var p *ProbeProc
 	m := &v1.Migration{ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: v1.MigrationSpec{PodName: src.Name, Mode: o.Mode, Hold: true}}
+		Spec: v1.MigrationSpec{PodName: src.Name, Mode: o.Mode, Hold: true, TargetNode: w.Lab.Hosts[1].Name}}
 	if o.Precopy.MaxDowntime > 0 {
 		m.Spec.MaxDowntime = &metav1.Duration{Duration: o.Precopy.MaxDowntime}
 	}
