@@ -1,6 +1,7 @@
 package labtool
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -163,6 +164,25 @@ func startRedis(t *testing.T, extra ...string) *testServer {
 	s.command = func() *exec.Cmd {
 		args := append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--dir", dir}, extra...)
 		return exec.Command(bin, args...)
+	}
+	// Ready once redis itself answers: a dial to a port nothing listens on
+	// yet can connect to itself (TCP's simultaneous open, when the kernel
+	// picks that very port as the dial's own).
+	s.ready = func() error {
+		c, err := net.DialTimeout("tcp", s.addr, time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(time.Second))
+		if _, err := c.Write([]byte("PING\r\n")); err != nil {
+			return err
+		}
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil || !strings.HasPrefix(line, "+PONG") {
+			return fmt.Errorf("not redis yet: %q %v", line, err)
+		}
+		return nil
 	}
 	s.start()
 	return s
