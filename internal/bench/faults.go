@@ -663,7 +663,7 @@ func keepStacks(h *lab.Host) string {
 	if h.AgentAlive() {
 		_ = syscall.Kill(h.AgentPID, syscall.SIGKILL)
 	}
-	log, err := os.ReadFile(filepath.Join(h.StateDir, "agent.log"))
+	log, err := os.ReadFile(h.AgentLog())
 	if err != nil {
 		return fmt.Sprintf("%s's agent log: %v", h.Name, err)
 	}

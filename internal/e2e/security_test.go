@@ -165,7 +165,7 @@ func TestAgentsRefuseUnauthenticatedPeers(t *testing.T) {
 			t.Errorf("an operator offered a migration: %v", err)
 		}
 	})
-	log := readLog(t, filepath.Join(l.Hosts[1].StateDir, "agent.log"))
+	log := readLog(t, l.Hosts[1].AgentLog())
 	if !strings.Contains(log, "h9") {
 		t.Errorf("the destination's log does not name the refused host h9:\n%s", log)
 	}

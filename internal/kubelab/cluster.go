@@ -22,8 +22,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
 
 	"github.com/ferry-migrate/ferry/api/restoreshim"
+	deploy "github.com/ferry-migrate/ferry/deploy/kubernetes"
 )
 
 // Paths fixed in the kubelet, whatever its root directory: every kubelet
@@ -374,9 +376,17 @@ func (u *upper) run(ctx context.Context) error {
 			return err
 		}
 	}
-	rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: ShimHandler}, Handler: ShimHandler}
-	if _, err := u.client.NodeV1().RuntimeClasses().Create(ctx, rc, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("RuntimeClass %s: %w", ShimHandler, err)
+	// RuntimeClass ferry, as the manifest a cluster operator applies.
+	b, err := deploy.Manifests.ReadFile(deploy.RuntimeClass)
+	if err != nil {
+		return err
+	}
+	var rc nodev1.RuntimeClass
+	if err := yaml.UnmarshalStrict(b, &rc); err != nil {
+		return fmt.Errorf("%s: %w", deploy.RuntimeClass, err)
+	}
+	if _, err := u.client.NodeV1().RuntimeClasses().Create(ctx, &rc, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("RuntimeClass %s: %w", rc.Name, err)
 	}
 	return waitReady(ctx, "service account default/default", c.ReadyTimeout, []*daemon{cm}, func(ctx context.Context) error {
 		_, err := u.client.CoreV1().ServiceAccounts(metav1.NamespaceDefault).Get(ctx, "default", metav1.GetOptions{})

@@ -88,10 +88,10 @@ func Install(ctx context.Context, l *lab.Lab, memhog, ctlBin, dir string) (*Worl
 	if err != nil {
 		return nil, err
 	}
-	for _, f := range []string{deploy.RBAC, deploy.RuntimeClass} {
-		if err := apply(ctx, c, scheme, f); err != nil {
-			return nil, err
-		}
+	// RuntimeClass ferry is the lab cluster's own, from the same
+	// manifest (kubelab).
+	if err := apply(ctx, c, scheme, deploy.RBAC); err != nil {
+		return nil, err
 	}
 	tls := filepath.Join(dir, "tls")
 	if err := pki.IssueOperator(lab.PKIDir, tls, "ferry-controller", 24*time.Hour); err != nil {
@@ -363,7 +363,7 @@ func (w *World) Logs(lines int) string {
 	out, _ := os.ReadFile(w.ControllerLog)
 	fmt.Fprintf(&b, "controller log:\n%s\n", tail(string(out), lines))
 	for _, h := range w.Lab.Hosts[:2] {
-		out, _ := os.ReadFile(filepath.Join(h.StateDir, "agent.log"))
+		out, _ := os.ReadFile(h.AgentLog())
 		fmt.Fprintf(&b, "agent %s log:\n%s\n", h.Name, tail(string(out), lines/2))
 	}
 	return b.String()

@@ -58,7 +58,8 @@ func agentArgs(h *Host, l *Lab) []string {
 	return args
 }
 
-func (h *Host) agentLog() string { return filepath.Join(h.StateDir, "agent.log") }
+// AgentLog is where the host's agent writes its output.
+func (h *Host) AgentLog() string { return filepath.Join(h.StateDir, "agent.log") }
 
 // startAgent starts host h's agent inside its namespace, in a session of
 // its own so that it outlives the caller. nsenter execs the agent,
@@ -67,7 +68,7 @@ func startAgent(l *Lab, h *Host) (*agent, error) {
 	if err := os.Remove(h.ControlSock); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
-	p, err := procs.StartDetached(append([]string{l.FerryBin}, agentArgs(h, l)...), h.NetNS, h.agentLog(), nil)
+	p, err := procs.StartDetached(append([]string{l.FerryBin}, agentArgs(h, l)...), h.NetNS, h.AgentLog(), nil)
 	if err != nil {
 		return nil, fmt.Errorf("start agent of %s: %w", h.Name, err)
 	}
@@ -87,14 +88,14 @@ func (a *agent) waitReady(ctx context.Context, timeout time.Duration) error {
 		select {
 		case werr := <-a.exited:
 			return fmt.Errorf("agent of %s exited (%v) before serving %s; its log %s says:\n%s",
-				h.Name, werr, h.ControlSock, h.agentLog(), logTail(h.agentLog(), 10))
+				h.Name, werr, h.ControlSock, h.AgentLog(), logTail(h.AgentLog(), 10))
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("agent of %s (pid %d) did not accept connections on %s within %v; see %s:\n%s",
-				h.Name, a.pid, h.ControlSock, timeout, h.agentLog(), logTail(h.agentLog(), 10))
+				h.Name, a.pid, h.ControlSock, timeout, h.AgentLog(), logTail(h.AgentLog(), 10))
 		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/ferry-migrate/ferry/api/restoreshim"
+	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
@@ -98,7 +99,7 @@ func (r *Runtime) awaitReplacement(ctx context.Context, dir string) (restoreshim
 			if err := json.Unmarshal(b, &created); err != nil {
 				return created, fmt.Errorf("kubernetes: the shim's %s: %w", restoreshim.CreatedFile, err)
 			}
-			if alive(created.ShimPID) {
+			if procs.Alive(created.ShimPID) {
 				return created, nil
 			}
 		} else if !errors.Is(err, os.ErrNotExist) {
@@ -115,8 +116,6 @@ func (r *Runtime) awaitReplacement(ctx context.Context, dir string) (restoreshim
 		}
 	}
 }
-
-func alive(pid int) bool { return pid > 0 && syscall.Kill(pid, 0) == nil }
 
 // target is the replacement pod's container, created and waiting in its
 // shim's Start.
