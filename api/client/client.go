@@ -165,3 +165,19 @@ func ask(ctx context.Context, ep Endpoint, kind string, q, reply any) error {
 	}
 	return ch.Recv(reply)
 }
+
+// Assess asks the agent at ep, which runs the container, how far its
+// clients are and what a move to each candidate would take.
+func Assess(ctx context.Context, ep Endpoint, q api.AssessQuery) (api.Assessment, error) {
+	var a api.Assessment
+	err := ask(ctx, ep, api.ChanAssess, q, &a)
+	return a, err
+}
+
+// Reserve asks the agent at ep to hold room for a migration on its way,
+// or to give it back (r.Release).
+func Reserve(ctx context.Context, ep Endpoint, r api.Reservation) (api.ReserveReply, error) {
+	var reply api.ReserveReply
+	err := ask(ctx, ep, api.ChanReserve, r, &reply)
+	return reply, err
+}

@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ferry-migrate/ferry/api"
 	"github.com/ferry-migrate/ferry/internal/admission"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/engine"
@@ -27,6 +28,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/procs"
+	"github.com/ferry-migrate/ferry/internal/reserve"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
 	"github.com/ferry-migrate/ferry/internal/runtime/docker"
@@ -98,6 +100,9 @@ type Agent struct {
 	OutageTimeout time.Duration
 	// Limits is what peers may hold of this agent at once.
 	Limits Limits
+	// Costs are this host's unit prices, which it tells a source weighing
+	// where its container should go (ferry follow).
+	Costs api.Costs
 	// Metrics, when set, is the TCP address Prometheus metrics are served
 	// on (GET /metrics, plain HTTP: bind it where only your scraper reaches).
 	Metrics string
@@ -117,6 +122,7 @@ type Agent struct {
 	set       runtime.Set // the runtimes this host has (newRuntimes)
 	journal   *journal.Journal
 	dst       *engine.Destination
+	room      *reserve.Book // room held for migrations on their way here
 	// inflight counts migrations under way; draining refuses new ones.
 	inflight sync.WaitGroup
 	draining atomic.Bool
@@ -224,6 +230,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.journal = j
 	a.set = a.newRuntimes()
 	dst.Runtimes, dst.Journal, dst.Admission = a.set, j, a.Admission
+	if a.room, err = a.newRoom(); err != nil {
+		return fmt.Errorf("reading this host's load: %w", err)
+	}
+	dst.Room = a.room
 	src := &engine.Source{Host: a.Host, Runtimes: dst.Runtimes, KeepWork: a.KeepWork, Version: a.Version,
 		Dial: a.dialPeer, Profile: a.Profile, Journal: j, AllowFaults: a.AllowFaults, Lines: &engine.Lines{}, KeeperExe: dst.RelayExe, Log: a.Log}
 	if src.VMAs, err = vmas.NewReader(); err != nil {
@@ -315,6 +325,10 @@ func (a *Agent) Run(ctx context.Context) error {
 				dst.Receive(ctx, sess, r, ch)
 			case engine.ChanQuery:
 				dst.Answer(ch, sess.Peer.Name)
+			case ChanCandidate:
+				a.answerCandidate(ctx, ch)
+			case engine.ChanProbe:
+				engine.ServeProbe(ch)
 			case engine.ChanLazyResume:
 				dst.ResumePull(ctx, sess, r, ch, sess.Peer.Name)
 			default:
@@ -546,6 +560,31 @@ func (a *Agent) control(ctx context.Context, src *engine.Source, ch *transport.C
 			return
 		}
 		_ = ch.Send(r)
+	case api.ChanAssess:
+		var q api.AssessQuery
+		if err := ch.Recv(&q); err != nil {
+			return
+		}
+		as, err := a.assess(ctx, q)
+		if err != nil {
+			_ = ch.Fail(err)
+			return
+		}
+		_ = ch.Send(as)
+	case api.ChanReserve:
+		var r api.Reservation
+		if err := ch.Recv(&r); err != nil {
+			return
+		}
+		reply, err := a.room.Reserve(r)
+		if err != nil {
+			_ = ch.Fail(err)
+			return
+		}
+		if reply.OK && !r.Release {
+			a.Log.Info("room reserved", "id", r.ID, "container", r.Container, "memory", r.MemoryBytes, "cores", r.Cores)
+		}
+		_ = ch.Send(reply)
 	case engine.ChanStatus:
 		st, err := a.status(ctx)
 		if err != nil {

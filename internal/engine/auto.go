@@ -33,19 +33,17 @@ type AutoChoice = api.AutoChoice
 // chooseMode measures and plans; it returns the mode to run.
 func (m *migration) chooseMode(ctx context.Context) (string, error) {
 	m.begin("measure")
-	mem, rate, err := measureMemory(m.ctr.PID, time.Second)
+	w, err := MeasureWorkload(m.ctr.PID, time.Second)
 	if err != nil {
 		return "", fmt.Errorf("measuring the container: %w", err)
 	}
-	bps, err := m.probeLink()
+	mem, rate, shared := w.MemoryBytes, w.DirtyRate, w.SharedBytes
+	bps, err := ProbeLink(m.sess)
 	if err != nil {
 		return "", fmt.Errorf("measuring the link: %w", err)
 	}
-	var shared int64
-	if pids, err := pages.ContainerPIDs(m.ctr.PID); err == nil {
-		shared = procs.SharedMemory(pids)
-	}
-	in := PlanFor(model.Inputs{MemoryBytes: float64(mem), DirtyRatePagesPerSec: rate, BandwidthBps: bps / 8, SharedBytes: float64(shared)}, m.rt.Caps())
+	in := PlanFor(w.Inputs(), m.rt.Caps())
+	in.BandwidthBps = bps / 8
 	preds, _, rec, reason := model.Best(m.profile, in, float64(m.req.Precopy.MaxDowntime.Microseconds())/1000)
 	c := &AutoChoice{MemoryBytes: mem, SharedBytes: shared, DirtyRate: rate, ThroughputBps: bps, Predictions: preds, Chosen: rec, Reason: reason}
 	m.report.Auto = c
@@ -74,6 +72,37 @@ func PlanFor(in model.Inputs, c runtime.Caps) model.Inputs {
 	in.NoLazyRestore = !c.LazyDump || !c.LazyRestore
 	in.CopiesImages = c.CopiesImages
 	return in
+}
+
+// Workload is a running container as the planner sees it.
+type Workload struct {
+	MemoryBytes int64
+	DirtyRate   float64 // pages written a second
+	SharedBytes int64   // shared memory, dumped whole while frozen
+	Cores       float64 // CPU its processes used, in cores
+}
+
+// Inputs are the model's inputs for it (the link left out).
+func (w Workload) Inputs() model.Inputs {
+	return model.Inputs{MemoryBytes: float64(w.MemoryBytes), DirtyRatePagesPerSec: w.DirtyRate, SharedBytes: float64(w.SharedBytes)}
+}
+
+// MeasureWorkload measures the container whose init is pid over window:
+// its memory and the pages it writes a second, its shared memory, and the
+// CPU time its processes took.
+func MeasureWorkload(pid int, window time.Duration) (Workload, error) {
+	pids, err := pages.ContainerPIDs(pid)
+	if err != nil {
+		return Workload{}, err
+	}
+	cpu0, start := procs.CPUTime(pids), time.Now()
+	mem, rate, err := measureMemory(pid, window)
+	if err != nil {
+		return Workload{}, err
+	}
+	w := Workload{MemoryBytes: mem, DirtyRate: rate, SharedBytes: procs.SharedMemory(pids)}
+	w.Cores = (procs.CPUTime(pids) - cpu0).Seconds() / time.Since(start).Seconds()
+	return w, nil
 }
 
 // measureMemory reads the container's memory twice, window apart, and
@@ -111,10 +140,11 @@ func measureMemory(initPID int, window time.Duration) (int64, float64, error) {
 	return int64(len(b)) * pageSize, float64(changed) / time.Since(start).Seconds(), nil
 }
 
-// probeLink sends probeBytes to the destination and times the round trip
-// of the whole transfer.
-func (m *migration) probeLink() (float64, error) {
-	ch, err := m.sess.Open(ChanProbe)
+// ProbeLink sends probeBytes to the agent at the session's other end and
+// times the round trip of the whole transfer: the link's throughput, in
+// bits a second.
+func ProbeLink(sess *transport.Session) (float64, error) {
+	ch, err := sess.Open(ChanProbe)
 	if err != nil {
 		return 0, err
 	}
@@ -136,8 +166,8 @@ func (m *migration) probeLink() (float64, error) {
 	return float64(n) * 8 / time.Since(start).Seconds(), nil
 }
 
-// serveProbe drains a link probe and says how much arrived.
-func serveProbe(ch *transport.Channel) {
+// ServeProbe drains a link probe and says how much arrived.
+func ServeProbe(ch *transport.Channel) {
 	defer ch.Close()
 	n, err := io.Copy(io.Discard, ch)
 	if err != nil {

@@ -74,6 +74,9 @@ type Destination struct {
 	// StallTimeout gives up a migration whose source sent nothing for
 	// this long before asking for the restore (0: stallTimeout's rule).
 	StallTimeout time.Duration
+	// Room, when set, is this host's reservations (package reserve): an
+	// offer takes the one made under its ID, or must fit beside them.
+	Room Room
 	// RelayExe is the ferry binary, which runs each post-copy pull's
 	// relay so that the pull outlives this agent (resume.go); "": none,
 	// and a pull ends with the agent.
@@ -210,8 +213,9 @@ type incoming struct {
 	// session names it.
 	journaled, restoring bool
 	peer                 string
-	// release gives up the claim on the container's name (Destination.reserveArrival).
-	release func()
+	// release gives up the claim on the container's name (Destination.reserveArrival),
+	// unroom the room it took (Destination.Room).
+	release, unroom func()
 	// trees are where the root filesystem and the volumes sync into.
 	trees []*destTree
 	// netnsPath is the container's network namespace rebuilt here; up:
@@ -240,6 +244,13 @@ type incoming struct {
 
 // Receive serves one migration offered on ctl. Until the source commits,
 // everything it creates is removed again when anything fails.
+// Room is what a destination has promised to migrations on their way.
+type Room interface {
+	// Take claims room for migration id of memory bytes; release gives
+	// it back once the migration has ended.
+	Take(id string, memory int64) (release func(), err error)
+}
+
 func (d *Destination) Receive(ctx context.Context, sess *transport.Session, router *transport.Router, ctl *transport.Channel) {
 	ctx = withLogger(ctx, d.log())
 	defer ctl.Close()
@@ -250,6 +261,9 @@ func (d *Destination) Receive(ctx context.Context, sess *transport.Session, rout
 	defer func() {
 		if in.release != nil {
 			in.release() // after the cleanup: a committed copy holds its name in its runtime
+		}
+		if in.unroom != nil {
+			in.unroom()
 		}
 	}()
 	if err := in.prepare(ctx); err != nil {
@@ -284,7 +298,7 @@ func (d *Destination) Receive(ctx context.Context, sess *transport.Session, rout
 		// The source measures the link, then says which technique it runs.
 		go func() {
 			if ch, err := router.Wait(ctx, sess, ChanProbe); err == nil {
-				serveProbe(ch)
+				ServeProbe(ch)
 			}
 		}()
 		var step Step
@@ -353,6 +367,13 @@ func (in *incoming) prepare(ctx context.Context) error {
 	}
 	if err := in.d.Admission.CheckOffer(admission.Offer{MemoryBytes: o.MemoryBytes, MaxRounds: o.Precopy.MaxRounds}); err != nil {
 		return err
+	}
+	if in.d.Room != nil {
+		unroom, err := in.d.Room.Take(o.ID, o.MemoryBytes)
+		if err != nil {
+			return fmt.Errorf("%s has no room for it: %w", in.d.Host.Name, err)
+		}
+		in.unroom = unroom
 	}
 	kind := o.Runtime
 	if kind == "" {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ferry-migrate/ferry/api"
 	"github.com/ferry-migrate/ferry/internal/model"
 )
 
@@ -32,19 +33,6 @@ type Service struct {
 	Compression float64 `json:"compression,omitempty"`
 }
 
-// Costs are a host's unit prices, the thesis' model's (§7.1), from its
-// agent's configuration.
-type Costs struct {
-	CPUEurPerCore     float64 `json:"cpu_eur_per_core" toml:"cpu_eur_per_core"`         // C_CPUe
-	CPUOffset         float64 `json:"cpu_offset" toml:"cpu_offset"`                     // O_CPUe
-	MemEurPerByte     float64 `json:"mem_eur_per_byte" toml:"mem_eur_per_byte"`         // C_MEMe
-	StorageEurPerByte float64 `json:"storage_eur_per_byte" toml:"storage_eur_per_byte"` // C_HDDe
-	NetEurPerByte     float64 `json:"net_eur_per_byte" toml:"net_eur_per_byte"`         // C_NETe
-	// SpeedBps is checkpoint data one free core processes a second
-	// (s_pe); 0: the profile's dump rate.
-	SpeedBps float64 `json:"speed_bps,omitempty" toml:"speed_bps"`
-}
-
 // Candidate is one host the service could move to, as its agent and the
 // link to it were found.
 type Candidate struct {
@@ -56,11 +44,14 @@ type Candidate struct {
 	Latency time.Duration `json:"latency_ns"`
 	// Cores and BusyCores are its CPUs and those in use; FreeMemory and
 	// FreeStorage what it can give (after what it has reserved).
-	Cores       float64 `json:"cores"`
-	BusyCores   float64 `json:"busy_cores"`
-	FreeMemory  float64 `json:"free_memory_bytes"`
-	FreeStorage float64 `json:"free_storage_bytes"`
-	Costs       Costs   `json:"costs"`
+	Cores       float64   `json:"cores"`
+	BusyCores   float64   `json:"busy_cores"`
+	FreeMemory  float64   `json:"free_memory_bytes"`
+	FreeStorage float64   `json:"free_storage_bytes"`
+	Costs       api.Costs `json:"costs"`
+	// SpeedBps is checkpoint data one of its free cores processes a
+	// second (s_pe); 0: the profile's dump rate.
+	SpeedBps float64 `json:"speed_bps,omitempty"`
 	// ThroughputBps is what the link from the service's host carried, in
 	// bits per second.
 	ThroughputBps float64 `json:"throughput_bps"`
@@ -250,7 +241,7 @@ func (pl Placer) evaluate(svc Service, c Candidate) Evaluation {
 		model.CostService{DirtyRate: in.DirtyRatePagesPerSec, Memory: in.MemoryBytes, Cores: svc.Cores, StateBytes: svc.StateBytes, Compression: rc},
 		model.CostSource{PageSize: p.PageSize, Load: math.Min(pl.SourceLoad, 0.99), Speed: speed(pl.SourceSpeedBps)},
 		model.CostEdge{Name: c.Host, Load: load, Cores: c.Cores, FreeMemory: c.FreeMemory, Bandwidth: in.BandwidthBps,
-			Speed: speed(c.Costs.SpeedBps), CPUCost: c.Costs.CPUEurPerCore, CPUOffset: c.Costs.CPUOffset,
+			Speed: speed(c.SpeedBps), CPUCost: c.Costs.CPUEurPerCore, CPUOffset: c.Costs.CPUOffset,
 			MemCost: c.Costs.MemEurPerByte, StorageCost: c.Costs.StorageEurPerByte, NetCost: c.Costs.NetEurPerByte})
 	e.Cost = &est
 	for _, v := range est.Violations {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/api"
 	"github.com/ferry-migrate/ferry/internal/model"
 )
 
@@ -21,7 +22,8 @@ func thesisService() Service {
 func thesisEdge(name string) Candidate {
 	return Candidate{Host: name, Latency: 10 * time.Millisecond, Cores: 12, BusyCores: 0.2 * 12,
 		FreeMemory: 1.3e10, FreeStorage: 1e12, ThroughputBps: 3.2e8 * 8,
-		Costs: Costs{CPUEurPerCore: 40, CPUOffset: 0.1, MemEurPerByte: 4.3e-9, StorageEurPerByte: 9.39e-11, NetEurPerByte: 2.16e-12, SpeedBps: 1.13e11}}
+		Costs:    api.Costs{CPUEurPerCore: 40, CPUOffset: 0.1, MemEurPerByte: 4.3e-9, StorageEurPerByte: 9.39e-11, NetEurPerByte: 2.16e-12},
+		SpeedBps: 1.13e11}
 }
 
 func thesisPlacer() Placer {

@@ -83,7 +83,7 @@ type Verdict struct {
 	// itself when it is not far).
 	FarFor  time.Duration `json:"far_for_ns"`
 	Latency time.Duration `json:"latency_ns"`
-	Reason string        `json:"reason"`
+	Reason  string        `json:"reason"`
 }
 
 // Observe takes one latency sample at now.

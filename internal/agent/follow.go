@@ -1,0 +1,242 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ferry-migrate/ferry/api"
+	"github.com/ferry-migrate/ferry/internal/clientrtt"
+	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/hostload"
+	"github.com/ferry-migrate/ferry/internal/reserve"
+	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/transport"
+)
+
+// What an agent answers for following a service's clients (ferry
+// follow): as the service's host, how far its clients are and what a
+// move to each candidate would take (assess); as a candidate, its own
+// round trips to those clients, its room and prices (answerCandidate);
+// as a destination, its room held for a move on its way (reserve.Book,
+// which the engine's Destination consults for every offer).
+
+// ChanCandidate is a source agent asking a peer, as a candidate host,
+// about itself (api.CandidateQuery -> api.CandidateReply).
+const ChanCandidate = "candidate"
+
+// probeSamples is how many probes a round trip is the median of
+// (follow.ProbeSamples: fewer let noise make a host look nearer).
+const probeSamples = 9
+
+// newRoom makes the host's reservation book over its measured load.
+func (a *Agent) newRoom() (*reserve.Book, error) {
+	m, err := hostload.NewMeter(a.Host.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	return &reserve.Book{Free: func() (api.HostLoad, error) {
+		l, err := m.Read()
+		if err != nil {
+			return api.HostLoad{}, err
+		}
+		return api.HostLoad{Cores: float64(l.CPUs), BusyCores: float64(l.CPUs) - l.CPUFree,
+			FreeMemory: int64(l.MemAvailable), FreeStorage: int64(l.DiskFree)}, nil
+	}}, nil
+}
+
+// assess answers ChanAssess for one of this host's containers.
+func (a *Agent) assess(ctx context.Context, q api.AssessQuery) (api.Assessment, error) {
+	var rt runtime.Runtime
+	var c *runtime.Container
+	var err error
+	if q.Runtime == "" || q.Runtime == api.RuntimeAuto {
+		rt, c, err = a.set.Find(ctx, q.Container)
+	} else if rt, err = a.set.Get(q.Runtime); err == nil {
+		c, err = rt.Inspect(ctx, q.Container)
+	}
+	if err != nil {
+		return api.Assessment{}, err
+	}
+	if c.Status != "running" || c.PID <= 0 {
+		return api.Assessment{}, fmt.Errorf("container %q is %s, not running", q.Container, c.Status)
+	}
+	as := api.Assessment{Host: a.Host.Name, Container: c.Name, Runtime: c.Runtime}
+	if as.Clients, err = a.clients(ctx, c.PID, q); err != nil {
+		return api.Assessment{}, err
+	}
+	as.LatencyMs = meanLatency(as.Clients)
+
+	// The candidates answer while the workload is measured (a second).
+	as.Candidates = make([]api.CandidateView, len(q.Candidates))
+	var wg sync.WaitGroup
+	for i, addr := range q.Candidates {
+		wg.Go(func() { as.Candidates[i] = a.askCandidate(ctx, addr, as.Clients) })
+	}
+	w, werr := engine.MeasureWorkload(c.PID, time.Second)
+	wg.Wait()
+	if werr != nil {
+		return api.Assessment{}, fmt.Errorf("measuring %q: %w", q.Container, werr)
+	}
+	as.MemoryBytes, as.DirtyRate, as.SharedBytes, as.Cores = w.MemoryBytes, w.DirtyRate, w.SharedBytes, w.Cores
+	caps := rt.Caps()
+	in := engine.PlanFor(w.Inputs(), caps)
+	as.NoLazyRestore, as.CopiesImages = in.NoLazyRestore, in.CopiesImages
+	if a.room != nil {
+		as.Load, _ = a.room.Load()
+	}
+	return as, nil
+}
+
+// clients measures the container's clients: its inbound connections'
+// round trips from the kernel, or the operator's probe address.
+func (a *Agent) clients(ctx context.Context, pid int, q api.AssessQuery) ([]api.Client, error) {
+	if q.Probe != "" {
+		c, err := probeClient(ctx, q.Probe)
+		if err != nil {
+			return nil, err
+		}
+		return []api.Client{c}, nil
+	}
+	o := clientrtt.Options{Inbound: true}
+	for _, p := range q.Ports {
+		if p <= 0 || p > 65535 {
+			return nil, fmt.Errorf("port %d is not a TCP port", p)
+		}
+		o.LocalPorts = append(o.LocalPorts, uint16(p))
+	}
+	cs, err := clientrtt.ClientsAt(fmt.Sprintf("/proc/%d/ns/net", pid), o)
+	if err != nil {
+		return nil, fmt.Errorf("reading the container's connections: %w", err)
+	}
+	if len(cs) == 0 {
+		return nil, fmt.Errorf("the container has no client connections to measure (give a probe address for a service without long-lived connections)")
+	}
+	out := make([]api.Client, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, api.Client{Addr: c.Addr.String(), Conns: c.Conns, RTTMs: ms(c.RTT)})
+	}
+	return out, nil
+}
+
+// probeClient measures a round trip to HOST (ICMP echo) or HOST:PORT (TCP
+// connects) from this host.
+func probeClient(ctx context.Context, target string) (api.Client, error) {
+	host, o := target, clientrtt.ProbeOptions{Count: probeSamples, Interval: 20 * time.Millisecond}
+	if h, p, err := net.SplitHostPort(target); err == nil {
+		port, err := strconv.ParseUint(p, 10, 16)
+		if err != nil || port == 0 {
+			return api.Client{}, fmt.Errorf("probe %q: bad port", target)
+		}
+		host, o.Port = h, uint16(port)
+	}
+	addr, err := netip.ParseAddr(host)
+	if err != nil {
+		return api.Client{}, fmt.Errorf("probe %q: an IP address (or IP:PORT) is needed: %w", target, err)
+	}
+	r, err := clientrtt.Probe(ctx, addr.Unmap(), o)
+	if err != nil {
+		return api.Client{}, fmt.Errorf("probing %s: %w", target, err)
+	}
+	return api.Client{Addr: target, RTTMs: ms(r.Median)}, nil
+}
+
+// askCandidate asks the agent at addr, as a peer, about itself, and
+// measures the link to it.
+func (a *Agent) askCandidate(ctx context.Context, addr string, clients []api.Client) api.CandidateView {
+	v := api.CandidateView{Addr: addr}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	sess, err := a.dialPeer(ctx, addr)
+	if err != nil {
+		v.Error = err.Error()
+		return v
+	}
+	defer sess.Close()
+	ch, err := sess.Open(ChanCandidate)
+	if err != nil {
+		v.Error = err.Error()
+		return v
+	}
+	q := api.CandidateQuery{}
+	for _, c := range clients {
+		q.Clients = append(q.Clients, c.Addr)
+	}
+	var r api.CandidateReply
+	err = ch.Send(q)
+	if err == nil {
+		err = ch.Recv(&r)
+	}
+	ch.Close()
+	if err != nil {
+		v.Error = fmt.Sprintf("asking %s: %v", addr, err)
+		return v
+	}
+	v.Host, v.Clients, v.Load, v.Costs = r.Host, r.Clients, r.Load, r.Costs
+	// Weighted as the source's clients are.
+	for i := range v.Clients {
+		if i < len(clients) {
+			v.Clients[i].Conns = clients[i].Conns
+		}
+	}
+	v.LatencyMs = meanLatency(v.Clients)
+	if v.ThroughputBps, err = engine.ProbeLink(sess); err != nil {
+		v.Error = fmt.Sprintf("measuring the link to %s: %v", addr, err)
+	}
+	return v
+}
+
+// answerCandidate serves a source agent's ChanCandidate.
+func (a *Agent) answerCandidate(ctx context.Context, ch *transport.Channel) {
+	defer ch.Close()
+	var q api.CandidateQuery
+	if err := ch.Recv(&q); err != nil {
+		return
+	}
+	if len(q.Clients) > 64 {
+		_ = ch.Fail(fmt.Errorf("%d client addresses: at most 64", len(q.Clients)))
+		return
+	}
+	r := api.CandidateReply{Host: a.Host.Name, Costs: a.Costs, Clients: make([]api.Client, len(q.Clients))}
+	errs := make([]error, len(q.Clients))
+	var wg sync.WaitGroup
+	for i, addr := range q.Clients {
+		wg.Go(func() { r.Clients[i], errs[i] = probeClient(ctx, addr) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			_ = ch.Fail(err)
+			return
+		}
+	}
+	if a.room != nil {
+		var err error
+		if r.Load, err = a.room.Load(); err != nil {
+			_ = ch.Fail(err)
+			return
+		}
+	}
+	_ = ch.Send(r)
+}
+
+// meanLatency is the clients' round trip weighted by their connections
+// (a probed client counts once).
+func meanLatency(cs []api.Client) float64 {
+	var sum, n float64
+	for _, c := range cs {
+		w := float64(max(c.Conns, 1))
+		sum += w * c.RTTMs
+		n += w
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / n
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
