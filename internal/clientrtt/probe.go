@@ -126,8 +126,9 @@ func Probe(ctx context.Context, addr netip.Addr, o ProbeOptions) (ProbeResult, e
 func tcpSample(ctx context.Context, ap netip.AddrPort, timeout time.Duration) (time.Duration, bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var d net.Dialer
-	start := time.Now()
+	var start time.Time
+	// The clock starts after the socket is made, just before its connect.
+	d := net.Dialer{Control: func(string, string, syscall.RawConn) error { start = time.Now(); return nil }}
 	c, err := d.DialContext(ctx, "tcp", ap.String())
 	took := time.Since(start)
 	if errors.Is(err, syscall.ECONNREFUSED) {
