@@ -43,7 +43,7 @@ var nsSeq atomic.Int32
 // topology is two network namespaces of the test's own, named
 // crtt-test-PID-N-a and -b, joined by a veth.
 type topology struct {
-	a, b netns.NsHandle
+	a, b  netns.NsHandle
 	pathA string
 }
 
