@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
+	"github.com/ferry-migrate/ferry/api"
 	"github.com/ferry-migrate/ferry/api/restoreshim"
 	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
@@ -30,6 +32,7 @@ func newAgentCmd() *cobra.Command {
 		configPath      string
 		logFormat       string
 		logLevel        string
+		costs           costFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -82,6 +85,9 @@ runs the agent with /etc/ferry/agent.toml, and the example file.`,
 			slog.SetDefault(logger)
 			a.Log = logger.With("host", a.Host.Name)
 			a.OutageTimeout = outage
+			if a.Costs, err = costs.apply(); err != nil {
+				return err
+			}
 			if profile != "" {
 				p, _, err := loadProfile(profile)
 				if err != nil {
@@ -143,6 +149,7 @@ runs the agent with /etc/ferry/agent.toml, and the example file.`,
 	f.StringVar(&a.SegmentBridge, "segment-bridge", "", "bridge on this host to the L2 segment that containers with addresses of their own live on; they keep their address and TCP connections when they move here")
 	f.BoolVar(&a.Multipath, "mptcp", true, "use MPTCP between agents where the kernel has it (falls back to TCP)")
 	f.IntVar(&a.Streams, "streams", 4, "when a session does not run over MPTCP (the kernel or the peer lacks it, or --mptcp=false): stripe it over this many TCP connections, spread over the destination's --listen addresses, re-dialed when lost (1: a single connection)")
+	costs.add(f)
 	f.BoolVar(&a.AllowFaults, "allow-faults", false, "honour fault injection in requests (tests only)")
 	f.StringVar(&logFormat, "log-format", "text", "log lines as text (key=value) or json, on standard error")
 	f.StringVar(&logLevel, "log-level", "info", "least severe log level written: debug, info, warn or error")
@@ -163,4 +170,26 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, o)), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+// costFlags are the host's prices (api.Costs), given per GiB where the
+// model counts bytes; the defaults are thesis 000's Table 7.2.
+type costFlags struct{ cpu, cpuOffset, mem, storage, net float64 }
+
+func (c *costFlags) add(f *pflag.FlagSet) {
+	f.Float64Var(&c.cpu, "cost-cpu", 40, "price of a core a container keeps busy here, euros (ferry follow's cost model, C_CPU)")
+	f.Float64Var(&c.cpuOffset, "cost-cpu-offset", 0.1, "load added to this host's own in the CPU price (O_CPU)")
+	f.Float64Var(&c.mem, "cost-memory", 4.6, "price of a GiB of memory, euros (C_MEM)")
+	f.Float64Var(&c.storage, "cost-storage", 0.1, "price of a GiB stored, euros (C_HDD)")
+	f.Float64Var(&c.net, "cost-network", 0.0023, "price of a GiB received, euros (C_NET)")
+}
+
+func (c costFlags) apply() (api.Costs, error) {
+	for name, v := range map[string]float64{"cost-cpu": c.cpu, "cost-cpu-offset": c.cpuOffset, "cost-memory": c.mem, "cost-storage": c.storage, "cost-network": c.net} {
+		if !(v >= 0) {
+			return api.Costs{}, fmt.Errorf("--%s %v: a price must not be negative", name, v)
+		}
+	}
+	const gib = 1 << 30
+	return api.Costs{CPUEurPerCore: c.cpu, CPUOffset: c.cpuOffset, MemEurPerByte: c.mem / gib, StorageEurPerByte: c.storage / gib, NetEurPerByte: c.net / gib}, nil
 }

@@ -39,7 +39,7 @@ Start with:
 	}
 	root.Version = version
 	root.SetVersionTemplate(versionLine() + "\n")
-	root.AddCommand(newCheckCmd(), newAgentCmd(), newMigrateCmd(), newDrainCmd(), newPsCmd(), newCancelCmd(), newWaitCmd(), newResolveCmd(), newLabCmd(), newBenchCmd(), newCertsCmd(), newPlanCmd(), newCalibrateCmd(), newVersionCmd(), newManCmd(), newLabToolCmd(), newLazyRelayCmd(), newPageKeeperCmd())
+	root.AddCommand(newCheckCmd(), newAgentCmd(), newMigrateCmd(), newDrainCmd(), newPsCmd(), newCancelCmd(), newWaitCmd(), newResolveCmd(), newLabCmd(), newBenchCmd(), newCertsCmd(), newPlanCmd(), newFollowCmd(), newCalibrateCmd(), newVersionCmd(), newManCmd(), newLabToolCmd(), newLazyRelayCmd(), newPageKeeperCmd())
 	markUsageErrors(root)
 	return root
 }
