@@ -78,7 +78,30 @@ func newTopology(t *testing.T) *topology {
 	})
 	up(t, ha, "crtt-a", addrA, addrA6)
 	up(t, hb, "crtt-b", client1, client2, client6, backend)
+	// Until the kernel sees the carrier (linkwatch, up to a second later)
+	// a link's queue drops what is sent: a probe's first SYN would be
+	// lost and sent again a second later.
+	running(t, ha, "crtt-a")
+	running(t, hb, "crtt-b")
 	return top
+}
+
+func running(t *testing.T, h *netlink.Handle, link string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		l, err := h.LinkByName(link)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Attrs().OperState == netlink.OperUp {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not running: %v", link, l.Attrs().OperState)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // namedNS makes a named network namespace, removed when the test ends.
