@@ -166,7 +166,7 @@ func printFollowEvent(w io.Writer, e follow.Event, asJSON, quiet bool) {
 	switch e.Kind {
 	case "sample":
 		if !quiet {
-			fmt.Fprintf(w, "%s %s %.1f ms: %s\n", ts, e.Host, e.LatencyMs, e.Verdict.Reason)
+			fmt.Fprintf(w, "%s %s %v: %s\n", ts, e.Host, msDuration(e.LatencyMs), e.Verdict.Reason)
 		}
 	case "decision":
 		fmt.Fprintf(w, "%s %s decision: %s\n", ts, e.Host, e.Message)
@@ -187,7 +187,7 @@ func printFollowEvent(w io.Writer, e follow.Event, asJSON, quiet bool) {
 			if !c.Feasible() {
 				verdict = strings.Join(c.Refused, "; ")
 			}
-			fmt.Fprintf(tw, "  %s\t%.1f ms\t%.1f/%.0f\t%s\t%s\t%s\t%s\t%s\t%s\n", c.Host, ms(c.Latency), c.Cores-c.BusyCores, c.Cores,
+			fmt.Fprintf(tw, "  %s\t%v\t%.1f/%.0f\t%s\t%s\t%s\t%s\t%s\t%s\n", c.Host, c.Latency.Round(time.Microsecond), c.Cores-c.BusyCores, c.Cores,
 				humanBytes(int64(c.FreeMemory)), humanRate(c.ThroughputBps), mode, down, cost, verdict)
 		}
 		_ = tw.Flush()
@@ -196,4 +196,7 @@ func printFollowEvent(w io.Writer, e follow.Event, asJSON, quiet bool) {
 	}
 }
 
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+// msDuration shows milliseconds as a duration (µs where they are small).
+func msDuration(v float64) time.Duration {
+	return time.Duration(v * float64(time.Millisecond)).Round(time.Microsecond)
+}
