@@ -46,6 +46,7 @@ func (m *migration) chooseMode(ctx context.Context) (string, error) {
 		shared = procs.SharedMemory(pids)
 	}
 	in := PlanFor(model.Inputs{MemoryBytes: float64(mem), DirtyRatePagesPerSec: rate, BandwidthBps: bps / 8, SharedBytes: float64(shared)}, m.rt.Caps())
+	m.autoInputs = &in
 	preds, _, rec, reason := model.Best(m.profile, in, float64(m.req.Precopy.MaxDowntime.Microseconds())/1000)
 	c := &AutoChoice{MemoryBytes: mem, SharedBytes: shared, DirtyRate: rate, ThroughputBps: bps, Predictions: preds, Chosen: rec, Reason: reason}
 	m.report.Auto = c
