@@ -230,8 +230,8 @@ func Best(p Profile, in Inputs, maxDowntimeMs float64) (preds []Prediction, feas
 		}
 	}
 	if resumable {
-		reason = fmt.Sprintf("%s: the source stays resumable until the destination runs, and it has the lowest total time (%.0f ms, downtime %.0f ms) of such modes within %s (feasible: %s)",
-			describe(*rec), rec.TotalMs, rec.DowntimeMs, budget, strings.Join(feasible, ", "))
+		reason = fmt.Sprintf("%s: the source stays resumable until the destination runs, and it has the lowest total time (%.0f ms, downtime %.0f ms, up to %.0f ms) of such modes within %s (feasible: %s)",
+			describe(*rec), rec.TotalMs, rec.DowntimeMs, rec.DowntimeHighMs, budget, strings.Join(feasible, ", "))
 	} else {
 		reason = fmt.Sprintf("%s: only post-copy modes fit %s (feasible: %s); of them it depends least on the source after the switchover (%.0f ms with pages still arriving; downtime %.0f ms, total %.0f ms). Should the source host fail for good within that time, the container is lost: post-copy's inherent risk",
 			describe(*rec), budget, strings.Join(feasible, ", "), rec.DegradedMs, rec.DowntimeMs, rec.TotalMs)
