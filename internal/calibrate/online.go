@@ -2,6 +2,7 @@ package calibrate
 
 import (
 	"math"
+	"time"
 
 	"github.com/ferry-migrate/ferry/api"
 	"github.com/ferry-migrate/ferry/internal/bench"
@@ -31,6 +32,7 @@ type OnlineTerm struct {
 // whose rounds hashed all memory (write tracking reads only the pages
 // written, which says nothing of read_hash_bps).
 type onlineTerm struct {
+	name   string
 	fit    func([]Measured, *model.Profile) (Term, error)
 	hashed bool
 }
@@ -41,33 +43,44 @@ type onlineTerm struct {
 // fitter fits the pull without the push, which no longer predicts
 // post-copy; its error is still checked and reported).
 var onlineTerms = []onlineTerm{
-	{fit: fitFreeze},
-	{fit: fitReadHash, hashed: true},
-	{fit: fitFrozenRead, hashed: true},
-	{fit: func(ms []Measured, p *model.Profile) (Term, error) { return fitDumpFixed(ms, p) }},
+	{name: "freeze", fit: fitFreeze},
+	{name: "read-hash", fit: fitReadHash, hashed: true},
+	{name: "frozen-read", fit: fitFrozenRead, hashed: true},
+	{name: "dump-fixed", fit: func(ms []Measured, p *model.Profile) (Term, error) { return fitDumpFixed(ms, p) }},
 	// The base profile's φ stands until post-copy refits it; cold's dump
 	// streams over a link of unknown speed, so only pre-copy's dump counts.
-	{fit: func(ms []Measured, p *model.Profile) (Term, error) {
+	{name: "dump", fit: func(ms []Measured, p *model.Profile) (Term, error) {
 		return fitDump(withoutMode(ms, model.ModeCold), p, true)
 	}},
-	{fit: fitRestore},
-	{fit: fitLazySetup},
-	{fit: fitLocalFill},
-	{fit: fitImageFill},
-	{fit: fitRedirty},
-	{fit: fitOverhead},
+	{name: "restore", fit: fitRestore},
+	{name: "lazy-setup", fit: fitLazySetup},
+	{name: "local-fill", fit: fitLocalFill},
+	{name: "image-fill", fit: fitImageFill},
+	{name: "redirty", fit: fitRedirty},
+	{name: "setup", fit: fitOverhead},
 }
 
 // FitOnline refits base from an agent's successful reports, term by term
 // in Fit's order (a later term builds on the values an earlier one left):
 // a term takes the fit's values once at least minSamples migrations fed
-// it and the fit succeeded, and keeps base's otherwise.
-func FitOnline(reps []api.Report, base model.Profile, minSamples int) (model.Profile, []OnlineTerm) {
-	all, hashed := reportsMeasured(reps)
+// it and the fit succeeded, and keeps base's otherwise. since, by term
+// name, leaves out the reports started before a time: those from before
+// the host changed (see package learn).
+func FitOnline(reps []api.Report, base model.Profile, minSamples int, since map[string]time.Time) (model.Profile, []OnlineTerm) {
 	p := base
 	var out []OnlineTerm
 	for _, ot := range onlineTerms {
-		ms := all
+		name := ot.name
+		use := reps
+		if t0, ok := since[name]; ok {
+			use = nil
+			for _, r := range reps {
+				if !r.StartedAt.Before(t0) {
+					use = append(use, r)
+				}
+			}
+		}
+		ms, hashed := reportsMeasured(use)
 		if ot.hashed {
 			ms = hashed
 		}

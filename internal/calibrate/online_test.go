@@ -83,7 +83,7 @@ func termError(p model.Profile, reps []api.Report, name string) (rmse, bias floa
 func TestOnlineRefitOnRecordedReports(t *testing.T) {
 	reps := recordedReports(t)
 	base := model.DefaultProfile()
-	p, terms := FitOnline(reps, base, MinOnlineSamples)
+	p, terms := FitOnline(reps, base, MinOnlineSamples, nil)
 	want := map[string]bool{ // fed ≥ 5 times by these runs
 		"freeze": true, "frozen-read": true, "dump-fixed": true, "lazy-setup": true,
 		"local-fill": true, "image-fill": true, "redirty": true, "setup": true,
@@ -146,7 +146,7 @@ func TestOnlineRefitNeedsEnoughMigrations(t *testing.T) {
 		}
 	}
 	base := model.DefaultProfile()
-	p, terms := FitOnline(post[:MinOnlineSamples-1], base, MinOnlineSamples)
+	p, terms := FitOnline(post[:MinOnlineSamples-1], base, MinOnlineSamples, nil)
 	if p.DumpFixedS != base.DumpFixedS || p.FreezeS != base.FreezeS {
 		t.Errorf("%d migrations refitted: dump_fixed_s %v, freeze_s %v", MinOnlineSamples-1, p.DumpFixedS, p.FreezeS)
 	}
@@ -155,7 +155,7 @@ func TestOnlineRefitNeedsEnoughMigrations(t *testing.T) {
 			t.Errorf("%s refitted from %d migrations", tm.Name, tm.Migrations)
 		}
 	}
-	if p, _ = FitOnline(post[:MinOnlineSamples], base, MinOnlineSamples); p.DumpFixedS == base.DumpFixedS {
+	if p, _ = FitOnline(post[:MinOnlineSamples], base, MinOnlineSamples, nil); p.DumpFixedS == base.DumpFixedS {
 		t.Errorf("%d migrations did not refit dump_fixed_s", MinOnlineSamples)
 	}
 }
@@ -173,7 +173,7 @@ func TestOnlineRefitSkipsTrackedRoundsForReadHash(t *testing.T) {
 		t.Fatalf("only %d tracked runs recorded", len(tracked))
 	}
 	base := model.DefaultProfile()
-	p, _ := FitOnline(tracked, base, MinOnlineSamples)
+	p, _ := FitOnline(tracked, base, MinOnlineSamples, nil)
 	if p.ReadHashBps != base.ReadHashBps || p.FrozenReadBps != base.FrozenReadBps {
 		t.Errorf("tracked rounds refitted read_hash_bps %v / frozen_read_bps %v", p.ReadHashBps, p.FrozenReadBps)
 	}

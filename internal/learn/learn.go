@@ -9,8 +9,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/ferry-migrate/ferry/api"
 	"github.com/ferry-migrate/ferry/internal/calibrate"
@@ -47,7 +50,14 @@ type Learner struct {
 	base    model.Profile
 	profile model.Profile
 	terms   []calibrate.OnlineTerm
+	// since is, by term, when the host last changed under it: a term that
+	// drifted is fitted only from the migrations in its recent window,
+	// not from the history of a host that is no more (kept in sinceFile).
+	since map[string]time.Time
 }
+
+// sinceFile keeps Learner.since beside the history.
+const sinceFile = "since.json"
 
 // Open loads the history in dir and refits base from it.
 func Open(dir string, base model.Profile, keep int) (*Learner, error) {
@@ -55,7 +65,10 @@ func Open(dir string, base model.Profile, keep int) (*Learner, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Learner{store: s, base: base}
+	l := &Learner{store: s, base: base, since: map[string]time.Time{}}
+	if b, err := os.ReadFile(filepath.Join(dir, sinceFile)); err == nil {
+		_ = json.Unmarshal(b, &l.since) // unreadable: the whole history counts again
+	}
 	l.refit()
 	return l, nil
 }
@@ -69,7 +82,11 @@ func (l *Learner) Record(r api.Report) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	err := l.store.Add(r)
-	l.refit()
+	if l.refit() {
+		if b, merr := json.Marshal(l.since); merr == nil && err == nil {
+			err = os.WriteFile(filepath.Join(l.store.dir, sinceFile), b, 0o600)
+		}
+	}
 	return err
 }
 
@@ -82,10 +99,19 @@ func (l *Learner) Profile() model.Profile {
 	return p
 }
 
-// refit fits the profile again from the history (l.mu held).
-func (l *Learner) refit() {
+// refit fits the profile again from the history (l.mu held); it says
+// whether a term's window moved (the host changed under it).
+func (l *Learner) refit() (moved bool) {
 	reps := l.store.Reports()
-	p, terms := calibrate.FitOnline(reps, l.base, calibrate.MinOnlineSamples)
+	for name, e := range RecentErrors(reps) {
+		if !e.Drift {
+			continue
+		}
+		if t0 := recentStart(reps, name); t0.After(l.since[name]) {
+			l.since[name], moved = t0, true
+		}
+	}
+	p, terms := calibrate.FitOnline(reps, l.base, calibrate.MinOnlineSamples, l.since)
 	n := 0
 	for _, t := range terms {
 		if t.Refitted {
@@ -97,6 +123,28 @@ func (l *Learner) refit() {
 	}
 	p.Intervals = mergeIntervals(l.base.Intervals, calibrate.FitIntervals(reps, p, IntervalRuns))
 	l.profile, l.terms = p, terms
+	return moved
+}
+
+// recentStart is when the first of term name's last RecentCount checks
+// started.
+func recentStart(reps []api.Report, name string) time.Time {
+	n := 0
+	for i := len(reps) - 1; i >= 0; i-- {
+		r := reps[i]
+		if r.Model == nil || !r.OK || !slices.ContainsFunc(r.Model.Terms, func(c api.TermCheck) bool { return c.Name == name }) {
+			continue
+		}
+		if n++; n == RecentCount {
+			return r.StartedAt
+		}
+	}
+	for _, r := range reps {
+		if r.Model != nil && r.OK && slices.ContainsFunc(r.Model.Terms, func(c api.TermCheck) bool { return c.Name == name }) {
+			return r.StartedAt
+		}
+	}
+	return time.Time{}
 }
 
 // mergeIntervals keeps the base profile's interval of a mode the history
