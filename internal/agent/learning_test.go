@@ -33,7 +33,7 @@ func TestAgentLearnsFromItsMigrations(t *testing.T) {
 	for range 6 {
 		rep := engine.Report{OK: true, Mode: model.ModeCold, DowntimeMs: 900, TotalMs: 1000,
 			Phases: []engine.PhaseSpan{{Name: "prepare", EndMs: 100}, {Name: "freeze", StartMs: 100, EndMs: 160}},
-			Model: &api.ModelCheck{Inputs: pi, Prediction: model.PredictReport(base, pi, model.ModeCold)}}
+			Model:  &api.ModelCheck{Inputs: pi, Prediction: model.PredictReport(base, pi, model.ModeCold)}}
 		rep.Model.Terms = model.CheckTerms(base, pi, rep)
 		a.learned(rep)
 		a.learned(engine.Report{Mode: model.ModeCold}) // failed: nothing to learn
