@@ -195,9 +195,7 @@ func (l *Learner) Status() api.ModelStatus {
 	for _, t := range st.Terms {
 		st.Drift = st.Drift || t.Drift
 	}
-	for _, iv := range l.profile.Intervals {
-		st.Intervals = append(st.Intervals, iv)
-	}
+	st.Intervals = append(st.Intervals, l.profile.Intervals...)
 	return st
 }
 
