@@ -161,3 +161,32 @@ func FitIntervals(reps []api.Report, p model.Profile, perMode int) []model.Inter
 	}
 	return out
 }
+
+// CalibrationIntervals are the modes' intervals from a calibration's own
+// runs: each successful run's measured over predicted downtime and total
+// under the profile fitted from them (in-sample, so a little narrow; the
+// agent's own migrations replace them once it has enough). The runs
+// hashed all memory, so they are predicted without write tracking.
+func CalibrationIntervals(ms []Measured, p model.Profile) []model.Interval {
+	q := p
+	q.WriteTracking = false
+	var out []model.Interval
+	for _, mode := range model.EngineModes {
+		var down, total []float64
+		for _, m := range ms {
+			if m.Result == nil || m.Mode != mode {
+				continue
+			}
+			for _, r := range okRuns(*m.Result) {
+				pi := api.PlanInputs{MemoryBytes: float64(m.MemoryBytes), DirtyRate: float64(m.DirtyRate),
+					BandwidthBps: float64(m.BandwidthBps) / 8, Rounds: liveRounds(r)}
+				pr := model.PredictReport(q, pi, mode)
+				if pr.DowntimeMs > 0 && pr.TotalMs > 0 && r.DowntimeMs > 0 && r.TotalMs > 0 {
+					down, total = append(down, r.DowntimeMs/pr.DowntimeMs), append(total, r.TotalMs/pr.TotalMs)
+				}
+			}
+		}
+		out = append(out, model.FitInterval(mode, down, total))
+	}
+	return out
+}

@@ -178,3 +178,39 @@ func TestOnlineRefitSkipsTrackedRoundsForReadHash(t *testing.T) {
 		t.Errorf("tracked rounds refitted read_hash_bps %v / frozen_read_bps %v", p.ReadHashBps, p.FrozenReadBps)
 	}
 }
+
+// A calibration's own runs give each mode's interval once there are
+// enough of them: the recorded runs, three a mode, are too few.
+func TestCalibrationIntervals(t *testing.T) {
+	var ms []Measured
+	files, _ := filepath.Glob("testdata/recorded/*.json")
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var res bench.MigrateResult
+		if err := json.Unmarshal(b, &res); err != nil {
+			t.Fatal(err)
+		}
+		ms = append(ms, Measured{Point: Point{Mode: res.Mode, MemoryBytes: res.MemoryBytes, DirtyRate: res.DirtyRate, BandwidthBps: res.BandwidthBps}, Result: &res})
+	}
+	p := model.DefaultProfile()
+	ivs := CalibrationIntervals(ms, p)
+	if len(ivs) != len(model.EngineModes) {
+		t.Fatalf("%d intervals", len(ivs))
+	}
+	for _, iv := range ivs {
+		if iv.Samples != 6 || iv.DowntimeHigh != model.DefaultDowntimeHigh {
+			t.Errorf("%s: %+v, want the default width from 6 runs", iv.Mode, iv)
+		}
+	}
+	// Twice as many: enough (the ratios are the defaults' on these hosts).
+	ivs = CalibrationIntervals(append(ms, ms...), p)
+	for _, iv := range ivs {
+		if iv.Samples != 12 || iv.DowntimeLow > iv.DowntimeHigh || iv.DowntimeHigh == model.DefaultDowntimeHigh {
+			t.Errorf("%s: %+v, want an interval from 12 runs", iv.Mode, iv)
+		}
+		t.Logf("%-9s downtime x%.2f-%.2f, total x%.2f-%.2f (the defaults on Podman and LXC)", iv.Mode, iv.DowntimeLow, iv.DowntimeHigh, iv.TotalLow, iv.TotalHigh)
+	}
+}
