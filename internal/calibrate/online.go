@@ -52,7 +52,7 @@ var onlineTerms = []onlineTerm{
 	{name: "dump", fit: func(ms []Measured, p *model.Profile) (Term, error) {
 		return fitDump(withoutMode(ms, model.ModeCold), p, true)
 	}},
-	{name: "restore", fit: fitRestore},
+	{name: "restore", fit: fitRestoreOnline},
 	{name: "lazy-setup", fit: fitLazySetup},
 	{name: "local-fill", fit: fitLocalFill},
 	{name: "image-fill", fit: fitImageFill},
@@ -125,6 +125,24 @@ func reportsMeasured(reps []api.Report) (all, hashed []Measured) {
 		}
 	}
 	return all, hashed
+}
+
+// fitRestoreOnline is fitRestore, or where every migration had the same
+// memory (a host moving one kind of container) only its fixed part, the
+// rate kept: one size cannot tell the two apart, and the fixed part is
+// what moves the prediction at that size.
+func fitRestoreOnline(ms []Measured, p *model.Profile) (Term, error) {
+	t, err := fitRestore(ms, p)
+	if err == nil || len(t.Y) == 0 || distinct(t.X) != 1 {
+		return t, err
+	}
+	var ys []float64
+	for i, y := range t.Y {
+		ys = append(ys, y-t.X[i]/p.RestoreBps)
+	}
+	t.Kind, t.Free = "constant", nil
+	t.Note = "one memory size: its fixed part refitted, restore_bps kept"
+	return fitConstant(Term{Name: t.Name, From: t.From, Kind: t.Kind, X: t.X, Y: ys, Note: t.Note}, "restore_fixed_s", &p.RestoreFixedS)
 }
 
 func withoutMode(ms []Measured, mode string) []Measured {
