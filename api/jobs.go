@@ -82,6 +82,9 @@ type Event struct {
 type Status struct {
 	Host       string            `json:"host"`
 	Containers []ContainerStatus `json:"containers"`
+	// Model is what the agent learned from its migrations (nil: an agent
+	// that keeps no history).
+	Model *ModelStatus `json:"model,omitempty"`
 }
 
 // ContainerStatus is one container on a host.

@@ -90,6 +90,9 @@ type Report struct {
 	Networks []NetworkMove `json:"networks,omitempty"`
 	// Auto is what mode auto measured and chose.
 	Auto *AutoChoice `json:"auto,omitempty"`
+	// Model is the prediction the migration was planned with and what it
+	// measured against it, term by term (nil: it failed before the freeze).
+	Model *ModelCheck `json:"model,omitempty"`
 	// MemoryEstimate is the memory the first round found, for predictions.
 	MemoryEstimate int64       `json:"-"`
 	Phases         []PhaseSpan `json:"phases"`
@@ -218,5 +221,62 @@ type Prediction struct {
 	// DegradedMs: after the service resumes, until every page is in place
 	// (post-copy and hybrid; faults may wait meanwhile).
 	DegradedMs float64 `json:"degraded_ms,omitempty"`
-	Note       string  `json:"note,omitempty"`
+	// The interval a measurement is expected in (about 80 % of them):
+	// the prediction scaled by the 10th and 90th percentiles of measured
+	// over predicted on this host's past migrations of the mode, or by a
+	// default width until there are enough (docs/MODEL.md, "Intervals").
+	DowntimeLowMs  float64 `json:"downtime_low_ms,omitempty"`
+	DowntimeHighMs float64 `json:"downtime_high_ms,omitempty"`
+	TotalLowMs     float64 `json:"total_low_ms,omitempty"`
+	TotalHighMs    float64 `json:"total_high_ms,omitempty"`
+	Note           string  `json:"note,omitempty"`
+}
+
+// ModelCheck is a migration's prediction beside its measurement: what the
+// agent learns from (docs/MODEL.md, "Learning from every migration").
+type ModelCheck struct {
+	// Inputs are what was known before the freeze.
+	Inputs PlanInputs `json:"inputs"`
+	// Profile names the profile the prediction came from (its source).
+	Profile string `json:"profile"`
+	// Prediction is the mode's, at the rounds it ran (the plan's for mode
+	// auto), with its interval.
+	Prediction Prediction `json:"prediction"`
+	// Terms are the profile's terms this migration measured, each
+	// predicted and measured over the same phases.
+	Terms []TermCheck `json:"terms,omitempty"`
+	// Outside names what fell outside the prediction's interval:
+	// "downtime", "total" (empty: both inside, or the migration failed).
+	Outside []string `json:"outside,omitempty"`
+}
+
+// PlanInputs are a prediction's inputs (model.Inputs' measured part).
+type PlanInputs struct {
+	MemoryBytes float64 `json:"memory_bytes"`
+	// DirtyRate is pages written per second: mode auto's measurement, or
+	// the last live round's (0 where no round ran before the freeze).
+	DirtyRate   float64 `json:"dirty_rate"`
+	SharedBytes float64 `json:"shared_bytes,omitempty"`
+	// BandwidthBps is the link's payload rate in bytes per second: mode
+	// auto's probe or the request's cap; 0 when unknown, predicted as a
+	// link that does not limit.
+	BandwidthBps float64 `json:"bandwidth_bps,omitempty"`
+	// Rounds are the live rounds the migration ran (pre-copy, hybrid).
+	Rounds int `json:"rounds,omitempty"`
+	// Tracked: rounds read only the pages the kernel saw written, so they
+	// say nothing of read_hash_bps.
+	Tracked bool `json:"tracked,omitempty"`
+	// NoLazyRestore and CopiesImages are the runtime's (model.Inputs).
+	NoLazyRestore bool `json:"no_lazy_restore,omitempty"`
+	CopiesImages  bool `json:"copies_images,omitempty"`
+}
+
+// TermCheck is one profile term on one migration: what the profile
+// predicted for the phases the term governs and what they took.
+type TermCheck struct {
+	// Name is the term's, as ferry calibrate names it (freeze, dump,
+	// restore, read-hash, ...).
+	Name        string  `json:"name"`
+	PredictedMs float64 `json:"predicted_ms"`
+	MeasuredMs  float64 `json:"measured_ms"`
 }

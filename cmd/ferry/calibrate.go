@@ -24,6 +24,8 @@ func newCalibrateCmd() *cobra.Command {
 		out, reportPath string
 		refit           string
 		quick, asJSON   bool
+		status          bool
+		src             agentFlags
 		tcpClient       bool
 		repeat          int
 	)
@@ -80,9 +82,13 @@ fits a profile from such a file again without touching the lab.`,
 		Example: `  ferry calibrate --quick
   ferry calibrate --out /etc/ferry/profile.json --report calibration.json
   ferry calibrate --refit calibration.json --out profile.json
+  ferry calibrate --status
   ferry plan --profile ferry-profile.json --memory 1G --dirty-rate 2000 --bandwidth 1gbit`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if status {
+				return showModelStatus(cmd.Context(), src, asJSON)
+			}
 			bin, err := os.Executable()
 			if err != nil {
 				return err
@@ -132,6 +138,8 @@ fits a profile from such a file again without touching the lab.`,
 	f.BoolVar(&tcpClient, "tcp-client", false, "run memhog as services run: an address of its own and a client on one TCP connection, so the fixed costs of its network and connections are in the profile (runc)")
 	f.StringVar(&reportPath, "report", "", "also write the full report (runs, fits, residuals) as JSON here")
 	f.StringVar(&refit, "refit", "", "fit again from a report written by --report, measuring nothing")
+	f.BoolVar(&status, "status", false, "show what the agent at --from learned from its migrations instead: each term's migrations, refit and recent error, the intervals, the profile it plans with")
+	src.add(cmd, "with --status, the agent to ask")
 	return cmd
 }
 

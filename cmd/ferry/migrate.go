@@ -280,6 +280,7 @@ func printReport(w io.Writer, r engine.Report) {
 	fmt.Fprintf(w, "  frozen        %.0f ms\n", r.FrozenMs)
 	fmt.Fprintf(w, "  bytes sent    %s\n", humanBytes(r.BytesSent))
 	fmt.Fprintf(w, "  memory        %s\n", humanBytes(r.MemoryBytes))
+	printModelLine(w, r)
 	if len(r.Rounds) > 0 {
 		fmt.Fprintf(w, "  rounds       ")
 		for _, rd := range r.Rounds {

@@ -42,7 +42,8 @@ func newPlanCmd() *cobra.Command {
 		dirtyRate                      float64
 		shared, rootfsDelta            int64
 		maxDowntime                    time.Duration
-		asJSON                         bool
+		asJSON, learned                bool
+		src                            agentFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "plan",
@@ -59,8 +60,10 @@ restore can do: docker copies the images into containerd before it restores them
 downtime; runc, podman and containerd read them in place.
 
 Predictions come from the models in docs/MODEL.md with a host profile:
---profile FILE from 'ferry calibrate', or defaults measured on ferry's
-development machine.`,
+--profile FILE from 'ferry calibrate', --learned for the one the host's
+agent refitted from its migrations, or defaults measured on ferry's
+development machine. Each comes with its interval (about 8 migrations in
+10 fall inside it), and --max-downtime is judged by its upper bound.`,
 		Example: `  ferry plan --memory 256M --dirty-rate 1000 --bandwidth 1gbit
   ferry plan --memory 24M --shared 100M --rootfs 224M --dirty-rate 200 --bandwidth 1gbit   # PostgreSQL
   ferry plan --memory 1G --dirty-rate 5000 --bandwidth 100mbit --max-downtime 500ms --json
@@ -78,7 +81,10 @@ development machine.`,
 			if dirtyRate < 0 {
 				return fmt.Errorf("--dirty-rate must not be negative")
 			}
-			prof, src, err := loadProfile(profilePath)
+			prof, from, err := loadProfile(profilePath)
+			if learned {
+				prof, from, err = learnedProfile(cmd.Context(), src)
+			}
 			if err != nil {
 				return err
 			}
@@ -89,7 +95,7 @@ development machine.`,
 			in := engine.PlanFor(model.Inputs{MemoryBytes: float64(mem), DirtyRatePagesPerSec: dirtyRate, BandwidthBps: float64(bps) / 8,
 				SharedBytes: float64(shared), RootfsBytes: float64(rootfsDelta + volume)}, caps)
 			out := plan(prof, in, maxDowntime)
-			out.Profile = src
+			out.Profile = from
 			switch netKind {
 			case "", "host", "none", "segment":
 			case "bridge":
@@ -121,6 +127,8 @@ development machine.`,
 	f.StringVar(&profilePath, "profile", "", "host profile from 'ferry calibrate' (default: built-in defaults)")
 	f.DurationVar(&maxDowntime, "max-downtime", 0, "downtime budget (e.g. 500ms); 0: none")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
+	f.BoolVar(&learned, "learned", false, "plan with the profile the agent at --from learned from its migrations (instead of --profile)")
+	src.add(cmd, "with --learned, the agent whose profile to plan with")
 	f.StringVar(&runtimeKind, "runtime", "runc", "the container's runtime: runc, podman, lxc, containerd, docker")
 	_ = cmd.MarkFlagRequired("memory")
 	_ = cmd.MarkFlagRequired("bandwidth")
@@ -169,13 +177,14 @@ func plan(p model.Profile, in model.Inputs, maxDowntime time.Duration) planOutpu
 }
 
 func printPlan(w io.Writer, o planOutput) {
-	fmt.Fprintf(w, "%-15s %6s %12s %12s %12s\n", "MODE", "ROUNDS", "DOWNTIME", "TOTAL", "SENT")
+	fmt.Fprintf(w, "%-15s %6s %24s %24s %12s\n", "MODE", "ROUNDS", "DOWNTIME (P10-P90)", "TOTAL (P10-P90)", "SENT")
 	for _, p := range o.Predictions {
 		if math.IsNaN(p.DowntimeMs) {
-			fmt.Fprintf(w, "%-15s %6s %12s %12s %12s  (%s)\n", p.Mode, "-", "-", "-", "-", p.Note)
+			fmt.Fprintf(w, "%-15s %6s %24s %24s %12s  (%s)\n", p.Mode, "-", "-", "-", "-", p.Note)
 			continue
 		}
-		fmt.Fprintf(w, "%-15s %6d %9.0f ms %9.0f ms %12s\n", p.Mode, p.Rounds, p.DowntimeMs, p.TotalMs, humanBytes(int64(p.Bytes)))
+		fmt.Fprintf(w, "%-15s %6d %24s %24s %12s\n", p.Mode, p.Rounds, msInterval(p.DowntimeMs, p.DowntimeLowMs, p.DowntimeHighMs),
+			msInterval(p.TotalMs, p.TotalLowMs, p.TotalHighMs), humanBytes(int64(p.Bytes)))
 	}
 	if o.Recommended == "" {
 		fmt.Fprintf(w, "no technique fits: %s\n", o.Reason)
@@ -185,4 +194,9 @@ func printPlan(w io.Writer, o planOutput) {
 	if o.Network != "" {
 		fmt.Fprintf(w, "network: %s\n", o.Network)
 	}
+}
+
+// msInterval is a prediction and its interval, in ms.
+func msInterval(v, lo, hi float64) string {
+	return fmt.Sprintf("%.0f ms (%.0f-%.0f)", v, lo, hi)
 }

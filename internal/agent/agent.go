@@ -26,6 +26,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/host"
 	"github.com/ferry-migrate/ferry/internal/journal"
+	"github.com/ferry-migrate/ferry/internal/learn"
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/reserve"
@@ -118,6 +119,7 @@ type Agent struct {
 	rescueErr atomic.Value
 	jobs      *jobs // this agent's migrations as a source
 	metrics   *metrics
+	learner   *learn.Learner // nil: the agent does not learn (learning.go)
 	feats     criu.Features
 	set       runtime.Set // the runtimes this host has (newRuntimes)
 	journal   *journal.Journal
@@ -197,6 +199,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := os.MkdirAll(a.Host.StateDir, 0o700); err != nil {
 		return err
 	}
+	a.openLearner()
 	dst := &engine.Destination{Host: a.Host, Log: a.Log, AllowFaults: a.AllowFaults, KeepWork: a.KeepWork, NoPrewarm: a.NoPrewarm, SegmentBridge: a.SegmentBridge}
 	// Each post-copy pull's relay is this binary (package lazyrelay).
 	if exe, err := os.Executable(); err == nil {
@@ -235,7 +238,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	dst.Room = a.room
 	src := &engine.Source{Host: a.Host, Runtimes: dst.Runtimes, KeepWork: a.KeepWork, Version: a.Version,
-		Dial: a.dialPeer, Profile: a.Profile, Journal: j, AllowFaults: a.AllowFaults, Lines: &engine.Lines{}, KeeperExe: dst.RelayExe, Log: a.Log}
+		Dial: a.dialPeer, Profile: a.Profile, Journal: j, AllowFaults: a.AllowFaults, Lines: &engine.Lines{}, KeeperExe: dst.RelayExe, Log: a.Log,
+		CurrentProfile: a.planProfile()}
 	if src.VMAs, err = vmas.NewReader(); err != nil {
 		a.Log.Info("the frozen dump reads smaps (no smaps snapshot)", "why", err)
 	} else {
@@ -509,6 +513,7 @@ func (a *Agent) control(ctx context.Context, src *engine.Source, ch *transport.C
 		a.release(req.Container)
 		a.Log.Info("migration ended", "id", req.ID, "container", req.Container, "ok", rep.OK, "downtime_ms", rep.DowntimeMs, "error", rep.Error)
 		a.metrics.done(req, rep)
+		a.learned(rep)
 		if err := a.jobs.end(j, rep); err != nil {
 			a.Log.Warn("could not keep the migration's report", "id", req.ID, "error", err)
 		}
@@ -658,7 +663,7 @@ func (a *Agent) status(ctx context.Context) (engine.Status, error) {
 	if err != nil {
 		return engine.Status{}, err
 	}
-	out := engine.Status{Host: a.Host.Name, Containers: []engine.ContainerStatus{}}
+	out := engine.Status{Host: a.Host.Name, Containers: []engine.ContainerStatus{}, Model: a.modelStatus()}
 	for _, s := range sts {
 		cs := engine.ContainerStatus{Name: s.ID, Status: s.Status, Pid: s.Pid}
 		if s.Pid > 0 {

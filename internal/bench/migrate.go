@@ -544,6 +544,10 @@ func (o MigrateOptions) PodmanBaselineOnce(ctx context.Context, src, dst, client
 }
 
 // emptyResult is a result of o's with no run yet.
+// RunOf is what a bench run records of a migration's report (the online
+// refit reads an agent's reports as runs: internal/calibrate/online.go).
+func RunOf(rep engine.Report) Run { return runOf(rep) }
+
 // runOf is what a run records of a migration's report.
 func runOf(rep engine.Report) Run {
 	r := Run{OK: rep.OK, DowntimeMs: rep.DowntimeMs, TotalMs: rep.TotalMs, FrozenMs: rep.FrozenMs,

@@ -107,6 +107,7 @@ func Refit(ctx context.Context, rep Report, o Options) (model.Profile, Report, e
 	base.WriteTracking = tracking() == nil
 	base.Source = fmt.Sprintf("ferry calibrate, %s grid, %s", rep.Grid, rep.Started.UTC().Format(time.RFC3339))
 	p, terms, warns := Fit(rep.Points, base)
+	p.Intervals = CalibrationIntervals(rep.Points, p)
 	rep.Profile, rep.Terms, rep.Warnings = p, terms, warns
 	return p, rep, p.Validate()
 }

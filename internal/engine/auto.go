@@ -44,6 +44,7 @@ func (m *migration) chooseMode(ctx context.Context) (string, error) {
 	}
 	in := PlanFor(w.Inputs(), m.rt.Caps())
 	in.BandwidthBps = bps / 8
+	m.autoInputs = &in
 	preds, _, rec, reason := model.Best(m.profile, in, float64(m.req.Precopy.MaxDowntime.Microseconds())/1000)
 	c := &AutoChoice{MemoryBytes: mem, SharedBytes: shared, DirtyRate: rate, ThroughputBps: bps, Predictions: preds, Chosen: rec, Reason: reason}
 	m.report.Auto = c

@@ -37,6 +37,9 @@ type Source struct {
 	Runtimes runtime.Set
 	// Profile is this host's calibrated model profile, for mode auto.
 	Profile *model.Profile
+	// CurrentProfile, when set, gives the profile each migration plans
+	// with at its start instead (the agent's, refitted as it learns).
+	CurrentProfile func() model.Profile
 	// Dial opens a session to a destination agent (TLS, MPTCP: the
 	// agent's choice); nil means plain transport.Dial.
 	Dial func(ctx context.Context, addr string) (*transport.Session, error)
@@ -136,6 +139,9 @@ type migration struct {
 	linkSpec *cnet.Spec
 	// faults are the failures this migration injects here (tests).
 	faults fault.Set
+	// autoInputs are what mode auto measured and planned with (nil:
+	// another mode); planned.go records the prediction from them.
+	autoInputs *model.Inputs
 }
 
 // failure is an error with the phase and host where it happened.
@@ -303,6 +309,9 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 	if s.Profile != nil {
 		m.profile = *s.Profile
 	}
+	if s.CurrentProfile != nil {
+		m.profile = s.CurrentProfile()
+	}
 	if m.dial == nil {
 		m.dial = func(ctx context.Context, addr string) (*transport.Session, error) {
 			c := transport.DefaultConfig()
@@ -364,6 +373,7 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 	} else {
 		r.OK = true
 	}
+	m.checkModel(r)
 	return *r
 }
 
@@ -636,6 +646,7 @@ func (m *migration) awaitTurn(ctx context.Context) error {
 
 // freeze stops the container's processes; until commit, resume undoes it.
 func (m *migration) freeze(ctx context.Context) error {
+	m.planAtFreeze()
 	m.begin("freeze")
 	if err := ctx.Err(); err != nil {
 		return failAt("freeze on "+m.host.Name, fmt.Errorf("cancelled before the freeze (the agent is stopping, or the request was withdrawn): %w", err))

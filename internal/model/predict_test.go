@@ -267,7 +267,7 @@ func TestBestTieGoesToLowerDowntimeThenOrder(t *testing.T) {
 // A budget only post-copy modes meet: the one that leans least on the
 // source afterwards wins, and the reason says why.
 func TestBestPrefersLessDependenceAmongLazyModes(t *testing.T) {
-	p := DefaultProfile()
+	p := exactProfile() // the budget against the point predictions
 	in := Inputs{MemoryBytes: 256 << 20, DirtyRatePagesPerSec: 1000, BandwidthBps: 125e6}
 	// Pre-copy restoring lazily needs ~180-230 ms here, post-copy ~157.
 	const budget = 170

@@ -90,6 +90,10 @@ type Profile struct {
 	WriteTracking bool      `json:"write_tracking,omitempty"`
 	TrackScanBps  float64   `json:"track_scan_bps,omitempty"`
 	PAM           PAMParams `json:"pam"`
+	// Intervals are the modes' prediction intervals (interval.go), from
+	// the agent's past migrations; a mode without one, or with too few
+	// migrations behind it, gets the default.
+	Intervals []Interval `json:"intervals,omitempty"`
 }
 
 // DefaultImageCopyBps is Docker 20.10's images copy on the development
@@ -176,6 +180,11 @@ func (p Profile) Validate() error {
 	}
 	if !(p.PAM.Sigma > 0) {
 		return fmt.Errorf("profile: pam.sigma must be positive")
+	}
+	for _, iv := range p.Intervals {
+		if err := validateInterval(iv); err != nil {
+			return err
+		}
 	}
 	return nil
 }
