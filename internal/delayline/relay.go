@@ -77,6 +77,9 @@ type Relay struct {
 	fds   []int
 	epoch time.Time // the monotonic clock's zero for release times
 	once  sync.Once
+	// closed keeps Stats from asking the kernel about descriptor numbers
+	// that may since name other files.
+	closed atomic.Bool
 }
 
 // direction is frames from one interface to the other.
@@ -87,6 +90,9 @@ type direction struct {
 	bufs     *buffers
 
 	recvErrors atomic.Uint64 // frames the kernel could not hand over
+	// socketDrops is what the kernel dropped at d.from's socket, its
+	// receive buffer full (PACKET_STATISTICS, which resets as it is read).
+	socketDrops atomic.Uint64
 	truncated  atomic.Uint64 // frames larger than the receive buffer
 	sendErrors atomic.Uint64 // frames the interface refused (a full tbf: ENOBUFS; down)
 }
@@ -259,6 +265,7 @@ func (r *Relay) Run(ctx context.Context) error {
 // Close closes the sockets; Run does it when it ends.
 func (r *Relay) Close() {
 	r.once.Do(func() {
+		r.closed.Store(true)
 		for _, fd := range r.fds {
 			unix.Close(fd)
 		}
@@ -351,6 +358,7 @@ type DirectionStats struct {
 	RecvErrors   uint64 `json:"recv_errors,omitempty"`
 	Truncated    uint64 `json:"truncated,omitempty"`
 	SendErrors   uint64 `json:"send_errors,omitempty"` // the interface refused: a full tbf, a link down
+	SocketDrops  uint64 `json:"socket_drops,omitempty"` // the kernel's, the receive buffer full
 }
 
 // Stats is the line's state.
@@ -363,12 +371,18 @@ type Stats struct {
 func (r *Relay) Stats() Stats {
 	s := Stats{RTT: r.RTT()}
 	for _, d := range r.dirs {
+		if r.closed.Load() {
+			// counts as they were at Close
+		} else if ps, err := unix.GetsockoptTpacketStats(d.from, unix.SOL_PACKET, unix.PACKET_STATISTICS); err == nil {
+			d.socketDrops.Add(uint64(ps.Drops))
+		}
 		frames, bytes := d.q.depth()
 		s.Directions = append(s.Directions, DirectionStats{
 			Name: d.name, Passed: d.q.passed.Load(), PassedBytes: d.q.passedBytes.Load(),
 			Dropped: d.q.dropped.Load(), DroppedBytes: d.q.droppedBytes.Load(),
 			Queued: frames, QueuedBytes: bytes,
 			RecvErrors: d.recvErrors.Load(), Truncated: d.truncated.Load(), SendErrors: d.sendErrors.Load(),
+			SocketDrops: d.socketDrops.Load(),
 		})
 	}
 	return s
