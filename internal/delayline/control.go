@@ -131,3 +131,23 @@ func GetStats(path string) (Stats, error) {
 	}
 	return s, json.Unmarshal([]byte(b), &s)
 }
+
+// Main runs a relay with its control socket at control (none if empty)
+// until ctx ends: the process `ferry lab-tool delay-line` is.
+func Main(ctx context.Context, c Config, control string) error {
+	r, err := New(c)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	served := make(chan error, 1)
+	if control != "" {
+		go func() { served <- r.Serve(ctx, control) }()
+	} else {
+		served <- nil
+	}
+	runErr := r.Run(ctx)
+	cancel()
+	return errors.Join(runErr, <-served)
+}

@@ -93,8 +93,8 @@ type direction struct {
 	// socketDrops is what the kernel dropped at d.from's socket, its
 	// receive buffer full (PACKET_STATISTICS, which resets as it is read).
 	socketDrops atomic.Uint64
-	truncated  atomic.Uint64 // frames larger than the receive buffer
-	sendErrors atomic.Uint64 // frames the interface refused (a full tbf: ENOBUFS; down)
+	truncated   atomic.Uint64 // frames larger than the receive buffer
+	sendErrors  atomic.Uint64 // frames the interface refused (a full tbf: ENOBUFS; down)
 }
 
 // New opens the relay's sockets; Run moves the frames.
@@ -357,7 +357,7 @@ type DirectionStats struct {
 	QueuedBytes  int    `json:"queued_bytes"`
 	RecvErrors   uint64 `json:"recv_errors,omitempty"`
 	Truncated    uint64 `json:"truncated,omitempty"`
-	SendErrors   uint64 `json:"send_errors,omitempty"` // the interface refused: a full tbf, a link down
+	SendErrors   uint64 `json:"send_errors,omitempty"`  // the interface refused: a full tbf, a link down
 	SocketDrops  uint64 `json:"socket_drops,omitempty"` // the kernel's, the receive buffer full
 }
 
@@ -371,10 +371,10 @@ type Stats struct {
 func (r *Relay) Stats() Stats {
 	s := Stats{RTT: r.RTT()}
 	for _, d := range r.dirs {
-		if r.closed.Load() {
-			// counts as they were at Close
-		} else if ps, err := unix.GetsockoptTpacketStats(d.from, unix.SOL_PACKET, unix.PACKET_STATISTICS); err == nil {
-			d.socketDrops.Add(uint64(ps.Drops))
+		if !r.closed.Load() {
+			if ps, err := unix.GetsockoptTpacketStats(d.from, unix.SOL_PACKET, unix.PACKET_STATISTICS); err == nil {
+				d.socketDrops.Add(uint64(ps.Drops))
+			}
 		}
 		frames, bytes := d.q.depth()
 		s.Directions = append(s.Directions, DirectionStats{
