@@ -427,6 +427,27 @@ func TestDelayLine(t *testing.T) {
 		}
 	})
 
+	t.Run("port-down-and-up", func(t *testing.T) {
+		// The lab takes a path down at the switch port (SetPath): the line
+		// must carry frames again once it is back up.
+		if err := r.SetRTT(10 * time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		m := handle(t, n.m)
+		ma, err := m.LinkByName("ma")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.LinkSetDown(ma); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		if err := m.LinkSetUp(ma); err != nil {
+			t.Fatal(err)
+		}
+		checkMeasured(t, "ping after the port came back", pingRTT(t, n, 5), 10*time.Millisecond)
+	})
+
 	t.Run("change-during-transfer", func(t *testing.T) {
 		if err := r.SetRTT(20 * time.Millisecond); err != nil {
 			t.Fatal(err)
@@ -468,8 +489,8 @@ func TestDelayLine(t *testing.T) {
 				}
 				before := r.Stats()
 				res := iperf(t, n, 4*time.Second, nil)
-				logDrops(t, before, r.Stats())
 				t.Logf("%s, rtt %v: %s, retransmits %d", link.name, rtt, mbit(res.End.SumReceived.BitsPerSecond), res.End.SumSent.Retransmits)
+				logDrops(t, before, r.Stats())
 				if link.bps > 0 && rtt <= 20*time.Millisecond && res.End.SumReceived.BitsPerSecond < 0.8*float64(link.bps) {
 					t.Errorf("%s, rtt %v: %s, want at least 80 %% of the link", link.name, rtt, mbit(res.End.SumReceived.BitsPerSecond))
 				}

@@ -124,8 +124,8 @@ func New(c Config) (*Relay, error) {
 				return err
 			}
 			r.dirs = append(r.dirs,
-				&direction{name: p.A + ">" + p.B, from: a, to: b, q: newQueue(c.MaxFrames, c.MaxBytes), bufs: newBuffers()},
-				&direction{name: p.B + ">" + p.A, from: b, to: a, q: newQueue(c.MaxFrames, c.MaxBytes), bufs: newBuffers()})
+				&direction{name: p.A + " to " + p.B, from: a, to: b, q: newQueue(c.MaxFrames, c.MaxBytes), bufs: newBuffers()},
+				&direction{name: p.B + " to " + p.A, from: b, to: a, q: newQueue(c.MaxFrames, c.MaxBytes), bufs: newBuffers()})
 		}
 		return nil
 	})
@@ -348,7 +348,7 @@ func (r *Relay) send(ctx context.Context, d *direction) error {
 
 // DirectionStats is one direction's counts.
 type DirectionStats struct {
-	Name         string `json:"name"` // from>to
+	Name         string `json:"name"` // "from to to"
 	Passed       uint64 `json:"passed"`
 	PassedBytes  uint64 `json:"passed_bytes"`
 	Dropped      uint64 `json:"dropped"` // the queue full
