@@ -561,8 +561,10 @@ func TestDelayLineBench(t *testing.T) {
 				t.Fatal(err)
 			}
 			before := r.Stats()
+			cpu := cpuTime()
 			res := iperf(t, line, 5*time.Second, nil)
-			t.Logf("%s, line at %v: %s, retransmits %d", link, rtt, mbit(res.End.SumReceived.BitsPerSecond), res.End.SumSent.Retransmits)
+			t.Logf("%s, line at %v: %s, retransmits %d; the relay used %.0f %% of a core", link, rtt,
+				mbit(res.End.SumReceived.BitsPerSecond), res.End.SumSent.Retransmits, 100*(cpuTime()-cpu).Seconds()/5)
 			logDrops(t, before, r.Stats())
 		}
 		for _, n := range []*testNet{direct, line} {
@@ -605,4 +607,12 @@ func setTCPBuffers(t *testing.T, ns string, size int) {
 	if err != nil {
 		t.Fatalf("%s: TCP buffers: %v", ns, err)
 	}
+}
+
+// cpuTime is the CPU time this process (in the bench: the relay, iperf3
+// runs apart) has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
