@@ -302,7 +302,11 @@ func newLabStatusCmd() *cobra.Command {
 					containers = strings.Join(names, ", ")
 				}
 				if l.DelayLines {
-					agent += fmt.Sprintf(", rtt %v", h.RTT)
+					line := fmt.Sprintf("rtt %v", h.RTT)
+					if !h.DelayLineAlive() {
+						line = fmt.Sprintf("delay line DOWN (was pid %d; links cut)", h.DelayLinePID)
+					}
+					agent += ", " + line
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", h.Name, h.Addr, h.NetNSName, agent, containers)
 			}

@@ -123,11 +123,16 @@ func (l *Lab) startDelayLines(ctx context.Context) error {
 	return nil
 }
 
+// DelayLineAlive says whether the host's recorded delay line still runs.
+func (h *Host) DelayLineAlive() bool {
+	return procs.Alive(h.DelayLinePID) && procs.CmdlineHas(h.DelayLinePID, delayLineCommand, h.DelayLineSock())
+}
+
 // stopDelayLines stops the recorded relays that are still theirs.
 func stopDelayLines(hosts []*Host) error {
 	var pids []int
 	for _, h := range hosts {
-		if procs.Alive(h.DelayLinePID) && procs.CmdlineHas(h.DelayLinePID, delayLineCommand, h.DelayLineSock()) {
+		if h.DelayLineAlive() {
 			pids = append(pids, h.DelayLinePID)
 		}
 	}
