@@ -342,6 +342,22 @@ type iperfResult struct {
 	} `json:"end"`
 }
 
+// after is the sender's mean rate over the intervals that begin at from
+// or later: past slow start.
+func (r iperfResult) after(from time.Duration) float64 {
+	var bits, secs float64
+	for _, iv := range r.Intervals {
+		if iv.Sum.Start >= from.Seconds()-1e-3 {
+			bits += iv.Sum.BitsPerSecond * (iv.Sum.End - iv.Sum.Start)
+			secs += iv.Sum.End - iv.Sum.Start
+		}
+	}
+	if secs == 0 {
+		return 0
+	}
+	return bits / secs
+}
+
 // startIperfServer runs a one-off iperf3 server in b, stopped by its PID
 // when t ends.
 func startIperfServer(t *testing.T, n *testNet, port int) {
@@ -555,7 +571,8 @@ func TestDelayLineBench(t *testing.T) {
 			link = "tbf " + mbit(float64(bps))
 		}
 		res := iperf(t, direct, 5*time.Second, nil)
-		t.Logf("%s, without the line: %s, retransmits %d", link, mbit(res.End.SumReceived.BitsPerSecond), res.End.SumSent.Retransmits)
+		t.Logf("%s, without the line: %s (%s after the first second), retransmits %d", link,
+			mbit(res.End.SumReceived.BitsPerSecond), mbit(res.after(time.Second)), res.End.SumSent.Retransmits)
 		for _, rtt := range []time.Duration{0, 20 * time.Millisecond, 50 * time.Millisecond} {
 			if err := r.SetRTT(rtt); err != nil {
 				t.Fatal(err)
@@ -563,8 +580,8 @@ func TestDelayLineBench(t *testing.T) {
 			before := r.Stats()
 			cpu := cpuTime()
 			res := iperf(t, line, 5*time.Second, nil)
-			t.Logf("%s, line at %v: %s, retransmits %d; the relay used %.0f %% of a core", link, rtt,
-				mbit(res.End.SumReceived.BitsPerSecond), res.End.SumSent.Retransmits, 100*(cpuTime()-cpu).Seconds()/5)
+			t.Logf("%s, line at %v: %s (%s after the first second), retransmits %d; the relay used %.0f %% of a core", link, rtt,
+				mbit(res.End.SumReceived.BitsPerSecond), mbit(res.after(time.Second)), res.End.SumSent.Retransmits, 100*(cpuTime()-cpu).Seconds()/5)
 			logDrops(t, before, r.Stats())
 		}
 		for _, n := range []*testNet{direct, line} {
