@@ -52,8 +52,9 @@ bits per second: 1gbit, 100mbit, 500M, 2.5g (k, M, G are decimal).
 
 --rtt gives hosts' links a round trip through a delay line in user space
 (this kernel has no netem): a relay process per host in ferry-sw holds
-frames half the round trip each way, so between hA and hB the round trip
-is the sum of theirs. "20ms" for every host, or "h1=20ms,h2=50ms" (others
+frames half the round trip each way, on every path and on the service
+segment's uplink, so between hA and hB the round trip is the sum of
+theirs. "20ms" for every host, or "h1=20ms,h2=50ms" (others
 0). 'ferry lab set-rtt' changes a host's while traffic flows; with
 --delay-lines the relays start at 0 for it.
 

@@ -21,7 +21,8 @@ import (
 // the host's round trip each way. Between hosts hA and hB the round trip
 // is then RTT(hA) + RTT(hB). tbf keeps shaping the ports as without it.
 //
-// Per path p of host h, in the switch namespace:
+// Per path p of host h, and likewise its service segment's uplink
+// (hNsvc, hNsvcr, hNsvcb on brsvc), in the switch namespace:
 //
 //	host's ethP == switchPort (hN, tbf) <-relay-> hNr == hNb on brP
 //
@@ -32,10 +33,16 @@ import (
 // recorded PID is still that relay.
 const delayLineCommand = "delay-line"
 
-// relayPort and bridgedPort are the ends of path p's second veth pair:
-// the one the relay holds and the one on the bridge.
-func relayPort(h *Host, p int) string   { return switchPort(h, p) + "r" }
-func bridgedPort(h *Host, p int) string { return switchPort(h, p) + "b" }
+// relayPort and bridgedPort are the ends of a switch port's second veth
+// pair: the one the relay holds and the one on the bridge.
+func relayPort(port string) string   { return port + "r" }
+func bridgedPort(port string) string { return port + "b" }
+
+// segmentPort is host h's uplink's end in the switch: the service
+// segment's traffic (containers' own addresses) crosses the host's delay
+// line too, so a client reaching a container there sees the host's round
+// trip.
+func segmentPort(h *Host) string { return h.Name + "svc" }
 
 // DelayLineSock is the control socket of the host's delay line.
 func (h *Host) DelayLineSock() string { return filepath.Join(RunDir, h.Name+"-delay.sock") }
@@ -60,14 +67,14 @@ func checkRTTs(rtts map[string]time.Duration, hosts int) error {
 	return nil
 }
 
-// addDelayLinePorts adds path p's second veth pair in the switch: one end
-// on the path's bridge, the other left for the relay; both up.
-func addDelayLinePorts(sw *netlink.Handle, h *Host, p int) error {
-	relay, bridged := relayPort(h, p), bridgedPort(h, p)
+// addDelayLinePorts adds switch port port's second veth pair: one end on
+// bridge, the other left for the relay; both up.
+func addDelayLinePorts(sw *netlink.Handle, port, bridge string) error {
+	relay, bridged := relayPort(port), bridgedPort(port)
 	if err := sw.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: bridged}, PeerName: relay}); err != nil {
 		return fmt.Errorf("add veth %s/%s: %w", bridged, relay, err)
 	}
-	br, err := sw.LinkByName(bridgeName(p))
+	br, err := sw.LinkByName(bridge)
 	if err != nil {
 		return fmt.Errorf("switch: %w", err)
 	}
@@ -78,7 +85,7 @@ func addDelayLinePorts(sw *netlink.Handle, h *Host, p int) error {
 		}
 		if name == bridged {
 			if err := sw.LinkSetMaster(link, br); err != nil {
-				return fmt.Errorf("enslave %s to %s: %w", name, bridgeName(p), err)
+				return fmt.Errorf("enslave %s to %s: %w", name, bridge, err)
 			}
 		}
 		if err := sw.LinkSetUp(link); err != nil {
@@ -91,8 +98,12 @@ func addDelayLinePorts(sw *netlink.Handle, h *Host, p int) error {
 // delayLineArgs is the host's relay's command line after the binary.
 func delayLineArgs(h *Host, paths int) []string {
 	args := []string{"lab-tool", delayLineCommand, "--control", h.DelayLineSock(), "--rtt", h.RTT.String()}
+	ports := []string{segmentPort(h)}
 	for p := 0; p < paths; p++ {
-		args = append(args, "--pair", switchPort(h, p)+":"+relayPort(h, p))
+		ports = append(ports, switchPort(h, p))
+	}
+	for _, port := range ports {
+		args = append(args, "--pair", port+":"+relayPort(port))
 	}
 	return args
 }

@@ -60,14 +60,18 @@ func TestDelayLineArgs(t *testing.T) {
 	h.RTT = 20 * time.Millisecond
 	got := delayLineArgs(&h, 2)
 	want := []string{"lab-tool", "delay-line", "--control", RunDir + "/h2-delay.sock", "--rtt", "20ms",
-		"--pair", "h2:h2r", "--pair", "h2p1:h2p1r"}
+		"--pair", "h2svc:h2svcr", "--pair", "h2:h2r", "--pair", "h2p1:h2p1r"}
 	if !slices.Equal(got, want) {
 		t.Errorf("delayLineArgs = %q\nwant %q", got, want)
 	}
 	// Interface names must fit IFNAMSIZ (15 bytes) for every host and path.
 	last := newHost(MaxHosts)
+	ports := []string{segmentPort(&last)}
 	for p := range MaxPaths {
-		for _, name := range []string{relayPort(&last, p), bridgedPort(&last, p)} {
+		ports = append(ports, switchPort(&last, p))
+	}
+	for _, port := range ports {
+		for _, name := range []string{relayPort(port), bridgedPort(port)} {
 			if len(name) > 15 {
 				t.Errorf("interface name %q too long", name)
 			}

@@ -365,7 +365,7 @@ func (l *Lab) up(ctx context.Context, o Options) error {
 		if err := plugHost(h, l.BandwidthBps, max(l.Paths, 1), l.DelayLines); err != nil {
 			return err
 		}
-		if err := plugSegment(h); err != nil {
+		if err := plugSegment(h, l.DelayLines); err != nil {
 			return err
 		}
 		if err := addHostBridge(h); err != nil {

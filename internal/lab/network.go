@@ -111,7 +111,7 @@ func plugPath(h *Host, p int, bps int64, delayLine bool) error {
 	portName := switchPort(h, p)
 	bridge := bridgeName(p)
 	if delayLine {
-		if err := addDelayLinePorts(sw, h, p); err != nil {
+		if err := addDelayLinePorts(sw, portName, bridge); err != nil {
 			return err
 		}
 		bridge = ""
@@ -271,8 +271,9 @@ func plugSwitchPort(sw *netlink.Handle, h *Host, port, peer, bridge string) erro
 	return nil
 }
 
-// plugSegment gives host h its segment bridge, uplinked to the switch.
-func plugSegment(h *Host) error {
+// plugSegment gives host h its segment bridge, uplinked to the switch;
+// with delayLine through the host's delay line.
+func plugSegment(h *Host, delayLine bool) error {
 	sw, err := handleAt(SwitchNetNS)
 	if err != nil {
 		return err
@@ -287,7 +288,14 @@ func plugSegment(h *Host) error {
 	if err := hn.LinkAdd(hbr); err != nil {
 		return fmt.Errorf("%s: add bridge %s: %w", h.Name, SegmentBridge, err)
 	}
-	if err := plugSwitchPort(sw, h, h.Name+"svc", segmentUplink, segmentSwitchBr); err != nil {
+	bridge := segmentSwitchBr
+	if delayLine {
+		if err := addDelayLinePorts(sw, segmentPort(h), bridge); err != nil {
+			return err
+		}
+		bridge = ""
+	}
+	if err := plugSwitchPort(sw, h, segmentPort(h), segmentUplink, bridge); err != nil {
 		return err
 	}
 	hb, err := hn.LinkByName(SegmentBridge)
