@@ -5,6 +5,7 @@ import (
 	"os"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -28,7 +29,7 @@ Needs root.`,
   ferry lab status
   ferry lab down`,
 	}
-	cmd.AddCommand(newLabUpCmd(), newLabDownCmd(), newLabRunCmd(), newLabStatusCmd(), newLabExperimentCmd())
+	cmd.AddCommand(newLabUpCmd(), newLabDownCmd(), newLabRunCmd(), newLabStatusCmd(), newLabExperimentCmd(), newLabSetRTTCmd())
 	return cmd
 }
 
@@ -36,6 +37,7 @@ func newLabUpCmd() *cobra.Command {
 	var (
 		o         lab.Options
 		bandwidth string
+		rtt       string
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -47,6 +49,14 @@ control socket /run/ferry/lab/hN.sock.
 
 --bandwidth shapes each host's link with tbf in both directions. RATE is in
 bits per second: 1gbit, 100mbit, 500M, 2.5g (k, M, G are decimal).
+
+--rtt gives hosts' links a round trip through a delay line in user space
+(this kernel has no netem): a relay process per host in ferry-sw holds
+frames half the round trip each way, on every path and on the service
+segment's uplink, so between hA and hB the round trip is the sum of
+theirs. "20ms" for every host, or "h1=20ms,h2=50ms" (others
+0). 'ferry lab set-rtt' changes a host's while traffic flows; with
+--delay-lines the relays start at 0 for it.
 
 --kubernetes also brings up a Kubernetes 1.37 cluster over the hosts: h1 and
 h2 are its nodes (a containerd 2.4 and a kubelet each, in the host's
@@ -75,6 +85,14 @@ It fails if a lab is already up: run 'ferry lab down' first.`,
 					return fmt.Errorf("--bandwidth: %w", err)
 				}
 			}
+			if rtt != "" {
+				rtts, err := lab.ParseRTTs(rtt)
+				if err != nil {
+					return fmt.Errorf("--rtt: %w", err)
+				}
+				o.RTT = lab.ExpandRTTs(rtts, o.Hosts)
+				o.DelayLines = true
+			}
 			l, err := lab.Up(cmd.Context(), o)
 			if err != nil {
 				return err
@@ -86,11 +104,17 @@ It fails if a lab is already up: run 'ferry lab down' first.`,
 			if l.Paths > 1 {
 				link = fmt.Sprintf("%d paths, %s", l.Paths, link)
 			}
+			if l.DelayLines {
+				link += ", delay lines"
+			}
 			fmt.Printf("lab up: %d hosts, %s\n", len(l.Hosts), link)
 			for _, h := range l.Hosts {
 				agent := "no agent"
 				if h.AgentPID > 0 {
 					agent = fmt.Sprintf("agent pid %d at %s, control %s", h.AgentPID, h.AgentAddr, h.ControlSock)
+				}
+				if l.DelayLines {
+					agent += fmt.Sprintf(", rtt %v (delay line pid %d)", h.RTT, h.DelayLinePID)
 				}
 				fmt.Printf("  %s  %s  %s\n", h.Name, h.Addr, agent)
 			}
@@ -106,6 +130,8 @@ It fails if a lab is already up: run 'ferry lab down' first.`,
 	f.IntVar(&o.Paths, "paths", 1, fmt.Sprintf("independent paths between hosts, each shaped to --bandwidth (1-%d); with 2 or more, agents use MPTCP over all", lab.MaxPaths))
 	f.IntVar(&o.Streams, "streams", 0, "agents without MPTCP: stripe sessions over this many TCP connections (--mptcp=false --streams N)")
 	f.BoolVar(&o.NoAgents, "no-agents", false, "create hosts and links only, start no agents")
+	f.StringVar(&rtt, "rtt", "", "round trip of hosts' links through delay lines: 20ms (every host) or h1=20ms,h2=50ms")
+	f.BoolVar(&o.DelayLines, "delay-lines", false, "put delay lines on every host's links (at 0 unless --rtt), for 'ferry lab set-rtt'")
 	f.BoolVar(&o.Kubernetes, "kubernetes", false, "also bring up a Kubernetes cluster: h1 and h2 its nodes, h3 its control plane (3 hosts unless --hosts says more)")
 	return cmd
 }
@@ -276,9 +302,58 @@ func newLabStatusCmd() *cobra.Command {
 					}
 					containers = strings.Join(names, ", ")
 				}
+				if l.DelayLines {
+					line := fmt.Sprintf("rtt %v", h.RTT)
+					if !h.DelayLineAlive() {
+						line = fmt.Sprintf("delay line DOWN (was pid %d; links cut)", h.DelayLinePID)
+					}
+					agent += ", " + line
+				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", h.Name, h.Addr, h.NetNSName, agent, containers)
 			}
 			return tw.Flush()
 		},
 	}
+}
+
+func newLabSetRTTCmd() *cobra.Command {
+	var stats bool
+	cmd := &cobra.Command{
+		Use:   "set-rtt HOST RTT",
+		Short: "Change the round trip of a host's links while the lab runs",
+		Long: `set-rtt changes the round trip that HOST's delay line adds to its links
+(half each way; between two hosts the round trip is the sum of theirs), for
+frames from now on: those on the way keep their time and none overtakes
+another. The lab must be up with --rtt or --delay-lines.`,
+		Example: `  ferry lab set-rtt h2 40ms
+  ferry lab set-rtt h1 0 --stats`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(_ *cobra.Command, args []string) error {
+			d, err := time.ParseDuration(args[1])
+			if err != nil {
+				return err
+			}
+			l, err := lab.Load()
+			if err != nil {
+				return err
+			}
+			if err := l.SetRTT(args[0], d); err != nil {
+				return err
+			}
+			fmt.Printf("%s: rtt %v\n", args[0], d)
+			if stats {
+				s, err := l.DelayLineStats(args[0])
+				if err != nil {
+					return err
+				}
+				for _, d := range s.Directions {
+					fmt.Printf("  %s: passed %d frames (%d bytes), queued %d, dropped %d, send errors %d, socket drops %d\n",
+						d.Name, d.Passed, d.PassedBytes, d.Queued, d.Dropped, d.SendErrors, d.SocketDrops)
+				}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&stats, "stats", false, "also show what the host's delay line passed and dropped")
+	return cmd
 }

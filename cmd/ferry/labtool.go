@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/ferry-migrate/ferry/internal/delayline"
 	"github.com/ferry-migrate/ferry/internal/labtool"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
@@ -19,7 +20,7 @@ import (
 func newLabToolCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "lab-tool", Hidden: true, Short: "helpers the lab runs inside its hosts"}
 	cmd.AddCommand(newProbeToolCmd(), newRecvToolCmd(), newSendToolCmd(), newStreamToolCmd(), newRedisToolCmd(),
-		newLoadToolCmd(), newFillToolCmd())
+		newLoadToolCmd(), newFillToolCmd(), newDelayLineToolCmd())
 	return cmd
 }
 
@@ -243,5 +244,38 @@ Example:
 	f.StringVar(&addr, "addr", "", "the server: host:port (postgres: also a URL or key=value settings)")
 	f.StringVar(&size, "bytes", "64M", "how much state: 64M, 1GiB, 4096")
 	f.BoolVar(&check, "check", false, "only read back what a fill wrote and say whether it is intact")
+	return cmd
+}
+
+// newDelayLineToolCmd is the relay that gives a lab host's link its round
+// trip (package delayline), run in the switch's namespace.
+func newDelayLineToolCmd() *cobra.Command {
+	var (
+		c       delayline.Config
+		pairs   []string
+		control string
+	)
+	cmd := &cobra.Command{
+		Use:  "delay-line",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			for _, p := range pairs {
+				a, b, ok := strings.Cut(p, ":")
+				if !ok || a == "" || b == "" {
+					return fmt.Errorf("--pair %q: want A:B, two interfaces", p)
+				}
+				c.Pairs = append(c.Pairs, delayline.Pair{A: a, B: b})
+			}
+			return delayline.Main(cmd.Context(), c, control)
+		},
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&pairs, "pair", nil, "interfaces A:B to join (repeat for several links)")
+	f.DurationVar(&c.RTT, "rtt", 0, "round trip to add, half each way")
+	f.StringVar(&control, "control", "", "unix socket to take commands on (rtt [DURATION], stats)")
+	f.StringVar(&c.NetNS, "netns", "", "network namespace (path) of the interfaces; default this process's")
+	f.IntVar(&c.MaxFrames, "max-frames", delayline.DefaultMaxFrames, "frames each direction holds at most")
+	f.IntVar(&c.MaxBytes, "max-bytes", delayline.DefaultMaxBytes, "bytes each direction holds at most")
+	_ = cmd.MarkFlagRequired("pair")
 	return cmd
 }

@@ -95,6 +95,11 @@ func Down(ctx context.Context) error {
 	if err := procs.Terminate(pids, stopGrace); err != nil {
 		errs = append(errs, err)
 	}
+	// The delay lines by their records; one whose record is lost goes
+	// below with the rest of the switch's namespace.
+	if err := stopDelayLines(hosts); err != nil {
+		errs = append(errs, err)
+	}
 	for _, h := range hosts {
 		if err := deleteContainers(ctx, h); err != nil {
 			errs = append(errs, err)

@@ -91,6 +91,13 @@ type Options struct {
 	// Kubernetes brings up a Kubernetes cluster over the hosts (kube.go):
 	// h1 and h2 its nodes, h3 its control plane.
 	Kubernetes bool
+	// DelayLines puts a delay line on every host's links (delayline.go),
+	// so that SetRTT can give them a round trip while the lab runs.
+	DelayLines bool
+	// RTT is the round trip each named host's link adds ("h1": 20ms),
+	// half each way; between two hosts the round trip is the sum of
+	// theirs. Any entry implies DelayLines; hosts not named start at 0.
+	RTT map[string]time.Duration
 }
 
 // Host is one lab host.
@@ -102,6 +109,10 @@ type Host struct {
 	ControlSock string `json:"control_sock"` // /run/ferry/lab/h{i}.sock
 	NetNSName   string `json:"netns_name"`   // ferry-h{i}
 	AgentPID    int    `json:"agent_pid"`    // 0 without an agent
+	// DelayLinePID is the process of the host's delay line (0: none);
+	// RTT the round trip it adds now.
+	DelayLinePID int           `json:"delay_line_pid,omitempty"`
+	RTT          time.Duration `json:"rtt,omitempty"`
 }
 
 // PodmanDir holds the host's own Podman instance (storage, run, network).
@@ -121,6 +132,8 @@ type Lab struct {
 	// Kubeconfig is the admin's kubeconfig of the lab's Kubernetes
 	// cluster, when it has one (Options.Kubernetes).
 	Kubeconfig string `json:"kubeconfig,omitempty"`
+	// DelayLines: every host's links pass a delay line (Options.DelayLines).
+	DelayLines bool `json:"delay_lines,omitempty"`
 }
 
 // PathAddr is the host's address on path p (path 0: Addr).
@@ -285,6 +298,12 @@ func Up(ctx context.Context, o Options) (*Lab, error) {
 	if o.Kubernetes && o.Hosts < 3 {
 		return nil, fmt.Errorf("a lab with Kubernetes has 3 hosts at least (h1 and h2 its nodes, h3 its control plane), not %d", o.Hosts)
 	}
+	if err := checkRTTs(o.RTT, o.Hosts); err != nil {
+		return nil, err
+	}
+	if len(o.RTT) > 0 {
+		o.DelayLines = true
+	}
 	if why := existing(); why != "" {
 		return nil, fmt.Errorf("a ferry lab is already up (%s); run `ferry lab down` first", why)
 	}
@@ -299,9 +318,16 @@ func Up(ctx context.Context, o Options) (*Lab, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Lab{BandwidthBps: o.BandwidthBps, Paths: o.Paths, OutageTimeout: o.OutageTimeout, Streams: o.Streams, FerryBin: bin}
+	l := &Lab{BandwidthBps: o.BandwidthBps, Paths: o.Paths, OutageTimeout: o.OutageTimeout, Streams: o.Streams, FerryBin: bin, DelayLines: o.DelayLines}
 	for i := 1; i <= o.Hosts; i++ {
 		l.Hosts = append(l.Hosts, newHost(i))
+	}
+	for name, d := range o.RTT {
+		h, err := l.Host(name)
+		if err != nil {
+			return nil, err
+		}
+		h.RTT = d
 	}
 	if err := l.up(ctx, o); err != nil {
 		if derr := Down(context.WithoutCancel(ctx)); derr != nil {
@@ -336,16 +362,21 @@ func (l *Lab) up(ctx context.Context, o Options) error {
 		if err := os.MkdirAll(h.RuncRoot(), 0o700); err != nil {
 			return err
 		}
-		if err := plugHost(h, l.BandwidthBps, max(l.Paths, 1)); err != nil {
+		if err := plugHost(h, l.BandwidthBps, max(l.Paths, 1), l.DelayLines); err != nil {
 			return err
 		}
-		if err := plugSegment(h); err != nil {
+		if err := plugSegment(h, l.DelayLines); err != nil {
 			return err
 		}
 		if err := addHostBridge(h); err != nil {
 			return err
 		}
 		if err := h.writeCNIConfig(); err != nil {
+			return err
+		}
+	}
+	if l.DelayLines {
+		if err := l.startDelayLines(ctx); err != nil {
 			return err
 		}
 	}

@@ -51,12 +51,14 @@ func switchPort(h *Host, p int) string {
 
 // plugHost creates host h's namespace and wires it to the switch once per
 // path; with several paths it sets up MPTCP so one connection uses all.
-func plugHost(h *Host, bps int64, paths int) error {
+// With delayLines each path's switch port is left off the bridge for a
+// delay line to join it (delayline.go).
+func plugHost(h *Host, bps int64, paths int, delayLines bool) error {
 	if err := addNetNS(h.NetNSName); err != nil {
 		return err
 	}
 	for p := 0; p < paths; p++ {
-		if err := plugPath(h, p, bps); err != nil {
+		if err := plugPath(h, p, bps, delayLines); err != nil {
 			return err
 		}
 	}
@@ -89,8 +91,11 @@ func setupMPTCP(h *Host, paths int) error {
 }
 
 // plugPath wires path p of host h: ethP in the host with its address, the
-// peer on the path's bridge, both ends shaped when bps is set.
-func plugPath(h *Host, p int, bps int64) error {
+// peer on the path's bridge, both ends shaped when bps is set. With
+// delayLine the peer stays off the bridge, and a second veth pair in the
+// switch has one end there and the other free for the delay line, which
+// joins it to the peer.
+func plugPath(h *Host, p int, bps int64, delayLine bool) error {
 	hostIfName := hostIf(p)
 	sw, err := handleAt(SwitchNetNS)
 	if err != nil {
@@ -104,7 +109,14 @@ func plugPath(h *Host, p int, bps int64) error {
 	defer hn.Close()
 
 	portName := switchPort(h, p)
-	if err := plugSwitchPort(sw, h, portName, hostIfName, bridgeName(p)); err != nil {
+	bridge := bridgeName(p)
+	if delayLine {
+		if err := addDelayLinePorts(sw, portName, bridge); err != nil {
+			return err
+		}
+		bridge = ""
+	}
+	if err := plugSwitchPort(sw, h, portName, hostIfName, bridge); err != nil {
 		return err
 	}
 
@@ -226,8 +238,9 @@ func buildSegment() error {
 	return sw.LinkSetUp(br)
 }
 
-// plugSwitchPort adds a veth pair: port on the switch's bridge, up; peer in
-// host h's namespace, for the caller to configure.
+// plugSwitchPort adds a veth pair: port on the switch's bridge (none if
+// bridge is empty), up; peer in host h's namespace, for the caller to
+// configure.
 func plugSwitchPort(sw *netlink.Handle, h *Host, port, peer, bridge string) error {
 	hostNS, err := netns.GetFromPath(netnsPath(h.NetNSName))
 	if err != nil {
@@ -239,16 +252,18 @@ func plugSwitchPort(sw *netlink.Handle, h *Host, port, peer, bridge string) erro
 	if err != nil {
 		return fmt.Errorf("add veth %s/%s: %w", port, peer, err)
 	}
-	br, err := sw.LinkByName(bridge)
-	if err != nil {
-		return fmt.Errorf("switch: %w", err)
-	}
 	link, err := sw.LinkByName(port)
 	if err != nil {
 		return fmt.Errorf("switch port %s: %w", port, err)
 	}
-	if err := sw.LinkSetMaster(link, br); err != nil {
-		return fmt.Errorf("enslave %s to %s: %w", port, bridge, err)
+	if bridge != "" {
+		br, err := sw.LinkByName(bridge)
+		if err != nil {
+			return fmt.Errorf("switch: %w", err)
+		}
+		if err := sw.LinkSetMaster(link, br); err != nil {
+			return fmt.Errorf("enslave %s to %s: %w", port, bridge, err)
+		}
 	}
 	if err := sw.LinkSetUp(link); err != nil {
 		return fmt.Errorf("switch port %s up: %w", port, err)
@@ -256,8 +271,9 @@ func plugSwitchPort(sw *netlink.Handle, h *Host, port, peer, bridge string) erro
 	return nil
 }
 
-// plugSegment gives host h its segment bridge, uplinked to the switch.
-func plugSegment(h *Host) error {
+// plugSegment gives host h its segment bridge, uplinked to the switch;
+// with delayLine through the host's delay line.
+func plugSegment(h *Host, delayLine bool) error {
 	sw, err := handleAt(SwitchNetNS)
 	if err != nil {
 		return err
@@ -272,7 +288,14 @@ func plugSegment(h *Host) error {
 	if err := hn.LinkAdd(hbr); err != nil {
 		return fmt.Errorf("%s: add bridge %s: %w", h.Name, SegmentBridge, err)
 	}
-	if err := plugSwitchPort(sw, h, h.Name+"svc", segmentUplink, segmentSwitchBr); err != nil {
+	bridge := segmentSwitchBr
+	if delayLine {
+		if err := addDelayLinePorts(sw, segmentPort(h), bridge); err != nil {
+			return err
+		}
+		bridge = ""
+	}
+	if err := plugSwitchPort(sw, h, segmentPort(h), segmentUplink, bridge); err != nil {
 		return err
 	}
 	hb, err := hn.LinkByName(SegmentBridge)
