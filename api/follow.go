@@ -30,6 +30,9 @@ type AssessQuery struct {
 	// for their own latency to the clients, their room and prices, and
 	// to measure the link to.
 	Candidates []string `json:"candidates,omitempty"`
+	// Workload also measures the container (a second of its memory and
+	// CPU), as a decision needs; a latency sample alone does not.
+	Workload bool `json:"workload,omitempty"`
 }
 
 // Client is one of the service's clients, by address.
@@ -52,8 +55,9 @@ type Assessment struct {
 	// service (the mean over clients, weighted by connections).
 	Clients   []Client `json:"clients"`
 	LatencyMs float64  `json:"latency_ms"`
-	// The workload, measured over a second: resident memory, pages
-	// written a second, shared memory, and the CPU cores it kept busy.
+	// The workload, measured over a second when asked (Workload):
+	// resident memory, pages written a second, shared memory, and the CPU
+	// cores it kept busy.
 	MemoryBytes int64   `json:"memory_bytes"`
 	DirtyRate   float64 `json:"dirty_rate"`
 	SharedBytes int64   `json:"shared_bytes,omitempty"`

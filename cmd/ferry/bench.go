@@ -138,6 +138,7 @@ drift; client_downtime_ratio is its median client downtime over --memory's
 	f.IntVar(&o.Repeat, "repeat", 3, "migrations to run")
 	f.StringSliceVar(&o.Baselines, "baseline", nil, "baselines to measure: link, podman, paths (one path vs MPTCP vs striped TCP over --paths)")
 	f.BoolVar(&asJSON, "json", false, "print JSON only")
+	f.DurationVar(&o.RTT, "rtt", 0, "round trip between the source and the destination (the lab's delay lines, half on each host's link; 0: none)")
 	f.IntVar(&o.Paths, "paths", 1, "independent paths between the lab hosts; 2 or more: the agents use MPTCP over all")
 	f.IntVar(&o.Streams, "streams", 0, "agents without MPTCP: stripe each session over this many TCP connections, spread over the paths")
 	f.StringVar(&cutAt, "cut-path-at", "", "take the source's first path down once this share of the memory was sent (e.g. 30%)")

@@ -77,14 +77,17 @@ func (a *Agent) assess(ctx context.Context, q api.AssessQuery) (api.Assessment, 
 	for i, addr := range q.Candidates {
 		wg.Go(func() { as.Candidates[i] = a.askCandidate(ctx, addr, as.Clients) })
 	}
-	w, werr := engine.MeasureWorkload(c.PID, time.Second)
+	var w engine.Workload
+	var werr error
+	if q.Workload {
+		w, werr = engine.MeasureWorkload(c.PID, time.Second)
+	}
 	wg.Wait()
 	if werr != nil {
 		return api.Assessment{}, fmt.Errorf("measuring %q: %w", q.Container, werr)
 	}
 	as.MemoryBytes, as.DirtyRate, as.SharedBytes, as.Cores = w.MemoryBytes, w.DirtyRate, w.SharedBytes, w.Cores
-	caps := rt.Caps()
-	in := engine.PlanFor(w.Inputs(), caps)
+	in := engine.PlanFor(w.Inputs(), rt.Caps())
 	as.NoLazyRestore, as.CopiesImages = in.NoLazyRestore, in.CopiesImages
 	if a.room != nil {
 		as.Load, _ = a.room.Load()

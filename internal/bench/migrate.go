@@ -72,6 +72,9 @@ type MigrateOptions struct {
 	Network       string
 	VolumeBytes   int64
 	VolumeRateBps int64
+	// RTT is the round trip between the source and the destination, by
+	// the lab's delay lines (0: none).
+	RTT time.Duration
 	// Log receives one line per step, for a human watching; nil for none.
 	Log io.Writer
 }
@@ -182,6 +185,8 @@ type MigrateResult struct {
 	MemoryBytes  int64  `json:"memory_bytes"`
 	DirtyRate    int    `json:"dirty_rate"`
 	BandwidthBps int64  `json:"bandwidth_bps"`
+	// RTTMs is the round trip set between the source and the destination.
+	RTTMs float64 `json:"rtt_ms,omitempty"`
 	// Network and VolumeBytes are the options' (the link floor counts the
 	// volume's bytes with the memory's).
 	Network                string    `json:"network,omitempty"`
@@ -252,7 +257,13 @@ func Migrate(ctx context.Context, o MigrateOptions) (res MigrateResult, err erro
 		res.Against = &ar
 	}
 	o.logf("bringing up a 3-host lab (bandwidth %d bit/s, %d path(s))", o.BandwidthBps, max(o.Paths, 1))
-	l, down, err := upLab(ctx, lab.Options{Hosts: 3, BandwidthBps: o.BandwidthBps, Paths: o.Paths, OutageTimeout: o.OutageTimeout, Streams: o.Streams, FerryBin: o.FerryBin})
+	lo := lab.Options{Hosts: 3, BandwidthBps: o.BandwidthBps, Paths: o.Paths, OutageTimeout: o.OutageTimeout, Streams: o.Streams, FerryBin: o.FerryBin}
+	if o.RTT > 0 {
+		// Half on each host's link: h1 to h2 is o.RTT; the client on h3
+		// has no delay of its own.
+		lo.RTT = map[string]time.Duration{"h1": o.RTT / 2, "h2": o.RTT / 2}
+	}
+	l, down, err := upLab(ctx, lo)
 	if err != nil {
 		return res, err
 	}
@@ -569,6 +580,7 @@ func runOf(rep engine.Report) Run {
 
 func (o MigrateOptions) emptyResult() MigrateResult {
 	return MigrateResult{Runtime: o.Runtime, Mode: o.Mode, MemoryBytes: o.MemoryBytes, DirtyRate: o.DirtyRate, BandwidthBps: o.BandwidthBps, Paths: max(o.Paths, 1), Runs: []Run{},
+		RTTMs:   float64(o.RTT) / float64(time.Millisecond),
 		Network: o.Network, VolumeBytes: o.VolumeBytes}
 }
 

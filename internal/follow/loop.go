@@ -309,7 +309,7 @@ func (l *Loop) Step(ctx context.Context) error {
 // decide weighs the candidates and moves to the first feasible one that
 // reserves room for the service.
 func (l *Loop) decide(ctx context.Context, at Host, v Verdict) error {
-	q := api.AssessQuery{Container: l.cfg.Container, Runtime: l.cfg.Runtime, Ports: l.cfg.Ports, Probe: l.cfg.Probe}
+	q := api.AssessQuery{Container: l.cfg.Container, Runtime: l.cfg.Runtime, Ports: l.cfg.Ports, Probe: l.cfg.Probe, Workload: true}
 	var cands []Host
 	for _, h := range l.cfg.Hosts {
 		if h.Name != at.Name {
