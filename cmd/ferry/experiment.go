@@ -1,6 +1,8 @@
 package main
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -12,6 +14,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/ferry-migrate/ferry/internal/experiment"
+	"github.com/ferry-migrate/ferry/internal/followlab"
 	"github.com/ferry-migrate/ferry/internal/report"
 )
 
@@ -62,6 +65,25 @@ The file (YAML; every list is an axis, empty ones take the default):
   budget: 500ms                 # with a profile: is --mode auto's pick the
                                 # mode that measured best within this stall?
 
+A file with "kind: follow" is a mobility scenario instead: edge hosts whose
+round trip to a client (the lab's last host) follows a schedule, Redis with
+its load client, and ferry follow moving it after the client. It writes
+results.json (the round trips set, follow's events, the moves, the client's
+timeline and the scores: mean_latency_ms against an oracle always on the
+nearest host and a service that never moves) and report.html (on one time
+axis the client's latency, which host served it, each decision and move):
+
+  name: follow-drive
+  kind: follow
+  hosts: 3                      # edge hosts h1..h3; the client is h4
+  start: h1
+  duration: 120s
+  schedule:                     # each host's round trip to the client, from "at" on
+    - {at: 0s, rtt: {h1: 5ms, h2: 40ms, h3: 80ms}}
+    - {at: 40s, rtt: {h1: 60ms, h2: 5ms, h3: 40ms}}
+  noise: 0.2                    # every round trip jittered by up to ±20 %, anew each second
+  follow: {threshold: 30ms, dwell: 5s, min_interval: 20s}
+
 Shipped experiments are in the repository's experiments/ directory.
 Needs root; tears down any lab already up.`,
 		Example: `  ferry lab experiment experiments/services.yaml --out /tmp/services
@@ -104,6 +126,9 @@ Needs root; tears down any lab already up.`,
 			data, err := os.ReadFile(args[0])
 			if err != nil {
 				return err
+			}
+			if followlab.IsFollow(data) {
+				return runFollowScenario(cmd, data, args[0], out, profile, quiet)
 			}
 			spec, err := experiment.ParseSpec(data)
 			if err != nil {
@@ -196,4 +221,51 @@ func writeFileWith(path string, write func(io.Writer) error) error {
 		return err
 	}
 	return f.CloseAtomicallyReplace()
+}
+
+// runFollowScenario runs a follow scenario (package followlab) and writes
+// its results and report into out.
+func runFollowScenario(cmd *cobra.Command, data []byte, file, out, profile string, quiet bool) error {
+	spec, err := followlab.ParseSpec(data)
+	if err != nil {
+		return fmt.Errorf("%s: %w", file, err)
+	}
+	if profile != "" {
+		spec.Profile = profile
+	}
+	if out == "" {
+		out = "ferry-experiment-" + spec.Name
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	o := followlab.Options{Spec: spec, Out: out}
+	if o.FerryBin, err = os.Executable(); err != nil {
+		return err
+	}
+	if !quiet {
+		o.Log = func(s string) { fmt.Fprintln(os.Stderr, s) }
+	}
+	res, err := followlab.Run(cmd.Context(), o)
+	if err != nil {
+		res.Error = err.Error()
+	}
+	werr := writeFileWith(filepath.Join(out, "results.json"), func(w io.Writer) error {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(res)
+	})
+	if werr == nil {
+		werr = writeFileWith(filepath.Join(out, "report.html"), func(w io.Writer) error { return report.WriteFollow(w, res) })
+	}
+	if err != nil {
+		return errors.Join(err, werr)
+	}
+	if werr != nil {
+		return werr
+	}
+	s := res.Scores
+	fmt.Printf("%d moves; mean round trip %.1f ms, oracle %.1f ms (%.2fx), never moving %.1f ms (%.2fx): %s\n",
+		s.Moves, s.MeanLatencyMs, s.OracleMeanLatencyMs, s.VsOracle, s.StaticMeanLatencyMs, s.StaticOver, filepath.Join(out, "report.html"))
+	return nil
 }

@@ -113,7 +113,7 @@ func followFigure(res followlab.Results) (template.HTML, error) {
 		for _, b := range c.Timeline {
 			cx, cy = append(cx, (off+b.TMs+c.BucketMs/2)/1000), append(cy, b.P50Ms)
 		}
-		style := lineStyle(plot.Palette[1], 1, false)
+		style := lineStyle(plot.Palette[3], 1, false)
 		if err := addLines(lat, cx, cy, func(i int) bool { return c.Timeline[i].Ops > 0 }, style); err != nil {
 			return "", err
 		}
@@ -208,7 +208,7 @@ p.omitted { font-style: italic; color: #666; }
 <p>Started {{.Started}}, {{printf "%.0f" .Seconds}} s. A client's round trip to each edge host follows the scenario's schedule (the lab's delay lines); <code>ferry follow</code> moves the service after it.{{if .Error}} <strong>The run ended with an error:</strong> {{.Error}}{{end}}</p>
 {{if .SVG}}<figure id="follow" class="follow">
 {{.SVG}}
-<figcaption><strong>Figure 1.</strong> Above: each host's round trip to the client as the delay lines were set (dashed), the round trip to the host serving it (black) and the client's own median request time (orange). Below: which host served the client. Grey: a move, from the decision to the service running on its new host; dots: decisions.</figcaption>
+<figcaption><strong>Figure 1.</strong> Above: each host's round trip to the client as the delay lines were set (dashed), the round trip to the host serving it (black) and the client's own median request time (pink). Below: which host served the client. Grey: a move, from the decision to the service running on its new host; dots: decisions.</figcaption>
 </figure>{{else}}<p class="omitted">{{.Omitted}}</p>{{end}}
 <h2>Scores</h2>
 <table>
