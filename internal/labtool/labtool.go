@@ -27,8 +27,14 @@ func Probe(ctx context.Context, addrs []string, interval, ready time.Duration, s
 	if err != nil {
 		return err
 	}
+	// The round trip to the workload, so that a far one's answers are
+	// waited for (the lab's delay lines).
+	t0 := time.Now()
+	if _, _, err := probe.QueryAny(ctx, addrs, probe.ReqStat, time.Second); err != nil {
+		return err
+	}
 	enc := json.NewEncoder(stdout)
-	p := probe.Start(addrs, interval)
+	p := probe.StartFar(addrs, interval, time.Since(t0))
 	_ = enc.Encode(st)
 	_, _ = io.Copy(io.Discard, stdin)
 	return enc.Encode(p.Stop(ctx))

@@ -86,9 +86,9 @@ func ctxErr(ctx context.Context, err error) error {
 	return err
 }
 
-// queryAny sends req to every address at once and returns the first reply
+// QueryAny sends req to every address at once and returns the first reply
 // and the address that gave it. The others are abandoned.
-func queryAny(ctx context.Context, addrs []string, req string, timeout time.Duration) (Stat, string, error) {
+func QueryAny(ctx context.Context, addrs []string, req string, timeout time.Duration) (Stat, string, error) {
 	if len(addrs) == 0 {
 		return Stat{}, "", errors.New("probe: no addresses")
 	}
@@ -128,7 +128,7 @@ func WaitReady(ctx context.Context, addrs []string, timeout time.Duration) (Stat
 	defer cancel()
 	var last error
 	for {
-		s, _, err := queryAny(ctx, addrs, ReqStat, 200*time.Millisecond)
+		s, _, err := QueryAny(ctx, addrs, ReqStat, 200*time.Millisecond)
 		switch {
 		case err == nil && s.Ready:
 			return s, nil
@@ -165,7 +165,7 @@ func verify(ctx context.Context, addrs []string) (Stat, string, error) {
 		defer cancel()
 	}
 	for {
-		s, addr, err := queryAny(ctx, addrs, ReqVerify, verifyTimeout)
+		s, addr, err := QueryAny(ctx, addrs, ReqVerify, verifyTimeout)
 		if err == nil {
 			return s, addr, nil
 		}

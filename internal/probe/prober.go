@@ -65,7 +65,12 @@ type Prober struct {
 // It sticks to the address that last answered and, when that one fails, asks
 // all of them at once, since during a migration the workload moves from one
 // address to another.
-func Start(addrs []string, interval time.Duration) *Prober {
+func Start(addrs []string, interval time.Duration) *Prober { return StartFar(addrs, interval, 0) }
+
+// StartFar is Start for a workload rtt away: each question waits at
+// least three round trips for its answer (Start's 20 ms would give up on
+// every answer from a far host).
+func StartFar(addrs []string, interval, rtt time.Duration) *Prober {
 	if interval <= 0 {
 		interval = DefaultInterval
 	}
@@ -73,7 +78,7 @@ func Start(addrs []string, interval time.Duration) *Prober {
 	p := &Prober{
 		addrs:    append([]string(nil), addrs...),
 		interval: interval,
-		timeout:  max(2*interval, 20*time.Millisecond),
+		timeout:  max(2*interval, 20*time.Millisecond, 3*rtt),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 		ctx:      ctx,
@@ -112,7 +117,7 @@ func (p *Prober) round(ctx context.Context, timeout time.Duration) (Stat, bool) 
 	}
 	askCurrent := func() (Stat, error) { return Query(ctx, p.addrs[p.cur], ReqStat, timeout) }
 	askAll := func() (Stat, error) {
-		s, addr, err := queryAny(ctx, p.addrs, ReqStat, timeout)
+		s, addr, err := QueryAny(ctx, p.addrs, ReqStat, timeout)
 		if err == nil {
 			p.setCur(addr)
 		}
