@@ -59,6 +59,9 @@ type Inputs struct {
 	// streams them into containerd, which unpacks them), at the profile's
 	// ImageCopyBps, while the container is down.
 	CopiesImages bool `json:"copies_images,omitempty"`
+	// RTTSeconds is the round trip between the source and the
+	// destination (0: a near link, whose round trips cost nothing).
+	RTTSeconds float64 `json:"rtt_s,omitempty"`
 }
 
 // Prediction is one technique's predicted cost.
@@ -76,6 +79,8 @@ func (in Inputs) check() error {
 		return fmt.Errorf("shared memory must be a non-negative number, got %v", in.SharedBytes)
 	case !(in.RootfsBytes >= 0) || math.IsInf(in.RootfsBytes, 0):
 		return fmt.Errorf("root filesystem bytes must be a non-negative number, got %v", in.RootfsBytes)
+	case !(in.RTTSeconds >= 0) || in.RTTSeconds > 10:
+		return fmt.Errorf("round trip must be between 0 and 10 s, got %v", in.RTTSeconds)
 	}
 	for _, b := range in.RoundBandwidthBps {
 		if !(b >= 0) {
@@ -134,6 +139,15 @@ func Predict(p Profile, in Inputs, mode string, rounds int) Prediction {
 		}
 		c := img / p.imageCopyBps()
 		t.down, t.total = t.down+c, t.total+c
+	}
+	if rtt := in.RTTSeconds; rtt > 0 {
+		// The protocol's exchanges: before the technique (connections, the
+		// offer, the root filesystem's manifest and delta) and while the
+		// container is down (the switchover's requests, the restore's
+		// reply, the commit).
+		down := p.switchoverRoundTrips(mode) * rtt
+		t.down += down
+		t.total += down + p.setupRoundTrips()*rtt
 	}
 	return p.withInterval(Prediction{
 		Mode: mode, Rounds: t.rounds,

@@ -75,6 +75,16 @@ type Profile struct {
 	SetupRootfsBytes float64 `json:"setup_rootfs_bytes,omitempty"`
 	DedupRefBytes    float64 `json:"dedup_ref_bytes"` // link bytes for a page the destination already holds
 
+	// Far links (Inputs.RTTSeconds). A session keeps at most WindowBytes
+	// in flight, so a link carries at most WindowBytes/RTT; a migration
+	// spends SetupRoundTrips round trips before its technique and on its
+	// commit, and SwitchoverRoundTrips (ColdRoundTrips for cold, whose
+	// stream is the window's) while the container is down. 0: the
+	// defaults (DefaultWindowBytes and the like).
+	WindowBytes          float64 `json:"window_bytes,omitempty"`
+	SetupRoundTrips      float64 `json:"setup_round_trips,omitempty"`
+	SwitchoverRoundTrips float64 `json:"switchover_round_trips,omitempty"`
+	ColdRoundTrips       float64 `json:"cold_round_trips,omitempty"`
 	// SoftDirty: the kernel tracks dirty pages, so CRIU's native pre-copy
 	// (PAM) is possible; Best only considers it then.
 	SoftDirty bool `json:"soft_dirty"`
@@ -94,6 +104,40 @@ type Profile struct {
 	// the agent's past migrations; a mode without one, or with too few
 	// migrations behind it, gets the default.
 	Intervals []Interval `json:"intervals,omitempty"`
+}
+
+// The far-link terms measured in the lab with its delay lines (64 MiB
+// memhog at 200 pages/s, 1 Gbit/s, round trips of 0, 50 and 100 ms, every
+// mode; docs/MODEL.md, "Far links"): 64 MiB crossed in 1.6 s at 50 ms
+// and 3.2 s at 100 ms whatever the mode (about 2 MB in flight; the
+// stream's dump, 2.5 s at 100 ms, about 2.7 MB); connecting, the offer and
+// the root filesystem took 14-15 round trips more; the live modes'
+// downtime 3.7 (the memory-less dump's last round, the restore's reply,
+// the commit), cold's 2 besides its stream.
+const (
+	DefaultWindowBytes          = 2.5e6
+	DefaultSetupRoundTrips      = 14
+	DefaultSwitchoverRoundTrips = 3.7
+	DefaultColdRoundTrips       = 2
+)
+
+func (p Profile) window() float64 { return cmpOr(p.WindowBytes, DefaultWindowBytes) }
+
+func (p Profile) setupRoundTrips() float64 { return cmpOr(p.SetupRoundTrips, DefaultSetupRoundTrips) }
+
+func (p Profile) switchoverRoundTrips(mode string) float64 {
+	if mode == ModeCold {
+		return cmpOr(p.ColdRoundTrips, DefaultColdRoundTrips)
+	}
+	return cmpOr(p.SwitchoverRoundTrips, DefaultSwitchoverRoundTrips)
+}
+
+// cmpOr is v, or def where v is not positive.
+func cmpOr(v, def float64) float64 {
+	if v > 0 {
+		return v
+	}
+	return def
 }
 
 // DefaultImageCopyBps is Docker 20.10's images copy on the development

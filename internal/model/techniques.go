@@ -20,12 +20,22 @@ type timeline struct {
 
 // link is the payload throughput of round i (the switchover uses the index
 // after the last round): the round's capacity times the link efficiency.
+//
+// Over a far link a session keeps at most the profile's window in flight,
+// so it carries no more than window/RTT whatever the link's capacity (an
+// unshaped link, 0, then carries exactly that).
 func (p Profile) link(in Inputs, i int) float64 {
 	bw := in.BandwidthBps
 	if len(in.RoundBandwidthBps) > 0 {
 		bw = linkAt(in.RoundBandwidthBps, i)
 	}
-	return p.LinkEfficiency * bw
+	bw *= p.LinkEfficiency
+	if w := p.window(); in.RTTSeconds > 0 && w > 0 {
+		if far := w / in.RTTSeconds; bw <= 0 || far < bw {
+			return far
+		}
+	}
+	return bw
 }
 
 // unmoved adds to a technique's timeline what no technique moves live: the
