@@ -111,8 +111,10 @@ type CandidateView struct {
 	Load      HostLoad `json:"load"`
 	Costs     Costs    `json:"costs"`
 	// ThroughputBps is what the link from the source carried, bits a
-	// second.
+	// second, and RTTMs its round trip (the median of TCP handshakes with
+	// the candidate's agent).
 	ThroughputBps float64 `json:"throughput_bps"`
+	RTTMs         float64 `json:"rtt_ms"`
 }
 
 // CandidateQuery is what a source agent asks a candidate host (a peer

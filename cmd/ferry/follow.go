@@ -171,7 +171,7 @@ func printFollowEvent(w io.Writer, e follow.Event, asJSON, quiet bool) {
 	case "decision":
 		fmt.Fprintf(w, "%s %s decision: %s\n", ts, e.Host, e.Message)
 		tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  HOST\tLATENCY\tIDLE CORES\tFREE MEM\tLINK\tMODE\tPREDICTED DOWN\tCOST\tVERDICT")
+		fmt.Fprintln(tw, "  HOST\tLATENCY\tIDLE CORES\tFREE MEM\tLINK, RTT\tMODE\tPREDICTED DOWN\tCOST\tVERDICT")
 		for _, c := range e.Placement.Candidates {
 			mode, down, cost := "-", "-", "-"
 			if c.Prediction != nil {
@@ -188,7 +188,7 @@ func printFollowEvent(w io.Writer, e follow.Event, asJSON, quiet bool) {
 				verdict = strings.Join(c.Refused, "; ")
 			}
 			fmt.Fprintf(tw, "  %s\t%v\t%.1f/%.0f\t%s\t%s\t%s\t%s\t%s\t%s\n", c.Host, c.Latency.Round(time.Microsecond), c.Cores-c.BusyCores, c.Cores,
-				humanBytes(int64(c.FreeMemory)), humanRate(c.ThroughputBps), mode, down, cost, verdict)
+				humanBytes(int64(c.FreeMemory)), humanRate(c.ThroughputBps)+" "+c.RTT.Round(100*time.Microsecond).String(), mode, down, cost, verdict)
 		}
 		_ = tw.Flush()
 	default:

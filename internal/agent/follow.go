@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -187,10 +188,34 @@ func (a *Agent) askCandidate(ctx context.Context, addr string, clients []api.Cli
 		}
 	}
 	v.LatencyMs = meanLatency(v.Clients)
+	if rtt, err := linkRTT(ctx, addr); err == nil {
+		v.RTTMs = ms(rtt)
+	} else {
+		v.Error = fmt.Sprintf("measuring the round trip to %s: %v", addr, err)
+		return v
+	}
 	if v.ThroughputBps, err = engine.ProbeLink(sess); err != nil {
 		v.Error = fmt.Sprintf("measuring the link to %s: %v", addr, err)
 	}
 	return v
+}
+
+// linkRTT is the round trip to a peer's agent (NAME@HOST:PORT or
+// HOST:PORT): the median of TCP handshakes with it, the kernel's own
+// measure.
+func linkRTT(ctx context.Context, peer string) (time.Duration, error) {
+	if _, a, ok := strings.Cut(peer, "@"); ok {
+		peer = a
+	}
+	ap, err := netip.ParseAddrPort(peer)
+	if err != nil {
+		return 0, fmt.Errorf("peer address %q: %w", peer, err)
+	}
+	r, err := clientrtt.Probe(ctx, ap.Addr().Unmap(), clientrtt.ProbeOptions{Port: ap.Port(), Count: 5, Interval: 10 * time.Millisecond})
+	if err != nil {
+		return 0, err
+	}
+	return r.Median, nil
 }
 
 // answerCandidate serves a source agent's ChanCandidate.

@@ -414,7 +414,7 @@ func (l *Loop) service(a api.Assessment, v Verdict, hosts []Host) (Service, []Ca
 		c.Err, c.Latency = cv.Error, time.Duration(cv.LatencyMs*float64(time.Millisecond))
 		c.Cores, c.BusyCores = cv.Load.Cores, cv.Load.BusyCores+cv.Load.ReservedCores
 		c.FreeMemory, c.FreeStorage = float64(cv.Load.FreeMemory), float64(cv.Load.FreeStorage)
-		c.Costs, c.ThroughputBps = cv.Costs, cv.ThroughputBps
+		c.Costs, c.ThroughputBps, c.RTT = cv.Costs, cv.ThroughputBps, time.Duration(cv.RTTMs*float64(time.Millisecond))
 		if cv.Host != "" && cv.Host != h.Name {
 			c.Err = fmt.Sprintf("the agent at %s is %s, not %s", h.Peer, cv.Host, h.Name)
 		}

@@ -53,8 +53,9 @@ type Candidate struct {
 	// second (s_pe); 0: the profile's dump rate.
 	SpeedBps float64 `json:"speed_bps,omitempty"`
 	// ThroughputBps is what the link from the service's host carried, in
-	// bits per second.
-	ThroughputBps float64 `json:"throughput_bps"`
+	// bits per second, and RTT that link's round trip.
+	ThroughputBps float64       `json:"throughput_bps"`
+	RTT           time.Duration `json:"rtt_ns"`
 }
 
 // Evaluation is one candidate weighed.
@@ -206,6 +207,7 @@ func (pl Placer) evaluate(svc Service, c Candidate) Evaluation {
 
 	in := svc.Workload
 	in.BandwidthBps = c.ThroughputBps / 8
+	in.RTTSeconds = c.RTT.Seconds()
 	// The throughput was measured, not a capacity: the profile's link
 	// efficiency must not be applied to it twice.
 	p := pl.Profile
