@@ -33,6 +33,9 @@ type AssessQuery struct {
 	// Workload also measures the container (a second of its memory and
 	// CPU), as a decision needs; a latency sample alone does not.
 	Workload bool `json:"workload,omitempty"`
+	// NoClients skips the clients (a move not made for them: a node
+	// chosen for a Migration that names none).
+	NoClients bool `json:"no_clients,omitempty"`
 }
 
 // Client is one of the service's clients, by address.

@@ -66,9 +66,11 @@ func (a *Agent) assess(ctx context.Context, q api.AssessQuery) (api.Assessment, 
 	if c.Status != "running" || c.PID <= 0 {
 		return api.Assessment{}, fmt.Errorf("container %q is %s, not running", q.Container, c.Status)
 	}
-	as := api.Assessment{Host: a.Host.Name, Container: c.Name, Runtime: c.Runtime}
-	if as.Clients, err = a.clients(ctx, c.PID, q); err != nil {
-		return api.Assessment{}, err
+	as := api.Assessment{Host: a.Host.Name, Container: c.Name, Runtime: c.Runtime, Clients: []api.Client{}}
+	if !q.NoClients {
+		if as.Clients, err = a.clients(ctx, c.PID, q); err != nil {
+			return api.Assessment{}, err
+		}
 	}
 	as.LatencyMs = meanLatency(as.Clients)
 

@@ -174,6 +174,10 @@ func TestKubernetesDeploymentPodMoves(t *testing.T) {
 			t.Fatalf("%s: pods after the move: %v", mode, kubeworld.PodNames(pods))
 		}
 		checkInItsPod(t, &pods[0])
+		// No target node named: the source node's agent weighed the nodes.
+		if !strings.Contains(m.Status.TargetReason, "the cheapest feasible host") {
+			t.Errorf("%s: target reason %q: the nodes were not weighed by the policy", mode, m.Status.TargetReason)
+		}
 		if ref := metav1.GetControllerOf(&pods[0]); ref == nil || ref.Kind != "ReplicaSet" {
 			t.Errorf("%s: the replacement's controller is %v, want its ReplicaSet", mode, ref)
 		}

@@ -322,8 +322,13 @@ func (l *Loop) decide(ctx context.Context, at Host, v Verdict) error {
 		l.trig.Held(l.now())
 		return fmt.Errorf("asking %s about %q and its candidates: %w", at.Name, l.cfg.Container, err)
 	}
-	svc, cs := l.service(a, v, cands)
-	l.place.SourceLoad = load(a.Load)
+	names := make([]string, len(cands))
+	for i, h := range cands {
+		names[i] = h.Name
+	}
+	svc, cs := FromAssessment(a, names, l.cfg.MaxDowntime)
+	svc.Latency = v.Latency
+	l.place.SourceLoad = SourceLoad(a)
 	p := l.place.Place(svc, cs)
 	l.emit(Event{Kind: "decision", LatencyMs: ms(v.Latency), Verdict: &v, Placement: &p, Message: p.Reason})
 	for _, e := range p.Candidates {
@@ -396,15 +401,17 @@ func (l *Loop) ended(p *Pending, rep api.Report, pred *PredictedRun) {
 		Message: fmt.Sprintf("the move to %s failed at %s: %s; %q stays on %s", p.To, rep.FailedAt, rep.Error, l.cfg.Container, where)})
 }
 
-// service and candidates for placement, from the source's assessment.
-func (l *Loop) service(a api.Assessment, v Verdict, hosts []Host) (Service, []Candidate) {
-	svc := Service{Container: a.Container, Host: a.Host, Latency: v.Latency, Cores: a.Cores,
-		StateBytes: float64(a.StateBytes), MaxDowntime: l.cfg.MaxDowntime,
+// FromAssessment is the service and its candidates for placement, from
+// its host's assessment: hosts names the candidates in the order their
+// agents were asked (api.AssessQuery.Candidates).
+func FromAssessment(a api.Assessment, hosts []string, maxDowntime time.Duration) (Service, []Candidate) {
+	svc := Service{Container: a.Container, Host: a.Host, Latency: time.Duration(a.LatencyMs * float64(time.Millisecond)), Cores: a.Cores,
+		StateBytes: float64(a.StateBytes), MaxDowntime: maxDowntime,
 		Workload: model.Inputs{MemoryBytes: float64(a.MemoryBytes), DirtyRatePagesPerSec: a.DirtyRate,
 			SharedBytes: float64(a.SharedBytes), NoLazyRestore: a.NoLazyRestore, CopiesImages: a.CopiesImages}}
 	cs := make([]Candidate, 0, len(hosts))
 	for i, h := range hosts {
-		c := Candidate{Host: h.Name}
+		c := Candidate{Host: h}
 		if i >= len(a.Candidates) {
 			c.Err = "no answer"
 			cs = append(cs, c)
@@ -415,19 +422,20 @@ func (l *Loop) service(a api.Assessment, v Verdict, hosts []Host) (Service, []Ca
 		c.Cores, c.BusyCores = cv.Load.Cores, cv.Load.BusyCores+cv.Load.ReservedCores
 		c.FreeMemory, c.FreeStorage = float64(cv.Load.FreeMemory), float64(cv.Load.FreeStorage)
 		c.Costs, c.ThroughputBps, c.RTT = cv.Costs, cv.ThroughputBps, time.Duration(cv.RTTMs*float64(time.Millisecond))
-		if cv.Host != "" && cv.Host != h.Name {
-			c.Err = fmt.Sprintf("the agent at %s is %s, not %s", h.Peer, cv.Host, h.Name)
+		if cv.Host != "" && cv.Host != h {
+			c.Err = fmt.Sprintf("the agent at %s is %s, not %s", cv.Addr, cv.Host, h)
 		}
 		cs = append(cs, c)
 	}
 	return svc, cs
 }
 
-func load(l api.HostLoad) float64 {
-	if l.Cores <= 0 {
+// SourceLoad is the share of the service's host's CPUs in use.
+func SourceLoad(a api.Assessment) float64 {
+	if a.Load.Cores <= 0 {
 		return 0
 	}
-	return min(1, l.BusyCores/l.Cores)
+	return min(1, a.Load.BusyCores/a.Load.Cores)
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

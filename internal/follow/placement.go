@@ -108,6 +108,10 @@ type Placer struct {
 	// SourceSpeedBps its s_ps (0: the profile's dump rate).
 	SourceLoad     float64
 	SourceSpeedBps float64
+	// AnyLatency weighs candidates whatever their latency to the clients
+	// (a move made for another reason: draining a node); latency then
+	// only breaks ties.
+	AnyLatency bool
 }
 
 // ProbeSamples is how many probes a candidate's latency is the median
@@ -166,8 +170,13 @@ func (pl Placer) Place(svc Service, cands []Candidate) Placement {
 		return p
 	}
 	p.Chosen = best.Host
-	p.Reason = fmt.Sprintf("%s: the cheapest feasible host (%.4g €), latency %v instead of %v, %s predicted %.0f ms down",
-		best.Host, best.Cost.Euro, round(best.Latency), round(svc.Latency), best.Mode, best.Prediction.DowntimeMs)
+	if pl.AnyLatency {
+		p.Reason = fmt.Sprintf("%s: the cheapest feasible host (%.4g €), %s predicted %.0f ms down",
+			best.Host, best.Cost.Euro, best.Mode, best.Prediction.DowntimeMs)
+	} else {
+		p.Reason = fmt.Sprintf("%s: the cheapest feasible host (%.4g €), latency %v instead of %v, %s predicted %.0f ms down",
+			best.Host, best.Cost.Euro, round(best.Latency), round(svc.Latency), best.Mode, best.Prediction.DowntimeMs)
+	}
 	if len(evals) > 1 && evals[1].Feasible() {
 		next := evals[1]
 		if math.Abs(next.Cost.Euro-best.Cost.Euro) <= costTie {
@@ -197,7 +206,7 @@ func (pl Placer) evaluate(svc Service, c Candidate) Evaluation {
 	refuse := func(format string, args ...any) { e.Refused = append(e.Refused, fmt.Sprintf(format, args...)) }
 	near := pl.Trigger.Near()
 	better := time.Duration(float64(svc.Latency) * (1 - pl.Trigger.Hysteresis))
-	if c.Latency >= near && c.Latency >= better {
+	if !pl.AnyLatency && c.Latency >= near && c.Latency >= better {
 		refuse("latency %v is not clearly better than %v (below %v, or below %v)", round(c.Latency), round(svc.Latency), round(near), round(better))
 	}
 	if !(c.ThroughputBps > 0) {

@@ -136,7 +136,11 @@ func (r *Reconciler) check(ctx context.Context, m *v1.Migration) error {
 		return r.end(ctx, m, v1.PhaseFailed, err.Error(), nil)
 	}
 	m.Status = st
-	return r.setPhase(ctx, m, v1.PhaseTargetPod, fmt.Sprintf("moving pod %s (container %s) from %s to %s", st.SourcePod, st.ContainerID, st.SourceNode, st.TargetNode))
+	msg := fmt.Sprintf("moving pod %s (container %s) from %s to %s", st.SourcePod, st.ContainerID, st.SourceNode, st.TargetNode)
+	if st.TargetReason != "" {
+		msg += " (" + st.TargetReason + ")"
+	}
+	return r.setPhase(ctx, m, v1.PhaseTargetPod, msg)
 }
 
 // plan is what check finds, or why the Migration cannot be.
@@ -164,7 +168,11 @@ func (r *Reconciler) plan(ctx context.Context, m *v1.Migration) (v1.MigrationSta
 	if err != nil {
 		return st, fmt.Errorf("pod %s: %w", pod.Name, err)
 	}
-	target, err := r.pickTarget(ctx, &pod, m.Spec.TargetNode)
+	var budget time.Duration
+	if m.Spec.MaxDowntime != nil {
+		budget = m.Spec.MaxDowntime.Duration
+	}
+	target, why, err := r.pickTarget(ctx, &pod, m.Spec.TargetNode, id, budget)
 	if err != nil {
 		return st, err
 	}
@@ -179,7 +187,7 @@ func (r *Reconciler) plan(ctx context.Context, m *v1.Migration) (v1.MigrationSta
 	}
 	return v1.MigrationStatus{
 		SourceNode: pod.Spec.NodeName, SourcePod: pod.Name, TargetNode: target,
-		TargetPod: replacementName(&pod, m), ContainerID: id, JobID: JobID(m.UID),
+		TargetPod: replacementName(&pod, m), ContainerID: id, JobID: JobID(m.UID), TargetReason: why,
 	}, nil
 }
 

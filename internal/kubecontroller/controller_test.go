@@ -512,7 +512,7 @@ func TestPickTarget(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := newClient(t, nil, tt.objs...)
 			r := &Reconciler{Client: c}
-			got, err := r.pickTarget(context.Background(), source, tt.want)
+			got, why, err := r.pickTarget(context.Background(), source, tt.want, testContainerID, 0)
 			if len(tt.wantErr) > 0 {
 				if err == nil {
 					t.Fatalf("pickTarget = %q, want an error containing %q", got, tt.wantErr)
@@ -525,6 +525,10 @@ func TestPickTarget(t *testing.T) {
 			}
 			if got != tt.got {
 				t.Errorf("pickTarget = %q, want %q", got, tt.got)
+			}
+			// No agent answers here: the pick by memory says so.
+			if tt.want == "" && !strings.Contains(why, "could not weigh the nodes") {
+				t.Errorf("pickTarget's reason %q does not say the policy could not weigh the nodes", why)
 			}
 		})
 	}
@@ -539,7 +543,7 @@ func TestPickTargetOvercommittedNode(t *testing.T) {
 	}
 	c := newClient(t, nil, node("a", "8Gi", ""), node("b", "1Gi", ""), over)
 	r := &Reconciler{Client: c}
-	got, err := r.pickTarget(context.Background(), rsPod(func(p *corev1.Pod) { p.Spec.NodeName = "a" }), "")
+	got, _, err := r.pickTarget(context.Background(), rsPod(func(p *corev1.Pod) { p.Spec.NodeName = "a" }), "", testContainerID, 0)
 	if err == nil {
 		if got != "b" {
 			t.Errorf("pickTarget = %q, want b, the only candidate", got)
@@ -605,11 +609,14 @@ func TestReconcilePlans(t *testing.T) {
 		TargetPod: testPod + "-" + JobID(testUID)[:6], ContainerID: testContainerID, JobID: JobID(testUID),
 	}
 	got := m.Status
-	got.Message = ""
+	got.Message, got.TargetReason = "", ""
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("status = %+v\nwant     %+v", got, want)
 	}
 	wantContains(t, "message", m.Status.Message, testPod, testContainerID, sourceNode, targetNode)
+	// No agent answers in this world: the node is picked by memory, and
+	// the status says why.
+	wantContains(t, "target reason", m.Status.TargetReason, "most memory not requested", "could not weigh the nodes")
 	if !controllerutil.ContainsFinalizer(m, v1.Finalizer) {
 		t.Errorf("finalizers = %v, want %s", m.Finalizers, v1.Finalizer)
 	}

@@ -15,8 +15,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/ferry-migrate/ferry/api"
+	agentclient "github.com/ferry-migrate/ferry/api/client"
 	v1 "github.com/ferry-migrate/ferry/api/kube/v1alpha1"
 	"github.com/ferry-migrate/ferry/api/restoreshim"
+	"github.com/ferry-migrate/ferry/internal/follow"
+	"github.com/ferry-migrate/ferry/internal/model"
 )
 
 // RuntimeClass is the RuntimeClass of replacement pods: ferry's shim.
@@ -243,31 +247,32 @@ func (r *Reconciler) awaitReady(ctx context.Context, m *v1.Migration) error {
 	}
 }
 
-// pickTarget checks the target node asked for, or picks the Ready,
-// schedulable node other than the source with the most memory not
-// requested by its pods.
-func (r *Reconciler) pickTarget(ctx context.Context, pod *corev1.Pod, want string) (string, error) {
+// pickTarget checks the target node asked for, or weighs the Ready,
+// schedulable nodes other than the source by follow's policy
+// (placeByPolicy); where the agents cannot weigh them, it picks the one
+// with the most memory not requested by its pods, and reason says so.
+func (r *Reconciler) pickTarget(ctx context.Context, pod *corev1.Pod, want, id string, maxDowntime time.Duration) (target, reason string, err error) {
 	var nodes corev1.NodeList
 	if err := r.Client.List(ctx, &nodes); err != nil {
-		return "", err
+		return "", "", err
 	}
 	if want != "" {
 		if want == pod.Spec.NodeName {
-			return "", fmt.Errorf("target node %s is the pod's own node", want)
+			return "", "", fmt.Errorf("target node %s is the pod's own node", want)
 		}
 		for i := range nodes.Items {
 			if nodes.Items[i].Name == want {
 				if why := unfit(&nodes.Items[i]); why != "" {
-					return "", fmt.Errorf("target node %s %s", want, why)
+					return "", "", fmt.Errorf("target node %s %s", want, why)
 				}
-				return want, nil
+				return want, "", nil
 			}
 		}
-		return "", fmt.Errorf("no node %q", want)
+		return "", "", fmt.Errorf("no node %q", want)
 	}
 	var pods corev1.PodList
 	if err := r.Client.List(ctx, &pods); err != nil {
-		return "", err
+		return "", "", err
 	}
 	requested := map[string]int64{}
 	for _, p := range pods.Items {
@@ -279,7 +284,7 @@ func (r *Reconciler) pickTarget(ctx context.Context, pod *corev1.Pod, want strin
 		}
 	}
 	best, bestFree := "", int64(math.MinInt64)
-	var why []string
+	var why, fits []string
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
 		if n.Name == pod.Spec.NodeName {
@@ -289,15 +294,54 @@ func (r *Reconciler) pickTarget(ctx context.Context, pod *corev1.Pod, want strin
 			why = append(why, n.Name+" "+w)
 			continue
 		}
+		fits = append(fits, n.Name)
 		free := n.Status.Allocatable.Memory().Value() - requested[n.Name]
 		if best == "" || free > bestFree || (free == bestFree && n.Name < best) {
 			best, bestFree = n.Name, free
 		}
 	}
 	if best == "" {
-		return "", fmt.Errorf("no node to move pod %s to (%s)", pod.Name, strings.Join(append(why, "the source "+pod.Spec.NodeName+" excluded"), "; "))
+		return "", "", fmt.Errorf("no node to move pod %s to (%s)", pod.Name, strings.Join(append(why, "the source "+pod.Spec.NodeName+" excluded"), "; "))
 	}
-	return best, nil
+	node, reason, err := r.placeByPolicy(ctx, pod, id, fits, maxDowntime)
+	if err != nil {
+		return best, fmt.Sprintf("%s: the node with the most memory not requested (its agents could not weigh the nodes: %v)", best, err), nil
+	}
+	if node == "" {
+		return "", "", fmt.Errorf("no node can take pod %s: %s", pod.Name, reason)
+	}
+	return node, reason, nil
+}
+
+// placeByPolicy weighs the fit nodes as ferry follow weighs hosts (package
+// follow, clients left out: this move is not made for them): the source
+// node's agent measures the container and asks each node's agent for its
+// room and prices, and measures the link to it; the cheapest node with
+// room whose predicted downtime fits the budget wins. node is "" when none
+// can take it (reason says why).
+func (r *Reconciler) placeByPolicy(ctx context.Context, pod *corev1.Pod, id string, fits []string, maxDowntime time.Duration) (node, reason string, err error) {
+	src, err := r.Agents.Of(ctx, r.Client, pod.Spec.NodeName)
+	if err != nil {
+		return "", "", err
+	}
+	q := api.AssessQuery{Container: id, Runtime: "kubernetes", NoClients: true, Workload: true}
+	for _, n := range fits {
+		ep, err := r.Agents.Of(ctx, r.Client, n)
+		if err != nil {
+			return "", "", err
+		}
+		q.Candidates = append(q.Candidates, ep.Name+"@"+ep.Addr)
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	a, err := agentclient.Assess(ctx, src, q)
+	if err != nil {
+		return "", "", err
+	}
+	svc, cands := follow.FromAssessment(a, fits, maxDowntime)
+	pl := follow.Placer{Trigger: follow.DefaultTrigger(), Profile: model.DefaultProfile(), SourceLoad: follow.SourceLoad(a), AnyLatency: true}
+	p := pl.Place(svc, cands)
+	return p.Chosen, p.Reason, nil
 }
 
 // unfit says why a node cannot take a pod, "" when it can.

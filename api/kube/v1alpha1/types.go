@@ -81,6 +81,10 @@ type MigrationStatus struct {
 	TargetPod  string `json:"targetPod,omitempty"`
 	// TargetPodIP is the replacement pod's address, once it runs.
 	TargetPodIP string `json:"targetPodIP,omitempty"`
+	// TargetReason says why the target node was chosen, where the spec
+	// named none (each node's room, price and predicted downtime weighed
+	// by the source node's agent, as ferry follow weighs hosts).
+	TargetReason string `json:"targetReason,omitempty"`
 	// ContainerID is the source container's containerd ID.
 	ContainerID string `json:"containerID,omitempty"`
 	// JobID is the migration's job at the source node's agent (ferry ps,
