@@ -110,12 +110,12 @@ type Profile struct {
 // memhog at 200 pages/s, 1 Gbit/s, round trips of 0, 50 and 100 ms, every
 // mode; docs/MODEL.md, "Far links"): 64 MiB crossed in 1.6 s at 50 ms
 // and 3.2 s at 100 ms whatever the mode (about 2 MB in flight; the
-// stream's dump, 2.5 s at 100 ms, about 2.7 MB); connecting, the offer and
+// stream's dump, 2.5 s at 100 ms, about 2.8 MB, which the live modes' first round comes near); connecting, the offer and
 // the root filesystem took 14-15 round trips more; the live modes'
 // downtime 3.7 (the memory-less dump's last round, the restore's reply,
 // the commit), cold's 2 besides its stream.
 const (
-	DefaultWindowBytes          = 2.5e6
+	DefaultWindowBytes          = 2.8e6
 	DefaultSetupRoundTrips      = 14
 	DefaultSwitchoverRoundTrips = 3.7
 	DefaultColdRoundTrips       = 2
