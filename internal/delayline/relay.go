@@ -24,7 +24,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/vishvananda/netns"
+	"github.com/ferry-migrate/ferry/internal/cnet"
 	"golang.org/x/sys/unix"
 )
 
@@ -182,46 +182,6 @@ func (r *Relay) open(name string) (int, error) {
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
-
-// inNetNS runs fn on a locked thread inside the namespace at path (the
-// sockets it makes stay there), or right here when path is empty.
-func inNetNS(path string, fn func() error) error {
-	if path == "" {
-		return fn()
-	}
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- err
-			return
-		}
-		defer orig.Close()
-		target, err := netns.GetFromPath(path)
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- fmt.Errorf("delay line: open netns %s: %w", path, err)
-			return
-		}
-		defer target.Close()
-		if err := netns.Set(target); err != nil {
-			runtime.UnlockOSThread()
-			done <- fmt.Errorf("delay line: enter netns %s: %w", path, err)
-			return
-		}
-		err = fn()
-		if rerr := netns.Set(orig); rerr != nil {
-			// The goroutine ends still locked: Go discards the thread.
-			done <- errors.Join(err, rerr)
-			return
-		}
-		runtime.UnlockOSThread()
-		done <- err
-	}()
-	return <-done
-}
 
 // RTT is the round trip the line adds now.
 func (r *Relay) RTT() time.Duration { return time.Duration(r.rtt.Load()) }
@@ -386,4 +346,13 @@ func (r *Relay) Stats() Stats {
 		})
 	}
 	return s
+}
+
+// inNetNS runs fn in the namespace at path (the sockets it makes stay
+// there), or right here when path is empty.
+func inNetNS(path string, fn func() error) error {
+	if path == "" {
+		return fn()
+	}
+	return cnet.Do(path, fn)
 }
