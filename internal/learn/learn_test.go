@@ -152,7 +152,10 @@ func TestLearnerFollowsAChangingHost(t *testing.T) {
 			i++
 		}
 	}
-	feed(48)
+	// Enough that each term's recent window holds only predictions made
+	// after its refit (a term fed by one mode in four refits after 5 of
+	// its own, and judges its last 20).
+	feed(96)
 	nearTruth(t, "host A", l.Profile(), a, 0.1)
 	if st := l.Status(); st.Drift {
 		t.Errorf("drift flagged on a host the profile learned: %+v", st.Terms)

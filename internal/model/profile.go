@@ -47,6 +47,10 @@ type Profile struct {
 	// FaultWaitS: a writer waits for each fault's page about this long, so
 	// it faults at most 1/FaultWaitS times a second (0: no bound).
 	FaultWaitS float64 `json:"fault_wait_s,omitempty"`
+	// FirstFaultsS is what post-copy's clients wait beyond the restore:
+	// the service's first requests fault on pages still at the source (0:
+	// DefaultFirstFaultsS).
+	FirstFaultsS float64 `json:"first_faults_s,omitempty"`
 	// RedirtyRatio is the share of a page a live round (from the second
 	// on) sends for a page dirtied again since it was last sent: XOR
 	// deltas make it small for sparse writes, 1 for pages rewritten whole.
@@ -121,6 +125,13 @@ const (
 	DefaultColdRoundTrips       = 2
 )
 
+// DefaultFirstFaultsS: post-copy's client waited 22-39 ms longer than
+// its downtime in the validation of 2026-11-28 (96-384 MiB, memhog's
+// probe), hybrid's 0-9 ms.
+const DefaultFirstFaultsS = 0.03
+
+func (p Profile) firstFaults() float64 { return cmpOr(p.FirstFaultsS, DefaultFirstFaultsS) }
+
 func (p Profile) window() float64 { return cmpOr(p.WindowBytes, DefaultWindowBytes) }
 
 func (p Profile) setupRoundTrips() float64 { return cmpOr(p.SetupRoundTrips, DefaultSetupRoundTrips) }
@@ -163,13 +174,13 @@ func DefaultProfile() Profile {
 		Source:          "defaults: development VM, CRIU 4.2.1 + runc 1.1.5 (calibrated 2026-11-22)",
 		PageSize:        4096,
 		FreezeS:         0.006,
-		DumpFixedS:      0.079,
+		DumpFixedS:      0.022,
 		DumpBps:         0.245e9,
 		ReadHashBps:     2.17e9,
 		FrozenReadBps:   2.8e9,
-		RestoreFixedS:   0.066,
+		RestoreFixedS:   0.035,
 		RestoreBps:      2.05e9,
-		LazySetupS:      0.0056,
+		LazySetupS:      0.004,
 		LazyBps:         0.174e9,
 		LazyRequestS:    0,      // small requests cost through their faults here (fault_s)
 		LazySerialShare: 0.27,   // over 300 Mbit/s the pull took 4.2 s quiet and faulting alike
