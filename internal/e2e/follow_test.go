@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -205,7 +206,21 @@ func TestFollowRefusedThenKilledMidMove(t *testing.T) {
 	if mig.To != "h3" {
 		t.Fatalf("moving to %s after %v", mig.To, seen)
 	}
-	// Killed mid-move (SIGKILL: no chance to tidy up).
+	// Killed mid-move (SIGKILL: no chance to tidy up), once the source
+	// runs the migration (the event comes just before follow asks).
+	h1 := client.Socket(l.Hosts[0].ControlSock)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		js, err := client.Jobs(ctx, h1, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.ContainsFunc(js, func(j api.Job) bool { return j.ID == mig.ID }) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("h1 never ran migration %s", mig.ID)
+		}
+	}
 	if err := f.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +251,7 @@ func TestFollowRefusedThenKilledMidMove(t *testing.T) {
 	if moved.ID != mig.ID || moved.To != "h3" || !strings.HasPrefix(seen[0], "resumed:") {
 		t.Fatalf("after the restart: %v", seen)
 	}
-	jobs, err := client.Jobs(ctx, client.Socket(l.Hosts[0].ControlSock), true)
+	jobs, err := client.Jobs(ctx, h1, true)
 	if err != nil {
 		t.Fatal(err)
 	}
