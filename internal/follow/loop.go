@@ -73,10 +73,12 @@ type Event struct {
 	Time time.Time `json:"time"`
 	// Kind: sample, decision, reserve, migrate, moved, failed, resumed,
 	// error.
-	Kind      string        `json:"kind"`
-	Host      string        `json:"host"`
-	LatencyMs float64       `json:"latency_ms,omitempty"`
-	Verdict   *Verdict      `json:"verdict,omitempty"`
+	Kind      string   `json:"kind"`
+	Host      string   `json:"host"`
+	LatencyMs float64  `json:"latency_ms,omitempty"`
+	Verdict   *Verdict `json:"verdict,omitempty"`
+	// FarSince, on a decision, is when the latency went too far.
+	FarSince  time.Time     `json:"far_since,omitzero"`
 	Placement *Placement    `json:"placement,omitempty"`
 	To        string        `json:"to,omitempty"`
 	ID        string        `json:"id,omitempty"`
@@ -155,6 +157,9 @@ type Loop struct {
 	st    State
 	trig  *Trigger
 	place Placer
+	// ahead is the candidates being weighed while the latency is too far
+	// (nil: it is not).
+	ahead *ahead
 }
 
 // New checks cfg and reads the state file (a service seen before) or
@@ -300,24 +305,70 @@ func (l *Loop) Step(ctx context.Context) error {
 	lat := time.Duration(a.LatencyMs * float64(time.Millisecond))
 	v := l.trig.Observe(now, lat)
 	l.emit(Event{Time: now, Kind: "sample", LatencyMs: a.LatencyMs, Verdict: &v})
+	if v.FarFor == 0 && !v.Fire {
+		l.ahead = nil // near again: what was weighed is stale
+		return nil
+	}
+	// Too far: weigh the candidates while the dwell runs, so that a
+	// firing decides at once (measuring the service and the links to
+	// every candidate takes seconds over far links).
+	if l.ahead == nil || l.ahead.stale(now) {
+		l.ahead = l.assessAhead(ctx, at)
+	}
 	if !v.Fire {
 		return nil
 	}
-	return l.decide(ctx, at, v)
+	return l.decide(ctx, at, v, now.Add(-v.FarFor))
 }
 
-// decide weighs the candidates and moves to the first feasible one that
-// reserves room for the service.
-func (l *Loop) decide(ctx context.Context, at Host, v Verdict) error {
+// aheadFresh is how old an assessment may be when a decision uses it.
+const aheadFresh = 5 * time.Second
+
+// ahead is the candidates weighed ahead of a decision.
+type ahead struct {
+	started time.Time
+	hosts   []Host // the candidates, in the order asked
+	done    chan struct{}
+	a       api.Assessment
+	err     error
+}
+
+// stale says the assessment began too long ago to decide on.
+func (a *ahead) stale(now time.Time) bool { return now.Sub(a.started) > aheadFresh }
+
+// assessAhead asks the service's host to assess it and every candidate,
+// in the background.
+func (l *Loop) assessAhead(ctx context.Context, at Host) *ahead {
 	q := api.AssessQuery{Container: l.cfg.Container, Runtime: l.cfg.Runtime, Ports: l.cfg.Ports, Probe: l.cfg.Probe, Workload: true}
-	var cands []Host
+	ah := &ahead{started: l.now(), done: make(chan struct{})}
 	for _, h := range l.cfg.Hosts {
 		if h.Name != at.Name {
-			cands = append(cands, h)
+			ah.hosts = append(ah.hosts, h)
 			q.Candidates = append(q.Candidates, h.Peer)
 		}
 	}
-	a, err := l.cfg.Agents.Assess(ctx, at, q)
+	go func() {
+		defer close(ah.done)
+		ah.a, ah.err = l.cfg.Agents.Assess(ctx, at, q)
+	}()
+	return ah
+}
+
+// decide weighs the candidates (as assessed ahead, or now) and moves to
+// the first feasible one that reserves room for the service. farSince is
+// when the latency went too far, for the record.
+func (l *Loop) decide(ctx context.Context, at Host, v Verdict, farSince time.Time) error {
+	ah := l.ahead
+	l.ahead = nil
+	if ah == nil || ah.stale(l.now()) {
+		ah = l.assessAhead(ctx, at)
+	}
+	select {
+	case <-ah.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	a, err, cands := ah.a, ah.err, ah.hosts
 	if err != nil {
 		l.trig.Held(l.now())
 		return fmt.Errorf("asking %s about %q and its candidates: %w", at.Name, l.cfg.Container, err)
@@ -330,7 +381,7 @@ func (l *Loop) decide(ctx context.Context, at Host, v Verdict) error {
 	svc.Latency = v.Latency
 	l.place.SourceLoad = SourceLoad(a)
 	p := l.place.Place(svc, cs)
-	l.emit(Event{Kind: "decision", LatencyMs: ms(v.Latency), Verdict: &v, Placement: &p, Message: p.Reason})
+	l.emit(Event{Kind: "decision", LatencyMs: ms(v.Latency), Verdict: &v, FarSince: farSince, Placement: &p, Message: p.Reason})
 	for _, e := range p.Candidates {
 		if !e.Feasible() {
 			break
@@ -382,7 +433,7 @@ func (l *Loop) move(ctx context.Context, at, to Host, id string, e Evaluation) e
 
 // ended records what became of the pending move p.
 func (l *Loop) ended(p *Pending, rep api.Report, pred *PredictedRun) {
-	l.st.Pending = nil
+	l.st.Pending, l.ahead = nil, nil
 	now := l.now()
 	if rep.OK {
 		l.st.Host, l.st.LastMove = p.To, now

@@ -56,6 +56,8 @@ type Move struct {
 	TriggerMs float64 `json:"trigger_ms"`
 	DecidedMs float64 `json:"decided_ms"`
 	MovedMs   float64 `json:"moved_ms"`
+	// RunningMs is when it ran at its new host: the migration's commit.
+	RunningMs float64 `json:"running_ms"`
 	Mode      string  `json:"mode"`
 	// Predicted and measured downtime and total (the engine's).
 	PredictedDowntimeMs float64 `json:"predicted_downtime_ms"`
@@ -104,7 +106,7 @@ func (r *Results) rel(t time.Time) float64 { return float64(t.UnixMilli() - r.St
 func (r *Results) Analyze() {
 	r.Served, r.Moves = nil, nil
 	at, from := r.Spec.Start, 0.0
-	var decided, trigger float64
+	var decided, trigger, migrated float64
 	var pred *follow.PredictedRun
 	r.Scores = Scores{}
 	for _, e := range r.Events {
@@ -114,11 +116,14 @@ func (r *Results) Analyze() {
 			r.Scores.Decisions++
 			decided = t
 			trigger = t
-			if e.Verdict != nil {
+			switch {
+			case !e.FarSince.IsZero():
+				trigger = r.rel(e.FarSince)
+			case e.Verdict != nil:
 				trigger = t - float64(e.Verdict.FarFor)/float64(time.Millisecond)
 			}
 		case "migrate":
-			pred = e.Predicted
+			pred, migrated = e.Predicted, t
 		case "moved", "failed":
 			m := Move{ID: e.ID, From: at, To: e.To, OK: e.Kind == "moved", TriggerMs: trigger, DecidedMs: decided, MovedMs: t}
 			if e.Predicted != nil {
@@ -136,13 +141,24 @@ func (r *Results) Analyze() {
 			if m.DowntimeMs > 0 && pred != nil {
 				m.DowntimeError = math.Abs(m.PredictedDowntimeMs-m.DowntimeMs) / m.DowntimeMs
 			}
-			m.TriggerToRunningMs = t - trigger
+			// Running from the commit on (the report's end comes after
+			// its cleanup).
+			running := t
+			if e.Report != nil && migrated > 0 {
+				for _, ph := range e.Report.Phases {
+					if ph.Name == "commit" {
+						running = migrated + ph.EndMs
+					}
+				}
+			}
+			m.RunningMs = running
+			m.TriggerToRunningMs = running - trigger
 			m.BoundMs = float64(r.Spec.Follow.Dwell)/float64(time.Millisecond) + 1.2*m.PredictedTotalMs
 			r.Moves = append(r.Moves, m)
 			if m.OK {
 				r.Scores.Moves++
-				r.Served = append(r.Served, Serving{Host: at, FromMs: from, ToMs: t})
-				at, from = e.To, t
+				r.Served = append(r.Served, Serving{Host: at, FromMs: from, ToMs: m.RunningMs})
+				at, from = e.To, m.RunningMs
 				r.Scores.MaxDowntimeError = math.Max(r.Scores.MaxDowntimeError, m.DowntimeError)
 				if m.TriggerToRunningMs > m.BoundMs {
 					r.Scores.MovesOverBound++
@@ -150,7 +166,7 @@ func (r *Results) Analyze() {
 			} else {
 				r.Scores.FailedMoves++
 			}
-			pred = nil
+			pred, migrated = nil, 0
 		}
 	}
 	r.Served = append(r.Served, Serving{Host: at, FromMs: from, ToMs: r.DurationMs})

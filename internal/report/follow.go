@@ -224,7 +224,7 @@ p.omitted { font-style: italic; color: #666; }
 <table>
 <tr><th>ID</th><th>From</th><th>To</th><th>Mode</th><th>Trigger (s)</th><th>Decided (s)</th><th>Running (s)</th><th>Trigger to running (ms)</th><th>Bound: dwell + 1.2x predicted total (ms)</th><th>Downtime predicted / measured (ms)</th><th>Total predicted / measured (ms)</th></tr>
 {{range .Moves}}<tr><td><code>{{.ID}}</code></td><td>{{.From}}</td><td>{{.To}}{{if not .OK}} (failed){{end}}</td><td>{{.Mode}}</td>
-<td class="num">{{printf "%.1f" (sec .TriggerMs)}}</td><td class="num">{{printf "%.1f" (sec .DecidedMs)}}</td><td class="num">{{printf "%.1f" (sec .MovedMs)}}</td>
+<td class="num">{{printf "%.1f" (sec .TriggerMs)}}</td><td class="num">{{printf "%.1f" (sec .DecidedMs)}}</td><td class="num">{{printf "%.1f" (sec .RunningMs)}}</td>
 <td class="num{{if .Over}} bad{{end}}">{{printf "%.0f" .TriggerToRunningMs}}</td><td class="num">{{printf "%.0f" .BoundMs}}</td>
 <td class="num{{if .Far}} bad{{end}}">{{printf "%.0f" .PredictedDowntimeMs}} / {{printf "%.0f" .DowntimeMs}}</td><td class="num">{{printf "%.0f" .PredictedTotalMs}} / {{printf "%.0f" .TotalMs}}</td></tr>
 {{end}}</table>{{end}}
