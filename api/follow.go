@@ -65,11 +65,14 @@ type Assessment struct {
 	DirtyRate   float64 `json:"dirty_rate"`
 	SharedBytes int64   `json:"shared_bytes,omitempty"`
 	Cores       float64 `json:"cores"`
-	// StateBytes is what moves besides memory (its root filesystem's own
-	// layer and volumes), as far as the runtime says.
+	// StateBytes is what moves besides memory: the files of its root
+	// filesystem that move (its own layer, or the whole tree) and its
+	// volumes.
 	StateBytes int64 `json:"state_bytes,omitempty"`
-	// NoLazyRestore and CopiesImages: what its runtime can do here (the
-	// planner's inputs).
+	// KeepsAddress: its address moves with it (handed over at the
+	// freeze). NoLazyRestore and CopiesImages: what its runtime can do
+	// here (the planner's inputs).
+	KeepsAddress  bool `json:"keeps_address,omitempty"`
 	NoLazyRestore bool `json:"no_lazy_restore,omitempty"`
 	CopiesImages  bool `json:"copies_images,omitempty"`
 	// Load is this host's: the room it has left, for the source's own

@@ -3,8 +3,10 @@ package agent
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -90,6 +92,13 @@ func (a *Agent) assess(ctx context.Context, q api.AssessQuery) (api.Assessment, 
 		return api.Assessment{}, fmt.Errorf("measuring %q: %w", q.Container, werr)
 	}
 	as.MemoryBytes, as.DirtyRate, as.SharedBytes, as.Cores = w.MemoryBytes, w.DirtyRate, w.SharedBytes, w.Cores
+	as.KeepsAddress = engine.KeepsAddress(c, a.Host.NetNS)
+	if q.Workload {
+		as.StateBytes = treeBytes(c.Rootfs)
+		for _, v := range c.Volumes {
+			as.StateBytes += treeBytes(v.Dir)
+		}
+	}
 	in := engine.PlanFor(w.Inputs(), rt.Caps())
 	as.NoLazyRestore, as.CopiesImages = in.NoLazyRestore, in.CopiesImages
 	if a.room != nil {
@@ -270,3 +279,24 @@ func meanLatency(cs []api.Client) float64 {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// treeBytes is the size of the regular files below dir (0 where it cannot
+// be read): what a move sends of it at least.
+func treeBytes(dir string) int64 {
+	if dir == "" {
+		return 0
+	}
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if d.Type().IsRegular() {
+			if info, err := d.Info(); err == nil {
+				n += info.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}

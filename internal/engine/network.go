@@ -39,6 +39,18 @@ func containerNetNS(spec []byte) (string, error) {
 	return "", nil
 }
 
+// KeepsAddress says whether the container's address moves with it (a
+// namespace ferry made on its segment, or a runtime's network both hosts
+// share): it is handed over at the freeze, a round trip more while the
+// container is down.
+func KeepsAddress(c *runtime.Container, hostNetNS string) bool {
+	if !runtime.HostLocal(c.Networks) && len(c.Networks) > 0 {
+		return true
+	}
+	path, err := containerNetNS(c.Spec)
+	return err == nil && path != "" && path != hostNetNS && strings.HasPrefix(filepath.Base(path), cnet.Prefix)
+}
+
 // prepareNetwork finds whether the container has a network of its own to
 // carry along; a container in its host's namespace keeps using the
 // destination host's.

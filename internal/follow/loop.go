@@ -459,7 +459,8 @@ func FromAssessment(a api.Assessment, hosts []string, maxDowntime time.Duration)
 	svc := Service{Container: a.Container, Host: a.Host, Latency: time.Duration(a.LatencyMs * float64(time.Millisecond)), Cores: a.Cores,
 		StateBytes: float64(a.StateBytes), MaxDowntime: maxDowntime,
 		Workload: model.Inputs{MemoryBytes: float64(a.MemoryBytes), DirtyRatePagesPerSec: a.DirtyRate,
-			SharedBytes: float64(a.SharedBytes), NoLazyRestore: a.NoLazyRestore, CopiesImages: a.CopiesImages}}
+			SharedBytes: float64(a.SharedBytes), NoLazyRestore: a.NoLazyRestore, CopiesImages: a.CopiesImages,
+			RootfsBytes: float64(a.StateBytes), KeepsAddress: a.KeepsAddress}}
 	cs := make([]Candidate, 0, len(hosts))
 	for i, h := range hosts {
 		c := Candidate{Host: h}

@@ -62,6 +62,9 @@ type Inputs struct {
 	// RTTSeconds is the round trip between the source and the
 	// destination (0: a near link, whose round trips cost nothing).
 	RTTSeconds float64 `json:"rtt_s,omitempty"`
+	// KeepsAddress: the container's address moves with it, handed over
+	// at the freeze (a round trip more while it is down).
+	KeepsAddress bool `json:"keeps_address,omitempty"`
 }
 
 // Prediction is one technique's predicted cost.
@@ -145,7 +148,11 @@ func Predict(p Profile, in Inputs, mode string, rounds int) Prediction {
 		// offer, the root filesystem's manifest and delta) and while the
 		// container is down (the switchover's requests, the restore's
 		// reply, the commit).
-		down := p.switchoverRoundTrips(mode) * rtt
+		trips := p.switchoverRoundTrips(mode)
+		if in.KeepsAddress {
+			trips++
+		}
+		down := trips * rtt
 		t.down += down
 		t.total += down + p.setupRoundTrips()*rtt
 	}

@@ -58,10 +58,11 @@ func TestTechniquesHandComputed(t *testing.T) {
 	}{
 		// freeze + dump fixed + max(dump 1 s, link 10 s) + restore 0.1 + 0.5.
 		{ModeCold, 0, 10.71, 10.71, 1e9, 0},
-		// freeze + dump fixed + restore fixed + lazy setup; the push at
-		// the link, 10 s, the daemon placing it as it comes (fault_s 0
-		// here: the faults' holes cost nothing after it).
-		{ModePostcopy, 0, 0.26, 0.26 + 10, 1e9, 10},
+		// freeze + dump fixed + restore fixed + lazy setup + the first
+		// faults (0.03); the push at the link, 10 s, the daemon placing
+		// it as it comes (fault_s 0 here: the faults' holes cost nothing
+		// after it).
+		{ModePostcopy, 0, 0.29, 0.29 + 10, 1e9, 10},
 		// Switchover: max(dump 1 + hash 0.25, delta d1/1e8) = 1.25 s.
 		{ModePrecopy, 1, 1.96, 10.25 + 1.96, 1e9 + d1, 0},
 		{ModePrecopy, 2, 1.96, 10.25 + t1 + 1.96, 1e9 + v1 + d2, 0},
@@ -269,8 +270,9 @@ func TestBestTieGoesToLowerDowntimeThenOrder(t *testing.T) {
 func TestBestPrefersLessDependenceAmongLazyModes(t *testing.T) {
 	p := exactProfile() // the budget against the point predictions
 	in := Inputs{MemoryBytes: 256 << 20, DirtyRatePagesPerSec: 1000, BandwidthBps: 125e6}
-	// Pre-copy restoring lazily needs ~180-230 ms here, post-copy ~157.
-	const budget = 170
+	// Pre-copy restoring lazily needs ~150-190 ms here (its frozen round
+	// reads all 256 MiB), hybrid ~140-180, post-copy ~97.
+	const budget = 130
 	preds, feasible, rec, reason := Best(p, in, budget)
 	var post, hy Prediction
 	for _, q := range preds {
@@ -438,10 +440,9 @@ func TestPushPull(t *testing.T) {
 	approx(t, "post-copy total", q.TotalMs, q.DowntimeMs+p.PushPull(m, 1e8, 2000)*1000)
 }
 
-// With write tracking, the frozen last round reads what was written, not
-// all of memory: pre-copy's (rebuild) and hybrid's downtime grow with
-// memory only through the page-table walk and the restore, and a live
-// round after the first takes what its writes cost.
+// With write tracking, a live round after the first takes what its writes
+// cost (and the walk of the page tables); the frozen last round still
+// reads all of memory.
 func TestWriteTracking(t *testing.T) {
 	p := DefaultProfile()
 	tracked := p
@@ -458,10 +459,11 @@ func TestWriteTracking(t *testing.T) {
 			}
 		}
 	}
-	// Hybrid's downtime: the frozen read of 1 GiB (~380 ms at 2.8 GB/s)
-	// gives way to a walk of its page tables (~75 ms) and the written pages.
+	// Hybrid's downtime: the frozen last round reads all of memory, with
+	// tracking too (the validation of 2026-11-28 found the switchover
+	// growing 0.28 ms a MiB): 768 MiB more is ~290 ms more at 2.8 GB/s.
 	small, large := Predict(tracked, in(256<<20), ModeHybrid, 3), Predict(tracked, in(1<<30), ModeHybrid, 3)
-	if d := large.DowntimeMs - small.DowntimeMs; d > 100 {
+	if d := large.DowntimeMs - small.DowntimeMs; d < 200 || d > 400 {
 		t.Errorf("hybrid downtime with tracking: 256 MiB %.0f ms, 1 GiB %.0f ms: grows %.0f ms with memory", small.DowntimeMs, large.DowntimeMs, d)
 	}
 	// A live round after the first: round 0's duration times the dirty
