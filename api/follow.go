@@ -33,6 +33,10 @@ type AssessQuery struct {
 	// Workload also measures the container (a second of its memory and
 	// CPU), as a decision needs; a latency sample alone does not.
 	Workload bool `json:"workload,omitempty"`
+	// ProbeSeconds spreads each candidate's probes of the clients over
+	// this long (0: a fraction of a second), so that its latency is a
+	// median over about as long as the service's own was judged.
+	ProbeSeconds float64 `json:"probe_s,omitempty"`
 	// NoClients skips the clients (a move not made for them: a node
 	// chosen for a Migration that names none).
 	NoClients bool `json:"no_clients,omitempty"`
@@ -127,6 +131,8 @@ type CandidateView struct {
 // request): its round trips to these client addresses.
 type CandidateQuery struct {
 	Clients []string `json:"clients"`
+	// ProbeSeconds: as AssessQuery's.
+	ProbeSeconds float64 `json:"probe_s,omitempty"`
 }
 
 // CandidateReply is a candidate host's answer.

@@ -33,8 +33,12 @@ import (
 const ChanCandidate = "candidate"
 
 // probeSamples is how many probes a round trip is the median of
-// (follow.ProbeSamples: fewer let noise make a host look nearer).
-const probeSamples = 9
+// (follow.ProbeSamples: fewer let noise make a host look nearer), spread
+// over at most maxProbeSeconds.
+const (
+	probeSamples    = 9
+	maxProbeSeconds = 60
+)
 
 // newRoom makes the host's reservation book over its measured load.
 func (a *Agent) newRoom() (*reserve.Book, error) {
@@ -80,7 +84,7 @@ func (a *Agent) assess(ctx context.Context, q api.AssessQuery) (api.Assessment, 
 	as.Candidates = make([]api.CandidateView, len(q.Candidates))
 	var wg sync.WaitGroup
 	for i, addr := range q.Candidates {
-		wg.Go(func() { as.Candidates[i] = a.askCandidate(ctx, addr, as.Clients) })
+		wg.Go(func() { as.Candidates[i] = a.askCandidate(ctx, addr, as.Clients, q.ProbeSeconds) })
 	}
 	var w engine.Workload
 	var werr error
@@ -111,7 +115,7 @@ func (a *Agent) assess(ctx context.Context, q api.AssessQuery) (api.Assessment, 
 // round trips from the kernel, or the operator's probe address.
 func (a *Agent) clients(ctx context.Context, pid int, q api.AssessQuery) ([]api.Client, error) {
 	if q.Probe != "" {
-		c, err := probeClient(ctx, q.Probe)
+		c, err := probeClient(ctx, q.Probe, 0)
 		if err != nil {
 			return nil, err
 		}
@@ -140,8 +144,8 @@ func (a *Agent) clients(ctx context.Context, pid int, q api.AssessQuery) ([]api.
 
 // probeClient measures a round trip to HOST (ICMP echo) or HOST:PORT (TCP
 // connects) from this host.
-func probeClient(ctx context.Context, target string) (api.Client, error) {
-	host, o := target, clientrtt.ProbeOptions{Count: probeSamples, Interval: 20 * time.Millisecond}
+func probeClient(ctx context.Context, target string, every time.Duration) (api.Client, error) {
+	host, o := target, clientrtt.ProbeOptions{Count: probeSamples, Interval: max(every, 20*time.Millisecond)}
 	if h, p, err := net.SplitHostPort(target); err == nil {
 		port, err := strconv.ParseUint(p, 10, 16)
 		if err != nil || port == 0 {
@@ -162,9 +166,9 @@ func probeClient(ctx context.Context, target string) (api.Client, error) {
 
 // askCandidate asks the agent at addr, as a peer, about itself, and
 // measures the link to it.
-func (a *Agent) askCandidate(ctx context.Context, addr string, clients []api.Client) api.CandidateView {
+func (a *Agent) askCandidate(ctx context.Context, addr string, clients []api.Client, probeSeconds float64) api.CandidateView {
 	v := api.CandidateView{Addr: addr}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second+time.Duration(probeSeconds*float64(time.Second)))
 	defer cancel()
 	sess, err := a.dialPeer(ctx, addr)
 	if err != nil {
@@ -177,7 +181,7 @@ func (a *Agent) askCandidate(ctx context.Context, addr string, clients []api.Cli
 		v.Error = err.Error()
 		return v
 	}
-	q := api.CandidateQuery{}
+	q := api.CandidateQuery{ProbeSeconds: probeSeconds}
 	for _, c := range clients {
 		q.Clients = append(q.Clients, c.Addr)
 	}
@@ -243,8 +247,13 @@ func (a *Agent) answerCandidate(ctx context.Context, ch *transport.Channel) {
 	r := api.CandidateReply{Host: a.Host.Name, Costs: a.Costs, Clients: make([]api.Client, len(q.Clients))}
 	errs := make([]error, len(q.Clients))
 	var wg sync.WaitGroup
+	if !(q.ProbeSeconds >= 0) || q.ProbeSeconds > maxProbeSeconds {
+		_ = ch.Fail(fmt.Errorf("probing for %v s: at most %v", q.ProbeSeconds, maxProbeSeconds))
+		return
+	}
+	every := time.Duration(q.ProbeSeconds / probeSamples * float64(time.Second))
 	for i, addr := range q.Clients {
-		wg.Go(func() { r.Clients[i], errs[i] = probeClient(ctx, addr) })
+		wg.Go(func() { r.Clients[i], errs[i] = probeClient(ctx, addr, every) })
 	}
 	wg.Wait()
 	for _, err := range errs {

@@ -321,7 +321,8 @@ func (l *Loop) Step(ctx context.Context) error {
 	return l.decide(ctx, at, v, now.Add(-v.FarFor))
 }
 
-// aheadFresh is how old an assessment may be when a decision uses it.
+// aheadFresh is how long ago an assessment may have ended when a
+// decision uses it.
 const aheadFresh = 5 * time.Second
 
 // ahead is the candidates weighed ahead of a decision.
@@ -329,17 +330,36 @@ type ahead struct {
 	started time.Time
 	hosts   []Host // the candidates, in the order asked
 	done    chan struct{}
+	ended   time.Time // when the loop first saw it done
 	a       api.Assessment
 	err     error
 }
 
-// stale says the assessment began too long ago to decide on.
-func (a *ahead) stale(now time.Time) bool { return now.Sub(a.started) > aheadFresh }
+// stale says the assessment ended too long ago to decide on.
+func (a *ahead) stale(now time.Time) bool {
+	select {
+	case <-a.done:
+		if a.ended.IsZero() {
+			a.ended = now // first seen ended (by the loop's clock)
+		}
+		return now.Sub(a.ended) > aheadFresh
+	default:
+		return false
+	}
+}
+
+// probeSpread is how long candidates spread their probes: most of a dwell,
+// so that a candidate's latency is a median over about as long as the
+// service's was (one noisy moment must not make a host look nearer).
+func (l *Loop) probeSpread() time.Duration {
+	return min(max(l.cfg.Trigger.Dwell*8/10, 200*time.Millisecond), 20*time.Second)
+}
 
 // assessAhead asks the service's host to assess it and every candidate,
 // in the background.
 func (l *Loop) assessAhead(ctx context.Context, at Host) *ahead {
-	q := api.AssessQuery{Container: l.cfg.Container, Runtime: l.cfg.Runtime, Ports: l.cfg.Ports, Probe: l.cfg.Probe, Workload: true}
+	q := api.AssessQuery{Container: l.cfg.Container, Runtime: l.cfg.Runtime, Ports: l.cfg.Ports, Probe: l.cfg.Probe, Workload: true,
+		ProbeSeconds: l.probeSpread().Seconds()}
 	ah := &ahead{started: l.now(), done: make(chan struct{})}
 	for _, h := range l.cfg.Hosts {
 		if h.Name != at.Name {
