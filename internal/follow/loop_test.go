@@ -28,6 +28,8 @@ type fakeAgents struct {
 	// killed meanwhile); the migration itself completes.
 	block bool
 	fail  bool
+	// spread is the last ProbeSeconds a decision's assessment asked for.
+	spread float64
 }
 
 func newFake() *fakeAgents {
@@ -40,6 +42,9 @@ func (f *fakeAgents) Assess(_ context.Context, h Host, q api.AssessQuery) (api.A
 	defer f.mu.Unlock()
 	if h.Name != f.at {
 		return api.Assessment{}, fmt.Errorf("no container %q on %s", q.Container, h.Name)
+	}
+	if q.Workload {
+		f.spread = q.ProbeSeconds
 	}
 	a := api.Assessment{Host: h.Name, Container: q.Container, Runtime: "runc", LatencyMs: f.latency[h.Name],
 		MemoryBytes: 64 << 20, DirtyRate: 100, Cores: 0.1, Load: api.HostLoad{Cores: 2, BusyCores: 0.5}}
@@ -132,6 +137,10 @@ func TestLoopMovesToTheCheapestNearHost(t *testing.T) {
 	run(t, l, c, 12)
 	if got := kinds(events); got != "decision,reserve,migrate,moved" {
 		t.Fatalf("events %s", got)
+	}
+	// The candidates' probes spread over most of the 10 s dwell.
+	if f.spread != 8 {
+		t.Errorf("candidates probed over %v s, want 8", f.spread)
 	}
 	st := l.State()
 	if st.Host != "h2" || st.Moves != 1 || st.Pending != nil || f.at != "h2" {
