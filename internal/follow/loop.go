@@ -348,11 +348,12 @@ func (a *ahead) stale(now time.Time) bool {
 	}
 }
 
-// probeSpread is how long candidates spread their probes: most of a dwell,
-// so that a candidate's latency is a median over about as long as the
-// service's was (one noisy moment must not make a host look nearer).
+// probeSpread is how long candidates spread their probes: half a dwell,
+// so that a candidate's latency is a median over a stretch like the
+// service's (one noisy moment must not make a host look nearer), and the
+// links to the candidates are measured within the dwell's other half.
 func (l *Loop) probeSpread() time.Duration {
-	return min(max(l.cfg.Trigger.Dwell*8/10, 200*time.Millisecond), 20*time.Second)
+	return min(max(l.cfg.Trigger.Dwell/2, 200*time.Millisecond), 20*time.Second)
 }
 
 // assessAhead asks the service's host to assess it and every candidate,

@@ -138,9 +138,9 @@ func TestLoopMovesToTheCheapestNearHost(t *testing.T) {
 	if got := kinds(events); got != "decision,reserve,migrate,moved" {
 		t.Fatalf("events %s", got)
 	}
-	// The candidates' probes spread over most of the 10 s dwell.
-	if f.spread != 8 {
-		t.Errorf("candidates probed over %v s, want 8", f.spread)
+	// The candidates' probes spread over half the 10 s dwell.
+	if f.spread != 5 {
+		t.Errorf("candidates probed over %v s, want 5", f.spread)
 	}
 	st := l.State()
 	if st.Host != "h2" || st.Moves != 1 || st.Pending != nil || f.at != "h2" {
