@@ -14,7 +14,7 @@ import (
 type Results struct {
 	Spec Spec `json:"spec"`
 	// StartUnixMs is the scenario's zero; every *Ms time is from it.
-	StartUnixMs int64 `json:"start_unix_ms"`
+	StartUnixMs int64   `json:"start_unix_ms"`
 	DurationMs  float64 `json:"duration_ms"`
 	// RTTs are the round trips the delay lines were set to, each from
 	// its time on (noise included).

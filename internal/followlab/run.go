@@ -192,7 +192,6 @@ type follower struct {
 type eventLog struct {
 	mu  sync.Mutex
 	evs []follow.Event
-	err error
 }
 
 func (e *eventLog) add(ev follow.Event) {
