@@ -686,12 +686,7 @@ func TestBadInputFreezesNothing(t *testing.T) {
 // from a lab host (lab addresses exist only in the lab's namespaces).
 func waitListening(t *testing.T, from *lab.Host, bin, addr string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if from.Command(context.Background(), bin, "lab-tool", "send", "--to", addr, "--in", "/dev/null").Run() == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := from.WaitListening(context.Background(), bin, addr, 10*time.Second); err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("nothing listens at %s", addr)
 }

@@ -78,7 +78,7 @@ func Run(ctx context.Context, o Options) (res Results, err error) {
 	if err != nil {
 		return res, err
 	}
-	if err := waitListening(ctx, ch, o.FerryBin, ServiceIP+":6379"); err != nil {
+	if err := ch.WaitListening(ctx, o.FerryBin, ServiceIP+":6379", 15*time.Second); err != nil {
 		return res, err
 	}
 	load, err := bench.StartLoad(ctx, ch, o.FerryBin, "--service", "redis", "--addr", ServiceIP+":6379",
@@ -273,17 +273,4 @@ func (f *follower) stop() ([]follow.Event, error) {
 		err = fmt.Errorf("ferry follow: %w (see follow.log)", err)
 	}
 	return f.evs.take(), err
-}
-
-// waitListening waits until something accepts connections at addr, as
-// seen from host h.
-func waitListening(ctx context.Context, h *lab.Host, bin, addr string) error {
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		if h.Command(ctx, bin, "lab-tool", "send", "--to", addr, "--in", "/dev/null").Run() == nil {
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return fmt.Errorf("nothing listens at %s", addr)
 }

@@ -2,7 +2,9 @@ package lab
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"time"
 
 	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/transport"
@@ -42,3 +44,16 @@ func (h *Host) Dial(ctx context.Context, network, addr string) (net.Conn, error)
 // inNetNS runs f on a thread of its own in h's network namespace: the
 // sockets it makes are the namespace's.
 func (h *Host) inNetNS(f func() error) error { return cnet.Do(h.NetNS, f) }
+
+// WaitListening waits until something accepts connections at addr, as
+// seen from h (ferry's lab-tool sending nothing there), for up to limit.
+func (h *Host) WaitListening(ctx context.Context, ferry, addr string, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		if h.Command(ctx, ferry, "lab-tool", "send", "--to", addr, "--in", "/dev/null").Run() == nil {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("nothing listens at %s (seen from %s)", addr, h.Name)
+}
