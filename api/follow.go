@@ -62,6 +62,10 @@ type Assessment struct {
 	// service (the mean over clients, weighted by connections).
 	Clients   []Client `json:"clients"`
 	LatencyMs float64  `json:"latency_ms"`
+	// ProbedLatencyMs, when candidates were asked, is this host's own
+	// probe of the same clients, made as the candidates make theirs (the
+	// same count, spread and kind), so that they compare like with like.
+	ProbedLatencyMs float64 `json:"probed_latency_ms,omitempty"`
 	// The workload, measured over a second when asked (Workload):
 	// resident memory, pages written a second, shared memory, and the CPU
 	// cores it kept busy.

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net"
@@ -85,6 +86,27 @@ func (a *Agent) assess(ctx context.Context, q api.AssessQuery) (api.Assessment, 
 	var wg sync.WaitGroup
 	for i, addr := range q.Candidates {
 		wg.Go(func() { as.Candidates[i] = a.askCandidate(ctx, addr, as.Clients, q.ProbeSeconds) })
+	}
+	if len(q.Candidates) > 0 && len(as.Clients) > 0 {
+		// This host probes its clients as the candidates do, at the same
+		// time: the kernel's smoothed round trip, judged over the dwell
+		// that made the service move, is not what a probe sees.
+		wg.Go(func() {
+			probed := make([]api.Client, len(as.Clients))
+			errs := make([]error, len(as.Clients))
+			every := time.Duration(q.ProbeSeconds / probeSamples * float64(time.Second))
+			var each sync.WaitGroup
+			for i, c := range as.Clients {
+				each.Go(func() {
+					probed[i], errs[i] = probeClient(ctx, c.Addr, every)
+					probed[i].Conns = c.Conns
+				})
+			}
+			each.Wait()
+			if errors.Join(errs...) == nil {
+				as.ProbedLatencyMs = meanLatency(probed)
+			}
+		})
 	}
 	var w engine.Workload
 	var werr error

@@ -400,6 +400,11 @@ func (l *Loop) decide(ctx context.Context, at Host, v Verdict, farSince time.Tim
 	}
 	svc, cs := FromAssessment(a, names, l.cfg.MaxDowntime)
 	svc.Latency = v.Latency
+	if a.ProbedLatencyMs > 0 {
+		// Weighed against the candidates as they were measured: probes,
+		// at the same time.
+		svc.Latency = time.Duration(a.ProbedLatencyMs * float64(time.Millisecond))
+	}
 	l.place.SourceLoad = SourceLoad(a)
 	p := l.place.Place(svc, cs)
 	l.emit(Event{Kind: "decision", LatencyMs: ms(v.Latency), Verdict: &v, FarSince: farSince, Placement: &p, Message: p.Reason})
