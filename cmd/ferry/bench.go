@@ -13,7 +13,6 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/engine"
-	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
 
@@ -89,7 +88,7 @@ drift; client_downtime_ratio is its median client downtime over --memory's
 				o.Outage, o.OutageAt = dur, v/100
 			}
 			if maxBW != "" {
-				if o.MaxBandwidthBps, err = lab.ParseRate(maxBW); err != nil {
+				if o.MaxBandwidthBps, err = units.ParseRate(maxBW); err != nil {
 					return fmt.Errorf("--max-bandwidth: %w", err)
 				}
 			}
@@ -197,7 +196,7 @@ func parseLoad(memory, bandwidth string) (memoryBytes, bandwidthBps int64, err e
 		return 0, 0, fmt.Errorf("--memory: %w", err)
 	}
 	if bandwidth != "" {
-		if bandwidthBps, err = lab.ParseRate(bandwidth); err != nil {
+		if bandwidthBps, err = units.ParseRate(bandwidth); err != nil {
 			return 0, 0, fmt.Errorf("--bandwidth: %w", err)
 		}
 	}

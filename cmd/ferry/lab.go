@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/units"
 )
 
 func newLabCmd() *cobra.Command {
@@ -81,7 +82,7 @@ It fails if a lab is already up: run 'ferry lab down' first.`,
 			}
 			if bandwidth != "" {
 				var err error
-				if o.BandwidthBps, err = lab.ParseRate(bandwidth); err != nil {
+				if o.BandwidthBps, err = units.ParseRate(bandwidth); err != nil {
 					return fmt.Errorf("--bandwidth: %w", err)
 				}
 			}
@@ -99,7 +100,7 @@ It fails if a lab is already up: run 'ferry lab down' first.`,
 			}
 			link := "unshaped links"
 			if l.BandwidthBps > 0 {
-				link = "links shaped to " + lab.FormatRate(l.BandwidthBps)
+				link = "links shaped to " + units.FormatRate(l.BandwidthBps)
 			}
 			if l.Paths > 1 {
 				link = fmt.Sprintf("%d paths, %s", l.Paths, link)
@@ -278,7 +279,7 @@ func newLabStatusCmd() *cobra.Command {
 			}
 			link := "unshaped"
 			if l.BandwidthBps > 0 {
-				link = lab.FormatRate(l.BandwidthBps) + " each way"
+				link = units.FormatRate(l.BandwidthBps) + " each way"
 			}
 			fmt.Printf("lab: %d hosts, links %s\n", len(l.Hosts), link)
 			tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)

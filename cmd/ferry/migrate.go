@@ -11,7 +11,6 @@ import (
 	"golang.org/x/term"
 
 	"github.com/ferry-migrate/ferry/internal/engine"
-	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
@@ -123,7 +122,7 @@ start the container again with its runtime.`,
 			}
 			req.To = to
 			if maxBW != "" {
-				if req.MaxBandwidthBps, err = lab.ParseRate(maxBW); err != nil {
+				if req.MaxBandwidthBps, err = units.ParseRate(maxBW); err != nil {
 					return fmt.Errorf("--max-bandwidth: %w", err)
 				}
 			}

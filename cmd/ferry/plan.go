@@ -11,7 +11,6 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/dirty"
 	"github.com/ferry-migrate/ferry/internal/engine"
-	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
@@ -74,7 +73,7 @@ development machine. Each comes with its interval (about 8 migrations in
 			if err != nil {
 				return fmt.Errorf("--memory: %w", err)
 			}
-			bps, err := lab.ParseRate(bandwidth)
+			bps, err := units.ParseRate(bandwidth)
 			if err != nil || bps <= 0 {
 				return fmt.Errorf("--bandwidth: give a rate such as 1gbit or 100mbit (%v)", err)
 			}

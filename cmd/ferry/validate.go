@@ -12,7 +12,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ferry-migrate/ferry/internal/calibrate"
-	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
@@ -71,7 +70,7 @@ validation.json with another profile without touching the lab.`,
 				o.Memories = append(o.Memories, b)
 			}
 			for _, s := range bandwidths {
-				b, err := lab.ParseRate(s)
+				b, err := units.ParseRate(s)
 				if err != nil || b <= 0 {
 					return fmt.Errorf("--bandwidth %q: give a rate such as 500mbit (%v)", s, err)
 				}

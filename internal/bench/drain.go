@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"github.com/ferry-migrate/ferry/internal/bench/benchrun"
 	"context"
 	"fmt"
 	"io"
@@ -145,7 +146,7 @@ func Drain(ctx context.Context, o DrainOptions) (res DrainResult, err error) {
 		Request: engine.Request{Mode: o.Mode, Precopy: o.Precopy}})
 	time.Sleep(300 * time.Millisecond)
 	res.TotalMs, res.OK = dr.TotalMs, dr.OK && derr == nil
-	res.FloorMs = linkFloorMs(o.MemoryBytes*int64(o.Containers), res.LinkBps)
+	res.FloorMs = benchrun.LinkFloorMs(o.MemoryBytes*int64(o.Containers), res.LinkBps)
 	if res.FloorMs > 0 {
 		res.Ratio = res.TotalMs / res.FloorMs
 	}

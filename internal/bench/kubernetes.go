@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"github.com/ferry-migrate/ferry/internal/bench/benchrun"
 	"context"
 	"fmt"
 	"os"
@@ -17,16 +18,6 @@ import (
 	"github.com/ferry-migrate/ferry/internal/lab"
 )
 
-// RecreateBaseline is what Kubernetes' own way costs: the pod deleted
-// (its node cordoned) and its Deployment making a new one elsewhere, its
-// memory lost.
-type RecreateBaseline struct {
-	// ClientDowntimeMs: from the deletion until the new pod answers.
-	ClientDowntimeMs float64 `json:"client_downtime_ms"`
-	// StateOK is false: the new pod starts afresh (the probe says so).
-	StateOK bool   `json:"state_ok"`
-	Error   string `json:"error,omitempty"`
-}
 
 // migrateKubernetes is Migrate for --runtime kubernetes: a lab with its
 // Kubernetes cluster and ferry installed (kubeworld), each run a memhog
@@ -84,8 +75,8 @@ func migrateKubernetes(ctx context.Context, o MigrateOptions) (res MigrateResult
 			return res, ctx.Err()
 		}
 	}
-	res.summarize()
-	res.Against.summarize()
+	res.Summarize()
+	res.Against.Summarize()
 	if res.Against.MedianClientDowntimeMs > 0 {
 		res.ClientDowntimeVsContainerd = res.MedianClientDowntimeMs / res.Against.MedianClientDowntimeMs
 	}
@@ -153,7 +144,7 @@ func (o MigrateOptions) kubeRunOnce(ctx context.Context, w *kubeworld.World, nam
 	cdt, sok, reason := r.ClientDowntimeMs, r.StateOK, r.ProbeReason
 	if h, err := w.Lab.Host(got.Status.SourceNode); err == nil && got.Status.JobID != "" {
 		if rep, err := agentclient.Wait(ctx, agentclient.Socket(h.ControlSock), got.Status.JobID, nil); err == nil {
-			r = runOf(rep)
+			r = benchrun.RunOf(rep)
 		}
 	}
 	r.ClientDowntimeMs, r.StateOK, r.ProbeReason = cdt, sok, reason

@@ -13,8 +13,8 @@ import (
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/engine"
-	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/model"
+	"github.com/ferry-migrate/ferry/internal/units"
 )
 
 // Runner measures one grid point; bench.Migrate in real use, a fake in
@@ -34,7 +34,7 @@ type Point struct {
 func (p Point) String() string {
 	bw := "unshaped"
 	if p.BandwidthBps > 0 {
-		bw = lab.FormatRate(p.BandwidthBps)
+		bw = units.FormatRate(p.BandwidthBps)
 	}
 	return fmt.Sprintf("%s %dM %dp/s %s", p.Mode, p.MemoryBytes>>20, p.DirtyRate, bw)
 }

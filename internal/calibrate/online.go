@@ -6,6 +6,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/api"
 	"github.com/ferry-migrate/ferry/internal/bench"
+	"github.com/ferry-migrate/ferry/internal/bench/benchrun"
 	"github.com/ferry-migrate/ferry/internal/model"
 )
 
@@ -117,7 +118,7 @@ func reportsMeasured(reps []api.Report) (all, hashed []Measured) {
 			continue
 		}
 		pi := r.Model.Inputs
-		res := bench.MigrateResult{Mode: r.Mode, Runtime: r.Runtime, MemoryBytes: int64(pi.MemoryBytes), Runs: []bench.Run{bench.RunOf(r)}}
+		res := bench.MigrateResult{Mode: r.Mode, Runtime: r.Runtime, MemoryBytes: int64(pi.MemoryBytes), Runs: []bench.Run{benchrun.RunOf(r)}}
 		m := Measured{Point: Point{Mode: r.Mode, MemoryBytes: int64(pi.MemoryBytes), DirtyRate: int(math.Round(pi.DirtyRate))}, Result: &res}
 		all = append(all, m)
 		if !pi.Tracked {

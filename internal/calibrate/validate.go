@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/bench"
-	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/plot"
+	"github.com/ferry-migrate/ferry/internal/units"
 )
 
 // ValidateOptions configure Validate.
@@ -415,7 +415,7 @@ func (v Validation) Markdown() string {
 	for _, p := range v.Points {
 		link := "unshaped"
 		if p.BandwidthBps > 0 {
-			link = lab.FormatRate(p.BandwidthBps)
+			link = units.FormatRate(p.BandwidthBps)
 		}
 		if p.OKRuns == 0 {
 			fmt.Fprintf(&b, "| %s | %dM | %d | %s | - | failed: %s | | | |\n", p.Mode, p.MemoryBytes>>20, p.DirtyRate, link,

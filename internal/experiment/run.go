@@ -74,7 +74,7 @@ func Execute(ctx context.Context, o Options) (res Results, err error) {
 		for end < len(grid) && grid[end].BandwidthBps == grid[start].BandwidthBps {
 			end++
 		}
-		o.logf("bringing up a 3-host lab at %s", lab.FormatRate(grid[start].BandwidthBps))
+		o.logf("bringing up a 3-host lab at %s", units.FormatRate(grid[start].BandwidthBps))
 		l, err := lab.Up(ctx, lab.Options{Hosts: 3, BandwidthBps: grid[start].BandwidthBps, FerryBin: o.FerryBin})
 		if err != nil {
 			return res, err
@@ -126,7 +126,7 @@ func (p Point) String() string {
 		load = fmt.Sprintf("%d requests/s", p.Load)
 	}
 	return fmt.Sprintf("%s on %s, %s, %s of state, %s, %s", p.Workload, p.Runtime, p.Mode,
-		units.Bytes(p.StateBytes), load, lab.FormatRate(p.BandwidthBps))
+		units.Bytes(p.StateBytes), load, units.FormatRate(p.BandwidthBps))
 }
 
 // runPoint measures one migration of p; n names its container.

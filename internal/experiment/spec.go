@@ -15,7 +15,6 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
@@ -161,7 +160,7 @@ func (s Spec) check() error {
 		}
 	}
 	for _, v := range s.Bandwidths {
-		if _, err := lab.ParseRate(v); err != nil {
+		if _, err := units.ParseRate(v); err != nil {
 			errs = append(errs, fmt.Errorf("bandwidths: %w", err))
 		}
 	}
@@ -196,7 +195,7 @@ func (s Spec) check() error {
 func (s Spec) Grid() []Point {
 	var pts []Point
 	for _, bw := range s.Bandwidths {
-		bps, _ := lab.ParseRate(bw)
+		bps, _ := units.ParseRate(bw)
 		for _, w := range s.Workloads {
 			rates, loads := s.DirtyRates, []int{0}
 			if workloads[w].service != nil {

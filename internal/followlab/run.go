@@ -20,6 +20,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/follow"
 	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/units"
 )
 
 // ServiceIP is the service's address on the lab's segment: it keeps it
@@ -53,7 +54,7 @@ func Run(ctx context.Context, o Options) (res Results, err error) {
 	}
 	var bps int64
 	if s.Bandwidth != "" {
-		bps, _ = lab.ParseRate(s.Bandwidth)
+		bps, _ = units.ParseRate(s.Bandwidth)
 	}
 	client := fmt.Sprintf("h%d", s.Hosts+1)
 	if err := lab.Down(ctx); err != nil {

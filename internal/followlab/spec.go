@@ -17,7 +17,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/delayline"
 	"github.com/ferry-migrate/ferry/internal/follow"
-	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/units"
 )
 
 // Kind is a follow scenario's kind: key in its file.
@@ -131,7 +131,7 @@ func (s Spec) check() error {
 		bad("rate %v: want 1 to 5000 requests a second", s.Rate)
 	}
 	if s.Bandwidth != "" {
-		if _, err := lab.ParseRate(s.Bandwidth); err != nil {
+		if _, err := units.ParseRate(s.Bandwidth); err != nil {
 			bad("bandwidth: %v", err)
 		}
 	}

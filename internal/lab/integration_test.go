@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/units"
+
 	"github.com/ferry-migrate/ferry/internal/testroot"
 
 	"github.com/ferry-migrate/ferry/internal/cgroups"
@@ -366,10 +368,10 @@ func TestMeasureLinkThroughput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("h1 -> h2 over a %s link: %.1f Mbit/s", FormatRate(rate), bps/1e6)
+	t.Logf("h1 -> h2 over a %s link: %.1f Mbit/s", units.FormatRate(rate), bps/1e6)
 	// Not a speed test: only the shaper's cap, which no machine can beat.
 	if bps > 1.2*rate {
-		t.Errorf("%.0f bit/s through a %s link: shaping is not working", bps, FormatRate(rate))
+		t.Errorf("%.0f bit/s through a %s link: shaping is not working", bps, units.FormatRate(rate))
 	}
 	if _, err := MeasureLinkThroughput(ctx, l, "h1", "h1", time.Second); err == nil {
 		t.Error("measuring a host against itself succeeded")

@@ -19,6 +19,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/units"
+
 	"github.com/ferry-migrate/ferry/internal/host"
 	"github.com/ferry-migrate/ferry/internal/pki"
 	"github.com/google/renameio/v2"
@@ -287,7 +289,7 @@ func Up(ctx context.Context, o Options) (*Lab, error) {
 	}
 	if o.BandwidthBps != 0 && (o.BandwidthBps < minRate || o.BandwidthBps > maxRate) {
 		return nil, fmt.Errorf("bandwidth %s out of range (%s to %s, or 0 for unshaped)",
-			FormatRate(o.BandwidthBps), FormatRate(minRate), FormatRate(maxRate))
+			units.FormatRate(o.BandwidthBps), units.FormatRate(minRate), units.FormatRate(maxRate))
 	}
 	if o.Paths == 0 {
 		o.Paths = 1

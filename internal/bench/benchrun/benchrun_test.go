@@ -1,4 +1,4 @@
-package bench
+package benchrun
 
 import (
 	"math"
@@ -49,7 +49,7 @@ func TestSummarizeAgainst(t *testing.T) {
 		Runs: []Run{{OK: true, ClientDowntimeMs: 70, TotalMs: 1100}, {OK: true, ClientDowntimeMs: 90, TotalMs: 1300}, {OK: false, ClientDowntimeMs: 5}, {OK: true, ClientDowntimeMs: 80, TotalMs: 1200}},
 		Against: &MigrateResult{MemoryBytes: 500_000_000,
 			Runs: []Run{{OK: true, ClientDowntimeMs: 120, TotalMs: 5000}, {OK: true, ClientDowntimeMs: 90, TotalMs: 4800}, {OK: true, ClientDowntimeMs: 100, TotalMs: 4400}}}}
-	res.summarize()
+	res.Summarize()
 	if !near(res.MedianClientDowntimeMs, 80) || !near(res.Against.MedianClientDowntimeMs, 100) {
 		t.Fatalf("medians %v and %v, want 80 and 100", res.MedianClientDowntimeMs, res.Against.MedianClientDowntimeMs)
 	}

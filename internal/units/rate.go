@@ -1,4 +1,4 @@
-package lab
+package units
 
 import (
 	"fmt"
