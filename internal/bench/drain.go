@@ -1,12 +1,13 @@
 package bench
 
 import (
-	"github.com/ferry-migrate/ferry/internal/bench/benchrun"
 	"context"
 	"fmt"
 	"io"
 	"strconv"
 	"time"
+
+	"github.com/ferry-migrate/ferry/internal/bench/benchrun"
 
 	agentclient "github.com/ferry-migrate/ferry/api/client"
 

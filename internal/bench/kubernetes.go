@@ -1,13 +1,14 @@
 package bench
 
 import (
-	"github.com/ferry-migrate/ferry/internal/bench/benchrun"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"time"
+
+	"github.com/ferry-migrate/ferry/internal/bench/benchrun"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -17,7 +18,6 @@ import (
 	"github.com/ferry-migrate/ferry/internal/kubeworld"
 	"github.com/ferry-migrate/ferry/internal/lab"
 )
-
 
 // migrateKubernetes is Migrate for --runtime kubernetes: a lab with its
 // Kubernetes cluster and ferry installed (kubeworld), each run a memhog

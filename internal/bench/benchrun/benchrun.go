@@ -49,10 +49,10 @@ type Run struct {
 	LastWritesMs     float64 `json:"last_writes_ms,omitempty"`
 	// RestoreFromOwnImages: pre-copy's destination restored lazily from
 	// its images (engine.Report's).
-	RestoreFromOwnImages bool               `json:"restore_from_own_images,omitempty"`
+	RestoreFromOwnImages bool            `json:"restore_from_own_images,omitempty"`
 	Rounds               []api.Round     `json:"rounds"`
-	StopReason           string             `json:"stop_reason,omitempty"`
-	ThrottlePct          int                `json:"throttle_pct,omitempty"`
+	StopReason           string          `json:"stop_reason,omitempty"`
+	ThrottlePct          int             `json:"throttle_pct,omitempty"`
 	Phases               []api.PhaseSpan `json:"phases,omitempty"`
 	// With TCPClient: the longest wait of the client on one established
 	// connection, and the packets the destination held for it between the
@@ -176,7 +176,6 @@ func RunOf(rep api.Report) Run {
 	}
 	return r
 }
-
 
 // Summarize takes the runs' medians, their totals over the link, and
 // those of the size run against them, over the same link.
