@@ -45,12 +45,17 @@ container's client connections from the kernel (no change to the service;
 without long-lived connections, probes --probe. When that latency stays above
 --threshold for --dwell (a dip into the band below it, --hysteresis, does not
 restart the dwell; one below it does), and the container last moved at least
---min-interval ago, follow asks its agent to assess every other host:
+--min-interval ago, follow decides. While the latency is too far it has the
+container's agent assess every other host, so that the decision needs no
+wait when the dwell ends:
 
-  each candidate's agent probes the same clients (the median of 9 probes),
+  each candidate's agent probes the same clients (the median of 9 probes
+  spread over half the dwell; the container's own host probes them the same
+  way at the same time, which is what the candidates are compared with),
   says its idle cores, free memory and storage, and its prices (the agents'
   --cost-* settings); the container's agent measures the container (memory,
-  dirty rate, CPU) and the link to each candidate;
+  dirty rate, CPU, the files that move) and the link to each candidate (a
+  16 MiB probe and its round trip);
 
 and weighs them. A candidate must bring the clients clearly nearer (below the
 band, or by the hysteresis share), have the room, and have a technique that
