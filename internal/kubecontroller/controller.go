@@ -168,8 +168,11 @@ func (r *Reconciler) plan(ctx context.Context, m *v1.Migration) (v1.MigrationSta
 	if err != nil {
 		return st, fmt.Errorf("pod %s: %w", pod.Name, err)
 	}
+	// The budget rules a node out only where it rules out the move: under
+	// auto. A named mode runs whatever its prediction (pre-copy's rounds
+	// aim for the budget, as a stop rule).
 	var budget time.Duration
-	if m.Spec.MaxDowntime != nil {
+	if m.Spec.MaxDowntime != nil && (m.Spec.Mode == "" || m.Spec.Mode == api.ModeAuto) {
 		budget = m.Spec.MaxDowntime.Duration
 	}
 	target, why, err := r.pickTarget(ctx, &pod, m.Spec.TargetNode, id, budget)
