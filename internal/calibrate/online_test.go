@@ -18,11 +18,23 @@ import (
 // the inputs its point planned with and its checks by the defaults.
 func recordedReports(t *testing.T) []api.Report {
 	t.Helper()
+	var out []api.Report
+	for _, res := range recordedResults(t) {
+		for _, r := range res.Runs {
+			out = append(out, reportOfRun(res, r))
+		}
+	}
+	return out
+}
+
+// recordedResults reads the bench results in testdata/recorded.
+func recordedResults(t *testing.T) []bench.MigrateResult {
+	t.Helper()
 	files, err := filepath.Glob("testdata/recorded/*.json")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no recorded runs: %v", err)
 	}
-	var out []api.Report
+	var out []bench.MigrateResult
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
@@ -32,9 +44,7 @@ func recordedReports(t *testing.T) []api.Report {
 		if err := json.Unmarshal(b, &res); err != nil {
 			t.Fatalf("%s: %v", f, err)
 		}
-		for _, r := range res.Runs {
-			out = append(out, reportOfRun(res, r))
-		}
+		out = append(out, res)
 	}
 	return out
 }
@@ -184,16 +194,7 @@ func TestOnlineRefitSkipsTrackedRoundsForReadHash(t *testing.T) {
 // enough of them: the recorded runs, three a mode, are too few.
 func TestCalibrationIntervals(t *testing.T) {
 	var ms []Measured
-	files, _ := filepath.Glob("testdata/recorded/*.json")
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var res bench.MigrateResult
-		if err := json.Unmarshal(b, &res); err != nil {
-			t.Fatal(err)
-		}
+	for _, res := range recordedResults(t) {
 		ms = append(ms, Measured{Point: Point{Mode: res.Mode, MemoryBytes: res.MemoryBytes, DirtyRate: res.DirtyRate, BandwidthBps: res.BandwidthBps}, Result: &res})
 	}
 	p := model.DefaultProfile()

@@ -172,15 +172,7 @@ func startRelay(t *testing.T, n *testNet, rtt time.Duration) *Relay {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("relay: %v", err)
-		}
-	})
+	runRelay(t, r)
 	return r
 }
 

@@ -31,15 +31,7 @@ func socketRelay(t *testing.T, rtt time.Duration, maxFrames int) (r *Relay, in, 
 	r = &Relay{epoch: time.Now(), fds: []int{a[0], a[1], b[0], b[1]}}
 	r.rtt.Store(int64(rtt))
 	r.dirs = []*direction{{name: "a to b", from: a[1], to: b[1], q: newQueue(maxFrames, 1<<20), bufs: newBuffers()}}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("relay: %v", err)
-		}
-	})
+	runRelay(t, r)
 	return r, a[0], b[0]
 }
 
@@ -130,4 +122,19 @@ func TestRelayDropsBeyondItsQueue(t *testing.T) {
 	if d := r.Stats().Directions[0]; d.Passed != 4 || d.Dropped != 6 {
 		t.Errorf("passed %d, dropped %d; want 4, 6", d.Passed, d.Dropped)
 	}
+}
+
+// runRelay runs r until the test ends, and fails the test if it ended
+// with an error.
+func runRelay(t *testing.T, r *Relay) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("relay: %v", err)
+		}
+	})
 }
