@@ -19,8 +19,9 @@ import (
 // (memory, dirty rate, shared memory, the link's probe); the other modes
 // predict from what they know by now without measuring anything more:
 // the memory the first round found (or the resident memory), the last
-// live round's dirty rate (0 without rounds) and the request's bandwidth
-// cap as the link (none: a link that does not limit).
+// live round's dirty rate (0 without rounds) and as the link the request's
+// bandwidth cap, or what the first round carried (none, for cold and
+// post-copy without a cap: a link that does not limit).
 func (m *migration) planAtFreeze() {
 	if m.report.Model != nil {
 		return
@@ -43,8 +44,13 @@ func (m *migration) planAtFreeze() {
 		if n := len(live); n > 0 {
 			pi.DirtyRate = live[n-1].DirtyRate
 		}
-		if m.req.MaxBandwidthBps > 0 {
+		switch {
+		case m.req.MaxBandwidthBps > 0:
 			pi.BandwidthBps = float64(m.req.MaxBandwidthBps) / 8
+		case len(live) > 0 && live[0].DurationMs > 0:
+			// The first round sent all of memory: what the link carried
+			// then (its reading of memory included, a few per cent).
+			pi.BandwidthBps = float64(live[0].Bytes) / (live[0].DurationMs / 1000)
 		}
 	}
 	planned := PlanFor(model.Inputs{}, m.rt.Caps())
