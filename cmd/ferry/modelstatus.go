@@ -155,4 +155,9 @@ func printModelLine(w io.Writer, r api.Report) {
 	if len(c.Outside) > 0 {
 		fmt.Fprintf(w, "  outside       the measured %s fell outside the predicted interval\n", strings.Join(c.Outside, " and "))
 	}
+	if c.Inputs.BandwidthBps == 0 {
+		// Cold and post-copy without a cap measure no link before the
+		// freeze: say so where the prediction is read.
+		fmt.Fprintf(w, "                (the link was not measured: predicted as one that does not limit; --mode auto or --max-bandwidth measures or sets it)\n")
+	}
 }
