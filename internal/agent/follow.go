@@ -20,6 +20,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/reserve"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
+	"github.com/ferry-migrate/ferry/internal/units"
 )
 
 // What an agent answers for following a service's clients (ferry
@@ -159,7 +160,7 @@ func (a *Agent) clients(ctx context.Context, pid int, q api.AssessQuery) ([]api.
 	}
 	out := make([]api.Client, 0, len(cs))
 	for _, c := range cs {
-		out = append(out, api.Client{Addr: c.Addr.String(), Conns: c.Conns, RTTMs: ms(c.RTT)})
+		out = append(out, api.Client{Addr: c.Addr.String(), Conns: c.Conns, RTTMs: units.Millis(c.RTT)})
 	}
 	return out, nil
 }
@@ -183,7 +184,7 @@ func probeClient(ctx context.Context, target string, every time.Duration) (api.C
 	if err != nil {
 		return api.Client{}, fmt.Errorf("probing %s: %w", target, err)
 	}
-	return api.Client{Addr: target, RTTMs: ms(r.Median)}, nil
+	return api.Client{Addr: target, RTTMs: units.Millis(r.Median)}, nil
 }
 
 // askCandidate asks the agent at addr, as a peer, about itself, and
@@ -226,7 +227,7 @@ func (a *Agent) askCandidate(ctx context.Context, addr string, clients []api.Cli
 	}
 	v.LatencyMs = meanLatency(v.Clients)
 	if rtt, err := linkRTT(ctx, addr); err == nil {
-		v.RTTMs = ms(rtt)
+		v.RTTMs = units.Millis(rtt)
 	} else {
 		v.Error = fmt.Sprintf("measuring the round trip to %s: %v", addr, err)
 		return v
@@ -308,8 +309,6 @@ func meanLatency(cs []api.Client) float64 {
 	}
 	return sum / n
 }
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // treeBytes is the size of the regular files below dir (0 where it cannot
 // be read): what a move sends of it at least.

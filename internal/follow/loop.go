@@ -15,6 +15,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/api"
 	"github.com/ferry-migrate/ferry/internal/model"
+	"github.com/ferry-migrate/ferry/internal/units"
 )
 
 // Host is one agent the service may run on.
@@ -407,7 +408,7 @@ func (l *Loop) decide(ctx context.Context, at Host, v Verdict, farSince time.Tim
 	}
 	l.place.SourceLoad = SourceLoad(a)
 	p := l.place.Place(svc, cs)
-	l.emit(Event{Kind: "decision", LatencyMs: ms(v.Latency), Verdict: &v, FarSince: farSince, Placement: &p, Message: p.Reason})
+	l.emit(Event{Kind: "decision", LatencyMs: units.Millis(v.Latency), Verdict: &v, FarSince: farSince, Placement: &p, Message: p.Reason})
 	for _, e := range p.Candidates {
 		if !e.Feasible() {
 			break
@@ -515,8 +516,6 @@ func SourceLoad(a api.Assessment) float64 {
 	}
 	return min(1, a.Load.BusyCores/a.Load.Cores)
 }
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // newID is a migration ID of the caller's (12 lowercase hex digits).
 func newID() (string, error) {

@@ -178,11 +178,11 @@ func (r *Results) score() {
 	const step = 10.0
 	var sum, oracle, static, n float64
 	for t := 0.0; t < r.DurationMs; t += step {
-		rtt := r.rttAt(t)
+		rtt := r.RTTAt(t)
 		if rtt == nil {
 			continue
 		}
-		sum += rtt[r.servingAt(t)]
+		sum += rtt[r.ServingAt(t)]
 		best := math.Inf(1)
 		for _, v := range rtt {
 			best = math.Min(best, v)
@@ -214,8 +214,9 @@ func (r *Results) score() {
 	}
 }
 
-// rttAt is the round trips set at t (nil before the first).
-func (r *Results) rttAt(t float64) map[string]float64 {
+// RTTAt is the round trips set at t, in ms from the scenario's zero (nil
+// before the first).
+func (r *Results) RTTAt(t float64) map[string]float64 {
 	i, found := slices.BinarySearchFunc(r.RTTs, t, func(p RTTPoint, t float64) int {
 		switch {
 		case p.TMs < t:
@@ -234,9 +235,9 @@ func (r *Results) rttAt(t float64) map[string]float64 {
 	return r.RTTs[i].RTT
 }
 
-// servingAt is the host serving at t: the one a move left it on, from the
+// ServingAt is the host serving at t: the one a move left it on, from the
 // move's end (while a move runs, its source still serves).
-func (r *Results) servingAt(t float64) string {
+func (r *Results) ServingAt(t float64) string {
 	for _, s := range r.Served {
 		if t >= s.FromMs && t < s.ToMs {
 			return s.Host

@@ -4,7 +4,6 @@ import (
 	"html/template"
 	"io"
 	"math"
-	"slices"
 	"strconv"
 	"time"
 
@@ -95,8 +94,8 @@ func followFigure(res followlab.Results) (template.HTML, error) {
 	}
 	var xs, ys []float64
 	for t := 0.0; t < res.DurationMs; t += 100 {
-		if rtt := rttAt(res, t); rtt != nil {
-			xs, ys = append(xs, t/1000), append(ys, rtt[servingAt(res, t)])
+		if rtt := res.RTTAt(t); rtt != nil {
+			xs, ys = append(xs, t/1000), append(ys, rtt[res.ServingAt(t)])
 		}
 	}
 	if len(xs) > 0 {
@@ -152,27 +151,6 @@ func followFigure(res followlab.Results) (template.HTML, error) {
 	}
 	legend.Add("move (decision to running)", swatch{fill: migrationShade})
 	return render([][]*gplot.Plot{{lat}, {served}}, legend, figWidth, 5*vg.Inch)
-}
-
-// rttAt and servingAt read the results the way their scores do.
-func rttAt(res followlab.Results, t float64) map[string]float64 {
-	i := slices.IndexFunc(res.RTTs, func(p followlab.RTTPoint) bool { return p.TMs > t })
-	if i < 0 {
-		i = len(res.RTTs)
-	}
-	if i == 0 {
-		return nil
-	}
-	return res.RTTs[i-1].RTT
-}
-
-func servingAt(res followlab.Results, t float64) string {
-	for _, s := range res.Served {
-		if t >= s.FromMs && t < s.ToMs {
-			return s.Host
-		}
-	}
-	return res.Spec.Start
 }
 
 func ms1(v float64) string {
