@@ -201,13 +201,23 @@ func dialConn(socket string) (*net.UnixConn, error) {
 // listen listens on socket (one left by a process before is replaced),
 // for this user alone; the caller removes it when done.
 func listen(socket string) (*net.UnixListener, error) {
+	// The path appears only once the socket listens (bound, listening and
+	// private under a temporary name, then renamed): readiness is "the path
+	// exists", and a dial between bind and listen would be refused.
 	_ = os.Remove(socket)
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: socket, Net: "unix"})
+	tmp := socket + ".new"
+	_ = os.Remove(tmp)
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
 	if err != nil {
 		return nil, err
 	}
-	if err := os.Chmod(socket, 0o600); err != nil {
+	l.SetUnlinkOnClose(false) // the path is the caller's to remove once renamed
+	if err := os.Chmod(tmp, 0o600); err == nil {
+		err = os.Rename(tmp, socket)
+	}
+	if err != nil {
 		l.Close()
+		os.Remove(tmp)
 		return nil, err
 	}
 	return l, nil
