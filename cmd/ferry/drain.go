@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -15,10 +16,11 @@ func newDrainCmd() *cobra.Command {
 	var (
 		o      drain.Options
 		src    agentFlags
+		kube   kubeDrainFlags
 		asJSON bool
 	)
 	cmd := &cobra.Command{
-		Use:   "drain --to DEST [CONTAINER...]",
+		Use:   "drain (--to DEST [CONTAINER...] | --kubernetes NODE)",
 		Short: "Move every running container off a host",
 		Long: `drain moves the containers running on the source host (--from) to the agent
 at --to, one after another by default, the smallest first: each one that
@@ -48,10 +50,36 @@ memory): on a two-core host, four at once took as long in all as one at a
 time and doubled each container's downtime. More at once pays where one
 migration cannot fill the link (a long round trip, many cores). The
 destination takes at most its --max-incoming migrations at a time (4 by
-default).`,
+default).
+
+--kubernetes NODE drains a Kubernetes node instead, through the cluster
+(--kubeconfig; ferry-controller must run there, docs/KUBERNETES.md): it
+cordons NODE and makes a Migration for every pod ferry can move, the
+smallest memory request first, --concurrency at a time, each with --mode
+and --max-downtime (and --target-node, or a node weighed per pod). The
+pods it cannot move (a StatefulSet's, hostPath or persistent volumes,
+several containers, the host's network: the reason is printed) and those
+whose Migration failed are evicted as kubectl drain evicts them, honouring
+disruption budgets; --no-evict leaves them running. DaemonSets' and static
+pods stay. Run again after an interruption, it follows the Migrations it
+made (named after each pod's UID) rather than starting second ones. The
+exit status is 1 if a pod was neither moved nor evicted.`,
 		Example: `  ferry drain --from h1 --to h2 --mode precopy
-  ferry drain --to 192.0.2.10:7070 --mode auto --max-downtime 300ms web db`,
+  ferry drain --to 192.0.2.10:7070 --mode auto --max-downtime 300ms web db
+  ferry drain --kubernetes node-1 --mode precopy --max-downtime 300ms`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if kube.node != "" {
+				return kube.check(cmd, args)
+			}
+			if o.To == "" {
+				return usageError{errors.New("--to DEST is required (or --kubernetes NODE)")}
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if kube.node != "" {
+				return kube.run(cmd, o, asJSON)
+			}
 			from, to, err := src.endpoints(o.To)
 			if err != nil {
 				return err
@@ -92,7 +120,7 @@ default).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.To, "to", "", "destination agent: NAME@ADDR, ADDR, or a lab host name (required)")
+	f.StringVar(&o.To, "to", "", "destination agent: NAME@ADDR, ADDR, or a lab host name (required without --kubernetes)")
 	src.add(cmd, "the source agent (the host to empty)")
 	f.IntVar(&o.Concurrency, "concurrency", 1, "migrations whose memory crosses at once")
 	f.StringVar(&o.Handoff, "handoff", engine.HandoffCommit, "when a pre-copy or hybrid migration lets the next one's memory cross: commit or freeze (sooner; see above)")
@@ -100,6 +128,6 @@ default).`,
 	f.StringVar(&o.Request.Runtime, "runtime", engine.RuntimeAuto, "the containers' runtime: auto, runc, podman or lxc")
 	addPrecopyFlags(cmd, &o.Request.Precopy)
 	f.BoolVar(&asJSON, "json", false, "print every report as JSON at the end, no progress lines")
-	_ = cmd.MarkFlagRequired("to")
+	kube.add(cmd)
 	return cmd
 }

@@ -161,7 +161,7 @@ func (r *Reconciler) plan(ctx context.Context, m *v1.Migration) (v1.MigrationSta
 	if pod.Spec.NodeName == "" || pod.Status.Phase != corev1.PodRunning {
 		return st, fmt.Errorf("pod %s is %s, not running on a node", pod.Name, pod.Status.Phase)
 	}
-	if err := movable(&pod); err != nil {
+	if err := Movable(&pod); err != nil {
 		return st, fmt.Errorf("pod %s: %w", pod.Name, err)
 	}
 	id, err := containerID(&pod, m.Spec.Container)

@@ -307,7 +307,7 @@ func TestMovable(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := movable(rsPod(tt.mods...))
+			err := Movable(rsPod(tt.mods...))
 			if len(tt.want) == 0 {
 				if err != nil {
 					t.Fatalf("movable: %v, want accepted", err)
@@ -978,11 +978,11 @@ func TestMovableRefusesAnEmptyDirsSubPath(t *testing.T) {
 		Volumes:    []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
 		Containers: []corev1.Container{{Name: "app", VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/d", SubPath: "x"}}}},
 	}}
-	if err := movable(p); err == nil || !strings.Contains(err.Error(), `"data"`) || !strings.Contains(err.Error(), "subPath") {
+	if err := Movable(p); err == nil || !strings.Contains(err.Error(), `"data"`) || !strings.Contains(err.Error(), "subPath") {
 		t.Errorf("movable with an emptyDir's subPath: %v", err)
 	}
 	p.Spec.Containers[0].VolumeMounts[0].SubPath = ""
-	if err := movable(p); err != nil {
+	if err := Movable(p); err != nil {
 		t.Errorf("movable with the emptyDir mounted whole: %v", err)
 	}
 }

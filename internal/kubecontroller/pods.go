@@ -39,10 +39,10 @@ const (
 	serviceAccountToken = "kube-api-access-"
 )
 
-// movable refuses what ferry cannot move yet, saying why: pods of
+// Movable refuses what ferry cannot move yet, saying why: pods of
 // controllers that own their pods' names or nodes, and volumes the target
 // node does not share.
-func movable(pod *corev1.Pod) error {
+func Movable(pod *corev1.Pod) error {
 	if ref := metav1.GetControllerOf(pod); ref != nil {
 		switch ref.Kind {
 		case "ReplicaSet":

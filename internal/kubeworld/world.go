@@ -23,6 +23,7 @@ import (
 	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -246,6 +247,8 @@ func (w *World) Memhog(ctx context.Context, name, memory string, dirtyRate, port
 					Containers: []corev1.Container{{
 						Name: "memhog", Image: MemhogImage, ImagePullPolicy: corev1.PullNever,
 						Command: []string{"/memhog", "--memory", memory, "--dirty-rate", fmt.Sprint(dirtyRate), "--port", fmt.Sprint(port)},
+						// What it holds, as a user would ask (ferry drain's order).
+						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(memory)}},
 					}},
 				},
 			},
