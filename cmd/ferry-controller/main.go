@@ -1,7 +1,8 @@
 // Command ferry-controller reconciles ferry.dev Migrations in a
 // Kubernetes cluster (internal/kubecontroller): each moves one pod's
 // container to another node through the nodes' ferry agents, which it
-// reaches with an operator's certificate (ferry certs operator).
+// reaches with an operator's certificate (ferry certs operator); and
+// FollowPolicies, each a pod moved by Migrations after its clients.
 package main
 
 import (
@@ -38,7 +39,7 @@ func main() {
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
 	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), "Usage: ferry-controller [flags]\n\nReconciles ferry.dev/v1alpha1 Migrations (see docs/KUBERNETES.md). The cluster is\nthe one --kubeconfig, $KUBECONFIG or the pod's service account names.\n\nFlags:\n")
+		fmt.Fprintf(flag.CommandLine.Output(), "Usage: ferry-controller [flags]\n\nReconciles ferry.dev/v1alpha1 Migrations and FollowPolicies (see docs/KUBERNETES.md). The cluster is\nthe one --kubeconfig, $KUBECONFIG or the pod's service account names.\n\nFlags:\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
@@ -82,6 +83,10 @@ func run(tlsDir, operator string, port int, metrics, probes string, leaderElect 
 	r := &kubecontroller.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ferry-controller"),
 		Agents: kubecontroller.Agents{Port: port, Operator: sec}}
 	if err := r.SetupWithManager(mgr); err != nil {
+		return err
+	}
+	fr := &kubecontroller.FollowReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ferry-controller"), Agents: r.Agents}
+	if err := fr.SetupWithManager(mgr); err != nil {
 		return err
 	}
 	return mgr.Start(ctrl.SetupSignalHandler())

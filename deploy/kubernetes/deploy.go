@@ -10,10 +10,12 @@ import "embed"
 //go:embed *.yaml
 var Manifests embed.FS
 
-// The files: the Migration CustomResourceDefinition, the controller's
-// identity and permissions, the RuntimeClass of replacement pods.
+// The files: the Migration and FollowPolicy CustomResourceDefinitions,
+// the controller's identity and permissions, the RuntimeClass of
+// replacement pods.
 const (
 	CRD          = "crd.yaml"
+	FollowCRD    = "followpolicy.yaml"
 	RBAC         = "rbac.yaml"
 	RuntimeClass = "runtimeclass.yaml"
 )

@@ -34,6 +34,12 @@ import (
 // agents' logs.
 func upKubeWorld(t *testing.T) *kubeWorld {
 	t.Helper()
+	return upKubeWorldWith(t, lab.Options{})
+}
+
+// upKubeWorldWith is upKubeWorld on a lab with o's options (delay lines).
+func upKubeWorldWith(t *testing.T, o lab.Options) *kubeWorld {
+	t.Helper()
 	requireLab(t)
 	if err := kubelab.CheckCache(kubelab.Config{}); err != nil {
 		t.Skipf("the Kubernetes lab's binaries are not built (scripts/kube-build.sh, run by make test's setup): %v", err)
@@ -47,7 +53,8 @@ func upKubeWorld(t *testing.T) *kubeWorld {
 			t.Fatalf("build ferry-controller: %v\n%s", err, out)
 		}
 	}
-	l := upLabWith(t, lab.Options{Hosts: 3, FerryBin: bin, Kubernetes: true})
+	o.Hosts, o.FerryBin, o.Kubernetes = 3, bin, true
+	l := upLabWith(t, o)
 	w, err := kubeworld.Install(context.Background(), l, filepath.Join(filepath.Dir(bin), "memhog"), ctlBin, t.TempDir())
 	if err != nil {
 		t.Fatal(err)

@@ -57,8 +57,10 @@ type Config struct {
 	// Profile predicts each move (the hosts' calibrated profile).
 	Profile model.Profile
 	// StateFile keeps where the service runs and a move under way, so a
-	// restarted loop picks up (never a second migration of it).
+	// restarted loop picks up (never a second migration of it); Store
+	// keeps it elsewhere instead (a Kubernetes resource's status).
 	StateFile string
+	Store     Store
 	Agents    Agents
 	// Events hears every sample, decision and move (nil: none).
 	Events func(Event)
@@ -115,6 +117,48 @@ type Pending struct {
 	At   time.Time `json:"at"`
 }
 
+// Store keeps a loop's State across its restarts.
+type Store interface {
+	// Load is the state saved last; ok is false when none was.
+	Load() (st State, ok bool, err error)
+	Save(State) error
+}
+
+// FileStore keeps the state in a file, replaced whole on each save.
+type FileStore string
+
+// Load reads the file; a missing one is no state.
+func (f FileStore) Load() (State, bool, error) {
+	var st State
+	b, err := os.ReadFile(string(f))
+	if errors.Is(err, os.ErrNotExist) {
+		return st, false, nil
+	}
+	if err != nil {
+		return st, false, err
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return st, false, fmt.Errorf("state %s: %w", string(f), err)
+	}
+	return st, true, nil
+}
+
+// Save writes st atomically.
+func (f FileStore) Save(st State) error {
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	return renameio.WriteFile(string(f), append(b, '\n'), 0o644)
+}
+
+func (c Config) store() Store {
+	if c.Store != nil {
+		return c.Store
+	}
+	return FileStore(c.StateFile)
+}
+
 // Check refuses a configuration before anything is asked of an agent.
 func (c Config) Check() error {
 	if c.Container == "" {
@@ -145,7 +189,7 @@ func (c Config) Check() error {
 	if c.MaxDowntime < 0 {
 		return fmt.Errorf("downtime budget %v must not be negative", c.MaxDowntime)
 	}
-	if c.StateFile == "" {
+	if c.StateFile == "" && c.Store == nil {
 		return errors.New("no state file: a restarted follower would not know where the service is")
 	}
 	return nil
@@ -170,19 +214,19 @@ func New(cfg Config) (*Loop, error) {
 		return nil, err
 	}
 	l := &Loop{cfg: cfg, place: Placer{Trigger: cfg.Trigger, Profile: cfg.Profile}}
-	b, err := os.ReadFile(cfg.StateFile)
+	st, ok, err := cfg.store().Load()
 	switch {
-	case err == nil:
-		if err := json.Unmarshal(b, &l.st); err != nil {
-			return nil, fmt.Errorf("state %s: %w", cfg.StateFile, err)
-		}
+	case err != nil:
+		return nil, err
+	case ok:
+		l.st = st
 		if l.st.Container != cfg.Container {
 			return nil, fmt.Errorf("state %s follows %q, not %q: give each service its own state file", cfg.StateFile, l.st.Container, cfg.Container)
 		}
 		if _, ok := l.host(l.st.Host); !ok {
 			return nil, fmt.Errorf("state %s says %q runs on %s, which is not among the hosts", cfg.StateFile, cfg.Container, l.st.Host)
 		}
-	case errors.Is(err, os.ErrNotExist):
+	default:
 		if cfg.At == "" {
 			return nil, fmt.Errorf("where does %q run now? name its host (no state in %s yet)", cfg.Container, cfg.StateFile)
 		}
@@ -190,8 +234,6 @@ func New(cfg Config) (*Loop, error) {
 		if err := l.save(); err != nil {
 			return nil, err
 		}
-	default:
-		return nil, err
 	}
 	l.trig = NewTrigger(cfg.Trigger, l.st.LastMove)
 	return l, nil
@@ -228,13 +270,7 @@ func (l *Loop) host(name string) (Host, bool) {
 	return l.cfg.Hosts[i], true
 }
 
-func (l *Loop) save() error {
-	b, err := json.MarshalIndent(l.st, "", "  ")
-	if err != nil {
-		return err
-	}
-	return renameio.WriteFile(l.cfg.StateFile, append(b, '\n'), 0o644)
-}
+func (l *Loop) save() error { return l.cfg.store().Save(l.st) }
 
 // Run samples until ctx ends: a move left pending by an earlier run is
 // followed to its end first.

@@ -108,35 +108,41 @@ func Install(ctx context.Context, l *lab.Lab, memhog, ctlBin, dir string) (*Worl
 	return w, w.StartController()
 }
 
-// installCRD applies the CRD's manifest and waits until it is served.
+// installCRD applies the CRDs' manifests and waits until they are served.
 func installCRD(ctx context.Context, cl *kubelab.Cluster) error {
-	b, err := deploy.Manifests.ReadFile(deploy.CRD)
-	if err != nil {
-		return err
-	}
-	var crd apiextv1.CustomResourceDefinition
-	if err := yaml.UnmarshalStrict(b, &crd); err != nil {
-		return fmt.Errorf("%s: %w", deploy.CRD, err)
-	}
 	ax, err := apiextclient.NewForConfig(cl.RESTConfig())
 	if err != nil {
 		return err
 	}
-	if _, err := ax.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, &crd, metav1.CreateOptions{}); err != nil {
-		return err
-	}
-	return Wait(ctx, 30*time.Second, "the Migration CRD established", func() error {
-		got, err := ax.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
+	for _, file := range []string{deploy.CRD, deploy.FollowCRD} {
+		b, err := deploy.Manifests.ReadFile(file)
 		if err != nil {
 			return err
 		}
-		for _, c := range got.Status.Conditions {
-			if c.Type == apiextv1.Established && c.Status == apiextv1.ConditionTrue {
-				return nil
-			}
+		var crd apiextv1.CustomResourceDefinition
+		if err := yaml.UnmarshalStrict(b, &crd); err != nil {
+			return fmt.Errorf("%s: %w", file, err)
 		}
-		return errors.New("not established")
-	})
+		if _, err := ax.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, &crd, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("%s: %w", file, err)
+		}
+		err = Wait(ctx, 30*time.Second, "the CRD "+crd.Name+" established", func() error {
+			got, err := ax.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			for _, c := range got.Status.Conditions {
+				if c.Type == apiextv1.Established && c.Status == apiextv1.ConditionTrue {
+					return nil
+				}
+			}
+			return errors.New("not established")
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // apply creates every object of a manifest (one that exists is left).

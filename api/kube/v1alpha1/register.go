@@ -12,7 +12,7 @@ var GroupVersion = schema.GroupVersion{Group: "ferry.dev", Version: "v1alpha1"}
 // AddToScheme adds the group's types to a scheme (only apimachinery
 // here: a client imports this package without controller-runtime).
 func AddToScheme(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &Migration{}, &MigrationList{})
+	s.AddKnownTypes(GroupVersion, &Migration{}, &MigrationList{}, &FollowPolicy{}, &FollowPolicyList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }
