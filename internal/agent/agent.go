@@ -678,7 +678,11 @@ func (a *Agent) status(ctx context.Context) (engine.Status, error) {
 	if err != nil {
 		return engine.Status{}, err
 	}
-	out := engine.Status{Host: a.Host.Name, Containers: []engine.ContainerStatus{}, Model: a.modelStatus()}
+	out := engine.Status{Host: a.Host.Name, Containers: []engine.ContainerStatus{}, Model: a.modelStatus(),
+		Ferry: a.Version, Protocol: transport.ProtocolVersion}
+	if c := a.dst.CRIU; c != nil {
+		out.CRIU = &api.CRIUStatus{Path: c.Path, Version: c.Version, Patches: c.Patches}
+	}
 	for _, s := range sts {
 		cs := engine.ContainerStatus{Name: s.ID, Status: s.Status, Pid: s.Pid}
 		if s.Pid > 0 {
