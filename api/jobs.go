@@ -85,6 +85,20 @@ type Status struct {
 	// Model is what the agent learned from its migrations (nil: an agent
 	// that keeps no history).
 	Model *ModelStatus `json:"model,omitempty"`
+	// Ferry and Protocol are the agent's build and protocol version, CRIU
+	// its CRIU (empty from an older agent): ferry check --peer compares
+	// them with its own.
+	Ferry    string      `json:"ferry,omitempty"`
+	Protocol int         `json:"protocol,omitempty"`
+	CRIU     *CRIUStatus `json:"criu,omitempty"`
+}
+
+// CRIUStatus is an agent's CRIU: where, which release, and the ferry
+// patches it carries (none: a stock CRIU).
+type CRIUStatus struct {
+	Path    string   `json:"path"`
+	Version string   `json:"version"`
+	Patches []string `json:"patches"`
 }
 
 // ContainerStatus is one container on a host.

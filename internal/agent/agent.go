@@ -206,17 +206,32 @@ func (a *Agent) Run(ctx context.Context) error {
 		dst.RelayExe = exe
 	}
 	a.dst = dst
-	if v, err := criu.InstalledVersion(ctx); err != nil {
+	// The runtimes' CRIU is the one ferry chose (criu.Binary), whatever
+	// else PATH holds.
+	criuPath, err := criu.UseBinary()
+	if err != nil && criuPath != "" {
+		a.Log.Warn("runtimes may run another CRIU than ferry's", "criu", criuPath, "error", err)
+	}
+	info, err := criu.Installed(ctx)
+	switch {
+	case err != nil:
 		dst.CRIUError = err
-	} else if !v.AtLeast(criu.MinVersion.Major, criu.MinVersion.Minor, criu.MinVersion.Sublevel) {
-		dst.CRIUVersion = v.String()
-		dst.CRIUError = fmt.Errorf("CRIU %s is older than %s (run `make setup`)", v, criu.MinVersion)
-	} else {
-		dst.CRIUVersion = v.String()
+	case !info.Version.AtLeast(criu.MinVersion.Major, criu.MinVersion.Minor, criu.MinVersion.Sublevel):
+		dst.CRIUVersion = info.Version.String()
+		dst.CRIUError = fmt.Errorf("CRIU %s is older than %s (run `make setup`)", info.Version, criu.MinVersion)
+	default:
+		dst.CRIUVersion = info.Version.String()
 		dst.CRIUError = criu.Check(ctx)
 	}
 	if dst.CRIUError != nil {
 		a.Log.Warn("this host cannot receive migrations", "reason", dst.CRIUError)
+	}
+	// Both ends tell the other their CRIU's patches, and refuse what it
+	// cannot do before anything is frozen.
+	caps := &engine.CRIUCaps{Path: criuPath, Version: dst.CRIUVersion, Patches: info.Patches}
+	dst.CRIU = caps
+	if missing := info.Patches.Missing(); err == nil && len(missing) > 0 {
+		a.Log.Warn("this host's CRIU lacks ferry patches: some modes are slower or refused (ferry check)", "criu", criuPath, "patches", info.Patches.String(), "missing", criu.IDs(missing))
 	}
 	feats := criu.ProbeFeatures(ctx)
 	a.feats = feats
@@ -239,7 +254,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	dst.Room = a.room
 	src := &engine.Source{Host: a.Host, Runtimes: dst.Runtimes, KeepWork: a.KeepWork, Version: a.Version,
 		Dial: a.dialPeer, Profile: a.Profile, Journal: j, AllowFaults: a.AllowFaults, Lines: &engine.Lines{}, KeeperExe: dst.RelayExe, Log: a.Log,
-		CurrentProfile: a.planProfile()}
+		CurrentProfile: a.planProfile(), CRIU: caps}
 	if src.VMAs, err = vmas.NewReader(); err != nil {
 		a.Log.Info("the frozen dump reads smaps (no smaps snapshot)", "why", err)
 	} else {
@@ -663,7 +678,11 @@ func (a *Agent) status(ctx context.Context) (engine.Status, error) {
 	if err != nil {
 		return engine.Status{}, err
 	}
-	out := engine.Status{Host: a.Host.Name, Containers: []engine.ContainerStatus{}, Model: a.modelStatus()}
+	out := engine.Status{Host: a.Host.Name, Containers: []engine.ContainerStatus{}, Model: a.modelStatus(),
+		Ferry: a.Version, Protocol: transport.ProtocolVersion}
+	if c := a.dst.CRIU; c != nil {
+		out.CRIU = &api.CRIUStatus{Path: c.Path, Version: c.Version, Patches: c.Patches}
+	}
 	for _, s := range sts {
 		cs := engine.ContainerStatus{Name: s.ID, Status: s.Status, Pid: s.Pid}
 		if s.Pid > 0 {

@@ -43,7 +43,7 @@ func PageServer(ctx context.Context, imagesDir, workDir string, feed func(*net.U
 	}
 	defer conn.Close()
 	const logName = "page-server.log"
-	cmd := exec.CommandContext(ctx, "criu", "page-server", "--images-dir", imagesDir,
+	cmd := exec.CommandContext(ctx, bin(), "page-server", "--images-dir", imagesDir,
 		"--work-dir", workDir, "--ps-socket", "3", "-o", logName, "-v2")
 	cmd.ExtraFiles = []*os.File{criuEnd}
 	if err := cmd.Start(); err != nil {
@@ -177,7 +177,7 @@ const (
 // in workDir, with extra options.
 func lazyPagesCmd(imagesDir, workDir string, extra ...string) *exec.Cmd {
 	args := append([]string{"lazy-pages"}, extra...)
-	return exec.Command("criu", append(args, "--images-dir", imagesDir, "--work-dir", workDir, "-o", lazyPagesLog, "-v4")...)
+	return exec.Command(bin(), append(args, "--images-dir", imagesDir, "--work-dir", workDir, "-o", lazyPagesLog, "-v4")...)
 }
 
 // startLazyPages starts cmd and keeps the daemon's exit for Wait.

@@ -56,6 +56,9 @@ type Destination struct {
 	// says why CRIU cannot restore here, and every offer is refused with it.
 	CRIUVersion string
 	CRIUError   error
+	// CRIU is this host's CRIU as the agent found it, told to sources and
+	// checked against each technique (criucheck.go); nil: not checked.
+	CRIU *CRIUCaps
 	// AllowFaults lets a request inject failures, for tests.
 	AllowFaults bool
 	// KeepWork keeps each migration's images and CRIU logs, for debugging.
@@ -290,7 +293,7 @@ func (d *Destination) Receive(ctx context.Context, sess *transport.Session, rout
 	} else {
 		in.expect(router)
 	}
-	if err := ctl.Send(Accept{Host: d.Host.Name, CRIUVersion: d.CRIUVersion}); err != nil {
+	if err := ctl.Send(Accept{Host: d.Host.Name, CRIUVersion: d.CRIUVersion, CRIU: d.CRIU}); err != nil {
 		in.cleanup(true)
 		return
 	}
@@ -322,7 +325,7 @@ func (d *Destination) Receive(ctx context.Context, sess *transport.Session, rout
 		}
 		// The source opens no channel before this reply.
 		in.expect(router)
-		if err := ctl.Send(Accept{Host: d.Host.Name, CRIUVersion: d.CRIUVersion}); err != nil {
+		if err := ctl.Send(Accept{Host: d.Host.Name, CRIUVersion: d.CRIUVersion, CRIU: d.CRIU}); err != nil {
 			in.cleanup(true)
 			return
 		}
@@ -444,7 +447,7 @@ func (in *incoming) settleTechnique() error {
 	if in.key, in.tech, err = techniqueFor(in.offer.Mode, in.offer.Precopy, in.rt); err != nil {
 		return fmt.Errorf("%s: %w", in.d.Host.Name, err)
 	}
-	return nil
+	return criuRefusal(in.key, criu.Destination, in.d.Host.Name, in.d.CRIU, in.offer.SourceHost, in.offer.SourceCRIU, in.rt.Caps().LazyRestore)
 }
 
 // run receives the state, restores on request and waits for the commit.

@@ -15,6 +15,7 @@ import (
 	"github.com/ferry-migrate/ferry/api"
 
 	"github.com/ferry-migrate/ferry/internal/cnet"
+	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/rootfs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
@@ -94,6 +95,19 @@ type Offer struct {
 	// Shared are host directories the container bind-mounts, which the
 	// destination must have as the same storage (never copied).
 	Shared []shareddir.Dir `json:"shared,omitempty"`
+	// SourceCRIU is the source's CRIU, so that the destination can tell
+	// whether it restores what that CRIU dumps (nil: not told).
+	SourceCRIU *CRIUCaps `json:"source_criu,omitempty"`
+}
+
+// CRIUCaps is what an agent tells its peer of its CRIU: its release and
+// the ferry patches it carries (criu.ParsePatches: none for a stock
+// CRIU). A migration whose technique needs a patch one end lacks is
+// refused before anything is frozen (criucheck.go).
+type CRIUCaps struct {
+	Path    string       `json:"path,omitempty"`
+	Version string       `json:"version"`
+	Patches criu.Patches `json:"patches"`
 }
 
 // Accept is the destination's yes to an Offer.
@@ -102,6 +116,8 @@ type Accept struct {
 	CRIUVersion string `json:"criu_version"`
 	// PrecopyEngine is the pre-copy engine both ends agreed on.
 	PrecopyEngine string `json:"precopy_engine,omitempty"`
+	// CRIU is the destination's (nil from an agent that does not tell).
+	CRIU *CRIUCaps `json:"criu,omitempty"`
 }
 
 // StepName is what a Step asks of the destination.

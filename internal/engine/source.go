@@ -64,6 +64,10 @@ type Source struct {
 	// page keeper so that the pull outlives this agent (lazyrelay); "":
 	// none, and a pull ends with the agent.
 	KeeperExe string
+	// CRIU is this host's CRIU as the agent found it, told to the
+	// destination and checked against each technique (criucheck.go);
+	// nil: not checked.
+	CRIU *CRIUCaps
 }
 
 // migration is the source side's state for one run.
@@ -74,6 +78,8 @@ type migration struct {
 	rts  runtime.Set
 	rt   runtime.Runtime
 	ctr  *runtime.Container
+	// criu is this host's CRIU (Source.CRIU).
+	criu *CRIUCaps
 	// key names the technique (see techniques.go), tech is it.
 	key  string
 	tech technique
@@ -296,7 +302,7 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 	if !ValidID(id) {
 		id = newID()
 	}
-	m := &migration{req: req, id: id, host: s.Host, journal: s.Journal, rts: s.Runtimes, progress: progress, start: time.Now(), parentRound: -1, dial: s.Dial, profile: model.DefaultProfile(), vmas: s.VMAs, keeperExe: s.KeeperExe, log: orDefault(s.Log),
+	m := &migration{req: req, id: id, host: s.Host, journal: s.Journal, rts: s.Runtimes, progress: progress, start: time.Now(), parentRound: -1, dial: s.Dial, profile: model.DefaultProfile(), vmas: s.VMAs, keeperExe: s.KeeperExe, log: orDefault(s.Log), criu: s.CRIU,
 		phaseBegun: make(chan struct{}, 1)}
 	m.report = Report{SchemaVersion: ReportSchemaVersion, ID: id, StartedAt: m.start.UTC(), FerryVersion: s.Version,
 		Container: req.Container, Mode: req.Mode, From: s.Host.Name, To: req.To}
@@ -407,7 +413,7 @@ func (m *migration) run(ctx context.Context) error {
 	offer := Offer{ID: m.id, Container: m.req.Container, Mode: m.req.Mode, SourceHost: m.host.Name,
 		Runtime: m.ctr.Runtime, Spec: json.RawMessage(m.ctr.Spec), Image: m.ctr.Image, Meta: m.ctr.Meta,
 		Faults: m.req.Faults, Precopy: m.req.Precopy, MemoryBytes: procs.TreeResident(m.ctr.PID), Network: m.network,
-		Volumes: m.ctr.Volumes, Networks: m.ctr.Networks, Shared: m.ctr.Shared}
+		Volumes: m.ctr.Volumes, Networks: m.ctr.Networks, Shared: m.ctr.Shared, SourceCRIU: m.criu}
 	if err := m.ctl.Send(offer); err != nil {
 		return failAt("offer to destination", err)
 	}
@@ -435,6 +441,11 @@ func (m *migration) run(ctx context.Context) error {
 		if err := m.ctl.Recv(&again); err != nil {
 			return failAt("destination "+m.sess.Peer.Name+" refused", err)
 		}
+	}
+	// A destination that checked its own CRIU has; this is for the
+	// source's (mode auto's technique) and what the two CRIUs exchange.
+	if err := criuRefusal(m.key, criu.Source, m.host.Name, m.criu, acc.Host, acc.CRIU, false); err != nil {
+		return m.abort(ctx, failAt("plan", err))
 	}
 	return m.tech.source(m, ctx)
 }
@@ -492,6 +503,9 @@ func (m *migration) prepare(ctx context.Context) error {
 	}
 	if m.req.Mode != ModeAuto {
 		if m.key, m.tech, err = techniqueFor(m.req.Mode, m.req.Precopy, m.rt); err != nil {
+			return err
+		}
+		if err := criuRefusal(m.key, criu.Source, m.host.Name, m.criu, "", nil, false); err != nil {
 			return err
 		}
 	}

@@ -32,13 +32,20 @@ import (
 // Report is the result of a check. Its JSON form is a public contract.
 type Report struct {
 	// OK means a cold migration is possible.
-	OK          bool     `json:"ok"`
-	CriuPath    string   `json:"criu_path"`
-	CriuVersion string   `json:"criu_version"`
-	CriuCheck   string   `json:"criu_check"` // "ok" or CRIU's complaint
-	Features    Features `json:"features"`
-	PipeMaxSize int64    `json:"pipe_max_size"`
-	Runtimes    Runtimes `json:"runtimes"`
+	OK          bool   `json:"ok"`
+	CriuPath    string `json:"criu_path"`
+	CriuVersion string `json:"criu_version"`
+	CriuCheck   string `json:"criu_check"` // "ok" or CRIU's complaint
+	// CriuPatches are the ferry patches (scripts/criu-patches) the CRIU
+	// carries, as its `criu --version` names them (patch 0016): null for
+	// a stock CRIU, or one ferry built before 0016. CriuMissing says what
+	// each missing one costs, CriuModes what that makes of each technique.
+	CriuPatches criu.Patches      `json:"criu_patches"`
+	CriuMissing []MissingPatch    `json:"criu_missing"`
+	CriuModes   map[string]string `json:"criu_modes"`
+	Features    Features          `json:"features"`
+	PipeMaxSize int64             `json:"pipe_max_size"`
+	Runtimes    Runtimes          `json:"runtimes"`
 	// Modes lists, per runtime installed, the techniques ferry can run
 	// with it on this host (a runtime's own limits and the kernel's).
 	Modes  map[string][]string `json:"modes"`
@@ -89,6 +96,19 @@ type Cgroup struct {
 	Remount      string `json:"remount,omitempty"`
 }
 
+// MissingPatch is a ferry patch the CRIU lacks and what goes without it.
+type MissingPatch struct {
+	ID    string `json:"id"`
+	Title string `json:"title"`
+	// Side is the end of a migration whose CRIU needs it.
+	Side string `json:"side"`
+	// Effect: "slower", "fails for some containers" or "fails" (refused
+	// before the freeze).
+	Effect     string   `json:"effect"`
+	Without    string   `json:"without"`
+	Techniques []string `json:"techniques"`
+}
+
 // Problem is one failed condition and how to fix it.
 type Problem struct {
 	What string `json:"what"`
@@ -99,7 +119,7 @@ type Problem struct {
 type Probes struct {
 	IsRoot         func() bool
 	CriuPath       func() (string, error)
-	CriuVersion    func(context.Context) (criu.Version, error)
+	CriuInfo       func(context.Context) (criu.Info, error)
 	CriuCheck      func(context.Context) error
 	Features       func(context.Context) criu.Features
 	WriteTracking  func() error
@@ -116,7 +136,7 @@ func HostProbes() Probes {
 	return Probes{
 		IsRoot:          func() bool { return os.Geteuid() == 0 },
 		CriuPath:        criu.Binary,
-		CriuVersion:     criu.InstalledVersion,
+		CriuInfo:        criu.Installed,
 		CriuCheck:       criu.Check,
 		Features:        criu.ProbeFeatures,
 		WriteTracking:   dirty.Available,
@@ -143,7 +163,7 @@ func (p Probes) Run(ctx context.Context) Report {
 		wg       sync.WaitGroup
 		criuErr  error
 		verErr   error
-		version  criu.Version
+		info     criu.Info
 		checkErr error
 		wtErr    error
 		vmaErr   error
@@ -153,7 +173,7 @@ func (p Probes) Run(ctx context.Context) Report {
 	r.Root = p.IsRoot()
 	r.CriuPath, criuErr = p.CriuPath()
 	if criuErr == nil {
-		wg.Go(func() { version, verErr = p.CriuVersion(ctx) })
+		wg.Go(func() { info, verErr = p.CriuInfo(ctx) })
 		wg.Go(func() { checkErr = p.CriuCheck(ctx) })
 		wg.Go(func() { feat = p.Features(ctx) })
 	}
@@ -196,7 +216,9 @@ func (p Probes) Run(ctx context.Context) Report {
 		}
 	}
 	if criuErr == nil && verErr == nil {
-		r.CriuVersion = version.String()
+		r.CriuVersion = info.Version.String()
+		r.CriuPatches = info.Patches
+		r.CriuMissing, r.CriuModes = patchReport(info.Patches)
 	}
 	switch {
 	case criuErr != nil:
@@ -206,7 +228,7 @@ func (p Probes) Run(ctx context.Context) Report {
 	default:
 		r.CriuCheck = "ok"
 	}
-	r.judge(criuErr, verErr, version, checkErr, feat)
+	r.judge(criuErr, verErr, info.Version, checkErr, feat)
 	if r.Runtimes.Docker != nil && !ferryRunc {
 		r.Warnings = append(r.Warnings, Problem{
 			"Docker's daemon is not running or has no ferry-runc runtime: a Docker copy restored here runs before the commit, and Docker containers move only cold and pre-copy",
@@ -231,12 +253,29 @@ func (r *Report) judge(criuErr, verErr error, v criu.Version, checkErr error, f 
 	min := criu.MinVersion
 	switch {
 	case criuErr != nil:
-		problem("criu not found in PATH", setupFix)
+		problem("criu not found (at /usr/libexec/ferry/criu, /usr/local/sbin/criu, nor in PATH)", setupFix)
 	case verErr != nil:
 		problem(fmt.Sprintf("cannot tell the version of %s: %v", r.CriuPath, verErr), setupFix)
 	case !v.AtLeast(min.Major, min.Minor, min.Sublevel):
 		problem(fmt.Sprintf("%s is CRIU %v, need %v or newer (older versions fail on this kernel)", r.CriuPath, v, min),
-			setupFix+" and make sure /usr/local/sbin comes first in PATH")
+			setupFix)
+	}
+	if criuErr == nil && verErr == nil && len(r.CriuMissing) > 0 {
+		var fails []string
+		for _, m := range r.CriuMissing {
+			if m.Effect != criu.Slower.String() {
+				fails = append(fails, m.ID)
+			}
+		}
+		what := fmt.Sprintf("%s lacks %d of ferry's CRIU patches: migrations are slower", r.CriuPath, len(r.CriuMissing))
+		if len(fails) > 0 || r.CriuPatches == nil {
+			what += ", and some techniques fail or are refused (" + strings.Join(fails, ", ") + "; see below)"
+		}
+		if r.CriuPatches == nil {
+			what = r.CriuPath + " names no ferry patches (a stock CRIU, or one built before patch 0016): " +
+				"migrations are slower, a lazy rebuild restore (precopy/rebuild, cold/rebuild) is refused, and so is a container from a host with ferry's CRIU"
+		}
+		warn(what, "install the ferry-criu package, or run `make setup` (rebuilds CRIU with ferry's patches into /usr/local/sbin/criu)")
 	}
 	if criuErr == nil && checkErr != nil {
 		fix := "fix what CRIU reports (`criu check --all` gives details)"
@@ -444,6 +483,9 @@ func (r Report) Text() string {
 	min := criu.MinVersion
 	line(need(err == nil && v.AtLeast(min.Major, min.Minor, min.Sublevel)), "criu", criuVal)
 	line(need(r.CriuCheck == "ok"), "criu check", firstLine(r.CriuCheck))
+	if r.CriuVersion != "" {
+		line(opt(len(r.CriuMissing) == 0), "criu patches", patchesLine(r.CriuPatches))
+	}
 	modes := func(kind string) string {
 		if m, ok := r.Modes[kind]; ok {
 			return "  modes: " + strings.Join(m, ", ")
@@ -483,6 +525,7 @@ func (r Report) Text() string {
 			fmt.Fprintf(&b, "  %s %s\n      fix: %s\n", mark, p.What, p.Fix)
 		}
 	}
+	r.patchText(&b)
 	section("Problems", "✗", r.Problems)
 	section("Warnings", "!", r.Warnings)
 	return b.String()

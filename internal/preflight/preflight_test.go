@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,13 +17,27 @@ import (
 	"github.com/ferry-migrate/ferry/internal/criu"
 )
 
+// ferrysCRIU is `criu --version` of CRIU 4.2.1 with every ferry patch.
+func ferrysCRIU() criu.Info {
+	return criuFrom("Version: 4.2.1\nferry-patches: 0001,0002,0003,0004,0005,0006,0007,0008,0009,0010,0011,0012,0013,0014,0015,0016\n")
+}
+
+// criuFrom is what criu.Installed makes of a `criu --version` output.
+func criuFrom(out string) criu.Info {
+	v, err := criu.ParseVersion(out)
+	if err != nil {
+		panic(err)
+	}
+	return criu.Info{Version: v, Patches: criu.ParsePatches(out)}
+}
+
 // goodHost answers like a fully equipped host.
 func goodHost() Probes {
 	return Probes{
-		IsRoot:      func() bool { return true },
-		CriuPath:    func() (string, error) { return "/usr/local/sbin/criu", nil },
-		CriuVersion: func(context.Context) (criu.Version, error) { return criu.Version{Major: 4, Minor: 2, Sublevel: 1}, nil },
-		CriuCheck:   func(context.Context) error { return nil },
+		IsRoot:    func() bool { return true },
+		CriuPath:  func() (string, error) { return "/usr/local/sbin/criu", nil },
+		CriuInfo:  func(context.Context) (criu.Info, error) { return ferrysCRIU(), nil },
+		CriuCheck: func(context.Context) error { return nil },
 		Features: func(context.Context) criu.Features {
 			return criu.Features{DirtyTracking: true, UffdNoncoop: true, LazyPages: true,
 				PipeMaxSize: 16 << 20, TCPRepair: true, MPTCP: true}
@@ -64,10 +79,12 @@ func TestRunFailures(t *testing.T) {
 		{"not root", func(p *Probes) { p.IsRoot = func() bool { return false } }, "root"},
 		{"no criu", func(p *Probes) { p.CriuPath = func() (string, error) { return "", errors.New("not found") } }, "make setup"},
 		{"old criu", func(p *Probes) {
-			p.CriuVersion = func(context.Context) (criu.Version, error) { return criu.Version{Major: 4, Minor: 1, Sublevel: 1}, nil }
+			p.CriuInfo = func(context.Context) (criu.Info, error) {
+				return criu.Info{Version: criu.Version{Major: 4, Minor: 1, Sublevel: 1}}, nil
+			}
 		}, "make setup"},
 		{"unreadable version", func(p *Probes) {
-			p.CriuVersion = func(context.Context) (criu.Version, error) { return criu.Version{}, errors.New("garbage") }
+			p.CriuInfo = func(context.Context) (criu.Info, error) { return criu.Info{}, errors.New("garbage") }
 		}, "make setup"},
 		{"check fails", func(p *Probes) {
 			p.CriuCheck = func(context.Context) error { return errors.New("criu check: exit status 1: vdso: boom") }
@@ -316,8 +333,8 @@ func TestText(t *testing.T) {
 			t.Errorf("Text() lacks %q:\n%s", want, txt)
 		}
 	}
-	p.CriuVersion = func(context.Context) (criu.Version, error) {
-		return criu.Version{Major: 3, Minor: 17, Sublevel: 1}, nil
+	p.CriuInfo = func(context.Context) (criu.Info, error) {
+		return criu.Info{Version: criu.Version{Major: 3, Minor: 17, Sublevel: 1}}, nil
 	}
 	txt = p.Run(context.Background()).Text()
 	for _, want := range []string{"NOT READY", "✗ criu ", "Problems:", "make setup"} {
@@ -405,5 +422,73 @@ func TestModesPerRuntime(t *testing.T) {
 	}
 	if !strings.Contains(r.Text(), "modes: cold, precopy") {
 		t.Errorf("text lacks the modes:\n%s", r.Text())
+	}
+}
+
+// ferry check says which ferry patches the CRIU carries and, for each
+// technique, what the missing ones cost: a stock CRIU works, slower, but
+// for the lazy rebuild restores and the images of a ferry CRIU.
+func TestCRIUPatches(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		out       string
+		line      string
+		modes     map[string]string // technique: what its line must say
+		missing   []string
+		warnsWith string
+	}{
+		{name: "ferry's", out: "Version: 4.2.1\nferry-patches: 0001,0002,0003,0004,0005,0006,0007,0008,0009,0010,0011,0012,0013,0014,0015,0016\n",
+			line: "all 16 of ferry's", modes: map[string]string{"cold": "as ferry means it", "hybrid": "as ferry means it"}},
+		{name: "stock", out: "Version: 4.2.1\n", line: "none (a stock CRIU",
+			modes: map[string]string{
+				"cold":            "fails as destination of a source whose CRIU has ferry's patches (lacks 0005, 0010); fails for some containers without 0003; slower without 0001, 0005,",
+				"precopy/rebuild": "fails as destination without 0006, where the runtime restores lazily",
+				"postcopy":        "slower without 0001, 0002, 0004,",
+			},
+			missing:   []string{"0001", "0006", "0016"},
+			warnsWith: "names no ferry patches"},
+		{name: "ferry's before a new patch", out: "Version: 4.2.1\nferry-patches: 0001,0002,0003,0004,0005,0006,0007,0008,0009,0010,0011,0012,0013,0014,0016\n",
+			line: "15 of ferry's 16: lacks 0015", modes: map[string]string{"cold": "slower without 0015", "precopy/rebuild": "slower without 0015"},
+			missing: []string{"0015"}, warnsWith: "lacks 1 of ferry's CRIU patches: migrations are slower"},
+		{name: "without 0006", out: "Version: 4.2.1\nferry-patches: 0001,0002,0003,0004,0005,0007,0008,0009,0010,0011,0012,0013,0014,0015,0016\n",
+			line: "lacks 0006", modes: map[string]string{"precopy/rebuild": "fails as destination without 0006", "precopy": "as ferry means it"},
+			missing: []string{"0006"}, warnsWith: "some techniques fail or are refused (0006"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := goodHost()
+			p.CriuInfo = func(context.Context) (criu.Info, error) { return criuFrom(c.out), nil }
+			r := p.Run(context.Background())
+			if !r.OK {
+				t.Errorf("not OK: %s", fixes(r.Problems))
+			}
+			var ids []string
+			for _, m := range r.CriuMissing {
+				ids = append(ids, m.ID)
+			}
+			for _, id := range c.missing {
+				if !slices.Contains(ids, id) {
+					t.Errorf("missing %v, want %s among them", ids, id)
+				}
+			}
+			for tech, want := range c.modes {
+				if !strings.Contains(r.CriuModes[tech], want) {
+					t.Errorf("%s: %q, want it to say %q", tech, r.CriuModes[tech], want)
+				}
+			}
+			txt := r.Text()
+			if !strings.Contains(txt, "criu patches") || !strings.Contains(txt, c.line) {
+				t.Errorf("Text() lacks %q:\n%s", c.line, txt)
+			}
+			warned := strings.Contains(fixes(r.Warnings), c.warnsWith)
+			if c.warnsWith == "" {
+				warned = !strings.Contains(fixes(r.Warnings), "ferry-criu")
+			}
+			if !warned {
+				t.Errorf("warnings, want one saying %q:\n%s", c.warnsWith, fixes(r.Warnings))
+			}
+			if c.warnsWith != "" && !strings.Contains(txt, "install ferry-criu or run `make setup`") {
+				t.Errorf("Text() does not say what to do:\n%s", txt)
+			}
+		})
 	}
 }

@@ -5,6 +5,7 @@
 package transport
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -28,6 +29,28 @@ import (
 // travels as FrameControlMore frames followed by one FrameControl frame.
 // Version 2 capped a control message at one frame.
 const ProtocolVersion = 6
+
+// VersionError is a peer speaking another protocol version: one of the
+// two ferries is older, and the message says which to upgrade.
+type VersionError struct {
+	Peer int
+	// PeerName and LocalName name the two hosts where known (the
+	// handshake fills them in); "" says "the peer" and "this host".
+	PeerName, LocalName string
+}
+
+func (e *VersionError) Error() string {
+	peer := cmp.Or(e.PeerName, "the peer")
+	local := "this host"
+	if e.LocalName != "" {
+		local += " (" + e.LocalName + ")"
+	}
+	msg := fmt.Sprintf("transport: peer speaks protocol version %d, this ferry speaks %d: ", e.Peer, ProtocolVersion)
+	if e.Peer < ProtocolVersion {
+		return msg + fmt.Sprintf("%s runs an older ferry; upgrade ferry on %s to this one's version or later", peer, peer)
+	}
+	return msg + fmt.Sprintf("this ferry is older than %s's; upgrade ferry on %s to %s's version or later", peer, local, peer)
+}
 
 // MaxPayload bounds one frame's payload; larger writes and larger control
 // messages are split.
@@ -129,7 +152,7 @@ func ReadFrame(r io.Reader, buf []byte) (Frame, error) {
 		return Frame{}, fmt.Errorf("transport: bad frame magic %q (not a ferry peer?)", h[0:3])
 	}
 	if h[3] != ProtocolVersion {
-		return Frame{}, fmt.Errorf("transport: peer speaks protocol version %d, this ferry speaks %d", h[3], ProtocolVersion)
+		return Frame{}, &VersionError{Peer: int(h[3])}
 	}
 	if h[5] != 0 || h[6] != 0 || h[7] != 0 {
 		return Frame{}, fmt.Errorf("transport: frame uses flags %#x this version does not know", h[5:8])

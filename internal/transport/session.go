@@ -1,7 +1,9 @@
 package transport
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -131,15 +133,24 @@ func handshake(conn net.Conn, local Hello) (Hello, error) {
 	go func() { errc <- ch.Send(local) }()
 	peer, err := recvHello(conn, ch)
 	if err != nil {
-		return peer, err
+		return peer, named(err, local.Name, cmp.Or(peer.Name, conn.RemoteAddr().String()))
 	}
 	if err := <-errc; err != nil {
 		return peer, fmt.Errorf("handshake with %s: %w", conn.RemoteAddr(), err)
 	}
 	if peer.Version != ProtocolVersion {
-		return peer, fmt.Errorf("handshake with %s: peer speaks protocol %d, this ferry %d", conn.RemoteAddr(), peer.Version, ProtocolVersion)
+		return peer, fmt.Errorf("handshake with %s: %w", conn.RemoteAddr(), &VersionError{Peer: peer.Version, PeerName: peer.Name, LocalName: local.Name})
 	}
 	return peer, nil
+}
+
+// named fills the hosts' names into a VersionError inside err.
+func named(err error, local, peer string) error {
+	var v *VersionError
+	if errors.As(err, &v) {
+		v.LocalName, v.PeerName = cmp.Or(v.LocalName, local), cmp.Or(v.PeerName, peer)
+	}
+	return err
 }
 
 // recvHello reads the peer's Hello, waiting at most 10 s.
@@ -164,11 +175,17 @@ func acceptHandshake(conn net.Conn, local Hello, admit func(Hello) error) (Hello
 	ch.Kind = "hello"
 	peer, err := recvHello(conn, ch)
 	if err != nil {
-		return peer, err
+		if _, ok := errors.AsType[*VersionError](err); ok {
+			// An older peer cannot read this Hello either, and says so
+			// with both versions: it hears why instead of a closed
+			// connection.
+			_ = ch.Send(local)
+		}
+		return peer, named(err, local.Name, cmp.Or(peer.Name, conn.RemoteAddr().String()))
 	}
 	if peer.Version != ProtocolVersion {
 		_ = ch.Send(local) // so that the peer can say what is wrong too
-		return peer, fmt.Errorf("handshake with %s: peer speaks protocol %d, this ferry %d", conn.RemoteAddr(), peer.Version, ProtocolVersion)
+		return peer, fmt.Errorf("handshake with %s: %w", conn.RemoteAddr(), &VersionError{Peer: peer.Version, PeerName: peer.Name, LocalName: local.Name})
 	}
 	if err := admit(peer); err != nil {
 		return peer, err

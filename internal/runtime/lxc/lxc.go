@@ -47,8 +47,6 @@ import (
 const (
 	// DefaultLXCPath is liblxc's own default lxcpath.
 	DefaultLXCPath = "/var/lib/lxc"
-	// DefaultCRIU is the CRIU ferry's setup installs.
-	DefaultCRIU = "/usr/local/sbin/criu"
 	// systemPath follows the CRIU's directory in the PATH lxc-* runs with.
 	systemPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
@@ -67,7 +65,7 @@ type Runtime struct {
 	// run in: the one the containers' monitors run in (a lab host's), for
 	// callers outside it. The agent runs there already and leaves it empty.
 	NetNS string
-	// CRIU is the criu binary liblxc runs; empty means DefaultCRIU. Its
+	// CRIU is the criu binary liblxc runs; empty means criu.Binary's. Its
 	// file name must be "criu" (liblxc looks that name up in PATH).
 	CRIU string
 	// Admission is what this host accepts of an incoming container's
@@ -108,7 +106,11 @@ func (r *Runtime) criu() string {
 	if r.CRIU != "" {
 		return r.CRIU
 	}
-	return DefaultCRIU
+	p, err := criu.Binary()
+	if err != nil {
+		return "criu" // doCheck says it is missing
+	}
+	return p
 }
 
 // dir is a container's directory: its config, and its rootfs when ferry

@@ -22,6 +22,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/ferry-migrate/ferry/internal/cgroups"
+	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/tail"
 )
@@ -46,8 +47,8 @@ func requireTools(t *testing.T) {
 			t.Skipf("skipped: %s not found (apt-get install lxc)", tool)
 		}
 	}
-	if _, err := os.Stat(DefaultCRIU); err != nil {
-		t.Skipf("skipped: no CRIU at %s (make setup)", DefaultCRIU)
+	if _, err := criu.Binary(); err != nil {
+		t.Skipf("skipped: no CRIU (make setup): %v", err)
 	}
 	if _, err := os.Stat("/bin/busybox"); err != nil {
 		t.Skip("skipped: needs /bin/busybox (busybox-static)")
@@ -337,7 +338,7 @@ func pageServer(t *testing.T, dir string) (string, func() error) {
 		t.Fatal(err)
 	}
 	defer rd.Close()
-	cmd := exec.Command(DefaultCRIU, "page-server", "--images-dir", dir, "--address", "127.0.0.1",
+	cmd := exec.Command((&Runtime{}).criu(), "page-server", "--images-dir", dir, "--address", "127.0.0.1",
 		"--port", strconv.Itoa(port), "--status-fd", "3", "-o", filepath.Join(dir, "page-server.log"))
 	cmd.ExtraFiles = []*os.File{wr}
 	if err := cmd.Start(); err != nil {
