@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/ferry-migrate/ferry/internal/bench/benchrun"
+	"github.com/ferry-migrate/ferry/internal/runresult"
 
 	agentclient "github.com/ferry-migrate/ferry/api/client"
 
@@ -147,7 +147,7 @@ func Drain(ctx context.Context, o DrainOptions) (res DrainResult, err error) {
 		Request: engine.Request{Mode: o.Mode, Precopy: o.Precopy}})
 	time.Sleep(300 * time.Millisecond)
 	res.TotalMs, res.OK = dr.TotalMs, dr.OK && derr == nil
-	res.FloorMs = benchrun.LinkFloorMs(o.MemoryBytes*int64(o.Containers), res.LinkBps)
+	res.FloorMs = runresult.LinkFloorMs(o.MemoryBytes*int64(o.Containers), res.LinkBps)
 	if res.FloorMs > 0 {
 		res.Ratio = res.TotalMs / res.FloorMs
 	}

@@ -6,8 +6,8 @@ import (
 
 	"github.com/ferry-migrate/ferry/api"
 	"github.com/ferry-migrate/ferry/internal/bench"
-	"github.com/ferry-migrate/ferry/internal/bench/benchrun"
 	"github.com/ferry-migrate/ferry/internal/model"
+	"github.com/ferry-migrate/ferry/internal/runresult"
 )
 
 // The online refit: an agent's own migrations, each report carrying the
@@ -118,7 +118,7 @@ func reportsMeasured(reps []api.Report) (all, hashed []Measured) {
 			continue
 		}
 		pi := r.Model.Inputs
-		res := bench.MigrateResult{Mode: r.Mode, Runtime: r.Runtime, MemoryBytes: int64(pi.MemoryBytes), Runs: []bench.Run{benchrun.RunOf(r)}}
+		res := bench.MigrateResult{Mode: r.Mode, Runtime: r.Runtime, MemoryBytes: int64(pi.MemoryBytes), Runs: []bench.Run{runresult.RunOf(r)}}
 		m := Measured{Point: Point{Mode: r.Mode, MemoryBytes: int64(pi.MemoryBytes), DirtyRate: int(math.Round(pi.DirtyRate))}, Result: &res}
 		all = append(all, m)
 		if !pi.Tracked {
