@@ -15,6 +15,7 @@ import (
 	"github.com/ferry-migrate/ferry/api"
 	"github.com/ferry-migrate/ferry/api/restoreshim"
 	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/internal/cli"
 	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
 	"github.com/ferry-migrate/ferry/internal/runtime/docker"
 	"github.com/ferry-migrate/ferry/internal/transport"
@@ -89,7 +90,7 @@ runs the agent with /etc/ferry/agent.toml, and the example file.`,
 				return err
 			}
 			if profile != "" {
-				p, _, err := loadProfile(profile)
+				p, _, err := cli.LoadProfile(profile)
 				if err != nil {
 					return err
 				}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/ferry-migrate/ferry/internal/cli"
 	"github.com/ferry-migrate/ferry/internal/preflight"
 )
 
@@ -32,7 +33,7 @@ each problem with its fix.`,
 			r := preflight.Run(cmd.Context())
 			mc := checkModel(stateDir)
 			if asJSON {
-				if err := printJSON(struct {
+				if err := cli.PrintJSON(struct {
 					preflight.Report
 					Model *modelCheck `json:"model,omitempty"`
 				}{r, mc}); err != nil {
@@ -45,7 +46,7 @@ each problem with its fix.`,
 				}
 			}
 			if !r.OK {
-				return exitError{1}
+				return cli.ExitError{Code: 1}
 			}
 			return nil
 		},

@@ -14,6 +14,7 @@ import (
 	"github.com/ferry-migrate/ferry/api"
 	"github.com/ferry-migrate/ferry/api/client"
 	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/internal/cli"
 	"github.com/ferry-migrate/ferry/internal/learn"
 	"github.com/ferry-migrate/ferry/internal/model"
 )
@@ -45,7 +46,7 @@ func showModelStatus(ctx context.Context, src agentFlags, asJSON bool) error {
 		return err
 	}
 	if asJSON {
-		return printJSON(st)
+		return cli.PrintJSON(st)
 	}
 	printModelStatus(os.Stdout, *st)
 	return nil

@@ -32,7 +32,7 @@ type labTool struct {
 
 // startLabTool starts lab-tool args on host and returns its first line.
 func startLabTool(ctx context.Context, host *lab.Host, ferry string, args ...string) (*labTool, []byte, error) {
-	t := &labTool{cmd: host.Command(ctx, ferry, append([]string{"lab-tool"}, args...)...)}
+	t := &labTool{cmd: host.Command(ctx, lab.ToolBin(ferry), append([]string{"lab-tool"}, args...)...)}
 	stdin, err := t.cmd.StdinPipe()
 	if err != nil {
 		return nil, nil, err
@@ -170,7 +170,7 @@ func copyOverLink(ctx context.Context, ferry string, from, to *lab.Host, src, ds
 // sender printed (the bytes and seconds it took).
 func sendOverLink(ctx context.Context, ferry string, from, to *lab.Host, port int, src, dst string, recvArgs, sendArgs []string) ([]byte, error) {
 	listen := fmt.Sprintf("%s:%d", to.Addr, port)
-	recv := to.Command(ctx, ferry, append([]string{"lab-tool", "recv", "--listen", listen, "--out", dst}, recvArgs...)...)
+	recv := to.Command(ctx, lab.ToolBin(ferry), append([]string{"lab-tool", "recv", "--listen", listen, "--out", dst}, recvArgs...)...)
 	rout, err := recv.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -186,7 +186,7 @@ func sendOverLink(ctx context.Context, ferry string, from, to *lab.Host, port in
 		stop()
 		return nil, fmt.Errorf("receiver on %s: %v %s", to.Name, err, rerr.String())
 	}
-	out, err := from.Command(ctx, ferry, append([]string{"lab-tool", "send", "--to", listen, "--in", src}, sendArgs...)...).CombinedOutput()
+	out, err := from.Command(ctx, lab.ToolBin(ferry), append([]string{"lab-tool", "send", "--to", listen, "--in", src}, sendArgs...)...).CombinedOutput()
 	if err != nil {
 		stop()
 		return out, fmt.Errorf("sender on %s: %v %s", from.Name, err, out)

@@ -114,7 +114,7 @@ func delayLineArgs(h *Host, paths int) []string {
 func (l *Lab) startDelayLines(ctx context.Context) error {
 	for k := range l.Hosts {
 		h := &l.Hosts[k]
-		p, err := procs.StartDetached(append([]string{l.FerryBin}, delayLineArgs(h, max(l.Paths, 1))...),
+		p, err := procs.StartDetached(append([]string{ToolBin(l.FerryBin)}, delayLineArgs(h, max(l.Paths, 1))...),
 			netnsPath(SwitchNetNS), h.DelayLineLog(), nil)
 		if err != nil {
 			return fmt.Errorf("start the delay line of %s: %w", h.Name, err)

@@ -231,7 +231,7 @@ func (l *Lab) ferryBin() (string, error) {
 	if l.FerryBin != "" {
 		return l.FerryBin, nil
 	}
-	return os.Executable()
+	return FerryBin()
 }
 
 // Load reads the running lab's state.
@@ -307,12 +307,12 @@ func Up(ctx context.Context, o Options) (*Lab, error) {
 		o.DelayLines = true
 	}
 	if why := existing(); why != "" {
-		return nil, fmt.Errorf("a ferry lab is already up (%s); run `ferry lab down` first", why)
+		return nil, fmt.Errorf("a ferry lab is already up (%s); run `ferry-lab lab down` first", why)
 	}
 	if o.FerryBin == "" {
-		exe, err := os.Executable()
+		exe, err := FerryBin()
 		if err != nil {
-			return nil, fmt.Errorf("find the ferry binary: %w", err)
+			return nil, err
 		}
 		o.FerryBin = exe
 	}
