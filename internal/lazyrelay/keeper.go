@@ -212,7 +212,8 @@ func listen(socket string) (*net.UnixListener, error) {
 		return nil, err
 	}
 	l.SetUnlinkOnClose(false) // the path is the caller's to remove once renamed
-	if err := os.Chmod(tmp, 0o600); err == nil {
+	// One err for both: a shadowed one here lost the rename's failure.
+	if err = os.Chmod(tmp, 0o600); err == nil {
 		err = os.Rename(tmp, socket)
 	}
 	if err != nil {
