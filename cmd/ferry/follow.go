@@ -133,7 +133,7 @@ settings, not a market.`,
 	f.IntSliceVar(&cfg.Ports, "ports", nil, "the container's listening ports whose connections are its clients (default: every inbound connection)")
 	f.StringVar(&cfg.Probe, "probe", "", "IP (ICMP echo) or IP:PORT (TCP connect) to measure instead of the container's connections")
 	f.StringVar(&cfg.Runtime, "runtime", api.RuntimeAuto, "the container's runtime (auto: found by name)")
-	f.StringVar(&profilePath, "profile", "", "host profile from 'ferry calibrate' for the predictions (default: built-in defaults)")
+	f.StringVar(&profilePath, "profile", "", "host profile from 'ferry-lab calibrate' for the predictions (default: built-in defaults)")
 	f.StringVar(&state, "state", "", "file keeping where the container runs and a move under way (default /var/lib/ferry/follow/CONTAINER.json)")
 	f.BoolVar(&asJSON, "json", false, "print every event as a JSON line")
 	f.BoolVar(&quiet, "quiet", false, "print decisions and moves only, not every sample")

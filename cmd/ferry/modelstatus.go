@@ -91,7 +91,7 @@ func printModelStatus(w io.Writer, st api.ModelStatus) {
 		}
 	}
 	if st.Drift {
-		fmt.Fprintf(w, "\nDRIFT: a term's recent error is beyond %.0f %%: the profile no longer describes this host; the terms refit as migrations feed them, or run ferry calibrate\n", st.DriftBound*100)
+		fmt.Fprintf(w, "\nDRIFT: a term's recent error is beyond %.0f %%: the profile no longer describes this host; the terms refit as migrations feed them, or run ferry-lab calibrate\n", st.DriftBound*100)
 	}
 }
 
@@ -139,7 +139,7 @@ func (c *modelCheck) text() string {
 		for _, t := range c.Drifting {
 			fmt.Fprintf(&b, "  ! drift           %s: %.0f %% off on its last %d migrations (bound %.0f %%)\n", t.Name, t.RecentError*100, t.RecentCount, learn.DriftBound*100)
 		}
-		b.WriteString("                    the profile no longer describes this host: its terms refit as migrations feed them (ferry calibrate --status), or run ferry calibrate\n")
+		b.WriteString("                    the profile no longer describes this host: its terms refit as migrations feed them (ferry calibrate --status), or run ferry-lab calibrate\n")
 	}
 	return b.String()
 }

@@ -59,7 +59,7 @@ restore can do: docker copies the images into containerd before it restores them
 downtime; runc, podman and containerd read them in place.
 
 Predictions come from the models in docs/MODEL.md with a host profile:
---profile FILE from 'ferry calibrate', --learned for the one the host's
+--profile FILE from 'ferry-lab calibrate', --learned for the one the host's
 agent refitted from its migrations, or defaults measured on ferry's
 development machine. Each comes with its interval (about 8 migrations in
 10 fall inside it), and --max-downtime is judged by its upper bound.`,
@@ -123,7 +123,7 @@ development machine. Each comes with its interval (about 8 migrations in
 	f.Var(units.BytesVar(&volume), "volume", "the data of the container's volumes: sent before the technique starts, as its root filesystem is")
 	f.StringVar(&netKind, "network", "host", "how the container reaches its clients: host or none (its host's network), segment (a namespace of its own on a segment both hosts share: address and connections kept), bridge (a runtime's bridge network: a new address, connections closed)")
 	f.StringVar(&bandwidth, "bandwidth", "", "link rate (1gbit, 100mbit)")
-	f.StringVar(&profilePath, "profile", "", "host profile from 'ferry calibrate' (default: built-in defaults)")
+	f.StringVar(&profilePath, "profile", "", "host profile from 'ferry-lab calibrate' (default: built-in defaults)")
 	f.DurationVar(&maxDowntime, "max-downtime", 0, "downtime budget (e.g. 500ms); 0: none")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	f.BoolVar(&learned, "learned", false, "plan with the profile the agent at --from learned from its migrations (instead of --profile)")

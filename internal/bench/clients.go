@@ -18,9 +18,9 @@ import (
 
 // Lab addresses exist only inside the lab's network namespaces, so the
 // probe and the file copy run as ferry child processes inside a lab host
-// (`ferry lab-tool ...`, hidden commands), talking to the parent over pipes.
+// (`ferry-lab lab-tool ...`, hidden commands), talking to the parent over pipes.
 
-// labTool is a `ferry lab-tool` child on a lab host that prints a first
+// labTool is a `ferry-lab lab-tool` child on a lab host that prints a first
 // line once it is ready, and its verdict as one JSON line once its stdin
 // closes.
 type labTool struct {
@@ -135,7 +135,7 @@ func (c *StreamClient) Stop() (labtool.StreamResult, error) {
 	return r, nil
 }
 
-// LoadClient is `ferry lab-tool load` on a lab host: a real service's
+// LoadClient is `ferry-lab lab-tool load` on a lab host: a real service's
 // client, on connections it keeps, at a steady rate.
 type LoadClient struct{ t *labTool }
 

@@ -16,7 +16,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/lab"
 )
 
-// DrainOptions is `ferry bench drain`: N memhog containers on h1, all moved
+// DrainOptions is `ferry-lab bench drain`: N memhog containers on h1, all moved
 // to h2 by one drain, each watched by its own probe from h3, against one
 // of them moved cold alone.
 type DrainOptions struct {
@@ -49,7 +49,7 @@ type DrainRun struct {
 	Error   string             `json:"error,omitempty"`
 }
 
-// DrainResult is what `ferry bench drain --json` prints.
+// DrainResult is what `ferry-lab bench drain --json` prints.
 type DrainResult struct {
 	Containers  int     `json:"containers"`
 	MemoryBytes int64   `json:"memory_bytes"`

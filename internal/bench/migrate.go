@@ -26,7 +26,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/units"
 )
 
-// MigrateOptions describe one `ferry bench migrate`.
+// MigrateOptions describe one `ferry-lab bench migrate`.
 type MigrateOptions struct {
 	// Runtime runs the workload: runc (the lab's own bundles), podman,
 	// lxc, containerd or docker (each lab host's own instance).

@@ -92,7 +92,7 @@ func Refit(ctx context.Context, rep Report, o Options) (model.Profile, Report, e
 		tracking = dirty.Available
 	}
 	base.WriteTracking = tracking() == nil
-	base.Source = fmt.Sprintf("ferry calibrate, %s grid, %s", rep.Grid, rep.Started.UTC().Format(time.RFC3339))
+	base.Source = fmt.Sprintf("ferry-lab calibrate, %s grid, %s", rep.Grid, rep.Started.UTC().Format(time.RFC3339))
 	p, terms, warns := fit.Fit(rep.Points, base)
 	p.Intervals = fit.CalibrationIntervals(rep.Points, p)
 	rep.Profile, rep.Terms, rep.Warnings = p, terms, warns

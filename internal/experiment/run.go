@@ -314,7 +314,7 @@ func machine() string {
 	return b.String()
 }
 
-// ReadProfile reads a calibrated profile (ferry calibrate's file).
+// ReadProfile reads a calibrated profile (ferry-lab calibrate's file).
 func ReadProfile(path string) (model.Profile, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {

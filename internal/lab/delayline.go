@@ -16,7 +16,7 @@ import (
 
 // A lab up with delay lines gives each host's links a round trip of its
 // own: the kernel here has no netem, so a relay process per host
-// (`ferry lab-tool delay-line`, package delayline) sits in the switch
+// (`ferry-lab lab-tool delay-line`, package delayline) sits in the switch
 // between each of the host's ports and the bridge, holding frames half
 // the host's round trip each way. Between hosts hA and hB the round trip
 // is then RTT(hA) + RTT(hB). tbf keeps shaping the ports as without it.

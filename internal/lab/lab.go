@@ -238,14 +238,14 @@ func (l *Lab) ferryBin() (string, error) {
 func Load() (*Lab, error) {
 	b, err := os.ReadFile(StateFile)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("%w (no %s); start one with `ferry lab up`", ErrNoLab, StateFile)
+		return nil, fmt.Errorf("%w (no %s); start one with `ferry-lab lab up`", ErrNoLab, StateFile)
 	}
 	if err != nil {
 		return nil, err
 	}
 	var l Lab
 	if err := json.Unmarshal(b, &l); err != nil {
-		return nil, fmt.Errorf("parse %s: %w (run `ferry lab down` to clear it)", StateFile, err)
+		return nil, fmt.Errorf("parse %s: %w (run `ferry-lab lab down` to clear it)", StateFile, err)
 	}
 	return &l, nil
 }

@@ -110,7 +110,7 @@ type Baselines struct {
 	Recreate *RecreateBaseline `json:"recreate,omitempty"`
 }
 
-// MigrateResult is what `ferry bench migrate --json` prints.
+// MigrateResult is what `ferry-lab bench migrate --json` prints.
 type MigrateResult struct {
 	Runtime      string `json:"runtime,omitempty"`
 	Mode         string `json:"mode"`
