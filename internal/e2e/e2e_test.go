@@ -110,7 +110,7 @@ func upLabWith(t *testing.T, o lab.Options) *lab.Lab {
 	return l
 }
 
-// benchMigrate runs `ferry bench migrate` (which brings up a lab of its
+// benchMigrate runs `ferry-lab bench migrate` (which brings up a lab of its
 // own) with this build's binaries, clearing an old lab first and the lab
 // afterwards, pass or fail.
 func benchMigrate(t *testing.T, o bench.MigrateOptions) bench.MigrateResult {
