@@ -88,16 +88,13 @@ What an agent learned from its own migrations since is 'ferry calibrate
   ferry plan --profile ferry-profile.json --memory 1G --dirty-rate 2000 --bandwidth 1gbit`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			bin, err := lab.FerryBin()
-			if err != nil {
-				return err
-			}
-			o := calibrate.Options{Quick: quick, Repeat: repeat, FerryBin: bin, TCPClient: tcpClient, Progress: progressReporter(os.Stderr, asJSON)}
+			o := calibrate.Options{Quick: quick, Repeat: repeat, TCPClient: tcpClient, Progress: progressReporter(os.Stderr, asJSON)}
 			var (
 				prof model.Profile
 				rep  calibrate.Report
+				err  error
 			)
-			if refit != "" {
+			if refit != "" { // measures nothing: no ferry binary needed
 				b, rerr := os.ReadFile(refit)
 				if rerr != nil {
 					return rerr
@@ -107,6 +104,9 @@ What an agent learned from its own migrations since is 'ferry calibrate
 				}
 				prof, rep, err = calibrate.Refit(cmd.Context(), rep, o)
 			} else {
+				if o.FerryBin, err = lab.FerryBin(); err != nil {
+					return err
+				}
 				prof, rep, err = calibrate.Run(cmd.Context(), o)
 				finishProgress(os.Stderr)
 			}
