@@ -88,9 +88,6 @@ validation.json with another profile without touching the lab.`,
 					return errors.New("--dirty-rate must not be negative")
 				}
 			}
-			if o.FerryBin, err = lab.FerryBin(); err != nil {
-				return err
-			}
 			fmt.Fprintf(os.Stderr, "profile %s: %s\n", src, describeProfile(o.Profile))
 			var v calibrate.Validation
 			if rescore != "" {
@@ -103,6 +100,9 @@ validation.json with another profile without touching the lab.`,
 				}
 				v = calibrate.Rescore(o.Profile, v)
 			} else {
+				if o.FerryBin, err = lab.FerryBin(); err != nil {
+					return err
+				}
 				o.Progress = progressReporter(os.Stderr, quiet)
 				v, err = calibrate.Validate(cmd.Context(), o)
 				finishProgress(os.Stderr)
