@@ -17,8 +17,12 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
+# ferry is the production binary (the .deb ships it alone); ferry-lab the
+# lab, benchmarks and calibration, which run bin/ferry's agents and
+# memhog from beside it.
 build:
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ferry ./cmd/ferry
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ferry-lab ./cmd/ferry-lab
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/memhog ./workloads/memhog
 	CGO_ENABLED=0 $(GO) build -ldflags '-X main.version=$(VERSION)' -o $(BIN)/ferry-controller ./cmd/ferry-controller
 
@@ -52,7 +56,7 @@ test: setup build
 	cd tools/package && $(GO) vet . && $(GO) test -count=1 .
 	cd tools/kube && CGO_ENABLED=0 $(GO) vet ./ociimage && CGO_ENABLED=0 $(GO) test -count=1 ./ociimage
 	cd tools/kube/shim && CGO_ENABLED=0 $(GO) vet -tags no_btrfs ./... && CGO_ENABLED=0 $(GO) test -tags no_btrfs -count=1 ./...
-	FERRY_BIN=$(CURDIR)/$(BIN)/ferry $(GO) test -p 1 -count=1 -timeout 40m ./...
+	FERRY_BIN=$(CURDIR)/$(BIN)/ferry FERRY_LAB_BIN=$(CURDIR)/$(BIN)/ferry-lab $(GO) test -p 1 -count=1 -timeout 40m ./...
 	$(MAKE) fuzz
 
 # A short run of every wire decoder's fuzz test, on top of its seed corpus.
@@ -74,10 +78,10 @@ demo: setup build
 	@bash scripts/demo.sh
 
 bench: setup build
-	$(BIN)/ferry bench migrate --mode cold --memory 256M --dirty-rate 100 --bandwidth 1gbit --repeat 5 --baseline link,podman --json
+	$(BIN)/ferry-lab bench migrate --mode cold --memory 256M --dirty-rate 100 --bandwidth 1gbit --repeat 5 --baseline link,podman --json
 
 lab-down: build
-	$(BIN)/ferry lab down
+	$(BIN)/ferry-lab lab down
 
 clean:
 	rm -rf $(BIN) $(DIST)

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Runs every benchmark docs/BENCHMARKS.md reports, one after another (they
-# share the lab's names), each as its own `ferry bench` command, and keeps
+# share the lab's names), each as its own `ferry-lab bench` command, and keeps
 # the JSON in $OUT. Takes about 29 minutes on a 2-core machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-results}
 mkdir -p "$OUT"
-F=bin/ferry
+F=bin/ferry-lab
 run() { local name=$1; shift; echo "bench: $name: $F bench migrate $*" >&2; "$F" bench migrate "$@" --json >"$OUT/$name.json"; }
 
 # Foundation: cold at 100 pages/s against the link and Podman.

@@ -4,30 +4,33 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FERRY=$PWD/bin/ferry
+FERRY_LAB=$PWD/bin/ferry-lab # the lab; its agents run bin/ferry
+# ferry names the lab's hosts (h1, h2) from its state file, when told.
+export FERRY_HOSTS=/run/ferry/lab/state.json
 say() { printf 'demo: %s\n' "$*"; }
 
 work=$(mktemp -d)
 cleanup() {
   exec 3>&- 2>/dev/null || true
   [ -n "${probe_pid:-}" ] && kill "$probe_pid" 2>/dev/null || true
-  "$FERRY" lab down >/dev/null 2>&1 || true
+  "$FERRY_LAB" lab down >/dev/null 2>&1 || true
   rm -rf "$work"
 }
 trap cleanup EXIT
 
 "$FERRY" check >/dev/null || { "$FERRY" check; exit 1; }
-"$FERRY" lab down >/dev/null
+"$FERRY_LAB" lab down >/dev/null
 say "a lab of 3 emulated hosts (network namespaces on a bridge), links shaped to 1 Gbit/s"
-"$FERRY" lab up --hosts 3 --bandwidth 1gbit
+"$FERRY_LAB" lab up --hosts 3 --bandwidth 1gbit
 say "memhog on h1: 256 MiB of random data, dirtying 100 pages/s, answering a client on h3"
-"$FERRY" lab run h1 hog -- /bin/memhog --memory 256M --dirty-rate 100 --port 7000
+"$FERRY_LAB" lab run h1 hog -- /bin/memhog --memory 256M --dirty-rate 100 --port 7000
 
 # The client lives in h3: lab addresses exist only inside the lab.
 # migrate_watched FROM TO MODE: one migration with the client polling.
 migrate_watched() {
   rm -f "$work/in" "$work/out"
   mkfifo "$work/in"
-  nsenter --net=/var/run/netns/ferry-h3 -- "$FERRY" lab-tool probe \
+  nsenter --net=/var/run/netns/ferry-h3 -- "$FERRY_LAB" lab-tool probe \
     --addr 10.77.0.1:7000 --addr 10.77.0.2:7000 <"$work/in" >"$work/out" &
   probe_pid=$!
   exec 3>"$work/in"
@@ -52,4 +55,4 @@ say "memhog is filling its memory; a client on h3 will poll it every 5 ms"
 migrate_watched h1 h2 cold
 say "and back, live: pre-copy rounds while it runs, then post-copy for the rest"
 migrate_watched h2 h1 hybrid
-"$FERRY" lab status
+"$FERRY_LAB" lab status

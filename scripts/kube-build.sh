@@ -19,7 +19,7 @@
 # output goes to $CACHE/logs/STEP.log.
 #
 # Timing-sensitive benchmarks share this machine: a heavy build waits
-# while `ferry bench` runs (polling every 20 s, at most 25 minutes), is
+# while `ferry-lab bench` runs (polling every 20 s, at most 25 minutes), is
 # paused if one starts meanwhile (again at most 25 minutes), and runs at
 # low CPU priority.
 set -euo pipefail
@@ -65,12 +65,12 @@ hash_files() { (cd "$REPO" && sha256sum "$@") | sha256sum | cut -c1-16; }
 # take both cores for minutes and would skew its timings.
 wait_for_bench() {
   local waited=0
-  while pgrep -f 'ferry bench' >/dev/null; do
+  while pgrep -f 'ferry-lab bench' >/dev/null; do
     if [ "$waited" -ge "$BENCH_WAIT_MAX" ]; then
-      say "a 'ferry bench' is still running after $((waited / 60)) min; building anyway"
+      say "a 'ferry-lab bench' is still running after $((waited / 60)) min; building anyway"
       return
     fi
-    [ "$waited" -gt 0 ] || say "waiting for the running 'ferry bench' to end (up to $((BENCH_WAIT_MAX / 60)) min)"
+    [ "$waited" -gt 0 ] || say "waiting for the running 'ferry-lab bench' to end (up to $((BENCH_WAIT_MAX / 60)) min)"
     sleep "$BENCH_POLL"
     waited=$((waited + BENCH_POLL))
   done
@@ -86,7 +86,7 @@ signal_tree() {
 }
 
 # pause_for_bench PID FILE: while PID (a heavy step) runs, stops it
-# whenever a `ferry bench` starts and continues it when that ends, for at
+# whenever a `ferry-lab bench` starts and continues it when that ends, for at
 # most BENCH_WAIT_MAX in all (benchmarks run one after another, and a
 # build that started between two of them would skew the next); FILE gets
 # the seconds paused.
@@ -94,8 +94,8 @@ pause_for_bench() {
   local pid=$1 file=$2 paused="" waited=0
   echo 0 > "$file"
   while kill -0 "$pid" 2>/dev/null; do
-    if [ "$waited" -lt "$BENCH_WAIT_MAX" ] && pgrep -f 'ferry bench' >/dev/null; then
-      [ -n "$paused" ] || { signal_tree STOP "$pid"; paused=1; say "paused while a 'ferry bench' runs"; }
+    if [ "$waited" -lt "$BENCH_WAIT_MAX" ] && pgrep -f 'ferry-lab bench' >/dev/null; then
+      [ -n "$paused" ] || { signal_tree STOP "$pid"; paused=1; say "paused while a 'ferry-lab bench' runs"; }
       waited=$((waited + 5))
       echo "$waited" > "$file"
     elif [ -n "$paused" ]; then

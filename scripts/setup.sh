@@ -154,7 +154,7 @@ if command -v go >/dev/null; then
   fi
 fi
 
-# The lab's Kubernetes cluster (ferry lab up --kubernetes, its tests): one
+# The lab's Kubernetes cluster (ferry-lab lab up --kubernetes, its tests): one
 # binary of Kubernetes' components, etcd, containerd 2.4 and its shim, the
 # pause image, built from Go modules into /var/cache/ferry/kube (about ten
 # minutes on two cores the first time, a second after).

@@ -15,6 +15,7 @@ import (
 	"github.com/ferry-migrate/ferry/api"
 	"github.com/ferry-migrate/ferry/api/restoreshim"
 	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/internal/cli"
 	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
 	"github.com/ferry-migrate/ferry/internal/runtime/docker"
 	"github.com/ferry-migrate/ferry/internal/transport"
@@ -89,7 +90,7 @@ runs the agent with /etc/ferry/agent.toml, and the example file.`,
 				return err
 			}
 			if profile != "" {
-				p, _, err := loadProfile(profile)
+				p, _, err := cli.LoadProfile(profile)
 				if err != nil {
 					return err
 				}
@@ -143,7 +144,7 @@ runs the agent with /etc/ferry/agent.toml, and the example file.`,
 	f.BoolVar(&a.NoPrewarm, "no-prewarm", false, "do not touch the incoming container's amount of memory before restoring (helps on VMs whose balloon reclaims free pages)")
 	f.StringVar(&tlsDir, "tls-dir", "", "directory with this host's certificate and the CA (made by ferry certs); sessions with other agents use mutual TLS 1.3")
 	f.StringSliceVar(&allow, "allow", nil, "hosts (certificate names) allowed to send migrations here; empty: any host the CA signed")
-	f.StringVar(&profile, "profile", "", "host profile from 'ferry calibrate', used by --mode auto (default: built-in defaults)")
+	f.StringVar(&profile, "profile", "", "host profile from 'ferry-lab calibrate', used by --mode auto (default: built-in defaults)")
 	f.BoolVar(&insecure, "insecure", false, "accept and make plaintext agent connections (trusted test networks only)")
 	f.DurationVar(&outage, "outage-timeout", transport.DefaultOutageTimeout, "how long a migration waits out a network outage (every path down) before it aborts; within it the transfer resumes where it stopped")
 	f.StringVar(&a.SegmentBridge, "segment-bridge", "", "bridge on this host to the L2 segment that containers with addresses of their own live on; they keep their address and TCP connections when they move here")

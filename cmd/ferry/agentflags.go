@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,7 +12,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ferry-migrate/ferry/internal/agent"
-	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/pki"
 	"github.com/ferry-migrate/ferry/internal/transport"
 )
@@ -23,7 +23,7 @@ type agentFlags struct {
 }
 
 // fromHelp is --from's help, shared by every command that asks an agent.
-const fromHelp = `%s: its control socket on this host, a lab host name, or NAME@ADDR (or ADDR) of its listen address to ask it from another machine with an operator's certificate (--tls-dir)`
+const fromHelp = `%s: its control socket on this host, a host name from $FERRY_HOSTS, or NAME@ADDR (or ADDR) of its listen address to ask it from another machine with an operator's certificate (--tls-dir)`
 
 func (a *agentFlags) add(cmd *cobra.Command, which string) {
 	f := cmd.Flags()
@@ -32,34 +32,78 @@ func (a *agentFlags) add(cmd *cobra.Command, which string) {
 	f.StringVar(&a.operator, "operator", "", "with --from NAME@ADDR: the operator certificate's name (default $FERRY_OPERATOR, or the only certificate in --tls-dir)")
 }
 
+// hostsEnv names a hosts file, by which commands take host names (h2)
+// for agents: JSON with a "hosts" list, each host's "name", "agent_addr"
+// (its listen address) and, for an agent on this machine,
+// "control_sock". ferry-lab's state file is one
+// (FERRY_HOSTS=/run/ferry/lab/state.json names the lab's hosts); ferry
+// reads nothing of the lab unless told to.
+const hostsEnv = "FERRY_HOSTS"
+
+// namedHost is one host of a hosts file.
+type namedHost struct {
+	Name        string `json:"name"`
+	AgentAddr   string `json:"agent_addr"`
+	ControlSock string `json:"control_sock"`
+}
+
+// hostsFile reads the hosts file $FERRY_HOSTS names.
+func hostsFile() (map[string]namedHost, error) {
+	path := os.Getenv(hostsEnv)
+	if path == "" {
+		return nil, fmt.Errorf("no hosts file: set $%s to one (ferry-lab's: /run/ferry/lab/state.json), or give NAME@ADDR or a control socket", hostsEnv)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("$%s: %w", hostsEnv, err)
+	}
+	var f struct {
+		Hosts []namedHost `json:"hosts"`
+	}
+	if err := json.Unmarshal(b, &f); err != nil {
+		return nil, fmt.Errorf("$%s: %s: %w", hostsEnv, path, err)
+	}
+	out := map[string]namedHost{}
+	for _, h := range f.Hosts {
+		out[h.Name] = h
+	}
+	return out, nil
+}
+
 // endpoints resolves --from into the agent to ask, and to (a destination:
-// lab host names become NAME@ADDR) into the address the source dials.
+// host names become NAME@ADDR) into the address the source dials.
 func (a agentFlags) endpoints(to string) (client.Endpoint, string, error) {
 	from := a.from
-	isLabName := func(s string) bool { return s != "" && !strings.ContainsAny(s, ":/") }
-	var l *lab.Lab
-	if isLabName(from) || isLabName(to) {
-		var err error
-		if l, err = lab.Load(); err != nil {
-			name := from
-			if !isLabName(from) {
-				name = to
+	isHostName := func(s string) bool { return s != "" && !strings.ContainsAny(s, ":/") }
+	var hosts map[string]namedHost
+	host := func(name string) (namedHost, error) {
+		if hosts == nil {
+			var err error
+			if hosts, err = hostsFile(); err != nil {
+				return namedHost{}, fmt.Errorf("%q looks like a host name, but: %w", name, err)
 			}
-			return client.Endpoint{}, "", fmt.Errorf("%q looks like a lab host name, but: %w", name, err)
 		}
+		h, ok := hosts[name]
+		if !ok {
+			return namedHost{}, fmt.Errorf("no host %q in $%s (%s)", name, hostsEnv, os.Getenv(hostsEnv))
+		}
+		return h, nil
 	}
-	if isLabName(to) {
-		h, err := l.Host(to)
+	if isHostName(to) {
+		h, err := host(to)
 		if err != nil {
 			return client.Endpoint{}, "", err
 		}
 		to = h.Name + "@" + h.AgentAddr // the destination must prove it is h
 	}
 	switch network, _ := transport.SplitAddr(from); {
-	case isLabName(from):
-		h, err := l.Host(from)
+	case isHostName(from):
+		h, err := host(from)
 		if err != nil {
 			return client.Endpoint{}, "", err
+		}
+		if h.ControlSock == "" {
+			return client.Endpoint{}, "", fmt.Errorf("host %q in $%s has no control socket on this machine: give NAME@ADDR", from, hostsEnv)
 		}
 		return client.Socket(h.ControlSock), to, nil
 	case network == "unix":

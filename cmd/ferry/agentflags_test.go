@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -69,5 +70,31 @@ func TestAgentFlagsEndpoints(t *testing.T) {
 	}
 	if _, _, err := (agentFlags{from: "192.0.2.1:7070", tlsDir: t.TempDir()}).endpoints(""); err == nil || !strings.Contains(err.Error(), "no operator's certificate") {
 		t.Errorf("an empty directory: %v", err)
+	}
+}
+
+// Host names come from the hosts file $FERRY_HOSTS names (the lab's state
+// file has its shape), and only from there.
+func TestAgentFlagsHostNames(t *testing.T) {
+	t.Setenv(hostsEnv, "")
+	if _, _, err := (agentFlags{from: "h1"}).endpoints(""); err == nil || !strings.Contains(err.Error(), "FERRY_HOSTS") {
+		t.Errorf("a host name without a hosts file: %v", err)
+	}
+	path := filepath.Join(t.TempDir(), "hosts.json")
+	hosts := `{"hosts": [{"name": "h1", "agent_addr": "10.77.0.1:7070", "control_sock": "/run/ferry/lab/h1.sock", "agent_pid": 7},
+		{"name": "h2", "agent_addr": "10.77.0.2:7070"}], "bandwidth_bps": 0}`
+	if err := os.WriteFile(path, []byte(hosts), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(hostsEnv, path)
+	ep, to, err := agentFlags{from: "h1"}.endpoints("h2")
+	if err != nil || ep.Socket != "/run/ferry/lab/h1.sock" || to != "h2@10.77.0.2:7070" {
+		t.Errorf("--from h1 --to h2: %+v %q %v", ep, to, err)
+	}
+	if _, _, err := (agentFlags{from: "h2"}).endpoints(""); err == nil || !strings.Contains(err.Error(), "no control socket") {
+		t.Errorf("--from a host without a socket here: %v", err)
+	}
+	if _, _, err := (agentFlags{from: "h1"}).endpoints("h9"); err == nil || !strings.Contains(err.Error(), `no host "h9"`) {
+		t.Errorf("--to an unknown host: %v", err)
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/api"
 	"github.com/ferry-migrate/ferry/api/client"
+	"github.com/ferry-migrate/ferry/internal/cli"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/preflight"
 	"github.com/ferry-migrate/ferry/internal/transport"
@@ -56,7 +57,7 @@ each problem with its fix.`,
 				pc = checkPeer(cmd.Context(), peer, r)
 			}
 			if asJSON {
-				if err := printJSON(struct {
+				if err := cli.PrintJSON(struct {
 					preflight.Report
 					Ferry    string      `json:"ferry"`
 					Protocol int         `json:"protocol"`
@@ -75,7 +76,7 @@ each problem with its fix.`,
 				}
 			}
 			if !r.OK || (pc != nil && !pc.OK) {
-				return exitError{1}
+				return cli.ExitError{Code: 1}
 			}
 			return nil
 		},

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/ferry-migrate/ferry/internal/cli"
 	"github.com/ferry-migrate/ferry/internal/drain"
 	"github.com/ferry-migrate/ferry/internal/engine"
 )
@@ -72,7 +73,7 @@ exit status is 1 if a pod was neither moved nor evicted.`,
 				return kube.check(cmd, args)
 			}
 			if o.To == "" {
-				return usageError{errors.New("--to DEST is required (or --kubernetes NODE)")}
+				return cli.UsageError{Err: errors.New("--to DEST is required (or --kubernetes NODE)")}
 			}
 			return nil
 		},
@@ -104,7 +105,7 @@ exit status is 1 if a pod was neither moved nor evicted.`,
 			}
 			res, err := drain.Run(cmd.Context(), o)
 			if asJSON {
-				_ = printJSON(res)
+				_ = cli.PrintJSON(res)
 			} else if len(res.Reports) == 0 && err == nil {
 				fmt.Println("nothing to drain: no container is running there")
 			} else {
@@ -114,19 +115,19 @@ exit status is 1 if a pod was neither moved nor evicted.`,
 				return err
 			}
 			if !res.OK {
-				return exitError{1}
+				return cli.ExitError{Code: 1}
 			}
 			return nil
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.To, "to", "", "destination agent: NAME@ADDR, ADDR, or a lab host name (required without --kubernetes)")
+	f.StringVar(&o.To, "to", "", "destination agent: NAME@ADDR, ADDR, or a host name from $FERRY_HOSTS (required without --kubernetes)")
 	src.add(cmd, "the source agent (the host to empty)")
 	f.IntVar(&o.Concurrency, "concurrency", 1, "migrations whose memory crosses at once")
 	f.StringVar(&o.Handoff, "handoff", engine.HandoffCommit, "when a pre-copy or hybrid migration lets the next one's memory cross: commit or freeze (sooner; see above)")
 	f.StringVar(&o.Request.Mode, "mode", engine.ModePrecopy, "technique for every container: cold, precopy, postcopy, hybrid, or auto")
 	f.StringVar(&o.Request.Runtime, "runtime", engine.RuntimeAuto, "the containers' runtime: auto, runc, podman or lxc")
-	addPrecopyFlags(cmd, &o.Request.Precopy)
+	cli.AddPrecopyFlags(cmd, &o.Request.Precopy)
 	f.BoolVar(&asJSON, "json", false, "print every report as JSON at the end, no progress lines")
 	kube.add(cmd)
 	return cmd

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/ferry-migrate/ferry/internal/cli"
 	"github.com/ferry-migrate/ferry/internal/drain"
 	"github.com/ferry-migrate/ferry/internal/kubedrain"
 )
@@ -33,7 +34,7 @@ func (k *kubeDrainFlags) add(cmd *cobra.Command) {
 // is cordoned.
 func (k *kubeDrainFlags) check(cmd *cobra.Command, args []string) error {
 	if len(args) > 0 {
-		return usageError{fmt.Errorf("--kubernetes drains every pod of the node; it takes no container names (got %s)", strings.Join(args, " "))}
+		return cli.UsageError{Err: fmt.Errorf("--kubernetes drains every pod of the node; it takes no container names (got %s)", strings.Join(args, " "))}
 	}
 	var hostOnly []string
 	for _, name := range []string{"to", "from", "tls-dir", "operator", "handoff", "runtime", "max-rounds", "min-round-bytes", "auto-converge", "compress", "precopy-engine", "write-tracking", "switchover"} {
@@ -42,7 +43,7 @@ func (k *kubeDrainFlags) check(cmd *cobra.Command, args []string) error {
 		}
 	}
 	if len(hostOnly) > 0 {
-		return usageError{fmt.Errorf("%s: for a host's containers only; --kubernetes takes --mode, --max-downtime, --concurrency, --target-node, --no-evict, --kubeconfig", strings.Join(hostOnly, ", "))}
+		return cli.UsageError{Err: fmt.Errorf("%s: for a host's containers only; --kubernetes takes --mode, --max-downtime, --concurrency, --target-node, --no-evict, --kubeconfig", strings.Join(hostOnly, ", "))}
 	}
 	return nil
 }
@@ -76,14 +77,14 @@ func (k *kubeDrainFlags) run(cmd *cobra.Command, o drain.Options, asJSON bool) e
 		return err
 	}
 	if asJSON {
-		if err := printJSON(res); err != nil {
+		if err := cli.PrintJSON(res); err != nil {
 			return err
 		}
 	} else {
 		fmt.Printf("drained node %s in %.0f ms: %s\n", res.Node, res.TotalMs, kubeTally(res))
 	}
 	if !res.OK {
-		return exitError{1}
+		return cli.ExitError{Code: 1}
 	}
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/api"
 	"github.com/ferry-migrate/ferry/api/client"
+	"github.com/ferry-migrate/ferry/internal/cli"
 	"github.com/ferry-migrate/ferry/internal/follow"
 )
 
@@ -82,7 +83,7 @@ settings, not a market.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg.Container, cfg.Trigger, cfg.At = args[0], trig, at
-			prof, _, err := loadProfile(profilePath)
+			prof, _, err := cli.LoadProfile(profilePath)
 			if err != nil {
 				return err
 			}
@@ -121,7 +122,7 @@ settings, not a market.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringSliceVar(&hosts, "hosts", nil, "every host the container may run on: lab host names, or NAME@ADDR of their agents' listen addresses (with --tls-dir)")
+	f.StringSliceVar(&hosts, "hosts", nil, "every host the container may run on: host names from $FERRY_HOSTS, or NAME@ADDR of their agents' listen addresses (with --tls-dir)")
 	f.StringVar(&at, "at", "", "the host the container runs on now (needed until --state knows)")
 	f.DurationVar(&trig.Threshold, "threshold", trig.Threshold, "the clients' latency above which they are too far (L_thr)")
 	f.DurationVar(&trig.Dwell, "dwell", trig.Dwell, "how long the latency must stay too far before a move")
@@ -132,7 +133,7 @@ settings, not a market.`,
 	f.IntSliceVar(&cfg.Ports, "ports", nil, "the container's listening ports whose connections are its clients (default: every inbound connection)")
 	f.StringVar(&cfg.Probe, "probe", "", "IP (ICMP echo) or IP:PORT (TCP connect) to measure instead of the container's connections")
 	f.StringVar(&cfg.Runtime, "runtime", api.RuntimeAuto, "the container's runtime (auto: found by name)")
-	f.StringVar(&profilePath, "profile", "", "host profile from 'ferry calibrate' for the predictions (default: built-in defaults)")
+	f.StringVar(&profilePath, "profile", "", "host profile from 'ferry-lab calibrate' for the predictions (default: built-in defaults)")
 	f.StringVar(&state, "state", "", "file keeping where the container runs and a move under way (default /var/lib/ferry/follow/CONTAINER.json)")
 	f.BoolVar(&asJSON, "json", false, "print every event as a JSON line")
 	f.BoolVar(&quiet, "quiet", false, "print decisions and moves only, not every sample")
@@ -193,7 +194,7 @@ func printFollowEvent(w io.Writer, e follow.Event, asJSON, quiet bool) {
 				verdict = strings.Join(c.Refused, "; ")
 			}
 			fmt.Fprintf(tw, "  %s\t%v\t%.1f/%.0f\t%s\t%s\t%s\t%s\t%s\t%s\n", c.Host, c.Latency.Round(time.Microsecond), c.Cores-c.BusyCores, c.Cores,
-				humanBytes(int64(c.FreeMemory)), humanRate(c.ThroughputBps)+" "+c.RTT.Round(100*time.Microsecond).String(), mode, down, cost, verdict)
+				cli.HumanBytes(int64(c.FreeMemory)), cli.HumanRate(c.ThroughputBps)+" "+c.RTT.Round(100*time.Microsecond).String(), mode, down, cost, verdict)
 		}
 		_ = tw.Flush()
 	default:

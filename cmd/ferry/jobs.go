@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/ferry-migrate/ferry/internal/cli"
 	"github.com/ferry-migrate/ferry/internal/engine"
 )
 
@@ -103,7 +104,7 @@ with their outcome and downtime; ferry wait ID prints one's report.`,
 				if js == nil {
 					js = []engine.Job{}
 				}
-				return printJSON(js)
+				return cli.PrintJSON(js)
 			}
 			printJobs(os.Stdout, js, time.Now())
 			return nil
@@ -125,9 +126,9 @@ func printJobs(w io.Writer, js []engine.Job, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tCONTAINER\tTO\tMODE\tSTATE\tSENT\tRATE\tTIME")
 	for _, j := range js {
-		state, rate := j.Progress.Phase, humanRate(j.Progress.RateBps)
+		state, rate := j.Progress.Phase, cli.HumanRate(j.Progress.RateBps)
 		elapsed := now.Sub(j.Started)
-		sent := humanBytes(j.Progress.Bytes)
+		sent := cli.HumanBytes(j.Progress.Bytes)
 		if r := j.Report; r != nil {
 			elapsed, rate = j.Ended.Sub(j.Started), "-"
 			state = fmt.Sprintf("ok, downtime %.0f ms", r.DowntimeMs)
@@ -140,7 +141,7 @@ func printJobs(w io.Writer, js []engine.Job, now time.Time) {
 					state += ", source " + r.SourceState // resumed, frozen (in doubt) or lost
 				}
 			}
-			sent = humanBytes(r.BytesSent)
+			sent = cli.HumanBytes(r.BytesSent)
 		}
 		if state == "" {
 			state = "starting"
@@ -176,7 +177,7 @@ and cancel says why. Exit status 1 when nothing was cancelled.`,
 			}
 			if !r.Cancelled {
 				fmt.Printf("%s not cancelled: %s\n", args[0], r.Reason)
-				return exitError{1}
+				return cli.ExitError{Code: 1}
 			}
 			fmt.Printf("cancelling %s: the source resumes the container (ferry wait %s for the report)\n", args[0], args[0])
 			return nil
@@ -221,7 +222,7 @@ Exit status: 0 settled, 3 still in doubt (the destination cannot answer yet).`,
 				return err
 			}
 			if asJSON {
-				if err := printJSON(r); err != nil {
+				if err := cli.PrintJSON(r); err != nil {
 					return err
 				}
 			} else {
@@ -232,7 +233,7 @@ Exit status: 0 settled, 3 still in doubt (the destination cannot answer yet).`,
 				fmt.Println()
 			}
 			if !r.Settled {
-				return exitError{exitInDoubt}
+				return cli.ExitError{Code: exitInDoubt}
 			}
 			return nil
 		},

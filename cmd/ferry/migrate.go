@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/ferry-migrate/ferry/internal/cli"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
 	"github.com/ferry-migrate/ferry/internal/units"
@@ -62,7 +63,8 @@ name, and that runtime manages it afterwards. A technique the runtime cannot do 
 is frozen; ferry check lists what each runtime supports on a host.
 
 DEST is an agent address (10.0.0.2:7070), NAME@ADDR (the agent must prove it
-is host NAME) or a lab host name (h2): the source agent dials it. --from is
+is host NAME) or a host name of the hosts file $FERRY_HOSTS (h2; ferry-lab's
+is /run/ferry/lab/state.json): the source agent dials it. --from is
 the source agent: its control socket when the CLI runs on the source host
 (the default), or, from any other machine, NAME@ADDR of its listen address
 with an operator's certificate (--tls-dir; ferry certs operator --help).
@@ -108,11 +110,11 @@ start the container again with its runtime.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req.Container = args[0]
 			if req.ID != "" && !engine.ValidID(req.ID) {
-				return usageError{fmt.Errorf("--id %q: a migration ID is 12 lowercase hexadecimal digits", req.ID)}
+				return cli.Usage(fmt.Errorf("--id %q: a migration ID is 12 lowercase hexadecimal digits", req.ID))
 			}
 			if namespace != "" {
 				if req.Runtime != "containerd" {
-					return usageError{errors.New("--namespace names a containerd namespace: use it with --runtime containerd")}
+					return cli.Usage(errors.New("--namespace names a containerd namespace: use it with --runtime containerd"))
 				}
 				req.Container = containerd.JoinName(namespace, args[0])
 			}
@@ -144,7 +146,7 @@ start the container again with its runtime.`,
 						}
 						told = true
 					}
-					fmt.Fprintf(os.Stderr, "\r\033[K%-12s %10s  %s", p.Phase, humanBytes(p.Bytes), humanRate(p.RateBps))
+					fmt.Fprintf(os.Stderr, "\r\033[K%-12s %10s  %s", p.Phase, cli.HumanBytes(p.Bytes), cli.HumanRate(p.RateBps))
 				}
 				defer fmt.Fprint(os.Stderr, "\r\033[K")
 			}
@@ -168,10 +170,10 @@ start the container again with its runtime.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&req.To, "to", "", "destination agent: NAME@ADDR (the agent must prove, by its certificate, that it is host NAME), ADDR, or a lab host name (required)")
+	f.StringVar(&req.To, "to", "", "destination agent: NAME@ADDR (the agent must prove, by its certificate, that it is host NAME), ADDR, or a host name from $FERRY_HOSTS (required)")
 	src.add(cmd, "the source agent")
 	f.StringVar(&req.Mode, "mode", engine.ModeCold, "technique: cold, precopy, postcopy, hybrid, or auto (measure, plan with the host profile, run the recommended one)")
-	addPrecopyFlags(cmd, &req.Precopy)
+	cli.AddPrecopyFlags(cmd, &req.Precopy)
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON, no progress line")
 	f.BoolVar(&events, "events", false, "print the job's ID, its progress and the report as JSON lines while it runs (see above)")
 	f.BoolVar(&detach, "detach", false, "print the migration's ID once the agent accepted it and leave it running (ferry ps, ferry wait ID, ferry cancel ID)")
@@ -181,7 +183,7 @@ start the container again with its runtime.`,
 	f.StringVar(&req.RuncRoot, "runc-root", "", "runc root the container lives under (default: the source agent's --runc-root)")
 	f.BoolVar(&req.KeepVolumes, "keep-volumes", false, "after the commit, keep the source's copy of the volumes that moved (named volumes: Docker), instead of removing them with the container")
 	f.StringVar(&maxBW, "max-bandwidth", "", "cap the migration's sending rate (e.g. 500mbit) to leave room for other traffic")
-	f.StringSliceVar(&req.Faults, "inject-fault", nil, "inject a failure for testing (agents with --allow-faults only): ACTION@PHASE, e.g. kill-destination@restore (see ferry bench faults --help)")
+	f.StringSliceVar(&req.Faults, "inject-fault", nil, "inject a failure for testing (agents with --allow-faults only): ACTION@PHASE, e.g. kill-destination@restore (see ferry-lab bench faults --help)")
 	_ = f.MarkHidden("inject-fault")
 	_ = cmd.MarkFlagRequired("to")
 	cmd.MarkFlagsMutuallyExclusive("json", "events")
@@ -189,29 +191,15 @@ start the container again with its runtime.`,
 	return cmd
 }
 
-// addPrecopyFlags adds the pre-copy stop rule and stream options.
-func addPrecopyFlags(cmd *cobra.Command, o *engine.PrecopyOptions) {
-	f := cmd.Flags()
-	f.IntVar(&o.MaxRounds, "max-rounds", 8, "pre-copy: at most this many rounds before the switchover")
-	o.MinRoundBytes = 4 << 20
-	f.Var(units.BytesVar(&o.MinRoundBytes), "min-round-bytes", "pre-copy: switch over once a round sends fewer bytes (64K, 4M, 4096)")
-	f.DurationVar(&o.MaxDowntime, "max-downtime", 0, "downtime budget (e.g. 500ms): pre-copy switches over once its prediction fits; auto refuses when no technique fits")
-	f.BoolVar(&o.AutoConverge, "auto-converge", false, "pre-copy: throttle the container's CPU step by step while rounds do not shrink")
-	f.StringVar(&o.Compress, "compress", "none", "pre-copy round stream compression: none or zstd")
-	f.StringVar(&o.Engine, "precopy-engine", "auto", "pre-copy engine: auto (native where the kernel tracks dirty pages), native (CRIU pre-dump), content (ferry's page hashing)")
-	f.StringVar(&o.WriteTracking, "write-tracking", engine.TrackingAuto, "content pre-copy and hybrid: auto (rounds read only the pages the kernel saw written since the round before: userfaultfd write protection, Linux 6.7+; processes it cannot track are read whole) or off (every round reads and hashes all memory)")
-	f.StringVar(&o.Switchover, "switchover", "auto", "how content pre-copy and cold end: rebuild (CRIU dumps without memory while the frozen memory goes as a last round, for pre-copy only what changed; the destination completes the images from its copy) or dump (a full CRIU dump; pre-copy's refers to the pages the destination holds); auto: pre-copy rebuilds where CRIU's lazy dump works, cold where the runtime's restore copies its images (Docker) and it can restore lazily")
-}
-
 // Exit statuses of a migration (ferry migrate, wait, drain): a contract
 // for scripts, documented in ferry migrate --help and the README.
 const (
-	exitOK      = 0
-	exitFailed  = 1 // failed; the source resumed the container
-	exitUsage   = 2 // the command line was wrong
-	exitInDoubt = 3 // a copy is frozen until the agents settle it (see the report)
-	exitRefused = 4 // refused or failed before anything was frozen
-	exitLost    = 5 // the source copy's processes died; no copy runs
+	exitOK      = cli.ExitOK
+	exitFailed  = cli.ExitFailed // failed; the source resumed the container
+	exitUsage   = cli.ExitUsage  // the command line was wrong
+	exitInDoubt = 3              // a copy is frozen until the agents settle it (see the report)
+	exitRefused = 4              // refused or failed before anything was frozen
+	exitLost    = 5              // the source copy's processes died; no copy runs
 )
 
 // reportExit is the exit status a migration's report calls for.
@@ -236,7 +224,7 @@ func reportExit(rep engine.Report) int {
 // with the status the report calls for.
 func showReport(rep engine.Report, asJSON bool) error {
 	if asJSON {
-		_ = printJSON(rep)
+		_ = cli.PrintJSON(rep)
 	} else {
 		printReport(os.Stdout, rep)
 	}
@@ -247,7 +235,7 @@ func showReport(rep engine.Report, asJSON bool) error {
 // (nil for 0).
 func reportExitError(rep engine.Report) error {
 	if code := reportExit(rep); code != exitOK {
-		return exitError{code}
+		return cli.ExitError{Code: code}
 	}
 	return nil
 }
@@ -277,8 +265,8 @@ func printReport(w io.Writer, r engine.Report) {
 	fmt.Fprintf(w, "  downtime      %.0f ms\n", r.DowntimeMs)
 	fmt.Fprintf(w, "  total         %.0f ms\n", r.TotalMs)
 	fmt.Fprintf(w, "  frozen        %.0f ms\n", r.FrozenMs)
-	fmt.Fprintf(w, "  bytes sent    %s\n", humanBytes(r.BytesSent))
-	fmt.Fprintf(w, "  memory        %s\n", humanBytes(r.MemoryBytes))
+	fmt.Fprintf(w, "  bytes sent    %s\n", cli.HumanBytes(r.BytesSent))
+	fmt.Fprintf(w, "  memory        %s\n", cli.HumanBytes(r.MemoryBytes))
 	printModelLine(w, r)
 	if len(r.Rounds) > 0 {
 		fmt.Fprintf(w, "  rounds       ")
@@ -287,7 +275,7 @@ func printReport(w io.Writer, r engine.Report) {
 			if rd.Final {
 				final = " (frozen)"
 			}
-			fmt.Fprintf(w, " [%d: %s in %.0f ms%s]", rd.Index, humanBytes(rd.Bytes), rd.DurationMs, final)
+			fmt.Fprintf(w, " [%d: %s in %.0f ms%s]", rd.Index, cli.HumanBytes(rd.Bytes), rd.DurationMs, final)
 		}
 		fmt.Fprintln(w)
 		if r.StopReason != "" {
@@ -310,7 +298,7 @@ func printReport(w io.Writer, r engine.Report) {
 		fmt.Fprintf(w, "  transport     %s\n", r.Transport)
 	}
 	for _, v := range r.Volumes {
-		fmt.Fprintf(w, "  volume        %s at %s: %s live, %s frozen\n", v.Name, v.Path, humanBytes(v.Bytes), humanBytes(v.FrozenBytes))
+		fmt.Fprintf(w, "  volume        %s at %s: %s live, %s frozen\n", v.Name, v.Path, cli.HumanBytes(v.Bytes), cli.HumanBytes(v.FrozenBytes))
 	}
 	for _, n := range r.Networks {
 		fmt.Fprintf(w, "  network       %s\n", n.Outcome)
@@ -323,27 +311,4 @@ func printReport(w io.Writer, r engine.Report) {
 		fmt.Fprintf(w, " %s %.0f", p.Name, p.EndMs-p.StartMs)
 	}
 	fmt.Fprintln(w, " (ms)")
-}
-
-func humanBytes(b int64) string {
-	const unit = 1024
-	if b < unit {
-		return fmt.Sprintf("%d B", b)
-	}
-	div, exp := int64(unit), 0
-	for n := b / unit; n >= unit; n /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTPE"[exp])
-}
-
-func humanRate(bps float64) string {
-	switch {
-	case bps >= 1e9:
-		return fmt.Sprintf("%.2f Gbit/s", bps/1e9)
-	case bps >= 1e6:
-		return fmt.Sprintf("%.1f Mbit/s", bps/1e6)
-	}
-	return fmt.Sprintf("%.0f kbit/s", bps/1e3)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/ferry-migrate/ferry/api"
 	"github.com/ferry-migrate/ferry/api/client"
 	"github.com/ferry-migrate/ferry/internal/agent"
+	"github.com/ferry-migrate/ferry/internal/cli"
 	"github.com/ferry-migrate/ferry/internal/learn"
 	"github.com/ferry-migrate/ferry/internal/model"
 )
@@ -45,7 +46,7 @@ func showModelStatus(ctx context.Context, src agentFlags, asJSON bool) error {
 		return err
 	}
 	if asJSON {
-		return printJSON(st)
+		return cli.PrintJSON(st)
 	}
 	printModelStatus(os.Stdout, *st)
 	return nil
@@ -90,7 +91,7 @@ func printModelStatus(w io.Writer, st api.ModelStatus) {
 		}
 	}
 	if st.Drift {
-		fmt.Fprintf(w, "\nDRIFT: a term's recent error is beyond %.0f %%: the profile no longer describes this host; the terms refit as migrations feed them, or run ferry calibrate\n", st.DriftBound*100)
+		fmt.Fprintf(w, "\nDRIFT: a term's recent error is beyond %.0f %%: the profile no longer describes this host; the terms refit as migrations feed them, or run ferry-lab calibrate\n", st.DriftBound*100)
 	}
 }
 
@@ -138,7 +139,7 @@ func (c *modelCheck) text() string {
 		for _, t := range c.Drifting {
 			fmt.Fprintf(&b, "  ! drift           %s: %.0f %% off on its last %d migrations (bound %.0f %%)\n", t.Name, t.RecentError*100, t.RecentCount, learn.DriftBound*100)
 		}
-		b.WriteString("                    the profile no longer describes this host: its terms refit as migrations feed them (ferry calibrate --status), or run ferry calibrate\n")
+		b.WriteString("                    the profile no longer describes this host: its terms refit as migrations feed them (ferry calibrate --status), or run ferry-lab calibrate\n")
 	}
 	return b.String()
 }

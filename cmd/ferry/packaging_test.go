@@ -13,10 +13,9 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/testroot"
 
+	"github.com/ferry-migrate/ferry/internal/cli"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
-	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 )
 
 // The example configuration is valid for the agent as it is.
@@ -69,15 +68,21 @@ func TestManPages(t *testing.T) {
 	if err := root.Execute(); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"ferry.1", "ferry-migrate.1", "ferry-drain.1", "ferry-agent.1", "ferry-version.1", "ferry-bench-faults.1"} {
+	for _, want := range []string{"ferry.1", "ferry-migrate.1", "ferry-drain.1", "ferry-agent.1", "ferry-version.1", "ferry-calibrate.1"} {
 		b, err := os.ReadFile(filepath.Join(dir, want))
 		if err != nil || !strings.Contains(string(b), ".SH NAME") {
 			t.Errorf("%s: %v", want, err)
 		}
 	}
-	for _, hidden := range []string{"ferry-lab-tool.1", "ferry-man.1"} {
+	for _, hidden := range []string{"ferry-man.1", "ferry-lazyrelay.1"} {
 		if _, err := os.Stat(filepath.Join(dir, hidden)); err == nil {
 			t.Errorf("%s written for a hidden command", hidden)
+		}
+	}
+	// The lab's commands are ferry-lab's: the package documents none.
+	for _, lab := range []string{"ferry-lab.1", "ferry-bench.1", "ferry-bench-faults.1", "ferry-lab-tool.1"} {
+		if _, err := os.Stat(filepath.Join(dir, lab)); err == nil {
+			t.Errorf("%s written: the lab's commands are not ferry's", lab)
 		}
 	}
 }
@@ -142,19 +147,20 @@ func TestUsageExit(t *testing.T) {
 		{"migrate", "web", "--to", "h2", "--min-round-bytes", "4 apples"},
 		{"migrate", "web", "--to", "h2", "--namespace", "prod"}, // --namespace without containerd
 		{"migrate", "web", "--to", "h2", "--id", "../x"},        // not an ID
-		{"lab", "run", "h1", "x", "--runtime", "docker", "--ip", "10.79.0.9", "--", "sleep", "1"}, // no own address under Docker
-		{"teleport"}, // unknown command
+		{"calibrate"}, // measuring is ferry-lab's
+		{"lab", "up"}, // not ferry's
+		{"teleport"},  // unknown command
 	} {
 		root := newRootCmd()
 		root.SetArgs(args)
 		root.SetOut(io.Discard)
 		root.SetErr(io.Discard)
 		err := root.Execute()
-		if err == nil || exitCode(err) != exitUsage {
-			t.Errorf("%v: %v (exit %d), want a usage error (exit 2)", args, err, exitCode(err))
+		if err == nil || cli.ExitCode(err) != exitUsage {
+			t.Errorf("%v: %v (exit %d), want a usage error (exit 2)", args, err, cli.ExitCode(err))
 		}
 	}
-	if exitCode(errors.New("connect: connection refused")) != exitFailed {
+	if cli.ExitCode(errors.New("connect: connection refused")) != exitFailed {
 		t.Error("a failure is not a usage error")
 	}
 }
@@ -204,6 +210,12 @@ func TestDebPackage(t *testing.T) {
 	for _, f := range []string{"usr/share/man/man1/ferry-migrate.1", "usr/share/bash-completion/completions/ferry"} {
 		if st, err := os.Stat(filepath.Join(root, f)); err != nil || st.Size() == 0 {
 			t.Errorf("/%s: %v", f, err)
+		}
+	}
+	// The lab is ferry-lab's, which the package does not carry.
+	for _, f := range []string{"usr/bin/ferry-lab", "usr/share/man/man1/ferry-lab.1", "usr/share/man/man1/ferry-bench.1"} {
+		if _, err := os.Stat(filepath.Join(root, f)); err == nil {
+			t.Errorf("/%s in the package: the lab is not production's", f)
 		}
 	}
 	if b, err := os.ReadFile(filepath.Join(control, "conffiles")); err != nil || strings.TrimSpace(string(b)) != "/etc/ferry/agent.toml" {
@@ -298,18 +310,9 @@ func TestNewLogger(t *testing.T) {
 // a `quoted` word in a usage string for the value's name (--tls-dir
 // ferry certs).
 func TestFlagUsageHasNoQuotedNames(t *testing.T) {
-	var walk func(c *cobra.Command)
-	walk = func(c *cobra.Command) {
-		c.LocalFlags().VisitAll(func(f *pflag.Flag) {
-			if strings.Contains(f.Usage, "`") {
-				t.Errorf("%s --%s: usage has backticks: %s", c.CommandPath(), f.Name, f.Usage)
-			}
-		})
-		for _, sub := range c.Commands() {
-			walk(sub)
-		}
+	for _, bad := range cli.QuotedUsages(newRootCmd()) {
+		t.Errorf("usage has backticks: %s", bad)
 	}
-	walk(newRootCmd())
 }
 
 // mustRun runs a command and returns its output, failing the test with

@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/ferry-migrate/ferry/internal/dirty"
+	"github.com/ferry-migrate/ferry/internal/cli"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/runtime"
@@ -59,7 +59,7 @@ restore can do: docker copies the images into containerd before it restores them
 downtime; runc, podman and containerd read them in place.
 
 Predictions come from the models in docs/MODEL.md with a host profile:
---profile FILE from 'ferry calibrate', --learned for the one the host's
+--profile FILE from 'ferry-lab calibrate', --learned for the one the host's
 agent refitted from its migrations, or defaults measured on ferry's
 development machine. Each comes with its interval (about 8 migrations in
 10 fall inside it), and --max-downtime is judged by its upper bound.`,
@@ -80,7 +80,7 @@ development machine. Each comes with its interval (about 8 migrations in
 			if dirtyRate < 0 {
 				return fmt.Errorf("--dirty-rate must not be negative")
 			}
-			prof, from, err := loadProfile(profilePath)
+			prof, from, err := cli.LoadProfile(profilePath)
 			if learned {
 				prof, from, err = learnedProfile(cmd.Context(), src)
 			}
@@ -103,14 +103,14 @@ development machine. Each comes with its interval (about 8 migrations in
 				return fmt.Errorf("--network: %q is not one of host, none, segment, bridge", netKind)
 			}
 			if asJSON {
-				if err := printJSON(out); err != nil {
+				if err := cli.PrintJSON(out); err != nil {
 					return err
 				}
 			} else {
 				printPlan(os.Stdout, out)
 			}
 			if out.Recommended == "" {
-				return exitError{exitFailed} // nothing fits the budget
+				return cli.ExitError{Code: exitFailed} // nothing fits the budget
 			}
 			return nil
 		},
@@ -123,7 +123,7 @@ development machine. Each comes with its interval (about 8 migrations in
 	f.Var(units.BytesVar(&volume), "volume", "the data of the container's volumes: sent before the technique starts, as its root filesystem is")
 	f.StringVar(&netKind, "network", "host", "how the container reaches its clients: host or none (its host's network), segment (a namespace of its own on a segment both hosts share: address and connections kept), bridge (a runtime's bridge network: a new address, connections closed)")
 	f.StringVar(&bandwidth, "bandwidth", "", "link rate (1gbit, 100mbit)")
-	f.StringVar(&profilePath, "profile", "", "host profile from 'ferry calibrate' (default: built-in defaults)")
+	f.StringVar(&profilePath, "profile", "", "host profile from 'ferry-lab calibrate' (default: built-in defaults)")
 	f.DurationVar(&maxDowntime, "max-downtime", 0, "downtime budget (e.g. 500ms); 0: none")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	f.BoolVar(&learned, "learned", false, "plan with the profile the agent at --from learned from its migrations (instead of --profile)")
@@ -145,28 +145,6 @@ var planCaps = map[string]runtime.Caps{
 	"kubernetes": (&containerd.Runtime{Lazy: true}).Caps(),
 }
 
-// loadProfile reads a calibrated profile, or returns the defaults with
-// this host's write tracking (a calibrated profile records its host's).
-func loadProfile(path string) (model.Profile, string, error) {
-	if path == "" {
-		p := model.DefaultProfile()
-		p.WriteTracking = dirty.Available() == nil
-		if p.WriteTracking {
-			return p, "defaults, with this host's write tracking", nil
-		}
-		return p, "defaults", nil
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return model.Profile{}, "", fmt.Errorf("--profile: %w", err)
-	}
-	p, err := model.ParseProfile(b)
-	if err != nil {
-		return model.Profile{}, "", fmt.Errorf("--profile %s: %w", path, err)
-	}
-	return p, path, nil
-}
-
 func plan(p model.Profile, in model.Inputs, maxDowntime time.Duration) planOutput {
 	preds, feasible, rec, reason := model.Best(p, in, float64(maxDowntime.Microseconds())/1000)
 	if feasible == nil {
@@ -183,7 +161,7 @@ func printPlan(w io.Writer, o planOutput) {
 			continue
 		}
 		fmt.Fprintf(w, "%-15s %6d %24s %24s %12s\n", p.Mode, p.Rounds, msInterval(p.DowntimeMs, p.DowntimeLowMs, p.DowntimeHighMs),
-			msInterval(p.TotalMs, p.TotalLowMs, p.TotalHighMs), humanBytes(int64(p.Bytes)))
+			msInterval(p.TotalMs, p.TotalLowMs, p.TotalHighMs), cli.HumanBytes(int64(p.Bytes)))
 	}
 	if o.Recommended == "" {
 		fmt.Fprintf(w, "no technique fits: %s\n", o.Reason)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/ferry-migrate/ferry/internal/cli"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/preflight"
 )
@@ -52,7 +53,7 @@ host, as ferry check finds them. ferry --version prints the first line only.`,
 				}
 			}
 			if asJSON {
-				return printJSON(v)
+				return cli.PrintJSON(v)
 			}
 			fmt.Println(versionLine())
 			fmt.Printf("go       %s\n", v.Go)
@@ -76,9 +77,4 @@ host, as ferry check finds them. ferry --version prints the first line only.`,
 }
 
 // versionLine is this build in one line.
-func versionLine() string {
-	if commit == "" {
-		return "ferry " + version
-	}
-	return fmt.Sprintf("ferry %s (commit %s)", version, commit)
-}
+func versionLine() string { return cli.VersionLine("ferry", version, commit) }

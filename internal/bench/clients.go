@@ -18,9 +18,9 @@ import (
 
 // Lab addresses exist only inside the lab's network namespaces, so the
 // probe and the file copy run as ferry child processes inside a lab host
-// (`ferry lab-tool ...`, hidden commands), talking to the parent over pipes.
+// (`ferry-lab lab-tool ...`, hidden commands), talking to the parent over pipes.
 
-// labTool is a `ferry lab-tool` child on a lab host that prints a first
+// labTool is a `ferry-lab lab-tool` child on a lab host that prints a first
 // line once it is ready, and its verdict as one JSON line once its stdin
 // closes.
 type labTool struct {
@@ -32,7 +32,7 @@ type labTool struct {
 
 // startLabTool starts lab-tool args on host and returns its first line.
 func startLabTool(ctx context.Context, host *lab.Host, ferry string, args ...string) (*labTool, []byte, error) {
-	t := &labTool{cmd: host.Command(ctx, ferry, append([]string{"lab-tool"}, args...)...)}
+	t := &labTool{cmd: host.Command(ctx, lab.ToolBin(ferry), append([]string{"lab-tool"}, args...)...)}
 	stdin, err := t.cmd.StdinPipe()
 	if err != nil {
 		return nil, nil, err
@@ -135,7 +135,7 @@ func (c *StreamClient) Stop() (labtool.StreamResult, error) {
 	return r, nil
 }
 
-// LoadClient is `ferry lab-tool load` on a lab host: a real service's
+// LoadClient is `ferry-lab lab-tool load` on a lab host: a real service's
 // client, on connections it keeps, at a steady rate.
 type LoadClient struct{ t *labTool }
 
@@ -170,7 +170,7 @@ func copyOverLink(ctx context.Context, ferry string, from, to *lab.Host, src, ds
 // sender printed (the bytes and seconds it took).
 func sendOverLink(ctx context.Context, ferry string, from, to *lab.Host, port int, src, dst string, recvArgs, sendArgs []string) ([]byte, error) {
 	listen := fmt.Sprintf("%s:%d", to.Addr, port)
-	recv := to.Command(ctx, ferry, append([]string{"lab-tool", "recv", "--listen", listen, "--out", dst}, recvArgs...)...)
+	recv := to.Command(ctx, lab.ToolBin(ferry), append([]string{"lab-tool", "recv", "--listen", listen, "--out", dst}, recvArgs...)...)
 	rout, err := recv.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -186,7 +186,7 @@ func sendOverLink(ctx context.Context, ferry string, from, to *lab.Host, port in
 		stop()
 		return nil, fmt.Errorf("receiver on %s: %v %s", to.Name, err, rerr.String())
 	}
-	out, err := from.Command(ctx, ferry, append([]string{"lab-tool", "send", "--to", listen, "--in", src}, sendArgs...)...).CombinedOutput()
+	out, err := from.Command(ctx, lab.ToolBin(ferry), append([]string{"lab-tool", "send", "--to", listen, "--in", src}, sendArgs...)...).CombinedOutput()
 	if err != nil {
 		stop()
 		return out, fmt.Errorf("sender on %s: %v %s", from.Name, err, out)

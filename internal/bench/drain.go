@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/ferry-migrate/ferry/internal/bench/benchrun"
+	"github.com/ferry-migrate/ferry/internal/runresult"
 
 	agentclient "github.com/ferry-migrate/ferry/api/client"
 
@@ -16,7 +16,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/lab"
 )
 
-// DrainOptions is `ferry bench drain`: N memhog containers on h1, all moved
+// DrainOptions is `ferry-lab bench drain`: N memhog containers on h1, all moved
 // to h2 by one drain, each watched by its own probe from h3, against one
 // of them moved cold alone.
 type DrainOptions struct {
@@ -49,7 +49,7 @@ type DrainRun struct {
 	Error   string             `json:"error,omitempty"`
 }
 
-// DrainResult is what `ferry bench drain --json` prints.
+// DrainResult is what `ferry-lab bench drain --json` prints.
 type DrainResult struct {
 	Containers  int     `json:"containers"`
 	MemoryBytes int64   `json:"memory_bytes"`
@@ -147,7 +147,7 @@ func Drain(ctx context.Context, o DrainOptions) (res DrainResult, err error) {
 		Request: engine.Request{Mode: o.Mode, Precopy: o.Precopy}})
 	time.Sleep(300 * time.Millisecond)
 	res.TotalMs, res.OK = dr.TotalMs, dr.OK && derr == nil
-	res.FloorMs = benchrun.LinkFloorMs(o.MemoryBytes*int64(o.Containers), res.LinkBps)
+	res.FloorMs = runresult.LinkFloorMs(o.MemoryBytes*int64(o.Containers), res.LinkBps)
 	if res.FloorMs > 0 {
 		res.Ratio = res.TotalMs / res.FloorMs
 	}

@@ -41,7 +41,7 @@ const (
 	FrozenInDoubt        = "frozen-in-doubt"
 )
 
-// FaultsOptions describe one `ferry bench faults`.
+// FaultsOptions describe one `ferry-lab bench faults`.
 type FaultsOptions struct {
 	// Runtimes run the workload (empty: runc). Modes, Phases and Actions
 	// narrow the matrix (empty: all of each the runtime allows).
@@ -250,7 +250,7 @@ func Faults(ctx context.Context, o FaultsOptions) (res FaultsResult, err error) 
 		}
 	}
 	if len(cases) == 0 {
-		return res, errors.New("no fault case matches: see `ferry bench faults --help` for which faults apply to which phases")
+		return res, errors.New("no fault case matches: see `ferry-lab bench faults --help` for which faults apply to which phases")
 	}
 	l, down, err := upLab(ctx, lab.Options{Hosts: 3, OutageTimeout: o.OutageTimeout, FerryBin: o.FerryBin})
 	if err != nil {

@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/ferry-migrate/ferry/internal/bench/benchrun"
+	"github.com/ferry-migrate/ferry/internal/runresult"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -144,7 +144,7 @@ func (o MigrateOptions) kubeRunOnce(ctx context.Context, w *kubeworld.World, nam
 	cdt, sok, reason := r.ClientDowntimeMs, r.StateOK, r.ProbeReason
 	if h, err := w.Lab.Host(got.Status.SourceNode); err == nil && got.Status.JobID != "" {
 		if rep, err := agentclient.Wait(ctx, agentclient.Socket(h.ControlSock), got.Status.JobID, nil); err == nil {
-			r = benchrun.RunOf(rep)
+			r = runresult.RunOf(rep)
 		}
 	}
 	r.ClientDowntimeMs, r.StateOK, r.ProbeReason = cdt, sok, reason

@@ -17,16 +17,16 @@ import (
 
 	agentclient "github.com/ferry-migrate/ferry/api/client"
 
-	"github.com/ferry-migrate/ferry/internal/bench/benchrun"
 	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/labtool"
+	"github.com/ferry-migrate/ferry/internal/runresult"
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
 
-// MigrateOptions describe one `ferry bench migrate`.
+// MigrateOptions describe one `ferry-lab bench migrate`.
 type MigrateOptions struct {
 	// Runtime runs the workload: runc (the lab's own bundles), podman,
 	// lxc, containerd or docker (each lab host's own instance).
@@ -80,16 +80,16 @@ type MigrateOptions struct {
 	Log io.Writer
 }
 
-// What a bench run records: package benchrun's, named here as the bench
+// What a bench run records: package runresult's, named here as the bench
 // always named them.
 type (
-	Run              = benchrun.Run
-	LinkBaseline     = benchrun.LinkBaseline
-	PodmanBaseline   = benchrun.PodmanBaseline
-	PathsBaseline    = benchrun.PathsBaseline
-	Baselines        = benchrun.Baselines
-	RecreateBaseline = benchrun.RecreateBaseline
-	MigrateResult    = benchrun.MigrateResult
+	Run              = runresult.Run
+	LinkBaseline     = runresult.LinkBaseline
+	PodmanBaseline   = runresult.PodmanBaseline
+	PathsBaseline    = runresult.PathsBaseline
+	Baselines        = runresult.Baselines
+	RecreateBaseline = runresult.RecreateBaseline
+	MigrateResult    = runresult.MigrateResult
 )
 
 const workloadPort = 7000
@@ -337,7 +337,7 @@ func (o MigrateOptions) RunOnce(ctx context.Context, l *lab.Lab, src, dst, clien
 		r.Error = err.Error()
 		return r
 	}
-	r = benchrun.RunOf(rep)
+	r = runresult.RunOf(rep)
 	r.PathCutAtBytes, r.OutageAtBytes = cutAt.Load(), outageAt.Load()
 	if perr != nil {
 		r.Error = errors.Join(errors.New(r.Error), perr).Error()

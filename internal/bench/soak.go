@@ -15,7 +15,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/procs"
 )
 
-// SoakOptions describe one `ferry bench soak`.
+// SoakOptions describe one `ferry-lab bench soak`.
 type SoakOptions struct {
 	Migrations  int
 	Modes       []string // cycled through; default cold, precopy, postcopy, hybrid

@@ -13,39 +13,13 @@ import (
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/fit"
 	"github.com/ferry-migrate/ferry/internal/model"
-	"github.com/ferry-migrate/ferry/internal/units"
 )
 
 // Runner measures one grid point; bench.Migrate in real use, a fake in
 // tests.
 type Runner func(context.Context, bench.MigrateOptions) (bench.MigrateResult, error)
-
-// Point is one cell of a measurement grid.
-type Point struct {
-	Mode         string `json:"mode"`
-	MemoryBytes  int64  `json:"memory_bytes"`
-	DirtyRate    int    `json:"dirty_rate"`    // pages per second
-	BandwidthBps int64  `json:"bandwidth_bps"` // bits per second; 0 = unshaped
-	// Baselines asked of the bench at this point ("link").
-	Baselines []string `json:"baselines,omitempty"`
-}
-
-func (p Point) String() string {
-	bw := "unshaped"
-	if p.BandwidthBps > 0 {
-		bw = units.FormatRate(p.BandwidthBps)
-	}
-	return fmt.Sprintf("%s %dM %dp/s %s", p.Mode, p.MemoryBytes>>20, p.DirtyRate, bw)
-}
-
-// Measured is a grid point with what the bench reported.
-type Measured struct {
-	Point
-	Result *bench.MigrateResult `json:"result,omitempty"`
-	Error  string               `json:"error,omitempty"`
-	WallS  float64              `json:"wall_s"`
-}
 
 // Progress tells a watcher where a grid run is.
 type Progress struct {
@@ -101,7 +75,7 @@ func sweep(ctx context.Context, points []Point, c sweepConfig) ([]Measured, erro
 			return out, fmt.Errorf("%s: %w", pt, err)
 		}
 		m.Result = &res
-		if len(okRuns(res)) == 0 {
+		if len(fit.OKRuns(res)) == 0 {
 			m.Error = "no run succeeded"
 			for _, r := range res.Runs {
 				if r.Error != "" {

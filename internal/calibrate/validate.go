@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/bench"
+	"github.com/ferry-migrate/ferry/internal/fit"
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/plot"
 	"github.com/ferry-migrate/ferry/internal/units"
@@ -214,7 +215,7 @@ func comparePoint(p model.Profile, m Measured) ValidationPoint {
 	if m.Result == nil {
 		return vp
 	}
-	runs := okRuns(*m.Result)
+	runs := fit.OKRuns(*m.Result)
 	vp.Runs, vp.OKRuns = len(m.Result.Runs), len(runs)
 	if len(runs) == 0 {
 		return vp
@@ -222,13 +223,13 @@ func comparePoint(p model.Profile, m Measured) ValidationPoint {
 	var rounds, bytes []float64
 	var terms []TermTimes
 	for _, r := range runs {
-		rounds = append(rounds, float64(liveRounds(r)))
+		rounds = append(rounds, float64(fit.LiveRounds(r)))
 		bytes = append(bytes, float64(r.BytesSent))
 		terms = append(terms, measuredTerms(m.Mode, r))
 	}
-	vp.Rounds = int(math.Round(median(rounds)))
+	vp.Rounds = int(math.Round(fit.Median(rounds)))
 	vp.Measured = Metrics{TotalMs: m.Result.MedianTotalMs, DowntimeMs: m.Result.MedianDowntimeMs,
-		ClientDowntimeMs: m.Result.MedianClientDowntimeMs, Bytes: median(bytes)}
+		ClientDowntimeMs: m.Result.MedianClientDowntimeMs, Bytes: fit.Median(bytes)}
 	vp.TermsMeas = meanTerms(terms)
 
 	in := model.Inputs{MemoryBytes: float64(m.MemoryBytes), DirtyRatePagesPerSec: float64(m.DirtyRate),
@@ -244,16 +245,16 @@ func comparePoint(p model.Profile, m Measured) ValidationPoint {
 // measuredTerms splits a run's phases into the model's terms.
 func measuredTerms(mode string, r bench.Run) TermTimes {
 	t := TermTimes{
-		Rounds:  roundsS(r) * 1000,
-		Freeze:  phaseS(r, "freeze") * 1000,
-		Dump:    phaseS(r, "dump", "images") * 1000,
-		Restore: phaseS(r, "restore") * 1000,
-		Other:   phaseS(r, "prepare", "rootfs-sync") * 1000,
+		Rounds:  fit.RoundsS(r) * 1000,
+		Freeze:  fit.PhaseS(r, "freeze") * 1000,
+		Dump:    fit.PhaseS(r, "dump", "images") * 1000,
+		Restore: fit.PhaseS(r, "restore") * 1000,
+		Other:   fit.PhaseS(r, "prepare", "rootfs-sync") * 1000,
 	}
 	if model.LazyMode(mode) {
-		t.Lazy = phaseS(r, "commit", "lazy-pages") * 1000
+		t.Lazy = fit.PhaseS(r, "commit", "lazy-pages") * 1000
 	} else {
-		t.Other += phaseS(r, "commit") * 1000
+		t.Other += fit.PhaseS(r, "commit") * 1000
 	}
 	return t
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/fit/fittest"
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/plot"
 )
@@ -51,7 +52,7 @@ func scaledBench(p model.Profile, rounds *[]int) Runner {
 }
 
 func TestValidateMAPE(t *testing.T) {
-	p := truth()
+	p := fittest.Truth()
 	var rounds []int
 	v, err := Validate(context.Background(), ValidateOptions{Profile: p, Quick: true, Run: scaledBench(p, &rounds)})
 	if err != nil {
@@ -64,9 +65,9 @@ func TestValidateMAPE(t *testing.T) {
 		if s.Points != 2 {
 			t.Errorf("%s: %d points", s.Mode, s.Points)
 		}
-		near(t, s.Mode+" total MAPE", *s.Model.TotalPct, 100*(1-1/1.1), 1e-9)
-		near(t, s.Mode+" downtime MAPE", *s.Model.DowntimePct, 25, 1e-9)
-		near(t, s.Mode+" client downtime MAPE", *s.Model.ClientDowntimePct, 0, 1e-9)
+		fittest.Near(t, s.Mode+" total MAPE", *s.Model.TotalPct, 100*(1-1/1.1), 1e-9)
+		fittest.Near(t, s.Mode+" downtime MAPE", *s.Model.DowntimePct, 25, 1e-9)
+		fittest.Near(t, s.Mode+" client downtime MAPE", *s.Model.ClientDowntimePct, 0, 1e-9)
 		if s.Ideal.TotalPct == nil || s.Ideal.DowntimePct == nil {
 			t.Errorf("%s: no ideal MAPE", s.Mode)
 		}
@@ -144,24 +145,24 @@ func TestValidateMAPE(t *testing.T) {
 }
 
 func TestIdealBaseline(t *testing.T) {
-	p := truth()
+	p := fittest.Truth()
 	in := model.Inputs{MemoryBytes: 100e6, DirtyRatePagesPerSec: 1000, BandwidthBps: 100e6}
 	c := ideal(p, in, model.ModeCold, 1)
-	near(t, "cold", c.DowntimeMs, 1000+p.RestoreFixedS*1000, 1e-12)
+	fittest.Near(t, "cold", c.DowntimeMs, 1000+p.RestoreFixedS*1000, 1e-12)
 	pc := ideal(p, in, model.ModePostcopy, 1)
-	near(t, "postcopy downtime", pc.DowntimeMs, p.RestoreFixedS*1000, 1e-12)
-	near(t, "postcopy total", pc.TotalMs, 1000+p.RestoreFixedS*1000, 1e-12)
+	fittest.Near(t, "postcopy downtime", pc.DowntimeMs, p.RestoreFixedS*1000, 1e-12)
+	fittest.Near(t, "postcopy total", pc.TotalMs, 1000+p.RestoreFixedS*1000, 1e-12)
 	// One live round: V0 = M for 1 s, dirtying 1000·4096·1 s; Stop&Copy
 	// sends that.
 	pre := ideal(p, in, model.ModePrecopy, 1)
 	q := 1000 * 4096 / 100e6
-	near(t, "precopy downtime", pre.DowntimeMs, 1000*q+p.RestoreFixedS*1000, 1e-9)
-	near(t, "precopy total", pre.TotalMs, 1000+1000*q+p.RestoreFixedS*1000, 1e-9)
-	near(t, "precopy bytes", pre.Bytes, 100e6*(1+q), 1e-9)
+	fittest.Near(t, "precopy downtime", pre.DowntimeMs, 1000*q+p.RestoreFixedS*1000, 1e-9)
+	fittest.Near(t, "precopy total", pre.TotalMs, 1000+1000*q+p.RestoreFixedS*1000, 1e-9)
+	fittest.Near(t, "precopy bytes", pre.Bytes, 100e6*(1+q), 1e-9)
 }
 
 func TestComparePointWithoutRuns(t *testing.T) {
-	pts, sums := Compare(truth(), []Measured{{Point: Point{Mode: "cold", MemoryBytes: 1 << 20, BandwidthBps: 1e9}, Error: "lab down"}})
+	pts, sums := Compare(fittest.Truth(), []Measured{{Point: Point{Mode: "cold", MemoryBytes: 1 << 20, BandwidthBps: 1e9}, Error: "lab down"}})
 	if len(pts) != 1 || pts[0].OKRuns != 0 || sums[0].Points != 0 || sums[0].Model.TotalPct != nil {
 		t.Fatalf("points %+v, summaries %+v", pts, sums)
 	}
@@ -178,7 +179,7 @@ func TestComparePointWithoutRuns(t *testing.T) {
 }
 
 func TestPredictedTermsAddUp(t *testing.T) {
-	p := truth()
+	p := fittest.Truth()
 	in := model.Inputs{MemoryBytes: 200e6, DirtyRatePagesPerSec: 500, BandwidthBps: 125e6}
 	for _, mode := range validatedModes {
 		pr := model.Predict(p, in, mode, 3)

@@ -133,7 +133,7 @@ func GetStats(path string) (Stats, error) {
 }
 
 // Main runs a relay with its control socket at control (none if empty)
-// until ctx ends: the process `ferry lab-tool delay-line` is.
+// until ctx ends: the process `ferry-lab lab-tool delay-line` is.
 func Main(ctx context.Context, c Config, control string) error {
 	r, err := New(c)
 	if err != nil {

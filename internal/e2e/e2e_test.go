@@ -35,8 +35,19 @@ const (
 	memhogPortNum = 7000
 )
 
-// ferryBin returns a ferry binary with memhog beside it: FERRY_BIN (set by
-// `make test`) or one built for this test run.
+// TestMain points the ferry commands the tests run at the lab's hosts by
+// name (ferry migrate --from h1): ferry reads the lab's state file only
+// when $FERRY_HOSTS names it.
+func TestMain(m *testing.M) {
+	if os.Getenv("FERRY_HOSTS") == "" {
+		os.Setenv("FERRY_HOSTS", lab.StateFile)
+	}
+	os.Exit(m.Run())
+}
+
+// ferryBin returns a ferry binary with memhog and ferry-lab (whose
+// lab-tool the lab runs) beside it: FERRY_BIN (set by `make test`, with
+// FERRY_LAB_BIN) or ones built for this test run.
 func ferryBin(t *testing.T) string {
 	t.Helper()
 	if b := os.Getenv("FERRY_BIN"); b != "" {
@@ -47,7 +58,7 @@ func ferryBin(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, b := range [][]string{{"-o", filepath.Join(dir, "ferry"), "./cmd/ferry"}, {"-o", filepath.Join(dir, "memhog"), "./workloads/memhog"}} {
+	for _, b := range [][]string{{"-o", filepath.Join(dir, "ferry"), "./cmd/ferry"}, {"-o", filepath.Join(dir, "ferry-lab"), "./cmd/ferry-lab"}, {"-o", filepath.Join(dir, "memhog"), "./workloads/memhog"}} {
 		cmd := exec.Command("go", append([]string{"build"}, b...)...)
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -99,7 +110,7 @@ func upLabWith(t *testing.T, o lab.Options) *lab.Lab {
 	return l
 }
 
-// benchMigrate runs `ferry bench migrate` (which brings up a lab of its
+// benchMigrate runs `ferry-lab bench migrate` (which brings up a lab of its
 // own) with this build's binaries, clearing an old lab first and the lab
 // afterwards, pass or fail.
 func benchMigrate(t *testing.T, o bench.MigrateOptions) bench.MigrateResult {

@@ -9,7 +9,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/fault"
 )
 
-// TestFaultMatrixShort is `ferry bench faults` cut to cold migrations and
+// TestFaultMatrixShort is `ferry-lab bench faults` cut to cold migrations and
 // the main faults: agents killed and stopped around the freeze, the
 // restore and the commit, CRIU killed, the link cut in the commit window,
 // the destination's scratch space full, a failed restore. In every case
@@ -128,7 +128,7 @@ func (w testLog) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// TestSoakShort is `ferry bench soak` cut to two rounds of the four
+// TestSoakShort is `ferry-lab bench soak` cut to two rounds of the four
 // techniques, back and forth: every migration works, the state holds,
 // nothing is left behind. (The 200-migration soak is a benchmark.)
 func TestSoakShort(t *testing.T) {

@@ -27,7 +27,8 @@ import (
 // Options say how to run a spec.
 type Options struct {
 	Spec Spec
-	// FerryBin is the ferry binary the lab's agents and tools run.
+	// FerryBin is the ferry binary the lab's agents run; its tools run
+	// from the ferry-lab beside it (lab.ToolBin).
 	FerryBin string
 	// Checkpoint, when set, is called with the results so far after each
 	// run, so that an interrupted experiment keeps what it measured.
@@ -277,7 +278,7 @@ func measuredDirtyRate(rounds []engine.Round) float64 {
 func (o Options) fill(ctx context.Context, client *lab.Host, svc *service, addr string, state int64) error {
 	deadline := time.Now().Add(fillWait)
 	for {
-		out, err := client.Command(ctx, o.FerryBin, "lab-tool", "fill", "--service", svc.client, "--addr", addr,
+		out, err := client.Command(ctx, lab.ToolBin(o.FerryBin), "lab-tool", "fill", "--service", svc.client, "--addr", addr,
 			"--bytes", strconv.FormatInt(state, 10)).CombinedOutput()
 		if err == nil {
 			return nil
@@ -313,7 +314,7 @@ func machine() string {
 	return b.String()
 }
 
-// ReadProfile reads a calibrated profile (ferry calibrate's file).
+// ReadProfile reads a calibrated profile (ferry-lab calibrate's file).
 func ReadProfile(path string) (model.Profile, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {

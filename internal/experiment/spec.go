@@ -56,7 +56,7 @@ type Spec struct {
 	// at each point where every mode was measured, the model's pick
 	// against the mode that measured best within it; 0: no budget).
 	Budget time.Duration `yaml:"budget"`
-	// Profile, when set, is a calibrated profile (ferry calibrate): each
+	// Profile, when set, is a calibrated profile (ferry-lab calibrate): each
 	// run gets the model's prediction beside its measurement.
 	Profile string `yaml:"profile"`
 }

@@ -15,7 +15,7 @@ type workload struct {
 
 // service is a real server from Debian's packages, in a root filesystem
 // of its own, with an address of its own on the lab's service segment,
-// loaded by `ferry lab-tool load` from the client host.
+// loaded by `ferry-lab lab-tool load` from the client host.
 type service struct {
 	// packages make its root filesystem (lab.RunOptions.Packages).
 	packages []string

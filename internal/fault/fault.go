@@ -1,5 +1,5 @@
 // Package fault names the failures ferry injects into its own migrations,
-// for tests and `ferry bench faults`: an agent killed or stopped at a
+// for tests and `ferry-lab bench faults`: an agent killed or stopped at a
 // phase, CRIU killed under it, a restore that fails. Agents honour them
 // only when started with --allow-faults. A fault is ACTION@PHASE, e.g.
 // "kill-destination@restore"; the agent on the action's side carries it

@@ -32,7 +32,8 @@ const redisServer = "/usr/bin/redis-server"
 // Options say how to run a scenario.
 type Options struct {
 	Spec Spec
-	// FerryBin is the ferry binary (the lab's agents, follow, lab-tool).
+	// FerryBin is the ferry binary (the lab's agents, follow); lab-tool is
+	// the ferry-lab beside it (lab.ToolBin).
 	FerryBin string
 	// Out is where follow's state and log go.
 	Out string
@@ -222,6 +223,8 @@ func startFollow(ctx context.Context, o Options, s Spec, start time.Time) (*foll
 	}
 	_ = os.Remove(filepath.Join(o.Out, "follow-state.json"))
 	cmd := exec.CommandContext(ctx, o.FerryBin, args...)
+	// ferry takes the lab's host names from its state file only when told.
+	cmd.Env = append(os.Environ(), "FERRY_HOSTS="+lab.StateFile)
 	logFile, err := os.Create(filepath.Join(o.Out, "follow.log"))
 	if err != nil {
 		return nil, nil, err

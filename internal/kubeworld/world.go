@@ -1,5 +1,5 @@
 // Package kubeworld is ferry installed in the lab's Kubernetes cluster,
-// for the end-to-end tests and `ferry bench migrate --runtime
+// for the end-to-end tests and `ferry-lab bench migrate --runtime
 // kubernetes`: the Migration CRD from deploy/kubernetes, ferry-controller
 // running in the control plane's namespace with an operator's
 // certificate, memhog's image on every node; memhog Deployments and

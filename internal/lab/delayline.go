@@ -16,7 +16,7 @@ import (
 
 // A lab up with delay lines gives each host's links a round trip of its
 // own: the kernel here has no netem, so a relay process per host
-// (`ferry lab-tool delay-line`, package delayline) sits in the switch
+// (`ferry-lab lab-tool delay-line`, package delayline) sits in the switch
 // between each of the host's ports and the bridge, holding frames half
 // the host's round trip each way. Between hosts hA and hB the round trip
 // is then RTT(hA) + RTT(hB). tbf keeps shaping the ports as without it.
@@ -114,7 +114,7 @@ func delayLineArgs(h *Host, paths int) []string {
 func (l *Lab) startDelayLines(ctx context.Context) error {
 	for k := range l.Hosts {
 		h := &l.Hosts[k]
-		p, err := procs.StartDetached(append([]string{l.FerryBin}, delayLineArgs(h, max(l.Paths, 1))...),
+		p, err := procs.StartDetached(append([]string{ToolBin(l.FerryBin)}, delayLineArgs(h, max(l.Paths, 1))...),
 			netnsPath(SwitchNetNS), h.DelayLineLog(), nil)
 		if err != nil {
 			return fmt.Errorf("start the delay line of %s: %w", h.Name, err)

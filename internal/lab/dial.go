@@ -46,11 +46,12 @@ func (h *Host) Dial(ctx context.Context, network, addr string) (net.Conn, error)
 func (h *Host) inNetNS(f func() error) error { return cnet.Do(h.NetNS, f) }
 
 // WaitListening waits until something accepts connections at addr, as
-// seen from h (ferry's lab-tool sending nothing there), for up to limit.
+// seen from h (ferry-lab's lab-tool, beside ferry, sending nothing
+// there), for up to limit.
 func (h *Host) WaitListening(ctx context.Context, ferry, addr string, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	for time.Now().Before(deadline) {
-		if h.Command(ctx, ferry, "lab-tool", "send", "--to", addr, "--in", "/dev/null").Run() == nil {
+		if h.Command(ctx, ToolBin(ferry), "lab-tool", "send", "--to", addr, "--in", "/dev/null").Run() == nil {
 			return nil
 		}
 		time.Sleep(100 * time.Millisecond)

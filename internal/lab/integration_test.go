@@ -170,8 +170,8 @@ func TestUpDown(t *testing.T) {
 	if err != nil || len(loaded.Hosts) != 2 || loaded.BandwidthBps != 1_000_000_000 {
 		t.Fatalf("Load: %+v, %v", loaded, err)
 	}
-	if _, err := Up(ctx, Options{NoAgents: true}); err == nil || !strings.Contains(err.Error(), "ferry lab down") {
-		t.Errorf("second Up: %v, want an error pointing to `ferry lab down`", err)
+	if _, err := Up(ctx, Options{NoAgents: true}); err == nil || !strings.Contains(err.Error(), "ferry-lab lab down") {
+		t.Errorf("second Up: %v, want an error pointing to `ferry-lab lab down`", err)
 	}
 
 	h1, _ := l.Host("h1")

@@ -40,10 +40,10 @@ func (l *Lab) kubeConfig() kubelab.Config {
 	return c
 }
 
-// Kubernetes is the lab's cluster (ferry lab up --kubernetes).
+// Kubernetes is the lab's cluster (ferry-lab lab up --kubernetes).
 func (l *Lab) Kubernetes() (*kubelab.Cluster, error) {
 	if l.Kubeconfig == "" {
-		return nil, errors.New("the lab has no Kubernetes cluster (ferry lab up --kubernetes)")
+		return nil, errors.New("the lab has no Kubernetes cluster (ferry-lab lab up --kubernetes)")
 	}
 	return kubelab.Attach(l.kubeConfig())
 }

@@ -231,21 +231,21 @@ func (l *Lab) ferryBin() (string, error) {
 	if l.FerryBin != "" {
 		return l.FerryBin, nil
 	}
-	return os.Executable()
+	return FerryBin()
 }
 
 // Load reads the running lab's state.
 func Load() (*Lab, error) {
 	b, err := os.ReadFile(StateFile)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("%w (no %s); start one with `ferry lab up`", ErrNoLab, StateFile)
+		return nil, fmt.Errorf("%w (no %s); start one with `ferry-lab lab up`", ErrNoLab, StateFile)
 	}
 	if err != nil {
 		return nil, err
 	}
 	var l Lab
 	if err := json.Unmarshal(b, &l); err != nil {
-		return nil, fmt.Errorf("parse %s: %w (run `ferry lab down` to clear it)", StateFile, err)
+		return nil, fmt.Errorf("parse %s: %w (run `ferry-lab lab down` to clear it)", StateFile, err)
 	}
 	return &l, nil
 }
@@ -307,12 +307,12 @@ func Up(ctx context.Context, o Options) (*Lab, error) {
 		o.DelayLines = true
 	}
 	if why := existing(); why != "" {
-		return nil, fmt.Errorf("a ferry lab is already up (%s); run `ferry lab down` first", why)
+		return nil, fmt.Errorf("a ferry lab is already up (%s); run `ferry-lab lab down` first", why)
 	}
 	if o.FerryBin == "" {
-		exe, err := os.Executable()
+		exe, err := FerryBin()
 		if err != nil {
-			return nil, fmt.Errorf("find the ferry binary: %w", err)
+			return nil, err
 		}
 		o.FerryBin = exe
 	}

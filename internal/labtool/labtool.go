@@ -1,5 +1,5 @@
 // Package labtool holds the small programs the lab runs inside its hosts'
-// network namespaces on ferry's behalf (`ferry lab-tool ...`, hidden): the
+// network namespaces on ferry's behalf (`ferry-lab lab-tool ...`, hidden): the
 // workload's probe, a file sent over one or several connections (to
 // measure a link), and clients that hold one TCP connection to a service
 // and time its answers across a migration. Each talks to its parent over

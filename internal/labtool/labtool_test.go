@@ -93,7 +93,7 @@ func TestSendRecv(t *testing.T) {
 }
 
 // recvChildEnv makes the test binary a receiver that exits as soon as Recv
-// returns, as `ferry lab-tool recv` does: goroutines Recv left behind die with
+// returns, as `ferry-lab lab-tool recv` does: goroutines Recv left behind die with
 // the process.
 const recvChildEnv = "FERRY_LABTOOL_RECV_CHILD"
 

@@ -1,6 +1,6 @@
 package labtool
 
-// LoadResult is what `ferry lab-tool load` prints, as one JSON line, once
+// LoadResult is what `ferry-lab lab-tool load` prints, as one JSON line, once
 // its stdin closes: what a real service's clients felt while it moved.
 type LoadResult struct {
 	// Service is the client's kind: redis, memcached, mqtt, postgres.

@@ -1,6 +1,6 @@
 // Package learn is an agent's model learning from its own migrations:
 // it keeps their reports (Store), refits the host's profile from them
-// (calibrate.FitOnline) with prediction intervals from their residuals,
+// (fit.FitOnline) with prediction intervals from their residuals,
 // and tells each term's recent error and whether the profile drifts from
 // what is measured (docs/MODEL.md, "Learning from every migration").
 package learn
@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/ferry-migrate/ferry/api"
-	"github.com/ferry-migrate/ferry/internal/calibrate"
+	"github.com/ferry-migrate/ferry/internal/fit"
 	"github.com/ferry-migrate/ferry/internal/model"
 )
 
@@ -49,7 +49,7 @@ type Learner struct {
 	store   *Store
 	base    model.Profile
 	profile model.Profile
-	terms   []calibrate.OnlineTerm
+	terms   []fit.OnlineTerm
 	// since is, by term, when the host last changed under it: a term that
 	// drifted is fitted only from the migrations in its recent window,
 	// not from the history of a host that is no more (kept in sinceFile).
@@ -111,7 +111,7 @@ func (l *Learner) refit() (moved bool) {
 			l.since[name], moved = t0, true
 		}
 	}
-	p, terms := calibrate.FitOnline(reps, l.base, calibrate.MinOnlineSamples, l.since)
+	p, terms := fit.FitOnline(reps, l.base, fit.MinOnlineSamples, l.since)
 	n := 0
 	for _, t := range terms {
 		if t.Refitted {
@@ -121,7 +121,7 @@ func (l *Learner) refit() (moved bool) {
 	if n > 0 {
 		p.Source = fmt.Sprintf("%s; %d terms refitted from this host's last %d migrations", l.base.Source, n, len(reps))
 	}
-	p.Intervals = mergeIntervals(l.base.Intervals, calibrate.FitIntervals(reps, p, IntervalRuns))
+	p.Intervals = mergeIntervals(l.base.Intervals, fit.FitIntervals(reps, p, IntervalRuns))
 	l.profile, l.terms = p, terms
 	return moved
 }

@@ -9,7 +9,7 @@ import (
 
 // What one migration says of each profile term: the term's prediction for
 // the phases it governs beside what those phases took. The phases and the
-// runs each term uses are calibrate's (internal/calibrate/terms.go), so a
+// runs each term uses are the fitters' (internal/fit/terms.go), so a
 // report's checks and the refit from it agree on what a term is.
 
 // InputsOf turns a report's plan inputs into model inputs. An unknown

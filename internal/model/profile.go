@@ -167,7 +167,7 @@ func (p Profile) imageCopyBps() float64 {
 // (2 cores, Linux 6.18, CRIU 4.2.1, runc 1.1.5, no soft-dirty). They give
 // sensible predictions until a calibration replaces them.
 func DefaultProfile() Profile {
-	// Rounded from `ferry calibrate` on the development VM (2 cores, CRIU
+	// Rounded from `ferry-lab calibrate` on the development VM (2 cores, CRIU
 	// 4.2.1 with ferry's patches and its probes cached, runc 1.1.5),
 	// docs/MODEL.md §8, eighth run.
 	return Profile{

@@ -6,7 +6,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ferry-migrate/ferry/internal/bench"
+	"github.com/ferry-migrate/ferry/internal/cli"
 	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/lab"
 )
 
 func newBenchDrainCmd() *cobra.Command {
@@ -24,26 +26,26 @@ them all with one drain (ferry drain). It prints JSON: the drain's total
 against all the memory at the link's throughput (ratio), and per container
 its downtime and its client's downtime against the cold reference's
 (vs_cold). It exits non-zero when a migration failed or a state broke.`,
-		Example: `  ferry bench drain --containers 4 --memory 256M --dirty-rate 100 --bandwidth 1gbit --mode precopy`,
+		Example: `  ferry-lab bench drain --containers 4 --memory 256M --dirty-rate 100 --bandwidth 1gbit --mode precopy`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
 			if o.MemoryBytes, o.BandwidthBps, err = parseLoad(memory, bandwidth); err != nil {
 				return err
 			}
-			if o.FerryBin, err = os.Executable(); err != nil {
+			if o.FerryBin, err = lab.FerryBin(); err != nil {
 				return err
 			}
 			o.Log = os.Stderr
 			res, err := bench.Drain(cmd.Context(), o)
-			if jerr := printJSON(res); jerr != nil {
+			if jerr := cli.PrintJSON(res); jerr != nil {
 				return jerr
 			}
 			if err != nil {
 				return err
 			}
 			if !res.OK {
-				return exitError{1}
+				return cli.ExitError{Code: 1}
 			}
 			return nil
 		},
@@ -56,6 +58,6 @@ its downtime and its client's downtime against the cold reference's
 	f.StringVar(&o.Mode, "mode", engine.ModePrecopy, "technique for every workload")
 	f.IntVar(&o.Concurrency, "concurrency", 1, "migrations whose memory crosses at once (see ferry drain --help)")
 	f.StringVar(&o.Handoff, "handoff", engine.HandoffCommit, "when a pre-copy or hybrid migration lets the next one's memory cross: commit or freeze (see ferry drain --help)")
-	addPrecopyFlags(cmd, &o.Precopy)
+	cli.AddPrecopyFlags(cmd, &o.Precopy)
 	return cmd
 }

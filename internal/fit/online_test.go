@@ -1,4 +1,4 @@
-package calibrate
+package fit
 
 import (
 	"encoding/json"
@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/ferry-migrate/ferry/api"
-	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/model"
+	"github.com/ferry-migrate/ferry/internal/runresult"
 )
 
 // recordedReports reads the bench runs in testdata/recorded (Podman's and
@@ -28,19 +28,19 @@ func recordedReports(t *testing.T) []api.Report {
 }
 
 // recordedResults reads the bench results in testdata/recorded.
-func recordedResults(t *testing.T) []bench.MigrateResult {
+func recordedResults(t *testing.T) []runresult.MigrateResult {
 	t.Helper()
 	files, err := filepath.Glob("testdata/recorded/*.json")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no recorded runs: %v", err)
 	}
-	var out []bench.MigrateResult
+	var out []runresult.MigrateResult
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var res bench.MigrateResult
+		var res runresult.MigrateResult
 		if err := json.Unmarshal(b, &res); err != nil {
 			t.Fatalf("%s: %v", f, err)
 		}
@@ -50,7 +50,7 @@ func recordedResults(t *testing.T) []bench.MigrateResult {
 }
 
 // reportOfRun is the report an agent would have kept of a bench run.
-func reportOfRun(res bench.MigrateResult, r bench.Run) api.Report {
+func reportOfRun(res runresult.MigrateResult, r runresult.Run) api.Report {
 	rep := api.Report{OK: r.OK, Mode: res.Mode, Runtime: res.Runtime, DowntimeMs: r.DowntimeMs, TotalMs: r.TotalMs,
 		FrozenMs: r.FrozenMs, BytesSent: r.BytesSent, MemoryBytes: r.MemoryBytes, RestoreMs: r.RestoreMs,
 		PagesFaulted: r.PagesFaulted, PagesPushed: r.PagesPushed, PushMs: r.PushMs, PagesReferenced: r.PagesReferenced,

@@ -12,6 +12,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ferry-migrate/ferry/internal/calibrate"
+	"github.com/ferry-migrate/ferry/internal/cli"
+	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
@@ -51,14 +53,14 @@ Writes DIR/validation.json (every run), DIR/validation.md (the tables, also
 printed) and DIR/predicted-vs-measured.svg (log-log scatter, one colour per
 mode, the y = x line). --rescore compares the runs kept in an earlier
 validation.json with another profile without touching the lab.`,
-		Example: `  ferry calibrate --quick --out ferry-profile.json
-  ferry bench validate-model --profile ferry-profile.json --quick --out validation
-  ferry bench validate-model --profile ferry-profile.json --modes precopy --memory 1G --dirty-rate 100,8000 --bandwidth 1gbit`,
+		Example: `  ferry-lab calibrate --quick --out ferry-profile.json
+  ferry-lab bench validate-model --profile ferry-profile.json --quick --out validation
+  ferry-lab bench validate-model --profile ferry-profile.json --modes precopy --memory 1G --dirty-rate 100,8000 --bandwidth 1gbit`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
 			var src string
-			o.Profile, src, err = loadProfile(profilePath)
+			o.Profile, src, err = cli.LoadProfile(profilePath)
 			if err != nil {
 				return err
 			}
@@ -86,9 +88,6 @@ validation.json with another profile without touching the lab.`,
 					return errors.New("--dirty-rate must not be negative")
 				}
 			}
-			if o.FerryBin, err = os.Executable(); err != nil {
-				return err
-			}
 			fmt.Fprintf(os.Stderr, "profile %s: %s\n", src, describeProfile(o.Profile))
 			var v calibrate.Validation
 			if rescore != "" {
@@ -101,6 +100,9 @@ validation.json with another profile without touching the lab.`,
 				}
 				v = calibrate.Rescore(o.Profile, v)
 			} else {
+				if o.FerryBin, err = lab.FerryBin(); err != nil {
+					return err
+				}
 				o.Progress = progressReporter(os.Stderr, quiet)
 				v, err = calibrate.Validate(cmd.Context(), o)
 				finishProgress(os.Stderr)
@@ -120,7 +122,7 @@ validation.json with another profile without touching the lab.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&profilePath, "profile", "", "host profile from 'ferry calibrate' (default: built-in defaults)")
+	f.StringVar(&profilePath, "profile", "", "host profile from 'ferry-lab calibrate' (default: built-in defaults)")
 	f.StringVar(&out, "out", "validation", "directory for validation.json, validation.md and the SVG")
 	f.BoolVar(&o.Quick, "quick", false, "two points per mode instead of six")
 	f.BoolVar(&o.TCPClient, "tcp-client", false, "run memhog with an address of its own and a client on one TCP connection, as services run (runc)")

@@ -10,7 +10,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ferry-migrate/ferry/internal/bench"
+	"github.com/ferry-migrate/ferry/internal/cli"
 	"github.com/ferry-migrate/ferry/internal/fault"
+	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
 
@@ -49,10 +51,10 @@ Faults: ` + strings.Join(fault.Actions, ", ") + `.
   strand-destination-criu kills the restore's CRIU alone (runc only), just
   after it forked the container's first task, which is left waiting for it.
 Only the cases where a fault can strike are run (--list shows them).`,
-		Example: `  ferry bench faults --mode cold --json
-  ferry bench faults --runtime podman,lxc --fault kill-destination,kill-source
-  ferry bench faults --mode postcopy --phase lazy-pages
-  ferry bench faults --fault kill-destination,kill-source --list`,
+		Example: `  ferry-lab bench faults --mode cold --json
+  ferry-lab bench faults --runtime podman,lxc --fault kill-destination,kill-source
+  ferry-lab bench faults --mode postcopy --phase lazy-pages
+  ferry-lab bench faults --fault kill-destination,kill-source --list`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
@@ -65,7 +67,7 @@ Only the cases where a fault can strike are run (--list shows them).`,
 				}
 				return nil
 			}
-			if o.FerryBin, err = os.Executable(); err != nil {
+			if o.FerryBin, err = lab.FerryBin(); err != nil {
 				return err
 			}
 			o.Log = os.Stderr // JSON or not: the matrix takes long, say how far it is
@@ -76,7 +78,7 @@ Only the cases where a fault can strike are run (--list shows them).`,
 			// The cases that ran are printed even when the lab could not be
 			// taken down, or the run was interrupted.
 			if asJSON {
-				if jerr := printJSON(res); jerr != nil {
+				if jerr := cli.PrintJSON(res); jerr != nil {
 					return jerr
 				}
 			} else {
@@ -132,20 +134,20 @@ resident memory and open files did not grow (compared after the first
 tenth of the migrations and at the end), and nothing was left behind once
 the container is removed (CRIU processes, network namespaces, mounts,
 cgroups, scratch). It prints JSON and exits non-zero when a check fails.`,
-		Example: `  ferry bench soak --migrations 200
-  ferry bench soak --migrations 20 --mode cold,postcopy`,
+		Example: `  ferry-lab bench soak --migrations 200
+  ferry-lab bench soak --migrations 20 --mode cold,postcopy`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
 			if o.MemoryBytes, err = units.ParseBytes(memory); err != nil {
 				return fmt.Errorf("--memory: %w", err)
 			}
-			if o.FerryBin, err = os.Executable(); err != nil {
+			if o.FerryBin, err = lab.FerryBin(); err != nil {
 				return err
 			}
 			o.Log = os.Stderr
 			res, err := bench.Soak(cmd.Context(), o)
-			if jerr := printJSON(res); jerr != nil {
+			if jerr := cli.PrintJSON(res); jerr != nil {
 				return jerr
 			}
 			if err != nil {
@@ -189,19 +191,19 @@ container moves from h1 to h2 the honest way.
 
 Exit status 1 when a case was accepted, leaked or took the agent down, or
 the honest migration failed.`,
-		Example: `  ferry bench hostile --json
-  ferry bench hostile --only config:`,
+		Example: `  ferry-lab bench hostile --json
+  ferry-lab bench hostile --only config:`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
-			if o.FerryBin, err = os.Executable(); err != nil {
+			if o.FerryBin, err = lab.FerryBin(); err != nil {
 				return err
 			}
 			o.Log = os.Stderr
 			res, err := bench.Hostile(cmd.Context(), o)
 			if len(res.Cases) > 0 {
 				if asJSON {
-					if jerr := printJSON(res); jerr != nil {
+					if jerr := cli.PrintJSON(res); jerr != nil {
 						return jerr
 					}
 				} else {
@@ -212,7 +214,7 @@ the honest migration failed.`,
 				return err
 			}
 			if s := res.Summary; s.Accepted+s.Leaks+s.AgentDown > 0 || !res.HonestOK {
-				return exitError{1}
+				return cli.ExitError{Code: 1}
 			}
 			return nil
 		},

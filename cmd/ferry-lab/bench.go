@@ -12,7 +12,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ferry-migrate/ferry/internal/bench"
+	"github.com/ferry-migrate/ferry/internal/cli"
 	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
 
@@ -58,8 +60,8 @@ and podman (podman checkpoint --export, copy over the link, podman restore
 migrating one of each in turn, so that both sizes share the machine's
 drift; client_downtime_ratio is its median client downtime over --memory's
 (1.0: the downtime does not grow with memory).`,
-		Example: `  ferry bench migrate --mode cold --memory 256M --dirty-rate 100 --bandwidth 1gbit --repeat 5 --baseline link,podman --json
-  ferry bench migrate --mode precopy --memory 256M --against-memory 1G --dirty-rate 1000 --repeat 8`,
+		Example: `  ferry-lab bench migrate --mode cold --memory 256M --dirty-rate 100 --bandwidth 1gbit --repeat 5 --baseline link,podman --json
+  ferry-lab bench migrate --mode precopy --memory 256M --against-memory 1G --dirty-rate 1000 --repeat 8`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
@@ -92,7 +94,7 @@ drift; client_downtime_ratio is its median client downtime over --memory's
 					return fmt.Errorf("--max-bandwidth: %w", err)
 				}
 			}
-			if o.FerryBin, err = os.Executable(); err != nil {
+			if o.FerryBin, err = lab.FerryBin(); err != nil {
 				return err
 			}
 			o.Log = os.Stderr
@@ -104,14 +106,14 @@ drift; client_downtime_ratio is its median client downtime over --memory's
 				return err
 			}
 			if asJSON {
-				if err := printJSON(res); err != nil {
+				if err := cli.PrintJSON(res); err != nil {
 					return err
 				}
 			} else {
 				printBench(os.Stdout, res)
 				if a := res.Against; a != nil {
 					printBench(os.Stdout, *a)
-					fmt.Fprintf(os.Stdout, "client downtime, %s against %s (medians): %.2f\n", humanBytes(a.MemoryBytes), humanBytes(res.MemoryBytes), res.ClientDowntimeRatio)
+					fmt.Fprintf(os.Stdout, "client downtime, %s against %s (medians): %.2f\n", cli.HumanBytes(a.MemoryBytes), cli.HumanBytes(res.MemoryBytes), res.ClientDowntimeRatio)
 				}
 			}
 			runs := res.Runs
@@ -120,7 +122,7 @@ drift; client_downtime_ratio is its median client downtime over --memory's
 			}
 			for _, r := range runs {
 				if !r.OK {
-					return exitError{exitFailed} // a run failed: say so to scripts
+					return cli.ExitError{Code: cli.ExitFailed} // a run failed: say so to scripts
 				}
 			}
 			return nil
@@ -129,7 +131,7 @@ drift; client_downtime_ratio is its median client downtime over --memory's
 	f := cmd.Flags()
 	f.StringVar(&o.Mode, "mode", engine.ModeCold, "technique: cold, precopy, postcopy, hybrid")
 	f.StringVar(&o.Runtime, "runtime", "runc", "runtime the workload runs under: runc (the lab's own bundles), podman, lxc, containerd or docker (each lab host's own instance); ferry check lists the modes each supports. kubernetes: a memhog Deployment's pod moved by a Migration through ferry-controller in the lab's cluster (lab up --kubernetes; built by scripts/kube-build.sh), each run followed by the same migration under plain containerd, and Kubernetes' delete-and-recreate measured once (its state lost)")
-	addPrecopyFlags(cmd, &o.Precopy)
+	cli.AddPrecopyFlags(cmd, &o.Precopy)
 	f.StringVar(&memory, "memory", "256M", "workload memory (64M, 1G, ...)")
 	f.StringVar(&againstMemory, "against-memory", "", "also migrate a workload of this size in each repeat, alternating, and give its client downtime over --memory's")
 	f.IntVar(&o.DirtyRate, "dirty-rate", 100, "pages the workload dirties per second")
@@ -153,7 +155,7 @@ drift; client_downtime_ratio is its median client downtime over --memory's
 
 func printBench(w io.Writer, r bench.MigrateResult) {
 	fmt.Fprintf(w, "%s migration, %s memory, %d pages/s dirtied, link %s\n",
-		r.Mode, humanBytes(r.MemoryBytes), r.DirtyRate, humanRate(float64(r.BandwidthBps)))
+		r.Mode, cli.HumanBytes(r.MemoryBytes), r.DirtyRate, cli.HumanRate(float64(r.BandwidthBps)))
 	vsLink := func(x float64) string {
 		if x == 0 {
 			return ""
@@ -161,15 +163,15 @@ func printBench(w io.Writer, r bench.MigrateResult) {
 		return fmt.Sprintf(" (%.2f x the link floor)", x)
 	}
 	if r.Network == "bridge" || r.VolumeBytes > 0 {
-		fmt.Fprintf(w, "  network %s, volume %s\n", r.Network, humanBytes(r.VolumeBytes))
+		fmt.Fprintf(w, "  network %s, volume %s\n", r.Network, cli.HumanBytes(r.VolumeBytes))
 	}
 	for i, run := range r.Runs {
 		vol := ""
 		if run.VolumeOK != nil {
-			vol = fmt.Sprintf(", volume_ok=%v (%s live, %s frozen)", *run.VolumeOK, humanBytes(run.VolumeBytes), humanBytes(run.FrozenVolumeBytes))
+			vol = fmt.Sprintf(", volume_ok=%v (%s live, %s frozen)", *run.VolumeOK, cli.HumanBytes(run.VolumeBytes), cli.HumanBytes(run.FrozenVolumeBytes))
 		}
 		fmt.Fprintf(w, "  run %d: ok=%v downtime %.0f ms, client downtime %.0f ms, total %.0f ms%s, sent %s, state_ok=%v%s %s\n",
-			i+1, run.OK, run.DowntimeMs, run.ClientDowntimeMs, run.TotalMs, vsLink(run.TotalVsLink), humanBytes(run.BytesSent), run.StateOK, vol, run.Error)
+			i+1, run.OK, run.DowntimeMs, run.ClientDowntimeMs, run.TotalMs, vsLink(run.TotalVsLink), cli.HumanBytes(run.BytesSent), run.StateOK, vol, run.Error)
 	}
 	fmt.Fprintf(w, "  median: downtime %.0f ms, client downtime %.0f ms, total %.0f ms%s\n",
 		r.MedianDowntimeMs, r.MedianClientDowntimeMs, r.MedianTotalMs, vsLink(r.MedianTotalVsLink))
@@ -177,11 +179,11 @@ func printBench(w io.Writer, r bench.MigrateResult) {
 		fmt.Fprintf(w, "  TCP client's longest wait (median): %.0f ms = %.2f x downtime\n", r.MedianTCPStallMs, r.MedianTCPStallMs/max(r.MedianDowntimeMs, 1))
 	}
 	if b := r.Baselines.Link; b != nil {
-		fmt.Fprintf(w, "  link baseline: %s; %s of memory and volume need %.0f ms at that rate (the link floor)\n", humanRate(b.ThroughputBps), humanBytes(r.MemoryBytes+r.VolumeBytes), r.LinkFloorMs)
+		fmt.Fprintf(w, "  link baseline: %s; %s of memory and volume need %.0f ms at that rate (the link floor)\n", cli.HumanRate(b.ThroughputBps), cli.HumanBytes(r.MemoryBytes+r.VolumeBytes), r.LinkFloorMs)
 	}
 	if b := r.Baselines.Paths; b != nil {
 		fmt.Fprintf(w, "  paths baseline: one path %s, MPTCP over %d paths %s (x%.2f), striped TCP %s (x%.2f)\n",
-			humanRate(b.SinglePathBps), r.Paths, humanRate(b.MultipathBps), b.Ratio, humanRate(b.StripedBps), b.StripedRatio)
+			cli.HumanRate(b.SinglePathBps), r.Paths, cli.HumanRate(b.MultipathBps), b.Ratio, cli.HumanRate(b.StripedBps), b.StripedRatio)
 	}
 	if b := r.Baselines.Podman; b != nil {
 		fmt.Fprintf(w, "  podman baseline: downtime %.0f ms (checkpoint %.0f, copy %.0f, restore %.0f), client downtime %.0f ms, state_ok=%v %s\n",

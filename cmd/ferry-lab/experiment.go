@@ -13,8 +13,10 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/ferry-migrate/ferry/internal/cli"
 	"github.com/ferry-migrate/ferry/internal/experiment"
 	"github.com/ferry-migrate/ferry/internal/followlab"
+	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/report"
 )
 
@@ -42,7 +44,7 @@ measured. It writes, into --out:
 
 Workloads: memhog (ferry's own, probed), redis, memcached, mosquitto and
 postgresql (Debian's packages, each in a root filesystem of its own built
-once and cached, on an address of its own; their clients, ferry lab-tool
+once and cached, on an address of its own; their clients, ferry-lab lab-tool
 load, run on h3 on connections they keep and check the state afterwards).
 
 The file (YAML; every list is an axis, empty ones take the default):
@@ -61,7 +63,7 @@ The file (YAML; every list is an axis, empty ones take the default):
   connections: 1                # a service client's kept connections
   tools: false                  # also the service's own benchmark beside it
                                 # (redis-benchmark, pgbench, mosquitto_pub)
-  profile: host.json            # optional: ferry calibrate's profile
+  profile: host.json            # optional: ferry-lab calibrate's profile
   budget: 500ms                 # with a profile: is --mode auto's pick the
                                 # mode that measured best within this stall?
 
@@ -86,8 +88,8 @@ axis the client's latency, which host served it, each decision and move):
 
 Shipped experiments are in the repository's experiments/ directory.
 Needs root; tears down any lab already up.`,
-		Example: `  ferry lab experiment experiments/services.yaml --out /tmp/services
-  ferry lab experiment --from-results /tmp/services/results.json --profile ferry-profile.json --out /tmp/services`,
+		Example: `  ferry-lab lab experiment experiments/services.yaml --out /tmp/services
+  ferry-lab lab experiment --from-results /tmp/services/results.json --profile ferry-profile.json --out /tmp/services`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if from != "" {
 				return cobra.NoArgs(cmd, args)
@@ -147,7 +149,7 @@ Needs root; tears down any lab already up.`,
 				return err
 			}
 			o := experiment.Options{Spec: spec, Checkpoint: func(res experiment.Results) error { return writeResults(out, res) }}
-			if o.FerryBin, err = os.Executable(); err != nil {
+			if o.FerryBin, err = lab.FerryBin(); err != nil {
 				return err
 			}
 			if !quiet {
@@ -174,14 +176,14 @@ Needs root; tears down any lab already up.`,
 				fmt.Println(experiment.AutoSummary(res.Auto, res.BudgetMs))
 			}
 			if failed > 0 {
-				return exitError{exitFailed}
+				return cli.ExitError{Code: cli.ExitFailed}
 			}
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&out, "out", "", "directory for results.json, results.csv and report.html (default ferry-experiment-NAME)")
 	cmd.Flags().StringVar(&from, "from-results", "", "write the CSV and the report again from a results.json, running nothing")
-	cmd.Flags().StringVar(&profile, "profile", "", "a calibrated profile (ferry calibrate): each run gets the model's prediction (overrides the file's; with --from-results, predicts again)")
+	cmd.Flags().StringVar(&profile, "profile", "", "a calibrated profile (ferry-lab calibrate): each run gets the model's prediction (overrides the file's; with --from-results, predicts again)")
 	cmd.Flags().DurationVar(&budget, "budget", 0, "the client stall --mode auto is held to (overrides the file's; with --from-results, checks again)")
 	cmd.Flags().BoolVar(&quiet, "quiet", false, "no progress lines or bar")
 	return cmd
@@ -240,7 +242,7 @@ func runFollowScenario(cmd *cobra.Command, data []byte, file, out, profile strin
 		return err
 	}
 	o := followlab.Options{Spec: spec, Out: out}
-	if o.FerryBin, err = os.Executable(); err != nil {
+	if o.FerryBin, err = lab.FerryBin(); err != nil {
 		return err
 	}
 	if !quiet {

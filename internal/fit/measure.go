@@ -1,4 +1,4 @@
-package calibrate
+package fit
 
 import (
 	"maps"
@@ -6,16 +6,16 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/ferry-migrate/ferry/internal/bench"
-	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/api"
+	"github.com/ferry-migrate/ferry/internal/runresult"
 )
 
 // Helpers that turn a run's phase spans into the quantities the model
 // terms predict. Phase names are the engine's (prepare, rootfs-sync,
 // round-N, freeze, dump, images, restore, commit, lazy-pages, cleanup).
 
-// phaseS sums the durations of the named phases, in seconds.
-func phaseS(r bench.Run, names ...string) float64 {
+// PhaseS sums the durations of the named phases, in seconds.
+func PhaseS(r runresult.Run, names ...string) float64 {
 	var s float64
 	for _, p := range r.Phases {
 		if slices.Contains(names, p.Name) {
@@ -26,12 +26,12 @@ func phaseS(r bench.Run, names ...string) float64 {
 }
 
 // hasPhase says whether the run recorded the phase.
-func hasPhase(r bench.Run, name string) bool {
-	return slices.ContainsFunc(r.Phases, func(p engine.PhaseSpan) bool { return p.Name == name })
+func hasPhase(r runresult.Run, name string) bool {
+	return slices.ContainsFunc(r.Phases, func(p api.PhaseSpan) bool { return p.Name == name })
 }
 
-// roundsS sums the live rounds' phases (round-N), in seconds.
-func roundsS(r bench.Run) float64 {
+// RoundsS sums the live rounds' phases (round-N), in seconds.
+func RoundsS(r runresult.Run) float64 {
 	var s float64
 	for _, p := range r.Phases {
 		if strings.HasPrefix(p.Name, "round-") {
@@ -41,9 +41,9 @@ func roundsS(r bench.Run) float64 {
 	return s / 1000
 }
 
-// liveRounds counts the rounds sent while the container ran (hybrid's
+// LiveRounds counts the rounds sent while the container ran (hybrid's
 // final round, read while frozen, is not one).
-func liveRounds(r bench.Run) int {
+func LiveRounds(r runresult.Run) int {
 	n := 0
 	for _, rd := range r.Rounds {
 		if !rd.Final {
@@ -53,9 +53,9 @@ func liveRounds(r bench.Run) int {
 	return n
 }
 
-// okRuns returns the successful runs.
-func okRuns(res bench.MigrateResult) []bench.Run {
-	var out []bench.Run
+// OKRuns returns the successful runs.
+func OKRuns(res runresult.MigrateResult) []runresult.Run {
+	var out []runresult.Run
 	for _, r := range res.Runs {
 		if r.OK {
 			out = append(out, r)
@@ -75,7 +75,8 @@ func mean(xs []float64) float64 {
 	return s / float64(len(xs))
 }
 
-func median(xs []float64) float64 {
+// Median is the middle value of xs (NaN when empty).
+func Median(xs []float64) float64 {
 	if len(xs) == 0 {
 		return math.NaN()
 	}

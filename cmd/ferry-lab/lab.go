@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/ferry-migrate/ferry/internal/cli"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
@@ -25,10 +26,10 @@ agent. Links can be shaped to a bandwidth in both directions. Nothing is
 added to this machine's own network namespace.
 
 Needs root.`,
-		Example: `  ferry lab up --hosts 3 --bandwidth 1gbit
-  ferry lab run h1 app -- memhog --memory 64M
-  ferry lab status
-  ferry lab down`,
+		Example: `  ferry-lab lab up --hosts 3 --bandwidth 1gbit
+  ferry-lab lab run h1 app -- memhog --memory 64M
+  ferry-lab lab status
+  ferry-lab lab down`,
 	}
 	cmd.AddCommand(newLabUpCmd(), newLabDownCmd(), newLabRunCmd(), newLabStatusCmd(), newLabExperimentCmd(), newLabSetRTTCmd())
 	return cmd
@@ -56,7 +57,7 @@ bits per second: 1gbit, 100mbit, 500M, 2.5g (k, M, G are decimal).
 frames half the round trip each way, on every path and on the service
 segment's uplink, so between hA and hB the round trip is the sum of
 theirs. "20ms" for every host, or "h1=20ms,h2=50ms" (others
-0). 'ferry lab set-rtt' changes a host's while traffic flows; with
+0). 'ferry-lab lab set-rtt' changes a host's while traffic flows; with
 --delay-lines the relays start at 0 for it.
 
 --kubernetes also brings up a Kubernetes 1.37 cluster over the hosts: h1 and
@@ -70,11 +71,11 @@ lab host's namespace (nsenter --net=/run/netns/ferry-h3). Images come from
 no registry: load them into the nodes' containerd (namespace k8s.io) and use
 imagePullPolicy: Never. No kube-proxy, Services or DNS.
 
-It fails if a lab is already up: run 'ferry lab down' first.`,
-		Example: `  ferry lab up
-  ferry lab up --hosts 3 --bandwidth 1gbit
-  ferry lab up --bandwidth 100mbit
-  ferry lab up --kubernetes`,
+It fails if a lab is already up: run 'ferry-lab lab down' first.`,
+		Example: `  ferry-lab lab up
+  ferry-lab lab up --hosts 3 --bandwidth 1gbit
+  ferry-lab lab up --bandwidth 100mbit
+  ferry-lab lab up --kubernetes`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.Kubernetes && !cmd.Flags().Changed("hosts") {
@@ -122,6 +123,9 @@ It fails if a lab is already up: run 'ferry lab down' first.`,
 			if l.Kubeconfig != "" {
 				fmt.Printf("kubernetes: nodes h1, h2; control plane on h3; kubeconfig %s\n", l.Kubeconfig)
 			}
+			// ferry reads no lab state of its own accord: the state file
+			// is a hosts file it takes host names from when told.
+			fmt.Printf("agents run %s; to name the hosts in ferry's commands (ferry migrate app --from h1 --to h2):\n  export FERRY_HOSTS=%s\n", l.FerryBin, lab.StateFile)
 			return nil
 		},
 	}
@@ -132,7 +136,7 @@ It fails if a lab is already up: run 'ferry lab down' first.`,
 	f.IntVar(&o.Streams, "streams", 0, "agents without MPTCP: stripe sessions over this many TCP connections (--mptcp=false --streams N)")
 	f.BoolVar(&o.NoAgents, "no-agents", false, "create hosts and links only, start no agents")
 	f.StringVar(&rtt, "rtt", "", "round trip of hosts' links through delay lines: 20ms (every host) or h1=20ms,h2=50ms")
-	f.BoolVar(&o.DelayLines, "delay-lines", false, "put delay lines on every host's links (at 0 unless --rtt), for 'ferry lab set-rtt'")
+	f.BoolVar(&o.DelayLines, "delay-lines", false, "put delay lines on every host's links (at 0 unless --rtt), for 'ferry-lab lab set-rtt'")
 	f.BoolVar(&o.Kubernetes, "kubernetes", false, "also bring up a Kubernetes cluster: h1 and h2 its nodes, h3 its control plane (3 hosts unless --hosts says more)")
 	return cmd
 }
@@ -148,7 +152,7 @@ other process left in the lab's namespaces, deletes the namespaces (and with
 them the links), removes the hosts' cgroups and /var/lib/ferry/lab and
 /run/ferry/lab. It also cleans up after a crash, without the state file, and
 does nothing when no lab is up.`,
-		Example: `  ferry lab down`,
+		Example: `  ferry-lab lab down`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := lab.Down(cmd.Context()); err != nil {
@@ -195,13 +199,13 @@ instead, the host's own instance (its agent moves it with --runtime, or
 finds it by name): the busybox root filesystem, on the host's network. For
 Podman, containerd and Docker it is an image, loaded into every lab host's
 instance first (a move needs it at the destination).`,
-		Example: `  ferry lab run h1 app -- memhog --memory 64M
-  ferry lab run h1 web --ip 10.79.0.10 -- memhog --memory 64M --echo-port 7001
-  ferry lab run h1 db --ip 10.79.0.11 --with /usr/bin/redis-server -- redis-server --protected-mode no --save ""
-  ferry lab run h2 idle -- sleep 1000
-  ferry lab run h1 kv --rootfs debian --ip 10.79.0.12 -- redis-server --protected-mode no --save ""
-  ferry lab run h1 mc --rootfs debian --package memcached --ip 10.79.0.13 -- memcached -u memcache -m 256
-  ferry lab run h1 app --runtime containerd -- memhog --memory 64M   # then: ferry migrate app --from h1 --to h2 --runtime containerd`,
+		Example: `  ferry-lab lab run h1 app -- memhog --memory 64M
+  ferry-lab lab run h1 web --ip 10.79.0.10 -- memhog --memory 64M --echo-port 7001
+  ferry-lab lab run h1 db --ip 10.79.0.11 --with /usr/bin/redis-server -- redis-server --protected-mode no --save ""
+  ferry-lab lab run h2 idle -- sleep 1000
+  ferry-lab lab run h1 kv --rootfs debian --ip 10.79.0.12 -- redis-server --protected-mode no --save ""
+  ferry-lab lab run h1 mc --rootfs debian --package memcached --ip 10.79.0.13 -- memcached -u memcache -m 256
+  ferry-lab lab run h1 app --runtime containerd -- memhog --memory 64M   # then, with FERRY_HOSTS=/run/ferry/lab/state.json: ferry migrate app --from h1 --to h2 --runtime containerd`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if dash := cmd.ArgsLenAtDash(); dash >= 0 && dash != 2 {
 				return fmt.Errorf("want HOST NAME -- PROGRAM [ARGS...], got %d arguments before --", dash)
@@ -213,7 +217,7 @@ instance first (a move needs it at the destination).`,
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if kind != "runc" && (ip != "" || rootfs != lab.RootfsBusybox || len(progs) > 0 || len(packages) > 0 || copyImg) {
-				return usageError{fmt.Errorf("--runtime %s runs the busybox root filesystem on the host's network: no --ip, --rootfs, --with, --package or --copy-image", kind)}
+				return cli.Usage(fmt.Errorf("--runtime %s runs the busybox root filesystem on the host's network: no --ip, --rootfs, --with, --package or --copy-image", kind))
 			}
 			l, err := lab.Load()
 			if err != nil {
@@ -270,7 +274,7 @@ func newLabStatusCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:     "status",
 		Short:   "Show the lab's hosts, agents and containers",
-		Example: `  ferry lab status`,
+		Example: `  ferry-lab lab status`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			l, err := lab.Load()
@@ -326,8 +330,8 @@ func newLabSetRTTCmd() *cobra.Command {
 (half each way; between two hosts the round trip is the sum of theirs), for
 frames from now on: those on the way keep their time and none overtakes
 another. The lab must be up with --rtt or --delay-lines.`,
-		Example: `  ferry lab set-rtt h2 40ms
-  ferry lab set-rtt h1 0 --stats`,
+		Example: `  ferry-lab lab set-rtt h2 40ms
+  ferry-lab lab set-rtt h1 0 --stats`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(_ *cobra.Command, args []string) error {
 			d, err := time.ParseDuration(args[1])

@@ -1,8 +1,9 @@
-// Package benchrun is what one `ferry bench migrate` measured: its runs,
-// their medians and the baselines beside them. It holds no lab, so that
-// fitting a profile from runs (internal/fit) and an agent learning from
-// its reports need none of the benchmark's machinery.
-package benchrun
+// Package runresult is what one `ferry-lab bench migrate` measured: its
+// runs, their medians and the baselines beside them. It holds no lab (and
+// lives outside internal/bench), so that fitting a profile from runs
+// (internal/fit) and an agent learning from its reports link none of the
+// benchmark's machinery.
+package runresult
 
 import (
 	"slices"
@@ -109,7 +110,7 @@ type Baselines struct {
 	Recreate *RecreateBaseline `json:"recreate,omitempty"`
 }
 
-// MigrateResult is what `ferry bench migrate --json` prints.
+// MigrateResult is what `ferry-lab bench migrate --json` prints.
 type MigrateResult struct {
 	Runtime      string `json:"runtime,omitempty"`
 	Mode         string `json:"mode"`

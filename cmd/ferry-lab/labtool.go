@@ -174,8 +174,8 @@ its rate, its summary in the result's "tool": redis-benchmark (a round a
 second), pgbench (-R, after pgbench -i -s 1), mosquitto_pub (-q 1).
 
 Example:
-  ferry lab-tool fill --service redis --addr 10.0.0.2:6379 --bytes 64M
-  ferry lab-tool load --service redis --addr 10.0.0.2:6379 --rate 500 --conns 2
+  ferry-lab lab-tool fill --service redis --addr 10.0.0.2:6379 --bytes 64M
+  ferry-lab lab-tool load --service redis --addr 10.0.0.2:6379 --rate 500 --conns 2
   (close its stdin after the migration)`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -211,11 +211,11 @@ tell whether it arrived whole:
   postgres          rows of about 1 KiB in table ferry_fill
   mqtt              retained QoS 1 messages of 4 KiB on topics fill/<n>
 It also records how much it wrote (key fill:count, table ferry_fill_meta,
-retained topic fill/count). "ferry lab-tool load" reads all of it back at
+retained topic fill/count). "ferry-lab lab-tool load" reads all of it back at
 its end (every item, not a sample); so does fill --check, alone.
 
 Example:
-  ferry lab-tool fill --service postgres --addr postgres://postgres@10.0.0.2:5432/postgres --bytes 256M`,
+  ferry-lab lab-tool fill --service postgres --addr postgres://postgres@10.0.0.2:5432/postgres --bytes 256M`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if service == "" || addr == "" {

@@ -1,13 +1,12 @@
-package calibrate
+package fit
 
 import (
 	"math"
 	"time"
 
 	"github.com/ferry-migrate/ferry/api"
-	"github.com/ferry-migrate/ferry/internal/bench"
-	"github.com/ferry-migrate/ferry/internal/bench/benchrun"
 	"github.com/ferry-migrate/ferry/internal/model"
+	"github.com/ferry-migrate/ferry/internal/runresult"
 )
 
 // The online refit: an agent's own migrations, each report carrying the
@@ -118,7 +117,7 @@ func reportsMeasured(reps []api.Report) (all, hashed []Measured) {
 			continue
 		}
 		pi := r.Model.Inputs
-		res := bench.MigrateResult{Mode: r.Mode, Runtime: r.Runtime, MemoryBytes: int64(pi.MemoryBytes), Runs: []bench.Run{benchrun.RunOf(r)}}
+		res := runresult.MigrateResult{Mode: r.Mode, Runtime: r.Runtime, MemoryBytes: int64(pi.MemoryBytes), Runs: []runresult.Run{runresult.RunOf(r)}}
 		m := Measured{Point: Point{Mode: r.Mode, MemoryBytes: int64(pi.MemoryBytes), DirtyRate: int(math.Round(pi.DirtyRate))}, Result: &res}
 		all = append(all, m)
 		if !pi.Tracked {
@@ -196,9 +195,9 @@ func CalibrationIntervals(ms []Measured, p model.Profile) []model.Interval {
 			if m.Result == nil || m.Mode != mode {
 				continue
 			}
-			for _, r := range okRuns(*m.Result) {
+			for _, r := range OKRuns(*m.Result) {
 				pi := api.PlanInputs{MemoryBytes: float64(m.MemoryBytes), DirtyRate: float64(m.DirtyRate),
-					BandwidthBps: float64(m.BandwidthBps) / 8, Rounds: liveRounds(r)}
+					BandwidthBps: float64(m.BandwidthBps) / 8, Rounds: LiveRounds(r)}
 				pr := model.PredictReport(q, pi, mode)
 				if pr.DowntimeMs > 0 && pr.TotalMs > 0 && r.DowntimeMs > 0 && r.TotalMs > 0 {
 					down, total = append(down, r.DowntimeMs/pr.DowntimeMs), append(total, r.TotalMs/pr.TotalMs)

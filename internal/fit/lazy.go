@@ -1,4 +1,4 @@
-package calibrate
+package fit
 
 import (
 	"fmt"
@@ -24,7 +24,7 @@ func fitLazy(ms []Measured, p *model.Profile) (Term, error) {
 	var quiet, faulting, shaped []pullRun
 	byRate := map[string][2][]float64{}
 	for _, s := range collect(ms, func(pt Point) bool { return pt.Mode == model.ModePostcopy }) {
-		r := pullRun{m: s.m, rate: float64(s.p.DirtyRate), y: phaseS(s.r, "commit", "lazy-pages"), faults: float64(s.r.PagesFaulted),
+		r := pullRun{m: s.m, rate: float64(s.p.DirtyRate), y: PhaseS(s.r, "commit", "lazy-pages"), faults: float64(s.r.PagesFaulted),
 			link: p.LinkEfficiency * float64(s.p.BandwidthBps) / 8}
 		switch {
 		case r.y <= 0:

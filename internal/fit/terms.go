@@ -1,4 +1,4 @@
-package calibrate
+package fit
 
 import (
 	"fmt"
@@ -12,7 +12,7 @@ func fitFreeze(ms []Measured, p *model.Profile) (Term, error) {
 	t := Term{Name: "freeze", Kind: "constant", From: "freeze phase of every unshaped run (the model's β is a constant)"}
 	for _, s := range collect(ms, unshaped()) {
 		if hasPhase(s.r, "freeze") {
-			t.X, t.Y = append(t.X, s.m), append(t.Y, phaseS(s.r, "freeze"))
+			t.X, t.Y = append(t.X, s.m), append(t.Y, PhaseS(s.r, "freeze"))
 		}
 	}
 	return fitConstant(t, "freeze_s", &p.FreezeS)
@@ -58,7 +58,7 @@ func fitDumpFixed(ms []Measured, p *model.Profile) (Term, error) {
 	t := Term{Name: "dump-fixed", Kind: "constant",
 		From: "post-copy's dump (+ images): a memory-less CRIU dump, the model's φ"}
 	for _, s := range collect(ms, unshaped(model.ModePostcopy)) {
-		t.X, t.Y = append(t.X, s.m), append(t.Y, phaseS(s.r, "dump", "images"))
+		t.X, t.Y = append(t.X, s.m), append(t.Y, PhaseS(s.r, "dump", "images"))
 	}
 	return fitConstant(t, "dump_fixed_s", &p.DumpFixedS)
 }
@@ -75,7 +75,7 @@ func fitDump(ms []Measured, p *model.Profile, phiKnown bool) (Term, error) {
 		From: "pre-copy's dedup dump+images minus M/read_hash_bps, vs memory: φ + M/dump_bps"}
 	var cx, cy []float64
 	for _, s := range collect(ms, unshaped(model.ModeCold, model.ModePrecopy)) {
-		y := phaseS(s.r, "dump", "images")
+		y := PhaseS(s.r, "dump", "images")
 		if s.r.FillMs > 0 {
 			continue // pre-copy's rebuild switchover: no full dump
 		}
@@ -140,7 +140,7 @@ func fitRestore(ms []Measured, p *model.Profile) (Term, error) {
 			continue
 		}
 		// The rebuild switchover writes the pages image first (image-fill).
-		y := phaseS(s.r, "restore") - s.r.FillMs/1000
+		y := PhaseS(s.r, "restore") - s.r.FillMs/1000
 		t.X, t.Y = append(t.X, s.m), append(t.Y, y)
 		rx, ry = append(rx, s.m), append(ry, s.r.RestoreMs/1000)
 		if s.p.Mode == model.ModeCold {
@@ -192,7 +192,7 @@ func fitLazySetup(ms []Measured, p *model.Profile) (Term, error) {
 		From: "post-copy's dump+images+restore minus dump_fixed_s and restore_fixed_s (the model's lazy downtime is constant in M)"}
 	for _, s := range collect(ms, unshaped(model.ModePostcopy)) {
 		t.X = append(t.X, s.m)
-		t.Y = append(t.Y, phaseS(s.r, "dump", "images", "restore")-p.DumpFixedS-p.RestoreFixedS)
+		t.Y = append(t.Y, PhaseS(s.r, "dump", "images", "restore")-p.DumpFixedS-p.RestoreFixedS)
 	}
 	t, err := fitConstant(t, "lazy_setup_s", &p.LazySetupS)
 	if err == nil && t.Free != nil {
@@ -230,7 +230,7 @@ func fitLocalFill(ms []Measured, p *model.Profile) (Term, error) {
 	t := Term{Name: "local-fill", Kind: "proportional",
 		From: "hybrid's commit+lazy-pages (pages placed from the destination's copy) vs memory: M/local_fill_bps"}
 	for _, s := range collect(ms, unshaped(model.ModeHybrid)) {
-		t.X, t.Y = append(t.X, s.m), append(t.Y, phaseS(s.r, "commit", "lazy-pages"))
+		t.X, t.Y = append(t.X, s.m), append(t.Y, PhaseS(s.r, "commit", "lazy-pages"))
 	}
 	return fitRate(t, "local_fill_bps", &p.LocalFillBps)
 }
@@ -292,7 +292,7 @@ func fitLink(ms []Measured, p *model.Profile) (Term, error) {
 			baseline = append(baseline, b.ThroughputBps/float64(m.BandwidthBps))
 		}
 		mem := float64(m.MemoryBytes)
-		for _, r := range okRuns(*m.Result) {
+		for _, r := range OKRuns(*m.Result) {
 			var wire float64
 			switch m.Mode {
 			case model.ModePrecopy, model.ModeHybrid:
@@ -301,7 +301,7 @@ func fitLink(ms []Measured, p *model.Profile) (Term, error) {
 				}
 				wire = r.Rounds[0].DurationMs/1000 - mem/p.ReadHashBps
 			case model.ModeCold:
-				wire = phaseS(r, "dump", "images") - p.DumpFixedS
+				wire = PhaseS(r, "dump", "images") - p.DumpFixedS
 			default:
 				continue
 			}
@@ -341,9 +341,9 @@ func fitOverhead(ms []Measured, p *model.Profile) (Term, error) {
 	}()
 	for _, s := range collect(ms, unshaped()) {
 		rootfs = append(rootfs, float64(s.r.RootfsBytes))
-		y := phaseS(s.r, "prepare", "rootfs-sync")
+		y := PhaseS(s.r, "prepare", "rootfs-sync")
 		if !model.LazyMode(s.p.Mode) {
-			y += phaseS(s.r, "commit")
+			y += PhaseS(s.r, "commit")
 		}
 		t.X, t.Y = append(t.X, s.m), append(t.Y, y)
 	}
