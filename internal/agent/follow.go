@@ -204,6 +204,24 @@ func (a *Agent) askCandidate(ctx context.Context, addr string, clients []api.Cli
 		v.Error = err.Error()
 		return v
 	}
+	// The link is measured while the candidate probes the clients (over
+	// its own path), not after: its probes take half the dwell, and a
+	// link probe over a far link takes seconds of its own.
+	var link struct {
+		rtt time.Duration
+		bps float64
+		err error
+	}
+	var measured sync.WaitGroup
+	measured.Go(func() {
+		if link.rtt, link.err = linkRTT(ctx, addr); link.err != nil {
+			link.err = fmt.Errorf("measuring the round trip to %s: %w", addr, link.err)
+			return
+		}
+		if link.bps, link.err = engine.ProbeLink(sess); link.err != nil {
+			link.err = fmt.Errorf("measuring the link to %s: %w", addr, link.err)
+		}
+	})
 	q := api.CandidateQuery{ProbeSeconds: probeSeconds}
 	for _, c := range clients {
 		q.Clients = append(q.Clients, c.Addr)
@@ -214,6 +232,7 @@ func (a *Agent) askCandidate(ctx context.Context, addr string, clients []api.Cli
 		err = ch.Recv(&r)
 	}
 	ch.Close()
+	measured.Wait()
 	if err != nil {
 		v.Error = fmt.Sprintf("asking %s: %v", addr, err)
 		return v
@@ -226,14 +245,9 @@ func (a *Agent) askCandidate(ctx context.Context, addr string, clients []api.Cli
 		}
 	}
 	v.LatencyMs = meanLatency(v.Clients)
-	if rtt, err := linkRTT(ctx, addr); err == nil {
-		v.RTTMs = units.Millis(rtt)
-	} else {
-		v.Error = fmt.Sprintf("measuring the round trip to %s: %v", addr, err)
-		return v
-	}
-	if v.ThroughputBps, err = engine.ProbeLink(sess); err != nil {
-		v.Error = fmt.Sprintf("measuring the link to %s: %v", addr, err)
+	v.RTTMs, v.ThroughputBps = units.Millis(link.rtt), link.bps
+	if link.err != nil {
+		v.Error = link.err.Error()
 	}
 	return v
 }
