@@ -5,7 +5,7 @@ GO      ?= go
 BIN     := bin
 export PATH := /usr/local/go/bin:/usr/local/sbin:$(PATH)
 
-.PHONY: all setup build man package lint test unit fuzz demo bench clean lab-down
+.PHONY: all setup build man package release release-check lint test unit fuzz demo bench clean lab-down
 
 all: build
 
@@ -16,6 +16,9 @@ setup:
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+CONTROLLER_LDFLAGS := -X main.version=$(VERSION)
+# Dates in packages, tarballs and man pages: the commit's time.
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null)
 
 # ferry is the production binary (the .deb ships it alone); ferry-lab the
 # lab, benchmarks and calibration, which run bin/ferry's agents and
@@ -24,21 +27,42 @@ build:
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ferry ./cmd/ferry
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ferry-lab ./cmd/ferry-lab
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/memhog ./workloads/memhog
-	CGO_ENABLED=0 $(GO) build -ldflags '-X main.version=$(VERSION)' -o $(BIN)/ferry-controller ./cmd/ferry-controller
+	CGO_ENABLED=0 $(GO) build -ldflags '$(CONTROLLER_LDFLAGS)' -o $(BIN)/ferry-controller ./cmd/ferry-controller
 
 # Man pages from the commands' help, into bin/man (not kept in git).
 man: build
-	$(BIN)/ferry man --dir $(BIN)/man
+	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(BIN)/ferry man --dir $(BIN)/man
 
-# The .deb, into $(DIST) (not kept in git): the static binary, its man
-# pages and bash completion, the systemd units, the sysctl and tmpfiles
-# settings, an example /etc/ferry/agent.toml (packaging/nfpm.yaml). CRIU
-# is not in it: setup builds CRIU 4.2.1 (docs/DEPLOY.md).
+# The .deb for this machine's architecture, into $(DIST) (not kept in
+# git): the static binary, its man pages and bash completion, the systemd
+# units, the sysctl and tmpfiles settings, an example
+# /etc/ferry/agent.toml (packaging/nfpm.yaml). It depends on ferry-criu,
+# which make release builds.
 DIST ?= dist
 package: man
 	mkdir -p $(BIN)/completion
 	$(BIN)/ferry completion bash > $(BIN)/completion/ferry.bash
-	cd tools/package && $(GO) run . --root $(CURDIR) --version '$(VERSION)' --bin $(abspath $(BIN)) --out $(abspath $(DIST))
+	cd tools/package && SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(GO) run . deb --root $(CURDIR) --arch $$($(GO) env GOARCH) --version '$(VERSION)' --var BIN=$(abspath $(BIN)) --out $(abspath $(DIST))
+
+# Every release artifact into $(DIST), the same bytes for the same commit
+# (scripts/release.sh): static ferry and ferry-controller for each of
+# RELEASE_ARCHES with their SBOMs, ferry's .deb and a tarball for each,
+# ferry-criu's .deb for this machine's architecture, SHA256SUMS.
+RELEASE_ARCHES ?= amd64 arm64
+release:
+	GO='$(GO)' VERSION='$(VERSION)' GO_LDFLAGS='$(LDFLAGS)' CONTROLLER_LDFLAGS='$(CONTROLLER_LDFLAGS)' \
+	BIN='$(BIN)' DIST='$(DIST)' RELEASE_ARCHES='$(RELEASE_ARCHES)' SOURCE_DATE_EPOCH='$(SOURCE_DATE_EPOCH)' \
+	bash scripts/release.sh
+
+# make release twice, the second time with an empty Go build cache and
+# CRIU built afresh in another directory, and the two SHA256SUMS compared.
+release-check:
+	$(MAKE) --no-print-directory release DIST=$(BIN)/release-check/a BIN=$(BIN)/release-check/bin-a
+	fresh=$$(mktemp -d) && trap 'rm -rf "$$fresh"' EXIT && \
+	GOCACHE=$$fresh/gocache CRIU_RELEASE_BUILD=$$fresh/criu \
+	$(MAKE) --no-print-directory release DIST=$(BIN)/release-check/b BIN=$(BIN)/release-check/bin-b
+	diff $(BIN)/release-check/a/SHA256SUMS $(BIN)/release-check/b/SHA256SUMS
+	@echo "release-check: the two builds are identical ($$(wc -l < $(BIN)/release-check/a/SHA256SUMS) files)"
 
 # The linters of .golangci.yml (setup installs the pinned version).
 GOLANGCI_LINT ?= $(shell PATH=$(PATH) $(GO) env GOPATH)/bin/golangci-lint

@@ -168,7 +168,9 @@ func TestUsageExit(t *testing.T) {
 // make package builds a .deb carrying what docs/DEPLOY.md installs by
 // hand: the binary (which runs and knows its version), the units, the
 // sysctl and tmpfiles settings, the example agent.toml as a conffile,
-// man pages and completion; its maintainer scripts parse.
+// man pages and completion; its maintainer scripts parse. It depends on
+// the ferry-criu of its version (make release builds it; tools/package's
+// tests check both packages further).
 func TestDebPackage(t *testing.T) {
 	for _, tool := range []string{"make", "dpkg-deb", "sh"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -185,7 +187,7 @@ func TestDebPackage(t *testing.T) {
 	deb := debs[0]
 	dpkg := func(args ...string) string { t.Helper(); return mustRun(t, context.Background(), "dpkg-deb", args...) }
 	fields := dpkg("--field", deb, "Package", "Version", "Depends")
-	for _, want := range []string{"Package: ferry", "Version: 1.2.3", "Depends: runc"} {
+	for _, want := range []string{"Package: ferry", "Version: 1.2.3", "Depends: ferry-criu (= 1.2.3) | criu (>= 4.2.1), runc"} {
 		if !strings.Contains(fields, want) {
 			t.Errorf("control fields lack %q:\n%s", want, fields)
 		}

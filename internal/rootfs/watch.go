@@ -437,7 +437,7 @@ func statBeneath(b *beneath, p string, buf []byte) (e Entry, ok bool, nlink uint
 	if err != nil {
 		return Entry{}, false, 0, err
 	}
-	return e, true, st.Nlink, nil
+	return e, true, uint64(st.Nlink), nil //nolint:unconvert // uint32 on arm64
 }
 
 // scanBeneath scans directory p of the tree, opened without following a

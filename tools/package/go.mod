@@ -2,7 +2,11 @@ module github.com/ferry-migrate/ferry/tools/package
 
 go 1.26.8
 
-require github.com/goreleaser/nfpm/v2 v2.48.0
+require (
+	github.com/CycloneDX/cyclonedx-go v0.12.0
+	github.com/google/uuid v1.6.0
+	github.com/goreleaser/nfpm/v2 v2.48.0
+)
 
 require (
 	dario.cat/mergo v1.0.2 // indirect
@@ -21,7 +25,6 @@ require (
 	github.com/go-git/go-git/v5 v5.19.2 // indirect
 	github.com/gobwas/glob v0.2.3 // indirect
 	github.com/golang/groupcache v0.0.0-20241129210726-2c02b8208cf8 // indirect
-	github.com/google/uuid v1.6.0 // indirect
 	github.com/goreleaser/chglog v0.7.4 // indirect
 	github.com/goreleaser/fileglob v1.4.1 // indirect
 	github.com/huandu/xstrings v1.5.0 // indirect

@@ -1,100 +1,143 @@
-// Command package builds ferry's .deb from packaging/nfpm.yaml with nfpm's
-// deb packager (`make package` runs it after building the binary, its man
-// pages and its shell completion). It is a module of its own so that the
-// packaging library never enters ferry's binary or its go.mod.
+// Command package makes ferry's release artifacts once the binaries are
+// built (`make package` and `make release` run it): the .debs from
+// packaging/*.yaml with nfpm's deb packager, the tarball, an SBOM per
+// binary from the module information Go embeds in it, and SHA256SUMS. It
+// is a module of its own so that the packaging libraries never enter
+// ferry's binary or its go.mod.
+//
+//	package version DESCRIBE                       the Debian version of git describe's output
+//	package deb --arch A --version V --var K=V ...   one .deb
+//	package tarball --arch A --version V --bin DIR   the tarball
+//	package sbom --name N --version V --commit C BINARY OUT   a CycloneDX SBOM of a Go binary
+//	package sums DIR                                 DIR/SHA256SUMS over DIR's files
+//
+// Everything it writes depends only on its inputs: times come from
+// SOURCE_DATE_EPOCH (make release sets it to the commit's time), file
+// owners are root, entries are sorted.
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
-	"path/filepath"
-	"regexp"
-	goruntime "runtime"
+	"strconv"
 	"strings"
-
-	"github.com/goreleaser/nfpm/v2"
-	_ "github.com/goreleaser/nfpm/v2/deb"
+	"time"
 )
 
 func main() {
-	root := flag.String("root", ".", "the repository, which packaging/nfpm.yaml's paths are relative to")
-	config := flag.String("config", "packaging/nfpm.yaml", "nfpm configuration, relative to --root")
-	version := flag.String("version", "", "the version (git describe); one that does not start with a digit becomes 0.0.0~git<version>")
-	bin := flag.String("bin", "bin", "the build's output directory (ferry, man/, completion/)")
-	out := flag.String("out", "dist", "directory the .deb is written to")
-	flag.Parse()
-	path, err := build(*root, *config, *version, *bin, *out)
+	if len(os.Args) < 2 {
+		usage()
+	}
+	var (
+		out string
+		err error
+	)
+	args := os.Args[2:]
+	switch os.Args[1] {
+	case "version":
+		if len(args) != 1 {
+			usage()
+		}
+		out = debVersion(args[0])
+	case "deb":
+		out, err = debCmd(args)
+	case "tarball":
+		out, err = tarballCmd(args)
+	case "sbom":
+		out, err = sbomCmd(args)
+	case "sums":
+		if len(args) != 1 {
+			usage()
+		}
+		out, err = writeSums(args[0])
+	default:
+		usage()
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "package:", err)
 		os.Exit(1)
 	}
-	fmt.Println(path)
+	fmt.Println(out)
 }
 
-// build writes the .deb into out and returns its path.
-func build(root, config, version, bin, out string) (string, error) {
-	out, err := filepath.Abs(out)
-	if err != nil {
-		return "", err
-	}
-	if bin, err = filepath.Abs(bin); err != nil {
-		return "", err
-	}
-	// nfpm reads every content source relative to the working directory.
-	if err := os.Chdir(root); err != nil {
-		return "", err
-	}
-	vars := map[string]string{"VERSION": debVersion(version), "ARCH": goruntime.GOARCH, "BIN": bin}
-	cfg, err := nfpm.ParseFileWithEnvMapping(config, func(k string) string { return vars[k] })
-	if err != nil {
-		return "", err
-	}
-	info, err := cfg.Get("deb")
-	if err != nil {
-		return "", err
-	}
-	info = nfpm.WithDefaults(info)
-	if err := nfpm.Validate(info); err != nil {
-		return "", err
-	}
-	deb, err := nfpm.Get("deb")
-	if err != nil {
-		return "", err
-	}
-	if err := os.MkdirAll(out, 0o755); err != nil {
-		return "", err
-	}
-	path := filepath.Join(out, deb.ConventionalFileName(info))
-	f, err := os.Create(path)
-	if err != nil {
-		return "", err
-	}
-	if err := deb.Package(info, f); err != nil {
-		f.Close()
-		os.Remove(path)
-		return "", err
-	}
-	return path, f.Close()
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: package version|deb|tarball|sbom|sums ... (see the package's doc comment)")
+	os.Exit(2)
 }
 
-// versionLike is a release as git describe names it (v1.2, 1.2.3-4-gabc):
-// digits and a dot first, unlike a bare commit.
-var versionLike = regexp.MustCompile(`^v?[0-9]+\.[0-9][A-Za-z0-9.+~-]*$`)
+// vars is a repeatable --var KEY=VALUE flag.
+type vars map[string]string
 
-// notInVersion is what a Debian version may not hold after a ~.
-var notInVersion = regexp.MustCompile(`[^A-Za-z0-9.+~]`)
+func (v vars) String() string { return fmt.Sprint(map[string]string(v)) }
 
-// debVersion turns git describe's output into a Debian version: v1.2.3
-// and 1.2.3-4-gabc stay (without the v); a bare commit (a clone without
-// tags) or "dev" sorts below any release as 0.0.0~git<it>.
-func debVersion(v string) string {
-	if versionLike.MatchString(v) {
-		return strings.TrimPrefix(v, "v")
+func (v vars) Set(s string) error {
+	k, val, ok := strings.Cut(s, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("%q is not KEY=VALUE", s)
 	}
-	clean := notInVersion.ReplaceAllString(v, ".")
-	if clean == "" {
-		clean = "unknown"
+	v[k] = val
+	return nil
+}
+
+func debCmd(args []string) (string, error) {
+	fs := flag.NewFlagSet("deb", flag.ExitOnError)
+	o := debOptions{Vars: vars{}}
+	fs.StringVar(&o.Root, "root", ".", "the repository, which the configuration's paths are relative to")
+	fs.StringVar(&o.Config, "config", "packaging/nfpm.yaml", "nfpm configuration, relative to --root")
+	fs.StringVar(&o.Version, "version", "", "the version, as git describe gives it")
+	fs.StringVar(&o.Arch, "arch", "", "Debian architecture (amd64, arm64)")
+	fs.Var(o.Vars, "var", "KEY=VALUE for ${KEY} in the configuration (repeatable)")
+	fs.StringVar(&o.DependsFile, "depends", "", "a file of further Depends, one a line")
+	fs.StringVar(&o.Out, "out", "dist", "directory the .deb is written to")
+	_ = fs.Parse(args)
+	return buildDeb(o)
+}
+
+func tarballCmd(args []string) (string, error) {
+	fs := flag.NewFlagSet("tarball", flag.ExitOnError)
+	var o tarOptions
+	fs.StringVar(&o.Root, "root", ".", "the repository")
+	fs.StringVar(&o.Version, "version", "", "the version, as git describe gives it")
+	fs.StringVar(&o.Arch, "arch", "", "architecture (amd64, arm64)")
+	fs.StringVar(&o.Bin, "bin", "", "the architecture's build: ferry, ferry-controller, man/, completion/")
+	fs.StringVar(&o.Out, "out", "dist", "directory the tarball is written to")
+	_ = fs.Parse(args)
+	mtime, err := sourceDate()
+	if err != nil {
+		return "", err
 	}
-	return "0.0.0~git" + clean
+	o.MTime = mtime
+	return writeTarball(o)
+}
+
+func sbomCmd(args []string) (string, error) {
+	fs := flag.NewFlagSet("sbom", flag.ExitOnError)
+	name := fs.String("name", "", "the binary's name (ferry, ferry-controller)")
+	version := fs.String("version", "", "its version, as git describe gives it")
+	commit := fs.String("commit", "", "the commit it was built from")
+	_ = fs.Parse(args)
+	if fs.NArg() != 2 || *name == "" {
+		return "", errors.New("usage: package sbom --name N --version V [--commit C] BINARY OUT")
+	}
+	mtime, err := sourceDate()
+	if err != nil {
+		return "", err
+	}
+	return fs.Arg(1), writeSBOM(fs.Arg(0), fs.Arg(1), *name, *version, *commit, mtime)
+}
+
+// sourceDate is SOURCE_DATE_EPOCH, which a release must set: without it,
+// two builds would differ by their dates.
+func sourceDate() (time.Time, error) {
+	s := os.Getenv("SOURCE_DATE_EPOCH")
+	if s == "" {
+		return time.Time{}, errors.New("SOURCE_DATE_EPOCH is not set (make release sets it to the commit's time)")
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("SOURCE_DATE_EPOCH %q: %v", s, err)
+	}
+	return time.Unix(n, 0).UTC(), nil
 }
