@@ -134,3 +134,9 @@ func (m *migration) dumpStreaming(ctx context.Context) error {
 const pageSize = 4096
 
 func isLog(name string) bool { return strings.HasSuffix(name, ".log") }
+
+// receiveCold is cold's destination half: CRIU's page server for the
+// dump's pages.
+func receiveCold(in *incoming, ctx context.Context, rx receivers) {
+	rx.g.Go(func() error { return in.receiveFinalPages(ctx, rx.sess, rx.router, nil) })
+}

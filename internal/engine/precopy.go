@@ -150,6 +150,32 @@ func (m *migration) rebuildSwitchover(ctx context.Context, ld *lazyDump) error {
 	return m.switchover(ctx)
 }
 
+// receivePrecopy is content pre-copy's destination half: the rounds into
+// the store, then the final dump's page server, which puts the pages its
+// references name back from the store.
+func receivePrecopy(in *incoming, ctx context.Context, rx receivers) {
+	in.store = in.newStore()
+	// Rounds must be stored before the final dump's references arrive.
+	rounds := make(chan error, 1)
+	go func() { rounds <- in.receiveRounds(ctx, rx.sess, rx.router) }()
+	rx.g.Go(func() error {
+		if err := <-rounds; err != nil {
+			return err
+		}
+		return in.receiveFinalPages(ctx, rx.sess, rx.router, in.store)
+	})
+}
+
+// receiveRebuild is the destination half of the techniques that complete
+// a memory-less dump's images from rounds (rebuildSwitchover; cold's too):
+// the rounds go into a store and, as a parent image, into the images.
+// arriveRebuild (localpull.go) completes them before the restore.
+func receiveRebuild(in *incoming, ctx context.Context, rx receivers) {
+	in.store = in.newStore()
+	in.startParent()
+	rx.g.Go(func() error { return in.receiveRounds(ctx, rx.sess, rx.router) })
+}
+
 // liveRounds opens the rounds stream and sends rounds while the container
 // runs, until the stop rule says switch over.
 func (m *migration) liveRounds(ctx context.Context) (*precopySource, error) {

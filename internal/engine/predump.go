@@ -177,3 +177,20 @@ func linkParent(dir string, parent int) error {
 	}
 	return os.Symlink(filepath.Join("..", predumpDir(parent)), filepath.Join(dir, "parent"))
 }
+
+// nativeChannels are native pre-copy's: one per pre-dump it may run,
+// then the final dump's pages.
+func nativeChannels(o PrecopyOptions) []string {
+	chans := []string{ChanPages}
+	for i := 0; i < withDefaults(o).MaxRounds; i++ {
+		chans = append(chans, predumpChan(i))
+	}
+	return chans
+}
+
+// receiveNative is native pre-copy's destination half: the pre-dumps'
+// page servers, then the final dump's, linked to its parent.
+func receiveNative(in *incoming, ctx context.Context, rx receivers) {
+	in.receivePredumps(ctx, rx.sess, rx.router, withDefaults(in.offer.Precopy).MaxRounds)
+	rx.g.Go(func() error { return in.receiveFinalPages(ctx, rx.sess, rx.router, nil) })
+}
