@@ -17,7 +17,6 @@ import (
 	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/fault"
-	"github.com/ferry-migrate/ferry/internal/images"
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/lazyrelay"
 	"github.com/ferry-migrate/ferry/internal/pagestream"
@@ -585,19 +584,6 @@ func (m *migration) shipLazyDump(ctx context.Context, ld *lazyDump, resumable bo
 		go func() { _ = ld.splice(context.WithoutCancel(ctx), lazyCh) }()
 	}
 	return lazyCh, nil
-}
-
-// sendImages ships the images directory (all but pages already streamed).
-func (m *migration) sendImages() error {
-	ch, err := m.sess.Open(ChanImages)
-	if err != nil {
-		return failAt("send images", err)
-	}
-	defer ch.Close()
-	if _, err := images.SendDir(ch, filepath.Join(m.work, "images"), isLog); err != nil {
-		return failAt("send images", err)
-	}
-	return failAt("send images", ch.CloseWrite())
 }
 
 // freeLoopbackPort finds a port free on loopback, in pn when set.

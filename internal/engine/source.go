@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/dirty"
 	"github.com/ferry-migrate/ferry/internal/fault"
 	"github.com/ferry-migrate/ferry/internal/host"
+	"github.com/ferry-migrate/ferry/internal/images"
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/mounts"
@@ -694,6 +696,20 @@ func (m *migration) freeze(ctx context.Context) error {
 		m.ticket.leave() // what is left of its memory is small
 	}
 	return nil
+}
+
+// sendImages ships the images directory (all but pages already streamed):
+// every dump's, streamed (dumpStreaming) or lazy (shipLazyDump).
+func (m *migration) sendImages() error {
+	ch, err := m.sess.Open(ChanImages)
+	if err != nil {
+		return failAt("send images", err)
+	}
+	defer ch.Close()
+	if _, err := images.SendDir(ch, filepath.Join(m.work, "images"), isLog); err != nil {
+		return failAt("send images", err)
+	}
+	return failAt("send images", ch.CloseWrite())
 }
 
 // switchover asks the destination to restore, then commits: the source copy
