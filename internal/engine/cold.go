@@ -24,7 +24,7 @@ func (m *migration) cold(ctx context.Context) error {
 	if err := m.freeze(ctx); err != nil {
 		return m.abort(ctx, err)
 	}
-	m.begin("dump")
+	m.begin(phaseDump)
 	if err := m.dumpStreaming(ctx); err != nil {
 		return m.abort(ctx, err)
 	}
@@ -127,7 +127,7 @@ func (m *migration) dumpStreaming(ctx context.Context) error {
 	if st, err := criu.ReadDumpStats(m.work); err == nil {
 		m.report.MemoryBytes = int64(st.PagesWritten) * pageSize
 	}
-	m.begin("images")
+	m.begin(phaseImages)
 	return m.sendImages()
 }
 

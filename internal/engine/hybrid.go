@@ -82,7 +82,7 @@ func (m *migration) dumpWithFinalRound(ctx context.Context, rs *precopySource, a
 		ld.stop()
 		return nil, err
 	}
-	m.begin("dump")
+	m.begin(phaseDump)
 	var g errgroup.Group
 	g.Go(ld.run)
 	rs.frozen = true

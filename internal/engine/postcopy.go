@@ -67,7 +67,7 @@ func (m *migration) postcopy(ctx context.Context) error {
 		ld.stop()
 		return m.abort(ctx, err)
 	}
-	m.begin("dump")
+	m.begin(phaseDump)
 	var g errgroup.Group
 	g.Go(ld.run)
 	g.Go(func() error { return failAt("post-copy's last writes", lw.send(ctx, m)) })
@@ -518,7 +518,7 @@ func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
 	c, err := m.commitAnswer()
 	if err == nil {
 		m.committed(c)
-		m.begin("lazy-pages")
+		m.begin(phaseLazyPages)
 		where = "lazy pages"
 		err = m.ctl.Recv(&done)
 	}

@@ -120,7 +120,7 @@ func (m *migration) precopy(ctx context.Context) error {
 	if err := m.freeze(ctx); err != nil {
 		return m.abort(ctx, err)
 	}
-	m.begin("dump")
+	m.begin(phaseDump)
 	lookup := func(k pagestream.PageKey) (pagestream.Hash, bool) {
 		h, ok := rs.held[k]
 		return h, ok
@@ -141,7 +141,7 @@ func (m *migration) precopy(ctx context.Context) error {
 // the rounds never saw), restores them as a plain dump and commits. Until
 // the commit the container here stays resumable, as in cold.
 func (m *migration) rebuildSwitchover(ctx context.Context, ld *lazyDump) error {
-	m.begin("images")
+	m.begin(phaseImages)
 	lazyCh, err := m.shipLazyDump(ctx, ld, false)
 	if err != nil {
 		return m.abort(ctx, err)
@@ -251,7 +251,7 @@ func (m *migration) runRounds(ctx context.Context, ps *precopySource) error {
 		if err := ctx.Err(); err != nil {
 			return failAt(fmt.Sprintf("pre-copy round %d", i), withdrawn(err))
 		}
-		m.begin(fmt.Sprintf("round-%d", i))
+		m.begin(roundPhase(i))
 		r, err := m.precopyRound(ctx, ps, i, prev)
 		if err != nil {
 			return failAt(fmt.Sprintf("pre-copy round %d", i), err)
