@@ -32,7 +32,7 @@ type AutoChoice = api.AutoChoice
 
 // chooseMode measures and plans; it returns the mode to run.
 func (m *migration) chooseMode(ctx context.Context) (string, error) {
-	m.begin("measure")
+	m.begin(phaseMeasure)
 	w, err := MeasureWorkload(m.ctr.PID, time.Second)
 	if err != nil {
 		return "", fmt.Errorf("measuring the container: %w", err)

@@ -24,7 +24,7 @@ func (m *migration) cold(ctx context.Context) error {
 	if err := m.freeze(ctx); err != nil {
 		return m.abort(ctx, err)
 	}
-	m.begin("dump")
+	m.begin(phaseDump)
 	if err := m.dumpStreaming(ctx); err != nil {
 		return m.abort(ctx, err)
 	}
@@ -127,10 +127,16 @@ func (m *migration) dumpStreaming(ctx context.Context) error {
 	if st, err := criu.ReadDumpStats(m.work); err == nil {
 		m.report.MemoryBytes = int64(st.PagesWritten) * pageSize
 	}
-	m.begin("images")
+	m.begin(phaseImages)
 	return m.sendImages()
 }
 
 const pageSize = 4096
 
 func isLog(name string) bool { return strings.HasSuffix(name, ".log") }
+
+// receiveCold is cold's destination half: CRIU's page server for the
+// dump's pages.
+func receiveCold(in *incoming, ctx context.Context, rx receivers) {
+	rx.g.Go(func() error { return in.receiveFinalPages(ctx, rx.sess, rx.router, nil) })
+}

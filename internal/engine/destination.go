@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/zeebo/xxh3"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-migrate/ferry/internal/admission"
@@ -25,7 +24,6 @@ import (
 	"github.com/ferry-migrate/ferry/internal/memwarm"
 	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/pages"
-	"github.com/ferry-migrate/ferry/internal/pagestream"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/shareddir"
 	"github.com/ferry-migrate/ferry/internal/transport"
@@ -451,8 +449,64 @@ func (in *incoming) settleTechnique() error {
 }
 
 // run receives the state, restores on request and waits for the commit.
+// What differs between techniques is theirs (techniques.go): receive
+// starts their receivers, arrive what the restore needs beside them, and
+// the arrival readies the restore and pulls the memory after the commit.
 func (in *incoming) run(rctx context.Context, sess *transport.Session, router *transport.Router, ctl *transport.Channel, cancel func()) (committed bool, err error) {
 	recv := &receiving{failed: make(chan error, 1)}
+	rx := receivers{sess: sess, router: router, g: recv}
+	release := in.prewarm()
+	defer release()
+	in.receiveTrees(rctx, sess, router, recv, in.beginRestore)
+	in.tech.receive(in, rctx, rx)
+	imagesIn := in.receiveCheckedImages(rctx, rx)
+	var arr arrival = plainArrival{}
+	if in.tech.arrive != nil {
+		arr = in.tech.arrive(in, rctx, rx, imagesIn)
+	}
+	abandon := func() {
+		cancel()
+		_ = recv.Wait()
+		arr.abandon()
+	}
+	if err := in.awaitRestore(rctx, sess, ctl, recv); err != nil {
+		abandon()
+		return false, err
+	}
+	asked := time.Now()
+	if !in.stage.CompareAndSwap(stageReceiving, stageRestoring) {
+		// The agent is stopping and told the source so: it resumes.
+		abandon()
+		return false, fmt.Errorf("%s is stopping: the migration was abandoned before the restore", in.d.Host.Name)
+	}
+	// From here the source cannot resume on its own: what follows runs to
+	// its end even if this agent is asked to stop (it drains).
+	ctx := context.WithoutCancel(rctx)
+	if err := recv.Wait(); err != nil {
+		return false, fmt.Errorf("receiving state on %s: %w", in.d.Host.Name, err)
+	}
+	if !in.restoresFromOwnImages() {
+		release() // before the restore writes the memory
+	}
+	r, err := arr.ready(ctx, rx)
+	if r.pull != nil {
+		defer func() { r.pull.end(committed) }()
+	}
+	if err != nil {
+		return false, err
+	}
+	if err := in.restoreCopy(ctx, ctl, r, asked, release); err != nil {
+		return false, err
+	}
+	if err := in.awaitCommit(sess, ctl); err != nil {
+		return false, err
+	}
+	return in.commit(ctx, sess, ctl, r.pull)
+}
+
+// prewarm warms the memory the restore will write while the state
+// arrives, and returns what gives it back to be written (see memwarm).
+func (in *incoming) prewarm() (release func()) {
 	warm := make(chan func(), 1)
 	lazy, rebuild := in.tech.lazy, in.tech.rebuild
 	switch {
@@ -463,7 +517,7 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 		// as the pages came, and no longer read once the images are
 		// complete: given back after the restore, it is the warm memory
 		// the lazy-pages daemon writes the container's pages into. (A
-		// closure: the technique's receive, below, makes the store.)
+		// closure: the technique's receive, after this, makes the store.)
 		warm <- func() { in.store.Release() }
 	default:
 		size := in.offer.MemoryBytes
@@ -472,13 +526,15 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 		}
 		go func() { warm <- memwarm.Warm(size) }()
 	}
-	release := sync.OnceFunc(func() { (<-warm)() })
-	defer release()
-	in.receiveTrees(rctx, sess, router, recv, in.beginRestore)
-	in.tech.receive(in, rctx, receivers{sess: sess, router: router, g: recv})
+	return sync.OnceFunc(func() { (<-warm)() })
+}
+
+// receiveCheckedImages receives the CRIU images among rx's receivers and
+// checks them; the channel returned says once they are in and checked.
+func (in *incoming) receiveCheckedImages(ctx context.Context, rx receivers) <-chan error {
 	imagesIn := make(chan error, 1)
-	recv.Go(func() error {
-		err := in.receiveImages(rctx, sess, router)
+	rx.g.Go(func() error {
+		err := in.receiveImages(ctx, rx.sess, rx.router)
 		if err == nil {
 			// CRIU restores the tasks' credentials from the images, not
 			// from the configuration admission checked.
@@ -494,30 +550,16 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 		imagesIn <- err
 		return err
 	})
-	// A lazy restore needs CRIU's lazy-pages daemon; it starts as soon as
-	// the images are here (its relay, now), not when the source asks for
-	// the restore.
-	type started struct {
-		lp  *lazyPages
-		err error
-	}
-	lazyReady := make(chan started, 1)
-	if lazy {
-		go func() {
-			lp, err := in.startLazyPages(rctx, sess, router, imagesIn)
-			lazyReady <- started{lp, err}
-		}()
-	}
-	abandon := func() {
-		cancel()
-		_ = recv.Wait()
-		if lazy {
-			if st := <-lazyReady; st.lp != nil {
-				st.lp.stop()
-			}
-		}
-	}
+	return imagesIn
+}
+
+// awaitRestore answers the source's address step until it asks for the
+// restore. A receiver that fails or a source that stalls aborts the
+// migration: the source is told why, and the session closes under every
+// transfer. The caller abandons what was received on any error.
+func (in *incoming) awaitRestore(rctx context.Context, sess *transport.Session, ctl *transport.Channel, recv *receiving) error {
 	var step Step
+	var err error
 	stepc := make(chan error, 1)
 	go func() { stepc <- ctl.Recv(&step) }()
 	stallCtx, stopWatch := context.WithCancel(rctx)
@@ -554,72 +596,28 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 		// every transfer.
 		_ = ctl.Fail(abort)
 		time.AfterFunc(200*time.Millisecond, func() { sess.Close() }) // the reason goes out first
-		abandon()
-		return false, abort
+		return abort
 	}
 	if err != nil || step.Do != StepRestore {
-		abandon()
 		if err == nil {
 			err = fmt.Errorf("source asked to %q before restore", step.Do)
 		}
-		return false, fmt.Errorf("migration abandoned by the source: %w", err)
+		return fmt.Errorf("migration abandoned by the source: %w", err)
 	}
-	asked := time.Now()
-	if !in.stage.CompareAndSwap(stageReceiving, stageRestoring) {
-		// The agent is stopping and told the source so: it resumes.
-		abandon()
-		return false, fmt.Errorf("%s is stopping: the migration was abandoned before the restore", in.d.Host.Name)
-	}
-	// From here the source cannot resume on its own: what follows runs to
-	// its end even if this agent is asked to stop (it drains).
-	ctx := context.WithoutCancel(rctx)
-	if err := recv.Wait(); err != nil {
-		return false, fmt.Errorf("receiving state on %s: %w", in.d.Host.Name, err)
-	}
-	var lp *lazyPages
-	if lazy {
-		st := <-lazyReady
-		if st.err != nil {
-			return false, st.err
-		}
-		lp = st.lp
-		defer lp.stop()
-	}
-	if !in.restoresFromOwnImages() {
-		release() // before the restore writes the memory
-	}
-	var lastw filled // hybrid's last writes
-	if in.lastWrites != nil {
-		if lastw, err = in.restoreLastWrites(); err != nil {
-			return false, fmt.Errorf("adding the last writes to the images on %s: %w", in.d.Host.Name, err)
-		}
-	}
-	var filled filled
-	var local *criu.LazyPages // pre-copy's lazy restore from these images
-	if rebuild {
-		if filled, err = in.fillImages(ctx, sess, router); err != nil {
-			return false, fmt.Errorf("completing the images on %s: %w", in.d.Host.Name, err)
-		}
-		if in.restoresFromOwnImages() {
-			if local, err = in.startLocalPull(); err != nil {
-				return false, fmt.Errorf("restoring from the images on %s: %w", in.d.Host.Name, err)
-			}
-			defer func() {
-				if !committed {
-					local.Stop()
-					local.ReleaseFaults()
-				}
-			}()
-		}
-	}
+	return nil
+}
+
+// restoreCopy restores the copy as r readied it and tells the source it
+// runs; release gives back the warmed memory (see prewarm).
+func (in *incoming) restoreCopy(ctx context.Context, ctl *transport.Channel, r readied, asked time.Time, release func()) error {
 	start := time.Now()
 	// Recorded first: an agent that dies with a copy restored here drops
 	// it when it starts again, unless the journal says it was committed.
 	if err := in.record(in.peer, journal.Restoring); err != nil {
-		return false, err
+		return err
 	}
 	in.journaled, in.restoring = true, true
-	pid, err := in.restore(ctx, lazy || local != nil)
+	pid, err := in.restore(ctx, r.pull != nil)
 	if in.restoresFromOwnImages() {
 		// Its memory is written after the copy runs, by the lazy-pages
 		// daemon, into the warmed pages given back now (without them, 1 GiB
@@ -629,24 +627,29 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 		go release()
 	}
 	if err != nil {
-		return false, err
+		return err
 	}
-	if local != nil {
-		holdLocalFaults(local, in.d.log())
+	if r.pull != nil {
+		r.pull.restored()
 	}
 	if in.offer.Precopy.AutoConverge {
 		if err := liftThrottle(pid, in.offer.Spec); err != nil {
 			in.d.log().Warn("the CPU throttle auto-converge left stays", "migration", in.offer.ID, "container", in.offer.Container, "error", err)
 		}
 	}
-	if err := ctl.Send(Restored{Pid: pid, WaitMs: units.Millis(start.Sub(asked)), RestoreMs: units.Millis(time.Since(start)),
+	filled, lastw := r.filled, r.lastWrites
+	return ctl.Send(Restored{Pid: pid, WaitMs: units.Millis(start.Sub(asked)), RestoreMs: units.Millis(time.Since(start)),
 		FillMs: filled.ms, PagesLocal: filled.Local + filled.Parent, PagesFetched: filled.Fetched,
-		MemoryBytes: int64(filled.Local+filled.Parent+filled.Fetched+filled.Dumped) * pageSize, FromOwnImages: local != nil,
-		LastWrites: lastw.Local, LastWritesMs: lastw.ms}); err != nil {
-		return false, err
-	}
-	// The source owns the container until it commits.
-	stepc = make(chan error, 1)
+		MemoryBytes: int64(filled.Local+filled.Parent+filled.Fetched+filled.Dumped) * pageSize, FromOwnImages: r.fromOwnImages,
+		LastWrites: lastw.Local, LastWritesMs: lastw.ms})
+}
+
+// awaitCommit waits for the source's commit: the source owns the
+// container until it commits.
+func (in *incoming) awaitCommit(sess *transport.Session, ctl *transport.Channel) error {
+	var step Step
+	var err error
+	stepc := make(chan error, 1)
 	go func() { stepc <- ctl.Recv(&step) }()
 	select {
 	case err = <-stepc:
@@ -657,15 +660,18 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 		if err == nil {
 			err = fmt.Errorf("source sent %q instead of commit", step.Do)
 		}
-		return false, fmt.Errorf("migration not committed, restored copy dropped: %w", err)
+		return fmt.Errorf("migration not committed, restored copy dropped: %w", err)
 	}
+	return nil
+}
+
+// commit journals the commit, starts the copy and acknowledges it; a copy
+// with a pull then waits for its memory (p, nil: it has all of it).
+func (in *incoming) commit(ctx context.Context, sess *transport.Session, ctl *transport.Channel, p pulling) (bool, error) {
 	// A lazy copy is not this host's alone until its memory is here.
-	owns, pull := journal.Committed, lp.pull(in.work)
-	if lp != nil {
-		owns = journal.Pulling
-	}
-	if local != nil {
-		owns, pull = journal.Pulling, &journal.Pull{Daemon: local.Pid(), Dir: in.work, Local: true}
+	owns, pull := journal.Committed, (*journal.Pull)(nil)
+	if p != nil {
+		owns, pull = p.journal()
 	}
 	if err := in.recordPull(sess.Peer.Name, owns, pull); err != nil {
 		return false, fmt.Errorf("migration not committed, restored copy dropped: %w", err)
@@ -677,66 +683,19 @@ func (in *incoming) run(rctx context.Context, sess *transport.Session, router *t
 		return true, fmt.Errorf("start the committed copy on %s: %w", in.d.Host.Name, err)
 	}
 	held := in.releaseHeld()
-	if lp == nil && local == nil {
+	if p == nil {
 		in.recordFinal(in.peer, journal.Started)
 	}
-	err = ctl.Send(Committed{HeldPackets: held, HoldError: in.holdErr})
+	err := ctl.Send(Committed{HeldPackets: held, HoldError: in.holdErr})
 	in.closeHold()
-	if err != nil && local != nil {
-		// The source may not hear it, but the copy runs: all of its memory
-		// must arrive before anything here goes (the source, in doubt,
-		// asks the journal later).
-		done := in.finishLocalPull(context.WithoutCancel(ctx), local)
-		return done.Error == "", err
+	if err != nil && p != nil {
+		return p.unheard(ctx, sess, err)
 	}
 	if err != nil {
-		if lp != nil && lp.relay != nil {
-			// The source is gone as the pull begins, after the copy
-			// started: its pages wait in its page keeper, for its agent
-			// to come back (strand), as in a pull the source left later.
-			return true, in.strand(lp, sess.Peer.Name, StrandedPullWait(sess.OutageTimeout()))
-		}
-		if lp != nil {
-			// The source is gone as the pull begins: its pages cannot
-			// come, and the copy must not run on without them.
-			lp.broken()
-			return false, fmt.Errorf("lost the source as the post-copy pull began, copy dropped: %w", err)
-		}
 		return true, err
 	}
-	if lp != nil {
-		in.faults.At(fault.Destination, fault.LazyPages)
-		// The container runs here now; its memory keeps arriving until the
-		// lazy-pages daemon has pulled every page.
-		done, stranded := lp.wait(sess.Done(), sess.OutageTimeout())
-		if stranded {
-			// The source's agent is gone (restarted?) or the link with it:
-			// the copy's faults wait while it may come back (resume.go).
-			return true, in.strand(lp, sess.Peer.Name, StrandedPullWait(sess.OutageTimeout()))
-		}
-		if done.Error != "" {
-			// Without its memory the restored container cannot go on. The
-			// source resumes its copy on hearing this: only once this one
-			// is gone.
-			if err := in.target.Discard(context.WithoutCancel(ctx)); err != nil {
-				return true, fmt.Errorf("%s, and the restored copy could not be discarded: %w", done.Error, err)
-			}
-			in.recordFinal(sess.Peer.Name, journal.Dropped)
-		} else {
-			in.recordFinal(in.peer, journal.Started)
-		}
-		err := ctl.Send(done)
-		in.faults.At(fault.Destination, fault.Cleanup)
-		return done.Error == "", err
-	}
-	if local != nil {
-		// The copy runs; its memory goes on arriving from the images here,
-		// and the source keeps its frozen copy until it hears the end.
-		in.faults.At(fault.Destination, fault.LazyPages)
-		done := in.finishLocalPull(context.WithoutCancel(ctx), local)
-		err := ctl.Send(done)
-		in.faults.At(fault.Destination, fault.Cleanup)
-		return done.Error == "", err
+	if p != nil {
+		return p.finish(ctx, sess, ctl)
 	}
 	in.faults.At(fault.Destination, fault.Cleanup)
 	return true, nil
@@ -806,85 +765,6 @@ func (r *receiving) Wait() error { return r.g.Wait() }
 func (in *incoming) expect(router *transport.Router) {
 	for _, k := range append(channelsFor(in.key, in.offer.Precopy), volumeChannels(in.offer.Volumes)...) {
 		router.Expect(k)
-	}
-}
-
-// filled is what completing a lazy dump's images took.
-type filled struct {
-	images.FillStats
-	ms float64
-}
-
-// fillImages completes the source's memory-less dump with the pages the
-// rounds brought, asking the source's CRIU page server for any they lack,
-// then closes that page server so the source's dump ends. The close is not
-// waited for: nothing here depends on it, and stock CRIU's reply sits in a
-// corked socket for 200 ms (ferry's CRIU, patch 0008, sends it at once).
-func (in *incoming) fillImages(ctx context.Context, sess *transport.Session, router *transport.Router) (filled, error) {
-	start := time.Now()
-	ch, err := router.Wait(ctx, sess, ChanLazy)
-	if err != nil {
-		return filled{}, err
-	}
-	client := pagestream.NewLazyClient(ch)
-	if in.faults.Knob(fault.ForgetPages) {
-		in.forgetPages() // tests: make the source's page server answer
-	}
-	src := images.PageSource{
-		Local: func(pid uint32, addr uint64, dst []byte) bool {
-			_, ok := in.store.ReadInto(pages.Key{PID: pid, Addr: addr}, dst)
-			return ok
-		},
-		Fetch: client.Get,
-	}
-	dir, fill := in.images, images.FillLazy
-	if in.restoresFromOwnImages() {
-		// The restore reads the dump as it came, the daemon the completed
-		// images beside it.
-		dir, fill = in.lazyImages(), images.FillForLazyRestore
-		if err := images.LinkDir(in.images, dir); err != nil {
-			ch.Close()
-			return filled{}, err
-		}
-	}
-	if in.parent != nil && in.parent.Usable() {
-		rel, err := filepath.Rel(dir, in.parent.Dir())
-		if err == nil {
-			err = os.Symlink(rel, filepath.Join(dir, "parent"))
-		}
-		if err == nil {
-			src.ParentRun = in.parent.HeldRun
-		}
-	}
-	st, err := fill(dir, src)
-	if err != nil {
-		ch.Close()
-		return filled{}, err
-	}
-	go func() {
-		defer ch.Close()
-		if client.Close() == nil {
-			_ = ch.CloseWrite()
-		}
-	}()
-	return filled{st, units.Millis(time.Since(start))}, nil
-}
-
-// forgetPages drops every 16th page the rounds brought (from the store and
-// the parent image): the switchover must fetch those from the source's
-// CRIU page server. A test fault, to exercise that path.
-func (in *incoming) forgetPages() {
-	var drop []pages.Key
-	i := 0
-	in.store.Range(func(k pages.Key, _ xxh3.Uint128) bool {
-		if i%16 == 0 {
-			drop = append(drop, k)
-		}
-		i++
-		return true
-	})
-	for _, k := range drop {
-		in.store.Delete(k) // the observer forgets it in the parent image too
 	}
 }
 

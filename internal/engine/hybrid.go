@@ -82,7 +82,7 @@ func (m *migration) dumpWithFinalRound(ctx context.Context, rs *precopySource, a
 		ld.stop()
 		return nil, err
 	}
-	m.begin("dump")
+	m.begin(phaseDump)
 	var g errgroup.Group
 	g.Go(ld.run)
 	rs.frozen = true
@@ -105,4 +105,14 @@ func (m *migration) dumpWithFinalRound(ctx context.Context, rs *precopySource, a
 		return nil, err
 	}
 	return ld, nil
+}
+
+// receiveHybrid is hybrid's destination half: the rounds into the store
+// the lazy-pages daemon answers from (arriveLazy), noting the last ones'
+// pages for the restore to write itself (lastwrites.go).
+func receiveHybrid(in *incoming, ctx context.Context, rx receivers) {
+	in.store = in.newStore()
+	in.lastWrites = &lastWrites{first: 1}
+	in.store.Observe(in.lastWrites.put, nil)
+	rx.g.Go(func() error { return in.receiveRounds(ctx, rx.sess, rx.router) })
 }

@@ -5,12 +5,20 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"time"
 
+	"github.com/zeebo/xxh3"
+
 	"github.com/ferry-migrate/ferry/internal/criu"
+	"github.com/ferry-migrate/ferry/internal/fault"
+	"github.com/ferry-migrate/ferry/internal/images"
 	"github.com/ferry-migrate/ferry/internal/journal"
+	"github.com/ferry-migrate/ferry/internal/pages"
+	"github.com/ferry-migrate/ferry/internal/pagestream"
 	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/transport"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
 
@@ -52,6 +60,75 @@ func (in *incoming) startLocalPull() (*criu.LazyPages, error) {
 		return nil, err
 	}
 	return daemon, nil
+}
+
+// rebuildArrival is the restore of the techniques that complete a
+// memory-less dump's images (receiveRebuild): plain, or from this host's
+// images where the runtime restores lazily.
+type rebuildArrival struct{ in *incoming }
+
+func arriveRebuild(in *incoming, _ context.Context, _ receivers, _ <-chan error) arrival {
+	return rebuildArrival{in}
+}
+
+func (rebuildArrival) abandon() {}
+
+// ready completes the images, and starts the daemon that will read them
+// where the restore leaves the memory to it.
+func (a rebuildArrival) ready(ctx context.Context, rx receivers) (readied, error) {
+	in := a.in
+	var r readied
+	var err error
+	if r.filled, err = in.fillImages(ctx, rx.sess, rx.router); err != nil {
+		return readied{}, fmt.Errorf("completing the images on %s: %w", in.d.Host.Name, err)
+	}
+	if !in.restoresFromOwnImages() {
+		return r, nil
+	}
+	daemon, err := in.startLocalPull()
+	if err != nil {
+		return readied{}, fmt.Errorf("restoring from the images on %s: %w", in.d.Host.Name, err)
+	}
+	r.pull, r.fromOwnImages = &localPull{in: in, daemon: daemon}, true
+	return r, nil
+}
+
+// localPull is a restore's pull from this host's images (pulling).
+type localPull struct {
+	in     *incoming
+	daemon *criu.LazyPages
+}
+
+func (p *localPull) restored() { holdLocalFaults(p.daemon, p.in.d.log()) }
+
+func (p *localPull) journal() (string, *journal.Pull) {
+	return journal.Pulling, &journal.Pull{Daemon: p.daemon.Pid(), Dir: p.in.work, Local: true}
+}
+
+func (p *localPull) end(committed bool) {
+	if !committed {
+		p.daemon.Stop()
+		p.daemon.ReleaseFaults()
+	}
+}
+
+// unheard: the source may not hear the commit, but the copy runs: all of
+// its memory must arrive before anything here goes (the source, in
+// doubt, asks the journal later).
+func (p *localPull) unheard(ctx context.Context, _ *transport.Session, err error) (bool, error) {
+	done := p.in.finishLocalPull(context.WithoutCancel(ctx), p.daemon)
+	return done.Error == "", err
+}
+
+// finish: the copy runs; its memory goes on arriving from the images
+// here, and the source keeps its frozen copy until it hears the end.
+func (p *localPull) finish(ctx context.Context, _ *transport.Session, ctl *transport.Channel) (bool, error) {
+	in := p.in
+	in.faults.At(fault.Destination, fault.LazyPages)
+	done := in.finishLocalPull(context.WithoutCancel(ctx), p.daemon)
+	err := ctl.Send(done)
+	in.faults.At(fault.Destination, fault.Cleanup)
+	return done.Error == "", err
 }
 
 // holdLocalFaults takes this agent's copies of the daemon's userfaultfds
@@ -134,4 +211,83 @@ func (d *Destination) AdoptLocalPull(e journal.Entry, rt runtime.Runtime) error 
 		d.endPull(e, state)
 	}()
 	return nil
+}
+
+// filled is what completing a lazy dump's images took.
+type filled struct {
+	images.FillStats
+	ms float64
+}
+
+// fillImages completes the source's memory-less dump with the pages the
+// rounds brought, asking the source's CRIU page server for any they lack,
+// then closes that page server so the source's dump ends. The close is not
+// waited for: nothing here depends on it, and stock CRIU's reply sits in a
+// corked socket for 200 ms (ferry's CRIU, patch 0008, sends it at once).
+func (in *incoming) fillImages(ctx context.Context, sess *transport.Session, router *transport.Router) (filled, error) {
+	start := time.Now()
+	ch, err := router.Wait(ctx, sess, ChanLazy)
+	if err != nil {
+		return filled{}, err
+	}
+	client := pagestream.NewLazyClient(ch)
+	if in.faults.Knob(fault.ForgetPages) {
+		in.forgetPages() // tests: make the source's page server answer
+	}
+	src := images.PageSource{
+		Local: func(pid uint32, addr uint64, dst []byte) bool {
+			_, ok := in.store.ReadInto(pages.Key{PID: pid, Addr: addr}, dst)
+			return ok
+		},
+		Fetch: client.Get,
+	}
+	dir, fill := in.images, images.FillLazy
+	if in.restoresFromOwnImages() {
+		// The restore reads the dump as it came, the daemon the completed
+		// images beside it.
+		dir, fill = in.lazyImages(), images.FillForLazyRestore
+		if err := images.LinkDir(in.images, dir); err != nil {
+			ch.Close()
+			return filled{}, err
+		}
+	}
+	if in.parent != nil && in.parent.Usable() {
+		rel, err := filepath.Rel(dir, in.parent.Dir())
+		if err == nil {
+			err = os.Symlink(rel, filepath.Join(dir, "parent"))
+		}
+		if err == nil {
+			src.ParentRun = in.parent.HeldRun
+		}
+	}
+	st, err := fill(dir, src)
+	if err != nil {
+		ch.Close()
+		return filled{}, err
+	}
+	go func() {
+		defer ch.Close()
+		if client.Close() == nil {
+			_ = ch.CloseWrite()
+		}
+	}()
+	return filled{st, units.Millis(time.Since(start))}, nil
+}
+
+// forgetPages drops every 16th page the rounds brought (from the store and
+// the parent image): the switchover must fetch those from the source's
+// CRIU page server. A test fault, to exercise that path.
+func (in *incoming) forgetPages() {
+	var drop []pages.Key
+	i := 0
+	in.store.Range(func(k pages.Key, _ xxh3.Uint128) bool {
+		if i%16 == 0 {
+			drop = append(drop, k)
+		}
+		i++
+		return true
+	})
+	for _, k := range drop {
+		in.store.Delete(k) // the observer forgets it in the parent image too
+	}
 }

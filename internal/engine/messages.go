@@ -1,6 +1,7 @@
-// Package engine is ferry's migration state machine: the source side of each
-// technique (one file per technique) and the destination side that receives,
-// restores and commits. It talks to the peer only through transport channels
+// Package engine is ferry's migration state machine: each technique's source
+// and destination halves (one file per technique, named in techniques.go),
+// and the drivers of each side: the source's, which offers, syncs and
+// freezes, and the destination's, which receives, restores and commits. It talks to the peer only through transport channels
 // and reaches the kernel only through packages named for what they touch:
 // internal/runtime and internal/criu (containers and their checkpoints),
 // internal/cgroups (auto-converge's CPU limit), internal/cnet and

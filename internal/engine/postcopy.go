@@ -16,7 +16,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/criu"
-	"github.com/ferry-migrate/ferry/internal/images"
+	"github.com/ferry-migrate/ferry/internal/fault"
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/lazyrelay"
 	"github.com/ferry-migrate/ferry/internal/pagestream"
@@ -67,7 +67,7 @@ func (m *migration) postcopy(ctx context.Context) error {
 		ld.stop()
 		return m.abort(ctx, err)
 	}
-	m.begin("dump")
+	m.begin(phaseDump)
 	var g errgroup.Group
 	g.Go(ld.run)
 	g.Go(func() error { return failAt("post-copy's last writes", lw.send(ctx, m)) })
@@ -518,7 +518,7 @@ func (m *migration) lazySwitchover(ctx context.Context, ld *lazyDump) error {
 	c, err := m.commitAnswer()
 	if err == nil {
 		m.committed(c)
-		m.begin("lazy-pages")
+		m.begin(phaseLazyPages)
 		where = "lazy pages"
 		err = m.ctl.Recv(&done)
 	}
@@ -586,19 +586,6 @@ func (m *migration) shipLazyDump(ctx context.Context, ld *lazyDump, resumable bo
 	return lazyCh, nil
 }
 
-// sendImages ships the images directory (all but pages already streamed).
-func (m *migration) sendImages() error {
-	ch, err := m.sess.Open(ChanImages)
-	if err != nil {
-		return failAt("send images", err)
-	}
-	defer ch.Close()
-	if _, err := images.SendDir(ch, filepath.Join(m.work, "images"), isLog); err != nil {
-		return failAt("send images", err)
-	}
-	return failAt("send images", ch.CloseWrite())
-}
-
 // freeLoopbackPort finds a port free on loopback, in pn when set.
 func freeLoopbackPort(pn *privnet.NS) (int, error) {
 	var port int
@@ -630,6 +617,127 @@ func dialRetry(ctx context.Context, addr string) (net.Conn, error) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return conn, err
+}
+
+// receivePostcopy is post-copy's destination half. The last writes come
+// beside the dump, as one round (lastwrites.go); the push fills the store
+// while the copy runs: the restore does not wait for it (not in rx.g).
+func receivePostcopy(in *incoming, ctx context.Context, rx receivers) {
+	in.store = in.newStore()
+	in.lastWrites = &lastWrites{}
+	in.store.Observe(in.lastWrites.put, nil)
+	rx.g.Go(func() error { return in.receiveRounds(ctx, rx.sess, rx.router) })
+	in.push = newPushed(in.store)
+	if in.d.pushWait > 0 {
+		in.push.wait = in.d.pushWait
+	}
+	go func() {
+		if err := in.push.receive(ctx, rx.sess, rx.router); err != nil && ctx.Err() == nil {
+			in.d.log().Warn("post-copy: the push broke off; the lazy-pages daemon asks the source for the rest", "error", err)
+		}
+	}()
+}
+
+// lazyArrival is a lazy restore's (post-copy's, hybrid's): CRIU's
+// lazy-pages daemon serves the copy's memory, pulled from the source.
+type lazyArrival struct {
+	in      *incoming
+	started chan lazyStarted
+}
+
+type lazyStarted struct {
+	lp  *lazyPages
+	err error
+}
+
+// arriveLazy starts the lazy-pages daemon as soon as the images are here
+// (its relay, now), not when the source asks for the restore.
+func arriveLazy(in *incoming, ctx context.Context, rx receivers, imagesIn <-chan error) arrival {
+	a := &lazyArrival{in: in, started: make(chan lazyStarted, 1)}
+	go func() {
+		lp, err := in.startLazyPages(ctx, rx.sess, rx.router, imagesIn)
+		a.started <- lazyStarted{lp, err}
+	}()
+	return a
+}
+
+func (a *lazyArrival) abandon() {
+	if st := <-a.started; st.lp != nil {
+		st.lp.stop()
+	}
+}
+
+// ready takes the daemon, and has the restore write the last writes
+// where the technique sent them (receivePostcopy, receiveHybrid).
+func (a *lazyArrival) ready(context.Context, receivers) (readied, error) {
+	in := a.in
+	st := <-a.started
+	if st.err != nil {
+		return readied{}, st.err
+	}
+	r := readied{pull: &lazyPull{in: in, lp: st.lp}}
+	if in.lastWrites != nil {
+		var err error
+		if r.lastWrites, err = in.restoreLastWrites(); err != nil {
+			return r, fmt.Errorf("adding the last writes to the images on %s: %w", in.d.Host.Name, err)
+		}
+	}
+	return r, nil
+}
+
+// lazyPull is a lazy restore's pull from the source (pulling).
+type lazyPull struct {
+	in *incoming
+	lp *lazyPages
+}
+
+func (p *lazyPull) restored() {}
+
+func (p *lazyPull) journal() (string, *journal.Pull) {
+	return journal.Pulling, p.lp.pull(p.in.work)
+}
+
+func (p *lazyPull) end(bool) { p.lp.stop() }
+
+func (p *lazyPull) unheard(_ context.Context, sess *transport.Session, err error) (bool, error) {
+	in, lp := p.in, p.lp
+	if lp.relay != nil {
+		// The source is gone as the pull begins, after the copy
+		// started: its pages wait in its page keeper, for its agent
+		// to come back (strand), as in a pull the source left later.
+		return true, in.strand(lp, sess.Peer.Name, StrandedPullWait(sess.OutageTimeout()))
+	}
+	// The source is gone as the pull begins: its pages cannot
+	// come, and the copy must not run on without them.
+	lp.broken()
+	return false, fmt.Errorf("lost the source as the post-copy pull began, copy dropped: %w", err)
+}
+
+func (p *lazyPull) finish(ctx context.Context, sess *transport.Session, ctl *transport.Channel) (bool, error) {
+	in, lp := p.in, p.lp
+	in.faults.At(fault.Destination, fault.LazyPages)
+	// The container runs here now; its memory keeps arriving until the
+	// lazy-pages daemon has pulled every page.
+	done, stranded := lp.wait(sess.Done(), sess.OutageTimeout())
+	if stranded {
+		// The source's agent is gone (restarted?) or the link with it:
+		// the copy's faults wait while it may come back (resume.go).
+		return true, in.strand(lp, sess.Peer.Name, StrandedPullWait(sess.OutageTimeout()))
+	}
+	if done.Error != "" {
+		// Without its memory the restored container cannot go on. The
+		// source resumes its copy on hearing this: only once this one
+		// is gone.
+		if err := in.target.Discard(context.WithoutCancel(ctx)); err != nil {
+			return true, fmt.Errorf("%s, and the restored copy could not be discarded: %w", done.Error, err)
+		}
+		in.recordFinal(sess.Peer.Name, journal.Dropped)
+	} else {
+		in.recordFinal(in.peer, journal.Started)
+	}
+	err := ctl.Send(done)
+	in.faults.At(fault.Destination, fault.Cleanup)
+	return done.Error == "", err
 }
 
 // lazyPages is the destination's CRIU lazy-pages daemon and its tunnel.

@@ -120,7 +120,7 @@ func (m *migration) precopy(ctx context.Context) error {
 	if err := m.freeze(ctx); err != nil {
 		return m.abort(ctx, err)
 	}
-	m.begin("dump")
+	m.begin(phaseDump)
 	lookup := func(k pagestream.PageKey) (pagestream.Hash, bool) {
 		h, ok := rs.held[k]
 		return h, ok
@@ -141,13 +141,39 @@ func (m *migration) precopy(ctx context.Context) error {
 // the rounds never saw), restores them as a plain dump and commits. Until
 // the commit the container here stays resumable, as in cold.
 func (m *migration) rebuildSwitchover(ctx context.Context, ld *lazyDump) error {
-	m.begin("images")
+	m.begin(phaseImages)
 	lazyCh, err := m.shipLazyDump(ctx, ld, false)
 	if err != nil {
 		return m.abort(ctx, err)
 	}
 	defer lazyCh.Close()
 	return m.switchover(ctx)
+}
+
+// receivePrecopy is content pre-copy's destination half: the rounds into
+// the store, then the final dump's page server, which puts the pages its
+// references name back from the store.
+func receivePrecopy(in *incoming, ctx context.Context, rx receivers) {
+	in.store = in.newStore()
+	// Rounds must be stored before the final dump's references arrive.
+	rounds := make(chan error, 1)
+	go func() { rounds <- in.receiveRounds(ctx, rx.sess, rx.router) }()
+	rx.g.Go(func() error {
+		if err := <-rounds; err != nil {
+			return err
+		}
+		return in.receiveFinalPages(ctx, rx.sess, rx.router, in.store)
+	})
+}
+
+// receiveRebuild is the destination half of the techniques that complete
+// a memory-less dump's images from rounds (rebuildSwitchover; cold's too):
+// the rounds go into a store and, as a parent image, into the images.
+// arriveRebuild (localpull.go) completes them before the restore.
+func receiveRebuild(in *incoming, ctx context.Context, rx receivers) {
+	in.store = in.newStore()
+	in.startParent()
+	rx.g.Go(func() error { return in.receiveRounds(ctx, rx.sess, rx.router) })
 }
 
 // liveRounds opens the rounds stream and sends rounds while the container
@@ -225,7 +251,7 @@ func (m *migration) runRounds(ctx context.Context, ps *precopySource) error {
 		if err := ctx.Err(); err != nil {
 			return failAt(fmt.Sprintf("pre-copy round %d", i), withdrawn(err))
 		}
-		m.begin(fmt.Sprintf("round-%d", i))
+		m.begin(roundPhase(i))
 		r, err := m.precopyRound(ctx, ps, i, prev)
 		if err != nil {
 			return failAt(fmt.Sprintf("pre-copy round %d", i), err)

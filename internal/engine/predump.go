@@ -57,7 +57,7 @@ func (m *migration) precopyNative(ctx context.Context) error {
 	var prev *Round
 	last := -1
 	for i := 0; i < o.MaxRounds; i++ {
-		m.begin(fmt.Sprintf("round-%d", i))
+		m.begin(roundPhase(i))
 		r, err := m.predumpRound(ctx, i, last)
 		if err != nil {
 			// CRIU freezes the container for each pre-dump: killed in one,
@@ -65,7 +65,7 @@ func (m *migration) precopyNative(ctx context.Context) error {
 			// freeze, and says so, rather than reporting a container that
 			// never stopped.
 			if st, serr := runtime.State(context.WithoutCancel(ctx), m.rt, m.ctr.Name); serr == nil && st != "running" {
-				m.begin("freeze") // CRIU's, as the report shows it
+				m.begin(phaseFreeze) // CRIU's, as the report shows it
 				m.frozenAt = time.Now()
 			}
 			return m.abort(ctx, failAt(fmt.Sprintf("pre-dump round %d", i), err))
@@ -82,7 +82,7 @@ func (m *migration) precopyNative(ctx context.Context) error {
 	if err := m.freeze(ctx); err != nil {
 		return m.abort(ctx, err)
 	}
-	m.begin("dump")
+	m.begin(phaseDump)
 	m.parentRound = last
 	if err := m.dumpStreaming(ctx); err != nil {
 		return m.abort(ctx, err)
@@ -176,4 +176,21 @@ func linkParent(dir string, parent int) error {
 		return nil
 	}
 	return os.Symlink(filepath.Join("..", predumpDir(parent)), filepath.Join(dir, "parent"))
+}
+
+// nativeChannels are native pre-copy's: one per pre-dump it may run,
+// then the final dump's pages.
+func nativeChannels(o PrecopyOptions) []string {
+	chans := []string{ChanPages}
+	for i := 0; i < withDefaults(o).MaxRounds; i++ {
+		chans = append(chans, predumpChan(i))
+	}
+	return chans
+}
+
+// receiveNative is native pre-copy's destination half: the pre-dumps'
+// page servers, then the final dump's, linked to its parent.
+func receiveNative(in *incoming, ctx context.Context, rx receivers) {
+	in.receivePredumps(ctx, rx.sess, rx.router, withDefaults(in.offer.Precopy).MaxRounds)
+	rx.g.Go(func() error { return in.receiveFinalPages(ctx, rx.sess, rx.router, nil) })
 }

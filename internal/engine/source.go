@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/dirty"
 	"github.com/ferry-migrate/ferry/internal/fault"
 	"github.com/ferry-migrate/ferry/internal/host"
+	"github.com/ferry-migrate/ferry/internal/images"
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/mounts"
@@ -100,7 +102,7 @@ type migration struct {
 	start    time.Time
 	mu       sync.Mutex
 	phases   []PhaseSpan
-	phase    string
+	phase    phaseName
 	frozenAt time.Time
 	report   Report
 	// round is the last pre-copy round done, and predicted the downtime
@@ -190,15 +192,50 @@ func ValidID(s string) bool {
 
 func (m *migration) since() float64 { return units.Millis(time.Since(m.start)) }
 
+// phaseName names a phase of a source's migration: its report's phases
+// and its progress show it (as api's strings), and the faults a test
+// injects strike as it begins (fault.PhaseOf).
+type phaseName string
+
+// The phases, in the order a migration that has them goes through them;
+// pre-copy's rounds (roundPhase) come before the freeze.
+const (
+	phasePrepare    phaseName = "prepare"
+	phaseMeasure    phaseName = "measure" // mode auto (auto.go)
+	phaseRootfsSync phaseName = "rootfs-sync"
+	phaseQueued     phaseName = "queued" // waiting for the switchover's line (line.go)
+	phaseFreeze     phaseName = "freeze"
+	phaseDump       phaseName = "dump"
+	phaseImages     phaseName = "images"
+	phaseRestore    phaseName = "restore"
+	phaseCommit     phaseName = "commit"
+	phaseLazyPages  phaseName = "lazy-pages"
+	phaseCleanup    phaseName = "cleanup"
+)
+
+// roundPhase is pre-copy's round i, from 0.
+func roundPhase(i int) phaseName { return phaseName(fmt.Sprintf("round-%d", i)) }
+
+// sourceState is what became of the source's copy (the report's
+// SourceState; an agent that settles a migration in doubt says later).
+type sourceState string
+
+const (
+	sourceRemoved sourceState = "removed" // after a commit
+	sourceResumed sourceState = "resumed" // after a failure
+	sourceFrozen  sourceState = "frozen"  // the outcome in doubt
+	sourceLost    sourceState = "lost"    // it died before it could resume: no copy runs
+)
+
 // begin starts a named phase, ending the current one.
-func (m *migration) begin(name string) {
+func (m *migration) begin(name phaseName) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.since()
 	if n := len(m.phases); n > 0 && m.phases[n-1].EndMs == 0 {
 		m.phases[n-1].EndMs = now
 	}
-	m.phases = append(m.phases, PhaseSpan{Name: name, StartMs: now})
+	m.phases = append(m.phases, PhaseSpan{Name: string(name), StartMs: now})
 	m.phase = name
 	select {
 	case m.phaseBegun <- struct{}{}:
@@ -206,7 +243,7 @@ func (m *migration) begin(name string) {
 	}
 	// Injected faults strike as a phase begins; the freeze's once the
 	// container is frozen, the commit's once the commit is sent.
-	if p := fault.PhaseOf(name); p != fault.Freeze && p != fault.Commit {
+	if p := fault.PhaseOf(string(name)); p != fault.Freeze && p != fault.Commit {
 		m.faults.At(fault.Source, p)
 	}
 }
@@ -257,7 +294,7 @@ func (m *migration) reportProgress(ctx context.Context, interval time.Duration) 
 func (m *migration) progressNow(b int64, rate float64) Progress {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	p := Progress{Phase: m.phase, Bytes: b, RateBps: rate, MemoryBytes: m.report.MemoryEstimate,
+	p := Progress{Phase: string(m.phase), Bytes: b, RateBps: rate, MemoryBytes: m.report.MemoryEstimate,
 		PredictedDowntimeMs: float64(m.predicted.Microseconds()) / 1000}
 	if m.round != nil {
 		p.Rounds, p.DirtyRate = m.round.Index+1, m.round.DirtyRate
@@ -384,7 +421,7 @@ func (s *Source) Migrate(ctx context.Context, req Request, progress func(Progres
 }
 
 func (m *migration) run(ctx context.Context) error {
-	m.begin("prepare")
+	m.begin(phasePrepare)
 	if err := m.prepare(ctx); err != nil {
 		return failAt("prepare on "+m.host.Name, err)
 	}
@@ -608,7 +645,7 @@ func (m *migration) validatePrecopy(c runtime.Caps) error {
 // syncRootfsLive is every technique's first step: the root filesystem,
 // synced while the container runs; then, in a line, its turn.
 func (m *migration) syncRootfsLive(ctx context.Context) error {
-	m.begin("rootfs-sync")
+	m.begin(phaseRootfsSync)
 	m.watchTrees()
 	if err := m.syncTrees(true); err != nil {
 		return m.abort(ctx, failAt("rootfs sync", err))
@@ -651,7 +688,7 @@ func (m *migration) awaitTurn(ctx context.Context) error {
 	if m.ticket == nil {
 		return nil
 	}
-	m.begin("queued")
+	m.begin(phaseQueued)
 	if err := m.ticket.wait(ctx); err != nil {
 		return m.abort(ctx, failAt("queued", withdrawn(err)))
 	}
@@ -661,7 +698,7 @@ func (m *migration) awaitTurn(ctx context.Context) error {
 // freeze stops the container's processes; until commit, resume undoes it.
 func (m *migration) freeze(ctx context.Context) error {
 	m.planAtFreeze()
-	m.begin("freeze")
+	m.begin(phaseFreeze)
 	if err := ctx.Err(); err != nil {
 		return failAt("freeze on "+m.host.Name, fmt.Errorf("cancelled before the freeze (the agent is stopping, or the request was withdrawn): %w", err))
 	}
@@ -696,6 +733,20 @@ func (m *migration) freeze(ctx context.Context) error {
 	return nil
 }
 
+// sendImages ships the images directory (all but pages already streamed):
+// every dump's, streamed (dumpStreaming) or lazy (shipLazyDump).
+func (m *migration) sendImages() error {
+	ch, err := m.sess.Open(ChanImages)
+	if err != nil {
+		return failAt("send images", err)
+	}
+	defer ch.Close()
+	if _, err := images.SendDir(ch, filepath.Join(m.work, "images"), isLog); err != nil {
+		return failAt("send images", err)
+	}
+	return failAt("send images", ch.CloseWrite())
+}
+
 // switchover asks the destination to restore, then commits: the source copy
 // is removed only once the destination acknowledged the commit.
 func (m *migration) switchover(ctx context.Context) error {
@@ -715,7 +766,7 @@ func (m *migration) switchover(ctx context.Context) error {
 		// The copy runs while its memory arrives from the destination's
 		// own images (localpull.go); this one stays, frozen, until that
 		// ended, so that a pull that fails leaves a whole copy here.
-		m.begin("lazy-pages")
+		m.begin(phaseLazyPages)
 		var done LazyDone
 		if err := m.ctl.Recv(&done); err != nil {
 			return m.inDoubt(failAt("lazy pages", fmt.Errorf("lost the destination while its copy's memory arrived from its images: %w", err)))
@@ -749,7 +800,7 @@ func (m *migration) commit(ctx context.Context) error {
 // sendCommit records the commit and sends it; from here the destination
 // may run the container.
 func (m *migration) sendCommit(ctx context.Context) error {
-	m.begin("commit")
+	m.begin(phaseCommit)
 	// Only a cancel stops it here (the gate): an agent told to stop
 	// runs a migration past its restore request to its end.
 	if !commitGate(ctx).pass() {
@@ -793,7 +844,7 @@ func (m *migration) committed(c Committed) {
 // the link gone), it may have restored the container before, and resuming
 // here could run it twice: the source copy stays frozen, in doubt.
 func (m *migration) requestRestore(ctx context.Context) (Restored, error) {
-	m.begin("restore")
+	m.begin(phaseRestore)
 	var rs Restored
 	if err := ctx.Err(); err != nil {
 		return rs, m.abort(ctx, failAt("restore", fmt.Errorf("cancelled before the restore (the agent is stopping, or the request was withdrawn): %w", err)))
@@ -821,7 +872,7 @@ func (m *migration) inDoubt(cause error) error {
 	if m.dump != nil {
 		m.dump.stop() // CRIU ends; the container stays frozen
 	}
-	m.report.SourceState = "frozen"
+	m.report.SourceState = string(sourceFrozen)
 	m.report.FrozenMs = units.Millis(time.Since(m.frozenAt))
 	if err := m.record(journal.InDoubt); err != nil {
 		cause = errors.Join(cause, err)
@@ -857,7 +908,7 @@ func (m *migration) recordFinal(state string) {
 // here, and the deletion shows as the "cleanup" phase.
 func (m *migration) removeSource(ctx context.Context) error {
 	m.report.TotalMs = m.since()
-	m.begin("cleanup")
+	m.begin(phaseCleanup)
 	if m.dump != nil {
 		m.dump.stop() // CRIU lets go of the container before it is deleted
 	}
@@ -873,10 +924,10 @@ func (m *migration) removeSource(ctx context.Context) error {
 		c.Volumes = m.ctr.Volumes
 	}
 	if err := m.rt.Remove(rctx, &c); err != nil {
-		m.report.SourceState = "frozen"
+		m.report.SourceState = string(sourceFrozen)
 		return failAt("remove source copy", err)
 	}
-	m.report.SourceState = "removed"
+	m.report.SourceState = string(sourceRemoved)
 	m.recordFinal(journal.Removed)
 	m.dropSourceNetwork()
 	return nil
@@ -934,7 +985,7 @@ func (m *migration) abort(ctx context.Context, cause error) error {
 		}
 	}
 	if serr == nil && st == "running" {
-		m.report.SourceState = "resumed"
+		m.report.SourceState = string(sourceResumed)
 		m.recordFinal(journal.Resumed)
 		return cause
 	}
@@ -942,11 +993,11 @@ func (m *migration) abort(ctx context.Context, cause error) error {
 		// Its processes died: a CRIU killed while its code ran inside
 		// them takes them along. No commit was sent, and the destination
 		// drops its copy: the container runs nowhere.
-		m.report.SourceState = "lost"
+		m.report.SourceState = string(sourceLost)
 		m.recordFinal(journal.Lost)
 		return errors.Join(cause, fmt.Errorf("the source copy's processes died before it could resume (its init %d is gone, dead or dumping core), and the destination has no copy: the container runs nowhere; %s", m.ctr.PID, m.restartHint()))
 	}
-	m.report.SourceState = "frozen"
+	m.report.SourceState = string(sourceFrozen)
 	if serr != nil {
 		st = serr.Error()
 	}

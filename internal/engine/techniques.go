@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/pages"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
@@ -32,9 +33,63 @@ type technique struct {
 	channels func(o PrecopyOptions) []string
 	// source runs the source half, from the live rootfs sync to the commit.
 	source func(m *migration, ctx context.Context) error
-	// receive starts the destination's receivers for those channels.
+
+	// The destination half, which incoming.run drives (destination.go):
+	// receive starts the receivers for the channels; arrive, when set,
+	// starts what the restore needs beside them once the images are in
+	// (imagesIn), and returns the arrival that readies the restore and
+	// brings the memory after the commit. Without arrive, the restore
+	// writes all of the memory from the images received (plainArrival).
 	receive func(in *incoming, ctx context.Context, rx receivers)
+	arrive  func(in *incoming, ctx context.Context, rx receivers, imagesIn <-chan error) arrival
 }
+
+// arrival is a technique's restore at the destination, for one migration.
+type arrival interface {
+	// abandon stops what arrive started: the migration was given up
+	// before the restore, its receivers have ended.
+	abandon()
+	// ready readies the restore once the source asked for it and every
+	// receiver ended. Its pull, when set, is ended by the driver
+	// (pulling.end) even when ready fails.
+	ready(ctx context.Context, rx receivers) (readied, error)
+}
+
+// readied is what an arrival readied for the restore, and what the
+// source is told of it (Restored).
+type readied struct {
+	// pull brings the copy's memory once it runs (nil: the restore
+	// writes all of it).
+	pull pulling
+	// filled: completing a memory-less dump's images (rebuild);
+	// lastWrites: the pages the restore writes itself (lastwrites.go).
+	filled, lastWrites filled
+	fromOwnImages      bool // the pull reads images here (localpull.go)
+}
+
+// pulling is the memory of a restored copy that arrives once it runs: a
+// lazy-pages daemon served by the source (lazyPull, postcopy.go) or by
+// this host's images (localPull, localpull.go).
+type pulling interface {
+	// restored runs once the restore handed the daemon the copy.
+	restored()
+	// journal is the state and pull the journal records at the commit.
+	journal() (string, *journal.Pull)
+	// unheard ends a pull whose source may not have heard the commit
+	// (err: sending it failed); finish waits for the pull's end after
+	// the commit and tells the source. Each says whether the copy stays.
+	unheard(ctx context.Context, sess *transport.Session, err error) (bool, error)
+	finish(ctx context.Context, sess *transport.Session, ctl *transport.Channel) (bool, error)
+	// end stops what is left of the pull as the migration's run ends.
+	end(committed bool)
+}
+
+// plainArrival is a restore that writes all of the memory from the images.
+type plainArrival struct{}
+
+func (plainArrival) abandon() {}
+
+func (plainArrival) ready(context.Context, receivers) (readied, error) { return readied{}, nil }
 
 // receivers is what a destination half needs to take its channels: the
 // session and router they arrive on, and the group whose end means every
@@ -52,27 +107,17 @@ const (
 	keyColdRebuild    = ModeCold + "/" + SwitchoverRebuild
 )
 
-// receiveRebuild is the destination half of the techniques that complete
-// a memory-less dump's images from rounds: the rounds go into a store and,
-// as a parent image, into the images.
-func receiveRebuild(in *incoming, ctx context.Context, rx receivers) {
-	in.store = in.newStore()
-	in.startParent()
-	rx.g.Go(func() error { return in.receiveRounds(ctx, rx.sess, rx.router) })
-}
-
 func fixed(chans ...string) func(PrecopyOptions) []string {
 	return func(PrecopyOptions) []string { return chans }
 }
 
-// techniques is every technique ferry runs, by key.
+// techniques is every technique ferry runs, by key. Each one's halves are
+// in its own file: its source, receive and arrive beside each other.
 var techniques = map[string]technique{
 	ModeCold: {
 		channels: fixed(ChanPages),
 		source:   (*migration).cold,
-		receive: func(in *incoming, ctx context.Context, rx receivers) {
-			rx.g.Go(func() error { return in.receiveFinalPages(ctx, rx.sess, rx.router, nil) })
-		},
+		receive:  receiveCold,
 	},
 	// Content pre-copy, dump switchover: rounds, then a full dump whose
 	// pages the destination holds travel as references.
@@ -80,18 +125,7 @@ var techniques = map[string]technique{
 		rounds:   true,
 		channels: fixed(ChanRounds, ChanPages),
 		source:   (*migration).precopy,
-		receive: func(in *incoming, ctx context.Context, rx receivers) {
-			in.store = in.newStore()
-			// Rounds must be stored before the final dump's references arrive.
-			rounds := make(chan error, 1)
-			go func() { rounds <- in.receiveRounds(ctx, rx.sess, rx.router) }()
-			rx.g.Go(func() error {
-				if err := <-rounds; err != nil {
-					return err
-				}
-				return in.receiveFinalPages(ctx, rx.sess, rx.router, in.store)
-			})
-		},
+		receive:  receivePrecopy,
 	},
 	// Cold through pre-copy's rebuild switchover with no live round: all
 	// of the frozen memory goes as one round beside CRIU's memory-less
@@ -102,6 +136,7 @@ var techniques = map[string]technique{
 		channels: fixed(ChanRounds, ChanLazy),
 		source:   (*migration).coldRebuild,
 		receive:  receiveRebuild,
+		arrive:   arriveRebuild,
 	},
 	keyPrecopyRebuild: {
 		rounds:   true,
@@ -110,22 +145,14 @@ var techniques = map[string]technique{
 		channels: fixed(ChanRounds, ChanLazy),
 		source:   (*migration).precopy,
 		receive:  receiveRebuild,
+		arrive:   arriveRebuild,
 	},
 	keyPrecopyNative: {
-		rounds: true,
-		needs:  runtime.Caps{PreDump: true},
-		channels: func(o PrecopyOptions) []string {
-			chans := []string{ChanPages}
-			for i := 0; i < withDefaults(o).MaxRounds; i++ {
-				chans = append(chans, predumpChan(i))
-			}
-			return chans
-		},
-		source: (*migration).precopyNative,
-		receive: func(in *incoming, ctx context.Context, rx receivers) {
-			in.receivePredumps(ctx, rx.sess, rx.router, withDefaults(in.offer.Precopy).MaxRounds)
-			rx.g.Go(func() error { return in.receiveFinalPages(ctx, rx.sess, rx.router, nil) })
-		},
+		rounds:   true,
+		needs:    runtime.Caps{PreDump: true},
+		channels: nativeChannels,
+		source:   (*migration).precopyNative,
+		receive:  receiveNative,
 	},
 	ModePostcopy: {
 		needs:    runtime.Caps{Freeze: true, LazyDump: true, LazyRestore: true},
@@ -133,24 +160,8 @@ var techniques = map[string]technique{
 		push:     true,
 		channels: fixed(ChanRounds, ChanLazy, ChanPush),
 		source:   (*migration).postcopy,
-		receive: func(in *incoming, ctx context.Context, rx receivers) {
-			// The last writes come beside the dump, as one round
-			// (lastwrites.go); the push fills the store while the copy
-			// runs: the restore does not wait for it (not in rx.g).
-			in.store = in.newStore()
-			in.lastWrites = &lastWrites{}
-			in.store.Observe(in.lastWrites.put, nil)
-			rx.g.Go(func() error { return in.receiveRounds(ctx, rx.sess, rx.router) })
-			in.push = newPushed(in.store)
-			if in.d.pushWait > 0 {
-				in.push.wait = in.d.pushWait
-			}
-			go func() {
-				if err := in.push.receive(ctx, rx.sess, rx.router); err != nil && ctx.Err() == nil {
-					in.d.log().Warn("post-copy: the push broke off; the lazy-pages daemon asks the source for the rest", "error", err)
-				}
-			}()
-		},
+		receive:  receivePostcopy,
+		arrive:   arriveLazy,
 	},
 	ModeHybrid: {
 		rounds:   true,
@@ -158,12 +169,8 @@ var techniques = map[string]technique{
 		lazy:     true,
 		channels: fixed(ChanRounds, ChanLazy),
 		source:   (*migration).hybrid,
-		receive: func(in *incoming, ctx context.Context, rx receivers) {
-			in.store = in.newStore()
-			in.lastWrites = &lastWrites{first: 1}
-			in.store.Observe(in.lastWrites.put, nil)
-			rx.g.Go(func() error { return in.receiveRounds(ctx, rx.sess, rx.router) })
-		},
+		receive:  receiveHybrid,
+		arrive:   arriveLazy,
 	},
 }
 
