@@ -103,9 +103,12 @@ type CRIUStatus struct {
 
 // ContainerStatus is one container on a host.
 type ContainerStatus struct {
-	Name   string `json:"name"`
-	Status string `json:"status"`
-	Pid    int    `json:"pid"`
+	Name string `json:"name"`
+	// Runtime is the kind of runtime it runs under (empty from an agent
+	// that listed runc's only).
+	Runtime string `json:"runtime,omitempty"`
+	Status  string `json:"status"`
+	Pid     int    `json:"pid"`
 	// ResidentBytes is the memory its processes hold, as the host sees it.
 	ResidentBytes int64 `json:"resident_bytes"`
 }

@@ -1,6 +1,9 @@
 package api
 
-import "time"
+import (
+	"encoding/json"
+	"time"
+)
 
 // Request is what the CLI asks of a source agent.
 type Request struct {
@@ -13,12 +16,14 @@ type Request struct {
 	Container string `json:"container"`
 	To        string `json:"to"`
 	Mode      string `json:"mode"`
-	// Runtime names the container's runtime (runc, podman, lxc); auto
-	// (or empty) finds it by name in the runtimes this host has.
+	// Runtime names the container's runtime (runc, podman, lxc, ...);
+	// auto (or empty) finds it by name in the runtimes this host has.
 	Runtime string `json:"runtime,omitempty"`
-	// RuncRoot is the runc root a runc container lives under, when not
-	// the agent's own.
-	RuncRoot string `json:"runc_root,omitempty"`
+	// RuntimeOptions are options for runtimes, by kind, each the
+	// runtime's own (runc: "root", the runc root a container lives under
+	// when not the agent's). The source agent refuses options a runtime
+	// does not take.
+	RuntimeOptions map[string]map[string]string `json:"runtime_options,omitempty"`
 	// KeepVolumes leaves the source's copy of the volumes that moved in
 	// place after the commit (by default they are removed with it).
 	KeepVolumes bool `json:"keep_volumes,omitempty"`
@@ -63,4 +68,38 @@ type LineSpec struct {
 	// Handoff is when a migration with live rounds gives its turn away:
 	// HandoffCommit (the default) or HandoffFreeze.
 	Handoff string `json:"handoff,omitempty"`
+}
+
+// RuncOptionRoot is runc's RuntimeOptions key naming its root.
+const RuncOptionRoot = "root"
+
+// request is Request without its JSON methods.
+type request Request
+
+// UnmarshalJSON reads a Request, taking an older CLI's runc_root as runc's
+// root option.
+func (r *Request) UnmarshalJSON(b []byte) error {
+	var v struct {
+		request
+		RuncRoot string `json:"runc_root"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*r = Request(v.request)
+	if v.RuncRoot != "" && r.RuntimeOptions["runc"][RuncOptionRoot] == "" {
+		r.SetRuntimeOption("runc", RuncOptionRoot, v.RuncRoot)
+	}
+	return nil
+}
+
+// SetRuntimeOption sets one of a runtime's options.
+func (r *Request) SetRuntimeOption(kind, key, value string) {
+	if r.RuntimeOptions == nil {
+		r.RuntimeOptions = map[string]map[string]string{}
+	}
+	if r.RuntimeOptions[kind] == nil {
+		r.RuntimeOptions[kind] = map[string]string{}
+	}
+	r.RuntimeOptions[kind][key] = value
 }

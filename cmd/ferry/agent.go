@@ -13,11 +13,9 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ferry-migrate/ferry/api"
-	"github.com/ferry-migrate/ferry/api/restoreshim"
 	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/cli"
-	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
-	"github.com/ferry-migrate/ferry/internal/runtime/docker"
+	"github.com/ferry-migrate/ferry/internal/runtime/all"
 	"github.com/ferry-migrate/ferry/internal/transport"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
@@ -116,7 +114,6 @@ runs the agent with /etc/ferry/agent.toml, and the example file.`,
 	f.StringVar(&a.Control, "control", agent.DefaultControl, "unix socket for the ferry CLI")
 	f.StringVar(&a.Host.StateDir, "state", "/var/lib/ferry", "state directory: the journal and, unless given apart, runc root, bundles, migration scratch")
 	f.StringVar(&a.Host.BundlesDir, "bundles", "", "directory of the OCI bundles (config.json, root filesystem) of runc containers restored here (default: STATE/bundles); on ext4 without a journal keep it on another filesystem, since ext4 then scans past every inode freed in the last 30 s for each file it creates")
-	f.StringVar(&a.Host.RuncRootDir, "runc-root", "/run/runc", "runc root whose containers this agent moves (runc --root), and where it restores runc containers")
 	f.BoolVar(&a.Admission.Privileged, "allow-privileged", false, "accept incoming containers whatever their config.json asks: OCI hooks (run as root here), host namespaces, bind mounts of any host path, extra capabilities, devices")
 	f.BoolVar(&a.Admission.HostNetwork, "allow-host-network", false, "accept incoming containers that share the host's network namespace")
 	f.StringSliceVar(&a.Admission.BindSources, "allow-bind", nil, "host directories incoming containers may bind-mount from (repeatable)")
@@ -125,18 +122,8 @@ runs the agent with /etc/ferry/agent.toml, and the example file.`,
 	f.DurationVar(&a.Limits.IdleTimeout, "idle-timeout", agent.DefaultLimits().IdleTimeout, "close a peer's session with no migration or query open for this long")
 	f.Var(units.BytesVar(&a.Admission.MaxMemoryBytes), "max-incoming-memory", "refuse offers announcing more memory than this (8G, 512M; 0: this host's RAM)")
 	f.StringSliceVar(&segmentRanges, "segment-range", nil, "address ranges (CIDR) containers keeping their address may claim on --segment-bridge (repeatable); none: such containers are refused")
-	f.StringVar(&a.PodmanDir, "podman-dir", "", "a Podman instance of this agent's own under this directory (storage, run, network config); empty: the machine's Podman")
-	f.StringVar(&a.Containerd, "containerd", "", "containerd's socket, whose containers this agent moves and where it restores them (default "+containerd.DefaultAddress+", used when it exists)")
-	f.StringVar(&a.ContainerdRuncRoot, "containerd-runc-root", "", "runc root that containers restored through containerd get (the shim's --root); empty: the one their source used")
-	f.StringVar(&a.Kubernetes, "kubernetes", "", "the containerd socket of this node's kubelet: its pods' containers move with --runtime kubernetes, and replacement pods (RuntimeClass ferry) are restored here through ferry's shim; empty: no Kubernetes")
-	f.StringVar(&a.ShimDir, "shim-dir", "", "the rendezvous directory of this node's ferry shim (its containerd's "+restoreshim.DirEnv+"; default "+restoreshim.DefaultDir+")")
-	f.StringVar(&a.CNI.ConfDir, "cni-conf-dir", containerd.DefaultCNI.ConfDir, "CNI network configuration lists: a containerd container labelled "+containerd.LabelCNINetwork+"=NAME is attached at the destination to the network NAME found here")
-	f.StringSliceVar(&a.CNI.BinDirs, "cni-bin-dir", containerd.DefaultCNI.BinDirs, "directories holding the CNI plugins")
-	f.StringVar(&a.CNI.CacheDir, "cni-cache-dir", "", "where CNI keeps its record of each attachment (default CNI's own, /var/lib/cni)")
-	f.StringVar(&a.Docker, "docker", "", "dockerd's address (unix://PATH), whose containers this agent moves and where it restores them (default "+docker.DefaultHost+", used when it exists; restores need dockerd --experimental)")
-	f.StringVar(&a.DockerExecRoot, "docker-exec-root", "", "dockerd's --exec-root, where runc keeps its containers (default "+docker.DefaultExecRoot+")")
-	f.StringVar(&a.LXCPath, "lxc-path", "", "where LXC containers live (lxc-* -P); empty: LXC's default, /var/lib/lxc")
-	f.StringSliceVar(&a.ImageRoots, "image-root", nil, "directories holding unpacked images (repeatable): a runc container whose root is an overlay over an image below one of them moves only its own writable layer; none: such containers are refused here")
+	// Each runtime's own flags (runc's --runc-root, containerd's --containerd, ...).
+	a.Runtimes = all.Registry.Makers(f)
 	f.StringVar(&a.Host.CgroupParent, "cgroup-parent", "ferry", "cgroup under which restored containers live")
 	f.StringVar(&a.Host.NetNS, "netns", "", "network namespace path that restored containers join when their source joined one")
 	f.StringVar(&a.Host.ScratchDir, "scratch", "/dev/shm/ferry", "where migrations keep CRIU images while they run; a tmpfs makes restores fast")

@@ -6,12 +6,16 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/ferry-migrate/ferry/api"
 	"github.com/ferry-migrate/ferry/internal/cli"
 	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/runtime/all"
 	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
@@ -26,6 +30,7 @@ func newMigrateCmd() *cobra.Command {
 		detach bool
 		// namespace is a containerd namespace.
 		namespace string
+		runcRoot  string
 	)
 	cmd := &cobra.Command{
 		Use:   "migrate CONTAINER --to DEST",
@@ -46,22 +51,7 @@ Techniques (--mode):
   auto      measure memory, dirty rate and link, plan (ferry plan), run the
             recommended technique, or refuse when none fits --max-downtime
 
-Runtimes (--runtime): the container is found by name in the runtimes the
-source host has (auto, the default; the report says which) or in the one
-named: runc (under the agent's --runc-root, default /run/runc, or
---runc-root here), podman, lxc, containerd (the agent's --containerd
-socket; NAME is the container's ID, in the namespace --namespace names,
-default "default"), docker (the agent's --docker; restores need dockerd
---experimental, and Docker's restore copies the images twice: all of
-memory in cold and pre-copy, next to nothing in post-copy and hybrid),
-kubernetes (the agent's --kubernetes: a pod's container, NAME its
-containerd ID; the destination restores it into a replacement pod that its
-kubelet made, with RuntimeClass ferry: a Migration resource and ferry's
-controller drive this, see docs/KUBERNETES.md). It is
-restored at the destination into the same kind of runtime, under the same
-name, and that runtime manages it afterwards. A technique the runtime cannot do is refused before anything
-is frozen; ferry check lists what each runtime supports on a host.
-
+` + runtimesHelp(all.Registry) + `
 DEST is an agent address (10.0.0.2:7070), NAME@ADDR (the agent must prove it
 is host NAME) or a host name of the hosts file $FERRY_HOSTS (h2; ferry-lab's
 is /run/ferry/lab/state.json): the source agent dials it. --from is
@@ -117,6 +107,9 @@ start the container again with its runtime.`,
 					return cli.Usage(errors.New("--namespace names a containerd namespace: use it with --runtime containerd"))
 				}
 				req.Container = containerd.JoinName(namespace, args[0])
+			}
+			if runcRoot != "" {
+				req.SetRuntimeOption("runc", api.RuncOptionRoot, runcRoot)
 			}
 			from, to, err := src.endpoints(req.To)
 			if err != nil {
@@ -178,9 +171,9 @@ start the container again with its runtime.`,
 	f.BoolVar(&events, "events", false, "print the job's ID, its progress and the report as JSON lines while it runs (see above)")
 	f.BoolVar(&detach, "detach", false, "print the migration's ID once the agent accepted it and leave it running (ferry ps, ferry wait ID, ferry cancel ID)")
 	f.StringVar(&req.ID, "id", "", "the migration's ID, your choice (12 lowercase hex digits; default: the agent's): the same command again with it follows that migration, running or ended, and never starts a second (for scripts and controllers that retry)")
-	f.StringVar(&req.Runtime, "runtime", engine.RuntimeAuto, "the container's runtime: auto (find it by name), runc, podman, lxc, containerd or docker")
+	f.StringVar(&req.Runtime, "runtime", engine.RuntimeAuto, "the container's runtime: auto (find it by name), "+all.Registry.KindList("or"))
 	f.StringVar(&namespace, "namespace", "", "containerd: the container's namespace (default: default)")
-	f.StringVar(&req.RuncRoot, "runc-root", "", "runc root the container lives under (default: the source agent's --runc-root)")
+	f.StringVar(&runcRoot, "runc-root", "", "runc root the container lives under (default: the source agent's --runc-root)")
 	f.BoolVar(&req.KeepVolumes, "keep-volumes", false, "after the commit, keep the source's copy of the volumes that moved (named volumes: Docker), instead of removing them with the container")
 	f.StringVar(&maxBW, "max-bandwidth", "", "cap the migration's sending rate (e.g. 500mbit) to leave room for other traffic")
 	f.StringSliceVar(&req.Faults, "inject-fault", nil, "inject a failure for testing (agents with --allow-faults only): ACTION@PHASE, e.g. kill-destination@restore (see ferry-lab bench faults --help)")
@@ -311,4 +304,40 @@ func printReport(w io.Writer, r engine.Report) {
 		fmt.Fprintf(w, " %s %.0f", p.Name, p.EndMs-p.StartMs)
 	}
 	fmt.Fprintln(w, " (ms)")
+}
+
+// runtimesHelp is migrate's paragraph on --runtime: every registered
+// runtime, as it describes itself.
+func runtimesHelp(reg *runtime.Registry) string {
+	var ds []string
+	for _, g := range reg.All() {
+		ds = append(ds, g.Describe)
+	}
+	text := "Runtimes (--runtime): the container is found by name in the runtimes the " +
+		"source host has (auto, the default; the report says which) or in the one " +
+		"named: " + strings.Join(ds, ", ") + ". It is restored at the destination into " +
+		"the same kind of runtime, under the same name, and that runtime manages it " +
+		"afterwards. A technique the runtime cannot do is refused before anything " +
+		"is frozen; ferry check lists what each runtime supports on a host."
+	return wrapText(text, 76) + "\n"
+}
+
+// wrapText breaks text into lines of at most width columns, at spaces.
+func wrapText(text string, width int) string {
+	var b strings.Builder
+	n := 0
+	for _, w := range strings.Fields(text) {
+		switch {
+		case n == 0:
+		case n+1+len(w) > width:
+			b.WriteByte('\n')
+			n = 0
+		default:
+			b.WriteByte(' ')
+			n++
+		}
+		b.WriteString(w)
+		n += len(w)
+	}
+	return b.String()
 }

@@ -13,11 +13,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/model"
 	"github.com/ferry-migrate/ferry/internal/runtime"
-	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
-	"github.com/ferry-migrate/ferry/internal/runtime/docker"
-	"github.com/ferry-migrate/ferry/internal/runtime/lxc"
-	"github.com/ferry-migrate/ferry/internal/runtime/podman"
-	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+	"github.com/ferry-migrate/ferry/internal/runtime/all"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
 
@@ -87,9 +83,9 @@ development machine. Each comes with its interval (about 8 migrations in
 			if err != nil {
 				return err
 			}
-			caps, ok := planCaps[runtimeKind]
-			if !ok {
-				return fmt.Errorf("--runtime: %q is not one of runc, podman, lxc, containerd, docker", runtimeKind)
+			caps, err := planCaps(all.Registry, runtimeKind)
+			if err != nil {
+				return err
 			}
 			in := engine.PlanFor(model.Inputs{MemoryBytes: float64(mem), DirtyRatePagesPerSec: dirtyRate, BandwidthBps: float64(bps) / 8,
 				SharedBytes: float64(shared), RootfsBytes: float64(rootfsDelta + volume)}, caps)
@@ -128,21 +124,21 @@ development machine. Each comes with its interval (about 8 migrations in
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	f.BoolVar(&learned, "learned", false, "plan with the profile the agent at --from learned from its migrations (instead of --profile)")
 	src.add(cmd, "with --learned, the agent whose profile to plan with")
-	f.StringVar(&runtimeKind, "runtime", "runc", "the container's runtime: runc, podman, lxc, containerd, docker")
+	f.StringVar(&runtimeKind, "runtime", "runc", "the container's runtime: "+all.Registry.KindList("or"))
 	_ = cmd.MarkFlagRequired("memory")
 	_ = cmd.MarkFlagRequired("bandwidth")
 	return cmd
 }
 
-// planCaps is what each runtime can do where CRIU's lazy pages work (and,
-// for Docker, with ferry's ferry-runc runtime), as far as a plan cares.
-var planCaps = map[string]runtime.Caps{
-	"runc":       (&runc.Runtime{Lazy: true}).Caps(),
-	"podman":     (&podman.Runtime{Lazy: true}).Caps(),
-	"lxc":        (&lxc.Runtime{Lazy: true}).Caps(),
-	"containerd": (&containerd.Runtime{Lazy: true}).Caps(),
-	"docker":     docker.CapsFor(true, true),
-	"kubernetes": (&containerd.Runtime{Lazy: true}).Caps(),
+// planCaps is what a kind of runtime can do where CRIU's lazy pages work
+// (and, for Docker, with ferry's ferry-runc runtime), as far as a plan
+// cares.
+func planCaps(reg *runtime.Registry, kind string) (runtime.Caps, error) {
+	g, ok := reg.Get(kind)
+	if !ok {
+		return runtime.Caps{}, fmt.Errorf("--runtime: %q is not one of %s", kind, reg.KindList("or"))
+	}
+	return g.Caps(runtime.PlanFeatures), nil
 }
 
 func plan(p model.Profile, in model.Inputs, maxDowntime time.Duration) planOutput {

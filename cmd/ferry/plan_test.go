@@ -1,12 +1,15 @@
 package main
 
 import (
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/model"
+	"github.com/ferry-migrate/ferry/internal/runtime/all"
 	"github.com/ferry-migrate/ferry/internal/runtime/docker"
+	"github.com/ferry-migrate/ferry/internal/runtime/runtimetest"
 )
 
 // A plan for a runtime offers only what it can run and counts what its
@@ -17,8 +20,12 @@ import (
 func TestPlanPerRuntime(t *testing.T) {
 	in := model.Inputs{MemoryBytes: 256 << 20, DirtyRatePagesPerSec: 100, BandwidthBps: 125e6}
 	p := model.DefaultProfile()
-	for kind := range planCaps {
-		out := plan(p, engine.PlanFor(in, planCaps[kind]), time.Second)
+	for _, kind := range all.Registry.Kinds() {
+		caps, err := planCaps(all.Registry, kind)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := plan(p, engine.PlanFor(in, caps), time.Second)
 		lazy := 0
 		for _, q := range out.Predictions {
 			if q.Mode == model.ModePostcopy || q.Mode == model.ModeHybrid {
@@ -44,5 +51,21 @@ func TestPlanPerRuntime(t *testing.T) {
 	root.SilenceErrors, root.SilenceUsage = true, true
 	if err := root.Execute(); err == nil {
 		t.Error("plan --runtime nope accepted")
+	}
+}
+
+// A runtime registered (by the test only) is one ferry plan plans for and
+// ferry migrate --help names.
+func TestPlanRegisteredRuntime(t *testing.T) {
+	reg := all.Registry.With(runtimetest.Registration())
+	caps, err := planCaps(reg, runtimetest.Kind)
+	if err != nil || !caps.LazyRestore {
+		t.Fatalf("caps %+v, %v", caps, err)
+	}
+	if _, err := planCaps(reg, "nothing"); err == nil || !strings.Contains(err.Error(), "docker, kubernetes or toy") {
+		t.Errorf("unknown kind: %v", err)
+	}
+	if h := runtimesHelp(reg); !strings.Contains(strings.Join(strings.Fields(h), " "), "toy (a test's runtime)") {
+		t.Errorf("help:\n%s", h)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/cli"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/preflight"
+	"github.com/ferry-migrate/ferry/internal/runtime/all"
 )
 
 // Set at build time (the Makefile: -ldflags "-X main.version=... -X
@@ -34,7 +35,7 @@ func newVersionCmd() *cobra.Command {
 		Use:   "version",
 		Short: "Print ferry's version, and the CRIU and runtimes it finds here",
 		Long: `version prints this build of ferry (version, commit, Go) and the versions of
-CRIU and of the container runtimes (runc, Podman, LXC) installed on this
+CRIU and of the container runtimes (runc, Podman, LXC, ...) installed on this
 host, as ferry check finds them. ferry --version prints the first line only.`,
 		Example: `  ferry version
   ferry version --json`,
@@ -47,9 +48,14 @@ host, as ferry check finds them. ferry --version prints the first line only.`,
 				s := cv.String()
 				v.CRIU = &s
 			}
-			for name, dst := range map[string]**string{"runc": &v.Runtimes.Runc, "podman": &v.Runtimes.Podman, "lxc": &v.Runtimes.LXC} {
-				if rv, ok := preflight.RuntimeVersion(ctx, name); ok {
-					*dst = &rv
+			v.Runtimes = preflight.Runtimes{}
+			for _, g := range all.Registry.All() {
+				if len(g.Tools) == 0 {
+					continue
+				}
+				v.Runtimes[g.Kind] = nil
+				if rv, ok := preflight.RuntimeVersion(ctx, g.Kind); ok {
+					v.Runtimes[g.Kind] = &rv
 				}
 			}
 			if asJSON {
@@ -65,9 +71,11 @@ host, as ferry check finds them. ferry --version prints the first line only.`,
 				}
 			}
 			show("criu", v.CRIU)
-			show("runc", v.Runtimes.Runc)
-			show("podman", v.Runtimes.Podman)
-			show("lxc", v.Runtimes.LXC)
+			for _, g := range all.Registry.All() {
+				if s, ok := v.Runtimes[g.Kind]; ok {
+					show(g.Kind, s)
+				}
+			}
 			return nil
 		},
 	}

@@ -4,18 +4,14 @@
 package agent
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,12 +27,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/reserve"
 	"github.com/ferry-migrate/ferry/internal/runtime"
-	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
-	"github.com/ferry-migrate/ferry/internal/runtime/docker"
-	"github.com/ferry-migrate/ferry/internal/runtime/kubernetes"
-	"github.com/ferry-migrate/ferry/internal/runtime/lxc"
-	"github.com/ferry-migrate/ferry/internal/runtime/podman"
-	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+	"github.com/ferry-migrate/ferry/internal/runtime/all"
 	"github.com/ferry-migrate/ferry/internal/transport"
 	"github.com/ferry-migrate/ferry/internal/vmas"
 	"golang.org/x/sys/unix"
@@ -68,25 +59,12 @@ type Agent struct {
 	Profile *model.Profile
 	// Admission is what this host accepts of incoming containers.
 	Admission admission.Policy
-	// PodmanDir keeps a Podman instance of this host's own (the lab's
-	// hosts); empty means the machine's Podman. LXCPath is where LXC
-	// containers live (lxc-* -P; empty: LXC's default).
-	PodmanDir, LXCPath string
-	// Containerd is containerd's socket; ContainerdRuncRoot the runc root
-	// containers restored through it get ("": their source's).
-	Containerd, ContainerdRuncRoot string
-	// Kubernetes is the containerd socket of this node's kubelet, whose
-	// pods' containers move (runtime kubernetes; "": none); ShimDir is
-	// its ferry shim's rendezvous directory ("": restoreshim.DefaultDir).
-	Kubernetes, ShimDir string
-	// CNI is where containerd containers' CNI networks are configured
-	// (containerd.CNI; zero: containerd.DefaultCNI).
-	CNI containerd.CNI
-	// Docker is dockerd's address; DockerExecRoot its --exec-root.
-	Docker, DockerExecRoot string
-	// ImageRoots hold the images runc containers with an overlay root may
-	// sit on here: only such a container's own layer moves.
-	ImageRoots []string
+	// Runtimes make the runtimes this host offers, by kind
+	// (runtime.Registry.Makers: each kind's own flags set them up).
+	Runtimes map[string]runtime.Maker
+	// Registry is the kinds of runtimes, for a request's options (nil:
+	// all.Registry).
+	Registry *runtime.Registry
 	// SegmentBridge is the host's bridge to the shared L2 segment, for
 	// containers that keep their address.
 	SegmentBridge string
@@ -135,55 +113,34 @@ type Agent struct {
 	// control socket): a striped session may arrive on several.
 	server *transport.Server
 	// runtimeSet replaces runtimes() in unit tests.
-	runtimeSet func(runcRoot string) runtime.Set
+	runtimeSet func(opts runtime.RequestOptions) (runtime.Set, error)
 }
 
-// runtimes returns the container runtimes this host offers, runc's under
-// runcRoot when one is given (a request's --runc-root) or the host's.
-func (a *Agent) runtimes(runcRoot string) runtime.Set {
+// runtimes returns the container runtimes this host offers, with a
+// request's options applied (a runc root of its own, say).
+func (a *Agent) runtimes(opts runtime.RequestOptions) (runtime.Set, error) {
 	if a.runtimeSet != nil {
-		return a.runtimeSet(runcRoot)
+		return a.runtimeSet(opts)
 	}
-	if runcRoot == "" || runcRoot == a.Host.RuncRoot() {
-		return a.set
-	}
-	set := maps.Clone(a.set)
-	rc := *a.set["runc"].(*runc.Runtime)
-	rc.Root = runcRoot
-	set["runc"] = &rc
-	return set
+	return a.set.WithOptions(a.registry(), opts)
 }
 
-// newRuntimes makes the runtimes this host has, once at start.
+func (a *Agent) registry() *runtime.Registry {
+	if a.Registry != nil {
+		return a.Registry
+	}
+	return all.Registry
+}
+
+// newRuntimes makes the runtimes this host has, once at start. One that
+// cannot be made is logged and left out: the others' containers move.
 func (a *Agent) newRuntimes() runtime.Set {
-	set := runtime.Set{
-		"runc": &runc.Runtime{Host: runc.Host{Root: a.Host.RuncRoot()}, BundleRoot: a.Host.BundleRoot(), Admission: a.Admission,
-			ImageRoots: a.ImageRoots, CgroupParent: a.Host.CgroupParent, NetNS: a.Host.NetNS, Lazy: a.feats.LazyPages, DirtyTracking: a.feats.DirtyTracking},
-	}
-	// Other runtimes where their tools are installed.
-	if _, err := exec.LookPath("podman"); err == nil {
-		pm := podman.New(podman.Host{Dir: a.PodmanDir, NetNS: a.Host.NetNS})
-		pm.Lazy, pm.Admission = a.feats.LazyPages, a.Admission
-		set["podman"] = pm
-	}
-	if _, err := os.Stat(cmp.Or(a.Containerd, containerd.DefaultAddress)); err == nil || a.Containerd != "" {
-		set["containerd"] = &containerd.Runtime{Address: a.Containerd, RuncRoot: a.ContainerdRuncRoot, CgroupParent: a.Host.CgroupParent,
-			NetNS: a.Host.NetNS, StateDir: containerd.StateDir(a.Host.StateDir), Admission: a.Admission, Lazy: a.feats.LazyPages, CNI: a.CNI}
-	}
-	if a.Kubernetes != "" {
-		ctrd := &containerd.Runtime{Address: a.Kubernetes, Lazy: a.feats.LazyPages}
-		set["kubernetes"] = &kubernetes.Runtime{Containerd: ctrd, RestoreDir: a.ShimDir, Admission: a.Admission}
-	}
-	if _, err := os.Stat(strings.TrimPrefix(cmp.Or(a.Docker, docker.DefaultHost), "unix://")); err == nil || a.Docker != "" {
-		set["docker"] = &docker.Runtime{Host: a.Docker, ExecRoot: a.DockerExecRoot, NetNS: a.Host.NetNS, Admission: a.Admission, Lazy: a.feats.LazyPages}
-	}
-	if _, err := exec.LookPath("lxc-checkpoint"); err == nil {
-		lx := lxc.New(a.LXCPath)
-		lx.Admission, lx.ContainerNetNS, lx.Lazy = a.Admission, a.Host.NetNS, a.feats.LazyPages
-		if a.SegmentBridge != "" {
-			lx.SharedBridges = []string{a.SegmentBridge}
-		}
-		set["lxc"] = lx
+	env := runtime.Env{StateDir: a.Host.StateDir, BundleRoot: a.Host.BundleRoot(), CgroupParent: a.Host.CgroupParent, NetNS: a.Host.NetNS,
+		SegmentBridge: a.SegmentBridge, Admission: a.Admission,
+		Features: runtime.Features{LazyPages: a.feats.LazyPages, DirtyTracking: a.feats.DirtyTracking}}
+	set, err := runtime.NewSet(a.Runtimes, env)
+	if err != nil {
+		a.Log.Warn("runtimes left out", "error", err)
 	}
 	return set
 }
@@ -510,9 +467,16 @@ func (a *Agent) control(ctx context.Context, src *engine.Source, ch *transport.C
 			return
 		}
 		a.Log.Info("migration started", "container", req.Container, "to", req.To, "mode", req.Mode)
-		if req.RuncRoot != "" {
+		if len(req.RuntimeOptions) > 0 {
+			set, err := a.runtimes(req.RuntimeOptions)
+			if err != nil {
+				a.release(req.Container)
+				_ = a.jobs.end(j, engine.Report{Container: req.Container, Mode: req.Mode, FailedAt: "prepare", Error: err.Error()})
+				_ = ch.Fail(err)
+				return
+			}
 			s := *src
-			s.Runtimes = a.runtimes(req.RuncRoot)
+			s.Runtimes = set
 			src = &s
 		}
 		req.ID = j.info.ID
@@ -673,20 +637,26 @@ func (a *Agent) release(name string) {
 	delete(a.busy, name)
 }
 
+// status lists every runtime's containers. A runtime that cannot answer
+// (its daemon stopped) hides only its own: the others' are listed and the
+// agent logs why.
 func (a *Agent) status(ctx context.Context) (engine.Status, error) {
-	sts, err := a.Host.Runc().List(ctx)
+	ctrs, err := a.set.List(ctx)
 	if err != nil {
-		return engine.Status{}, err
+		if len(ctrs) == 0 && len(a.set) > 0 {
+			return engine.Status{}, err
+		}
+		a.Log.Warn("some runtimes could not list their containers", "error", err)
 	}
 	out := engine.Status{Host: a.Host.Name, Containers: []engine.ContainerStatus{}, Model: a.modelStatus(),
 		Ferry: a.Version, Protocol: transport.ProtocolVersion}
 	if c := a.dst.CRIU; c != nil {
 		out.CRIU = &api.CRIUStatus{Path: c.Path, Version: c.Version, Patches: c.Patches}
 	}
-	for _, s := range sts {
-		cs := engine.ContainerStatus{Name: s.ID, Status: s.Status, Pid: s.Pid}
-		if s.Pid > 0 {
-			cs.ResidentBytes = procs.TreeResident(s.Pid)
+	for _, c := range ctrs {
+		cs := engine.ContainerStatus{Name: c.Name, Runtime: c.Runtime, Status: c.Status, Pid: c.PID}
+		if c.PID > 0 {
+			cs.ResidentBytes = procs.TreeResident(c.PID)
 		}
 		out.Containers = append(out.Containers, cs)
 	}

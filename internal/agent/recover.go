@@ -487,7 +487,11 @@ func (a *Agent) final(e journal.Entry, state string) (string, error) {
 
 // journaled finds the runtime and container a journal entry names.
 func (a *Agent) journaled(e journal.Entry) (runtime.Runtime, *runtime.Container, error) {
-	rt, err := a.runtimes(e.Root).Get(e.Runtime)
+	set, err := a.runtimes(e.RuntimeOptions())
+	if err != nil {
+		return nil, nil, err
+	}
+	rt, err := set.Get(e.Runtime)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -32,7 +32,8 @@ func (f *fakeRuntime) Continue(_ context.Context, c *runtime.Container) error {
 	return nil
 }
 
-func (f *fakeRuntime) Kind() string { return "fake" }
+func (f *fakeRuntime) List(context.Context) ([]runtime.Container, error) { return nil, nil }
+func (f *fakeRuntime) Kind() string                                      { return "fake" }
 func (f *fakeRuntime) Caps() runtime.Caps {
 	return runtime.Caps{Freeze: true, RestoreStopped: f.stopped}
 }
@@ -74,7 +75,7 @@ func testAgent(t *testing.T) (*Agent, *fakeRuntime) {
 	}
 	rt := &fakeRuntime{state: map[string]string{}}
 	a := &Agent{journal: j, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		runtimeSet: func(string) runtime.Set { return runtime.Set{"fake": rt} }}
+		runtimeSet: func(runtime.RequestOptions) (runtime.Set, error) { return runtime.Set{"fake": rt}, nil }}
 	a.jobs = newJobs(t.TempDir())
 	a.metrics = newMetrics(a.jobs)
 	return a, rt

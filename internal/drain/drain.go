@@ -185,7 +185,10 @@ func pick(ctx context.Context, o Options) ([]string, error) {
 	}
 	sizes := map[string]int64{}
 	for _, c := range st.Containers {
-		if c.Status == "running" {
+		// runc's only, as agents listed before they listed every
+		// runtime's: a drain moving other runtimes' containers (a
+		// Kubernetes pod's needs its controller) is a choice to make apart.
+		if c.Status == "running" && (c.Runtime == "" || c.Runtime == "runc") {
 			sizes[c.Name] = c.ResidentBytes
 		}
 	}
@@ -196,7 +199,7 @@ func pick(ctx context.Context, o Options) ([]string, error) {
 		}
 	}
 	// A named container the list lacks may run under another runtime
-	// (the list is the agent's runc root): its migration finds it, or says
+	// (the list is runc's): its migration finds it, or says
 	// it is not there. It goes last, its size unknown.
 	rss := map[string]int64{}
 	for _, n := range names {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/api/client"
 
+	"github.com/ferry-migrate/ferry/api"
 	"github.com/ferry-migrate/ferry/internal/bench"
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/engine"
@@ -110,9 +111,9 @@ func TestPlainRunc(t *testing.T) {
 		pipe           bool
 		req            engine.Request
 	}{
-		{"rel", "root", false, engine.Request{Mode: engine.ModePrecopy, Runtime: "runc", RuncRoot: root}},
-		{"abs", filepath.Join(t.TempDir(), "elsewhere"), true, engine.Request{Mode: engine.ModePostcopy, Runtime: "runc", RuncRoot: root}},
-		{"cold", "rootfs", false, engine.Request{Mode: engine.ModeCold, RuncRoot: root}}, // --runtime auto
+		{"rel", "root", false, engine.Request{Mode: engine.ModePrecopy, Runtime: "runc", RuntimeOptions: runcRootOpts(root)}},
+		{"abs", filepath.Join(t.TempDir(), "elsewhere"), true, engine.Request{Mode: engine.ModePostcopy, Runtime: "runc", RuntimeOptions: runcRootOpts(root)}},
+		{"cold", "rootfs", false, engine.Request{Mode: engine.ModeCold, RuntimeOptions: runcRootOpts(root)}}, // --runtime auto
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -165,7 +166,7 @@ func TestPlainRuncBadInput(t *testing.T) {
 		want string
 	}
 	cases := []badCase{
-		{engine.Request{Container: "nobody", Mode: engine.ModeCold, Runtime: "runc", RuncRoot: root}, "no container"},
+		{engine.Request{Container: "nobody", Mode: engine.ModeCold, Runtime: "runc", RuntimeOptions: runcRootOpts(root)}, "no container"},
 		{engine.Request{Container: p.name, Mode: engine.ModeCold, Runtime: "rkt"}, `runtime "rkt" is not available`},
 		{engine.Request{Container: p.name, Mode: engine.ModeCold, Runtime: "runc"}, "no container"}, // not under the agent's root
 	}
@@ -174,9 +175,9 @@ func TestPlainRuncBadInput(t *testing.T) {
 		s.Hooks = &specs.Hooks{Prestart: []specs.Hook{{Path: "/bin/true"}}}           //nolint:staticcheck // runc still runs the deprecated hooks
 		s.Process.Args = []string{"/bin/memhog", "--memory", "16M", "--port", "7001"} // beside plain-bad's
 	})
-	cases = append(cases, badCase{engine.Request{Container: hooked.name, Mode: engine.ModeCold, RuncRoot: root}, "OCI hooks"})
+	cases = append(cases, badCase{engine.Request{Container: hooked.name, Mode: engine.ModeCold, RuntimeOptions: runcRootOpts(root)}, "OCI hooks"})
 	if !criu.ProbeFeatures(context.Background()).DirtyTracking {
-		cases = append(cases, badCase{engine.Request{Container: p.name, Mode: engine.ModePrecopy, RuncRoot: root,
+		cases = append(cases, badCase{engine.Request{Container: p.name, Mode: engine.ModePrecopy, RuntimeOptions: runcRootOpts(root),
 			Precopy: engine.PrecopyOptions{Engine: engine.PrecopyNative}}, "soft-dirty"})
 	}
 	for _, c := range cases {
@@ -197,4 +198,9 @@ func TestPlainRuncBadInput(t *testing.T) {
 			}
 		}
 	}
+}
+
+// runcRootOpts is a request's options naming a runc root (--runc-root).
+func runcRootOpts(root string) map[string]map[string]string {
+	return map[string]map[string]string{"runc": {api.RuncOptionRoot: root}}
 }

@@ -56,8 +56,9 @@ type fakeRuntime struct {
 	freezes  int
 }
 
-func (f *fakeRuntime) Kind() string       { return "fake" }
-func (f *fakeRuntime) Caps() runtime.Caps { return f.caps }
+func (f *fakeRuntime) List(context.Context) ([]runtime.Container, error) { return nil, nil }
+func (f *fakeRuntime) Kind() string                                      { return "fake" }
+func (f *fakeRuntime) Caps() runtime.Caps                                { return f.caps }
 
 func (f *fakeRuntime) Inspect(_ context.Context, name string) (*runtime.Container, error) {
 	if name != "" && name == f.taken {

@@ -891,7 +891,7 @@ func (m *migration) record(state string) error {
 		return nil
 	}
 	return m.journal.Record(journal.Entry{ID: m.id, Role: journal.Source, Peer: m.req.To,
-		Container: m.ctr.Name, Runtime: m.rt.Kind(), Root: m.req.RuncRoot, State: state, NetNS: m.netnsPath, Links: m.links, LinkBridges: m.linkBridges(), Throttled: m.throttled,
+		Container: m.ctr.Name, Runtime: m.rt.Kind(), Options: m.req.RuntimeOptions[m.rt.Kind()], State: state, NetNS: m.netnsPath, Links: m.links, LinkBridges: m.linkBridges(), Throttled: m.throttled,
 		Volumes: m.removedVolumes(), Pull: m.keptPull()})
 }
 

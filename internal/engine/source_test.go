@@ -160,8 +160,9 @@ func newFakeSource(t *testing.T) *fakeSource {
 	}
 }
 
-func (f *fakeSource) Kind() string       { return "fake" }
-func (f *fakeSource) Caps() runtime.Caps { return f.caps }
+func (f *fakeSource) List(context.Context) ([]runtime.Container, error) { return nil, nil }
+func (f *fakeSource) Kind() string                                      { return "fake" }
+func (f *fakeSource) Caps() runtime.Caps                                { return f.caps }
 
 func (f *fakeSource) called(call string) {
 	f.mu.Lock()

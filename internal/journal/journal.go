@@ -73,8 +73,11 @@ type Entry struct {
 	Peer      string `json:"peer"`
 	Container string `json:"container"`
 	Runtime   string `json:"runtime"`
-	// Root is where the runtime keeps the container when not the agent's
-	// own place (a runc root given with the request).
+	// Options are the request's options for the runtime (its
+	// RuntimeOptions for this kind), for whoever settles the migration.
+	Options map[string]string `json:"options,omitempty"`
+	// Root is a runc root given with the request, as agents before
+	// Options recorded it (read only).
 	Root string `json:"root,omitempty"`
 	// Volumes name the volumes that move with the container: the source
 	// removes them with its copy after the commit, the destination with
@@ -256,4 +259,18 @@ func (j *Journal) Prune(maxAge time.Duration) (int, error) {
 		n++
 	}
 	return n, nil
+}
+
+// RuntimeOptions are the options the migration's runtime was given, by
+// kind (api.Request's RuntimeOptions); an older entry's Root is runc's
+// root option.
+func (e Entry) RuntimeOptions() map[string]map[string]string {
+	o := e.Options
+	if len(o) == 0 && e.Root != "" && e.Runtime == "runc" {
+		o = map[string]string{"root": e.Root}
+	}
+	if len(o) == 0 {
+		return nil
+	}
+	return map[string]map[string]string{e.Runtime: o}
 }

@@ -21,11 +21,8 @@ import (
 	"github.com/ferry-migrate/ferry/internal/dirty"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/runtime"
-	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
+	"github.com/ferry-migrate/ferry/internal/runtime/all"
 	"github.com/ferry-migrate/ferry/internal/runtime/docker"
-	"github.com/ferry-migrate/ferry/internal/runtime/lxc"
-	"github.com/ferry-migrate/ferry/internal/runtime/podman"
-	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 	"github.com/ferry-migrate/ferry/internal/vmas"
 )
 
@@ -72,15 +69,10 @@ type Features struct {
 	VMAFlags bool `json:"vma_flags"`
 }
 
-// Runtimes holds the versions of the container runtimes found; nil (JSON
-// null) means not installed.
-type Runtimes struct {
-	Runc       *string `json:"runc"`
-	Podman     *string `json:"podman"`
-	LXC        *string `json:"lxc"`
-	Containerd *string `json:"containerd"`
-	Docker     *string `json:"docker"`
-}
+// Runtimes holds, by kind, the versions of the container runtimes found:
+// every registered runtime with a tool to ask is there, nil (JSON null)
+// when not installed.
+type Runtimes map[string]*string
 
 // Cgroup says which cgroup hierarchies are mounted.
 type Cgroup struct {
@@ -124,11 +116,13 @@ type Probes struct {
 	Features       func(context.Context) criu.Features
 	WriteTracking  func() error
 	VMAFlags       func() error
-	RuntimeVersion func(ctx context.Context, name string) (string, bool) // "runc", "podman", "lxc"
+	RuntimeVersion func(ctx context.Context, kind string) (string, bool) // "runc", "podman", "lxc", ...
 	Cgroup         func() Cgroup
 	// DockerFerryRunc: the machine's dockerd runs and offers ferry's
 	// ferry-runc runtime.
 	DockerFerryRunc func() bool
+	// Registry is the runtimes to look for (nil: all.Registry).
+	Registry *runtime.Registry
 }
 
 // HostProbes asks the real host.
@@ -168,8 +162,15 @@ func (p Probes) Run(ctx context.Context) Report {
 		wtErr    error
 		vmaErr   error
 		feat     criu.Features
-		rt       [5]*string
 	)
+	reg := cmp.Or(p.Registry, all.Registry)
+	var kinds []runtime.Registration
+	for _, g := range reg.All() {
+		if len(g.Tools) > 0 {
+			kinds = append(kinds, g)
+		}
+	}
+	rt := make([]*string, len(kinds))
 	r.Root = p.IsRoot()
 	r.CriuPath, criuErr = p.CriuPath()
 	if criuErr == nil {
@@ -177,9 +178,9 @@ func (p Probes) Run(ctx context.Context) Report {
 		wg.Go(func() { checkErr = p.CriuCheck(ctx) })
 		wg.Go(func() { feat = p.Features(ctx) })
 	}
-	for i, name := range runtimeKinds {
+	for i, g := range kinds {
 		wg.Go(func() {
-			if v, ok := p.RuntimeVersion(ctx, name); ok {
+			if v, ok := p.RuntimeVersion(ctx, g.Kind); ok {
 				rt[i] = &v
 			}
 		})
@@ -193,7 +194,10 @@ func (p Probes) Run(ctx context.Context) Report {
 	}
 	wg.Wait()
 
-	r.Runtimes = Runtimes{Runc: rt[0], Podman: rt[1], LXC: rt[2], Containerd: rt[3], Docker: rt[4]}
+	r.Runtimes = Runtimes{}
+	for i, g := range kinds {
+		r.Runtimes[g.Kind] = rt[i]
+	}
 	r.Features = Features{
 		DirtyTracking: feat.DirtyTracking,
 		WriteTracking: wtErr == nil,
@@ -204,15 +208,10 @@ func (p Probes) Run(ctx context.Context) Report {
 	}
 	r.PipeMaxSize = feat.PipeMaxSize
 	r.Modes = map[string][]string{}
-	for i, caps := range []runtime.Caps{
-		(&runc.Runtime{Lazy: feat.LazyPages, DirtyTracking: feat.DirtyTracking}).Caps(),
-		(&podman.Runtime{Lazy: feat.LazyPages}).Caps(),
-		(&lxc.Runtime{Lazy: feat.LazyPages}).Caps(),
-		(&containerd.Runtime{Lazy: feat.LazyPages}).Caps(),
-		docker.CapsFor(feat.LazyPages, ferryRunc),
-	} {
+	hostFeats := runtime.Features{LazyPages: feat.LazyPages, DirtyTracking: feat.DirtyTracking, StoppedRestore: ferryRunc}
+	for i, g := range kinds {
 		if rt[i] != nil {
-			r.Modes[runtimeKinds[i]] = engine.Modes(caps)
+			r.Modes[g.Kind] = engine.Modes(g.Caps(hostFeats))
 		}
 	}
 	if criuErr == nil && verErr == nil {
@@ -228,8 +227,8 @@ func (p Probes) Run(ctx context.Context) Report {
 	default:
 		r.CriuCheck = "ok"
 	}
-	r.judge(criuErr, verErr, info.Version, checkErr, feat)
-	if r.Runtimes.Docker != nil && !ferryRunc {
+	r.judge(criuErr, verErr, info.Version, checkErr, feat, kinds)
+	if r.Runtimes["docker"] != nil && !ferryRunc {
 		r.Warnings = append(r.Warnings, Problem{
 			"Docker's daemon is not running or has no ferry-runc runtime: a Docker copy restored here runs before the commit, and Docker containers move only cold and pre-copy",
 			`add "runtimes": {"ferry-runc": {"path": "/usr/libexec/ferry/docker-runc"}} to /etc/docker/daemon.json and restart dockerd (docs/DEPLOY.md)`})
@@ -240,7 +239,7 @@ func (p Probes) Run(ctx context.Context) Report {
 const setupFix = "run `make setup` (builds CRIU 4.2.1 into /usr/local/sbin/criu)"
 
 // judge fills OK, Problems and Warnings from the probe answers.
-func (r *Report) judge(criuErr, verErr error, v criu.Version, checkErr error, f criu.Features) {
+func (r *Report) judge(criuErr, verErr error, v criu.Version, checkErr error, f criu.Features, kinds []runtime.Registration) {
 	r.Problems = []Problem{}
 	r.Warnings = []Problem{}
 	problem := func(what, fix string) { r.Problems = append(r.Problems, Problem{what, fix}) }
@@ -284,8 +283,10 @@ func (r *Report) judge(criuErr, verErr error, v criu.Version, checkErr error, f 
 		}
 		problem("criu check fails: "+checkErr.Error(), fix)
 	}
-	if r.Runtimes.Runc == nil {
-		problem("runc not found in PATH", "apt-get install runc (ferry is tested with runc 1.1.5)")
+	for _, g := range kinds {
+		if g.Required && r.Runtimes[g.Kind] == nil {
+			problem(g.Kind+" not found in PATH", cmp.Or(g.Install, "install "+g.Kind))
+		}
 	}
 	r.OK = len(r.Problems) == 0
 
@@ -331,21 +332,15 @@ func (r *Report) judge(criuErr, verErr error, v criu.Version, checkErr error, f 
 	}
 }
 
-// runtimeKinds are the runtimes ferry check looks for, in Runtimes' order.
-var runtimeKinds = []string{"runc", "podman", "lxc", "containerd", "docker"}
-
-// RuntimeVersion runs `<tool> --version` for a runtime and returns the
-// version from the first line, without build metadata ("runc version
-// 1.1.5+ds1" gives "1.1.5"). For lxc it asks lxc-start, then lxc-info.
-func RuntimeVersion(ctx context.Context, name string) (string, bool) {
-	tools := []string{name}
-	switch name {
-	case "lxc":
-		tools = []string{"lxc-start", "lxc-info"}
-	case "docker":
-		tools = []string{"dockerd"} // the daemon's version; a CLI may be newer
+// RuntimeVersion runs `<tool> --version` for each of a registered
+// runtime's Tools and returns the version from the first line that has
+// one, without build metadata ("runc version 1.1.5+ds1" gives "1.1.5").
+func RuntimeVersion(ctx context.Context, kind string) (string, bool) {
+	g, ok := all.Registry.Get(kind)
+	if !ok {
+		return "", false
 	}
-	for _, tool := range tools {
+	for _, tool := range g.Tools {
 		if _, err := exec.LookPath(tool); err != nil {
 			continue
 		}
@@ -492,11 +487,14 @@ func (r Report) Text() string {
 		}
 		return ""
 	}
-	line(need(r.Runtimes.Runc != nil), "runc", deref(r.Runtimes.Runc)+modes("runc"))
-	line(pick(r.Runtimes.Podman != nil, "✓", "-"), "podman", deref(r.Runtimes.Podman)+modes("podman"))
-	line(pick(r.Runtimes.LXC != nil, "✓", "-"), "lxc", deref(r.Runtimes.LXC)+modes("lxc"))
-	line(pick(r.Runtimes.Containerd != nil, "✓", "-"), "containerd", deref(r.Runtimes.Containerd)+modes("containerd"))
-	line(pick(r.Runtimes.Docker != nil, "✓", "-"), "docker", deref(r.Runtimes.Docker)+modes("docker"))
+	for _, g := range r.runtimeOrder(all.Registry) {
+		v := r.Runtimes[g.Kind]
+		mark := pick(v != nil, "✓", "-")
+		if g.Required {
+			mark = need(v != nil)
+		}
+		line(mark, g.Kind, deref(v)+modes(g.Kind))
+	}
 	cg := []string{}
 	if r.Cgroup.V1 {
 		cg = append(cg, "v1")
@@ -529,6 +527,28 @@ func (r Report) Text() string {
 	section("Problems", "✗", r.Problems)
 	section("Warnings", "!", r.Warnings)
 	return b.String()
+}
+
+// runtimeOrder is the report's runtimes in reg's order, then any reg does
+// not know (a report from another ferry, or from a test's registry).
+func (r Report) runtimeOrder(reg *runtime.Registry) []runtime.Registration {
+	var out []runtime.Registration
+	for _, g := range reg.All() {
+		if _, ok := r.Runtimes[g.Kind]; ok {
+			out = append(out, g)
+		}
+	}
+	var rest []string
+	for k := range r.Runtimes {
+		if _, ok := reg.Get(k); !ok {
+			rest = append(rest, k)
+		}
+	}
+	slices.Sort(rest)
+	for _, k := range rest {
+		out = append(out, runtime.Registration{Kind: k})
+	}
+	return out
 }
 
 func pick(cond bool, yes, no string) string {

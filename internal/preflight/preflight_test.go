@@ -65,7 +65,7 @@ func TestRunAllGood(t *testing.T) {
 	if !r.OK || len(r.Problems) != 0 || len(r.Warnings) != 0 {
 		t.Fatalf("want ok without problems or warnings, got ok=%v\n%s\n%s", r.OK, fixes(r.Problems), fixes(r.Warnings))
 	}
-	if r.CriuVersion != "4.2.1" || r.CriuCheck != "ok" || *r.Runtimes.Runc != "1.1.5" || r.PipeMaxSize != 16<<20 {
+	if r.CriuVersion != "4.2.1" || r.CriuCheck != "ok" || *r.Runtimes["runc"] != "1.1.5" || r.PipeMaxSize != 16<<20 {
 		t.Errorf("unexpected report: %+v", r)
 	}
 }

@@ -1,6 +1,7 @@
 // Package runtime is the narrow interface between ferry's migration engine
 // and the container runtimes whose containers it moves (runc, Podman, LXC,
-// containerd, Docker).
+// containerd, Docker, Kubernetes' containerd), and the registry of their
+// kinds (registry.go; package all lists them).
 // A technique never knows which runtime it drives: it inspects, freezes,
 // checkpoints with typed options, and at the destination prepares a target
 // and restores into it. Each runtime is one adapter package below this one.
@@ -254,6 +255,10 @@ type Runtime interface {
 	Caps() Caps
 	// Inspect describes a container, or returns ErrNotFound.
 	Inspect(ctx context.Context, name string) (*Container, error)
+	// List lists the runtime's containers on this host, each with its
+	// Name (as Inspect takes it), ID, Status and, running or paused, PID;
+	// none where the runtime's daemon is not running.
+	List(ctx context.Context) ([]Container, error)
 	// Freeze and Thaw stop and restart every process of the container
 	// (only where Caps.Freeze).
 	Freeze(ctx context.Context, c *Container) error

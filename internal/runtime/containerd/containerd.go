@@ -247,22 +247,8 @@ func (r *Runtime) Inspect(ctx context.Context, name string) (*runtime.Container,
 	if c.Spec, err = specJSON(info); err != nil {
 		return nil, err
 	}
-	task, err := ctr.Task(ctx, nil)
-	switch {
-	case errdefs.IsNotFound(err):
-	case err != nil:
+	if c.Status, c.PID, err = taskState(ctx, ctr); err != nil {
 		return nil, err
-	default:
-		st, err := task.Status(ctx)
-		if err != nil {
-			return nil, err
-		}
-		switch st.Status {
-		case client.Running:
-			c.Status, c.PID = "running", int(task.Pid())
-		case client.Paused, client.Pausing:
-			c.Status, c.PID = "paused", int(task.Pid())
-		}
 	}
 	rec := record{Namespace: ns, ID: id, Image: info.Image, Snapshotter: info.Snapshotter, Runtime: info.Runtime.Name, Labels: info.Labels}
 	if o := info.Runtime.Options; o != nil {
@@ -542,4 +528,84 @@ func killTask(ctx context.Context, t client.Task) error {
 // containerDir holds a restored container's CRIU configuration and log.
 func (r *Runtime) containerDir(ns, id string) string {
 	return filepath.Join(r.StateDir, ns, id)
+}
+
+// taskState is a container's status (running, paused or stopped) and, not
+// stopped, its task's PID.
+func taskState(ctx context.Context, ctr client.Container) (string, int, error) {
+	task, err := ctr.Task(ctx, nil)
+	switch {
+	case errdefs.IsNotFound(err):
+		return "stopped", 0, nil
+	case err != nil:
+		return "", 0, err
+	}
+	st, err := task.Status(ctx)
+	if err != nil {
+		return "", 0, err
+	}
+	switch st.Status {
+	case client.Running:
+		return "running", int(task.Pid()), nil
+	case client.Paused, client.Pausing:
+		return "paused", int(task.Pid()), nil
+	}
+	return "stopped", 0, nil
+}
+
+// criNamespace is the kubelet's namespace, whose containers runtime
+// kubernetes lists and moves.
+const criNamespace = "k8s.io"
+
+// List lists the containers of every namespace but the kubelet's.
+func (r *Runtime) List(ctx context.Context) ([]runtime.Container, error) {
+	cl, err := r.Connect()
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil // no daemon here, so none of its containers
+	}
+	if err != nil {
+		return nil, err
+	}
+	nss, err := cl.NamespaceService().List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []runtime.Container
+	for _, ns := range nss {
+		if ns == criNamespace {
+			continue
+		}
+		cs, err := r.ListNamespace(ctx, ns)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, cs...)
+	}
+	return out, nil
+}
+
+// ListNamespace lists one namespace's containers that match filters
+// (containerd's container filters), named as Inspect takes them.
+func (r *Runtime) ListNamespace(ctx context.Context, ns string, filters ...string) ([]runtime.Container, error) {
+	cl, err := r.Connect()
+	if err != nil {
+		return nil, err
+	}
+	ctx = withNS(ctx, ns)
+	ctrs, err := cl.Containers(ctx, filters...)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]runtime.Container, 0, len(ctrs))
+	for _, ctr := range ctrs {
+		st, pid, err := taskState(ctx, ctr)
+		if errdefs.IsNotFound(err) {
+			continue // removed since
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, runtime.Container{Runtime: r.Kind(), Name: JoinName(ns, ctr.ID()), ID: ctr.ID(), Status: st, PID: pid})
+	}
+	return out, nil
 }

@@ -368,3 +368,35 @@ func (r *Runtime) Remove(ctx context.Context, c *runtime.Container) error {
 	}
 	return removeVolumes(ctx, cl, c.Volumes)
 }
+
+// List is Docker's container list, with each live container's PID from
+// its inspect (the list has none).
+func (r *Runtime) List(ctx context.Context) ([]runtime.Container, error) {
+	if sock, ok := strings.CutPrefix(r.host(), "unix://"); ok {
+		if _, err := os.Stat(sock); err != nil {
+			return nil, nil // no daemon here, so none of its containers
+		}
+	}
+	cl, err := r.connect()
+	if err != nil {
+		return nil, err
+	}
+	sums, err := cl.ContainerList(ctx, container.ListOptions{All: true})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]runtime.Container, 0, len(sums))
+	for _, s := range sums {
+		c := runtime.Container{Runtime: r.Kind(), Name: s.ID, ID: s.ID, Status: status(s.State)}
+		if len(s.Names) > 0 {
+			c.Name = strings.TrimPrefix(s.Names[0], "/")
+		}
+		if c.Status != "stopped" {
+			if j, err := r.inspect(ctx, s.ID); err == nil {
+				c.PID = j.State.Pid
+			}
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}

@@ -33,6 +33,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -239,4 +240,16 @@ func SandboxAddress(ctx context.Context, cd *containerd.Runtime, namespace, name
 		}
 	}
 	return "", fmt.Errorf("pod %s/%s has no sandbox with an address on this node yet", namespace, name)
+}
+
+// List lists the pods' containers (not their sandboxes), by containerd ID.
+func (r *Runtime) List(ctx context.Context) ([]runtime.Container, error) {
+	cs, err := r.Containerd.ListNamespace(ctx, Namespace, `labels."io.cri-containerd.kind"==container`)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil // no kubelet's containerd here
+	}
+	for i := range cs {
+		cs[i].Runtime, cs[i].Name = r.Kind(), cs[i].ID
+	}
+	return cs, err
 }

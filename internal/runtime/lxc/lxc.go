@@ -959,3 +959,27 @@ func (t *target) Discard(ctx context.Context) error {
 	err := t.r.destroy(ctx, t.name)
 	return errors.Join(err, os.RemoveAll(t.dir))
 }
+
+// List is lxc-ls under the lxcpath, with each container's lxc-info.
+func (r *Runtime) List(ctx context.Context) ([]runtime.Container, error) {
+	if _, err := os.Stat(r.path()); errors.Is(err, os.ErrNotExist) {
+		return nil, nil // no container was ever made here
+	}
+	out, err := r.run(ctx, "", "lxc-ls", "-1")
+	if err != nil {
+		return nil, err
+	}
+	var cs []runtime.Container
+	for _, name := range strings.Fields(out) {
+		state, pid, err := r.info(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		c := runtime.Container{Runtime: r.Kind(), Name: name, ID: name, Status: status(state)}
+		if c.Status != "stopped" {
+			c.PID = pid
+		}
+		cs = append(cs, c)
+	}
+	return cs, nil
+}

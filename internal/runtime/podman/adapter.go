@@ -539,3 +539,34 @@ func tarShm(dir, dst string) error {
 	}
 	return err
 }
+
+// List is `podman ps --all`.
+func (r *Runtime) List(ctx context.Context) ([]runtime.Container, error) {
+	out, err := r.Host.podman(ctx, "ps", "--all", "--format", "json")
+	if err != nil {
+		return nil, err
+	}
+	var ps []struct {
+		ID    string   `json:"Id"`
+		Names []string `json:"Names"`
+		State string   `json:"State"`
+		Pid   int      `json:"Pid"`
+	}
+	if b := strings.TrimSpace(out); b != "" && b != "null" {
+		if err := json.Unmarshal([]byte(b), &ps); err != nil {
+			return nil, fmt.Errorf("podman ps: %w", err)
+		}
+	}
+	cs := make([]runtime.Container, 0, len(ps))
+	for _, p := range ps {
+		c := runtime.Container{Runtime: r.Kind(), Name: p.ID, ID: p.ID, Status: status(p.State)}
+		if len(p.Names) > 0 {
+			c.Name = p.Names[0]
+		}
+		if c.Status != "stopped" {
+			c.PID = p.Pid
+		}
+		cs = append(cs, c)
+	}
+	return cs, nil
+}

@@ -486,3 +486,16 @@ func (t *target) Discard(ctx context.Context) error {
 	_ = mounts.RemoveAll(t.bundle)
 	return nil
 }
+
+// List is `runc list` under the root.
+func (r *Runtime) List(ctx context.Context) ([]runtime.Container, error) {
+	sts, err := r.Host.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]runtime.Container, 0, len(sts))
+	for _, s := range sts {
+		out = append(out, runtime.Container{Runtime: r.Kind(), Name: s.ID, ID: s.ID, PID: s.Pid, Status: s.Status})
+	}
+	return out, nil
+}
