@@ -655,7 +655,8 @@ func TestBadInputFreezesNothing(t *testing.T) {
 	oldAddr := l.Hosts[1].Addr + ":7071"
 	cmd := l.Hosts[1].Command(ctx, bin, "agent", "--name", "h2", "--listen", oldAddr, "--control", "",
 		"--state", filepath.Join(t.TempDir(), "state"), "--tls-dir", l.Hosts[1].TLSDir())
-	cmd.Env = append(os.Environ(), "PATH="+fake+":"+os.Getenv("PATH"))
+	// FERRY_CRIU names it: ferry prefers its own CRIUs over PATH's.
+	cmd.Env = append(os.Environ(), "PATH="+fake+":"+os.Getenv("PATH"), "FERRY_CRIU="+filepath.Join(fake, "criu"))
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
