@@ -64,7 +64,10 @@ whose Migration failed are evicted as kubectl drain evicts them, honouring
 disruption budgets; --no-evict leaves them running. DaemonSets' and static
 pods stay. Run again after an interruption, it follows the Migrations it
 made (named after each pod's UID) rather than starting second ones. The
-exit status is 1 if a pod was neither moved nor evicted.`,
+exit status is 1 if a pod was neither moved nor evicted. Without
+--target-node, a node whose cores are all busy (the cost model's
+constraint 7.3) is no target: on a saturated cluster the pods no node can
+take are evicted, and the reason says so.`,
 		Example: `  ferry drain --from h1 --to h2 --mode precopy
   ferry drain --to 192.0.2.10:7070 --mode auto --max-downtime 300ms web db
   ferry drain --kubernetes node-1 --mode precopy --max-downtime 300ms`,
