@@ -4,6 +4,9 @@
 GO      ?= go
 BIN     := bin
 export PATH := /usr/local/go/bin:/usr/local/sbin:$(PATH)
+# A Go older than go.mod's fetches go.mod's toolchain (Debian's go.env
+# says local; scripts/setup.sh says which Go it found).
+export GOTOOLCHAIN ?= auto
 
 .PHONY: all setup build man package release release-check lint test unit fuzz demo bench clean lab-down
 

@@ -61,6 +61,28 @@ fi
 # version_ge A B: true when version A >= B.
 version_ge() { [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n1)" = "$2" ]; }
 
+# Go: go.mod names the version ferry builds with. A go command of 1.21 or
+# later fetches that toolchain itself when it is older (GOTOOLCHAIN=auto,
+# which the Makefile exports: Debian's go.env says local). Debian 12's own
+# Go is 1.19, too old for that, so such a machine gets bookworm-backports'.
+GO_WANT=$(awk '$1 == "go" {print $2; exit}' "$(dirname "$0")/../go.mod")
+# The machine's own version, asked outside the module (inside, auto would
+# already have switched).
+go_local() { (cd / && PATH="/usr/local/go/bin:$PATH" GOTOOLCHAIN=local go env GOVERSION 2>/dev/null | sed 's/^go//'); }
+GO_HAVE=$(go_local || true)
+if [ -z "$GO_HAVE" ] || ! version_ge "$GO_HAVE" 1.21; then
+  log "Go ${GO_HAVE:-missing} cannot fetch go$GO_WANT: installing golang from bookworm-backports"
+  if ! grep -rqs bookworm-backports /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    echo 'deb http://deb.debian.org/debian bookworm-backports main' > /etc/apt/sources.list.d/ferry-backports.list
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends -t bookworm-backports golang-go >/dev/null
+  GO_HAVE=$(go_local)
+fi
+if ! version_ge "$GO_HAVE" "$GO_WANT"; then
+  log "Go $GO_HAVE is older than go.mod's $GO_WANT: the go command fetches go$GO_WANT from the module proxy (GOTOOLCHAIN=auto)"
+fi
+
 build_id() { echo "$CRIU_VERSION $(cat "$PATCH_DIR"/*.patch 2>/dev/null | sha256sum | cut -c1-16) rundir=$CRIU_RUNDIR ${CRIU_MAKE_OPTS[*]}"; }
 
 criu_ok() {
