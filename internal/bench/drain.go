@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strconv"
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/runresult"
@@ -69,16 +68,11 @@ type DrainResult struct {
 	OK                   bool       `json:"ok"`
 }
 
-func (o DrainOptions) logf(format string, args ...any) {
-	if o.Log != nil {
-		fmt.Fprintf(o.Log, "bench: "+format+"\n", args...)
-	}
-}
+func (o DrainOptions) logf(format string, args ...any) { logTo(o.Log, format, args...) }
 
 // memhog on its own port, so that several share a lab host's network.
 func (o DrainOptions) memhogArgs(port int) []string {
-	return []string{"/bin/memhog", "--memory", strconv.FormatInt(o.MemoryBytes, 10),
-		"--dirty-rate", strconv.Itoa(o.DirtyRate), "--port", strconv.Itoa(port)}
+	return memhogArgs(o.MemoryBytes, o.DirtyRate, port)
 }
 
 // Drain runs the drain benchmark.

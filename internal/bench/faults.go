@@ -303,11 +303,7 @@ func (s *FaultsSummary) add(c FaultCase) {
 	}
 }
 
-func (o FaultsOptions) logf(format string, args ...any) {
-	if o.Log != nil {
-		fmt.Fprintf(o.Log, "bench: "+format+"\n", args...)
-	}
-}
+func (o FaultsOptions) logf(format string, args ...any) { logTo(o.Log, format, args...) }
 
 // runCase runs one migration with one fault, brings killed or stopped
 // agents back, waits for recovery and looks for what was left behind.

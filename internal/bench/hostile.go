@@ -676,11 +676,7 @@ func bringBackAgent(ctx context.Context, l *lab.Lab, h *lab.Host) error {
 	return nil
 }
 
-func (o HostileOptions) logf(format string, args ...any) {
-	if o.Log != nil {
-		fmt.Fprintf(o.Log, "bench: "+format+"\n", args...)
-	}
-}
+func (o HostileOptions) logf(format string, args ...any) { logTo(o.Log, format, args...) }
 
 func firstLine(s string) string {
 	s, _, _ = strings.Cut(s, "\n")

@@ -215,15 +215,23 @@ func upLab(ctx context.Context, o lab.Options) (*lab.Lab, func(err *error), erro
 	}, nil
 }
 
-func (o MigrateOptions) logf(format string, args ...any) {
-	if o.Log != nil {
-		fmt.Fprintf(o.Log, "bench: "+format+"\n", args...)
-	}
-}
+func (o MigrateOptions) logf(format string, args ...any) { logTo(o.Log, format, args...) }
 
 func (o MigrateOptions) workloadArgs() []string {
-	return []string{"/bin/memhog", "--memory", strconv.FormatInt(o.MemoryBytes, 10),
-		"--dirty-rate", strconv.Itoa(o.DirtyRate), "--port", strconv.Itoa(workloadPort)}
+	return memhogArgs(o.MemoryBytes, o.DirtyRate, workloadPort)
+}
+
+// memhogArgs runs memhog in a lab container, answering on port.
+func memhogArgs(memory int64, dirtyRate, port int) []string {
+	return []string{"/bin/memhog", "--memory", strconv.FormatInt(memory, 10),
+		"--dirty-rate", strconv.Itoa(dirtyRate), "--port", strconv.Itoa(port)}
+}
+
+// logTo writes a bench's progress line to w, where there is one.
+func logTo(w io.Writer, format string, args ...any) {
+	if w != nil {
+		fmt.Fprintf(w, "bench: "+format+"\n", args...)
+	}
 }
 
 // With TCPClient: the workload's own address on the service segment, and

@@ -169,8 +169,4 @@ func usage(hosts []*lab.Host) map[string]AgentUsage {
 	return out
 }
 
-func (o SoakOptions) logf(format string, args ...any) {
-	if o.Log != nil {
-		fmt.Fprintf(o.Log, "bench: "+format+"\n", args...)
-	}
-}
+func (o SoakOptions) logf(format string, args ...any) { logTo(o.Log, format, args...) }
