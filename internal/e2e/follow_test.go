@@ -4,12 +4,14 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -178,21 +180,46 @@ func TestFollowRefusedThenKilledMidMove(t *testing.T) {
 		}
 	})
 
-	// Fill h2: hold all of its free memory for a move that never comes.
+	// Fill h2: hold all of its free memory for a move that never comes,
+	// topped up until follow has decided (the machine's free memory
+	// grows as other tests' leave: a reservation of what was free at the
+	// start left h2 room for Redis once).
 	h2 := client.Socket(l.Hosts[1].ControlSock)
-	probe, err := client.Reserve(ctx, h2, api.Reservation{ID: "aaaaaaaaaaaa", Container: "other", MemoryBytes: 1})
-	if err != nil || !probe.OK {
-		t.Fatalf("reserving on h2: %v %+v", err, probe)
+	fill := func() error {
+		// Asking for more than is free answers how much is, this
+		// reservation aside; the reservation held is kept meanwhile.
+		r, err := client.Reserve(ctx, h2, api.Reservation{ID: "aaaaaaaaaaaa", Container: "other", MemoryBytes: 1 << 50, TTLSeconds: 600})
+		if err == nil && !r.OK {
+			r, err = client.Reserve(ctx, h2, api.Reservation{ID: "aaaaaaaaaaaa", Container: "other", MemoryBytes: r.Load.FreeMemory, TTLSeconds: 600})
+		}
+		if err == nil && !r.OK {
+			err = fmt.Errorf("refused: %s", r.Reason)
+		}
+		return err
 	}
-	if r, err := client.Reserve(ctx, h2, api.Reservation{ID: "aaaaaaaaaaaa", Container: "other", MemoryBytes: probe.Load.FreeMemory, TTLSeconds: 600}); err != nil || !r.OK {
-		t.Fatalf("filling h2: %v %+v", err, r)
+	if err := fill(); err != nil {
+		t.Fatalf("filling h2: %v", err)
 	}
+	filled := make(chan struct{})
+	stopFilling := sync.OnceFunc(func() { close(filled) })
+	t.Cleanup(stopFilling)
+	go func() {
+		for {
+			select {
+			case <-filled:
+				return
+			case <-time.After(200 * time.Millisecond):
+				_ = fill()
+			}
+		}
+	}()
 
 	state := filepath.Join(t.TempDir(), "follow.json")
 	args := []string{"redis", "--hosts", "h1,h2,h3", "--at", "h1", "--ports", "6379", "--json", "--threshold", "30ms",
 		"--dwell", "2s", "--interval", "500ms", "--min-interval", "1m", "--state", state}
 	f := startFollow(t, bin, args...)
 	dec, _ := f.waitEvent(t, "decision", time.Minute)
+	stopFilling()
 	var h2Refused string
 	for _, c := range dec.Placement.Candidates {
 		if c.Host == "h2" {
