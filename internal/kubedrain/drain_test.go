@@ -63,11 +63,16 @@ type cluster struct {
 	order []string
 	stop  chan struct{}
 	done  chan struct{}
+	// gate holds the controller back until opened (by default at once).
+	gate chan struct{}
+	open func()
 }
 
 func newCluster(t *testing.T, fail []string, objs ...client.Object) *cluster {
 	t.Helper()
-	return newClusterWith(t, fail, interceptor.Funcs{}, objs...)
+	c := newClusterWith(t, fail, interceptor.Funcs{}, objs...)
+	c.open()
+	return c
 }
 
 func newClusterWith(t *testing.T, fail []string, fns interceptor.Funcs, objs ...client.Object) *cluster {
@@ -87,6 +92,8 @@ func newClusterWith(t *testing.T, fail []string, fns interceptor.Funcs, objs ...
 	for _, f := range fail {
 		cl.fail[f] = true
 	}
+	cl.gate = make(chan struct{})
+	cl.open = sync.OnceFunc(func() { close(cl.gate) })
 	go cl.control()
 	t.Cleanup(func() { close(cl.stop); <-cl.done })
 	return cl
@@ -94,6 +101,11 @@ func newClusterWith(t *testing.T, fail []string, fns interceptor.Funcs, objs ...
 
 func (c *cluster) control() {
 	defer close(c.done)
+	select {
+	case <-c.gate:
+	case <-c.stop:
+		return
+	}
 	ctx := context.Background()
 	seen := map[string]bool{}
 	for {
@@ -243,7 +255,17 @@ func TestDrainFollowsTheMigrationARunBeforeMade(t *testing.T) {
 	p := pod("web", "n1", "64Mi")
 	earlier := &v1.Migration{ObjectMeta: metav1.ObjectMeta{Name: MigrationName(p), Namespace: "default"},
 		Spec: v1.MigrationSpec{PodName: "web", Mode: "hybrid"}}
-	c := newCluster(t, nil, node("n1"), node("n2"), p, earlier)
+	// The controller goes on with the earlier Migration only once the
+	// drain has listed the node's pods, as after an interrupted run.
+	var c *cluster
+	listed := interceptor.Funcs{List: func(ctx context.Context, cl client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+		err := cl.List(ctx, list, opts...)
+		if _, ok := list.(*corev1.PodList); ok {
+			c.open()
+		}
+		return err
+	}}
+	c = newClusterWith(t, nil, listed, node("n1"), node("n2"), p, earlier)
 	res, err := Run(context.Background(), Options{Client: c, Node: "n1", Mode: "precopy", poll: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -269,6 +291,7 @@ func TestDrainEvictionRetriesAndNoEvict(t *testing.T) {
 		return c.SubResource(sub).Create(ctx, obj, subObj, opts...)
 	}}
 	c := newClusterWith(t, nil, fns, node("n1"), node("n2"), pod("disk", "n1", "32Mi", hostPath))
+	c.open()
 	res, err := Run(context.Background(), Options{Client: c, Node: "n1", poll: time.Millisecond, retry: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
