@@ -14,6 +14,7 @@ import (
 
 	agentclient "github.com/ferry-migrate/ferry/api/client"
 	v1 "github.com/ferry-migrate/ferry/api/kube/v1alpha1"
+	"github.com/ferry-migrate/ferry/internal/kubedrain"
 	"github.com/ferry-migrate/ferry/internal/kubelab"
 	"github.com/ferry-migrate/ferry/internal/kubeworld"
 	"github.com/ferry-migrate/ferry/internal/lab"
@@ -212,17 +213,8 @@ func (o MigrateOptions) recreateOnce(ctx context.Context, w *kubeworld.World) (b
 
 // cordon marks node (un)schedulable and returns the undo.
 func cordon(ctx context.Context, w *kubeworld.World, node string, on bool) (func(), error) {
-	set := func(v bool) error {
-		n, err := w.Clientset.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		n.Spec.Unschedulable = v
-		_, err = w.Clientset.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
-		return err
-	}
-	if err := set(on); err != nil {
+	if err := kubedrain.Cordon(ctx, w.Client, node, on); err != nil {
 		return nil, err
 	}
-	return func() { _ = set(!on) }, nil
+	return func() { _ = kubedrain.Cordon(ctx, w.Client, node, !on) }, nil
 }

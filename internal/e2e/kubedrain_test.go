@@ -30,13 +30,7 @@ func TestKubernetesDrain(t *testing.T) {
 	ctx := context.Background()
 	setUnschedulable := func(node string, on bool) {
 		t.Helper()
-		var n corev1.Node
-		if err := w.Client.Get(ctx, client.ObjectKey{Name: node}, &n); err != nil {
-			t.Fatal(err)
-		}
-		patch := client.MergeFrom(n.DeepCopy())
-		n.Spec.Unschedulable = on
-		if err := w.Client.Patch(ctx, &n, patch); err != nil {
+		if err := kubedrain.Cordon(ctx, w.Client, node, on); err != nil {
 			t.Fatal(err)
 		}
 	}

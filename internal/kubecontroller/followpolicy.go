@@ -3,6 +3,7 @@ package kubecontroller
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -137,7 +138,7 @@ func (r *FollowReconciler) config(ctx context.Context, p *v1.FollowPolicy) (foll
 	ka := &kubeAgents{r: r, policy: p.DeepCopy(), peers: map[string]string{}}
 	var hosts []follow.Host
 	for _, n := range nodes.Items {
-		if len(p.Spec.Nodes) > 0 && !contains(p.Spec.Nodes, n.Name) {
+		if len(p.Spec.Nodes) > 0 && !slices.Contains(p.Spec.Nodes, n.Name) {
 			continue
 		}
 		ep, err := r.Agents.Of(ctx, r.Client, n.Name)
@@ -175,15 +176,6 @@ func setDuration(d *time.Duration, from *metav1.Duration) {
 	if from != nil {
 		*d = from.Duration
 	}
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // followedPod is the one running pod of p's selector, not being deleted.

@@ -129,7 +129,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if o.TargetNode == o.Node && o.Node != "" {
 		return res, fmt.Errorf("the target node %s is the node being drained", o.Node)
 	}
-	if err := cordon(ctx, o.Client, o.Node); err != nil {
+	if err := Cordon(ctx, o.Client, o.Node, true); err != nil {
 		return res, err
 	}
 	var list corev1.PodList
@@ -248,19 +248,20 @@ func requested(p *corev1.Pod) int64 {
 	return sum
 }
 
-// cordon marks node unschedulable.
-func cordon(ctx context.Context, c client.Client, node string) error {
+// Cordon marks node unschedulable (on) or schedulable again; a node
+// already so is left as it is.
+func Cordon(ctx context.Context, c client.Client, node string, on bool) error {
 	var n corev1.Node
 	if err := c.Get(ctx, types.NamespacedName{Name: node}, &n); err != nil {
 		return fmt.Errorf("node %s: %w", node, err)
 	}
-	if n.Spec.Unschedulable {
+	if n.Spec.Unschedulable == on {
 		return nil
 	}
 	patch := client.MergeFrom(n.DeepCopy())
-	n.Spec.Unschedulable = true
+	n.Spec.Unschedulable = on
 	if err := c.Patch(ctx, &n, patch); err != nil {
-		return fmt.Errorf("cordon node %s: %w", node, err)
+		return fmt.Errorf("cordon node %s (%v): %w", node, on, err)
 	}
 	return nil
 }
