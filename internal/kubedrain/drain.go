@@ -59,7 +59,8 @@ type Options struct {
 	// EvictionTimeout each eviction, retried while a disruption budget
 	// forbids it (default 2 minutes).
 	MigrationTimeout, EvictionTimeout time.Duration
-	// Started and Finished, when set, hear of each pod.
+	// Started and Finished, when set, hear of each pod (from several
+	// goroutines when Concurrency is above 1).
 	Started  func(p Pod)
 	Finished func(p Pod)
 
@@ -143,12 +144,14 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			continue
 		}
 		d := Pod{Namespace: p.Namespace, Name: p.Name, pod: p, memory: requested(p)}
-		switch why, skip := skipped(p); {
+		why, skip := skipped(p)
+		unmovable := kubecontroller.Movable(p)
+		switch {
 		case skip:
 			d.Outcome, d.Reason = Skipped, why
 			res.Pods = append(res.Pods, d)
-		case kubecontroller.Movable(p) != nil:
-			d.Reason, d.evict = "ferry cannot move it: it "+kubecontroller.Movable(p).Error(), true
+		case unmovable != nil:
+			d.Reason, d.evict = "ferry cannot move it: it "+unmovable.Error(), true
 			evict = append(evict, d)
 		default:
 			move = append(move, d)
@@ -182,15 +185,15 @@ func Run(ctx context.Context, o Options) (Result, error) {
 				o.Started(move[i])
 			}
 			moved[i] = o.migrate(ctx, move[i])
+			if moved[i].Outcome == Moved && o.Finished != nil {
+				o.Finished(moved[i]) // as it ends; the others after their eviction
+			}
 		}()
 	}
 	wg.Wait()
 	for _, d := range moved {
 		if d.Outcome == Moved {
 			res.Pods = append(res.Pods, d)
-			if o.Finished != nil {
-				o.Finished(d)
-			}
 			continue
 		}
 		evict = append(evict, d)
