@@ -105,7 +105,7 @@ settings, not a market.`,
 			if err := os.MkdirAll(filepath.Dir(state), 0o755); err != nil {
 				return err
 			}
-			cfg.StateFile = state
+			cfg.Store = follow.FileStore(state)
 			out := cmd.OutOrStdout()
 			cfg.Events = func(e follow.Event) { printFollowEvent(out, e, asJSON, quiet) }
 			l, err := follow.New(cfg)

@@ -56,12 +56,11 @@ type Config struct {
 	Interval time.Duration
 	// Profile predicts each move (the hosts' calibrated profile).
 	Profile model.Profile
-	// StateFile keeps where the service runs and a move under way, so a
-	// restarted loop picks up (never a second migration of it); Store
-	// keeps it elsewhere instead (a Kubernetes resource's status).
-	StateFile string
-	Store     Store
-	Agents    Agents
+	// Store keeps where the service runs and a move under way, so a
+	// restarted loop picks up (never a second migration of it): a
+	// FileStore for ferry follow, a FollowPolicy's status in a cluster.
+	Store  Store
+	Agents Agents
 	// Events hears every sample, decision and move (nil: none).
 	Events func(Event)
 	// Now is the clock (nil: time.Now).
@@ -122,6 +121,8 @@ type Store interface {
 	// Load is the state saved last; ok is false when none was.
 	Load() (st State, ok bool, err error)
 	Save(State) error
+	// String names where, for messages.
+	String() string
 }
 
 // FileStore keeps the state in a file, replaced whole on each save.
@@ -143,6 +144,8 @@ func (f FileStore) Load() (State, bool, error) {
 	return st, true, nil
 }
 
+func (f FileStore) String() string { return "state file " + string(f) }
+
 // Save writes st atomically.
 func (f FileStore) Save(st State) error {
 	b, err := json.MarshalIndent(st, "", "  ")
@@ -150,13 +153,6 @@ func (f FileStore) Save(st State) error {
 		return err
 	}
 	return renameio.WriteFile(string(f), append(b, '\n'), 0o644)
-}
-
-func (c Config) store() Store {
-	if c.Store != nil {
-		return c.Store
-	}
-	return FileStore(c.StateFile)
 }
 
 // Check refuses a configuration before anything is asked of an agent.
@@ -189,7 +185,7 @@ func (c Config) Check() error {
 	if c.MaxDowntime < 0 {
 		return fmt.Errorf("downtime budget %v must not be negative", c.MaxDowntime)
 	}
-	if c.StateFile == "" && c.Store == nil {
+	if c.Store == nil || c.Store == FileStore("") {
 		return errors.New("no state file: a restarted follower would not know where the service is")
 	}
 	return nil
@@ -214,21 +210,21 @@ func New(cfg Config) (*Loop, error) {
 		return nil, err
 	}
 	l := &Loop{cfg: cfg, place: Placer{Trigger: cfg.Trigger, Profile: cfg.Profile}}
-	st, ok, err := cfg.store().Load()
+	st, ok, err := cfg.Store.Load()
 	switch {
 	case err != nil:
 		return nil, err
 	case ok:
 		l.st = st
 		if l.st.Container != cfg.Container {
-			return nil, fmt.Errorf("state %s follows %q, not %q: give each service its own state file", cfg.StateFile, l.st.Container, cfg.Container)
+			return nil, fmt.Errorf("%s follows %q, not %q: give each service its own state file", cfg.Store, l.st.Container, cfg.Container)
 		}
 		if _, ok := l.host(l.st.Host); !ok {
-			return nil, fmt.Errorf("state %s says %q runs on %s, which is not among the hosts", cfg.StateFile, cfg.Container, l.st.Host)
+			return nil, fmt.Errorf("%s says %q runs on %s, which is not among the hosts", cfg.Store, cfg.Container, l.st.Host)
 		}
 	default:
 		if cfg.At == "" {
-			return nil, fmt.Errorf("where does %q run now? name its host (no state in %s yet)", cfg.Container, cfg.StateFile)
+			return nil, fmt.Errorf("where does %q run now? name its host (no state in %s yet)", cfg.Container, cfg.Store)
 		}
 		l.st = State{Container: cfg.Container, Host: cfg.At}
 		if err := l.save(); err != nil {
@@ -270,7 +266,7 @@ func (l *Loop) host(name string) (Host, bool) {
 	return l.cfg.Hosts[i], true
 }
 
-func (l *Loop) save() error { return l.cfg.store().Save(l.st) }
+func (l *Loop) save() error { return l.cfg.Store.Save(l.st) }
 
 // Run samples until ctx ends: a move left pending by an earlier run is
 // followed to its end first.

@@ -103,7 +103,7 @@ func (c *clock) now() time.Time { return c.t }
 func loopConfig(t *testing.T, f *fakeAgents, c *clock, events *[]Event) Config {
 	return Config{Container: "redis", Hosts: hosts(), At: "h1", Trigger: cfg(), Interval: time.Second,
 		Profile: model.DefaultProfile(), MaxDowntime: 500 * time.Millisecond,
-		StateFile: filepath.Join(t.TempDir(), "follow.json"), Agents: f, Now: c.now,
+		Store: FileStore(filepath.Join(t.TempDir(), "follow.json")), Agents: f, Now: c.now,
 		Events: func(e Event) { *events = append(*events, e) }}
 }
 
@@ -255,7 +255,7 @@ func TestLoopBadInput(t *testing.T) {
 		"twice":           func(c *Config) { c.Hosts = append(c.Hosts, Host{"h1", "x:1"}) },
 		"no address":      func(c *Config) { c.Hosts[1].Peer = "" },
 		"no interval":     func(c *Config) { c.Interval = 0 },
-		"no state file":   func(c *Config) { c.StateFile = "" },
+		"no state file":   func(c *Config) { c.Store = nil },
 		"negative budget": func(c *Config) { c.MaxDowntime = -1 },
 		"where is it":     func(c *Config) { c.At = "" },
 	} {

@@ -350,6 +350,8 @@ type statusStore struct {
 	at string
 }
 
+func (s *statusStore) String() string { return "FollowPolicy " + s.key.String() + "'s status" }
+
 func (s *statusStore) Load() (follow.State, bool, error) {
 	var p v1.FollowPolicy
 	if err := s.r.Client.Get(context.Background(), s.key, &p); err != nil {
