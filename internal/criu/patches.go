@@ -150,6 +150,15 @@ var KnownPatches = []Patch{
 		Without: "ferry cannot tell which patches this CRIU carries and takes it for a stock CRIU"},
 }
 
+// Ferrys is every known patch: what ferry's own CRIU carries.
+func Ferrys() Patches {
+	out := make(Patches, len(KnownPatches))
+	for i, k := range KnownPatches {
+		out[i] = k.ID
+	}
+	return out
+}
+
 // LookupPatch finds a known patch by number.
 func LookupPatch(id string) (Patch, bool) {
 	i := slices.IndexFunc(KnownPatches, func(p Patch) bool { return p.ID == id })

@@ -11,11 +11,7 @@ import (
 
 // ferrys is a CRIU with every ferry patch; stock one without the mark.
 func ferrys() *CRIUCaps {
-	var p criu.Patches
-	for _, k := range criu.KnownPatches {
-		p = append(p, k.ID)
-	}
-	return &CRIUCaps{Path: "/usr/libexec/ferry/criu", Version: "4.2.1", Patches: p}
+	return &CRIUCaps{Path: "/usr/libexec/ferry/criu", Version: "4.2.1", Patches: criu.Ferrys()}
 }
 
 func stock() *CRIUCaps { return &CRIUCaps{Path: "/usr/sbin/criu", Version: "4.2.1"} }

@@ -12,37 +12,24 @@ import (
 // (engine.Modes' keys).
 var techniqueOrder = []string{"cold", "cold/rebuild", "precopy", "precopy/rebuild", "precopy/native", "postcopy", "hybrid"}
 
-// readers lists the patches a destination must carry to restore what a
-// CRIU with ferry's patches dumps (criu.Patch.ReaderNeeds).
-func readers() []string {
-	var out []string
-	for _, k := range criu.KnownPatches {
-		if k.ReaderNeeds != "" && !slices.Contains(out, k.ReaderNeeds) {
-			out = append(out, k.ReaderNeeds)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
 // patchReport says, for a CRIU carrying have, what each missing ferry
 // patch costs and what that makes of each technique.
 func patchReport(have criu.Patches) ([]MissingPatch, map[string]string) {
 	missing := []MissingPatch{}
-	for _, k := range have.Missing() {
+	lacks := have.Missing()
+	for _, k := range lacks {
 		missing = append(missing, MissingPatch{ID: k.ID, Title: k.Title, Side: string(k.Side), Effect: k.Effect.String(),
 			Without: k.Without, Techniques: slices.Clone(k.Techniques)})
 	}
+	// What it cannot restore of what ferry's own CRIU dumps.
 	var unreadable []string
-	for _, id := range readers() {
-		if !have.Has(id) {
-			unreadable = append(unreadable, id)
-		}
+	for _, k := range criu.Unreadable(criu.Ferrys(), have) {
+		unreadable = append(unreadable, k.ID)
 	}
 	modes := map[string]string{}
 	for _, tech := range techniqueOrder {
 		var fails, some, slower []string
-		for _, k := range have.Missing() {
+		for _, k := range lacks {
 			if !slices.Contains(k.Techniques, tech) {
 				continue
 			}
