@@ -97,7 +97,7 @@ func TestKubernetesDrain(t *testing.T) {
 	if r := res.Pods[2].Reason; !strings.Contains(r, "hostPath") {
 		t.Errorf("the hostPath pod's reason: %q", r)
 	}
-	for _, p := range res.Pods[:min(2, len(res.Pods))] {
+	for _, p := range res.Pods[:2] {
 		if p.TargetNode != "h2" || p.Report == nil || p.Report.Mode != "precopy" || p.Report.SourceState != "removed" {
 			t.Errorf("%s moved: %+v (report %+v)", p.Name, p, p.Report)
 			continue
