@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 
@@ -173,12 +173,7 @@ func (r *Registry) Makers(fs *pflag.FlagSet) map[string]Maker {
 func NewSet(makers map[string]Maker, env Env) (Set, error) {
 	set := Set{}
 	var errs []error
-	kinds := make([]string, 0, len(makers))
-	for k := range makers {
-		kinds = append(kinds, k)
-	}
-	sort.Strings(kinds)
-	for _, k := range kinds {
+	for _, k := range slices.Sorted(maps.Keys(makers)) {
 		rt, err := makers[k](env)
 		switch {
 		case err != nil:
@@ -201,10 +196,7 @@ func (s Set) WithOptions(reg *Registry, opts RequestOptions) (Set, error) {
 	if len(opts) == 0 {
 		return s, nil
 	}
-	out := Set{}
-	for k, rt := range s {
-		out[k] = rt
-	}
+	out := maps.Clone(s)
 	for kind, o := range opts {
 		if len(o) == 0 {
 			continue
