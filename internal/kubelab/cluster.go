@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	nodev1 "k8s.io/api/node/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -123,6 +124,15 @@ func checkNoSystemKubelet() error {
 	}
 	conn.Close()
 	return fmt.Errorf("a kubelet already serves %s: the lab's kubelets would take that socket (its path is fixed) from it", devicePluginSocket)
+}
+
+// socketInode is the inode of the socket at path, or 0 when there is none.
+func socketInode(path string) uint64 {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return 0
+	}
+	return st.Ino
 }
 
 func nodeNetNSes(c Config) []string {
@@ -330,10 +340,27 @@ func (u *upper) run(ctx context.Context) error {
 	if err := nodesReady.Wait(); err != nil {
 		return err
 	}
+	// The kubelets start one at a time: each removes whatever is in the
+	// machine-wide device-plugin directory and binds its socket there, and
+	// two doing that at once fail one of them with EADDRINUSE. A kubelet
+	// that binds after another only unlinks the other's socket, which keeps
+	// listening.
 	kubelets := map[string]*daemon{}
 	for _, n := range c.Nodes {
+		before := socketInode(devicePluginSocket)
 		argv := append([]string{ferryKube}, kubeletArgs(n, l)...)
-		if kubelets[n.Name], err = startDaemon(c, l, st, "kubelet-"+n.Name, n.NetNS, argv); err != nil {
+		kl, err := startDaemon(c, l, st, "kubelet-"+n.Name, n.NetNS, argv)
+		if err != nil {
+			return err
+		}
+		kubelets[n.Name] = kl
+		err = waitReady(ctx, "kubelet on node "+n.Name+" (device-plugin socket)", c.ReadyTimeout, []*daemon{kl, containerds[n.Name]}, func(context.Context) error {
+			if ino := socketInode(devicePluginSocket); ino == 0 || ino == before {
+				return fmt.Errorf("%s not yet bound by this kubelet", devicePluginSocket)
+			}
+			return nil
+		})
+		if err != nil {
 			return err
 		}
 	}
