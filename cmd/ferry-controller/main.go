@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -76,8 +77,19 @@ func run(tlsDir, operator string, port int, metrics, probes string, leaderElect 
 		HealthProbeBindAddress: probes,
 		LeaderElection:         leaderElect,
 		LeaderElectionID:       "ferry-controller.ferry.dev",
+		// The process exits once the manager stops: a replacement need not
+		// wait out the lease.
+		LeaderElectionReleaseOnCancel: true,
 	})
 	if err != nil {
+		return err
+	}
+	// Alive and ready once serving: a replica waiting for the lease is
+	// ready too, so that a rollout goes on.
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
 	r := &kubecontroller.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ferry-controller"),

@@ -15,6 +15,7 @@ import (
 	"github.com/ferry-migrate/ferry/api"
 	"github.com/ferry-migrate/ferry/internal/agent"
 	"github.com/ferry-migrate/ferry/internal/cli"
+	"github.com/ferry-migrate/ferry/internal/nodens"
 	"github.com/ferry-migrate/ferry/internal/runtime/all"
 	"github.com/ferry-migrate/ferry/internal/transport"
 	"github.com/ferry-migrate/ferry/internal/units"
@@ -29,6 +30,7 @@ func newAgentCmd() *cobra.Command {
 		outage          time.Duration
 		segmentRanges   []string
 		configPath      string
+		inPod           bool
 		logFormat       string
 		logLevel        string
 		costs           costFlags
@@ -43,7 +45,9 @@ and runc root, so several agents on one machine behave like separate hosts.
 
 Settings can come from a file (--config, TOML, keys named like the flags);
 flags on the command line override it. packaging/ has a systemd unit that
-runs the agent with /etc/ferry/agent.toml, and the example file.`,
+runs the agent with /etc/ferry/agent.toml, and the example file; in a
+Kubernetes cluster, deploy/kubernetes/agent.yaml runs it on every node
+(--in-pod, settings from a ConfigMap: docs/KUBERNETES.md).`,
 		Example: `  ferry agent --config /etc/ferry/agent.toml
   ferry agent --listen 0.0.0.0:7070 --tls-dir /etc/ferry/tls
   ferry agent --listen 10.0.1.5:7070,10.0.2.5:7070 --mptcp=false --streams 4 --tls-dir /etc/ferry/tls
@@ -52,8 +56,18 @@ runs the agent with /etc/ferry/agent.toml, and the example file.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if configPath != "" {
-				if err := applyConfig(cmd.Flags(), configPath); err != nil {
+				if err := applyConfigPath(cmd.Flags(), configPath); err != nil {
 					return err
+				}
+			}
+			if inPod {
+				// The configuration and certificates are the pod's
+				// (a ConfigMap, a Secret); every other path is the node's.
+				if err := nodens.Enter(os.Args[1:], nodens.Paths{"config": configPath, "tls-dir": tlsDir}); err != nil {
+					return fmt.Errorf("--in-pod: %w", err)
+				}
+				if err := nodens.LeavePod(filepath.Join(a.Host.CgroupParent, "ferry-agent")); err != nil {
+					return fmt.Errorf("--in-pod: leave the pod's cgroups: %w", err)
 				}
 			}
 			if a.Host.Name == "" {
@@ -108,7 +122,8 @@ runs the agent with /etc/ferry/agent.toml, and the example file.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&a.Metrics, "metrics", "", "serve Prometheus metrics (GET /metrics, plain HTTP) on this TCP address, e.g. 127.0.0.1:9170; empty: none")
-	f.StringVar(&configPath, "config", "", "TOML file of settings, named like these flags without the dashes (listen = [\"0.0.0.0:7070\"], tls-dir = \"/etc/ferry/tls\"); flags given here win (packaging/agent.toml is an example)")
+	f.StringVar(&configPath, "config", "", "TOML file of settings, named like these flags without the dashes (listen = [\"0.0.0.0:7070\"], tls-dir = \"/etc/ferry/tls\"); flags given here win (packaging/agent.toml is an example); or a directory of agent.toml (every host's settings) and NAME.toml (this host's, which win), as a ConfigMap holds them")
+	f.BoolVar(&inPod, "in-pod", false, "the agent runs in a Kubernetes pod, privileged with hostPID (deploy/kubernetes/agent.yaml): it joins the node's mount namespace and leaves the pod's cgroups for CGROUP-PARENT/ferry-agent, so that it works on the node's files and what it starts outlives the pod; --config and --tls-dir are read from the pod's files, every other path from the node's")
 	f.StringVar(&a.Host.Name, "name", "", "host name used in reports (default: the hostname)")
 	f.StringSliceVar(&a.Listen, "listen", nil, "TCP address to receive migrations on, e.g. 0.0.0.0:7070; repeat (or comma-separate) for one address per network path: sessions striped over --streams spread over them")
 	f.StringVar(&a.Control, "control", agent.DefaultControl, "unix socket for the ferry CLI")

@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 
@@ -52,6 +54,49 @@ func applyConfig(fs *pflag.FlagSet, path string) error {
 		if err != nil {
 			return fmt.Errorf("config %s: %s: %w", path, k, err)
 		}
+	}
+	return nil
+}
+
+// Files of a configuration directory (--config DIR): settings every host
+// shares, then the host's own, which win; as a ConfigMap mounted in the
+// agent's pod holds them, one key per file.
+const commonConfig = "agent.toml"
+
+// applyConfigPath applies path: a file, or a directory holding
+// agent.toml and NAME.toml (either may be missing, not both), NAME being
+// --name as the command line or agent.toml set it, else the hostname.
+func applyConfigPath(fs *pflag.FlagSet, path string) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("--config: %w", err)
+	}
+	if !st.IsDir() {
+		return applyConfig(fs, path)
+	}
+	common := filepath.Join(path, commonConfig)
+	found := false
+	if _, err := os.Stat(common); err == nil {
+		if err := applyConfig(fs, common); err != nil {
+			return err
+		}
+		found = true
+	}
+	name := fs.Lookup("name").Value.String()
+	if name == "" {
+		if name, err = os.Hostname(); err != nil {
+			return err
+		}
+	}
+	own := filepath.Join(path, name+".toml")
+	if _, err := os.Stat(own); err == nil {
+		if err := applyConfig(fs, own); err != nil {
+			return err
+		}
+		found = true
+	}
+	if !found {
+		return fmt.Errorf("--config %s: a directory with neither %s nor %s.toml (this host's own settings)", path, commonConfig, name)
 	}
 	return nil
 }

@@ -20,6 +20,7 @@ func testFlags() (*pflag.FlagSet, *[]string, *string, *time.Duration, *int, *boo
 	maxIn := fs.Int("max-incoming", 4, "")
 	mptcp := fs.Bool("mptcp", true, "")
 	fs.String("config", "", "")
+	fs.String("name", "", "")
 	return fs, listen, tlsDir, outage, maxIn, mptcp
 }
 
@@ -71,6 +72,50 @@ func TestApplyConfigErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "agent.toml") {
 			t.Errorf("%q: %v, want an error naming the file and %q", c.text, err, c.want)
 		}
+	}
+}
+
+// A directory (a ConfigMap's files): agent.toml for every host, then the
+// host's own NAME.toml, which wins; the command line wins over both.
+func TestApplyConfigDirectory(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("agent.toml", "max-incoming = 8\noutage-timeout = \"45s\"\nname = \"n1\"\n")
+	write("n1.toml", "max-incoming = 3\nlisten = [\"10.0.0.1:7070\"]\ntls-dir = \"/n1\"\n")
+	write("n2.toml", "max-incoming = 99\n")
+	fs, listen, tlsDir, outage, maxIn, _ := testFlags()
+	if err := fs.Parse([]string{"--tls-dir", "/cli"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := applyConfigPath(fs, dir); err != nil {
+		t.Fatal(err)
+	}
+	if *maxIn != 3 || *outage != 45*time.Second || !reflect.DeepEqual(*listen, []string{"10.0.0.1:7070"}) || *tlsDir != "/cli" {
+		t.Errorf("max-incoming %d (want n1's 3), outage %v (agent.toml's 45s), listen %v (n1's), tls-dir %q (the command line's)", *maxIn, *outage, *listen, *tlsDir)
+	}
+	// Only the host's own file, named by --name.
+	own := t.TempDir()
+	if err := os.WriteFile(filepath.Join(own, "n2.toml"), []byte("max-incoming = 5\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fs, _, _, _, maxIn, _ = testFlags()
+	if err := fs.Parse([]string{"--name", "n2"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := applyConfigPath(fs, own); err != nil || *maxIn != 5 {
+		t.Errorf("n2 alone: %v, max-incoming %d", err, *maxIn)
+	}
+	// Neither file: an error naming both.
+	fs, _, _, _, _, _ = testFlags()
+	if err := fs.Parse([]string{"--name", "n3"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := applyConfigPath(fs, own); err == nil || !strings.Contains(err.Error(), "agent.toml") || !strings.Contains(err.Error(), "n3.toml") {
+		t.Errorf("no file for n3: %v", err)
 	}
 }
 

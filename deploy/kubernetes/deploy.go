@@ -18,6 +18,10 @@ const (
 	FollowCRD    = "followpolicy.yaml"
 	RBAC         = "rbac.yaml"
 	RuntimeClass = "runtimeclass.yaml"
+	// Kustomization lists every resource a cluster operator applies
+	// (kubectl apply -k), the agent's DaemonSet and the controller's
+	// Deployment among them.
+	Kustomization = "kustomization.yaml"
 )
 
 // ControllerAccount is the controller's ServiceAccount in RBAC.

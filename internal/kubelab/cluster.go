@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -27,6 +28,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/api/restoreshim"
 	deploy "github.com/ferry-migrate/ferry/deploy/kubernetes"
+	"github.com/ferry-migrate/ferry/internal/cgroups"
 )
 
 // Paths fixed in the kubelet, whatever its root directory: every kubelet
@@ -265,12 +267,21 @@ func (u *upper) run(ctx context.Context) error {
 	// The kubelet checks that its cgroup root exists in every v1
 	// hierarchy it uses, with CPUs and memory nodes in cpuset.
 	for _, rel := range append([]string{daemonsCgroup(c)}, st.NodeCgroupRoots...) {
-		if err := makeCgroup(rel); err != nil {
+		if err := cgroups.Make(rel); err != nil {
 			return err
 		}
 	}
 	if err := u.network(); err != nil {
 		return err
+	}
+	apiService, err := firstServiceIP(c.ServiceCIDR)
+	if err != nil {
+		return err
+	}
+	for _, ns := range st.KubeletNetNS {
+		if err := serveAPIService(ctx, ns, apiService, net.JoinHostPort(c.ControlIP, strconv.Itoa(apiserverPort))); err != nil {
+			return err
+		}
 	}
 
 	etcd, err := startDaemon(c, l, st, "etcd", c.ControlNetNS, append([]string{filepath.Join(c.Bin, "etcd")}, etcdArgs(c, l)...))
@@ -543,6 +554,10 @@ func (c *Cluster) Log(component string) string { return c.layout.log(component) 
 // (restoreshim.DirEnv). A ferry agent on the node takes both.
 func NodeSocket(dir, node string) string  { return layout(filepath.Clean(dir)).node(node).socket() }
 func NodeShimDir(dir, node string) string { return layout(filepath.Clean(dir)).node(node).restoreDir() }
+
+// PodLogs is the directory where node's kubelet keeps its pods' container
+// logs (NAMESPACE_POD_UID/CONTAINER/N.log).
+func (c *Cluster) PodLogs(node string) string { return c.layout.node(node).podLogs() }
 
 // CgroupRoot is node's kubelet cgroup root (relative to each hierarchy):
 // its pods' cgroups are below it.

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ferry-migrate/ferry/internal/cgroups"
 )
 
 // daemon is a process Up started and watches until it is ready.
@@ -63,7 +65,7 @@ func startDaemon(c Config, l layout, st *state, name, netns string, argv []strin
 	}()
 	err = st.update(func(s *state) { s.Processes = append(s.Processes, d.process) })
 	if !cmd.SysProcAttr.UseCgroupFD {
-		err = errors.Join(err, joinCgroup(daemonsCgroup(c), d.PID))
+		err = errors.Join(err, cgroups.Join(daemonsCgroup(c), d.PID))
 	}
 	if err != nil {
 		return d, fmt.Errorf("record %s (pid %d): %w", name, d.PID, err)

@@ -142,6 +142,37 @@ var kubeletChains = map[string][]string{
 	"filter": {"KUBE-KUBELET-CANARY", "KUBE-FIREWALL"},
 }
 
+// servicesChain stands in for kube-proxy in a node's namespace (nat
+// table, from PREROUTING and OUTPUT), for Service default/kubernetes only:
+// its ClusterIP's port 443 leads to the API server, so that clients in
+// pods (ferry-controller's Deployment) find it as in any cluster. No other
+// Service is served.
+const servicesChain = "FERRY-KUBE-SERVICES"
+
+// serveAPIService adds servicesChain to the namespace at nsPath, sending
+// clusterIP:443 to apiserver (HOST:PORT).
+func serveAPIService(ctx context.Context, nsPath string, clusterIP net.IP, apiserver string) error {
+	ipt := func(args ...string) error {
+		out, err := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + nsPath, "--", "iptables", "-w", "5", "-t", "nat"}, args...)...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("iptables %s in %s: %w: %s", strings.Join(args, " "), nsPath, err, strings.TrimSpace(string(out)))
+		}
+		return nil
+	}
+	steps := [][]string{
+		{"-N", servicesChain},
+		{"-A", servicesChain, "-d", clusterIP.String() + "/32", "-p", "tcp", "--dport", "443", "-j", "DNAT", "--to-destination", apiserver},
+		{"-A", "PREROUTING", "-j", servicesChain},
+		{"-A", "OUTPUT", "-j", servicesChain},
+	}
+	for _, s := range steps {
+		if err := ipt(s...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // removeKubeletChains undoes what a kubelet left in the iptables of the
 // namespace at nsPath (the caller's, not the cluster's). Best effort: a
 // chain or a rule that is not there is what it should be.
@@ -159,6 +190,11 @@ func removeKubeletChains(ctx context.Context, nsPath string) {
 		for _, parent := range []string{"INPUT", "OUTPUT"} {
 			run("-t", "filter", "-D", parent, "-j", "KUBE-FIREWALL")
 		}
+		for _, parent := range []string{"PREROUTING", "OUTPUT"} {
+			run("-t", "nat", "-D", parent, "-j", servicesChain)
+		}
+		run("-t", "nat", "-F", servicesChain)
+		run("-t", "nat", "-X", servicesChain)
 		for table, chains := range kubeletChains {
 			for _, c := range chains {
 				run("-t", table, "-F", c)
@@ -166,48 +202,6 @@ func removeKubeletChains(ctx context.Context, nsPath string) {
 			}
 		}
 	}
-}
-
-// makeCgroup creates rel (and its parents) in every cgroup hierarchy. In
-// the cpuset hierarchy a new cgroup starts with no CPUs and no memory
-// nodes, and a process could not join it: it gets its parent's.
-func makeCgroup(rel string) error {
-	for _, h := range cgroups.Hierarchies(cgroups.Root) {
-		parts := strings.Split(strings.Trim(rel, "/"), "/")
-		dir := h
-		for _, p := range parts {
-			parent := dir
-			dir = filepath.Join(dir, p)
-			if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-				return fmt.Errorf("cgroup %s: %w", dir, err)
-			}
-			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
-				if err := inheritCgroupFile(parent, dir, f); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	return nil
-}
-
-// inheritCgroupFile copies file from parent to dir when dir has it empty.
-func inheritCgroupFile(parent, dir, file string) error {
-	cur, err := os.ReadFile(filepath.Join(dir, file))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil // another hierarchy
-	}
-	if err != nil || strings.TrimSpace(string(cur)) != "" {
-		return err
-	}
-	val, err := os.ReadFile(filepath.Join(parent, file))
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, file), val, 0); err != nil {
-		return fmt.Errorf("cgroup %s: %w", filepath.Join(dir, file), err)
-	}
-	return nil
 }
 
 // cgroup2Dir is rel's directory in the machine's cgroup v2 hierarchy
@@ -221,19 +215,4 @@ func cgroup2Dir(rel string) string {
 		}
 	}
 	return ""
-}
-
-// joinCgroup moves pid into rel in every hierarchy where rel exists.
-func joinCgroup(rel string, pid int) error {
-	var errs []error
-	for _, h := range cgroups.Hierarchies(cgroups.Root) {
-		procsFile := filepath.Join(h, rel, "cgroup.procs")
-		if _, err := os.Stat(procsFile); err != nil {
-			continue
-		}
-		if err := os.WriteFile(procsFile, []byte(fmt.Sprint(pid)), 0); err != nil {
-			errs = append(errs, fmt.Errorf("move %d into %s: %w", pid, procsFile, err))
-		}
-	}
-	return errors.Join(errs...)
 }

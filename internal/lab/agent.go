@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/BurntSushi/toml"
 
 	"github.com/ferry-migrate/ferry/internal/kubelab"
 	"github.com/ferry-migrate/ferry/internal/procs"
@@ -153,4 +156,50 @@ func (l *Lab) RestartAgent(ctx context.Context, hostName string) error {
 	}
 	h.AgentPID = a.pid
 	return l.save()
+}
+
+// StopAgent stops a lab host's agent (SIGTERM, then SIGKILL after the
+// grace), and waits until it is gone; RestartAgent starts it again.
+func (l *Lab) StopAgent(hostName string) error {
+	h, err := l.Host(hostName)
+	if err != nil {
+		return err
+	}
+	if h.AgentPID > 0 && procs.Alive(h.AgentPID) && isAgentOf(h.AgentPID, h) {
+		if err := procs.Terminate([]int{h.AgentPID}, stopGrace); err != nil {
+			return fmt.Errorf("stop the agent of %s: %w", h.Name, err)
+		}
+	}
+	h.AgentPID = 0
+	return l.save()
+}
+
+// AgentConfig is host h's agent's command line as `ferry agent --config`
+// reads it (TOML, keys named like the flags): the settings of an agent run
+// elsewhere than by the lab, e.g. in a pod of deploy/kubernetes's
+// DaemonSet.
+func (l *Lab) AgentConfig(h *Host) ([]byte, error) {
+	args := agentArgs(h, l)[1:] // after "agent"
+	settings := map[string]string{}
+	for i := 0; i < len(args); i++ {
+		key, ok := strings.CutPrefix(args[i], "--")
+		if !ok {
+			return nil, fmt.Errorf("agent argument %q is no flag", args[i])
+		}
+		if k, v, ok := strings.Cut(key, "="); ok {
+			settings[k] = v
+			continue
+		}
+		if i+1 < len(args) && !strings.HasPrefix(args[i+1], "--") {
+			settings[key] = args[i+1]
+			i++
+			continue
+		}
+		settings[key] = "true"
+	}
+	var b bytes.Buffer
+	if err := toml.NewEncoder(&b).Encode(settings); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
 }

@@ -6,11 +6,13 @@ package procs
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -323,4 +325,27 @@ func CmdlineHas(pid int, args ...string) bool {
 		}
 	}
 	return true
+}
+
+// SocketServer is the PID of the process that accepted a connection to
+// the unix socket at path (SO_PEERCRED): who serves it now.
+func SocketServer(path string) (int, error) {
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	raw, err := c.(*net.UnixConn).SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var cred *unix.Ucred
+	var credErr error
+	if err := raw.Control(func(fd uintptr) { cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
+		return 0, err
+	}
+	if credErr != nil {
+		return 0, credErr
+	}
+	return int(cred.Pid), nil
 }
