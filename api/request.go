@@ -32,6 +32,14 @@ type Request struct {
 	Faults []string `json:"faults,omitempty"`
 	// Precopy shapes pre-copy and hybrid rounds.
 	Precopy PrecopyOptions `json:"precopy,omitempty"`
+	// MaxFrozen bounds how long the source may stay frozen: from its
+	// freeze until its removal after the commit (a post-copy or hybrid
+	// source serves its pages frozen until the last is pulled). A
+	// Kubernetes pod's liveness probe restarts a container silent for
+	// longer. The source measures the container and the link first, and
+	// refuses a mode predicted (by its upper bound) to hold it longer
+	// before anything is frozen; auto picks among the others. 0: no bound.
+	MaxFrozen time.Duration `json:"max_frozen,omitempty"`
 	// MaxBandwidthBps caps what the source sends, in bits per second.
 	MaxBandwidthBps int64 `json:"max_bandwidth_bps,omitempty"`
 	// Line puts the migration in a line of this host's migrations (a

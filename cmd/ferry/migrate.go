@@ -176,6 +176,7 @@ start the container again with its runtime.`,
 	f.StringVar(&runcRoot, "runc-root", "", "runc root the container lives under (default: the source agent's --runc-root)")
 	f.BoolVar(&req.KeepVolumes, "keep-volumes", false, "after the commit, keep the source's copy of the volumes that moved (named volumes: Docker), instead of removing them with the container")
 	f.StringVar(&maxBW, "max-bandwidth", "", "cap the migration's sending rate (e.g. 500mbit) to leave room for other traffic")
+	f.DurationVar(&req.MaxFrozen, "max-frozen", 0, "the longest the container may stay frozen, e.g. 20s (a health check restarts it after that; a post-copy source stays frozen until its pages are pulled): the source measures the container and the link first and refuses a --mode predicted to hold it longer, before anything is frozen; auto picks among the others")
 	f.StringSliceVar(&req.Faults, "inject-fault", nil, "inject a failure for testing (agents with --allow-faults only): ACTION@PHASE, e.g. kill-destination@restore (see ferry-lab bench faults --help)")
 	_ = f.MarkHidden("inject-fault")
 	_ = cmd.MarkFlagRequired("to")

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/ferry-migrate/ferry/api"
@@ -30,23 +32,34 @@ const probeBytes = 16 << 20
 // AutoChoice records what mode auto measured and decided.
 type AutoChoice = api.AutoChoice
 
-// chooseMode measures and plans; it returns the mode to run.
-func (m *migration) chooseMode(ctx context.Context) (string, error) {
+// measure measures the container and the link, the planner's inputs
+// (kept for the report's plan), under the request's bound on the source's
+// frozen time.
+func (m *migration) measure() (model.Inputs, Workload, float64, error) {
 	m.begin(phaseMeasure)
 	w, err := MeasureWorkload(m.ctr.PID, time.Second)
 	if err != nil {
-		return "", fmt.Errorf("measuring the container: %w", err)
+		return model.Inputs{}, w, 0, fmt.Errorf("measuring the container: %w", err)
 	}
-	mem, rate, shared := w.MemoryBytes, w.DirtyRate, w.SharedBytes
 	bps, err := ProbeLink(m.sess)
 	if err != nil {
-		return "", fmt.Errorf("measuring the link: %w", err)
+		return model.Inputs{}, w, 0, fmt.Errorf("measuring the link: %w", err)
 	}
 	in := PlanFor(w.Inputs(), m.rt.Caps())
 	in.BandwidthBps = bps / 8
+	in.MaxFrozenMs = float64(m.req.MaxFrozen.Microseconds()) / 1000
 	m.autoInputs = &in
+	return in, w, bps, nil
+}
+
+// chooseMode measures and plans; it returns the mode to run.
+func (m *migration) chooseMode(ctx context.Context) (string, error) {
+	in, w, bps, err := m.measure()
+	if err != nil {
+		return "", err
+	}
 	preds, _, rec, reason := model.Best(m.profile, in, float64(m.req.Precopy.MaxDowntime.Microseconds())/1000)
-	c := &AutoChoice{MemoryBytes: mem, SharedBytes: shared, DirtyRate: rate, ThroughputBps: bps, Predictions: preds, Chosen: rec, Reason: reason}
+	c := &AutoChoice{MemoryBytes: w.MemoryBytes, SharedBytes: w.SharedBytes, DirtyRate: w.DirtyRate, ThroughputBps: bps, Predictions: preds, Chosen: rec, Reason: reason}
 	m.report.Auto = c
 	if rec == "" {
 		return "", fmt.Errorf("no technique fits: %s", reason)
@@ -64,6 +77,41 @@ func (m *migration) chooseMode(ctx context.Context) (string, error) {
 		}
 	}
 	return rec, nil
+}
+
+// checkFrozenBound refuses, before anything is frozen, a named mode
+// predicted to hold the source frozen longer than the request allows
+// (Request.MaxFrozen), naming the modes that would not.
+func (m *migration) checkFrozenBound() error {
+	in, _, _, err := m.measure()
+	if err != nil {
+		return err
+	}
+	preds, feasible, _, _ := model.Best(m.profile, in, 0)
+	mode := m.req.Mode
+	if mode == ModePrecopy && m.req.Precopy.Engine == PrecopyNative {
+		mode = model.ModeNativePrecopy
+	}
+	for _, q := range preds {
+		if q.Mode != mode || slices.Contains(feasible, mode) {
+			continue
+		}
+		others := "none does"
+		if len(feasible) > 0 {
+			others = strings.Join(feasible, ", ") + " would not"
+		}
+		return fmt.Errorf("%s would hold the container frozen up to %.0f ms (downtime up to %.0f ms%s), longer than the %v it may stay frozen (a liveness probe restarts it then); %s",
+			m.req.Mode, model.HeldHighMs(q), q.DowntimeHighMs, pullNote(q), m.req.MaxFrozen, others)
+	}
+	return nil
+}
+
+// pullNote names a lazy mode's pull, which holds the source frozen too.
+func pullNote(q model.Prediction) string {
+	if q.DegradedMs <= 0 {
+		return ""
+	}
+	return fmt.Sprintf(", then about %.0f ms while its pages are pulled from it", q.DegradedMs)
 }
 
 // PlanFor adds to a plan's inputs what a runtime with caps can do: no

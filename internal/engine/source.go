@@ -478,6 +478,10 @@ func (m *migration) run(ctx context.Context) error {
 		if err := m.ctl.Recv(&again); err != nil {
 			return failAt("destination "+m.sess.Peer.Name+" refused", err)
 		}
+	} else if m.req.MaxFrozen > 0 {
+		if err := m.checkFrozenBound(); err != nil {
+			return m.abort(ctx, failAt("plan", err))
+		}
 	}
 	// A destination that checked its own CRIU has; this is for the
 	// source's (mode auto's technique) and what the two CRIUs exchange.

@@ -191,7 +191,36 @@ func (r *Reconciler) plan(ctx context.Context, m *v1.Migration) (v1.MigrationSta
 	return v1.MigrationStatus{
 		SourceNode: pod.Spec.NodeName, SourcePod: pod.Name, TargetNode: target,
 		TargetPod: replacementName(&pod, m), ContainerID: id, JobID: JobID(m.UID), TargetReason: why,
+		MaxFrozenMs: livenessTolerance(&pod, m.Spec.Container).Milliseconds(),
 	}, nil
+}
+
+// livenessTolerance is how long the pod's container (its only one when
+// name is empty) may stay silent before its liveness probe has the kubelet
+// restart it: a probe begun at the freeze fails after its timeout, and the
+// failureThreshold-th after as many periods more. 0 without a probe.
+// Restarting a frozen source would lose it, or run a fresh copy beside
+// the moved one.
+func livenessTolerance(pod *corev1.Pod, name string) time.Duration {
+	for _, c := range pod.Spec.Containers {
+		if (name != "" && c.Name != name) || c.LivenessProbe == nil {
+			continue
+		}
+		p := c.LivenessProbe
+		// The API server's defaults, for a pod that was never stored.
+		timeout, period, failures := p.TimeoutSeconds, p.PeriodSeconds, p.FailureThreshold
+		if timeout <= 0 {
+			timeout = 1
+		}
+		if period <= 0 {
+			period = 10
+		}
+		if failures <= 0 {
+			failures = 3
+		}
+		return time.Duration(timeout+(failures-1)*period) * time.Second
+	}
+	return 0
 }
 
 // containerID is the containerd ID of the pod's container name (its only

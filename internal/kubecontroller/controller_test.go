@@ -986,3 +986,28 @@ func TestMovableRefusesAnEmptyDirsSubPath(t *testing.T) {
 		t.Errorf("movable with the emptyDir mounted whole: %v", err)
 	}
 }
+
+// A liveness probe bounds how long the source may stay frozen: a probe
+// begun at the freeze fails after its timeout, the kubelet restarting the
+// container at the failureThreshold-th failure, as many periods later.
+func TestLivenessTolerance(t *testing.T) {
+	probe := func(timeout, period, failures int32) *corev1.Probe {
+		return &corev1.Probe{TimeoutSeconds: timeout, PeriodSeconds: period, FailureThreshold: failures}
+	}
+	pod := func(cs ...corev1.Container) *corev1.Pod { return &corev1.Pod{Spec: corev1.PodSpec{Containers: cs}} }
+	for _, c := range []struct {
+		name string
+		pod  *corev1.Pod
+		ctr  string
+		want time.Duration
+	}{
+		{"no probe", pod(corev1.Container{Name: "a"}), "", 0},
+		{"the API's defaults", pod(corev1.Container{Name: "a", LivenessProbe: probe(0, 0, 0)}), "", 21 * time.Second},
+		{"tight", pod(corev1.Container{Name: "a", LivenessProbe: probe(1, 1, 2)}), "", 2 * time.Second},
+		{"the named container's", pod(corev1.Container{Name: "a", LivenessProbe: probe(1, 1, 1)}, corev1.Container{Name: "b", LivenessProbe: probe(5, 10, 3)}), "b", 25 * time.Second},
+	} {
+		if got := livenessTolerance(c.pod, c.ctr); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}

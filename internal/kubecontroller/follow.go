@@ -67,6 +67,7 @@ func (r *Reconciler) run(ctx context.Context, key types.NamespacedName, m *v1.Mi
 	if m.Spec.MaxDowntime != nil {
 		req.Precopy.MaxDowntime = m.Spec.MaxDowntime.Duration
 	}
+	req.MaxFrozen = time.Duration(m.Status.MaxFrozenMs) * time.Millisecond
 	switched := m.Status.Phase == v1.PhaseSwitching
 	for attempt := 0; ; attempt++ {
 		src, err := r.Agents.Of(ctx, r.Client, m.Status.SourceNode)
@@ -169,14 +170,19 @@ func (r *Reconciler) ended(ctx context.Context, key types.NamespacedName, rep ap
 		}
 		r.finish(ctx, key, v1.PhaseSucceeded, msg, kr)
 	case strings.Contains(rep.Error, "cancelled"):
-		state := rep.SourceState
-		if state == "" {
-			state = "never frozen"
-		}
-		r.finish(ctx, key, v1.PhaseAborted, fmt.Sprintf("cancelled before the commit: the source pod runs on (its copy %s)", state), kr)
+		r.finish(ctx, key, v1.PhaseAborted, fmt.Sprintf("cancelled before the commit: the source pod runs on (its copy %s)", sourceState(rep)), kr)
 	default:
-		r.finish(ctx, key, v1.PhaseFailed, fmt.Sprintf("%s (the source's copy: %s)", rep.Error, rep.SourceState), kr)
+		r.finish(ctx, key, v1.PhaseFailed, fmt.Sprintf("%s (the source's copy: %s)", rep.Error, sourceState(rep)), kr)
 	}
+}
+
+// sourceState is what became of the source's copy, as the report says;
+// it says nothing of a copy never frozen.
+func sourceState(rep api.Report) string {
+	if rep.SourceState == "" {
+		return "never frozen"
+	}
+	return rep.SourceState
 }
 
 // finish records a final phase on the current Migration.

@@ -238,9 +238,14 @@ func Wait(ctx context.Context, d time.Duration, what string, ok func() error) er
 // Memhog runs a Deployment of one memhog pod (memory, dirty rate in
 // pages per second, answering on port) and returns the pod once it runs.
 func (w *World) Memhog(ctx context.Context, name, memory string, dirtyRate, port int) (*corev1.Pod, error) {
+	return w.Run(ctx, MemhogDeployment(name, memory, dirtyRate, port))
+}
+
+// MemhogDeployment is Memhog's Deployment, for a caller to change first.
+func MemhogDeployment(name, memory string, dirtyRate, port int) *appsv1.Deployment {
 	one, noToken := int32(1), false
 	labels := map[string]string{"app": name}
-	d := &appsv1.Deployment{
+	return &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Namespace},
 		Spec: appsv1.DeploymentSpec{
 			Replicas: &one,
@@ -260,6 +265,12 @@ func (w *World) Memhog(ctx context.Context, name, memory string, dirtyRate, port
 			},
 		},
 	}
+}
+
+// Run creates Deployment d of one pod (labelled app=NAME, in Namespace)
+// and returns the pod once it runs.
+func (w *World) Run(ctx context.Context, d *appsv1.Deployment) (*corev1.Pod, error) {
+	name := d.Name
 	if _, err := w.Clientset.AppsV1().Deployments(Namespace).Create(ctx, d, metav1.CreateOptions{}); err != nil {
 		return nil, err
 	}

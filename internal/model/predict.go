@@ -65,6 +65,21 @@ type Inputs struct {
 	// KeepsAddress: the container's address moves with it, handed over
 	// at the freeze (a round trip more while it is down).
 	KeepsAddress bool `json:"keeps_address,omitempty"`
+	// MaxFrozenMs bounds how long Best's modes may hold the source frozen
+	// (HeldHighMs); 0 means no bound. A Kubernetes pod's liveness probe
+	// restarts a container silent for longer.
+	MaxFrozenMs float64 `json:"max_frozen_ms,omitempty"`
+}
+
+// HeldHighMs is how long q holds the source frozen, by its upper bound:
+// its downtime, and for a lazy mode the pull after it, while the frozen
+// source serves the pages (scaled as the total's interval is).
+func HeldHighMs(q Prediction) float64 {
+	pull := q.DegradedMs
+	if q.TotalMs > 0 && q.TotalHighMs > q.TotalMs {
+		pull *= q.TotalHighMs / q.TotalMs
+	}
+	return q.DowntimeHighMs + pull
 }
 
 // Prediction is one technique's predicted cost.
@@ -178,7 +193,8 @@ func Predict(p Profile, in Inputs, mode string, rounds int) Prediction {
 // fewer rounds), or the lowest downtime when no count is within budget.
 func Best(p Profile, in Inputs, maxDowntimeMs float64) (preds []Prediction, feasible []string, recommended string, reason string) {
 	within := func(q Prediction) bool {
-		return !math.IsNaN(q.DowntimeMs) && (maxDowntimeMs <= 0 || q.DowntimeHighMs <= maxDowntimeMs)
+		return !math.IsNaN(q.DowntimeMs) && (maxDowntimeMs <= 0 || q.DowntimeHighMs <= maxDowntimeMs) &&
+			(in.MaxFrozenMs <= 0 || HeldHighMs(q) <= in.MaxFrozenMs)
 	}
 	maxRounds := in.MaxRounds
 	if maxRounds <= 0 {
@@ -210,6 +226,9 @@ func Best(p Profile, in Inputs, maxDowntimeMs float64) (preds []Prediction, feas
 	if maxDowntimeMs > 0 {
 		budget = fmt.Sprintf("a %.0f ms downtime budget", maxDowntimeMs)
 	}
+	if in.MaxFrozenMs > 0 {
+		budget += fmt.Sprintf(" and the source frozen at most %.0f ms", in.MaxFrozenMs)
+	}
 	if len(feasible) == 0 {
 		var low *Prediction
 		for i := range preds {
@@ -220,8 +239,18 @@ func Best(p Profile, in Inputs, maxDowntimeMs float64) (preds []Prediction, feas
 		if low == nil {
 			return preds, nil, "", "no mode has a prediction: " + preds[0].Note
 		}
-		return preds, nil, "", fmt.Sprintf("no mode meets %s by its upper bound; the shortest downtime is %s at %.0f ms (up to %.0f ms)",
+		reason := fmt.Sprintf("no mode meets %s by its upper bound; the shortest downtime is %s at %.0f ms (up to %.0f ms)",
 			budget, describe(*low), low.DowntimeMs, low.DowntimeHighMs)
+		if in.MaxFrozenMs > 0 {
+			var held *Prediction
+			for i := range preds {
+				if q := &preds[i]; !math.IsNaN(q.DowntimeMs) && (held == nil || HeldHighMs(*q) < HeldHighMs(*held)) {
+					held = q
+				}
+			}
+			reason += fmt.Sprintf("; the shortest hold of the source is %s's, up to %.0f ms", describe(*held), HeldHighMs(*held))
+		}
+		return preds, nil, "", reason
 	}
 	// Modes that keep the source resumable until the destination runs
 	// (cold, pre-copy) come first: with them a failure costs a retry, not

@@ -577,3 +577,58 @@ func TestRuntimeLimits(t *testing.T) {
 		t.Errorf("a negative copy rate predicted %+v", q)
 	}
 }
+
+// A bound on how long the source stays frozen rules out post-copy, whose
+// frozen source serves its pages until the last is pulled, where the pull
+// is long: 4 GiB under a tight budget then fits no mode, and the reason
+// names the shortest hold on offer.
+func TestBestHonoursTheSourcesFrozenBound(t *testing.T) {
+	p := DefaultProfile()
+	in := Inputs{MemoryBytes: 4 << 30, DirtyRatePagesPerSec: 1000, BandwidthBps: 125e6}
+	preds, _, _, _ := Best(p, in, 500)
+	var post Prediction
+	for _, q := range preds {
+		if q.Mode == ModePostcopy {
+			post = q
+		}
+	}
+	held := HeldHighMs(post)
+	if held <= post.DowntimeHighMs || held < post.DegradedMs {
+		t.Fatalf("post-copy holds the source %v ms, not its downtime's %v plus its pull's %v", held, post.DowntimeHighMs, post.DegradedMs)
+	}
+	in.MaxFrozenMs = held - 1
+	_, feasible, rec, reason := Best(p, in, 500)
+	if rec != "" || len(feasible) != 0 {
+		t.Fatalf("recommended %q, feasible %v: post-copy holds the source %v ms, over the %v ms bound", rec, feasible, held, in.MaxFrozenMs)
+	}
+	if !strings.Contains(reason, "the source frozen at most") || !strings.Contains(reason, "the shortest hold of the source") {
+		t.Errorf("reason %q: want the bound and the shortest hold named", reason)
+	}
+	// Without the budget, a bound every resumable mode meets changes nothing
+	// of the pick; a bound only cold's hold exceeds rules cold out.
+	in.MaxFrozenMs = 0
+	_, _, free, _ := Best(p, in, 0)
+	in.MaxFrozenMs = 1e9
+	if _, _, bound, _ := Best(p, in, 0); bound != free {
+		t.Errorf("a bound no mode reaches changed the pick: %s, not %s", bound, free)
+	}
+	small := Inputs{MemoryBytes: 256 << 20, DirtyRatePagesPerSec: 1000, BandwidthBps: 125e6}
+	preds, _, _, _ = Best(p, small, 0)
+	var cold, pre Prediction
+	for _, q := range preds {
+		switch q.Mode {
+		case ModeCold:
+			cold = q
+		case ModePrecopy:
+			pre = q
+		}
+	}
+	if HeldHighMs(pre) >= HeldHighMs(cold) {
+		t.Fatalf("pre-copy holds %v ms, cold %v ms: want pre-copy shorter", HeldHighMs(pre), HeldHighMs(cold))
+	}
+	small.MaxFrozenMs = (HeldHighMs(pre) + HeldHighMs(cold)) / 2
+	_, feasible, _, _ = Best(p, small, 0)
+	if slices.Contains(feasible, ModeCold) || !slices.Contains(feasible, ModePrecopy) {
+		t.Errorf("feasible %v under a %v ms bound: cold (%v ms) out, pre-copy (%v ms) in", feasible, small.MaxFrozenMs, HeldHighMs(cold), HeldHighMs(pre))
+	}
+}

@@ -87,6 +87,12 @@ type MigrationStatus struct {
 	TargetReason string `json:"targetReason,omitempty"`
 	// ContainerID is the source container's containerd ID.
 	ContainerID string `json:"containerID,omitempty"`
+	// MaxFrozenMs is how long the source container may stay frozen: its
+	// liveness probe's tolerance, timeoutSeconds + (failureThreshold-1) ×
+	// periodSeconds, after which the kubelet restarts it; 0 without a
+	// probe. A mode predicted to hold it longer is refused before the
+	// freeze (auto picks another).
+	MaxFrozenMs int64 `json:"maxFrozenMs,omitempty"`
 	// JobID is the migration's job at the source node's agent (ferry ps,
 	// ferry cancel there).
 	JobID string `json:"jobID,omitempty"`
