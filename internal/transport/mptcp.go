@@ -8,8 +8,10 @@ import (
 )
 
 // mptcpReceiveBuffer is the receive buffer of an MPTCP connection between
-// agents (the kernel doubles it and caps it at net.core.rmem_max · 2).
-const mptcpReceiveBuffer = 4 << 20
+// agents (the kernel doubles it). It bounds the window: a far link carries
+// at most about this much per round trip (16 MiB: 1 Gbit/s up to about
+// 130 ms). Memory is taken only for data not yet read.
+const mptcpReceiveBuffer = 16 << 20
 
 // multipathListenConfig listens over MPTCP with the receive buffer fixed
 // (fixedReceiveBuffer).
@@ -28,7 +30,10 @@ func multipathListenConfig() net.ListenConfig {
 func fixedReceiveBuffer(_, _ string, c syscall.RawConn) error {
 	var serr error
 	err := c.Control(func(fd uintptr) {
-		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, mptcpReceiveBuffer)
+		// FORCE passes net.core.rmem_max (4 MiB on many hosts), as root.
+		if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, mptcpReceiveBuffer); serr != nil {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, mptcpReceiveBuffer)
+		}
 	})
 	if err != nil {
 		return err
