@@ -244,7 +244,7 @@ func TestInstalledPackages(t *testing.T) {
 	}
 
 	checkpointRestore(ctx, t, m, run)
-	startAgent(ctx, t, m, argv, run)
+	startAgent(ctx, t, m, run)
 }
 
 // checkpointRestore has the root's runc and ferry-criu checkpoint a
@@ -299,7 +299,7 @@ func checkpointRestore(ctx context.Context, t *testing.T, m *Mounted, run func(s
 // a network namespace of the test's own, asks it for its migrations with
 // the CLI as an operator on the host would, and stops it as systemd
 // would (SIGTERM).
-func startAgent(ctx context.Context, t *testing.T, m *Mounted, argv []string, run func(string, ...string) string) {
+func startAgent(ctx context.Context, t *testing.T, m *Mounted, run func(string, ...string) string) {
 	netns := fmt.Sprintf("ferry-debroot-%d", os.Getpid())
 	if out, err := exec.Command("ip", "netns", "add", netns).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add: %v: %s", err, out)
@@ -316,19 +316,18 @@ func startAgent(ctx context.Context, t *testing.T, m *Mounted, argv []string, ru
 	run("", "ferry", "certs", "init", "--dir", "/root/ferry-ca")
 	run("", "ferry", "certs", "issue", "--dir", "/root/ferry-ca", "--host", "node1", "--ip", "127.0.0.1")
 	run("", "sh", "-c", "mkdir -p /etc/ferry && cp -rp /root/ferry-ca/node1 /etc/ferry/pki")
-	// The file as section 3 has node1 edit it (the package's example
-	// holds every key; these are the ones a host must set).
-	conf := filepath.Join(m.Root, "etc/ferry/agent.toml")
-	if _, err := os.Stat(conf); err != nil {
-		t.Fatalf("the package installed no agent.toml: %v", err)
-	}
-	text := "name = \"node1\"\nlisten = [\"127.0.0.1:7070\"]\ntls-dir = \"/etc/ferry/pki\"\nallow = [\"node2\"]\n"
-	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
-		t.Fatal(err)
+	// The package's agent.toml is node1's as section 3 has it edited
+	// (name node1, tls-dir /etc/ferry/pki, allow node2), listening on
+	// 0.0.0.0:7070: the test's own namespace. It is used as installed.
+	conf := readFile(t, filepath.Join(m.Root, "etc/ferry/agent.toml"))
+	for _, want := range []string{`name = "node1"`, `tls-dir = "/etc/ferry/pki"`, `listen = ["0.0.0.0:7070"]`} {
+		if !strings.Contains(conf, want+"\n") {
+			t.Fatalf("the installed agent.toml lacks %s:\n%s", want, conf)
+		}
 	}
 
 	logPath := filepath.Join(t.TempDir(), "agent.log")
-	p, err := m.Start(nsPath, logPath, argv...)
+	p, err := m.StartService("ferry-agent.service", nsPath, logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -339,7 +338,7 @@ func startAgent(ctx context.Context, t *testing.T, m *Mounted, argv []string, ru
 			<-p.Exited
 		}
 	})
-	sock := filepath.Join(m.Root, "run/ferry/agent.sock")
+	sock := m.HostPath("/run/ferry/agent.sock")
 	err = p.AwaitReady(ctx, 30*time.Second, 50*time.Millisecond, func(context.Context) error {
 		c, err := net.DialTimeout("unix", sock, time.Second)
 		if err == nil {
@@ -351,8 +350,8 @@ func startAgent(ctx context.Context, t *testing.T, m *Mounted, argv []string, ru
 		t.Fatalf("the agent did not serve %s: %v\n%s", sock, err, tail.File(logPath, 20))
 	}
 	// It listens where agent.toml says, in its namespace.
-	if out := run(nsPath, "ss", "-Htln", "sport", "= :7070"); !strings.Contains(out, "127.0.0.1:7070") {
-		t.Errorf("nothing listens on 127.0.0.1:7070 in %s: %q", netns, out)
+	if out := run(nsPath, "ss", "-Htln", "sport", "= :7070"); !strings.Contains(out, ":7070") {
+		t.Errorf("nothing listens on port 7070 in %s: %q", netns, out)
 	}
 	t.Logf("ferry ps --all in the root: %s", strings.TrimSpace(run(nsPath, "ferry", "ps", "--all")))
 	if err := syscall.Kill(p.PID, syscall.SIGTERM); err != nil {
@@ -370,6 +369,7 @@ func startAgent(ctx context.Context, t *testing.T, m *Mounted, argv []string, ru
 	if pids, err := m.Processes(); err != nil || len(pids) > 0 {
 		t.Errorf("processes left in the root: %v %v", pids, err)
 	}
+	t.Logf("the agent's log:\n%s", tail.File(logPath, 12))
 }
 
 // isStatic says why path is not a static executable, if it is not.

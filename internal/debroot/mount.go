@@ -211,6 +211,24 @@ func (m *Mounted) Start(netns, logPath string, argv ...string) (procs.Started, e
 	return procs.StartDetached(m.Argv(netns, argv...), "", logPath, nil)
 }
 
+// StartService starts the root's service unit as systemd would, without
+// systemd: its ExecStart exactly (ExecStart), inside the root, in the
+// network namespace netns, as a daemon whose output goes to logPath (a
+// host path). The unit's limits, OOM score and restarts are systemd's
+// and not applied; a SIGTERM to the PID is systemd's stop.
+func (m *Mounted) StartService(unit, netns, logPath string) (procs.Started, error) {
+	argv, err := ExecStart(m.Root, unit)
+	if err != nil {
+		return procs.Started{}, err
+	}
+	return m.Start(netns, logPath, argv...)
+}
+
+// HostPath is where the root's path p is on the host, the root's
+// symbolic links left unresolved (ROOT/run/ferry/agent.sock for the
+// agent's control socket).
+func (m *Mounted) HostPath(p string) string { return filepath.Join(m.Root, p) }
+
 // Processes are the processes in the root's mount namespace (a container
 // a runtime there started has a namespace of its own, and is not one).
 func (m *Mounted) Processes() ([]int, error) {
