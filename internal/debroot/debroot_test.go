@@ -311,6 +311,9 @@ func startAgent(ctx context.Context, t *testing.T, m *Mounted, run func(string, 
 	})
 	nsPath := "/run/netns/" + netns
 	run(nsPath, "ip", "link", "set", "lo", "up")
+	// Named after the root was mounted, it is there inside too (the
+	// agent's netns = "/var/run/netns/..." finds it).
+	run("", "ip", "-n", netns, "link", "show", "lo")
 
 	// docs/DEPLOY.md, section 2 and 3.
 	run("", "ferry", "certs", "init", "--dir", "/root/ferry-ca")

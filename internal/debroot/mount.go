@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ferry-migrate/ferry/internal/filelock"
+	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/procs"
 )
 
@@ -111,6 +112,11 @@ func Mount(root string, o MountOptions) (*Mounted, error) {
 	}
 	if err := prepareNSDir(); err != nil {
 		return nil, err
+	}
+	// Network namespaces named later (a lab's hosts) appear inside only
+	// if /run/netns is a shared mount by then.
+	if err := mounts.MakeShared("/run/netns"); err != nil {
+		return nil, fmt.Errorf("mount %s: %w", root, err)
 	}
 	// One Mount at a time, whichever process asks (it takes milliseconds).
 	unlock, err := filelock.Lock(context.Background(), filepath.Join(NSDir, ".lock"))
@@ -296,9 +302,7 @@ func setupNamespace(root string, o MountOptions) error {
 	}
 	var sources []source
 	for _, p := range []string{"/sys", "/dev", "/run/netns"} {
-		if _, err := os.Stat(p); err == nil {
-			sources = append(sources, source{path: p, target: p})
-		}
+		sources = append(sources, source{path: p, target: p})
 	}
 	for _, b := range o.Binds {
 		t := b.Target
