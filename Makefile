@@ -8,7 +8,7 @@ export PATH := /usr/local/go/bin:/usr/local/sbin:$(PATH)
 # says local; scripts/setup.sh says which Go it found).
 export GOTOOLCHAIN ?= auto
 
-.PHONY: all setup build man package release release-check lint test unit fuzz demo bench clean lab-down
+.PHONY: all setup build build-ferry man package package-criu debs release release-check lint test unit fuzz demo bench clean lab-down
 
 all: build
 
@@ -26,26 +26,43 @@ SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null)
 # ferry is the production binary (the .deb ships it alone); ferry-lab the
 # lab, benchmarks and calibration, which run bin/ferry's agents and
 # memhog from beside it.
-build:
-	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ferry ./cmd/ferry
+build: build-ferry
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ferry-lab ./cmd/ferry-lab
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/memhog ./workloads/memhog
 	CGO_ENABLED=0 $(GO) build -ldflags '$(CONTROLLER_LDFLAGS)' -o $(BIN)/ferry-controller ./cmd/ferry-controller
 
+build-ferry:
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ferry ./cmd/ferry
+
 # Man pages from the commands' help, into bin/man (not kept in git).
-man: build
+man: build-ferry
 	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(BIN)/ferry man --dir $(BIN)/man
 
 # The .deb for this machine's architecture, into $(DIST) (not kept in
 # git): the static binary, its man pages and bash completion, the systemd
 # units, the sysctl and tmpfiles settings, an example
 # /etc/ferry/agent.toml (packaging/nfpm.yaml). It depends on ferry-criu,
-# which make release builds.
+# which make package-criu (or make release) builds.
 DIST ?= dist
+# DEB_COMPRESSION=none stores the files uncompressed (the package tests:
+# a second instead of ten for ferry's).
+DEB_COMPRESSION ?=
 package: man
 	mkdir -p $(BIN)/completion
 	$(BIN)/ferry completion bash > $(BIN)/completion/ferry.bash
-	cd tools/package && SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(GO) run . deb --root $(CURDIR) --arch $$($(GO) env GOARCH) --version '$(VERSION)' --var BIN=$(abspath $(BIN)) --out $(abspath $(DIST))
+	cd tools/package && SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(GO) run . deb --root $(CURDIR) --arch $$($(GO) env GOARCH) --version '$(VERSION)' --var BIN=$(abspath $(BIN)) --out $(abspath $(DIST)) --compression '$(DEB_COMPRESSION)'
+
+# ferry-criu's .deb alone, for this machine's architecture, into $(DIST):
+# CRIU as make release builds it (scripts/release-criu.sh: a minute the
+# first time, reused after while its patches and setup.sh are unchanged).
+package-criu:
+	bash scripts/release-criu.sh $(BIN)/ferry-criu
+	cd tools/package && SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(GO) run . deb --root $(CURDIR) --config packaging/nfpm-criu.yaml --arch $$($(GO) env GOARCH) --version '$(VERSION)' --var CRIU=$(abspath $(BIN))/ferry-criu --depends $(abspath $(BIN))/ferry-criu/depends --out $(abspath $(DIST)) --compression '$(DEB_COMPRESSION)'
+
+# The two .debs an operator installs on this machine (ferry's and
+# ferry-criu's, of one version), without the rest of a release: what the
+# package tests install into a clean Debian root (internal/debroot).
+debs: package package-criu
 
 # Every release artifact into $(DIST), the same bytes for the same commit
 # (scripts/release.sh): static ferry and ferry-controller for each of

@@ -36,7 +36,7 @@ Start with:
 	}
 	root.Version = version
 	root.SetVersionTemplate(cli.VersionLine("ferry-lab", version, commit) + "\n")
-	root.AddCommand(newLabCmd(), newBenchCmd(), newCalibrateCmd(), newLabToolCmd())
+	root.AddCommand(newLabCmd(), newBenchCmd(), newCalibrateCmd(), newLabToolCmd(), newDebrootCmd())
 	cli.MarkUsageErrors(root)
 	return root
 }

@@ -17,15 +17,15 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
+	"github.com/ferry-migrate/ferry/internal/aptsources"
+	"github.com/ferry-migrate/ferry/internal/filelock"
 	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
 	"github.com/ferry-migrate/ferry/internal/tail"
@@ -144,7 +144,7 @@ func EnsureDebianRootfs(ctx context.Context, o DebianOptions) (DebianRootfs, err
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return r, err
 	}
-	unlock, err := lockFile(ctx, filepath.Join(dir, o.name()+".lock"))
+	unlock, err := filelock.Lock(ctx, filepath.Join(dir, o.name()+".lock"))
 	if err != nil {
 		return r, err
 	}
@@ -288,145 +288,9 @@ func runLogged(c *exec.Cmd, log io.Writer) error {
 	return nil
 }
 
-// lockFile takes an exclusive flock on path, waiting (until ctx ends) while
-// another process holds it.
-func lockFile(ctx context.Context, path string) (func(), error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", path, err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("waiting for another build of %s: %w", path, ctx.Err())
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-}
-
 // DebianMirrors returns the Debian archive and security archive URLs this
-// machine's apt uses (deb822 .sources files, then sources.list), or
-// deb.debian.org's.
-func DebianMirrors() (mirror, security string) {
-	var stanzas []aptSource
-	files, _ := filepath.Glob("/etc/apt/sources.list.d/*.sources")
-	// debian.sources first: it is the system's own.
-	slices.SortStableFunc(files, func(a, b string) int {
-		return boolInt(filepath.Base(b) == "debian.sources") - boolInt(filepath.Base(a) == "debian.sources")
-	})
-	for _, f := range files {
-		if b, err := os.ReadFile(f); err == nil {
-			stanzas = append(stanzas, parseDeb822Sources(string(b))...)
-		}
-	}
-	if b, err := os.ReadFile("/etc/apt/sources.list"); err == nil {
-		stanzas = append(stanzas, parseOneLineSources(string(b))...)
-	}
-	return pickMirrors(stanzas)
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-// aptSource is one source of binary packages.
-type aptSource struct {
-	URIs   []string
-	Suites []string
-}
-
-// parseDeb822Sources reads the stanzas of a .sources file that give
-// binary packages ("Types: deb").
-func parseDeb822Sources(text string) []aptSource {
-	var out []aptSource
-	for _, stanza := range strings.Split(strings.ReplaceAll(text, "\r", ""), "\n\n") {
-		fields := map[string]string{}
-		key := ""
-		for _, line := range strings.Split(stanza, "\n") {
-			if strings.HasPrefix(line, "#") || strings.TrimSpace(line) == "" {
-				continue
-			}
-			if (line[0] == ' ' || line[0] == '\t') && key != "" {
-				fields[key] += " " + strings.TrimSpace(line)
-				continue
-			}
-			k, v, ok := strings.Cut(line, ":")
-			if !ok {
-				continue
-			}
-			key = strings.ToLower(strings.TrimSpace(k))
-			fields[key] = strings.TrimSpace(v)
-		}
-		if !slices.Contains(strings.Fields(fields["types"]), "deb") || strings.EqualFold(fields["enabled"], "no") {
-			continue
-		}
-		out = append(out, aptSource{URIs: strings.Fields(fields["uris"]), Suites: strings.Fields(fields["suites"])})
-	}
-	return out
-}
-
-// parseOneLineSources reads "deb [options] URI SUITE COMPONENTS..." lines.
-func parseOneLineSources(text string) []aptSource {
-	var out []aptSource
-	for _, line := range strings.Split(text, "\n") {
-		f := strings.Fields(line)
-		if len(f) < 3 || f[0] != "deb" {
-			continue
-		}
-		f = f[1:]
-		if strings.HasPrefix(f[0], "[") {
-			for len(f) > 0 && !strings.HasSuffix(f[0], "]") {
-				f = f[1:]
-			}
-			if len(f) > 0 {
-				f = f[1:]
-			}
-		}
-		if len(f) >= 2 {
-			out = append(out, aptSource{URIs: f[:1], Suites: f[1:2]})
-		}
-	}
-	return out
-}
-
-// pickMirrors takes the first source of a -security suite as the security
-// archive and the first other one as the main archive.
-func pickMirrors(sources []aptSource) (mirror, security string) {
-	for _, s := range sources {
-		if len(s.URIs) == 0 || len(s.Suites) == 0 {
-			continue
-		}
-		uri := strings.TrimRight(s.URIs[0], "/")
-		if !strings.HasPrefix(uri, "http://") && !strings.HasPrefix(uri, "https://") {
-			continue
-		}
-		isSecurity := slices.ContainsFunc(s.Suites, func(x string) bool { return strings.HasSuffix(x, "-security") })
-		if isSecurity && security == "" {
-			security = uri
-		} else if !isSecurity && mirror == "" {
-			mirror = uri
-		}
-	}
-	if mirror == "" {
-		mirror = "http://deb.debian.org/debian"
-	}
-	if security == "" {
-		security = "http://deb.debian.org/debian-security"
-	}
-	return mirror, security
-}
+// machine's apt uses, or deb.debian.org's (aptsources.Mirrors).
+func DebianMirrors() (mirror, security string) { return aptsources.Mirrors() }
 
 // DebianMirrorReachable asks the mirror for the suite's release file,
 // within timeout.
@@ -435,22 +299,7 @@ func DebianMirrorReachable(ctx context.Context, o DebianOptions, timeout time.Du
 	if mirror == "" {
 		mirror, _ = DebianMirrors()
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	url := mirror + "/dists/" + DebianSuite + "/InRelease"
-	req, err := http.NewRequestWithContext(ctx, http.MethodHead, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s", url, resp.Status)
-	}
-	return nil
+	return aptsources.Reachable(ctx, mirror, DebianSuite, timeout)
 }
 
 // LayDebianRootfs fills dir (a runc bundle's rootfs, or an LXC container's
@@ -524,7 +373,7 @@ func EnsureDebianImage(ctx context.Context, o DebianOptions) (string, error) {
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return "", err
 	}
-	unlock, err := lockFile(ctx, filepath.Join(root, o.name()+".lock"))
+	unlock, err := filelock.Lock(ctx, filepath.Join(root, o.name()+".lock"))
 	if err != nil {
 		return "", err
 	}

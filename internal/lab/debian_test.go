@@ -21,46 +21,6 @@ import (
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 )
 
-func TestDebianSources(t *testing.T) {
-	const deb822 = `Types: deb
-# http://snapshot.debian.org/archive/debian/20250520T000000Z
-URIs: http://deb.debian.org/debian
-Suites: bookworm bookworm-updates
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-
-Types: deb-src
-URIs: http://src.example/debian
-Suites: bookworm
-
-Types: deb
-# http://snapshot.debian.org/archive/debian-security/20250520T000000Z
-URIs: http://deb.debian.org/debian-security/
-Suites: bookworm-security
-Components: main
-`
-	m, s := pickMirrors(parseDeb822Sources(deb822))
-	if m != "http://deb.debian.org/debian" || s != "http://deb.debian.org/debian-security" {
-		t.Errorf("deb822: %q %q", m, s)
-	}
-	const oneLine = `# deb http://commented.example/debian bookworm main
-deb-src http://src.example/debian bookworm main
-deb [arch=amd64 signed-by=/usr/share/keyrings/k.gpg] http://mirror.example/debian bookworm main
-deb http://security.example/debian-security bookworm-security main
-`
-	m, s = pickMirrors(parseOneLineSources(oneLine))
-	if m != "http://mirror.example/debian" || s != "http://security.example/debian-security" {
-		t.Errorf("one-line: %q %q", m, s)
-	}
-	// Nothing usable: Debian's own redirector.
-	m, s = pickMirrors(parseOneLineSources("deb file:/srv/repo bookworm main\n"))
-	if m != "http://deb.debian.org/debian" || s != "http://deb.debian.org/debian-security" {
-		t.Errorf("defaults: %q %q", m, s)
-	}
-	m, s = DebianMirrors()
-	t.Logf("this machine's mirrors: %s, %s", m, s)
-}
-
 func TestDebianKey(t *testing.T) {
 	a := DebianOptions{CacheDir: "/c", Packages: []string{"redis-server", "python3"}}
 	b := DebianOptions{CacheDir: "/c", Packages: []string{"python3", "redis-server", "python3"}}

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ferry-migrate/ferry/internal/cnet"
+	"github.com/ferry-migrate/ferry/internal/mounts"
 )
 
 // netnsDir is where named network namespaces are bind-mounted, the place
@@ -26,22 +27,7 @@ func netnsPath(name string) string { return filepath.Join(netnsDir, name) }
 // does. Processes started with `ip netns exec` (the agents) get their own
 // mount namespace as a slave of this one; without a shared mount there, a
 // namespace deleted here would stay mounted, and alive, in their copy.
-func ensureNetnsDir() error {
-	if err := os.MkdirAll(netnsDir, 0o755); err != nil {
-		return err
-	}
-	err := unix.Mount("", netnsDir, "none", unix.MS_SHARED|unix.MS_REC, "")
-	if errors.Is(err, unix.EINVAL) { // not a mount point yet
-		if err := unix.Mount(netnsDir, netnsDir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-			return fmt.Errorf("bind-mount %s: %w", netnsDir, err)
-		}
-		err = unix.Mount("", netnsDir, "none", unix.MS_SHARED|unix.MS_REC, "")
-	}
-	if err != nil {
-		return fmt.Errorf("make %s shared: %w", netnsDir, err)
-	}
-	return nil
-}
+func ensureNetnsDir() error { return mounts.MakeShared(netnsDir) }
 
 // onFreshThread runs fn on a locked OS thread of its own and puts the
 // thread back into the caller's network namespace afterwards. If that

@@ -190,3 +190,25 @@ func (o Overlay) Mount(dir string) error {
 	}
 	return nil
 }
+
+// MakeShared makes dir a shared mount point, bound onto itself first if
+// it is not a mount point yet: what `ip netns add` does to /run/netns, so
+// that what is mounted there later (a named network namespace) also
+// appears in the mount namespaces that copied it as a slave, and goes
+// from them when it goes here.
+func MakeShared(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	err := unix.Mount("", dir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	if errors.Is(err, unix.EINVAL) { // not a mount point yet
+		if err := unix.Mount(dir, dir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind-mount %s: %w", dir, err)
+		}
+		err = unix.Mount("", dir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	}
+	if err != nil {
+		return fmt.Errorf("make %s shared: %w", dir, err)
+	}
+	return nil
+}

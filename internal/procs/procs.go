@@ -349,3 +349,51 @@ func SocketServer(path string) (int, error) {
 	}
 	return int(cred.Pid), nil
 }
+
+// StartTime is when pid started, in clock ticks after boot (field 22 of
+// /proc/PID/stat): with the PID, it names one process for good, since a
+// PID may be reused but not with the same start. False when pid is gone.
+func StartTime(pid int) (uint64, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	s := string(b)
+	end := strings.LastIndexByte(s, ')')
+	if end < 0 {
+		return 0, false
+	}
+	// After the name: state is field 3, so start time is the 20th.
+	f := strings.Fields(s[end+1:])
+	if len(f) < 20 {
+		return 0, false
+	}
+	t, err := strconv.ParseUint(f[19], 10, 64)
+	return t, err == nil
+}
+
+// InNamespace lists the processes in the namespace nsPath names (a
+// bind-mounted namespace file such as /run/netns/NAME, or a process's
+// /proc/PID/ns/KIND): those whose /proc/PID/ns/KIND is the same one.
+func InNamespace(nsPath, kind string) ([]int, error) {
+	var want unix.Stat_t
+	if err := unix.Stat(nsPath, &want); err != nil {
+		return nil, err
+	}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Stat("/proc/"+e.Name()+"/ns/"+kind, &st) == nil && st.Dev == want.Dev && st.Ino == want.Ino {
+			out = append(out, pid)
+		}
+	}
+	return out, nil
+}

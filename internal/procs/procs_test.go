@@ -260,3 +260,29 @@ func TestStatusBytes(t *testing.T) {
 		t.Error("a process that does not exist has a size")
 	}
 }
+
+// StartTime tells a process from a later one with its PID; InNamespace
+// finds a child in this process's namespaces (no root needed: reading
+// one's own children's ns links is allowed).
+func TestStartTimeAndInNamespace(t *testing.T) {
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	mine, ok1 := StartTime(os.Getpid())
+	child, ok2 := StartTime(cmd.Process.Pid)
+	if !ok1 || !ok2 || child < mine {
+		t.Errorf("start times: this process %d %v, its child %d %v", mine, ok1, child, ok2)
+	}
+	if _, ok := StartTime(1 << 30); ok {
+		t.Error("a start time for a PID no process has")
+	}
+	pids, err := InNamespace("/proc/self/ns/mnt", "mnt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(pids, os.Getpid()) || !slices.Contains(pids, cmd.Process.Pid) {
+		t.Errorf("InNamespace(own mnt) = %v, lacks %d or %d", pids, os.Getpid(), cmd.Process.Pid)
+	}
+}

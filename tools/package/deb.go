@@ -20,6 +20,8 @@ type debOptions struct {
 	Vars        vars
 	DependsFile string
 	Out         string
+	// Compression overrides the configuration's (nfpm's deb.compression).
+	Compression string
 }
 
 // buildDeb writes the .deb into o.Out and returns its path. Its files'
@@ -58,6 +60,9 @@ func buildDeb(o debOptions) (string, error) {
 		return "", err
 	}
 	info.Depends = append(info.Depends, depends...)
+	if o.Compression != "" {
+		info.Deb.Compression = o.Compression
+	}
 	info = nfpm.WithDefaults(info)
 	if err := nfpm.Validate(info); err != nil {
 		return "", err

@@ -233,6 +233,35 @@ func TestCriuDeb(t *testing.T) {
 	}
 }
 
+// --compression none (what the package tests build with) changes how the
+// data is stored, not what it holds.
+func TestDebCompression(t *testing.T) {
+	needDpkgDeb(t)
+	root := repo(t)
+	bin := fakeBuild(t)
+	t.Setenv("SOURCE_DATE_EPOCH", "1700000000")
+	var contents [2][]string
+	for i, c := range []string{"", "none"} {
+		deb, err := buildDeb(debOptions{Root: root, Config: "packaging/nfpm.yaml", Version: "v1.2.3", Arch: "amd64",
+			Vars: vars{"BIN": bin}, Out: t.TempDir(), Compression: c})
+		if err != nil {
+			t.Fatalf("compression %q: %v", c, err)
+		}
+		out, err := exec.Command("ar", "t", deb).CombinedOutput()
+		if err != nil {
+			t.Fatalf("ar t: %v\n%s", err, out)
+		}
+		want := map[string]string{"": "data.tar.gz", "none": "data.tar"}[c]
+		if !slices.Contains(strings.Fields(string(out)), want) {
+			t.Errorf("compression %q: members %q, want %s", c, out, want)
+		}
+		_, contents[i] = debInfo(t, deb)
+	}
+	if !slices.Equal(contents[0], contents[1]) {
+		t.Errorf("gzip and none hold different files:\n%v\n%v", contents[0], contents[1])
+	}
+}
+
 // The same inputs and SOURCE_DATE_EPOCH give the same .deb.
 func TestDebReproducible(t *testing.T) {
 	root := repo(t)
