@@ -47,9 +47,11 @@ func TestTraceesAndProgramCounter(t *testing.T) {
 	}
 	var pc uint64
 	var err error
-	for i := 0; i < 200; i++ { // until it sleeps, not runs
+	// Until it sleeps in its own code: just started, it may still run, or
+	// wait inside its exec with no program counter of its own yet.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		var running bool
-		if pc, running, err = ProgramCounter(cmd.Process.Pid); err != nil || !running {
+		if pc, running, err = ProgramCounter(cmd.Process.Pid); err != nil || (!running && pc != 0) {
 			break
 		}
 	}
