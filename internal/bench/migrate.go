@@ -382,10 +382,7 @@ func (o MigrateOptions) runAttached(ctx context.Context, l *lab.Lab, src *lab.Ho
 		args = append(args, "--journal", "/data/journal", "--journal-fill", strconv.FormatInt(o.VolumeBytes, 10),
 			"--journal-rate", strconv.FormatInt(rate, 10))
 	}
-	if o.Runtime == "podman" {
-		return l.RunPodman(ctx, src.Name, name, args, a)
-	}
-	return l.RunDocker(ctx, src.Name, name, args, a)
+	return l.RunIn(ctx, o.Runtime, src.Name, name, args, a)
 }
 
 // PodmanBaselineOnce moves memhog the way Podman users do (checkpoint
