@@ -27,7 +27,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/runtime"
-	"github.com/ferry-migrate/ferry/internal/runtime/podman"
+	"github.com/ferry-migrate/ferry/internal/runtime/all"
 	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
@@ -138,22 +138,31 @@ func FaultMatrix(runtimes, modes, phases, actions []string) []FaultCase {
 	return out
 }
 
-// faultRuntimes are the runtimes the matrix can run a workload in.
-var faultRuntimes = []string{"runc", "podman", "lxc", "containerd", "docker"}
-
 // faultModes are the techniques the matrix runs, in every runtime (each
 // restores lazily too where CRIU's lazy pages work).
 var faultModes = []string{engine.ModeCold, engine.ModePrecopy, engine.ModePostcopy, engine.ModeHybrid}
+
+// labFeatures are what the matrix assumes a lab host offers its
+// runtimes: CRIU's lazy pages and Docker's ferry-runc, as a plan does.
+var labFeatures = runtime.PlanFeatures
+
+// coldRebuilds says whether the engine moves kind's containers cold
+// through the rebuild switchover on a lab host (a restore that copies its
+// images: Docker's).
+func coldRebuilds(kind string) bool {
+	g, ok := all.Registry.Get(kind)
+	return ok && engine.ColdSwitchover("", g.Caps(labFeatures)) == engine.SwitchoverRebuild
+}
 
 // applies says whether fault a at phase p of mode m in runtime rt breaks
 // something. Pre-copy has a lazy-pages phase too: the destination's copy
 // runs while its memory
 // arrives from the destination's own images, the source waiting, frozen.
-// So has Docker's cold (the rebuild switchover), which runs no page server
-// at the destination during the dump.
+// So has a cold migration through the rebuild switchover (Docker's),
+// which runs no page server at the destination during the dump.
 func applies(rt, m, p, a string) bool {
 	lazy := m == engine.ModePostcopy || m == engine.ModeHybrid
-	coldRebuild := m == engine.ModeCold && rt == "docker"
+	coldRebuild := m == engine.ModeCold && coldRebuilds(rt)
 	pulls := lazy || m == engine.ModePrecopy || coldRebuild
 	switch p {
 	case fault.Rounds:
@@ -204,8 +213,8 @@ func Faults(ctx context.Context, o FaultsOptions) (res FaultsResult, err error) 
 	cases := o.Cases
 	if len(cases) == 0 {
 		for _, rt := range o.Runtimes {
-			if !slices.Contains(faultRuntimes, rt) {
-				return res, fmt.Errorf("unknown runtime %q (one of %s)", rt, strings.Join(faultRuntimes, ", "))
+			if kinds := lab.RunnableKinds(); !slices.Contains(kinds, rt) {
+				return res, fmt.Errorf("unknown runtime %q (one of %s)", rt, strings.Join(kinds, ", "))
 			}
 		}
 		for _, m := range o.Modes {
@@ -238,14 +247,17 @@ func Faults(ctx context.Context, o FaultsOptions) (res FaultsResult, err error) 
 		if c.Runtime == "" {
 			cases[i].Runtime = "runc"
 		}
-		tool := map[string]string{"podman": "podman", "lxc": "lxc-checkpoint", "containerd": "containerd", "docker": "dockerd"}[c.Runtime]
-		if tool == "" {
+		rt, err := lab.RuntimeOf(c.Runtime)
+		if err != nil {
+			return res, err
+		}
+		if rt.Tool == "" {
 			continue
 		}
-		if _, err := exec.LookPath(tool); err != nil {
-			return res, fmt.Errorf("%s cases need %s, which this host lacks (make setup installs it)", c.Runtime, tool)
+		if _, err := exec.LookPath(rt.Tool); err != nil {
+			return res, fmt.Errorf("%s cases need %s, which this host lacks (make setup installs it)", c.Runtime, rt.Tool)
 		}
-		if lab.NeedsImage(c.Runtime) && !slices.Contains(images, c.Runtime) {
+		if rt.ImportImage != nil && !slices.Contains(images, c.Runtime) {
 			images = append(images, c.Runtime)
 		}
 	}
@@ -514,30 +526,14 @@ func outcome(s, d string, twice bool) string {
 // SIGSTOP: runc and Podman call that running), or exited (its runtime
 // keeps it, not running: Podman's exited or created, LXC's STOPPED).
 func containerState(kind string, h *lab.Host, name string) string {
-	ctx := context.Background()
-	var (
-		c   *runtime.Container
-		err error
-	)
-	switch kind {
-	case "podman":
-		c, err = podman.New(h.Podman()).Inspect(ctx, name)
-	case "lxc":
-		c, err = h.LXC().Inspect(ctx, name)
-	case "containerd":
-		r := h.ContainerdRuntime()
-		defer r.Close()
-		c, err = r.Inspect(ctx, name)
-	case "docker":
-		r := h.DockerRuntime()
-		defer r.Close()
-		c, err = r.Inspect(ctx, name)
-	default:
-		var st runc.State
-		if st, err = h.Runc().State(ctx, name); err == nil {
-			c = &runtime.Container{Status: st.Status, PID: st.Pid}
-		}
+	rt, err := lab.RuntimeOf(kind)
+	if err == nil && rt.Inspect == nil {
+		err = fmt.Errorf("the lab inspects no %s containers", rt.Kind)
 	}
+	if err != nil {
+		return "unknown (" + err.Error() + ")"
+	}
+	c, err := rt.Inspect(context.Background(), h, name)
 	if errors.Is(err, runc.ErrNotFound) || errors.Is(err, runtime.ErrNotFound) {
 		return "absent"
 	}
