@@ -210,59 +210,9 @@ func Faults(ctx context.Context, o FaultsOptions) (res FaultsResult, err error) 
 	if o.Settle == 0 {
 		o.Settle = 60 * time.Second
 	}
-	cases := o.Cases
-	if len(cases) == 0 {
-		for _, rt := range o.Runtimes {
-			if kinds := lab.RunnableKinds(); !slices.Contains(kinds, rt) {
-				return res, fmt.Errorf("unknown runtime %q (one of %s)", rt, strings.Join(kinds, ", "))
-			}
-		}
-		for _, m := range o.Modes {
-			if !slices.Contains(faultModes, m) {
-				return res, fmt.Errorf("unknown mode %q (one of %s)", m, strings.Join(faultModes, ", "))
-			}
-		}
-		for _, a := range o.Actions {
-			if !slices.Contains(fault.Actions, a) {
-				return res, fmt.Errorf("unknown fault %q (one of %s)", a, strings.Join(fault.Actions, ", "))
-			}
-		}
-		for _, p := range o.Phases {
-			if !slices.Contains(fault.Phases, p) {
-				return res, fmt.Errorf("unknown phase %q (one of %s)", p, strings.Join(fault.Phases, ", "))
-			}
-		}
-		cases = FaultMatrix(o.Runtimes, o.Modes, o.Phases, o.Actions)
-	}
-	if o.Address {
-		for _, c := range cases {
-			if c.Runtime != "" && c.Runtime != "runc" {
-				return res, fmt.Errorf("--address runs the workload on the lab's segment under runc only, not %s", c.Runtime)
-			}
-		}
-	}
-	var images []string // runtimes whose workload runs from an image
-	cases = slices.Clone(cases)
-	for i, c := range cases {
-		if c.Runtime == "" {
-			cases[i].Runtime = "runc"
-		}
-		rt, err := lab.RuntimeOf(c.Runtime)
-		if err != nil {
-			return res, err
-		}
-		if rt.Tool == "" {
-			continue
-		}
-		if _, err := exec.LookPath(rt.Tool); err != nil {
-			return res, fmt.Errorf("%s cases need %s, which this host lacks (make setup installs it)", c.Runtime, rt.Tool)
-		}
-		if rt.ImportImage != nil && !slices.Contains(images, c.Runtime) {
-			images = append(images, c.Runtime)
-		}
-	}
-	if len(cases) == 0 {
-		return res, errors.New("no fault case matches: see `ferry-lab bench faults --help` for which faults apply to which phases")
+	cases, images, err := o.plan()
+	if err != nil {
+		return res, err
 	}
 	l, down, err := upLab(ctx, lab.Options{Hosts: 3, OutageTimeout: o.OutageTimeout, FerryBin: o.FerryBin})
 	if err != nil {
@@ -294,6 +244,66 @@ func Faults(ctx context.Context, o FaultsOptions) (res FaultsResult, err error) 
 		}
 	}
 	return res, nil
+}
+
+// plan is the cases o asks for, each with its runtime named (runc when
+// not), and the runtimes whose workload runs from an image, to import
+// first; it refuses what the matrix cannot run, before any lab comes up.
+func (o FaultsOptions) plan() (cases []FaultCase, images []string, err error) {
+	cases = o.Cases
+	if len(cases) == 0 {
+		for _, rt := range o.Runtimes {
+			if kinds := lab.RunnableKinds(); !slices.Contains(kinds, rt) {
+				return nil, nil, fmt.Errorf("unknown runtime %q (one of %s)", rt, strings.Join(kinds, ", "))
+			}
+		}
+		for _, m := range o.Modes {
+			if !slices.Contains(faultModes, m) {
+				return nil, nil, fmt.Errorf("unknown mode %q (one of %s)", m, strings.Join(faultModes, ", "))
+			}
+		}
+		for _, a := range o.Actions {
+			if !slices.Contains(fault.Actions, a) {
+				return nil, nil, fmt.Errorf("unknown fault %q (one of %s)", a, strings.Join(fault.Actions, ", "))
+			}
+		}
+		for _, p := range o.Phases {
+			if !slices.Contains(fault.Phases, p) {
+				return nil, nil, fmt.Errorf("unknown phase %q (one of %s)", p, strings.Join(fault.Phases, ", "))
+			}
+		}
+		cases = FaultMatrix(o.Runtimes, o.Modes, o.Phases, o.Actions)
+	}
+	if o.Address {
+		for _, c := range cases {
+			if c.Runtime != "" && c.Runtime != "runc" {
+				return nil, nil, fmt.Errorf("--address runs the workload on the lab's segment under runc only, not %s", c.Runtime)
+			}
+		}
+	}
+	cases = slices.Clone(cases)
+	for i, c := range cases {
+		if c.Runtime == "" {
+			cases[i].Runtime = "runc"
+		}
+		rt, err := lab.RuntimeOf(c.Runtime)
+		if err != nil {
+			return nil, nil, err
+		}
+		if rt.Tool == "" {
+			continue
+		}
+		if _, err := exec.LookPath(rt.Tool); err != nil {
+			return nil, nil, fmt.Errorf("%s cases need %s, which this host lacks (make setup installs it)", c.Runtime, rt.Tool)
+		}
+		if rt.ImportImage != nil && !slices.Contains(images, c.Runtime) {
+			images = append(images, c.Runtime)
+		}
+	}
+	if len(cases) == 0 {
+		return nil, nil, errors.New("no fault case matches: see `ferry-lab bench faults --help` for which faults apply to which phases")
+	}
+	return cases, images, nil
 }
 
 func (s *FaultsSummary) add(c FaultCase) {
