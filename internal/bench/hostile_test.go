@@ -19,7 +19,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/admission"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
-	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+	"github.com/ferry-migrate/ferry/internal/runc"
 	"github.com/ferry-migrate/ferry/internal/transport"
 	"github.com/ferry-migrate/ferry/internal/transport/transporttest"
 )

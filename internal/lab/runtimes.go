@@ -16,6 +16,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/kubelab"
 	"github.com/ferry-migrate/ferry/internal/mounts"
+	"github.com/ferry-migrate/ferry/internal/runc"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/runtime/all"
 	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
@@ -27,6 +28,10 @@ import (
 // Lab containers under Podman, LXC and containerd: each lab host has a
 // Podman instance, an lxcpath and a containerd daemon of its own
 // (PodmanDir, LXCPath, Containerd), which its agent uses.
+
+// Runc is runc under the host's own root, where the lab's own containers
+// run.
+func (h *Host) Runc() runc.Host { return runc.Host{Root: h.RuncRoot()} }
 
 // Podman is the host's own Podman instance.
 func (h *Host) Podman() podman.Host { return podman.Host{Dir: h.PodmanDir(), NetNS: h.NetNS} }
