@@ -21,9 +21,18 @@ type Endpoint struct {
 	// Addr is the agent's --listen address, and Name the host it must
 	// prove to be ("" takes any host of the CA).
 	Addr, Name string
-	// Operator is the operator's certificate, for Addr.
-	Operator *transport.Security
+	// Operator is the operator's certificate, for Addr (LoadOperator).
+	Operator *Operator
 }
+
+// Operator is an operator's certificate and the CA's, which an agent
+// asked over the network (Endpoint.Addr) requires.
+type Operator = transport.Security
+
+// LoadOperator reads operator name's certificate and key and the CA's
+// certificate from dir (as `ferry certs operator` writes them): how a
+// program away from an agent's host, a controller, reaches it.
+func LoadOperator(dir, name string) (*Operator, error) { return transport.LoadOperator(dir, name) }
 
 // Socket is the endpoint of an agent's control socket on this host.
 func Socket(path string) Endpoint { return Endpoint{Socket: path} }

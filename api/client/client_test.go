@@ -3,27 +3,38 @@ package client
 import (
 	"context"
 	"errors"
+	"net"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ferry-migrate/ferry/api"
+	"github.com/ferry-migrate/ferry/internal/pki"
 	"github.com/ferry-migrate/ferry/internal/transport"
 )
 
-// fakeAgent serves one session on a unix socket with handle, which gets
+// fakeAgent serves sessions on a unix socket with handle, which gets
 // each channel the client opens; it returns the client's endpoint.
 func fakeAgent(t *testing.T, handle func(*transport.Channel)) Endpoint {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "agent.sock")
+	serve(t, nil, sock, handle)
+	return Socket(sock)
+}
+
+// serve is host h1's agent on addr (a TCP address over TLS with sec),
+// each channel to handle; it returns the address it listens on.
+func serve(t *testing.T, sec *transport.Security, addr string, handle func(*transport.Channel)) string {
+	t.Helper()
 	c := transport.DefaultConfig()
 	c.Hello = transport.Hello{Name: "h1", Role: "agent"}
+	c.Security = sec
 	srv, err := transport.NewServer(c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := srv.Listen(sock)
+	l, err := srv.Listen(addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +61,47 @@ func fakeAgent(t *testing.T, handle func(*transport.Channel)) Endpoint {
 			}()
 		}
 	}()
-	return Socket(sock)
+	return l.Addr().String()
+}
+
+// A program away from the agent's host reaches it with what this package
+// exports alone: the operator's certificate (LoadOperator) and the
+// agent's address and name; a host's certificate is no operator's.
+func TestRemoteAgentWithAnOperatorsCertificate(t *testing.T) {
+	dir := t.TempDir()
+	if err := pki.NewCA(dir, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, err := range []error{
+		pki.Issue(dir, filepath.Join(dir, "h1"), "h1", []net.IP{net.IPv4(127, 0, 0, 1)}, nil, time.Hour),
+		pki.IssueOperator(dir, filepath.Join(dir, "ops"), "alice", time.Hour),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	sec, err := transport.LoadSecurity(filepath.Join(dir, "h1"), "h1", []string{"h2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := serve(t, sec, "127.0.0.1:0", func(ch *transport.Channel) {
+		defer ch.Close()
+		_ = ch.Send(api.Status{Host: "h1"})
+	})
+	if _, err := LoadOperator(filepath.Join(dir, "h1"), "h1"); err == nil {
+		t.Error("a host's certificate loaded as an operator's")
+	}
+	op, err := LoadOperator(filepath.Join(dir, "ops"), "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if st, err := Status(ctx, Endpoint{Addr: addr, Name: "h1", Operator: op}); err != nil || st.Host != "h1" {
+		t.Errorf("status of h1@%s: %+v, %v", addr, st, err)
+	}
+	if _, err := Status(ctx, Endpoint{Addr: addr, Name: "h2", Operator: op}); err == nil {
+		t.Error("h1 passed for h2")
+	}
 }
 
 // A migration is followed from its acceptance, through its progress, to

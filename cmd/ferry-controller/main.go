@@ -17,9 +17,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	agentclient "github.com/ferry-migrate/ferry/api/client"
 	v1 "github.com/ferry-migrate/ferry/api/kube/v1alpha1"
 	"github.com/ferry-migrate/ferry/internal/kubecontroller"
-	"github.com/ferry-migrate/ferry/internal/transport"
 )
 
 var version = "dev"
@@ -56,7 +56,7 @@ func main() {
 }
 
 func run(tlsDir, operator string, port int, metrics, probes string, leaderElect bool) error {
-	sec, err := transport.LoadOperator(tlsDir, operator)
+	sec, err := agentclient.LoadOperator(tlsDir, operator)
 	if err != nil {
 		return fmt.Errorf("the operator's certificate (ferry certs operator %s --help): %w", operator, err)
 	}

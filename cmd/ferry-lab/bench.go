@@ -15,6 +15,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/cli"
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
 
@@ -130,7 +131,7 @@ drift; client_downtime_ratio is its median client downtime over --memory's
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.Mode, "mode", engine.ModeCold, "technique: cold, precopy, postcopy, hybrid")
-	f.StringVar(&o.Runtime, "runtime", "runc", "runtime the workload runs under: runc (the lab's own bundles), podman, lxc, containerd or docker (each lab host's own instance); ferry check lists the modes each supports. kubernetes: a memhog Deployment's pod moved by a Migration through ferry-controller in the lab's cluster (lab up --kubernetes; built by scripts/kube-build.sh), each run followed by the same migration under plain containerd, and Kubernetes' delete-and-recreate measured once (its state lost)")
+	f.StringVar(&o.Runtime, "runtime", "runc", "runtime the workload runs under: "+runtime.JoinKinds(lab.RunnableKinds(), "or")+" (runc: the lab's own bundles; the others each lab host's own instance); ferry check lists the modes each supports. kubernetes: a memhog Deployment's pod moved by a Migration through ferry-controller in the lab's cluster (lab up --kubernetes; built by scripts/kube-build.sh), each run followed by the same migration under plain containerd, and Kubernetes' delete-and-recreate measured once (its state lost)")
 	cli.AddPrecopyFlags(cmd, &o.Precopy)
 	f.StringVar(&memory, "memory", "256M", "workload memory (64M, 1G, ...)")
 	f.StringVar(&againstMemory, "against-memory", "", "also migrate a workload of this size in each repeat, alternating, and give its client downtime over --memory's")

@@ -88,7 +88,7 @@ Only the cases where a fault can strike are run (--list shows them).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringSliceVar(&o.Runtimes, "runtime", []string{"runc"}, "runtimes to run the workload in: runc, podman, lxc, containerd, docker")
+	f.StringSliceVar(&o.Runtimes, "runtime", []string{"runc"}, "runtimes to run the workload in: "+strings.Join(lab.RunnableKinds(), ", "))
 	f.StringSliceVar(&o.Modes, "mode", nil, "techniques (default all: cold, precopy, postcopy, hybrid)")
 	f.StringSliceVar(&o.Phases, "phase", nil, "phases (default all)")
 	f.StringSliceVar(&o.Actions, "fault", nil, "faults (default all)")

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/cli"
 	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
 
@@ -266,7 +267,7 @@ instance first (a move needs it at the destination).`,
 	cmd.Flags().StringSliceVar(&packages, "package", nil, "with --rootfs "+lab.RootfsDebian+": Debian packages to install instead of the default set (e.g. memcached); each set is built once and cached")
 	cmd.Flags().BoolVar(&copyImg, "copy-image", false, "with --rootfs "+lab.RootfsDebian+": copy the whole tree into the container instead of an overlay over the shared image (all of it moves)")
 	cmd.Flags().StringVar(&ip, "ip", "", "an address of its own on the service segment ("+lab.SegmentSubnet+"1-199), kept across migrations")
-	cmd.Flags().StringVar(&kind, "runtime", "runc", "runtime to run it under: runc (the lab's own bundles), podman, lxc, containerd or docker (each host's own instance)")
+	cmd.Flags().StringVar(&kind, "runtime", "runc", "runtime to run it under: "+runtime.JoinKinds(lab.RunnableKinds(), "or")+" (runc: the lab's own bundles; the others each host's own instance)")
 	return cmd
 }
 

@@ -121,7 +121,7 @@ func (a agentFlags) endpoints(to string) (client.Endpoint, string, error) {
 }
 
 // operatorTLS loads the operator's certificate for reaching from.
-func (a agentFlags) operatorTLS(from string) (*transport.Security, error) {
+func (a agentFlags) operatorTLS(from string) (*client.Operator, error) {
 	dir, name := a.tlsDir, a.operator
 	if dir == "" {
 		dir = os.Getenv("FERRY_TLS_DIR")
@@ -138,7 +138,7 @@ func (a agentFlags) operatorTLS(from string) (*transport.Security, error) {
 			return nil, fmt.Errorf("--tls-dir: %w", err)
 		}
 	}
-	sec, err := transport.LoadOperator(dir, name)
+	sec, err := client.LoadOperator(dir, name)
 	if err != nil {
 		return nil, fmt.Errorf("--tls-dir: %w", err)
 	}

@@ -26,9 +26,9 @@ import (
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/procs"
+	"github.com/ferry-migrate/ferry/internal/runc"
 	"github.com/ferry-migrate/ferry/internal/runtime"
-	"github.com/ferry-migrate/ferry/internal/runtime/podman"
-	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+	"github.com/ferry-migrate/ferry/internal/runtime/all"
 	"github.com/ferry-migrate/ferry/internal/units"
 )
 
@@ -138,22 +138,31 @@ func FaultMatrix(runtimes, modes, phases, actions []string) []FaultCase {
 	return out
 }
 
-// faultRuntimes are the runtimes the matrix can run a workload in.
-var faultRuntimes = []string{"runc", "podman", "lxc", "containerd", "docker"}
-
 // faultModes are the techniques the matrix runs, in every runtime (each
 // restores lazily too where CRIU's lazy pages work).
 var faultModes = []string{engine.ModeCold, engine.ModePrecopy, engine.ModePostcopy, engine.ModeHybrid}
+
+// labFeatures are what the matrix assumes a lab host offers its
+// runtimes: CRIU's lazy pages and Docker's ferry-runc, as a plan does.
+var labFeatures = runtime.PlanFeatures
+
+// coldRebuilds says whether the engine moves kind's containers cold
+// through the rebuild switchover on a lab host (a restore that copies its
+// images: Docker's).
+func coldRebuilds(kind string) bool {
+	g, ok := all.Registry.Get(kind)
+	return ok && engine.ColdSwitchover("", g.Caps(labFeatures)) == engine.SwitchoverRebuild
+}
 
 // applies says whether fault a at phase p of mode m in runtime rt breaks
 // something. Pre-copy has a lazy-pages phase too: the destination's copy
 // runs while its memory
 // arrives from the destination's own images, the source waiting, frozen.
-// So has Docker's cold (the rebuild switchover), which runs no page server
-// at the destination during the dump.
+// So has a cold migration through the rebuild switchover (Docker's),
+// which runs no page server at the destination during the dump.
 func applies(rt, m, p, a string) bool {
 	lazy := m == engine.ModePostcopy || m == engine.ModeHybrid
-	coldRebuild := m == engine.ModeCold && rt == "docker"
+	coldRebuild := m == engine.ModeCold && coldRebuilds(rt)
 	pulls := lazy || m == engine.ModePrecopy || coldRebuild
 	switch p {
 	case fault.Rounds:
@@ -201,56 +210,9 @@ func Faults(ctx context.Context, o FaultsOptions) (res FaultsResult, err error) 
 	if o.Settle == 0 {
 		o.Settle = 60 * time.Second
 	}
-	cases := o.Cases
-	if len(cases) == 0 {
-		for _, rt := range o.Runtimes {
-			if !slices.Contains(faultRuntimes, rt) {
-				return res, fmt.Errorf("unknown runtime %q (one of %s)", rt, strings.Join(faultRuntimes, ", "))
-			}
-		}
-		for _, m := range o.Modes {
-			if !slices.Contains(faultModes, m) {
-				return res, fmt.Errorf("unknown mode %q (one of %s)", m, strings.Join(faultModes, ", "))
-			}
-		}
-		for _, a := range o.Actions {
-			if !slices.Contains(fault.Actions, a) {
-				return res, fmt.Errorf("unknown fault %q (one of %s)", a, strings.Join(fault.Actions, ", "))
-			}
-		}
-		for _, p := range o.Phases {
-			if !slices.Contains(fault.Phases, p) {
-				return res, fmt.Errorf("unknown phase %q (one of %s)", p, strings.Join(fault.Phases, ", "))
-			}
-		}
-		cases = FaultMatrix(o.Runtimes, o.Modes, o.Phases, o.Actions)
-	}
-	if o.Address {
-		for _, c := range cases {
-			if c.Runtime != "" && c.Runtime != "runc" {
-				return res, fmt.Errorf("--address runs the workload on the lab's segment under runc only, not %s", c.Runtime)
-			}
-		}
-	}
-	var images []string // runtimes whose workload runs from an image
-	cases = slices.Clone(cases)
-	for i, c := range cases {
-		if c.Runtime == "" {
-			cases[i].Runtime = "runc"
-		}
-		tool := map[string]string{"podman": "podman", "lxc": "lxc-checkpoint", "containerd": "containerd", "docker": "dockerd"}[c.Runtime]
-		if tool == "" {
-			continue
-		}
-		if _, err := exec.LookPath(tool); err != nil {
-			return res, fmt.Errorf("%s cases need %s, which this host lacks (make setup installs it)", c.Runtime, tool)
-		}
-		if lab.NeedsImage(c.Runtime) && !slices.Contains(images, c.Runtime) {
-			images = append(images, c.Runtime)
-		}
-	}
-	if len(cases) == 0 {
-		return res, errors.New("no fault case matches: see `ferry-lab bench faults --help` for which faults apply to which phases")
+	cases, images, err := o.plan()
+	if err != nil {
+		return res, err
 	}
 	l, down, err := upLab(ctx, lab.Options{Hosts: 3, OutageTimeout: o.OutageTimeout, FerryBin: o.FerryBin})
 	if err != nil {
@@ -282,6 +244,66 @@ func Faults(ctx context.Context, o FaultsOptions) (res FaultsResult, err error) 
 		}
 	}
 	return res, nil
+}
+
+// plan is the cases o asks for, each with its runtime named (runc when
+// not), and the runtimes whose workload runs from an image, to import
+// first; it refuses what the matrix cannot run, before any lab comes up.
+func (o FaultsOptions) plan() (cases []FaultCase, images []string, err error) {
+	cases = o.Cases
+	if len(cases) == 0 {
+		for _, rt := range o.Runtimes {
+			if kinds := lab.RunnableKinds(); !slices.Contains(kinds, rt) {
+				return nil, nil, fmt.Errorf("unknown runtime %q (one of %s)", rt, strings.Join(kinds, ", "))
+			}
+		}
+		for _, m := range o.Modes {
+			if !slices.Contains(faultModes, m) {
+				return nil, nil, fmt.Errorf("unknown mode %q (one of %s)", m, strings.Join(faultModes, ", "))
+			}
+		}
+		for _, a := range o.Actions {
+			if !slices.Contains(fault.Actions, a) {
+				return nil, nil, fmt.Errorf("unknown fault %q (one of %s)", a, strings.Join(fault.Actions, ", "))
+			}
+		}
+		for _, p := range o.Phases {
+			if !slices.Contains(fault.Phases, p) {
+				return nil, nil, fmt.Errorf("unknown phase %q (one of %s)", p, strings.Join(fault.Phases, ", "))
+			}
+		}
+		cases = FaultMatrix(o.Runtimes, o.Modes, o.Phases, o.Actions)
+	}
+	if o.Address {
+		for _, c := range cases {
+			if c.Runtime != "" && c.Runtime != "runc" {
+				return nil, nil, fmt.Errorf("--address runs the workload on the lab's segment under runc only, not %s", c.Runtime)
+			}
+		}
+	}
+	cases = slices.Clone(cases)
+	for i, c := range cases {
+		if c.Runtime == "" {
+			cases[i].Runtime = "runc"
+		}
+		rt, err := lab.RuntimeOf(c.Runtime)
+		if err != nil {
+			return nil, nil, err
+		}
+		if rt.Tool == "" {
+			continue
+		}
+		if _, err := exec.LookPath(rt.Tool); err != nil {
+			return nil, nil, fmt.Errorf("%s cases need %s, which this host lacks (make setup installs it)", c.Runtime, rt.Tool)
+		}
+		if rt.ImportImage != nil && !slices.Contains(images, c.Runtime) {
+			images = append(images, c.Runtime)
+		}
+	}
+	if len(cases) == 0 {
+		return nil, nil, errors.New("no fault case matches: see `ferry-lab bench faults --help` for which faults apply to which phases")
+	}
+	return cases, images, nil
 }
 
 func (s *FaultsSummary) add(c FaultCase) {
@@ -514,30 +536,14 @@ func outcome(s, d string, twice bool) string {
 // SIGSTOP: runc and Podman call that running), or exited (its runtime
 // keeps it, not running: Podman's exited or created, LXC's STOPPED).
 func containerState(kind string, h *lab.Host, name string) string {
-	ctx := context.Background()
-	var (
-		c   *runtime.Container
-		err error
-	)
-	switch kind {
-	case "podman":
-		c, err = podman.New(h.Podman()).Inspect(ctx, name)
-	case "lxc":
-		c, err = h.LXC().Inspect(ctx, name)
-	case "containerd":
-		r := h.ContainerdRuntime()
-		defer r.Close()
-		c, err = r.Inspect(ctx, name)
-	case "docker":
-		r := h.DockerRuntime()
-		defer r.Close()
-		c, err = r.Inspect(ctx, name)
-	default:
-		var st runc.State
-		if st, err = h.Runc().State(ctx, name); err == nil {
-			c = &runtime.Container{Status: st.Status, PID: st.Pid}
-		}
+	rt, err := lab.RuntimeOf(kind)
+	if err == nil && rt.Inspect == nil {
+		err = fmt.Errorf("the lab inspects no %s containers", rt.Kind)
 	}
+	if err != nil {
+		return "unknown (" + err.Error() + ")"
+	}
+	c, err := rt.Inspect(context.Background(), h, name)
 	if errors.Is(err, runc.ErrNotFound) || errors.Is(err, runtime.ErrNotFound) {
 		return "absent"
 	}

@@ -1,11 +1,17 @@
 package bench
 
 import (
+	"errors"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/ferry-migrate/ferry/internal/engine"
 	"github.com/ferry-migrate/ferry/internal/fault"
+	"github.com/ferry-migrate/ferry/internal/testroot"
 )
 
 // The matrix holds only cases where the fault has something to break:
@@ -146,5 +152,29 @@ func TestGrew(t *testing.T) {
 	}
 	if len(grew(warm, warm)) != 0 || len(grew(nil, end)) != 0 {
 		t.Fatal("growth without growth")
+	}
+}
+
+// scratch-full: the destination's scratch holds 64 KiB and no more until
+// the case ends, and then is the directory it was.
+func TestFillScratch(t *testing.T) {
+	testroot.Require(t, "needs root: mounts a tmpfs")
+	dir := filepath.Join(t.TempDir(), "scratch")
+	free, err := fillScratch(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := make([]byte, 128<<10)
+	err = os.WriteFile(filepath.Join(dir, "pages-1.img"), big, 0o600)
+	if !errors.Is(err, syscall.ENOSPC) {
+		free()
+		t.Fatalf("128 KiB into the full scratch: %v, want ENOSPC", err)
+	}
+	free()
+	if err := os.WriteFile(filepath.Join(dir, "pages-1.img"), big, 0o600); err != nil {
+		t.Fatalf("after the case: %v", err)
+	}
+	if b, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(b), " "+dir+" ") {
+		t.Errorf("%s is still mounted", dir)
 	}
 }

@@ -77,10 +77,13 @@ type HostileResult struct {
 }
 
 // hostile is one case: run sends the input over a session of its own and
-// says whether the destination went ahead with it, and its answer.
+// says whether the destination went ahead with it, and its answer. A case
+// that is an offer the destination must refuse has the change it makes
+// to a valid offer in edit, and refusedAt(edit) as its run.
 type hostile struct {
 	name string
 	run  func(ctx context.Context, p *peer) (accepted bool, answer string, err error)
+	edit func(*engine.Offer)
 }
 
 // peer is the hostile end: h1's certificate, dialing h2 from h1's network.
@@ -165,7 +168,7 @@ func withSpec(edit func(*specs.Spec)) func(*engine.Offer) {
 // hostileCases are the inputs, by kind.
 func hostileCases() []hostile {
 	var cs []hostile
-	add := func(name string, edit func(*engine.Offer)) { cs = append(cs, hostile{name, refusedAt(edit)}) }
+	add := func(name string, edit func(*engine.Offer)) { cs = append(cs, hostile{name, refusedAt(edit), edit}) }
 	spec := func(name string, edit func(*specs.Spec)) { add("config: "+name, withSpec(edit)) }
 	i64 := func(v int64) *int64 { return &v }
 
@@ -265,14 +268,14 @@ func hostileCases() []hostile {
 
 	// Past the offer: what climbs out of the scratch space.
 	cs = append(cs,
-		hostile{"rootfs: entries climbing out of the root", rootfsEscape},
-		hostile{"images: entries climbing out of the images", imagesEscape},
-		hostile{"images: a task holding CAP_SYS_ADMIN", imagesPrivileged},
-		hostile{"images: a mount of the host's disk", imagesMountHostDisk},
-		hostile{"a second offer for a name in flight", secondOffer},
-		hostile{"a flood of offers", floodOffers},
-		hostile{"an offer that never finishes", neverFinishes},
-		hostile{"control: an unknown step", unknownStep},
+		hostile{name: "rootfs: entries climbing out of the root", run: rootfsEscape},
+		hostile{name: "images: entries climbing out of the images", run: imagesEscape},
+		hostile{name: "images: a task holding CAP_SYS_ADMIN", run: imagesPrivileged},
+		hostile{name: "images: a mount of the host's disk", run: imagesMountHostDisk},
+		hostile{name: "a second offer for a name in flight", run: secondOffer},
+		hostile{name: "a flood of offers", run: floodOffers},
+		hostile{name: "an offer that never finishes", run: neverFinishes},
+		hostile{name: "control: an unknown step", run: unknownStep},
 	)
 	return cs
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/lazyrelay"
 	"github.com/ferry-migrate/ferry/internal/procs"
-	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
 )
 
 // leakSet is what a lab holds that a migration could leave behind, each
@@ -86,68 +85,26 @@ func snapshot(l *lab.Lab) leakSet {
 	return s
 }
 
-// runtimeLeftovers adds to s what Podman, LXC, containerd and Docker keep
-// of a container outside the lab's cgroup parent and scratch: Podman's
-// cgroups (libpod_parent/libpod-ID, its cgroupfs manager's layout), LXC's
-// (lxc.payload.NAME and lxc.monitor.NAME at each hierarchy's top, with a
-// suffix when the name was taken) and Docker's (docker/ID), and their
-// storage: Podman's containers and layers under each host's instance,
-// LXC's container directories under each host's lxcpath, containerd's
-// snapshots and bundles, Docker's containers and unpacked checkpoints. The machine's cgroups are
-// shared by every lab host, so they are listed once.
+// runtimeLeftovers adds to s what each lab runtime keeps of a container
+// outside the lab's cgroup parent and scratch (lab.Runtime's Cgroups and
+// Stored: Podman's, LXC's and Docker's cgroups, their and containerd's
+// storage). The machine's cgroups are shared by every lab host, so they
+// are listed once.
 func runtimeLeftovers(s leakSet, root string, hosts []lab.Host) {
-	// unified: the hybrid layout's v2 tree, where CRIU puts a restored
-	// copy back into the cgroup path it dumped.
-	for _, ctl := range []string{"freezer", "memory", "cpu", "pids", "unified"} {
-		top := filepath.Join(root, ctl)
-		ents, _ := os.ReadDir(top)
-		for _, e := range ents {
-			if e.IsDir() && (strings.HasPrefix(e.Name(), "lxc.payload.") || strings.HasPrefix(e.Name(), "lxc.monitor.")) {
-				s["cgroup: "+filepath.Join(ctl, e.Name())] = true
-			}
-		}
-		ents, _ = os.ReadDir(filepath.Join(top, "libpod_parent"))
-		for _, e := range ents {
-			if e.IsDir() && strings.HasPrefix(e.Name(), "libpod-") {
-				s["cgroup: "+filepath.Join(ctl, "libpod_parent", e.Name())] = true
-			}
-		}
-		// Docker's cgroupfs layout: docker/ID.
-		ents, _ = os.ReadDir(filepath.Join(top, "docker"))
-		for _, e := range ents {
-			if e.IsDir() {
-				s["cgroup: "+filepath.Join(ctl, "docker", e.Name())] = true
-			}
-		}
-	}
-	for _, h := range hosts {
-		storage := filepath.Join(h.PodmanDir(), "storage")
-		for _, dir := range []string{filepath.Join(storage, "overlay-containers"), filepath.Join(storage, "overlay")} {
-			ents, _ := os.ReadDir(dir)
-			for _, e := range ents {
-				// overlay/l holds the layers' short links, not a layer.
-				if e.IsDir() && e.Name() != "l" {
-					s["storage: "+filepath.Join(dir, e.Name())] = true
+	for _, rt := range lab.Runtimes() {
+		if rt.Cgroups != nil {
+			// unified: the hybrid layout's v2 tree, where CRIU puts a
+			// restored copy back into the cgroup path it dumped.
+			for _, ctl := range []string{"freezer", "memory", "cpu", "pids", "unified"} {
+				for _, cg := range rt.Cgroups(filepath.Join(root, ctl)) {
+					s["cgroup: "+filepath.Join(ctl, cg)] = true
 				}
 			}
 		}
-		ctr, dk := h.Containerd().Dir, h.Docker().Dir
-		for _, dir := range []string{
-			h.LXCPath(),
-			// containerd's snapshots (the image's too, there before),
-			// its shims' bundles and ferry's files of its containers.
-			filepath.Join(ctr, "root", "io.containerd.snapshotter.v1.overlayfs", "snapshots"),
-			filepath.Join(ctr, "state", "io.containerd.runtime.v2.task", "default"),
-			filepath.Join(containerd.StateDir(h.StateDir), "default"),
-			// Docker's containers and the checkpoints its containerd
-			// unpacked for a restore.
-			filepath.Join(dk, "data", "containers"),
-			filepath.Join(dk, "xdg"),
-		} {
-			ents, _ := os.ReadDir(dir)
-			for _, e := range ents {
-				if e.IsDir() {
-					s["storage: "+filepath.Join(dir, e.Name())] = true
+		if rt.Stored != nil {
+			for i := range hosts {
+				for _, dir := range rt.Stored(&hosts[i]) {
+					s["storage: "+dir] = true
 				}
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/ferry-migrate/ferry/internal/lab"
@@ -65,5 +66,46 @@ func TestRuntimeLeftovers(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("leftovers:\n got %q\nwant %q", got, want)
+	}
+}
+
+// A case's scratch directory and a rescue record CRIU left show in a
+// snapshot taken after them, the agent's own rescue directory does not;
+// cleanLeaks removes the scratch directory and keeps the agent's.
+func TestSnapshotAndCleanScratch(t *testing.T) {
+	dir := t.TempDir()
+	var h lab.Host
+	h.Name, h.StateDir, h.ScratchDir = "h1", filepath.Join(dir, "state"), filepath.Join(dir, "scratch")
+	// Names no lab has: no namespace's processes, no cgroup.
+	h.NetNSName, h.CgroupParent = "ferry-bench-unit-test-none", "ferry-bench-unit-test-none"
+	l := &lab.Lab{Hosts: []lab.Host{h}}
+	if err := os.MkdirAll(h.RescueDir(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	mine := func(s leakSet) []string {
+		return slices.DeleteFunc(s.since(nil), func(k string) bool { return !strings.Contains(k, dir) })
+	}
+	before := snapshot(l)
+	if got := mine(before); len(got) != 0 {
+		t.Fatalf("an empty scratch directory: %q", got)
+	}
+	case1 := filepath.Join(h.ScratchDir, "0a1b2c")
+	record := filepath.Join(h.RescueDir(), "1234.json")
+	if err := os.MkdirAll(case1, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(record, []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"CRIU rescue record: " + record, "scratch: " + case1}
+	if got := mine(snapshot(l)); !slices.Equal(got, want) {
+		t.Errorf("after a case:\n got %q\nwant %q", got, want)
+	}
+	cleanLeaks(l)
+	if _, err := os.Stat(case1); !os.IsNotExist(err) {
+		t.Errorf("the case's scratch directory is still there: %v", err)
+	}
+	if _, err := os.Stat(record); err != nil {
+		t.Errorf("the agent's rescue directory went: %v", err)
 	}
 }

@@ -104,24 +104,8 @@ func Migrate(ctx context.Context, o MigrateOptions) (res MigrateResult, err erro
 	if o.Runtime == "kubernetes" {
 		return migrateKubernetes(ctx, o)
 	}
-	for _, b := range o.Baselines {
-		if b != "link" && b != "podman" && b != "paths" {
-			return res, fmt.Errorf("unknown baseline %q (link, podman, paths)", b)
-		}
-	}
-	if o.TCPClient && o.Runtime != "" && o.Runtime != "runc" {
-		return res, fmt.Errorf("--tcp-client needs --runtime runc: the lab gives only its runc containers an address of their own")
-	}
-	switch o.Network {
-	case "", "host", "bridge":
-	default:
-		return res, fmt.Errorf("unknown --network %q (host, bridge)", o.Network)
-	}
-	if (o.Network == "bridge" || o.VolumeBytes > 0) && o.Runtime != "docker" && o.Runtime != "podman" {
-		return res, fmt.Errorf("--network bridge and --volume need --runtime docker or podman: the lab runs the other runtimes' containers on its hosts' networks, without volumes, so far")
-	}
-	if o.CutPathAt > 0 && o.Paths < 2 {
-		return res, fmt.Errorf("--cut-path-at needs --paths 2 or more: with one path the migration has nothing to go on with")
+	if err := o.check(); err != nil {
+		return res, err
 	}
 	res = o.emptyResult()
 	var against *MigrateOptions
@@ -199,6 +183,33 @@ func Migrate(ctx context.Context, o MigrateOptions) (res MigrateResult, err erro
 		res.Baselines.Podman = &pb
 	}
 	return res, nil
+}
+
+// check refuses options the lab cannot run, before any lab comes up.
+func (o MigrateOptions) check() error {
+	if _, err := lab.RuntimeOf(o.Runtime); err != nil {
+		return err
+	}
+	for _, b := range o.Baselines {
+		if b != "link" && b != "podman" && b != "paths" {
+			return fmt.Errorf("unknown baseline %q (link, podman, paths)", b)
+		}
+	}
+	if o.TCPClient && o.Runtime != "" && o.Runtime != "runc" {
+		return fmt.Errorf("--tcp-client needs --runtime runc: the lab gives only its runc containers an address of their own")
+	}
+	switch o.Network {
+	case "", "host", "bridge":
+	default:
+		return fmt.Errorf("unknown --network %q (host, bridge)", o.Network)
+	}
+	if (o.Network == "bridge" || o.VolumeBytes > 0) && o.Runtime != "docker" && o.Runtime != "podman" {
+		return fmt.Errorf("--network bridge and --volume need --runtime docker or podman: the lab runs the other runtimes' containers on its hosts' networks, without volumes, so far")
+	}
+	if o.CutPathAt > 0 && o.Paths < 2 {
+		return fmt.Errorf("--cut-path-at needs --paths 2 or more: with one path the migration has nothing to go on with")
+	}
+	return nil
 }
 
 // upLab brings up a bench's lab. down, deferred with the bench's named
@@ -382,10 +393,7 @@ func (o MigrateOptions) runAttached(ctx context.Context, l *lab.Lab, src *lab.Ho
 		args = append(args, "--journal", "/data/journal", "--journal-fill", strconv.FormatInt(o.VolumeBytes, 10),
 			"--journal-rate", strconv.FormatInt(rate, 10))
 	}
-	if o.Runtime == "podman" {
-		return l.RunPodman(ctx, src.Name, name, args, a)
-	}
-	return l.RunDocker(ctx, src.Name, name, args, a)
+	return l.RunIn(ctx, o.Runtime, src.Name, name, args, a)
 }
 
 // PodmanBaselineOnce moves memhog the way Podman users do (checkpoint

@@ -2,7 +2,9 @@ package bench
 
 import (
 	"bytes"
+	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/ferry-migrate/ferry/internal/lab"
@@ -70,4 +72,27 @@ func TestLogTo(t *testing.T) {
 		t.Errorf("%q", b.String())
 	}
 	logTo(nil, "nothing")
+}
+
+// usage reads an agent's resident memory and open files from its
+// process: files it opens since show, as soak's growth check needs.
+func TestUsageSeesOpenFilesGrow(t *testing.T) {
+	var h lab.Host
+	h.Name, h.AgentPID = "h1", os.Getpid()
+	hosts := []*lab.Host{&h}
+	warm := usage(hosts)
+	if warm["h1"].RSSBytes <= 0 || warm["h1"].OpenFDs <= 0 {
+		t.Fatalf("usage of this process: %+v", warm["h1"])
+	}
+	for range 20 {
+		f, err := os.Open(os.DevNull)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+	}
+	end := usage(hosts)
+	if got := grew(warm, end); len(got) != 1 || !strings.HasPrefix(got[0], "h1: open files ") {
+		t.Errorf("after 20 more open files: %q (%+v -> %+v)", got, warm["h1"], end["h1"])
+	}
 }

@@ -1,6 +1,6 @@
 // Package criu probes the CRIU binary and the kernel features it relies on,
 // and reads the statistics CRIU leaves in an images directory. Checkpoints
-// themselves are taken through runc (internal/runtime/runc).
+// themselves are taken through runc (internal/runc).
 package criu
 
 import (

@@ -17,7 +17,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/labtool"
 	"github.com/ferry-migrate/ferry/internal/probe"
-	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+	"github.com/ferry-migrate/ferry/internal/runc"
 	"google.golang.org/protobuf/encoding/protowire"
 )
 

@@ -17,7 +17,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/debroot"
 	"github.com/ferry-migrate/ferry/internal/lab"
-	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+	"github.com/ferry-migrate/ferry/internal/runc"
 	"github.com/ferry-migrate/ferry/internal/tail"
 )
 

@@ -165,7 +165,7 @@ func TestTechniquesRefuseWhatTheRuntimeCannotDo(t *testing.T) {
 		{"runc", PrecopyAuto, runcCaps, SwitchoverDump},
 		{"runc, rebuild asked", SwitchoverRebuild, runcCaps, SwitchoverRebuild},
 	} {
-		if got := coldSwitchover(c.asked, c.caps); got != c.want {
+		if got := ColdSwitchover(c.asked, c.caps); got != c.want {
 			t.Errorf("cold's switchover, %s: %s, want %s", c.name, got, c.want)
 		}
 	}

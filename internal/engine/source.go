@@ -529,7 +529,7 @@ func (m *migration) prepare(ctx context.Context) error {
 	m.mu.Unlock()
 	caps := m.rt.Caps()
 	m.req.Precopy.Engine = precopyEngine(m.req.Precopy.Engine, caps)
-	m.coldSwitchover = coldSwitchover(m.req.Precopy.Switchover, caps)
+	m.coldSwitchover = ColdSwitchover(m.req.Precopy.Switchover, caps)
 	m.req.Precopy.Switchover = precopySwitchover(m.req.Precopy, caps)
 	// Predictions (the stop rule, mode auto) follow what this migration
 	// can use.
@@ -588,11 +588,11 @@ func precopySwitchover(o PrecopyOptions, c runtime.Caps) string {
 	return o.Switchover
 }
 
-// coldSwitchover resolves cold's: rebuild (coldRebuild) where asked, and
+// ColdSwitchover resolves cold's: rebuild (coldRebuild) where asked, and
 // by default where the runtime's restore copies its images and can
 // restore lazily from the destination's own (it then copies no memory);
 // otherwise CRIU's dump with the pages streaming.
-func coldSwitchover(asked string, c runtime.Caps) string {
+func ColdSwitchover(asked string, c runtime.Caps) string {
 	if asked == SwitchoverRebuild || asked == SwitchoverDump {
 		return asked
 	}

@@ -72,16 +72,7 @@ func act(t *testing.T, side, phase, faults string, withCRIU bool) ([]string, err
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), actEnv+"=1", "SIDE="+side, "PHASE="+phase, "FAULTS="+faults)
 	if withCRIU {
-		// procs finds CRIU by its command name: a sleep linked as "criu".
-		sleep, err := exec.LookPath("sleep")
-		if err != nil {
-			t.Skipf("skipped: no sleep to play CRIU: %v", err)
-		}
-		link := filepath.Join(t.TempDir(), "criu")
-		if err := os.Symlink(sleep, link); err != nil {
-			t.Fatal(err)
-		}
-		cmd.Env = append(cmd.Env, "CRIU="+link)
+		cmd.Env = append(cmd.Env, "CRIU="+criuLink(t))
 	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -148,5 +139,78 @@ func TestCRIUFaults(t *testing.T) {
 	}
 	if d := time.Since(start); d > 2*time.Second {
 		t.Errorf("the agent waited %v for a CRIU that was running", d)
+	}
+}
+
+// criuLink is a sleep(1) named criu (procs finds CRIU by its command
+// name), in a directory of the test's.
+func criuLink(t *testing.T) string {
+	t.Helper()
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skipf("skipped: no sleep to play CRIU: %v", err)
+	}
+	link := filepath.Join(t.TempDir(), "criu")
+	if err := os.Symlink(sleep, link); err != nil {
+		t.Fatal(err)
+	}
+	return link
+}
+
+// runtimeRestoring plays a runtime below this process (the agent) whose
+// CRIU restores: a shell starts a CRIU (sleeping secs), and with fork
+// set, 300 ms later a second below the shell, as CRIU forks the first
+// task it restores. It prints how the first CRIU ended, and whether the
+// task still ran then.
+func runtimeRestoring(t *testing.T, secs string, fork bool) *exec.Cmd {
+	t.Helper()
+	script := `"$0" "$1" & first=$!; `
+	if fork {
+		script += `sleep 0.3; "$0" 5 & task=$!; `
+	}
+	script += `wait $first 2>/dev/null; echo "first $?"; [ -z "$task" ] || { kill $task && echo "task alive"; }`
+	return exec.Command("sh", "-c", script, criuLink(t), secs)
+}
+
+// A stranded restore: the runtime's CRIU is killed once it forked its
+// first task, and that task, the runtime and the agent are not.
+func TestStrandKillsTheRestoringCRIUOnceItForked(t *testing.T) {
+	cmd := runtimeRestoring(t, "3", true)
+	start := time.Now()
+	out := make(chan []byte, 1)
+	go func() { b, _ := cmd.Output(); out <- b }()
+	strand(5 * time.Second)
+	got := strings.TrimSpace(string(<-out))
+	if got != "first 137\ntask alive" { // 128 + SIGKILL
+		t.Errorf("the restoring CRIU and its task: %q, want the CRIU killed (first 137) and the task alive", got)
+	}
+	if d := time.Since(start); d < 300*time.Millisecond {
+		t.Errorf("killed after %v, before the fork", d)
+	}
+}
+
+// A restoring CRIU that never forks is let go on, continued, when the
+// time runs out; a CRIU of the agent's own is never touched.
+func TestStrandLeavesOtherCRIUsRunning(t *testing.T) {
+	cmd := runtimeRestoring(t, "1", false)
+	out := make(chan []byte, 1)
+	go func() { b, _ := cmd.Output(); out <- b }()
+	strand(300 * time.Millisecond)
+	select {
+	case b := <-out:
+		if got := strings.TrimSpace(string(b)); got != "first 0" {
+			t.Errorf("a CRIU that never forked: %q, want it to end on its own (first 0)", got)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a CRIU that never forked was left stopped")
+	}
+
+	own := exec.Command(criuLink(t), "0.5")
+	if err := own.Start(); err != nil {
+		t.Fatal(err)
+	}
+	strand(300 * time.Millisecond)
+	if err := own.Wait(); err != nil {
+		t.Errorf("the agent's own CRIU: %v", err)
 	}
 }

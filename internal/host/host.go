@@ -6,8 +6,6 @@ package host
 
 import (
 	"path/filepath"
-
-	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 )
 
 // Config is one host's settings.
@@ -44,9 +42,6 @@ func (c Config) RuncRoot() string {
 	return filepath.Join(c.StateDir, "runc")
 }
 
-// Runc returns the runc driver for this host.
-func (c Config) Runc() runc.Host { return runc.Host{Root: c.RuncRoot()} }
-
 // BundleRoot holds the bundles, one directory per container.
 func (c Config) BundleRoot() string {
 	if c.BundlesDir != "" {
@@ -61,7 +56,7 @@ func (c Config) BundleDir(container string) string {
 }
 
 // LogPath is where runc's messages about a container go (its stdio is
-// /dev/null: see runc.Host.Run).
+// /dev/null: see package runc's Host.Run).
 func (c Config) LogPath(container string) string {
 	return filepath.Join(c.BundleRoot(), container+".log")
 }

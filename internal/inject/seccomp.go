@@ -36,23 +36,41 @@ func allowed(tid int, calls []uintptr) error {
 		return err
 	}
 	for _, nr := range calls {
-		verdict := uint32(unix.SECCOMP_RET_ALLOW)
-		for _, vm := range filters {
-			ret, err := vm.Run(seccompData(nr))
-			if err != nil {
-				return fmt.Errorf("inject: evaluating a seccomp filter of %d: %w", tid, err)
-			}
-			if action(uint32(ret)) < action(verdict) {
-				verdict = uint32(ret)
-			}
+		v, err := verdict(filters, nr)
+		if err != nil {
+			return fmt.Errorf("inject: evaluating a seccomp filter of %d: %w", tid, err)
 		}
-		switch verdict & unix.SECCOMP_RET_ACTION_FULL {
-		case unix.SECCOMP_RET_ALLOW, unix.SECCOMP_RET_LOG, unix.SECCOMP_RET_ERRNO:
-		default:
-			return fmt.Errorf("%w (system call %d: action %#x)", ErrSeccomp, nr, verdict&unix.SECCOMP_RET_ACTION_FULL)
+		if !letsThrough(v) {
+			return fmt.Errorf("%w (system call %d: action %#x)", ErrSeccomp, nr, v&unix.SECCOMP_RET_ACTION_FULL)
 		}
 	}
 	return nil
+}
+
+// verdict is what filters say of system call nr: every one runs and the
+// most severe verdict wins.
+func verdict(filters []*bpf.VM, nr uintptr) (uint32, error) {
+	v := uint32(unix.SECCOMP_RET_ALLOW)
+	for _, vm := range filters {
+		ret, err := vm.Run(seccompData(nr))
+		if err != nil {
+			return 0, err
+		}
+		if action(uint32(ret)) < action(v) {
+			v = uint32(ret)
+		}
+	}
+	return v, nil
+}
+
+// letsThrough says whether a call may be made under verdict v: allowed,
+// logged, or failed with an errno.
+func letsThrough(v uint32) bool {
+	switch v & unix.SECCOMP_RET_ACTION_FULL {
+	case unix.SECCOMP_RET_ALLOW, unix.SECCOMP_RET_LOG, unix.SECCOMP_RET_ERRNO:
+		return true
+	}
+	return false
 }
 
 // action orders verdicts by severity, as the kernel does: the lower, the

@@ -15,7 +15,6 @@ import (
 
 	"github.com/BurntSushi/toml"
 
-	"github.com/ferry-migrate/ferry/internal/kubelab"
 	"github.com/ferry-migrate/ferry/internal/procs"
 )
 
@@ -40,17 +39,13 @@ func agentArgs(h *Host, l *Lab) []string {
 		listen = append(listen, net.JoinHostPort(h.PathAddr(p), fmt.Sprint(AgentPort)))
 	}
 	args := []string{"agent", "--name", h.Name, "--listen", strings.Join(listen, ","), "--control", h.ControlSock,
-		"--state", h.StateDir, "--runc-root", h.RuncRoot(),
-		"--podman-dir", h.PodmanDir(), "--lxc-path", h.LXCPath(),
-		"--containerd", h.Containerd().Socket(), "--containerd-runc-root", h.Containerd().RuncRoot(),
-		"--cni-conf-dir", h.CNI().ConfDir, "--cni-cache-dir", h.CNI().CacheDir,
-		"--docker", h.Docker().Host(), "--docker-exec-root", h.Docker().ExecRoot(), "--image-root", DebianImageRoot(), "--cgroup-parent", h.CgroupParent, "--netns", h.NetNS, "--scratch", h.ScratchDir, "--bundles", h.BundlesDir,
+		"--state", h.StateDir, "--cgroup-parent", h.CgroupParent, "--netns", h.NetNS, "--scratch", h.ScratchDir, "--bundles", h.BundlesDir,
 		"--tls-dir", h.TLSDir(), "--allow", strings.Join(l.hostNames(), ","), "--segment-bridge", SegmentBridge,
 		"--segment-range", SegmentSubnet + "0/" + fmt.Sprint(segmentPrefixLen), "--allow-bind", SharedStorage, "--allow-faults"}
-	if h.Index <= kubeNodes {
-		// The Kubernetes lab's nodes (whether it is up or not: the agent
-		// connects at first use).
-		args = append(args, "--kubernetes", kubelab.NodeSocket(KubeDir, h.Name), "--shim-dir", kubelab.NodeShimDir(KubeDir, h.Name))
+	for _, rt := range Runtimes() {
+		if rt.AgentArgs != nil {
+			args = append(args, rt.AgentArgs(h)...)
+		}
 	}
 	if l.OutageTimeout > 0 {
 		args = append(args, "--outage-timeout", l.OutageTimeout.String())

@@ -17,8 +17,8 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/mounts"
+	"github.com/ferry-migrate/ferry/internal/runc"
 	"github.com/ferry-migrate/ferry/internal/runtime/podman"
-	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 )
 
 func TestDebianKey(t *testing.T) {

@@ -27,7 +27,7 @@ func TestNewHostNames(t *testing.T) {
 	}
 	l := &Lab{Hosts: []Host{newHost(1), newHost(2), h}}
 	args := strings.Join(agentArgs(&h, l), " ")
-	want := "agent --name h3 --listen 10.77.0.3:7070 --control /run/ferry/lab/h3.sock --state /var/lib/ferry/lab/h3 --runc-root /var/lib/ferry/lab/h3/runc --podman-dir /var/lib/ferry/lab/h3/podman --lxc-path /var/lib/ferry/lab/h3/lxc --containerd /var/lib/ferry/lab/h3/containerd/containerd.sock --containerd-runc-root /var/lib/ferry/lab/h3/containerd/runc --cni-conf-dir /var/lib/ferry/lab/h3/cni/net.d --cni-cache-dir /var/lib/ferry/lab/h3/cni/cache --docker unix:///var/lib/ferry/lab/h3/docker/docker.sock --docker-exec-root /var/lib/ferry/lab/h3/docker/exec --image-root " + DebianImageRoot() + " --cgroup-parent ferry-h3 --netns /var/run/netns/ferry-h3 --scratch /dev/shm/ferry-lab/h3 --bundles /dev/shm/ferry-lab/bundles/h3 --tls-dir /var/lib/ferry/lab/pki/h3 --allow h1,h2,h3 --segment-bridge svc0 --segment-range 10.79.0.0/24 --allow-bind /var/lib/ferry/lab/shared --allow-faults"
+	want := "agent --name h3 --listen 10.77.0.3:7070 --control /run/ferry/lab/h3.sock --state /var/lib/ferry/lab/h3 --cgroup-parent ferry-h3 --netns /var/run/netns/ferry-h3 --scratch /dev/shm/ferry-lab/h3 --bundles /dev/shm/ferry-lab/bundles/h3 --tls-dir /var/lib/ferry/lab/pki/h3 --allow h1,h2,h3 --segment-bridge svc0 --segment-range 10.79.0.0/24 --allow-bind /var/lib/ferry/lab/shared --allow-faults --runc-root /var/lib/ferry/lab/h3/runc --image-root " + DebianImageRoot() + " --podman-dir /var/lib/ferry/lab/h3/podman --lxc-path /var/lib/ferry/lab/h3/lxc --containerd /var/lib/ferry/lab/h3/containerd/containerd.sock --containerd-runc-root /var/lib/ferry/lab/h3/containerd/runc --cni-conf-dir /var/lib/ferry/lab/h3/cni/net.d --cni-cache-dir /var/lib/ferry/lab/h3/cni/cache --docker unix:///var/lib/ferry/lab/h3/docker/docker.sock --docker-exec-root /var/lib/ferry/lab/h3/docker/exec"
 	if args != want {
 		t.Errorf("agent args\n got %s\nwant %s", args, want)
 	}
@@ -36,6 +36,12 @@ func TestNewHostNames(t *testing.T) {
 	args = strings.Join(agentArgs(&h, l), " ")
 	if !strings.Contains(args, "--listen 10.77.0.3:7070,10.78.0.3:7070 ") || !strings.HasSuffix(args, "--mptcp=false --streams 4") {
 		t.Errorf("agent args with two paths and streams: %s", args)
+	}
+	// The Kubernetes lab's nodes, h1 and h2, name their kubelet's
+	// containerd (h3, above, is none).
+	h1 := newHost(1)
+	if args := strings.Join(agentArgs(&h1, l), " "); !strings.Contains(args, " --kubernetes "+KubeDir) || !strings.Contains(args, " --shim-dir ") {
+		t.Errorf("h1's agent args name no kubelet: %s", args)
 	}
 }
 

@@ -14,7 +14,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/mounts"
 
-	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+	"github.com/ferry-migrate/ferry/internal/runc"
 )
 
 // containerIDRe is what runc accepts as a container ID.

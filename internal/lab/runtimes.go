@@ -9,12 +9,16 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/ferry-migrate/ferry/internal/cnet"
+	"github.com/ferry-migrate/ferry/internal/kubelab"
 	"github.com/ferry-migrate/ferry/internal/mounts"
+	"github.com/ferry-migrate/ferry/internal/runc"
 	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/runtime/all"
 	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
 	"github.com/ferry-migrate/ferry/internal/runtime/docker"
 	"github.com/ferry-migrate/ferry/internal/runtime/lxc"
@@ -24,6 +28,10 @@ import (
 // Lab containers under Podman, LXC and containerd: each lab host has a
 // Podman instance, an lxcpath and a containerd daemon of its own
 // (PodmanDir, LXCPath, Containerd), which its agent uses.
+
+// Runc is runc under the host's own root, where the lab's own containers
+// run.
+func (h *Host) Runc() runc.Host { return runc.Host{Root: h.RuncRoot()} }
 
 // Podman is the host's own Podman instance.
 func (h *Host) Podman() podman.Host { return podman.Host{Dir: h.PodmanDir(), NetNS: h.NetNS} }
@@ -62,6 +70,270 @@ func (h *Host) DockerRuntime() *docker.Runtime {
 	return &docker.Runtime{Host: d.Host(), ExecRoot: d.ExecRoot(), NetNS: h.NetNS}
 }
 
+// A Runtime is the lab's part of one kind of runtime (a
+// runtime.Registration's Kind): each lab host has an instance of its own,
+// named to the host's agent by AgentArgs, workloads run in it and go, and
+// the bench reads their state and counts what the instance keeps of a
+// container once it is gone. Every registered kind has one
+// (TestEveryRegisteredKindHasALabRuntime): the lab and the bench know a
+// runtime from here alone.
+type Runtime struct {
+	Kind string
+	// Tool is the program this machine needs for the kind's lab
+	// containers (make setup installs it); "": ferry's own setup has it.
+	Tool string
+	// AgentArgs are the agent's flags naming host h's instance; nil:
+	// none.
+	AgentArgs func(h *Host) []string
+	// ImportImage loads the workload image, the root filesystem at
+	// rootfs, into h's instance; nil: the kind's lab containers run from
+	// no image.
+	ImportImage func(ctx context.Context, h *Host, rootfs string) error
+	// Run starts a workload container on the host named, attached as a
+	// says where the kind can be (runc's take none here: RunWith has the
+	// lab's own options for them); nil: the lab runs none of its own
+	// (kubernetes: the cluster's pods, which `ferry-lab bench migrate
+	// --runtime kubernetes` makes).
+	Run func(l *Lab, ctx context.Context, hostName, container string, args []string, a ...Attachments) error
+	// Remove deletes a container from h's instance, if there.
+	Remove func(ctx context.Context, h *Host, container string) error
+	// Inspect reads a container's state in h's instance; a container that
+	// is not there is runtime.ErrNotFound or runc.ErrNotFound.
+	Inspect func(ctx context.Context, h *Host, container string) (*runtime.Container, error)
+	// Stored lists what h's instance keeps of its containers outside the
+	// host's cgroup parent and scratch: a directory each.
+	Stored func(h *Host) []string
+	// Cgroups lists the cgroups the kind gives its containers outside a
+	// host's cgroup parent, below one hierarchy's top (every lab host
+	// shares the machine's), relative to it.
+	Cgroups func(top string) []string
+}
+
+// runtimes are the lab's parts of the registered runtimes.
+var runtimes = []Runtime{
+	{
+		Kind: "runc",
+		AgentArgs: func(h *Host) []string {
+			return []string{"--runc-root", h.RuncRoot(), "--image-root", DebianImageRoot()}
+		},
+		Run: func(l *Lab, ctx context.Context, hostName, container string, args []string, _ ...Attachments) error {
+			return l.Run(ctx, hostName, container, args)
+		},
+		Remove: func(ctx context.Context, h *Host, container string) error {
+			err := h.Runc().Delete(ctx, container)
+			return errors.Join(err, mounts.RemoveAll(h.BundleDir(container)))
+		},
+		Inspect: func(ctx context.Context, h *Host, container string) (*runtime.Container, error) {
+			st, err := h.Runc().State(ctx, container)
+			if err != nil {
+				return nil, err
+			}
+			return &runtime.Container{Status: st.Status, PID: st.Pid}, nil
+		},
+	},
+	{
+		Kind:      "podman",
+		Tool:      "podman",
+		AgentArgs: func(h *Host) []string { return []string{"--podman-dir", h.PodmanDir()} },
+		ImportImage: func(ctx context.Context, h *Host, rootfs string) error {
+			return h.Podman().ImportRootfs(ctx, rootfs, workloadImage)
+		},
+		Run: (*Lab).RunPodman,
+		Remove: func(ctx context.Context, h *Host, container string) error {
+			err := h.Podman().Remove(ctx, container)
+			_ = h.Podman().Command(ctx, "volume", "rm", "--force", VolumeName(container)).Run()
+			return err
+		},
+		Inspect: func(ctx context.Context, h *Host, container string) (*runtime.Container, error) {
+			return podman.New(h.Podman()).Inspect(ctx, container)
+		},
+		// Its containers and their layers (overlay/l holds the layers'
+		// short links, not a layer).
+		Stored: func(h *Host) []string {
+			storage := filepath.Join(h.PodmanDir(), "storage")
+			return append(subdirs(nil, filepath.Join(storage, "overlay-containers")),
+				subdirs(func(name string) bool { return name != "l" }, filepath.Join(storage, "overlay"))...)
+		},
+		// Its cgroupfs manager's layout: libpod_parent/libpod-ID (conmon's
+		// is libpod_parent/conmon, shared).
+		Cgroups: func(top string) []string {
+			return relative(top, subdirs(func(name string) bool { return strings.HasPrefix(name, "libpod-") }, filepath.Join(top, "libpod_parent")))
+		},
+	},
+	{
+		Kind:      "lxc",
+		Tool:      "lxc-checkpoint",
+		AgentArgs: func(h *Host) []string { return []string{"--lxc-path", h.LXCPath()} },
+		Run:       (*Lab).RunLXC,
+		Remove: func(ctx context.Context, h *Host, container string) error {
+			return h.LXC().Remove(ctx, &runtime.Container{Name: container, ID: container})
+		},
+		Inspect: func(ctx context.Context, h *Host, container string) (*runtime.Container, error) {
+			return h.LXC().Inspect(ctx, container)
+		},
+		Stored: func(h *Host) []string { return subdirs(nil, h.LXCPath()) },
+		// lxc.payload.NAME and lxc.monitor.NAME at the hierarchy's top,
+		// with a suffix when the name was taken.
+		Cgroups: func(top string) []string {
+			return relative(top, subdirs(func(name string) bool {
+				return strings.HasPrefix(name, "lxc.payload.") || strings.HasPrefix(name, "lxc.monitor.")
+			}, top))
+		},
+	},
+	{
+		Kind: "containerd",
+		Tool: "containerd",
+		AgentArgs: func(h *Host) []string {
+			return []string{"--containerd", h.Containerd().Socket(), "--containerd-runc-root", h.Containerd().RuncRoot(),
+				"--cni-conf-dir", h.CNI().ConfDir, "--cni-cache-dir", h.CNI().CacheDir}
+		},
+		ImportImage: func(ctx context.Context, h *Host, rootfs string) error {
+			d := h.Containerd()
+			if err := d.Start(ctx); err != nil {
+				return err
+			}
+			return containerd.ImportRootfs(ctx, d.Socket(), namespaces.Default, rootfs, workloadRef)
+		},
+		Run: (*Lab).RunContainerd,
+		Remove: func(ctx context.Context, h *Host, container string) error {
+			if h.Containerd().PID() == 0 {
+				return nil
+			}
+			r := h.ContainerdRuntime()
+			defer r.Close()
+			// In the host's namespace: a CNI network's plugins undo what they
+			// did there (its bridge, its port forwarding).
+			return cnet.Do(h.NetNS, func() error { return r.Remove(ctx, &runtime.Container{Name: container, ID: container}) })
+		},
+		Inspect: inspectThrough((*Host).ContainerdRuntime),
+		// Its snapshots (the image's too, there before), its shims'
+		// bundles and ferry's files of its containers.
+		Stored: func(h *Host) []string {
+			dir := h.Containerd().Dir
+			return subdirs(nil, filepath.Join(dir, "root", "io.containerd.snapshotter.v1.overlayfs", "snapshots"),
+				filepath.Join(dir, "state", "io.containerd.runtime.v2.task", "default"),
+				filepath.Join(containerd.StateDir(h.StateDir), "default"))
+		},
+	},
+	{
+		Kind: "docker",
+		Tool: "dockerd",
+		AgentArgs: func(h *Host) []string {
+			return []string{"--docker", h.Docker().Host(), "--docker-exec-root", h.Docker().ExecRoot()}
+		},
+		ImportImage: func(ctx context.Context, h *Host, rootfs string) error {
+			d := h.Docker()
+			if err := d.Start(ctx); err != nil {
+				return err
+			}
+			return d.ImportRootfs(ctx, rootfs, workloadRef)
+		},
+		Run: (*Lab).RunDocker,
+		Remove: func(ctx context.Context, h *Host, container string) error {
+			if h.Docker().PID() == 0 {
+				return nil
+			}
+			r := h.DockerRuntime()
+			defer r.Close()
+			return r.Remove(ctx, &runtime.Container{Name: container, Volumes: []runtime.Volume{{Name: VolumeName(container)}}})
+		},
+		Inspect: inspectThrough((*Host).DockerRuntime),
+		// Its containers and the checkpoints its containerd unpacked for
+		// a restore.
+		Stored: func(h *Host) []string {
+			dir := h.Docker().Dir
+			return subdirs(nil, filepath.Join(dir, "data", "containers"), filepath.Join(dir, "xdg"))
+		},
+		// Its cgroupfs layout: docker/ID.
+		Cgroups: func(top string) []string { return relative(top, subdirs(nil, filepath.Join(top, "docker"))) },
+	},
+	{
+		Kind: "kubernetes",
+		// The cluster's nodes, whether it is up or not: the agent
+		// connects at first use.
+		AgentArgs: func(h *Host) []string {
+			if h.Index > kubeNodes {
+				return nil
+			}
+			return []string{"--kubernetes", kubelab.NodeSocket(KubeDir, h.Name), "--shim-dir", kubelab.NodeShimDir(KubeDir, h.Name)}
+		},
+	},
+}
+
+// Runtimes are the lab's parts of the registered runtimes, in the
+// registry's order.
+func Runtimes() []Runtime {
+	var out []Runtime
+	for _, kind := range all.Registry.Kinds() {
+		if i := slices.IndexFunc(runtimes, func(rt Runtime) bool { return rt.Kind == kind }); i >= 0 {
+			out = append(out, runtimes[i])
+		}
+	}
+	return out
+}
+
+// RuntimeOf is the lab's part of kind ("" is runc, the lab's own).
+func RuntimeOf(kind string) (Runtime, error) {
+	kind = cmp.Or(kind, "runc")
+	for _, rt := range Runtimes() {
+		if rt.Kind == kind {
+			return rt, nil
+		}
+	}
+	return Runtime{}, fmt.Errorf("unknown runtime %q (one of %s)", kind, strings.Join(RunnableKinds(), ", "))
+}
+
+// RunnableKinds are the kinds the lab runs workload containers in (Run),
+// in the registry's order.
+func RunnableKinds() []string {
+	var out []string
+	for _, rt := range Runtimes() {
+		if rt.Run != nil {
+			out = append(out, rt.Kind)
+		}
+	}
+	return out
+}
+
+// daemonClient is a runtime adapter that holds a connection to its daemon.
+type daemonClient interface {
+	Inspect(ctx context.Context, name string) (*runtime.Container, error)
+	Close() error
+}
+
+// inspectThrough is Inspect through the adapter open makes, closed after.
+func inspectThrough[C daemonClient](open func(h *Host) C) func(ctx context.Context, h *Host, container string) (*runtime.Container, error) {
+	return func(ctx context.Context, h *Host, container string) (*runtime.Container, error) {
+		r := open(h)
+		defer r.Close()
+		return r.Inspect(ctx, container)
+	}
+}
+
+// subdirs lists the subdirectories of dirs whose names keep accepts (nil:
+// all), as paths; a missing dir has none.
+func subdirs(keep func(name string) bool, dirs ...string) []string {
+	var out []string
+	for _, dir := range dirs {
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if e.IsDir() && (keep == nil || keep(e.Name())) {
+				out = append(out, filepath.Join(dir, e.Name()))
+			}
+		}
+	}
+	return out
+}
+
+// relative is paths below top, relative to it.
+func relative(top string, paths []string) []string {
+	out := make([]string, len(paths))
+	for i, p := range paths {
+		out[i], _ = filepath.Rel(top, p)
+	}
+	return out
+}
+
 // workloadImage is the image lab Podman and containerd containers run: the
 // busybox root filesystem with ferry's workloads.
 const workloadImage = "ferry-workload"
@@ -72,14 +344,22 @@ const workloadRef = "localhost/" + workloadImage + ":latest"
 // NeedsImage says whether a runtime's lab containers run from an image
 // that ImportWorkloadImage must load on both hosts first.
 func NeedsImage(kind string) bool {
-	return kind == "podman" || kind == "containerd" || kind == "docker"
+	rt, err := RuntimeOf(kind)
+	return err == nil && rt.ImportImage != nil
 }
 
 // ImportWorkloadImage builds the busybox root filesystem with ferry's
-// workloads and imports it into the named hosts' Podman instances or
-// containerd daemons (kind), with the same image ID on each (a restore
-// needs the source's image).
+// workloads and imports it into the named hosts' instances of kind
+// (Podman, containerd, Docker), with the same image ID on each (a
+// restore needs the source's image).
 func (l *Lab) ImportWorkloadImage(ctx context.Context, kind string, hostNames ...string) error {
+	rt, err := RuntimeOf(kind)
+	if err != nil {
+		return err
+	}
+	if rt.ImportImage == nil {
+		return fmt.Errorf("%s containers run from no image", rt.Kind)
+	}
 	bin, err := l.ferryBin()
 	if err != nil {
 		return err
@@ -89,7 +369,8 @@ func (l *Lab) ImportWorkloadImage(ctx context.Context, kind string, hostNames ..
 		return err
 	}
 	defer os.RemoveAll(dir)
-	if err := buildRootfs(filepath.Join(dir, "rootfs"), filepath.Dir(bin)); err != nil {
+	rootfs := filepath.Join(dir, "rootfs")
+	if err := buildRootfs(rootfs, filepath.Dir(bin)); err != nil {
 		return err
 	}
 	for _, n := range hostNames {
@@ -97,23 +378,7 @@ func (l *Lab) ImportWorkloadImage(ctx context.Context, kind string, hostNames ..
 		if err != nil {
 			return err
 		}
-		switch kind {
-		case "podman":
-			err = h.Podman().ImportRootfs(ctx, filepath.Join(dir, "rootfs"), workloadImage)
-		case "containerd":
-			d := h.Containerd()
-			if err = d.Start(ctx); err == nil {
-				err = containerd.ImportRootfs(ctx, d.Socket(), namespaces.Default, filepath.Join(dir, "rootfs"), workloadRef)
-			}
-		case "docker":
-			d := h.Docker()
-			if err = d.Start(ctx); err == nil {
-				err = d.ImportRootfs(ctx, filepath.Join(dir, "rootfs"), workloadRef)
-			}
-		default:
-			err = fmt.Errorf("%s containers run from no image", kind)
-		}
-		if err != nil {
+		if err := rt.ImportImage(ctx, h, rootfs); err != nil {
 			return fmt.Errorf("import the workload image on %s: %w", n, err)
 		}
 	}
@@ -300,58 +565,34 @@ func lxcNet(a ...Attachments) string {
 		bridge, a[0].IP, prefix, gw, ip[0], ip[1], ip[2], ip[3])
 }
 
-// RunIn starts a workload container in a runtime of a lab host: runc (the
-// lab's own bundles), podman, lxc, containerd or docker.
-func (l *Lab) RunIn(ctx context.Context, kind, hostName, container string, args []string) error {
-	switch kind {
-	case "", "runc":
-		return l.Run(ctx, hostName, container, args)
-	case "podman":
-		return l.RunPodman(ctx, hostName, container, args)
-	case "lxc":
-		return l.RunLXC(ctx, hostName, container, args)
-	case "containerd":
-		return l.RunContainerd(ctx, hostName, container, args)
-	case "docker":
-		return l.RunDocker(ctx, hostName, container, args)
+// RunIn starts a workload container in a runtime of a lab host (see
+// RunnableKinds; "" is runc), attached as a says where its runtime can
+// (Attachments).
+func (l *Lab) RunIn(ctx context.Context, kind, hostName, container string, args []string, a ...Attachments) error {
+	rt, err := RuntimeOf(kind)
+	if err != nil {
+		return err
 	}
-	return fmt.Errorf("unknown runtime %q (runc, podman, lxc, containerd, docker)", kind)
+	if rt.Run == nil {
+		return fmt.Errorf("the lab runs no %s containers of its own (one of %s)", rt.Kind, strings.Join(RunnableKinds(), ", "))
+	}
+	return rt.Run(l, ctx, hostName, container, args, a...)
 }
 
 // RemoveFrom deletes a container from a runtime of a lab host, if there.
 func (l *Lab) RemoveFrom(ctx context.Context, kind, hostName, container string) error {
+	rt, err := RuntimeOf(kind)
+	if err != nil {
+		return err
+	}
 	h, err := l.Host(hostName)
 	if err != nil {
 		return err
 	}
-	switch kind {
-	case "", "runc":
-		err := h.Runc().Delete(ctx, container)
-		return errors.Join(err, mounts.RemoveAll(h.BundleDir(container)))
-	case "podman":
-		err := h.Podman().Remove(ctx, container)
-		_ = h.Podman().Command(ctx, "volume", "rm", "--force", VolumeName(container)).Run()
-		return err
-	case "lxc":
-		return h.LXC().Remove(ctx, &runtime.Container{Name: container, ID: container})
-	case "containerd":
-		if h.Containerd().PID() == 0 {
-			return nil
-		}
-		r := h.ContainerdRuntime()
-		defer r.Close()
-		// In the host's namespace: a CNI network's plugins undo what they
-		// did there (its bridge, its port forwarding).
-		return cnet.Do(h.NetNS, func() error { return r.Remove(ctx, &runtime.Container{Name: container, ID: container}) })
-	case "docker":
-		if h.Docker().PID() == 0 {
-			return nil
-		}
-		r := h.DockerRuntime()
-		defer r.Close()
-		return r.Remove(ctx, &runtime.Container{Name: container, Volumes: []runtime.Volume{{Name: VolumeName(container)}}})
+	if rt.Remove == nil {
+		return fmt.Errorf("the lab removes no %s containers", rt.Kind)
 	}
-	return fmt.Errorf("unknown runtime %q", kind)
+	return rt.Remove(ctx, h, container)
 }
 
 // VolumeName is the named volume a lab container keeps its data in, if

@@ -145,12 +145,14 @@ func (r *Registry) Kinds() []string {
 }
 
 // KindList is Kinds for a help text: "runc, podman or lxc".
-func (r *Registry) KindList(last string) string {
-	ks := r.Kinds()
-	if len(ks) < 2 {
-		return strings.Join(ks, "")
+func (r *Registry) KindList(last string) string { return JoinKinds(r.Kinds(), last) }
+
+// JoinKinds names kinds for a help text: "runc, podman or lxc" with last "or".
+func JoinKinds(kinds []string, last string) string {
+	if len(kinds) < 2 {
+		return strings.Join(kinds, "")
 	}
-	return strings.Join(ks[:len(ks)-1], ", ") + " " + last + " " + ks[len(ks)-1]
+	return strings.Join(kinds[:len(kinds)-1], ", ") + " " + last + " " + kinds[len(kinds)-1]
 }
 
 // Makers adds every kind's flags to fs and returns their makers, by kind.

@@ -150,3 +150,20 @@ func TestState(t *testing.T) {
 		}
 	}
 }
+
+// A help text names kinds as a sentence does.
+func TestJoinKinds(t *testing.T) {
+	for _, c := range []struct {
+		kinds []string
+		want  string
+	}{
+		{nil, ""},
+		{[]string{"runc"}, "runc"},
+		{[]string{"runc", "lxc"}, "runc or lxc"},
+		{[]string{"runc", "podman", "lxc"}, "runc, podman or lxc"},
+	} {
+		if got := JoinKinds(c.kinds, "or"); got != c.want {
+			t.Errorf("JoinKinds(%q) = %q, want %q", c.kinds, got, c.want)
+		}
+	}
+}

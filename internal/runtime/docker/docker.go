@@ -60,8 +60,8 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/ferry-migrate/ferry/internal/admission"
+	"github.com/ferry-migrate/ferry/internal/runc"
 	"github.com/ferry-migrate/ferry/internal/runtime"
-	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 )
 
 // DefaultHost is Docker's own socket.

@@ -15,7 +15,7 @@ import (
 	"github.com/docker/go-connections/nat"
 
 	"github.com/ferry-migrate/ferry/internal/admission"
-	"github.com/ferry-migrate/ferry/internal/runtime/runc"
+	"github.com/ferry-migrate/ferry/internal/runc"
 )
 
 func TestAdmit(t *testing.T) {

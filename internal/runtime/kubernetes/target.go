@@ -18,9 +18,9 @@ import (
 
 	"github.com/ferry-migrate/ferry/api/restoreshim"
 	"github.com/ferry-migrate/ferry/internal/procs"
+	"github.com/ferry-migrate/ferry/internal/runc"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
-	"github.com/ferry-migrate/ferry/internal/runtime/runc"
 )
 
 // restoreWait bounds the shim's restore once asked (runc restore, CRIU).

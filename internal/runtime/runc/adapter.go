@@ -1,3 +1,7 @@
+// Package runc is runc as a ferry runtime (runtime.Runtime): containers
+// under one runc root, moved with their bundles. The runc binary itself
+// is package internal/runc's, which the other runtimes whose containers
+// runc runs share.
 package runc
 
 import (
@@ -16,6 +20,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/admission"
 	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/mounts"
+	driver "github.com/ferry-migrate/ferry/internal/runc"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 )
 
@@ -23,7 +28,7 @@ import (
 // the source wherever their bundles are, at the destination in bundles
 // under BundleRoot.
 type Runtime struct {
-	Host
+	driver.Host
 	// BundleRoot holds the bundles of containers restored here, one
 	// directory per container, and runc's log for each (NAME.log).
 	BundleRoot string
@@ -60,7 +65,7 @@ func (r *Runtime) Caps() runtime.Caps {
 // where an overlay is mounted there, only its writable layer (layers.go).
 func (r *Runtime) Inspect(ctx context.Context, name string) (*runtime.Container, error) {
 	st, err := r.State(ctx, name)
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, driver.ErrNotFound) {
 		return nil, fmt.Errorf("runc --root %s: no container %q: %w", r.Root, name, runtime.ErrNotFound)
 	}
 	if err != nil {
@@ -104,7 +109,7 @@ func (r *Runtime) Inspect(ctx context.Context, name string) (*runtime.Container,
 // here without runc's exec (runc reads the container's state from that
 // freezer); runc's own where its record names none.
 func (r *Runtime) Freeze(ctx context.Context, c *runtime.Container) error {
-	if dir, err := r.freezerDir(c.ID); err == nil && cgroups.Freeze(dir) == nil {
+	if dir, err := r.FreezerDir(c.ID); err == nil && cgroups.Freeze(dir) == nil {
 		return nil
 	}
 	return r.Pause(ctx, c.ID)
@@ -112,7 +117,7 @@ func (r *Runtime) Freeze(ctx context.Context, c *runtime.Container) error {
 
 // Thaw is runc resume, as Freeze is runc pause.
 func (r *Runtime) Thaw(ctx context.Context, c *runtime.Container) error {
-	if dir, err := r.freezerDir(c.ID); err == nil && cgroups.Thaw(dir) == nil {
+	if dir, err := r.FreezerDir(c.ID); err == nil && cgroups.Thaw(dir) == nil {
 		return nil
 	}
 	return r.Resume(ctx, c.ID)
@@ -144,94 +149,6 @@ func (r *Runtime) Checkpoint(ctx context.Context, c *runtime.Container, o runtim
 	return r.Dump(ctx, c.ID, o)
 }
 
-// Dump is Checkpoint for a container under this runc root, for runtimes
-// whose containers runc runs (Podman).
-func (h Host) Dump(ctx context.Context, id string, o runtime.CheckpointOptions) (runtime.Dump, error) {
-	d, err := h.beginDump(ctx, id, o, "")
-	if err != nil {
-		return nil, err
-	}
-	return d.dump()
-}
-
-// dumping is a runc checkpoint under way.
-type dumping struct {
-	lazy   bool
-	status *os.File // a lazy dump's readiness, from CRIU
-	done   chan struct{}
-	err    error
-}
-
-// beginDump starts runc checkpoint; actionScript, if set, is a script
-// CRIU runs before it dumps (dumpgate.go).
-func (h Host) beginDump(ctx context.Context, id string, o runtime.CheckpointOptions, actionScript string) (*dumping, error) {
-	opts := CheckpointOptions{ImagePath: o.ImagesDir, WorkPath: o.WorkDir, ParentPath: o.ParentDir, PageServer: o.PageServer,
-		LeaveRunning: !o.PreDump, TCPEstablished: o.TCPEstablished, TCPClose: o.TCPClose, PreDump: o.PreDump, LazyPages: o.Lazy, Netns: o.PageNet,
-		NoNetworkLock: o.NetworkQuiet, ActionScript: actionScript, ScriptActions: []string{"pre-dump"},
-		SmapsSnapshot: o.SmapsSnapshot, IrmapScanPaths: o.IrmapScanPaths}
-	d := &dumping{lazy: o.Lazy, done: make(chan struct{})}
-	if o.Lazy {
-		r, w, err := os.Pipe()
-		if err != nil {
-			return nil, err
-		}
-		d.status, opts.StatusFD = r, w
-	}
-	go func() {
-		// A lazy dump outlives the caller's context: it ends when its page
-		// server is closed, or its caller kills it through ctx.
-		d.err = h.Checkpoint(ctx, id, opts)
-		close(d.done)
-	}()
-	return d, nil
-}
-
-// dump waits for the dump's images: until runc ended, or for a lazy dump
-// until CRIU's page server listens.
-func (d *dumping) dump() (runtime.Dump, error) {
-	if !d.lazy {
-		<-d.done
-		return doneDump{}, d.err
-	}
-	defer d.status.Close()
-	var b [1]byte
-	if n, rerr := d.status.Read(b[:]); n != 1 {
-		<-d.done
-		return nil, errors.Join(d.err, fmt.Errorf("CRIU never signalled that the lazy page server is ready: %v", rerr))
-	}
-	return lazyDump{d}, nil
-}
-
-// RequirePaused checks that runc knows container id and sees it paused, as
-// another runtime's freeze (Podman's, containerd's, Docker's) leaves it: a
-// dump then leaves it paused, resumable by that runtime. what names the
-// container in errors; hint follows one runc does not know.
-func (h Host) RequirePaused(ctx context.Context, id, what, hint string) error {
-	st, err := h.State(ctx, id)
-	if errors.Is(err, ErrNotFound) {
-		return fmt.Errorf("%s is not in runc's root %s%s", what, h.Root, hint)
-	}
-	if err != nil {
-		return err
-	}
-	if st.Status != "paused" {
-		return fmt.Errorf("%s is %s: freeze it before the dump", what, st.Status)
-	}
-	return nil
-}
-
-// doneDump is a dump that had finished when Checkpoint returned.
-type doneDump struct{}
-
-func (doneDump) Wait() error                         { return nil }
-func (doneDump) Release(context.Context, bool) error { return nil }
-
-// lazyDump is a `runc checkpoint --lazy-pages` whose page server serves.
-type lazyDump struct{ d *dumping }
-
-func (l lazyDump) Wait() error                         { <-l.d.done; return l.d.err }
-func (l lazyDump) Release(context.Context, bool) error { return nil }
-
 // Prepare makes the container's bundle here: an empty rootfs (for an
 // overlay root, an empty writable layer over the image, which must be
 // here) and the source's config.json adapted to this host.
@@ -244,7 +161,7 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 	}
 	if _, err := r.State(ctx, c.Name); err == nil {
 		return nil, fmt.Errorf("runc --root %s already has a container named %q", r.Root, c.Name)
-	} else if !errors.Is(err, ErrNotFound) {
+	} else if !errors.Is(err, driver.ErrNotFound) {
 		return nil, err
 	}
 	t := r.target(c.Name)
@@ -275,7 +192,7 @@ func (r *Runtime) Prepare(ctx context.Context, c *runtime.Container, o runtime.P
 	// CRIU leaves the restored processes stopped until the commit (Start);
 	// the file is emptied once the restore has read it, so that a later
 	// dump of this container is not left stopped too.
-	if err := LeaveStopped(t.criuConf()); err != nil {
+	if err := driver.LeaveStopped(t.criuConf()); err != nil {
 		_ = os.RemoveAll(t.bundle)
 		return nil, err
 	}
@@ -305,7 +222,7 @@ func (r *Runtime) adaptSpec(c *runtime.Container, netns, criuConf string) ([]byt
 	if netns == "" {
 		netns = r.NetNS
 	}
-	if err := JoinNetNS(&s, netns); err != nil {
+	if err := driver.JoinNetNS(&s, netns); err != nil {
 		return nil, err
 	}
 	// ferry's own CRIU configuration file, instead of one the source named
@@ -313,27 +230,8 @@ func (r *Runtime) adaptSpec(c *runtime.Container, netns, criuConf string) ([]byt
 	if s.Annotations == nil {
 		s.Annotations = map[string]string{}
 	}
-	s.Annotations[CRIUConfigAnnotation] = criuConf
+	s.Annotations[driver.CRIUConfigAnnotation] = criuConf
 	return json.MarshalIndent(&s, "", "  ")
-}
-
-// JoinNetNS points a spec that joins a network namespace by path (one
-// ferry rebuilt, or the host's) at netns, this host's; "" refuses such a
-// spec. A spec making a namespace of its own is left as it is.
-func JoinNetNS(s *specs.Spec, netns string) error {
-	if s.Linux == nil {
-		return nil
-	}
-	for i, ns := range s.Linux.Namespaces {
-		if ns.Type != specs.NetworkNamespace || ns.Path == "" {
-			continue
-		}
-		if netns == "" {
-			return errors.New("the container joins a network namespace at the source, but this host has none configured for it (agent --netns)")
-		}
-		s.Linux.Namespaces[i].Path = netns
-	}
-	return nil
 }
 
 // target is a bundle waiting for its restore.
@@ -386,16 +284,6 @@ func (r *Runtime) Continue(ctx context.Context, c *runtime.Container) error {
 	return r.ContinueAll(ctx, c.ID)
 }
 
-// ContinueRestored continues container id, which this process restored
-// with its init at pid: from its cgroup, without an exec of runc; through
-// runc where the cgroup cannot tell (pid 0: not restored here).
-func (h Host) ContinueRestored(ctx context.Context, id string, pid int) error {
-	if pid > 0 && cgroups.Continue(pid) == nil {
-		return nil
-	}
-	return h.ContinueAll(ctx, id)
-}
-
 // Restore mounts an overlay root (only now: its layer is complete, and
 // overlayfs does not allow writing to a mounted upper directory) and runs
 // runc restore.
@@ -408,7 +296,7 @@ func (t *target) Restore(ctx context.Context, o runtime.RestoreOptions) (int, er
 	}
 	err := t.runRestore(ctx, o)
 	// Read by now: later dumps of this container must not leave it stopped.
-	_ = ClearCRIUConfig(t.criuConf())
+	_ = driver.ClearCRIUConfig(t.criuConf())
 	if err != nil {
 		return 0, err
 	}
@@ -429,15 +317,15 @@ func (t *target) mountRoot() error {
 
 // restoreConfig is the file Prepare wrote, now with a cgroup yard in the
 // work directory.
-func (t *target) restoreConfig(o runtime.RestoreOptions) CRIUConfig {
-	return (CRIUConfig{LeaveStopped: true}).WithYard(o.WorkDir)
+func (t *target) restoreConfig(o runtime.RestoreOptions) driver.CRIUConfig {
+	return (driver.CRIUConfig{LeaveStopped: true}).WithYard(o.WorkDir)
 }
 
 // pidFile is where runc writes the restored init's PID.
 func (t *target) pidFile() string { return t.bundle + ".pid" }
 
 func (t *target) runRestore(ctx context.Context, o runtime.RestoreOptions) error {
-	return t.r.Host.Restore(ctx, t.name, RestoreOptions{ImagePath: o.ImagesDir, WorkPath: o.WorkDir, Bundle: t.bundle,
+	return t.r.Host.Restore(ctx, t.name, driver.RestoreOptions{ImagePath: o.ImagesDir, WorkPath: o.WorkDir, Bundle: t.bundle,
 		LogPath: t.bundle + ".log", TCPEstablished: o.TCPEstablished, LazyPages: o.Lazy, PidFile: t.pidFile()})
 }
 

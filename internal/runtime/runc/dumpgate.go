@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	driver "github.com/ferry-migrate/ferry/internal/runc"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 )
 
@@ -63,7 +64,7 @@ func openDumpGate(dir string) (*dumpGate, error) {
 		return nil, fmt.Errorf("%s is mounted noexec: CRIU could not run a script there", dir)
 	}
 	g := &dumpGate{path: filepath.Join(dir, "dump-gate")}
-	if !configSafe(g.path) {
+	if !driver.ConfigSafe(g.path) {
 		return nil, fmt.Errorf("CRIU's configuration cannot name %q", g.path)
 	}
 	_ = os.Remove(g.path + ".reached")
@@ -113,7 +114,7 @@ func (g *dumpGate) open(word string) error {
 // earlyDump is a runc checkpoint waiting at its dump gate.
 type earlyDump struct {
 	gate *dumpGate
-	d    *dumping
+	d    *driver.Dumping
 	once sync.Once
 }
 
@@ -121,11 +122,14 @@ type earlyDump struct {
 // own work before it takes ~14 ms.
 const dumpGateTimeout = 10 * time.Second
 
-// StartDump begins runc checkpoint of id and returns once CRIU waits at
-// the gate, before it touched the container. Where it cannot (a work
-// directory a script cannot run from, a runc or CRIU that ended first),
-// it returns an error with nothing begun: the caller dumps as usual.
-func (h Host) StartDump(ctx context.Context, id string, o runtime.CheckpointOptions) (runtime.Checkpointing, error) {
+var _ runtime.EarlyCheckpointer = (*Runtime)(nil)
+
+// StartCheckpoint begins runc checkpoint of the container and returns
+// once CRIU waits at the gate, before it touched the container. Where it
+// cannot (a work directory a script cannot run from, a runc or CRIU that
+// ended first), it returns an error with nothing begun: the caller dumps
+// as usual.
+func (r *Runtime) StartCheckpoint(ctx context.Context, c *runtime.Container, o runtime.CheckpointOptions) (runtime.Checkpointing, error) {
 	if o.WorkDir == "" || o.PreDump {
 		return nil, errors.New("only a dump with a work directory waits at a gate")
 	}
@@ -133,27 +137,20 @@ func (h Host) StartDump(ctx context.Context, id string, o runtime.CheckpointOpti
 	if err != nil {
 		return nil, err
 	}
-	d, err := h.beginDump(ctx, id, o, gate.path)
+	d, err := r.BeginDump(ctx, c.ID, o, gate.path)
 	if err != nil {
 		gate.open("no")
 		return nil, err
 	}
 	e := &earlyDump{gate: gate, d: d}
-	if !gate.reached(d.done, dumpGateTimeout) {
+	if !gate.reached(d.Done(), dumpGateTimeout) {
 		e.Cancel()
-		if d.err != nil {
-			return nil, fmt.Errorf("the dump ended before its gate: %w", d.err)
+		if d.Err() != nil {
+			return nil, fmt.Errorf("the dump ended before its gate: %w", d.Err())
 		}
 		return nil, errors.New("CRIU did not come to the dump's gate in time")
 	}
 	return e, nil
-}
-
-var _ runtime.EarlyCheckpointer = (*Runtime)(nil)
-
-// StartCheckpoint is StartDump for the runtime's container.
-func (r *Runtime) StartCheckpoint(ctx context.Context, c *runtime.Container, o runtime.CheckpointOptions) (runtime.Checkpointing, error) {
-	return r.StartDump(ctx, c.ID, o)
 }
 
 // Go lets CRIU dump the container, frozen now.
@@ -162,19 +159,16 @@ func (e *earlyDump) Go() (runtime.Dump, error) {
 	e.once.Do(func() { err = e.gate.open("go") })
 	if err != nil {
 		// The word is not "go": CRIU gives up.
-		<-e.d.done
+		<-e.d.Done()
 		return nil, fmt.Errorf("opening the dump's gate: %w", err)
 	}
-	return e.d.dump()
+	return e.d.Dump()
 }
 
 // Cancel makes CRIU give up at the gate and waits for runc to end.
 func (e *earlyDump) Cancel() {
 	e.once.Do(func() {
 		_ = e.gate.open("no")
-		<-e.d.done
-		if e.d.status != nil {
-			e.d.status.Close()
-		}
+		e.d.Abandon()
 	})
 }

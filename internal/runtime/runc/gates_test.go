@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	driver "github.com/ferry-migrate/ferry/internal/runc"
 	"github.com/ferry-migrate/ferry/internal/testroot"
 
 	"github.com/ferry-migrate/ferry/internal/cgroups"
@@ -39,7 +40,7 @@ func readLikeCRIU(path string) <-chan string {
 func TestGateFailsUnlessOpened(t *testing.T) {
 	dir := t.TempDir()
 	path, never := filepath.Join(dir, "criu.conf"), filepath.Join(dir, "gate-closed")
-	if err := LeaveStopped(path); err != nil {
+	if err := driver.LeaveStopped(path); err != nil {
 		t.Fatal(err)
 	}
 	f, err := openGate(path, never)
@@ -139,15 +140,15 @@ func newGateHostsRunning(t *testing.T, script string) *gateHosts {
 	dir := t.TempDir()
 	tag := fmt.Sprintf("ferry-gatetest-%d", os.Getpid())
 	h := &gateHosts{
-		src:   &Runtime{Host: Host{Root: filepath.Join(dir, "src-root")}},
-		dst:   &Runtime{Host: Host{Root: filepath.Join(dir, "dst-root")}, BundleRoot: filepath.Join(dir, "bundles"), CgroupParent: tag + "-dst"},
+		src:   &Runtime{Host: driver.Host{Root: filepath.Join(dir, "src-root")}},
+		dst:   &Runtime{Host: driver.Host{Root: filepath.Join(dir, "dst-root")}, BundleRoot: filepath.Join(dir, "bundles"), CgroupParent: tag + "-dst"},
 		srcCg: "/" + tag + "-src/gated",
 	}
 	bundle := filepath.Join(dir, "src-bundle")
 	h.rootfs = filepath.Join(bundle, "rootfs")
 	busyboxRoot(t, h.rootfs, "/bin/busybox")
-	spec := NewSpec(SpecOptions{CgroupsPath: h.srcCg, Args: []string{"/bin/busybox", "sh", "-c", script}})
-	if err := WriteSpec(bundle, spec); err != nil {
+	spec := driver.NewSpec(driver.SpecOptions{CgroupsPath: h.srcCg, Args: []string{"/bin/busybox", "sh", "-c", script}})
+	if err := driver.WriteSpec(bundle, spec); err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
@@ -162,6 +163,11 @@ func newGateHostsRunning(t *testing.T, script string) *gateHosts {
 	})
 	if err := h.src.Run(ctx, "gated", bundle, filepath.Join(dir, "src.log")); err != nil {
 		t.Fatal(err)
+	}
+	// Counting before a test dumps it: a copy frozen before its first
+	// write has no /c for the destination's root (prepare).
+	if err := waitFor(func() bool { _, err := os.Stat(filepath.Join(h.rootfs, "c")); return err == nil }); err != nil {
+		t.Fatal("the container never counted into /c")
 	}
 	c, err := h.src.Inspect(ctx, "gated")
 	if err != nil {
@@ -481,7 +487,7 @@ func waitFor(ok func() bool) error {
 func TestFreezeIsRuncPause(t *testing.T) {
 	h := newGateHosts(t)
 	ctx := context.Background()
-	if _, err := h.src.freezerDir("gated"); err != nil {
+	if _, err := h.src.FreezerDir("gated"); err != nil {
 		t.Fatalf("no freezer in runc's record: %v", err)
 	}
 	for _, step := range []struct {
@@ -562,12 +568,12 @@ func TestEarlyDumpEnds(t *testing.T) {
 			} else {
 				e.gate.word.Close()
 				select {
-				case <-e.d.done:
+				case <-e.d.Done():
 				case <-time.After(10 * time.Second):
 					t.Fatal("runc checkpoint did not end")
 				}
 			}
-			if e.d.err == nil {
+			if e.d.Err() == nil {
 				t.Fatal("the dump went on through a shut gate")
 			}
 			if _, err := os.Stat(filepath.Join(o.ImagesDir, "inventory.img")); err == nil {

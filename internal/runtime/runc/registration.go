@@ -4,6 +4,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ferry-migrate/ferry/api"
+	driver "github.com/ferry-migrate/ferry/internal/runc"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 )
 
@@ -19,7 +20,7 @@ func Registration() runtime.Registration {
 			root := f.String("runc-root", "/run/runc", "runc root whose containers this agent moves (runc --root), and where it restores runc containers")
 			imageRoots := f.StringSlice("image-root", nil, "directories holding unpacked images (repeatable): a runc container whose root is an overlay over an image below one of them moves only its own writable layer; none: such containers are refused here")
 			return func(env runtime.Env) (runtime.Runtime, error) {
-				return &Runtime{Host: Host{Root: *root}, BundleRoot: env.BundleRoot, Admission: env.Admission, ImageRoots: *imageRoots,
+				return &Runtime{Host: driver.Host{Root: *root}, BundleRoot: env.BundleRoot, Admission: env.Admission, ImageRoots: *imageRoots,
 					CgroupParent: env.CgroupParent, NetNS: env.NetNS, Lazy: env.Features.LazyPages, DirtyTracking: env.Features.DirtyTracking}, nil
 			}
 		},

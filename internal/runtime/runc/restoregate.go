@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	driver "github.com/ferry-migrate/ferry/internal/runc"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 )
 
@@ -206,7 +207,7 @@ func (g *restoreGate) Go(ctx context.Context) (int, error) {
 	}
 	conf := g.t.restoreConfig(g.o)
 	conf.ImagesDir = g.o.ImagesDir
-	if !configSafe(conf.ImagesDir) {
+	if !driver.ConfigSafe(conf.ImagesDir) {
 		g.Cancel()
 		return g.t.Restore(ctx, g.o) // which says why
 	}
@@ -229,7 +230,7 @@ func (g *restoreGate) Go(ctx context.Context) (int, error) {
 	}
 	// CRIU holds the FIFO and reads it to its end; a later dump of this
 	// container reads the file anew, empty.
-	_ = ClearCRIUConfig(g.t.criuConf())
+	_ = driver.ClearCRIUConfig(g.t.criuConf())
 	select {
 	case <-g.done:
 	case <-ctx.Done():
@@ -264,7 +265,7 @@ func (g *restoreGate) shut() {
 	g.fifo.Close()
 	<-g.done
 	g.kill()
-	_ = LeaveStopped(g.t.criuConf())
+	_ = driver.LeaveStopped(g.t.criuConf())
 }
 
 // failLeftGate fails a restore still waiting at a gate that an agent
@@ -282,5 +283,5 @@ func failLeftGate(path, never string) {
 		}
 		f.Close()
 	}
-	_ = LeaveStopped(path)
+	_ = driver.LeaveStopped(path)
 }

@@ -2,6 +2,7 @@ package runc
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -142,4 +143,23 @@ func ReadSpec(bundle string) (*specs.Spec, error) {
 		return nil, fmt.Errorf("parse %s: %w", specFile(bundle), err)
 	}
 	return &s, nil
+}
+
+// JoinNetNS points a spec that joins a network namespace by path (one
+// ferry rebuilt, or the host's) at netns, this host's; "" refuses such a
+// spec. A spec making a namespace of its own is left as it is.
+func JoinNetNS(s *specs.Spec, netns string) error {
+	if s.Linux == nil {
+		return nil
+	}
+	for i, ns := range s.Linux.Namespaces {
+		if ns.Type != specs.NetworkNamespace || ns.Path == "" {
+			continue
+		}
+		if netns == "" {
+			return errors.New("the container joins a network namespace at the source, but this host has none configured for it (agent --netns)")
+		}
+		s.Linux.Namespaces[i].Path = netns
+	}
+	return nil
 }

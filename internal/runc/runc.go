@@ -1,6 +1,9 @@
 // Package runc drives the runc binary for one host: running, freezing,
 // checkpointing and restoring containers under that host's own runc root and
-// cgroup parent, so that several emulated hosts can share one machine.
+// cgroup parent, so that several emulated hosts can share one machine. The
+// runtimes whose containers runc runs use it: runc's own adapter
+// (internal/runtime/runc), Podman's, containerd's, Docker's and
+// Kubernetes'.
 //
 // ferry drives CRIU through runc rather than through CRIU's RPC directly:
 // runc already knows how to prepare a container's mounts, cgroups and
@@ -134,10 +137,10 @@ func (h Host) detached(ctx context.Context, logPath string, args ...string) erro
 	return nil
 }
 
-// freezerDir is the freezer cgroup runc made for container id, from
+// FreezerDir is the freezer cgroup runc made for container id, from
 // runc's own record of it (state.json in its root, as runc pause reads
 // it).
-func (h Host) freezerDir(id string) (string, error) {
+func (h Host) FreezerDir(id string) (string, error) {
 	b, err := os.ReadFile(filepath.Join(h.Root, id, "state.json"))
 	if err != nil {
 		return "", err

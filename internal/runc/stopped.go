@@ -56,7 +56,7 @@ type CRIUConfig struct {
 // there: CRIU then mounts the hierarchies itself, only slower.
 func (c CRIUConfig) WithYard(dir string) CRIUConfig {
 	c.CgroupYard = ""
-	if y := filepath.Join(dir, "cgroup-yard"); dir != "" && configSafe(y) && cgroups.Yard(y) == nil {
+	if y := filepath.Join(dir, "cgroup-yard"); dir != "" && ConfigSafe(y) && cgroups.Yard(y) == nil {
 		c.CgroupYard = y
 	}
 	return c
@@ -74,7 +74,7 @@ func (c CRIUConfig) String() string {
 		}
 	}
 	for _, p := range c.IrmapScanPaths {
-		if configSafe(p) && p != "" {
+		if ConfigSafe(p) && p != "" {
 			b.WriteString("irmap-scan-path " + p + "\n")
 		}
 	}
@@ -86,7 +86,7 @@ func (c CRIUConfig) String() string {
 // not leave the container stopped.
 func (c CRIUConfig) Write(path string) error {
 	for _, dir := range []string{c.WorkDir, c.ImagesDir, c.ActionScript} {
-		if !configSafe(dir) {
+		if !ConfigSafe(dir) {
 			return fmt.Errorf("CRIU's configuration file cannot name the directory %q: choose a scratch directory without spaces, quotes or #", dir)
 		}
 	}
@@ -108,9 +108,9 @@ func replaceFile(path string, b []byte) error {
 	return nil
 }
 
-// configSafe says a path can go in a CRIU configuration file as it is:
+// ConfigSafe says a path can go in a CRIU configuration file as it is:
 // CRIU splits a line at white space and reads quotes and # itself.
-func configSafe(path string) bool { return !strings.ContainsAny(path, " \t\n\"#\\") }
+func ConfigSafe(path string) bool { return !strings.ContainsAny(path, " \t\n\"#\\") }
 
 // LeaveStopped writes a CRIU configuration file at path that leaves the
 // restored processes stopped (CRIUConfig.LeaveStopped).
