@@ -81,6 +81,12 @@ type LineSpec struct {
 // RuncOptionRoot is runc's RuntimeOptions key naming its root.
 const RuncOptionRoot = "root"
 
+// KubernetesOptionShared is the kubernetes runtime's RuntimeOptions key
+// listing (comma-separated) where the container mounts persistent volumes
+// its controller found the target node shares: they move as host
+// directories of the same storage there, never copied.
+const KubernetesOptionShared = "shared"
+
 // request is Request without its JSON methods.
 type request Request
 

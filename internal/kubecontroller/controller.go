@@ -140,6 +140,9 @@ func (r *Reconciler) check(ctx context.Context, m *v1.Migration) error {
 	if st.TargetReason != "" {
 		msg += " (" + st.TargetReason + ")"
 	}
+	if len(st.SharedMounts) > 0 {
+		msg += fmt.Sprintf("; persistent volumes at %s stay where they are, shared with %s (not copied)", strings.Join(st.SharedMounts, ", "), st.TargetNode)
+	}
 	return r.setPhase(ctx, m, v1.PhaseTargetPod, msg)
 }
 
@@ -179,6 +182,10 @@ func (r *Reconciler) plan(ctx context.Context, m *v1.Migration) (v1.MigrationSta
 	if err != nil {
 		return st, err
 	}
+	shared, err := sharedVolumes(ctx, r.Client, &pod, m.Spec.Container, target)
+	if err != nil {
+		return st, fmt.Errorf("pod %s: %w", pod.Name, err)
+	}
 	if _, err := r.Agents.Of(ctx, r.Client, pod.Spec.NodeName); err != nil {
 		return st, fmt.Errorf("the source node's agent: %w", err)
 	}
@@ -191,7 +198,7 @@ func (r *Reconciler) plan(ctx context.Context, m *v1.Migration) (v1.MigrationSta
 	return v1.MigrationStatus{
 		SourceNode: pod.Spec.NodeName, SourcePod: pod.Name, TargetNode: target,
 		TargetPod: replacementName(&pod, m), ContainerID: id, JobID: JobID(m.UID), TargetReason: why,
-		MaxFrozenMs: livenessTolerance(&pod, m.Spec.Container).Milliseconds(),
+		MaxFrozenMs: livenessTolerance(&pod, m.Spec.Container).Milliseconds(), SharedMounts: sharedPaths(shared),
 	}, nil
 }
 

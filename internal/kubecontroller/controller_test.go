@@ -298,9 +298,10 @@ func TestMovable(t *testing.T) {
 		{name: "hostPath", mods: []func(*corev1.Pod){
 			vol("logs", corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/var/log"}}),
 		}, want: []string{`volume "logs"`, "hostPath /var/log"}},
+		// Checked against the target once it is known (TestSharedVolumes).
 		{name: "persistentVolumeClaim", mods: []func(*corev1.Pod){
 			vol("db", corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "db-0"}}),
-		}, want: []string{`volume "db"`}},
+		}},
 		{name: "nfs", mods: []func(*corev1.Pod){
 			vol("share", corev1.VolumeSource{NFS: &corev1.NFSVolumeSource{Server: "nfs", Path: "/x"}}),
 		}, want: []string{`volume "share"`}},
@@ -1008,6 +1009,68 @@ func TestLivenessTolerance(t *testing.T) {
 	} {
 		if got := livenessTolerance(c.pod, c.ctr); got != c.want {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// A persistent volume moves with its pod only as storage the target node
+// shares at the same host path, mountable from two nodes at once; the
+// reason names the volume otherwise.
+func TestSharedVolumes(t *testing.T) {
+	claim := func(name, pv string, phase corev1.PersistentVolumeClaimPhase) *corev1.PersistentVolumeClaim {
+		return &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS},
+			Spec: corev1.PersistentVolumeClaimSpec{VolumeName: pv}, Status: corev1.PersistentVolumeClaimStatus{Phase: phase}}
+	}
+	hostPV := func(name string, modes []corev1.PersistentVolumeAccessMode, mods ...func(*corev1.PersistentVolume)) *corev1.PersistentVolume {
+		pv := &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PersistentVolumeSpec{
+			AccessModes:            modes,
+			PersistentVolumeSource: corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/srv/shared/" + name}}}}
+		for _, m := range mods {
+			m(pv)
+		}
+		return pv
+	}
+	rwx := []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}
+	onlyNode := func(n string) func(*corev1.PersistentVolume) {
+		return func(pv *corev1.PersistentVolume) {
+			pv.Spec.NodeAffinity = &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "kubernetes.io/hostname", Operator: corev1.NodeSelectorOpIn, Values: []string{n}}}}}}}
+		}
+	}
+	labelled := func(n *corev1.Node) { n.Labels = map[string]string{"kubernetes.io/hostname": n.Name} }
+	pod := rsPod(func(p *corev1.Pod) {
+		p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "db", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "db-0"}}})
+		p.Spec.Containers[0].VolumeMounts = append(p.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "db", MountPath: "/var/lib/db"})
+	})
+	for _, c := range []struct {
+		name string
+		objs []client.Object
+		want []string // error substrings; none: shared at /var/lib/db
+	}{
+		{"a hostPath ReadWriteMany volume", []client.Object{claim("db-0", "pv-a", corev1.ClaimBound), hostPV("pv-a", rwx)}, nil},
+		{"its affinity admits the target", []client.Object{claim("db-0", "pv-a", corev1.ClaimBound), hostPV("pv-a", rwx, onlyNode("node-b"))}, nil},
+		{"its affinity is the source's", []client.Object{claim("db-0", "pv-a", corev1.ClaimBound), hostPV("pv-a", rwx, onlyNode("node-a"))},
+			[]string{`volume "db"`, "pv-a", "does not admit the target node node-b"}},
+		{"ReadWriteOnce", []client.Object{claim("db-0", "pv-a", corev1.ClaimBound), hostPV("pv-a", []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce})},
+			[]string{`volume "db"`, "ReadWriteMany"}},
+		{"another kind", []client.Object{claim("db-0", "pv-a", corev1.ClaimBound), hostPV("pv-a", rwx, func(pv *corev1.PersistentVolume) {
+			pv.Spec.HostPath, pv.Spec.NFS = nil, &corev1.NFSVolumeSource{Server: "nfs", Path: "/x"}
+		})}, []string{`volume "db"`, "another kind"}},
+		{"a claim not bound", []client.Object{claim("db-0", "", corev1.ClaimPending)}, []string{`volume "db"`, "not bound"}},
+		{"no claim", nil, []string{`volume "db"`, "db-0"}},
+	} {
+		objs := append([]client.Object{node("node-a", "8Gi", "10.0.0.1", labelled), node("node-b", "8Gi", "10.0.0.2", labelled)}, c.objs...)
+		got, err := sharedVolumes(context.Background(), newClient(t, nil, objs...), pod, "", "node-b")
+		if c.want == nil {
+			if err != nil || len(got) != 1 || got[0].Path != "/var/lib/db" || got[0].PV != "pv-a" {
+				t.Errorf("%s: %+v, %v; want shared at /var/lib/db", c.name, got, err)
+			}
+			continue
+		}
+		for _, w := range c.want {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: %v, want an error containing %q", c.name, err, w)
+			}
 		}
 	}
 }

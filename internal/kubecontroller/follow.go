@@ -68,6 +68,9 @@ func (r *Reconciler) run(ctx context.Context, key types.NamespacedName, m *v1.Mi
 		req.Precopy.MaxDowntime = m.Spec.MaxDowntime.Duration
 	}
 	req.MaxFrozen = time.Duration(m.Status.MaxFrozenMs) * time.Millisecond
+	if len(m.Status.SharedMounts) > 0 {
+		req.SetRuntimeOption("kubernetes", api.KubernetesOptionShared, strings.Join(m.Status.SharedMounts, ","))
+	}
 	switched := m.Status.Phase == v1.PhaseSwitching
 	for attempt := 0; ; attempt++ {
 		src, err := r.Agents.Of(ctx, r.Client, m.Status.SourceNode)

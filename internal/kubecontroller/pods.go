@@ -74,10 +74,13 @@ func Movable(pod *corev1.Pod) error {
 	for _, vol := range pod.Spec.Volumes {
 		switch {
 		case vol.EmptyDir != nil, vol.ConfigMap != nil, vol.Secret != nil, vol.Projected != nil, vol.DownwardAPI != nil:
+		case vol.PersistentVolumeClaim != nil:
+			// Checked against the target node once it is known
+			// (sharedVolumes).
 		case vol.HostPath != nil:
 			return fmt.Errorf("volume %q is hostPath %s: it is the source node's, and ferry does not check the target has the same", vol.Name, vol.HostPath.Path)
 		default:
-			return fmt.Errorf("volume %q is neither emptyDir, configMap, secret, projected nor downwardAPI: ferry moves emptyDir data only, and does not check a persistent volume reaches the target node", vol.Name)
+			return fmt.Errorf("volume %q is neither emptyDir, configMap, secret, projected, downwardAPI nor a persistent volume claim: ferry moves emptyDir data, and persistent volumes the target node reaches", vol.Name)
 		}
 	}
 	return nil

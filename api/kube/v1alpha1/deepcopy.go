@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"slices"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 )
@@ -18,6 +20,7 @@ func (m *Migration) DeepCopyInto(out *Migration) {
 		r := *m.Status.Report
 		out.Status.Report = &r
 	}
+	out.Status.SharedMounts = slices.Clone(m.Status.SharedMounts)
 	if m.Status.Conditions != nil {
 		out.Status.Conditions = make([]metav1.Condition, len(m.Status.Conditions))
 		for i := range m.Status.Conditions {

@@ -93,6 +93,12 @@ type MigrationStatus struct {
 	// probe. A mode predicted to hold it longer is refused before the
 	// freeze (auto picks another).
 	MaxFrozenMs int64 `json:"maxFrozenMs,omitempty"`
+	// SharedMounts are where the container mounts persistent volumes
+	// whose storage the target node shares (hostPath persistent volumes
+	// admitting it, ReadWriteMany or ReadOnlyMany): nothing of them is
+	// copied, and the target's agent checks, before the freeze, that the
+	// same storage is there.
+	SharedMounts []string `json:"sharedMounts,omitempty"`
 	// JobID is the migration's job at the source node's agent (ferry ps,
 	// ferry cancel there).
 	JobID string `json:"jobID,omitempty"`

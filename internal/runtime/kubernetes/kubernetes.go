@@ -24,8 +24,11 @@
 //
 // What moves besides memory and the writable layer: emptyDir volumes.
 // ConfigMaps, Secrets, projected tokens and the pod's own files are the
-// replacement pod's, made by its kubelet. hostPath and persistent volumes
-// are refused before anything is frozen.
+// replacement pod's, made by its kubelet. Persistent volumes the
+// controller found the target node shares (SharedMounts) stay where they
+// are, as host directories whose storage the destination checks is the
+// same; other hostPath and persistent volumes are refused before anything
+// is frozen.
 package kubernetes
 
 import (
@@ -71,6 +74,10 @@ type Runtime struct {
 	// Admission is what this node accepts of the CRIU images, checked
 	// against the replacement container's own spec.
 	Admission admission.Policy
+	// SharedMounts are where the container mounts storage its controller
+	// found the target node shares (api.KubernetesOptionShared, a
+	// request's option): host directories, never copied.
+	SharedMounts []string
 	// PrepareWait bounds the wait for the replacement pod's container;
 	// RemoveWait the wait for the kubelet to remove the source's.
 	PrepareWait, RemoveWait time.Duration
@@ -121,11 +128,11 @@ func (r *Runtime) Inspect(ctx context.Context, ref string) (*runtime.Container, 
 	if err := json.Unmarshal(c.Spec, &s); err != nil {
 		return nil, err
 	}
-	m, err := classifyMounts(&s, labels[LabelPodUID], s.Annotations[annotationSandboxID])
+	m, err := classifyMounts(&s, labels[LabelPodUID], s.Annotations[annotationSandboxID], r.SharedMounts)
 	if err != nil {
 		return nil, fmt.Errorf("pod %s/%s, container %s: %w", labels[LabelPodNamespace], labels[LabelPodName], labels[LabelContainer], err)
 	}
-	c.Volumes = m.emptyDirs
+	c.Volumes, c.Shared = m.emptyDirs, m.shared
 	if addr := podAddress(&s); addr != "" {
 		c.Networks = []runtime.Network{{Name: "pod network", Driver: "kubernetes", Address: addr, HostLocal: true}}
 	} else {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -13,6 +14,7 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/cnet"
 	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/shareddir"
 )
 
 func withNamespace(ctx context.Context, ns string) context.Context {
@@ -35,13 +37,16 @@ var madeByKubelet = map[string]bool{
 type mounts struct {
 	// emptyDirs move with the container.
 	emptyDirs []runtime.Volume
+	// shared are host directories of storage the target node shares.
+	shared []shareddir.Dir
 }
 
 // classifyMounts sorts a pod container's bind mounts: its pod's own files
 // and the volumes the kubelet makes from the API stay (the replacement
-// has its own); emptyDir volumes move; anything else (hostPath, a
-// persistent volume) is refused, with which.
-func classifyMounts(s *specs.Spec, podUID, sandboxID string) (mounts, error) {
+// has its own); emptyDir volumes move; those at a path of shared (storage
+// the target shares, as the controller found) stay where they are;
+// anything else (hostPath, a persistent volume) is refused, with which.
+func classifyMounts(s *specs.Spec, podUID, sandboxID string, shared []string) (mounts, error) {
 	var m mounts
 	var refused []string
 	for _, mt := range s.Mounts {
@@ -52,11 +57,13 @@ func classifyMounts(s *specs.Spec, podUID, sandboxID string) (mounts, error) {
 		switch {
 		case podUID != "" && strings.Contains(mt.Source, "/pods/"+podUID+"/volume-subpaths/"):
 			refused = append(refused, fmt.Sprintf("part of a volume (subPath) at %s: ferry cannot tell here which volume it is from, so it moves pods that mount volumes whole", mt.Destination))
+		case slices.Contains(shared, mt.Destination):
+			m.shared = append(m.shared, shareddir.Dir{Source: mt.Source, Path: mt.Destination})
 		case ok && plugin == emptyDirPlugin && !strings.Contains(strings.TrimPrefix(mt.Source, volumeRoot(mt.Source, podUID, plugin, vol)), "/"):
 			m.emptyDirs = append(m.emptyDirs, runtime.Volume{Name: vol, Path: mt.Destination, Dir: mt.Source})
 		case ok && madeByKubelet[plugin]:
 		case ok:
-			refused = append(refused, fmt.Sprintf("volume %q at %s (%s): ferry moves emptyDir volumes only; a persistent volume must be reachable from the target node, which ferry does not check yet", vol, mt.Destination, strings.TrimPrefix(plugin, "kubernetes.io~")))
+			refused = append(refused, fmt.Sprintf("volume %q at %s (%s): ferry moves emptyDir volumes, and persistent volumes its controller found the target node shares (hostPath ones), not this one", vol, mt.Destination, strings.TrimPrefix(plugin, "kubernetes.io~")))
 		case podUID != "" && strings.Contains(mt.Source, "/pods/"+podUID+"/"),
 			sandboxID != "" && strings.Contains(mt.Source, sandboxID):
 			// The pod's own files (/etc/hosts, the termination log) and

@@ -14,6 +14,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/ferry-migrate/ferry/internal/runtime"
+	"github.com/ferry-migrate/ferry/internal/shareddir"
 )
 
 const (
@@ -65,10 +66,12 @@ func spec(extra ...specs.Mount) *specs.Spec {
 
 func TestClassifyMounts(t *testing.T) {
 	tests := []struct {
-		name    string
-		extra   []specs.Mount
-		want    []runtime.Volume
-		wantErr []string // substrings; none: accepted
+		name       string
+		extra      []specs.Mount
+		shared     []string // the controller's word: storage the target shares
+		want       []runtime.Volume
+		wantShared []shareddir.Dir
+		wantErr    []string // substrings; none: accepted
 	}{
 		{name: "the pod's and the sandbox's own files"},
 		{name: "volumes the kubelet makes stay", extra: []specs.Mount{
@@ -117,10 +120,20 @@ func TestClassifyMounts(t *testing.T) {
 		{name: "an NFS volume", extra: []specs.Mount{
 			bind(volDir(podUID, "nfs", "share"), "/share"),
 		}, wantErr: []string{`volume "share" at /share (nfs)`}},
+		{name: "a hostPath persistent volume the target shares stays", extra: []specs.Mount{
+			bind("/srv/shared/db", "/db"),
+			bind(volDir(podUID, "empty-dir", "data"), "/data"),
+		}, shared: []string{"/db"},
+			want:       []runtime.Volume{{Name: "data", Path: "/data", Dir: volDir(podUID, "empty-dir", "data")}},
+			wantShared: []shareddir.Dir{{Source: "/srv/shared/db", Path: "/db"}}},
+		{name: "only where the controller said", extra: []specs.Mount{
+			bind("/srv/shared/db", "/db"),
+			bind("/var/log", "/host/log"),
+		}, shared: []string{"/db"}, wantErr: []string{"host path /var/log at /host/log"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			m, err := classifyMounts(spec(tt.extra...), podUID, sandboxID)
+			m, err := classifyMounts(spec(tt.extra...), podUID, sandboxID, tt.shared)
 			if len(tt.wantErr) > 0 {
 				if err == nil {
 					t.Fatalf("classifyMounts accepted it (moving %v), want an error containing %q", m.emptyDirs, tt.wantErr)
@@ -138,6 +151,9 @@ func TestClassifyMounts(t *testing.T) {
 			if !reflect.DeepEqual(m.emptyDirs, tt.want) {
 				t.Errorf("emptyDirs = %+v, want %+v", m.emptyDirs, tt.want)
 			}
+			if !reflect.DeepEqual(m.shared, tt.wantShared) {
+				t.Errorf("shared = %+v, want %+v", m.shared, tt.wantShared)
+			}
 		})
 	}
 }
@@ -145,7 +161,7 @@ func TestClassifyMounts(t *testing.T) {
 // Without the pod's UID nothing is the pod's: its files are refused as
 // host paths, the sandbox's still kept.
 func TestClassifyMountsWithoutPodUID(t *testing.T) {
-	_, err := classifyMounts(spec(), "", sandboxID)
+	_, err := classifyMounts(spec(), "", sandboxID, nil)
 	if err == nil || !strings.Contains(err.Error(), "host path "+podDir(podUID)+"/etc-hosts") {
 		t.Errorf("classifyMounts without a pod UID: %v, want the pod's /etc/hosts refused", err)
 	}
@@ -155,7 +171,7 @@ func TestClassifyMountsWithoutPodUID(t *testing.T) {
 }
 
 func TestClassifyMountsCSIVolume(t *testing.T) {
-	_, err := classifyMounts(spec(bind(volDir(podUID, "csi", "pvc-1")+"/mount", "/db")), podUID, sandboxID)
+	_, err := classifyMounts(spec(bind(volDir(podUID, "csi", "pvc-1")+"/mount", "/db")), podUID, sandboxID, nil)
 	if err == nil || !strings.Contains(err.Error(), "/db") {
 		t.Errorf("classifyMounts of a CSI volume: %v, want it refused", err)
 	}
@@ -163,7 +179,7 @@ func TestClassifyMountsCSIVolume(t *testing.T) {
 
 func TestClassifyMountsSubPath(t *testing.T) {
 	sub := bind(podDir(podUID)+"/volume-subpaths/data/app/0", "/data/app")
-	m, err := classifyMounts(spec(sub), podUID, sandboxID)
+	m, err := classifyMounts(spec(sub), podUID, sandboxID, nil)
 	if err == nil && len(m.emptyDirs) == 0 {
 		t.Errorf("classifyMounts neither moves nor refuses the subPath mount %s", sub.Source)
 	}

@@ -1,8 +1,11 @@
 package kubernetes
 
 import (
+	"strings"
+
 	"github.com/spf13/pflag"
 
+	"github.com/ferry-migrate/ferry/api"
 	"github.com/ferry-migrate/ferry/api/restoreshim"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/runtime/containerd"
@@ -28,5 +31,15 @@ func Registration() runtime.Registration {
 			}
 		},
 		Caps: func(f runtime.Features) runtime.Caps { return (&containerd.Runtime{Lazy: f.LazyPages}).Caps() },
+		Options: func(r runtime.Runtime, opts map[string]string) (runtime.Runtime, error) {
+			if err := runtime.CheckOptions("kubernetes", opts, api.KubernetesOptionShared); err != nil {
+				return nil, err
+			}
+			k := *r.(*Runtime)
+			if s := opts[api.KubernetesOptionShared]; s != "" {
+				k.SharedMounts = strings.Split(s, ",")
+			}
+			return &k, nil
+		},
 	}
 }
