@@ -26,7 +26,6 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/aptsources"
 	"github.com/ferry-migrate/ferry/internal/filelock"
-	"github.com/ferry-migrate/ferry/internal/mounts"
 	"github.com/ferry-migrate/ferry/internal/tail"
 )
 
@@ -145,74 +144,49 @@ type Cached struct {
 // the cache, renamed into place when complete.
 func Ensure(ctx context.Context, o Options) (Cached, error) {
 	c := Cached{Tarball: o.Path(), Key: o.Key()}
-	if st, err := os.Stat(c.Tarball); err == nil && st.Mode().IsRegular() {
-		return c, nil
-	}
-	dir := o.cacheDir()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return c, err
-	}
-	unlock, err := filelock.Lock(ctx, filepath.Join(dir, o.name()+".lock"))
-	if err != nil {
-		return c, err
-	}
-	defer unlock()
-	if _, err := os.Stat(c.Tarball); err == nil {
-		return c, nil // built by whoever held the lock before us
-	}
-	// A killed build's leftovers (we hold the lock: none of this key runs).
-	stale, _ := filepath.Glob(filepath.Join(dir, ".build-"+o.name()+"-*"))
-	for _, s := range stale {
-		if err := mounts.RemoveAll(s); err != nil {
-			return c, fmt.Errorf("remove the leftover build %s: %w", s, err)
-		}
-	}
-	if _, err := exec.LookPath("mmdebstrap"); err != nil {
-		return c, fmt.Errorf("build the Debian root: mmdebstrap is not installed (make setup installs it): %w", err)
-	}
-	mirror, security := o.Mirror, o.SecurityMirror
-	if mirror == "" {
-		m, s, err := aptsources.Find(aptsources.System)
-		if err != nil {
-			return c, fmt.Errorf("build the Debian root: which mirror? %w", err)
-		}
-		mirror = m
-		if security == "" {
-			security = s
-		}
-	}
-	tmp, err := os.MkdirTemp(dir, ".build-"+o.name()+"-")
-	if err != nil {
-		return c, err
-	}
-	defer func() { _ = mounts.RemoveAll(tmp) }()
-	// apt downloads as its sandbox user, who must reach its lists here.
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return c, err
-	}
-	out := filepath.Join(tmp, "root.tar")
-	args := append(o.buildArgs(), o.suite(), out)
-	args = append(args, sourceLines(o.suite(), mirror, security)...)
-	if o.Log != nil {
-		fmt.Fprintf(o.Log, "debroot: building the Debian %s root with mmdebstrap from %s (once; cached as %s)\n", o.suite(), mirror, c.Tarball)
-	}
 	start := time.Now()
-	cmd := exec.CommandContext(ctx, "mmdebstrap", args...)
-	// Its scratch goes to the cache's file system, not /tmp; its mounts
-	// (root mode mounts /proc, /sys and /dev in the chroot it builds)
-	// live in a mount namespace of its own, gone with it however it ends.
-	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
-	if err := runLogged(cmd, o.Log); err != nil {
-		return c, fmt.Errorf("build the Debian root: %w", err)
-	}
-	if err := os.Chmod(out, 0o644); err != nil {
+	built, err := filelock.Build(ctx, c.Tarball, func(tmp string) (string, error) {
+		if _, err := exec.LookPath("mmdebstrap"); err != nil {
+			return "", fmt.Errorf("build the Debian root: mmdebstrap is not installed (make setup installs it): %w", err)
+		}
+		mirror, security := o.Mirror, o.SecurityMirror
+		if mirror == "" {
+			m, s, err := aptsources.Find(aptsources.System)
+			if err != nil {
+				return "", fmt.Errorf("build the Debian root: which mirror? %w", err)
+			}
+			mirror = m
+			if security == "" {
+				security = s
+			}
+		}
+		// apt downloads as its sandbox user, who must reach its lists here.
+		if err := os.Chmod(tmp, 0o755); err != nil {
+			return "", err
+		}
+		out := filepath.Join(tmp, "root.tar")
+		args := append(o.buildArgs(), o.suite(), out)
+		args = append(args, sourceLines(o.suite(), mirror, security)...)
+		if o.Log != nil {
+			fmt.Fprintf(o.Log, "debroot: building the Debian %s root with mmdebstrap from %s (once; cached as %s)\n", o.suite(), mirror, c.Tarball)
+		}
+		cmd := exec.CommandContext(ctx, "mmdebstrap", args...)
+		// Its scratch goes to the cache's file system, not /tmp; its mounts
+		// (root mode mounts /proc, /sys and /dev in the chroot it builds)
+		// live in a mount namespace of its own, gone with it however it ends.
+		cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+		if err := runLogged(cmd, o.Log); err != nil {
+			return "", fmt.Errorf("build the Debian root: %w", err)
+		}
+		return out, nil
+	})
+	if err != nil {
 		return c, err
 	}
-	if err := os.Rename(out, c.Tarball); err != nil {
-		return c, err
+	if built {
+		c.Built, c.Took = true, time.Since(start)
 	}
-	c.Built, c.Took = true, time.Since(start)
 	return c, nil
 }
 

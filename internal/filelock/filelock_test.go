@@ -2,7 +2,11 @@ package filelock
 
 import (
 	"context"
+	"errors"
+	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -37,5 +41,57 @@ func TestLock(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the waiting Lock did not get the lock once it was released")
+	}
+}
+
+// Build makes the file once however many ask at once, removes what a
+// killed build left, and leaves nothing when its build fails.
+func TestBuild(t *testing.T) {
+	dir := t.TempDir()
+	target := filepath.Join(dir, "root.tar")
+	stale := filepath.Join(dir, ".build-root.tar-123")
+	if err := os.MkdirAll(stale, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Build(context.Background(), target, func(string) (string, error) { return "", errors.New("no mirror") }); err == nil {
+		t.Fatal("a failed build succeeded")
+	}
+	if _, err := os.Stat(target); !os.IsNotExist(err) {
+		t.Fatalf("a failed build left %s: %v", target, err)
+	}
+	var calls atomic.Int32
+	var wg sync.WaitGroup
+	built := make([]bool, 4)
+	for i := range built {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			b, err := Build(context.Background(), target, func(tmp string) (string, error) {
+				calls.Add(1)
+				time.Sleep(50 * time.Millisecond)
+				out := filepath.Join(tmp, "out")
+				return out, os.WriteFile(out, []byte("root"), 0o600)
+			})
+			if err != nil {
+				t.Error(err)
+			}
+			built[i] = b
+		}()
+	}
+	wg.Wait()
+	reported := 0
+	for _, b := range built {
+		if b {
+			reported++
+		}
+	}
+	if n := calls.Load(); n != 1 || reported != 1 {
+		t.Fatalf("built %d times (reported %v), want once", n, built)
+	}
+	if b, err := os.ReadFile(target); err != nil || string(b) != "root" {
+		t.Fatalf("target: %q %v", b, err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, ".build-*")); len(left) != 0 {
+		t.Fatalf("builds left behind: %v", left)
 	}
 }

@@ -137,70 +137,38 @@ func (o DebianOptions) ImageName() string { return "localhost/ferry-debian:" + o
 // keeps concurrent callers from building it twice.
 func EnsureDebianRootfs(ctx context.Context, o DebianOptions) (DebianRootfs, error) {
 	r := DebianRootfs{Tarball: o.Path(), Key: o.Key()}
-	if st, err := os.Stat(r.Tarball); err == nil && st.Mode().IsRegular() {
-		return r, nil
-	}
-	dir := o.cacheDir()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return r, err
-	}
-	unlock, err := filelock.Lock(ctx, filepath.Join(dir, o.name()+".lock"))
-	if err != nil {
-		return r, err
-	}
-	defer unlock()
-	// Someone else may have built it while we waited.
-	if _, err := os.Stat(r.Tarball); err == nil {
-		return r, nil
-	}
-	// Leftovers of a build that was killed (we hold the lock, so no build
-	// of this key is running).
-	stale, _ := filepath.Glob(filepath.Join(dir, ".build-"+o.name()+"-*"))
-	for _, s := range stale {
-		if err := mounts.RemoveAll(s); err != nil {
-			return r, fmt.Errorf("remove the leftover build %s: %w", s, err)
+	built, err := filelock.Build(ctx, r.Tarball, func(tmp string) (string, error) {
+		mirror, security := o.Mirror, o.SecurityMirror
+		if mirror == "" || security == "" {
+			m, s := DebianMirrors()
+			mirror, security = orDefault(mirror, m), orDefault(security, s)
 		}
-	}
-	tmp, err := os.MkdirTemp(dir, ".build-"+o.name()+"-")
-	if err != nil {
-		return r, err
-	}
-	defer func() { _ = mounts.RemoveAll(tmp) }()
-
-	mirror, security := o.Mirror, o.SecurityMirror
-	if mirror == "" || security == "" {
-		m, s := DebianMirrors()
-		mirror, security = orDefault(mirror, m), orDefault(security, s)
-	}
-	out := filepath.Join(tmp, "rootfs.tar")
-	var errs []error
-	for _, tool := range o.tools() {
-		if _, err := exec.LookPath(tool); err != nil {
-			errs = append(errs, fmt.Errorf("%s: not installed (scripts/setup.sh installs it)", tool))
-			continue
+		out := filepath.Join(tmp, "rootfs.tar")
+		var errs []error
+		for _, tool := range o.tools() {
+			if _, err := exec.LookPath(tool); err != nil {
+				errs = append(errs, fmt.Errorf("%s: not installed (scripts/setup.sh installs it)", tool))
+				continue
+			}
+			build := buildMmdebstrap
+			if tool == "debootstrap" {
+				build = buildDebootstrap
+			}
+			if o.Log != nil {
+				fmt.Fprintf(o.Log, "building the Debian %s root filesystem with %s from %s (once; cached as %s)\n", DebianSuite, tool, mirror, r.Tarball)
+			}
+			if err := build(ctx, o, tmp, out, mirror, security); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", tool, err))
+				_ = os.Remove(out)
+				continue
+			}
+			r.Tool = tool
+			return out, nil
 		}
-		build := buildMmdebstrap
-		if tool == "debootstrap" {
-			build = buildDebootstrap
-		}
-		if o.Log != nil {
-			fmt.Fprintf(o.Log, "building the Debian %s root filesystem with %s from %s (once; cached as %s)\n", DebianSuite, tool, mirror, r.Tarball)
-		}
-		if err := build(ctx, o, tmp, out, mirror, security); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", tool, err))
-			_ = os.Remove(out)
-			continue
-		}
-		if err := os.Chmod(out, 0o644); err != nil {
-			return r, err
-		}
-		if err := os.Rename(out, r.Tarball); err != nil {
-			return r, err
-		}
-		r.Built, r.Tool = true, tool
-		return r, nil
-	}
-	return r, fmt.Errorf("build the Debian root filesystem: %w", errors.Join(errs...))
+		return "", fmt.Errorf("build the Debian root filesystem: %w", errors.Join(errs...))
+	})
+	r.Built = built
+	return r, err
 }
 
 func orDefault(a, b string) string {
