@@ -203,7 +203,8 @@ func TestLoopRestartMidMigration(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, kill := context.WithCancel(context.Background())
-	for range 10 {
+	// Up to the dwell's end (h1 is 50 ms away), the move at the next step.
+	for range int(cfg.Trigger.DwellFor(50*time.Millisecond) / time.Second) {
 		if err := l.Step(ctx); err != nil {
 			t.Fatal(err)
 		}
