@@ -53,14 +53,15 @@ type switchoverMode struct {
 // hybrid.
 //
 // Each waits for the same round trips: the frozen root filesystem sync's
-// two (the destination's description of its copy, then its word that it
-// applied the delta; the final round's acknowledgement beside them); the
-// restore request and the destination's answer (one); the commit (half,
-// then the copy runs) and its acknowledgement (half).
+// description of the destination's copy (one; the state sent frozen is
+// not acknowledged before the restore is asked for: pendingAcks); the
+// restore request, sent right behind that state, and the destination's
+// answer (one); the commit (half, then the copy runs) and its
+// acknowledgement (half).
 var switchoverModes = []switchoverMode{
-	{name: "precopy/rebuild", mode: ModePrecopy, src: lazyCaps, dst: runtime.Caps{Freeze: true, LazyDump: true, RestoreStopped: true}, downtime: 4, toStart: 3.5},
-	{name: "postcopy", mode: ModePostcopy, src: lazyCaps, dst: lazyCaps, downtime: 4, toStart: 3.5},
-	{name: "hybrid", mode: ModeHybrid, src: lazyCaps, dst: lazyCaps, downtime: 4, toStart: 3.5},
+	{name: "precopy/rebuild", mode: ModePrecopy, src: lazyCaps, dst: runtime.Caps{Freeze: true, LazyDump: true, RestoreStopped: true}, downtime: 3, toStart: 2.5},
+	{name: "postcopy", mode: ModePostcopy, src: lazyCaps, dst: lazyCaps, downtime: 3, toStart: 2.5},
+	{name: "hybrid", mode: ModeHybrid, src: lazyCaps, dst: lazyCaps, downtime: 3, toStart: 2.5},
 }
 
 // roundTripSlack is what a count may exceed its round trips by: the
