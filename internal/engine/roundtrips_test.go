@@ -52,16 +52,13 @@ type switchoverMode struct {
 // lazy-pages daemon serves a page server, not images), post-copy and
 // hybrid.
 //
-// Each waits for the same round trips: the frozen root filesystem sync's
-// description of the destination's copy (one; the state sent frozen is
-// not acknowledged before the restore is asked for: pendingAcks); the
-// restore request, sent right behind that state, and the destination's
-// answer (one); the commit (half, then the copy runs) and its
-// acknowledgement (half).
+// Each waits for the same round trips: the restore request, sent right
+// behind the frozen state, and the destination's answer (one); the commit
+// (half, then the copy runs) and its acknowledgement (half).
 var switchoverModes = []switchoverMode{
-	{name: "precopy/rebuild", mode: ModePrecopy, src: lazyCaps, dst: runtime.Caps{Freeze: true, LazyDump: true, RestoreStopped: true}, downtime: 3, toStart: 2.5},
-	{name: "postcopy", mode: ModePostcopy, src: lazyCaps, dst: lazyCaps, downtime: 3, toStart: 2.5},
-	{name: "hybrid", mode: ModeHybrid, src: lazyCaps, dst: lazyCaps, downtime: 3, toStart: 2.5},
+	{name: "precopy/rebuild", mode: ModePrecopy, src: lazyCaps, dst: runtime.Caps{Freeze: true, LazyDump: true, RestoreStopped: true}, downtime: 2, toStart: 1.5},
+	{name: "postcopy", mode: ModePostcopy, src: lazyCaps, dst: lazyCaps, downtime: 2, toStart: 1.5},
+	{name: "hybrid", mode: ModeHybrid, src: lazyCaps, dst: lazyCaps, downtime: 2, toStart: 1.5},
 }
 
 // roundTripSlack is what a count may exceed its round trips by: the

@@ -791,6 +791,45 @@ func TestSourceResumesWhenTheFrozenStateIsRefused(t *testing.T) {
 	}
 }
 
+// The frozen root filesystem sync sends its delta at once, from what the
+// live sync left at the destination, without waiting for the destination
+// to describe its copy: what changed after the live sync (a file written,
+// one removed) arrives as it is at the freeze, in every mode, over a near
+// link and a far one.
+func TestSourceFrozenRootfsArrives(t *testing.T) {
+	for _, c := range switchoverModes {
+		for _, oneWay := range []time.Duration{0, 20 * time.Millisecond} {
+			t.Run(fmt.Sprintf("%s/rtt=%v", c.name, 2*oneWay), func(t *testing.T) {
+				r := newLazyRun(t, 0, c.set, func(r *sourceRun) { r.reconnect(oneWay) })
+				etc := filepath.Join(r.src.ctr.Rootfs, "etc")
+				r.src.beforeFreeze = func() {
+					if err := os.WriteFile(filepath.Join(etc, "written-late"), []byte("late\n"), 0o644); err != nil {
+						t.Error(err)
+					}
+					if err := os.Remove(filepath.Join(etc, "hostname")); err != nil {
+						t.Error(err)
+					}
+				}
+				rep := r.migrateLazily(c.mode)
+				if !rep.OK {
+					t.Fatalf("migration failed at %s: %s", rep.FailedAt, rep.Error)
+				}
+				r.returned()
+				there := filepath.Join(r.rt.target(t).dir, "etc")
+				if b, err := os.ReadFile(filepath.Join(there, "written-late")); err != nil || string(b) != "late\n" {
+					t.Errorf("the destination's etc/written-late: %q, %v", b, err)
+				}
+				if _, err := os.Stat(filepath.Join(there, "hostname")); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("etc/hostname, removed before the freeze, is at the destination (%v)", err)
+				}
+				if rep.FrozenRootfsBytes == 0 || !strings.HasSuffix(rep.FrozenRootfsScan, "changed paths") {
+					t.Errorf("frozen rootfs sync: %d bytes, scan %q", rep.FrozenRootfsBytes, rep.FrozenRootfsScan)
+				}
+			})
+		}
+	}
+}
+
 // The commit still follows the destination's answer to the restore
 // request, now sent right behind the frozen state: a restore that fails
 // there is never committed (the copy never started), and the source

@@ -192,8 +192,19 @@ func (m *migration) sendTree(t *tree, live bool) (acked func() error, err error)
 		man, err := rootfs.Scan(t.dir)
 		sc <- scanned{m: man, err: err}
 	}()
+	// The frozen pass after a whole live sync knows what the destination
+	// holds: what that sync left, t.base (nothing else writes there). It
+	// sends at once, and reads the destination's description (AsLive)
+	// after: a round trip less while frozen. The delta from t.base is
+	// right whatever that says.
+	ahead := !live && t.base != nil
 	var have RootfsHave
-	rerr := ch.Recv(&have)
+	var rerr error
+	if ahead {
+		have.AsLive = true
+	} else {
+		rerr = ch.Recv(&have)
+	}
 	s := <-sc
 	if rerr != nil {
 		return nil, rerr
@@ -255,6 +266,11 @@ func (m *migration) sendTree(t *tree, live bool) (acked func() error, err error)
 	}
 	return func() error {
 		defer ch.Close()
+		if ahead {
+			if err := ch.Recv(&RootfsHave{}); err != nil {
+				return err
+			}
+		}
 		var done RootfsDone
 		if err := ch.Recv(&done); err != nil {
 			return err
