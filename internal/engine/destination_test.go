@@ -503,6 +503,33 @@ func TestDestinationRestoreAskedBeforeStateItRefuses(t *testing.T) {
 	h.scratchGone(o.ID)
 }
 
+// The images' channel is open from the migration's start: one that ends
+// without the source's end of stream (the source gone, or its tar cut
+// off between two files, which tar reads as whole) is a failure, not
+// images to restore.
+func TestDestinationImagesCutOff(t *testing.T) {
+	h := newHarness(t)
+	h.accepted(rebuildOffer())
+	root := sourceRoot(t)
+	if err := h.syncRootfs(ChanRootfsLive, root); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.sendRounds(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.syncRootfs(ChanRootfsFinal, root); err != nil {
+		t.Fatal(err)
+	}
+	ch, err := h.src.Open(ChanImages)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch.Close()
+	h.failure("the images stopped coming before their end")
+	h.sessionClosed()
+	h.abandoned()
+}
+
 // A source lost after it asked for the restore, before all its state
 // arrived: nothing can be restored, the copy is discarded, and nothing is
 // journaled (the journal records a copy only as it is restored).

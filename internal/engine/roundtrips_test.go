@@ -76,6 +76,9 @@ func measureSwitchover(t *testing.T, c switchoverMode, oneWay time.Duration) swi
 	var mu sync.Mutex
 	var frozen, started time.Time
 	r := newLazyRun(t, 0, c.set, func(r *sourceRun) {
+		// Past a new channel's first window (yamux's, 256 KiB), as a
+		// real dump's often are.
+		r.src.imageBytes = 1 << 20
 		r.src.beforeFreeze = func() {
 			mu.Lock()
 			frozen = time.Now()

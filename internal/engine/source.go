@@ -92,6 +92,8 @@ type migration struct {
 	ticket *ticket
 	sess   *transport.Session
 	ctl    *transport.Channel
+	// images is the channel the dump's images go on, opened early.
+	images *transport.Channel
 	// trees are what syncs as files: the root filesystem, the volumes.
 	trees    []*tree
 	work     string
@@ -491,6 +493,12 @@ func (m *migration) run(ctx context.Context) error {
 	if err := criuRefusal(m.key, criu.Source, m.host.Name, m.criu, acc.Host, acc.CRIU, false); err != nil {
 		return m.abort(ctx, failAt("plan", err))
 	}
+	// Opened now, used while frozen: a new channel carries 256 KiB until
+	// the destination's first window update (yamux's initial window), a
+	// round trip after it opened; a dump's images are often more.
+	if m.images, err = m.sess.Open(ChanImages); err != nil {
+		return m.abort(ctx, failAt("connect to destination", err))
+	}
 	return m.tech.source(m, ctx)
 }
 
@@ -743,10 +751,7 @@ func (m *migration) freeze(ctx context.Context) error {
 // sendImages ships the images directory (all but pages already streamed):
 // every dump's, streamed (dumpStreaming) or lazy (shipLazyDump).
 func (m *migration) sendImages() error {
-	ch, err := m.sess.Open(ChanImages)
-	if err != nil {
-		return failAt("send images", err)
-	}
+	ch := m.images
 	defer ch.Close()
 	if _, err := images.SendDir(ch, filepath.Join(m.work, "images"), isLog); err != nil {
 		return failAt("send images", err)

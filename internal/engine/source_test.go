@@ -139,8 +139,10 @@ type fakeSource struct {
 	beforeFreeze func()
 	// beforeThaw, when set, runs as a thaw begins.
 	beforeThaw func()
-	// lazy is what a lazy dump leaves here (lazy_source_test.go).
-	lazy lazySource
+	// lazy is what a lazy dump leaves here (lazy_source_test.go), and
+	// imageBytes how much its images hold besides (0: next to nothing).
+	lazy       lazySource
+	imageBytes int
 	// smaps is what the dump found in its smaps snapshot directory: the
 	// PIDs snapshot.
 	smaps []string
