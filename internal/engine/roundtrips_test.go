@@ -2,7 +2,6 @@ package engine
 
 import (
 	"fmt"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -109,8 +108,8 @@ func roundTrips(near, far, rtt time.Duration) float64 {
 	return float64(far-near) / float64(rtt)
 }
 
-// TestSwitchoverRoundTrips counts them; FERRY_RTT_REPORT=1 prints them
-// (go test -run TestSwitchoverRoundTrips -v).
+// TestSwitchoverRoundTrips counts them (go test -run
+// TestSwitchoverRoundTrips -v says how many).
 func TestSwitchoverRoundTrips(t *testing.T) {
 	if testing.Short() {
 		t.Skip("each mode migrates twice, once over a 200 ms round trip")
@@ -124,9 +123,6 @@ func TestSwitchoverRoundTrips(t *testing.T) {
 			msg := fmt.Sprintf("%s: downtime %v -> %v (+%.2f round trips); freeze to the copy's start %v -> %v (+%.2f round trips)",
 				c.name, near.downtime.Round(time.Millisecond), far.downtime.Round(time.Millisecond), down,
 				near.toStart.Round(time.Millisecond), far.toStart.Round(time.Millisecond), start)
-			if os.Getenv("FERRY_RTT_REPORT") != "" {
-				fmt.Println(msg)
-			}
 			t.Log(msg)
 			if down > c.downtime+roundTripSlack || start > c.toStart+roundTripSlack {
 				t.Errorf("%s waits for more round trips than %.1f (downtime) and %.1f (to the copy's start)", c.name, c.downtime, c.toStart)
