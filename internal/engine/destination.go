@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -797,12 +798,42 @@ func (in *incoming) receiveImages(ctx context.Context, sess *transport.Session, 
 		return err
 	}
 	defer ch.Close()
+	var r io.Reader = ch
 	if in.tech.lazy {
-		// A lazy dump sends no pages, and no CRIU runs here meanwhile.
-		in.faults.Agent(fault.Destination, fault.Dump)
+		// A lazy dump sends no pages, and no CRIU runs here meanwhile:
+		// its images coming are its dump here (the source opens their
+		// channel long before).
+		r = &firstRead{Reader: ch, then: func() { in.faults.Agent(fault.Destination, fault.Dump) }}
 	}
-	_, err = images.ReceiveDir(ch, in.images)
-	return err
+	if _, err := images.ReceiveDir(r, in.images); err != nil {
+		return err
+	}
+	// A tar cut off between two files, or before the first (the channel
+	// is open from the start), reads as whole: the source's end of the
+	// stream says it is.
+	if _, err := io.Copy(io.Discard, ch); err != nil {
+		return err
+	}
+	if !ch.Ended() {
+		return errors.New("the images stopped coming before their end")
+	}
+	return nil
+}
+
+// firstRead runs then once its first read returned data.
+type firstRead struct {
+	io.Reader
+	then func()
+	done bool
+}
+
+func (f *firstRead) Read(p []byte) (int, error) {
+	n, err := f.Reader.Read(p)
+	if n > 0 && !f.done {
+		f.done = true
+		f.then()
+	}
+	return n, err
 }
 
 // criuDirs are where the restore's CRIU keeps files open: the work

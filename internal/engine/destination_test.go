@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ferry-migrate/ferry/internal/cnet"
+	"github.com/ferry-migrate/ferry/internal/fault"
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/pages"
 	"github.com/ferry-migrate/ferry/internal/runtime"
@@ -439,13 +440,13 @@ func TestDestinationRestoreWaitsForTheState(t *testing.T) {
 	if err := h.syncRootfs(ChanRootfsLive, root); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.sendRounds(); err != nil {
-		t.Fatal(err)
-	}
 	if err := h.ctl.Send(Step{Do: "restore"}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(20 * time.Millisecond) // the step is in before the rest
+	if err := h.sendRounds(); err != nil {
+		t.Fatal(err)
+	}
 	h.want(counts{prepared: 1})
 	if err := h.syncRootfs(ChanRootfsFinal, root); err != nil {
 		t.Fatal(err)
@@ -463,6 +464,70 @@ func TestDestinationRestoreWaitsForTheState(t *testing.T) {
 	h.commit()
 	h.returned()
 	h.want(counts{prepared: 1, restored: 1, started: 1})
+}
+
+// A source asks for the restore as soon as it sent its frozen state, not
+// once the destination acknowledged it (pendingAcks): a piece of that
+// state the destination then fails to take (here its frozen root
+// filesystem, refused) means no restore, the source told why (it
+// resumes on hearing it), the copy dropped.
+func TestDestinationRestoreAskedBeforeStateItRefuses(t *testing.T) {
+	h := newHarness(t, func(h *harness) { h.d.AllowFaults = true })
+	o := rebuildOffer()
+	o.Faults = []string{fault.RootfsFinal}
+	h.accepted(o)
+	root := sourceRoot(t)
+	if err := h.syncRootfs(ChanRootfsLive, root); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.ctl.Send(Step{Do: "restore"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // the step is in before the rest
+	if err := h.sendRounds(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.sendImages(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.serveLazy(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.syncRootfs(ChanRootfsFinal, root); !transport.IsRemote(err) {
+		t.Fatalf("frozen rootfs sync: %v, want the destination's refusal", err)
+	}
+	h.failure("frozen rootfs sync refused")
+	h.returned()
+	h.want(counts{prepared: 1, discarded: 1})
+	h.allDropped()
+	h.scratchGone(o.ID)
+}
+
+// The images' channel is open from the migration's start: one that ends
+// without the source's end of stream (the source gone, or its tar cut
+// off between two files, which tar reads as whole) is a failure, not
+// images to restore.
+func TestDestinationImagesCutOff(t *testing.T) {
+	h := newHarness(t)
+	h.accepted(rebuildOffer())
+	root := sourceRoot(t)
+	if err := h.syncRootfs(ChanRootfsLive, root); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.sendRounds(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.syncRootfs(ChanRootfsFinal, root); err != nil {
+		t.Fatal(err)
+	}
+	ch, err := h.src.Open(ChanImages)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch.Close()
+	h.failure("the images stopped coming before their end")
+	h.sessionClosed()
+	h.abandoned()
 }
 
 // A source lost after it asked for the restore, before all its state

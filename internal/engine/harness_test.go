@@ -236,12 +236,15 @@ type harness struct {
 	j  *journal.Journal
 
 	src *transport.Session // the source's end
+	dst *transport.Session // the destination's
 	ctl *transport.Channel // the source's control channel, once open
 	// cancel cancels the destination's context: its agent stopping.
 	cancel context.CancelFunc
 	// started is set when Receive starts, done closed when it returns.
 	started atomic.Bool
 	done    chan struct{}
+	// oneWay is the session's latency each way (0: none).
+	oneWay time.Duration
 }
 
 // newHarness makes a destination "h2" with the fake runtime (runc-like
@@ -283,8 +286,13 @@ func newHarness(t *testing.T, change ...func(*harness)) *harness {
 // (a Router, Receive for an incoming channel).
 func (h *harness) connect() {
 	t := h.t
-	src, dst := transporttest.Conn(t, "h1", "h2")
-	h.src = src
+	var src, dst *transport.Session
+	if h.oneWay > 0 {
+		src, dst = transporttest.Delayed(t, "h1", "h2", h.oneWay)
+	} else {
+		src, dst = transporttest.Conn(t, "h1", "h2")
+	}
+	h.src, h.dst = src, dst
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
 	router := transport.NewRouter()

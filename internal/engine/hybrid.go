@@ -91,14 +91,18 @@ func (m *migration) dumpWithFinalRound(ctx context.Context, rs *precopySource, a
 		// The trackers stay open until the migration ends (rs.close):
 		// closing one rewrites the page tables with the memory map
 		// locked, which CRIU's dump beside this would wait for.
-		r, err := m.precopyRound(ctx, rs, rs.next, &prev)
+		// Not acknowledged before the images and the restore request go:
+		// the destination restores only once it stored it (pendingAcks).
+		r, err := m.precopyRound(ctx, rs, rs.next, &prev, false)
 		if err != nil {
 			return failAt("final round", err)
 		}
 		r.Final = true
 		r.FrozenMs = r.DurationMs
 		m.roundDone(r, nil, 0, nil)
-		return failAt("final round", rs.finish(true))
+		acked, err := rs.finish(true)
+		m.acks.expect("final round", acked)
+		return failAt("final round", err)
 	})
 	if err := m.syncRootfsBeside(&g); err != nil {
 		ld.stop()

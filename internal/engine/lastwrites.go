@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"errors"
-	"fmt"
 	"maps"
 	"slices"
 	"time"
@@ -167,11 +166,11 @@ func (l *lastWritesSource) send(ctx context.Context, m *migration) error {
 	if err := ps.enc.EndRound(0); err != nil {
 		return err
 	}
-	var ack RoundAck
-	if err := ps.ch.Recv(&ack); err != nil {
-		return fmt.Errorf("destination did not acknowledge the last writes: %w", err)
-	}
-	return ps.finish(false)
+	// Its acknowledgement is read beside the switchover (pendingAcks).
+	ps.unacked = true
+	acked, err := ps.finish(false)
+	m.acks.expect("post-copy's last writes", acked)
+	return err
 }
 
 // close ends the tracking (at the migration's end: closing a tracker

@@ -91,6 +91,12 @@ func (f *fakeSource) lazyCheckpoint(ctx context.Context, o runtime.CheckpointOpt
 	if err := writeLazyPlan(filepath.Join(o.ImagesDir, lazyPlanFile), regions); err != nil {
 		return nil, err
 	}
+	if f.imageBytes > 0 {
+		// What a real dump writes besides: the pages CRIU cannot leave lazy.
+		if err := os.WriteFile(filepath.Join(o.ImagesDir, "pages-1.img"), make([]byte, f.imageBytes), 0o600); err != nil {
+			return nil, err
+		}
+	}
 	l, err := net.Listen("tcp", o.PageServer)
 	if err != nil {
 		return nil, err

@@ -79,13 +79,15 @@ func (m *migration) postcopy(ctx context.Context) error {
 	return m.lazySwitchover(ctx, ld)
 }
 
-// syncRootfsBeside runs the frozen root filesystem sync beside what g runs
-// (the dump) and waits for both. The container is frozen, so what the sync
-// finds is final, and the link is idle while CRIU dumps: the sync is off
-// the downtime's path. Where the runtime could not freeze the container
-// without the dump, the dump is what freezes it, and the sync follows.
+// syncRootfsBeside sends the root filesystem's last changes beside what g
+// runs (the memory-less dump) and waits for both; the destination's word
+// on them is the switchover's (pendingAcks). The container is frozen, so
+// what the sync finds is final, and the link is idle while CRIU dumps:
+// the sync is off the downtime's path. Where the runtime could not freeze
+// the container without the dump, the dump is what freezes it, and the
+// sync follows.
 func (m *migration) syncRootfsBeside(g *errgroup.Group) error {
-	sync := func() error { return failAt("rootfs sync (frozen)", m.syncTrees(false)) }
+	sync := func() error { return failAt("rootfs sync (frozen)", m.sendFrozenTrees()) }
 	if !m.rt.Caps().Freeze {
 		if err := g.Wait(); err != nil {
 			return err

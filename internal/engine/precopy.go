@@ -85,6 +85,9 @@ type precopySource struct {
 	last   Round // the last round sent
 	// seen holds the pages the latest round found.
 	seen *pageSet
+	// unacked: the last round was sent without waiting for its
+	// acknowledgement (finish leaves it to the switchover's pendingAcks).
+	unacked bool
 	// tracking finds the written pages where the kernel can; frozen: the
 	// container is, so no process can start being tracked.
 	tracking *writeTracking
@@ -113,7 +116,7 @@ func (m *migration) precopy(ctx context.Context) error {
 	if ahead != nil {
 		return m.finalRoundThen(ctx, rs, ahead, m.rebuildSwitchover)
 	}
-	if err := rs.finish(false); err != nil {
+	if _, err := rs.finish(false); err != nil {
 		return m.abort(ctx, failAt("pre-copy", err))
 	}
 	rs.tracking.close() // CRIU dumps memory as if never tracked
@@ -209,13 +212,15 @@ func (m *migration) startRounds() (*precopySource, error) {
 // holds that the last round no longer found (unmapped, unreadable): the
 // destination must not serve those from its copy. Only hybrid's frozen
 // last round makes that list meaningful; pre-copy's final dump checks every
-// page by hash anyway and sends an empty one.
-func (ps *precopySource) finish(lastRoundComplete bool) error {
+// page by hash anyway and sends an empty one. A last round sent unacked
+// leaves acked, which reads its acknowledgement and then closes the
+// channel (nil: closed now).
+func (ps *precopySource) finish(lastRoundComplete bool) (acked func() error, err error) {
 	if err := ps.enc.Close(); err != nil {
-		return err
+		return nil, err
 	}
 	if err := ps.ch.CloseWrite(); err != nil {
-		return err
+		return nil, err
 	}
 	stale := StalePages{Keys: []pages.Key{}}
 	if lastRoundComplete {
@@ -226,13 +231,28 @@ func (ps *precopySource) finish(lastRoundComplete bool) error {
 		}
 	}
 	if err := ps.ch.Send(stale); err != nil {
-		return err
+		return nil, err
 	}
-	// Nothing more crosses it. Closed now, both ends drop it and what it
-	// buffered (at the destination up to a window, 16 MiB) before the
-	// switchover, where the destination gives memory back, not once the
-	// migration's session ends.
-	return ps.ch.Close()
+	// Nothing more crosses it. Closed once done, both ends drop it and
+	// what it buffered (at the destination up to a window, 16 MiB) before
+	// the switchover, where the destination gives memory back, not once
+	// the migration's session ends.
+	if !ps.unacked {
+		return nil, ps.ch.Close()
+	}
+	return func() error {
+		defer ps.ch.Close()
+		return ps.recvAck()
+	}, nil
+}
+
+// recvAck reads the destination's acknowledgement of a round.
+func (ps *precopySource) recvAck() error {
+	var ack RoundAck
+	if err := ps.ch.Recv(&ack); err != nil {
+		return fmt.Errorf("destination did not acknowledge: %w", err)
+	}
+	return nil
 }
 
 // StalePages ends the rounds channel: pages the destination must forget.
@@ -252,7 +272,7 @@ func (m *migration) runRounds(ctx context.Context, ps *precopySource) error {
 			return failAt(fmt.Sprintf("pre-copy round %d", i), withdrawn(err))
 		}
 		m.begin(roundPhase(i))
-		r, err := m.precopyRound(ctx, ps, i, prev)
+		r, err := m.precopyRound(ctx, ps, i, prev, true)
 		if err != nil {
 			return failAt(fmt.Sprintf("pre-copy round %d", i), err)
 		}
@@ -288,8 +308,11 @@ func withdrawn(err error) error {
 	return fmt.Errorf("cancelled (the agent is stopping, or the request was withdrawn): %w", err)
 }
 
-// precopyRound reads the whole memory once and sends what changed.
-func (m *migration) precopyRound(ctx context.Context, ps *precopySource, i int, prev *Round) (Round, error) {
+// precopyRound reads the whole memory once and sends what changed. With
+// await it waits until the destination stored it (a live round: the stop
+// rule needs the link's pace); a frozen round's acknowledgement is left to
+// finish.
+func (m *migration) precopyRound(ctx context.Context, ps *precopySource, i int, prev *Round, await bool) (Round, error) {
 	r := Round{Index: i}
 	start := time.Now()
 	wire0 := m.sess.BytesSent()
@@ -338,9 +361,11 @@ func (m *migration) precopyRound(ctx context.Context, ps *precopySource, i int, 
 	if err := ps.enc.EndRound(i); err != nil {
 		return r, err
 	}
-	var ack RoundAck
-	if err := ps.ch.Recv(&ack); err != nil {
-		return r, fmt.Errorf("destination did not acknowledge: %w", err)
+	ps.unacked = !await
+	if await {
+		if err := ps.recvAck(); err != nil {
+			return r, err
+		}
 	}
 	if i == 0 {
 		m.memoryFound(int64(st.Pages) * pageSize)

@@ -92,6 +92,8 @@ type migration struct {
 	ticket *ticket
 	sess   *transport.Session
 	ctl    *transport.Channel
+	// images is the channel the dump's images go on, opened early.
+	images *transport.Channel
 	// trees are what syncs as files: the root filesystem, the volumes.
 	trees    []*tree
 	work     string
@@ -147,6 +149,9 @@ type migration struct {
 	linkSpec *cnet.Spec
 	// faults are the failures this migration injects here (tests).
 	faults fault.Set
+	// acks are the destination's acknowledgements of the state sent
+	// while frozen, which the switchover does not wait for.
+	acks pendingAcks
 	// autoInputs are what mode auto measured and planned with (nil:
 	// another mode); planned.go records the prediction from them.
 	autoInputs *model.Inputs
@@ -488,6 +493,12 @@ func (m *migration) run(ctx context.Context) error {
 	if err := criuRefusal(m.key, criu.Source, m.host.Name, m.criu, acc.Host, acc.CRIU, false); err != nil {
 		return m.abort(ctx, failAt("plan", err))
 	}
+	// Opened now, used while frozen: a new channel carries 256 KiB until
+	// the destination's first window update (yamux's initial window), a
+	// round trip after it opened; a dump's images are often more.
+	if m.images, err = m.sess.Open(ChanImages); err != nil {
+		return m.abort(ctx, failAt("connect to destination", err))
+	}
 	return m.tech.source(m, ctx)
 }
 
@@ -740,10 +751,7 @@ func (m *migration) freeze(ctx context.Context) error {
 // sendImages ships the images directory (all but pages already streamed):
 // every dump's, streamed (dumpStreaming) or lazy (shipLazyDump).
 func (m *migration) sendImages() error {
-	ch, err := m.sess.Open(ChanImages)
-	if err != nil {
-		return failAt("send images", err)
-	}
+	ch := m.images
 	defer ch.Close()
 	if _, err := images.SendDir(ch, filepath.Join(m.work, "images"), isLog); err != nil {
 		return failAt("send images", err)
@@ -784,6 +792,79 @@ func (m *migration) switchover(ctx context.Context) error {
 	return m.removeSource(ctx)
 }
 
+// pendingAcks are the destination's acknowledgements of the state sent
+// while frozen beside a memory-less dump (the root filesystem's last
+// changes, the final round), read in the background: the source asks for
+// the restore as soon as it has sent that state, not a round trip later.
+// That is safe because the destination restores only once every one of
+// its receivers ended well (incoming.run), and a receiver's failure is
+// told on the control channel, which the source reads next (the restore's
+// answer): the acknowledgements say nothing the restore's answer does not.
+// They are still read, and checked before the commit.
+type pendingAcks struct {
+	mu    sync.Mutex
+	waits []*pendingAck
+}
+
+type pendingAck struct {
+	ended chan struct{}
+	err   error // with where it was due
+}
+
+// expect reads one acknowledgement in the background with wait (nil:
+// none is due).
+func (p *pendingAcks) expect(where string, wait func() error) {
+	if wait == nil {
+		return
+	}
+	a := &pendingAck{ended: make(chan struct{})}
+	go func() {
+		a.err = failAt(where, wait())
+		close(a.ended)
+	}()
+	p.mu.Lock()
+	p.waits = append(p.waits, a)
+	p.mu.Unlock()
+}
+
+// wait returns once every acknowledgement expected was read or failed,
+// with the first failure, the destination's refusal before any other.
+func (p *pendingAcks) wait() error {
+	var first error
+	for _, a := range p.all() {
+		<-a.ended
+		if first == nil {
+			first = a.err
+		}
+	}
+	if refused := p.refused(); refused != nil {
+		return refused
+	}
+	return first
+}
+
+// refused is the first acknowledgement, among those in, that the
+// destination refused (transport.IsRemote): it says why the state it was
+// for did not arrive.
+func (p *pendingAcks) refused() error {
+	for _, a := range p.all() {
+		select {
+		case <-a.ended:
+			if transport.IsRemote(a.err) {
+				return a.err
+			}
+		default:
+		}
+	}
+	return nil
+}
+
+func (p *pendingAcks) all() []*pendingAck {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.waits
+}
+
 // commit hands the container to the destination, recorded before it is
 // asked. The destination's copy runs from its answer on (restored stopped
 // until then); once the commit may have reached it, whether that copy is
@@ -805,6 +886,11 @@ func (m *migration) commit(ctx context.Context) error {
 // may run the container.
 func (m *migration) sendCommit(ctx context.Context) error {
 	m.begin(phaseCommit)
+	// Arrived before the restore's answer: no wait, but no commit over a
+	// piece of state the destination did not take.
+	if err := m.acks.wait(); err != nil {
+		return m.abort(ctx, err)
+	}
 	// Only a cancel stops it here (the gate): an agent told to stop
 	// runs a migration past its restore request to its end.
 	if !commitGate(ctx).pass() {
@@ -860,6 +946,10 @@ func (m *migration) requestRestore(ctx context.Context) (Restored, error) {
 	if err := m.ctl.Recv(&rs); err != nil {
 		where := "restore on " + m.sess.Peer.Name
 		if transport.IsRemote(err) {
+			// A piece of state the destination refused, if it refused
+			// one, says more (abort); by now its receivers ended, or its
+			// session closes: the wait is short.
+			_ = m.acks.wait()
 			return rs, m.abort(ctx, failAt(where, err))
 		}
 		return rs, m.inDoubt(failAt(where, fmt.Errorf("%w (the destination went silent after it was asked to restore, so it may run the container)", err)))
@@ -939,7 +1029,11 @@ func (m *migration) removeSource(ctx context.Context) error {
 
 // abort tells the destination to drop its copy and resumes the source.
 func (m *migration) abort(ctx context.Context, cause error) error {
-	if m.sess != nil && m.sess.Lost() {
+	if refused := m.acks.refused(); refused != nil {
+		// The destination refused a piece of the frozen state: what failed
+		// here after that (its session closing under a transfer) followed.
+		cause = refused
+	} else if m.sess != nil && m.sess.Lost() {
 		// Whatever broke locally (CRIU's socket, a channel), the cause is
 		// the connection: say so first.
 		where, inner := "transfer", cause

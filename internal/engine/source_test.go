@@ -19,12 +19,14 @@ import (
 
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/dirty"
+	"github.com/ferry-migrate/ferry/internal/fault"
 	"github.com/ferry-migrate/ferry/internal/host"
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/pages"
 	"github.com/ferry-migrate/ferry/internal/procs/procstest"
 	"github.com/ferry-migrate/ferry/internal/runtime"
 	"github.com/ferry-migrate/ferry/internal/transport"
+	"github.com/ferry-migrate/ferry/internal/transport/transporttest"
 	"github.com/ferry-migrate/ferry/internal/vmas"
 )
 
@@ -137,8 +139,10 @@ type fakeSource struct {
 	beforeFreeze func()
 	// beforeThaw, when set, runs as a thaw begins.
 	beforeThaw func()
-	// lazy is what a lazy dump leaves here (lazy_source_test.go).
-	lazy lazySource
+	// lazy is what a lazy dump leaves here (lazy_source_test.go), and
+	// imageBytes how much its images hold besides (0: next to nothing).
+	lazy       lazySource
+	imageBytes int
 	// smaps is what the dump found in its smaps snapshot directory: the
 	// PIDs snapshot.
 	smaps []string
@@ -313,6 +317,10 @@ type sourceRun struct {
 	src *fakeSource
 	s   *Source
 	sj  *journal.Journal
+	// faults are injected into the migration (at both ends, which allow
+	// them); progress hears its progress.
+	faults   []string
+	progress func(Progress)
 }
 
 func newSourceRun(t *testing.T, change ...func(*sourceRun)) *sourceRun {
@@ -341,11 +349,12 @@ func newSourceRun(t *testing.T, change ...func(*sourceRun)) *sourceRun {
 // migrate moves "web" to h2 in mode; precopy, if given, are its options.
 func (r *sourceRun) migrate(mode string, precopy ...PrecopyOptions) Report {
 	r.t.Helper()
-	req := Request{Container: "web", To: "h2@127.0.0.1:1", Mode: mode, Runtime: "fake"}
+	req := Request{Container: "web", To: "h2@127.0.0.1:1", Mode: mode, Runtime: "fake", Faults: r.faults}
 	if len(precopy) > 0 {
 		req.Precopy = precopy[0]
 	}
-	return r.s.Migrate(context.Background(), req, nil)
+	r.s.AllowFaults, r.d.AllowFaults = len(r.faults) > 0, len(r.faults) > 0
+	return r.s.Migrate(context.Background(), req, r.progress)
 }
 
 // pagesArrived fails the test unless the destination's page server got
@@ -749,4 +758,175 @@ func TestSourceChecksTheSmapsSnapshot(t *testing.T) {
 			r.allDropped()
 		})
 	}
+}
+
+// The switchover asks for the restore without waiting for the
+// destination's word on what it sent frozen beside the memory-less dump
+// (pendingAcks). A destination that refuses that state (here its frozen
+// root filesystem sync) never restores; the source hears why and
+// resumes. Over a far link too, where the restore request is on its way
+// before the refusal comes back.
+func TestSourceResumesWhenTheFrozenStateIsRefused(t *testing.T) {
+	for _, c := range switchoverModes {
+		for _, oneWay := range []time.Duration{0, 20 * time.Millisecond} {
+			t.Run(fmt.Sprintf("%s/rtt=%v", c.name, 2*oneWay), func(t *testing.T) {
+				r := newLazyRun(t, 0, c.set, func(r *sourceRun) {
+					r.faults = []string{fault.RootfsFinal}
+					r.reconnect(oneWay)
+				})
+				rep := r.migrateLazily(c.mode)
+				if rep.OK || !strings.HasPrefix(rep.FailedAt, "rootfs sync (frozen)") || !strings.Contains(rep.Error, "frozen rootfs sync refused") {
+					t.Fatalf("report: ok %v at %q: %s", rep.OK, rep.FailedAt, rep.Error)
+				}
+				r.calls("freeze", "checkpoint", "release", "thaw")
+				if rep.SourceState != "resumed" || r.src.state() != "running" {
+					t.Errorf("report says %q, the runtime holds it %q; want resumed and running", rep.SourceState, r.src.state())
+				}
+				r.returned()
+				r.want(counts{prepared: 1, discarded: 1})
+				r.allDropped()
+				if st := r.sourceJournaled(rep); st != journal.Resumed {
+					t.Errorf("source journal says %q, want %q", st, journal.Resumed)
+				}
+			})
+		}
+	}
+}
+
+// The frozen root filesystem sync sends its delta at once, from what the
+// live sync left at the destination, without waiting for the destination
+// to describe its copy: what changed after the live sync (a file written,
+// one removed) arrives as it is at the freeze, in every mode, over a near
+// link and a far one.
+func TestSourceFrozenRootfsArrives(t *testing.T) {
+	for _, c := range switchoverModes {
+		for _, oneWay := range []time.Duration{0, 20 * time.Millisecond} {
+			t.Run(fmt.Sprintf("%s/rtt=%v", c.name, 2*oneWay), func(t *testing.T) {
+				r := newLazyRun(t, 0, c.set, func(r *sourceRun) { r.reconnect(oneWay) })
+				etc := filepath.Join(r.src.ctr.Rootfs, "etc")
+				r.src.beforeFreeze = func() {
+					if err := os.WriteFile(filepath.Join(etc, "written-late"), []byte("late\n"), 0o644); err != nil {
+						t.Error(err)
+					}
+					if err := os.Remove(filepath.Join(etc, "hostname")); err != nil {
+						t.Error(err)
+					}
+				}
+				rep := r.migrateLazily(c.mode)
+				if !rep.OK {
+					t.Fatalf("migration failed at %s: %s", rep.FailedAt, rep.Error)
+				}
+				r.returned()
+				there := filepath.Join(r.rt.target(t).dir, "etc")
+				if b, err := os.ReadFile(filepath.Join(there, "written-late")); err != nil || string(b) != "late\n" {
+					t.Errorf("the destination's etc/written-late: %q, %v", b, err)
+				}
+				if _, err := os.Stat(filepath.Join(there, "hostname")); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("etc/hostname, removed before the freeze, is at the destination (%v)", err)
+				}
+				if rep.FrozenRootfsBytes == 0 || !strings.HasSuffix(rep.FrozenRootfsScan, "changed paths") {
+					t.Errorf("frozen rootfs sync: %d bytes, scan %q", rep.FrozenRootfsBytes, rep.FrozenRootfsScan)
+				}
+			})
+		}
+	}
+}
+
+// The commit still follows the destination's answer to the restore
+// request, now sent right behind the frozen state: a restore that fails
+// there is never committed (the copy never started), and the source
+// resumes once the destination dropped its copy. Over a far link, where
+// the acknowledgements of that state are still on their way as the
+// restore is asked for.
+func TestSourceNeverCommitsAFailedRestore(t *testing.T) {
+	for _, c := range switchoverModes {
+		t.Run(c.name, func(t *testing.T) {
+			var discardedFirst *bool
+			r := newLazyRun(t, 0, c.set, func(r *sourceRun) {
+				r.rt.restoreErr = errors.New("criu restore: no space left on device")
+				discardedFirst, _ = r.thawChecks()
+				r.reconnect(20 * time.Millisecond)
+			})
+			rep := r.migrateLazily(c.mode)
+			if rep.OK || !strings.HasPrefix(rep.FailedAt, "restore on h2") || !strings.Contains(rep.Error, "no space left") {
+				t.Fatalf("report: ok %v at %q: %s", rep.OK, rep.FailedAt, rep.Error)
+			}
+			r.calls("freeze", "checkpoint", "release", "thaw")
+			if rep.SourceState != "resumed" || r.src.state() != "running" || !*discardedFirst {
+				t.Errorf("report says %q, the runtime holds it %q, the destination's copy discarded before the thaw: %v; want resumed, running, true", rep.SourceState, r.src.state(), *discardedFirst)
+			}
+			r.returned()
+			r.want(counts{prepared: 1, restored: 1, discarded: 1})
+			r.allDropped()
+			if st := r.sourceJournaled(rep); st != journal.Resumed {
+				t.Errorf("source journal says %q, want %q (never %q)", st, journal.Resumed, journal.CommitSent)
+			}
+		})
+	}
+}
+
+// The destination dies (its session gone) once the source asked for the
+// restore, before the state sent frozen reached it: where the source no
+// longer waits for that state's acknowledgement first. Asked to restore,
+// the destination may have restored as far as the source knows, so the
+// source stays frozen, in doubt, never thawed nor removed; the destination
+// restored nothing and dropped its copy, which is what it answers the
+// source's question (Destination.Answer): the source's agent then resumes
+// its copy (agent.settle).
+func TestSourceInDoubtWhenTheDestinationDiesAsTheRestoreIsAsked(t *testing.T) {
+	for _, c := range switchoverModes {
+		t.Run(c.name, func(t *testing.T) {
+			var once sync.Once
+			r := newLazyRun(t, 0, c.set, func(r *sourceRun) {
+				r.reconnect(100 * time.Millisecond) // the frozen state is on its way for 100 ms
+				r.progress = func(p Progress) {
+					if p.Phase == string(phaseRestore) {
+						once.Do(func() { r.harness.dst.Close() })
+					}
+				}
+			})
+			rep := r.migrateLazily(c.mode)
+			if rep.OK || rep.SourceState != "frozen" || rep.InDoubtID != rep.ID || !strings.HasPrefix(rep.FailedAt, "restore") {
+				t.Fatalf("report: ok %v at %q, source %q, in doubt %q: %s", rep.OK, rep.FailedAt, rep.SourceState, rep.InDoubtID, rep.Error)
+			}
+			r.calls("freeze", "checkpoint")
+			if r.src.state() != "paused" {
+				t.Errorf("the source copy is %q, want paused", r.src.state())
+			}
+			if st := r.sourceJournaled(rep); st != journal.InDoubt {
+				t.Errorf("source journal says %q, want %q", st, journal.InDoubt)
+			}
+			r.returned()
+			r.want(counts{prepared: 1, discarded: 1})
+			if got := r.askDestination(rep.ID); got != journal.Dropped {
+				t.Errorf("the destination answers the source's question with %q, want %q (the source resumes on it)", got, journal.Dropped)
+			}
+		})
+	}
+}
+
+// askDestination asks the destination what became of migration id, as
+// the source's agent does to settle one in doubt, over a session of its
+// own.
+func (r *sourceRun) askDestination(id string) string {
+	r.t.Helper()
+	src, dst := transporttest.Pipe(r.t, "h1", "h2")
+	go func() {
+		if ch, err := dst.Accept(); err == nil {
+			r.d.Answer(ch, "h1")
+		}
+	}()
+	ch, err := src.Open(ChanQuery)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.Send(Query{ID: id}); err != nil {
+		r.t.Fatal(err)
+	}
+	var a QueryAnswer
+	if err := ch.Recv(&a); err != nil {
+		r.t.Fatalf("the destination's answer: %v", err)
+	}
+	return a.State
 }

@@ -111,10 +111,34 @@ func (m *migration) closeWatches() {
 
 // syncTrees syncs every tree, live or frozen, side by side.
 func (m *migration) syncTrees(live bool) error {
+	return m.sendTrees(live, func(_ string, acked func() error) error { return acked() })
+}
+
+// sendFrozenTrees sends every tree's last changes, side by side, and
+// leaves the destination's word on each to the switchover's pendingAcks.
+func (m *migration) sendFrozenTrees() error {
+	return m.sendTrees(false, func(name string, acked func() error) error {
+		m.acks.expect("rootfs sync (frozen)", func() error {
+			if err := acked(); err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			return nil
+		})
+		return nil
+	})
+}
+
+// sendTrees sends every tree, side by side, each then handed to then
+// with the wait for the destination's word on it.
+func (m *migration) sendTrees(live bool, then func(name string, acked func() error) error) error {
 	var g errgroup.Group
 	for _, t := range m.trees {
 		g.Go(func() error {
-			if err := m.syncTree(t, live); err != nil {
+			acked, err := m.sendTree(t, live)
+			if err == nil {
+				err = then(treeName(t.volume), acked)
+			}
+			if err != nil {
 				return fmt.Errorf("%s: %w", treeName(t.volume), err)
 			}
 			return nil
@@ -139,13 +163,19 @@ func (m *migration) reportTrees() {
 	}
 }
 
-// syncTree sends what the destination's copy of one tree lacks.
-func (m *migration) syncTree(t *tree, live bool) error {
+// sendTree sends what the destination's copy of one tree lacks, and
+// returns acked, which waits for the destination's word that it applied
+// it, then closes the channel.
+func (m *migration) sendTree(t *tree, live bool) (acked func() error, err error) {
 	ch, err := m.sess.Open(treeChannel(t.volume, live))
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer ch.Close()
+	defer func() {
+		if err != nil {
+			ch.Close()
+		}
+	}()
 	// This side's scan runs while the destination describes its copy.
 	type scanned struct {
 		m   rootfs.Manifest
@@ -162,19 +192,30 @@ func (m *migration) syncTree(t *tree, live bool) error {
 		man, err := rootfs.Scan(t.dir)
 		sc <- scanned{m: man, err: err}
 	}()
+	// The frozen pass after a whole live sync knows what the destination
+	// holds: what that sync left, t.base (nothing else writes there). It
+	// sends at once, and reads the destination's description (AsLive)
+	// after: a round trip less while frozen. The delta from t.base is
+	// right whatever that says.
+	ahead := !live && t.base != nil
 	var have RootfsHave
-	rerr := ch.Recv(&have)
+	var rerr error
+	if ahead {
+		have.AsLive = true
+	} else {
+		rerr = ch.Recv(&have)
+	}
 	s := <-sc
 	if rerr != nil {
-		return rerr
+		return nil, rerr
 	}
 	if s.err != nil {
-		return s.err
+		return nil, s.err
 	}
 	base := have.Manifest
 	if have.AsLive {
 		if t.base == nil {
-			return errors.New("the destination's copy is as after the live sync, which this side never finished")
+			return nil, errors.New("the destination's copy is as after the live sync, which this side never finished")
 		}
 		base = t.base
 	}
@@ -197,7 +238,7 @@ func (m *migration) syncTree(t *tree, live bool) error {
 	}
 	sent, err := rootfs.SendDelta(ch, t.dir, delta, known)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if live {
 		t.liveBytes, t.liveEntries = sent.Bytes, len(delta.Changed)-len(sent.Skipped)
@@ -214,23 +255,31 @@ func (m *migration) syncTree(t *tree, live bool) error {
 		t.frozenBytes = sent.Bytes
 	}
 	if err := ch.CloseWrite(); err != nil {
-		return err
+		return nil, err
 	}
 	attrs, err := rootfs.ReadRootAttrs(t.dir)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := ch.Send(attrs); err != nil {
-		return err
+		return nil, err
 	}
-	var done RootfsDone
-	if err := ch.Recv(&done); err != nil {
-		return err
-	}
-	if live {
-		t.base, t.blocks = want, sent.Blocks
-	}
-	return nil
+	return func() error {
+		defer ch.Close()
+		if ahead {
+			if err := ch.Recv(&RootfsHave{}); err != nil {
+				return err
+			}
+		}
+		var done RootfsDone
+		if err := ch.Recv(&done); err != nil {
+			return err
+		}
+		if live {
+			t.base, t.blocks = want, sent.Blocks
+		}
+		return nil
+	}, nil
 }
 
 // rescanTree is the frozen tree: the live sync's scan brought up to date

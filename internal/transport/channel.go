@@ -247,6 +247,10 @@ func (c *Channel) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// Ended says whether the peer ended its byte stream (CloseWrite). A
+// channel closed or cut off without that also reads as io.EOF.
+func (c *Channel) Ended() bool { return c.eof }
+
 // Close closes the channel in both directions.
 func (c *Channel) Close() error { return c.rwc.Close() }
 

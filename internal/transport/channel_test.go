@@ -527,3 +527,27 @@ func TestChannelBoundsStreamWrites(t *testing.T) {
 		t.Fatalf("data back: %d of %d bytes, equal %v, %v", len(back), len(data), bytes.Equal(back, data), err)
 	}
 }
+
+// A byte stream the peer ended (CloseWrite) and one cut off (the channel
+// closed) both read as io.EOF; Ended tells them apart.
+func TestChannelEnded(t *testing.T) {
+	for _, ended := range []bool{true, false} {
+		snd, rcv := sessionChannels(t)
+		if _, err := snd.Write([]byte("some data")); err != nil {
+			t.Fatal(err)
+		}
+		if ended {
+			if err := snd.CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		snd.Close()
+		b, err := io.ReadAll(rcv)
+		if err != nil || string(b) != "some data" {
+			t.Fatalf("ended %v: read %q, %v", ended, b, err)
+		}
+		if rcv.Ended() != ended {
+			t.Errorf("Ended() = %v for a stream the peer ended: %v", rcv.Ended(), ended)
+		}
+	}
+}

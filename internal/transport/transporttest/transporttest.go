@@ -27,6 +27,12 @@ func Pipe(tb testing.TB, from, to string) (dialer, acceptor *transport.Session) 
 func Conn(tb testing.TB, from, to string) (dialer, acceptor *transport.Session) {
 	tb.Helper()
 	a, b := net.Pipe()
+	return connOver(tb, a, b, from, to)
+}
+
+// connOver starts the two ends of a session over a and b.
+func connOver(tb testing.TB, a, b net.Conn, from, to string) (dialer, acceptor *transport.Session) {
+	tb.Helper()
 	srv, err := transport.NewServer(config(to))
 	if err != nil {
 		tb.Fatal(err)
