@@ -125,7 +125,7 @@ settings, not a market.`,
 	f.StringSliceVar(&hosts, "hosts", nil, "every host the container may run on: host names from $FERRY_HOSTS, or NAME@ADDR of their agents' listen addresses (with --tls-dir)")
 	f.StringVar(&at, "at", "", "the host the container runs on now (needed until --state knows)")
 	f.DurationVar(&trig.Threshold, "threshold", trig.Threshold, "the clients' latency above which they are too far (L_thr)")
-	f.DurationVar(&trig.Dwell, "dwell", trig.Dwell, "how long the latency must stay too far before a move; shorter the further it is (a latency twice --threshold needs half of it), never below half")
+	f.DurationVar(&trig.Dwell, "dwell", trig.Dwell, "how long the latency must stay too far before a move")
 	f.Float64Var(&trig.Hysteresis, "hysteresis", trig.Hysteresis, "the band below --threshold, as a share of it, that does not restart the dwell; a candidate must also be nearer by this share")
 	f.DurationVar(&trig.MinInterval, "min-interval", trig.MinInterval, "the least time between two moves")
 	f.DurationVar(&cfg.Interval, "interval", time.Second, "time between latency samples")

@@ -203,8 +203,7 @@ func TestLoopRestartMidMigration(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, kill := context.WithCancel(context.Background())
-	// Up to the dwell's end (h1 is 50 ms away), the move at the next step.
-	for range int(cfg.Trigger.DwellFor(50*time.Millisecond) / time.Second) {
+	for range 10 {
 		if err := l.Step(ctx); err != nil {
 			t.Fatal(err)
 		}

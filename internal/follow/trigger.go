@@ -11,9 +11,7 @@ type TriggerConfig struct {
 	// Threshold is L_thr: latency above it is too far.
 	Threshold time.Duration
 	// Dwell is how long the latency must stay too far before a move: a
-	// client passing through a bad spot does not move the service. The
-	// further it is, the sooner it counts (DwellFor): a latency twice the
-	// threshold needs half the dwell, never less.
+	// client passing through a bad spot does not move the service.
 	Dwell time.Duration
 	// Hysteresis is the band below Threshold that a sample must fall
 	// into to count as near again, as a share of Threshold (0.2: below
@@ -46,18 +44,6 @@ func (c TriggerConfig) Check() error {
 		return fmt.Errorf("minimum interval %v must not be negative", c.MinInterval)
 	}
 	return nil
-}
-
-// DwellFor is how long a median latency med above the threshold must last
-// before a move: the dwell scaled by Threshold/med, at least half of it.
-// A client that went far for good (it drove off) costs each second of its
-// dwell more the further it is; a blip is filtered by the half that
-// stays, however bad it is.
-func (c TriggerConfig) DwellFor(med time.Duration) time.Duration {
-	if med <= c.Threshold {
-		return c.Dwell
-	}
-	return max(c.Dwell/2, time.Duration(float64(c.Dwell)*float64(c.Threshold)/float64(med)))
 }
 
 // Near is the latency below which a sample counts as near again.
@@ -122,9 +108,8 @@ func (t *Trigger) Observe(now time.Time, latency time.Duration) Verdict {
 	med := Median(t.far)
 	far := now.Sub(t.farSince)
 	v := Verdict{FarFor: far, Latency: med}
-	dwell := c.DwellFor(med)
-	if far < dwell {
-		v.Reason = fmt.Sprintf("latency %v (median) above %v for %v of the %v dwell", round(med), round(c.Threshold), round(far), round(dwell))
+	if far < c.Dwell {
+		v.Reason = fmt.Sprintf("latency %v (median) above %v for %v of the %v dwell", round(med), round(c.Threshold), round(far), c.Dwell)
 		return v
 	}
 	if !t.lastMove.IsZero() {
@@ -134,7 +119,7 @@ func (t *Trigger) Observe(now time.Time, latency time.Duration) Verdict {
 		}
 	}
 	v.Fire = true
-	v.Reason = fmt.Sprintf("latency %v (median) above %v for %v (dwell %v)", round(med), round(c.Threshold), round(far), round(dwell))
+	v.Reason = fmt.Sprintf("latency %v (median) above %v for %v (dwell %v)", round(med), round(c.Threshold), round(far), c.Dwell)
 	return v
 }
 

@@ -37,37 +37,10 @@ func TestTriggerDwell(t *testing.T) {
 	}, 20); len(got) != 0 {
 		t.Errorf("fired at %v for a 5 s excursion (dwell 10 s)", got)
 	}
-	// Far for good: fires once the dwell has passed, shortened to 7.5 s by
-	// a latency 4/3 of the threshold: at 8 s.
+	// Far for good: fires once the dwell has passed, at 10 s.
 	tr = NewTrigger(cfg(), time.Time{})
-	if got := feed(tr, t0, func(int) time.Duration { return 40 * time.Millisecond }, 15); len(got) != 1 || got[0] != 8 {
-		t.Errorf("fired at %v, want once at 8 s", got)
-	}
-}
-
-// The further the latency, the shorter the dwell, never below half: a
-// blip, however bad, is still filtered by that half.
-func TestDwellFor(t *testing.T) {
-	c := cfg() // threshold 30 ms, dwell 10 s
-	for _, x := range []struct{ med, want time.Duration }{
-		{20 * time.Millisecond, 10 * time.Second}, // back inside: the whole dwell
-		{30 * time.Millisecond, 10 * time.Second},
-		{40 * time.Millisecond, 7500 * time.Millisecond},
-		{60 * time.Millisecond, 5 * time.Second},
-		{600 * time.Millisecond, 5 * time.Second},
-	} {
-		if got := c.DwellFor(x.med); got != x.want {
-			t.Errorf("DwellFor(%v) = %v, want %v", x.med, got, x.want)
-		}
-	}
-	tr := NewTrigger(c, time.Time{})
-	if got := feed(tr, t0, func(s int) time.Duration {
-		if s < 4 {
-			return 900 * time.Millisecond
-		}
-		return 10 * time.Millisecond
-	}, 20); len(got) != 0 {
-		t.Errorf("fired at %v for a 4 s blip at 30x the threshold (half the dwell: 5 s)", got)
+	if got := feed(tr, t0, func(int) time.Duration { return 40 * time.Millisecond }, 15); len(got) != 1 || got[0] != 10 {
+		t.Errorf("fired at %v, want once at 10 s", got)
 	}
 }
 
@@ -92,8 +65,8 @@ func TestTriggerHysteresis(t *testing.T) {
 		}
 		return 35 * time.Millisecond
 	}, 20)
-	// Far again at 7 s; at 35 ms the dwell is 8.6 s, so it ends at 16 s.
-	if len(got) != 1 || got[0] != 16 {
+	// Far again at 7 s, so the dwell ends at 17 s.
+	if len(got) != 1 || got[0] != 17 {
 		t.Errorf("fired at %v, want 17 s: a dip below the band at 6 s restarts the dwell", got)
 	}
 	// Inside the band without having been far: nothing starts.

@@ -30,8 +30,7 @@ type FollowPolicySpec struct {
 	// Nodes it may run on (empty: every node).
 	Nodes []string `json:"nodes,omitempty"`
 	// Threshold is the latency above which its clients are too far
-	// (default 30ms); Dwell how long it must stay so (default 10s;
-	// shorter the further it is, down to half: follow.DwellFor);
+	// (default 30ms); Dwell how long it must stay so (default 10s);
 	// Hysteresis the band below Threshold, as a share of it, a sample must
 	// fall into to count as near again (default 0.2); MinInterval the
 	// least time between two moves (default 1m).
