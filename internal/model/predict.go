@@ -170,6 +170,12 @@ func Predict(p Profile, in Inputs, mode string, rounds int) Prediction {
 		down := trips * rtt
 		t.down += down
 		t.total += down + p.setupRoundTrips()*rtt
+		if mode == ModePostcopy {
+			// The pull's last requests, each for a hole the faults cut,
+			// wait a round trip apiece while the service runs degraded.
+			pull := p.pullRoundTrips() * rtt
+			t.total, t.degraded = t.total+pull, t.degraded+pull
+		}
 	}
 	return p.withInterval(Prediction{
 		Mode: mode, Rounds: t.rounds,

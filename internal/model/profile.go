@@ -82,13 +82,15 @@ type Profile struct {
 	// Far links (Inputs.RTTSeconds). A session keeps at most WindowBytes
 	// in flight, so a link carries at most WindowBytes/RTT; a migration
 	// spends SetupRoundTrips round trips before its technique and on its
-	// commit, and SwitchoverRoundTrips (ColdRoundTrips for cold, whose
-	// stream is the window's) while the container is down. 0: the
+	// commit, SwitchoverRoundTrips (ColdRoundTrips for cold, whose
+	// stream ramps up while it is down) while the container is down, and
+	// post-copy PullRoundTrips more on its pull's last requests. 0: the
 	// defaults (DefaultWindowBytes and the like).
 	WindowBytes          float64 `json:"window_bytes,omitempty"`
 	SetupRoundTrips      float64 `json:"setup_round_trips,omitempty"`
 	SwitchoverRoundTrips float64 `json:"switchover_round_trips,omitempty"`
 	ColdRoundTrips       float64 `json:"cold_round_trips,omitempty"`
+	PullRoundTrips       float64 `json:"pull_round_trips,omitempty"`
 	// SoftDirty: the kernel tracks dirty pages, so CRIU's native pre-copy
 	// (PAM) is possible; Best only considers it then.
 	SoftDirty bool `json:"soft_dirty"`
@@ -112,17 +114,19 @@ type Profile struct {
 
 // The far-link terms measured in the lab with its delay lines (64 MiB
 // memhog at 200 pages/s, 1 Gbit/s, round trips of 0, 50 and 100 ms, every
-// mode; docs/MODEL.md, "Far links"): 64 MiB crossed in 1.6 s at 50 ms
-// and 3.2 s at 100 ms whatever the mode (about 2 MB in flight; the
-// stream's dump, 2.5 s at 100 ms, about 2.8 MB, which the live modes' first round comes near); connecting, the offer and
-// the root filesystem took 14-15 round trips more; the live modes'
-// downtime 3.7 (the memory-less dump's last round, the restore's reply,
-// the commit), cold's 2 besides its stream.
+// mode; docs/MODEL.md, "Far links"), after the hosts' TCP buffers grew to
+// 16-32 MiB (the window no longer binds at 1 Gbit/s up to about 130 ms)
+// and the switchover stopped waiting for the frozen state's
+// acknowledgements: connecting, the offer and the root filesystem took 14
+// round trips more; the live modes' downtime 2 (the restore's reply, the
+// commit), cold's 6 (its stream's ramp and the same two); post-copy's
+// total 7 more (the pull's last requests).
 const (
-	DefaultWindowBytes          = 2.8e6
+	DefaultWindowBytes          = 16e6
 	DefaultSetupRoundTrips      = 14
-	DefaultSwitchoverRoundTrips = 3.7
-	DefaultColdRoundTrips       = 2
+	DefaultSwitchoverRoundTrips = 2
+	DefaultColdRoundTrips       = 6
+	DefaultPullRoundTrips       = 7
 )
 
 // DefaultFirstFaultsS: post-copy's client waited 22-39 ms longer than
@@ -133,6 +137,8 @@ const DefaultFirstFaultsS = 0.03
 func (p Profile) firstFaults() float64 { return cmpOr(p.FirstFaultsS, DefaultFirstFaultsS) }
 
 func (p Profile) window() float64 { return cmpOr(p.WindowBytes, DefaultWindowBytes) }
+
+func (p Profile) pullRoundTrips() float64 { return cmpOr(p.PullRoundTrips, DefaultPullRoundTrips) }
 
 func (p Profile) setupRoundTrips() float64 { return cmpOr(p.SetupRoundTrips, DefaultSetupRoundTrips) }
 

@@ -245,7 +245,7 @@ func (p Profile) SwitchoverS(m, left, linkBps float64, lazyRestore bool) float64
 // (FirstFaultsS, and the link's round trip).
 func (p Profile) postcopy(in Inputs) timeline {
 	m := in.MemoryBytes
-	down := p.FreezeS + p.DumpFixedS + p.RestoreFixedS + p.LazySetupS + p.firstFaults() + in.RTTSeconds
+	down := p.FreezeS + p.DumpFixedS + p.RestoreFixedS + p.LazySetupS + p.firstFaults()
 	pull := p.PushPull(m, p.link(in, 0), in.DirtyRatePagesPerSec)
 	return timeline{down: down, total: down + pull, bytes: m, degraded: pull}
 }
