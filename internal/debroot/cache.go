@@ -70,13 +70,7 @@ type Options struct {
 
 // DefaultCacheDir is $FERRY_CACHE/debroot, by default
 // /var/cache/ferry/debroot (beside setup.sh's other caches).
-func DefaultCacheDir() string {
-	base := os.Getenv("FERRY_CACHE")
-	if base == "" {
-		base = "/var/cache/ferry"
-	}
-	return filepath.Join(base, "debroot")
-}
+func DefaultCacheDir() string { return filelock.CacheDir("debroot") }
 
 func (o Options) cacheDir() string {
 	if o.CacheDir != "" {

@@ -41,6 +41,16 @@ func Lock(ctx context.Context, path string) (func(), error) {
 	}
 }
 
+// CacheDir is the directory of setup.sh's caches named name:
+// $FERRY_CACHE/name, by default /var/cache/ferry/name.
+func CacheDir(name string) string {
+	base := os.Getenv("FERRY_CACHE")
+	if base == "" {
+		base = "/var/cache/ferry"
+	}
+	return filepath.Join(base, name)
+}
+
 // Build makes the cached file target once: if it is not there, build
 // writes it in a fresh directory beside it and returns its path there,
 // which is renamed to target, so that a reader never sees half of it.

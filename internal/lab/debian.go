@@ -88,13 +88,7 @@ type DebianRootfs struct {
 // DefaultRootfsCache is where built root filesystems are kept:
 // $FERRY_CACHE/rootfs, by default /var/cache/ferry/rootfs (setup.sh keeps
 // its downloads in the same $FERRY_CACHE).
-func DefaultRootfsCache() string {
-	base := os.Getenv("FERRY_CACHE")
-	if base == "" {
-		base = "/var/cache/ferry"
-	}
-	return filepath.Join(base, "rootfs")
-}
+func DefaultRootfsCache() string { return filelock.CacheDir("rootfs") }
 
 func (o DebianOptions) cacheDir() string {
 	if o.CacheDir != "" {
