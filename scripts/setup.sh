@@ -165,6 +165,24 @@ if [ ! -x "$ZDTM_DIR/${ZDTM_TESTS[-1]}" ]; then
   rm -rf "$work"
 fi
 
+# A stock CRIU: the same release with none of ferry's patches, for the e2e
+# test that a destination whose CRIU lacks them is refused before anything
+# is frozen (about 30 s the first time). Its kerndat cache is apart from
+# ferry's CRIU's, whose patches may read it differently.
+STOCK_CRIU="$CACHE/criu-stock-$CRIU_VERSION/criu"
+if [ ! -x "$STOCK_CRIU" ]; then
+  work=$(mktemp -d)
+  if tar -xJf "$CACHE/criu_${CRIU_VERSION}.orig.tar.xz" -C "$work" --strip-components=1 2>"$CACHE/criu-stock-build.log" &&
+     make -C "$work" -j"$(nproc)" RUNDIR=/run/criu-stock "${CRIU_MAKE_OPTS[@]}" criu >>"$CACHE/criu-stock-build.log" 2>&1; then
+    mkdir -p "$(dirname "$STOCK_CRIU")"
+    install -m 0755 "$work/criu/criu" "$STOCK_CRIU"
+    log "a stock CRIU $CRIU_VERSION (no ferry patches) built as $STOCK_CRIU"
+  else
+    log "the stock CRIU did not build (see $CACHE/criu-stock-build.log): the e2e test that needs it will skip"
+  fi
+  rm -rf "$work"
+fi
+
 # golangci-lint, pinned, for make test's lint step: built from source with
 # the installed Go (about two minutes the first time).
 LINT_VERSION=2.15.0

@@ -138,19 +138,19 @@ func Mount(root string, o MountOptions) (*Mounted, error) {
 
 	// The namespace is made on a thread of its own, locked and never
 	// unlocked, so that the runtime ends the thread with the goroutine:
-	// nothing else ever runs in it. Its mounts live as long as the
-	// namespace: its file bound below, or a process inside.
+	// nothing else ever runs in it (offMainThread: never the main thread,
+	// which the runtime keeps). Its mounts live as long as the namespace:
+	// its file bound below, or a process inside.
 	type made struct {
 		tid int
 		err error
 	}
 	ready, done := make(chan made), make(chan struct{})
-	go func() {
-		runtime.LockOSThread()
+	go offMainThread(func() {
 		err := setupNamespace(root, o)
 		ready <- made{unix.Gettid(), err}
 		<-done
-	}()
+	})
 	r := <-ready
 	if r.err == nil {
 		r.err = unix.Mount(fmt.Sprintf("/proc/%d/task/%d/ns/mnt", os.Getpid(), r.tid), m.NSFile, "", unix.MS_BIND, "")
@@ -266,6 +266,28 @@ func (m *Mounted) Close() error {
 		return fmt.Errorf("close the root %s: %w", m.Root, err)
 	}
 	return nil
+}
+
+// offMainThread runs fn on a locked thread other than the process's main
+// one, and returns when it did; call it as a goroutine of its own. fn may
+// change its thread for good (its mount namespace): the runtime ends a
+// thread whose goroutine exits locked, but it keeps the main thread,
+// whose namespaces are the process's as /proc/self shows them (its
+// mountinfo, ns/mnt), so fn must not run there. On the main thread, the
+// goroutine holds it, locked, while another finds a thread of its own.
+func offMainThread(fn func()) {
+	runtime.LockOSThread()
+	if unix.Gettid() != unix.Getpid() {
+		fn() // and exit locked: the thread ends
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		offMainThread(fn)
+	}()
+	<-done
+	runtime.UnlockOSThread() // the main thread, untouched
 }
 
 // nsName names a root's files in NSDir.

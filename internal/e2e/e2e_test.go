@@ -23,6 +23,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/criu"
 	"github.com/ferry-migrate/ferry/internal/dirty"
 	"github.com/ferry-migrate/ferry/internal/engine"
+	"github.com/ferry-migrate/ferry/internal/filelock"
 	"github.com/ferry-migrate/ferry/internal/journal"
 	"github.com/ferry-migrate/ferry/internal/lab"
 	"github.com/ferry-migrate/ferry/internal/procs"
@@ -663,16 +664,37 @@ func TestBadInputFreezesNothing(t *testing.T) {
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	waitListening(t, &l.Hosts[2], bin, oldAddr)
 
+	// A destination whose CRIU is the same release without ferry's patches
+	// (setup builds it): a fifth agent in h2.
+	stock := filepath.Join(filelock.CacheDir("criu-stock-VERSION"), "criu")
+	stockAddr := ""
+	if found, _ := filepath.Glob(filepath.Join(filelock.CacheDir("criu-stock-*"), "criu")); len(found) > 0 {
+		stock = found[0]
+		stockAddr = l.Hosts[1].Addr + ":7072"
+		cmd := l.Hosts[1].Command(ctx, bin, "agent", "--name", "h2", "--listen", stockAddr, "--control", "",
+			"--state", filepath.Join(t.TempDir(), "state"), "--tls-dir", l.Hosts[1].TLSDir())
+		cmd.Env = append(os.Environ(), "FERRY_CRIU="+stock)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		waitListening(t, &l.Hosts[2], bin, stockAddr)
+	}
+
 	cases := []struct {
 		name, container, to, want string
 	}{
 		{"unknown container", "nope", l.Hosts[1].AgentAddr, `no container "nope"`},
 		{"unreachable destination", "hog", "10.77.0.99:7070", "cannot reach"},
 		{"destination without a working CRIU", "hog", oldAddr, "3.17.1"},
+		{"destination whose CRIU lacks ferry's patches", "hog", stockAddr, "lacks ferry's CRIU patches"},
 		{"unknown mode", "hog", l.Hosts[1].AgentAddr, "unknown mode"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			if c.to == "" {
+				t.Skipf("no stock CRIU at %s (scripts/setup.sh builds it)", stock)
+			}
 			mode := engine.ModeCold
 			if c.name == "unknown mode" {
 				mode = "teleport"
