@@ -23,12 +23,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
-	"strconv"
 	"strings"
-	"syscall"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/ferry-migrate/ferry/internal/procs"
 )
 
 // Iface is one interface of a container's network namespace.
@@ -256,29 +256,11 @@ func Delete(name string) error {
 // namespace some process lives in is a container's, not a leftover, and
 // must not be deleted. None when the namespace does not exist.
 func Users(name string) ([]int, error) {
-	var ns syscall.Stat_t
-	if err := syscall.Stat(Path(name), &ns); err != nil {
-		if os.IsNotExist(err) {
-			return nil, nil
-		}
-		return nil, err
+	pids, err := procs.InNamespace(Path(name), "net")
+	if os.IsNotExist(err) {
+		return nil, nil
 	}
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil, err
-	}
-	var pids []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		var st syscall.Stat_t
-		if syscall.Stat(filepath.Join("/proc", e.Name(), "ns", "net"), &st) == nil && st.Ino == ns.Ino && st.Dev == ns.Dev {
-			pids = append(pids, pid)
-		}
-	}
-	return pids, nil
+	return pids, err
 }
 
 // DeleteUnused deletes a namespace ferry made only when no process lives
