@@ -10,7 +10,6 @@
 package debroot
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -170,7 +169,7 @@ func Ensure(ctx context.Context, o Options) (Cached, error) {
 		// live in a mount namespace of its own, gone with it however it ends.
 		cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
-		if err := runLogged(cmd, o.Log); err != nil {
+		if err := tail.Run(cmd, o.Log, 15); err != nil {
 			return "", fmt.Errorf("build the Debian root: %w", err)
 		}
 		return out, nil
@@ -194,19 +193,4 @@ func sourceLines(suite, mirror, security string) []string {
 		lines = append(lines, fmt.Sprintf("deb %s %s-security main", security, suite))
 	}
 	return lines
-}
-
-// runLogged runs c, its output going to log (if any) and its end quoted
-// in the error.
-func runLogged(c *exec.Cmd, log io.Writer) error {
-	var buf bytes.Buffer
-	w := io.Writer(&buf)
-	if log != nil {
-		w = io.MultiWriter(&buf, log)
-	}
-	c.Stdout, c.Stderr = w, w
-	if err := c.Run(); err != nil {
-		return fmt.Errorf("%s: %w:\n%s", filepath.Base(c.Path), err, tail.Lines(buf.String(), 15))
-	}
-	return nil
 }

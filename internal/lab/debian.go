@@ -9,7 +9,6 @@ package lab
 // fills; LXC needs nothing more).
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -199,7 +198,7 @@ func buildMmdebstrap(ctx context.Context, o DebianOptions, tmp, out, mirror, sec
 	c := exec.CommandContext(ctx, "mmdebstrap", args...)
 	// Its scratch directory goes to the cache's file system, not /tmp.
 	c.Env = append(os.Environ(), "TMPDIR="+tmp)
-	return runLogged(c, o.Log)
+	return tail.Run(c, o.Log, 8)
 }
 
 // buildDebootstrap installs into a directory and tars it. debootstrap
@@ -209,7 +208,7 @@ func buildDebootstrap(ctx context.Context, o DebianOptions, tmp, out, mirror, se
 	root := filepath.Join(tmp, "root")
 	c := exec.CommandContext(ctx, "debootstrap", "--variant=minbase", "--components=main",
 		"--include="+strings.Join(o.packages(), ","), DebianSuite, root, mirror)
-	err := runLogged(c, o.Log)
+	err := tail.Run(c, o.Log, 8)
 	// debootstrap mounts proc and sys inside (and /dev in some setups);
 	// none may stay, or removing the directory would reach into them.
 	if uerr := mounts.UnmountUnder(root); uerr != nil {
@@ -232,22 +231,7 @@ func buildDebootstrap(ctx context.Context, o DebianOptions, tmp, out, mirror, se
 	}
 	c = exec.CommandContext(ctx, "tar", "--numeric-owner", "--xattrs", "--xattrs-include=*", "--sort=name",
 		"-C", root, "-cf", out, ".")
-	return runLogged(c, o.Log)
-}
-
-// runLogged runs c with its output going to log (if any) and kept for the
-// error message.
-func runLogged(c *exec.Cmd, log io.Writer) error {
-	var buf bytes.Buffer
-	w := io.Writer(&buf)
-	if log != nil {
-		w = io.MultiWriter(&buf, log)
-	}
-	c.Stdout, c.Stderr = w, w
-	if err := c.Run(); err != nil {
-		return fmt.Errorf("%s: %v: %s", filepath.Base(c.Path), err, tail.Lines(buf.String(), 8))
-	}
-	return nil
+	return tail.Run(c, o.Log, 8)
 }
 
 // DebianMirrors returns the Debian archive and security archive URLs this

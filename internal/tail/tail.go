@@ -3,7 +3,12 @@
 package tail
 
 import (
+	"bytes"
+	"fmt"
+	"io"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 )
 
@@ -23,4 +28,19 @@ func File(path string, n int) string {
 		return ""
 	}
 	return Lines(string(b), n)
+}
+
+// Run runs c, its output going to log (if any) and kept, so that its
+// error quotes the output's last n lines.
+func Run(c *exec.Cmd, log io.Writer, n int) error {
+	var buf bytes.Buffer
+	w := io.Writer(&buf)
+	if log != nil {
+		w = io.MultiWriter(&buf, log)
+	}
+	c.Stdout, c.Stderr = w, w
+	if err := c.Run(); err != nil {
+		return fmt.Errorf("%s: %w:\n%s", filepath.Base(c.Path), err, Lines(buf.String(), n))
+	}
+	return nil
 }
