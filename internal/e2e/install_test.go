@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 	"github.com/ferry-migrate/ferry/internal/cgroups"
 	"github.com/ferry-migrate/ferry/internal/debroot"
 	"github.com/ferry-migrate/ferry/internal/lab"
+	"github.com/ferry-migrate/ferry/internal/procs"
 	"github.com/ferry-migrate/ferry/internal/runc"
 	"github.com/ferry-migrate/ferry/internal/tail"
 )
@@ -102,27 +102,18 @@ func TestInstalledFromPackages(t *testing.T) {
 
 	for i, h := range []*lab.Host{src, dst} {
 		log := filepath.Join(t.TempDir(), "agent.log")
-		if _, err := roots[i].StartService("ferry-agent.service", h.NetNS, log); err != nil {
-			t.Fatal(err)
-		}
-		sock := roots[i].HostPath("/run/ferry/agent.sock")
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			c, err := net.DialTimeout("unix", sock, time.Second)
-			if err == nil {
-				c.Close()
-				break
-			}
-			if time.Now().After(deadline) {
-				out, _ := os.ReadFile(log)
-				t.Fatalf("%s's packaged agent does not serve %s: %v\n%s", h.Name, sock, err, out)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
 		t.Cleanup(func() {
 			if t.Failed() {
 				t.Logf("%s's agent log:\n%s", h.Name, tail.File(log, 30))
 			}
+		})
+		if _, err := roots[i].StartService("ferry-agent.service", h.NetNS, log); err != nil {
+			t.Fatal(err)
+		}
+		sock := roots[i].HostPath("/run/ferry/agent.sock")
+		waitFor(t, 30*time.Second, h.Name+"'s packaged agent serving "+sock, func() (bool, error) {
+			_, err := procs.SocketServer(sock)
+			return err == nil, err
 		})
 	}
 

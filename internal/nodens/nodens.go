@@ -91,14 +91,15 @@ func openKept(path string) (int, error) {
 }
 
 func sameNS(a, b string) (bool, error) {
-	var sa, sb unix.Stat_t
-	if err := unix.Stat(a, &sa); err != nil {
-		return false, &os.PathError{Op: "stat", Path: a, Err: err}
+	sa, err := os.Stat(a)
+	if err != nil {
+		return false, err
 	}
-	if err := unix.Stat(b, &sb); err != nil {
-		return false, &os.PathError{Op: "stat", Path: b, Err: err}
+	sb, err := os.Stat(b)
+	if err != nil {
+		return false, err
 	}
-	return sa.Dev == sb.Dev && sa.Ino == sb.Ino, nil
+	return os.SameFile(sa, sb), nil
 }
 
 // LeavePod moves the calling process into cgroup rel (below each
