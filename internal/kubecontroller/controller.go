@@ -202,6 +202,17 @@ func (r *Reconciler) plan(ctx context.Context, m *v1.Migration) (v1.MigrationSta
 	}, nil
 }
 
+// pickContainer is the pod's container name (its only one when name is
+// empty).
+func pickContainer(pod *corev1.Pod, name string) *corev1.Container {
+	for i := range pod.Spec.Containers {
+		if name == "" || pod.Spec.Containers[i].Name == name {
+			return &pod.Spec.Containers[i]
+		}
+	}
+	return &corev1.Container{}
+}
+
 // livenessTolerance is how long the pod's container (its only one when
 // name is empty) may stay silent before its liveness probe has the kubelet
 // restart it: a probe begun at the freeze fails after its timeout, and the
@@ -209,25 +220,22 @@ func (r *Reconciler) plan(ctx context.Context, m *v1.Migration) (v1.MigrationSta
 // Restarting a frozen source would lose it, or run a fresh copy beside
 // the moved one.
 func livenessTolerance(pod *corev1.Pod, name string) time.Duration {
-	for _, c := range pod.Spec.Containers {
-		if (name != "" && c.Name != name) || c.LivenessProbe == nil {
-			continue
-		}
-		p := c.LivenessProbe
-		// The API server's defaults, for a pod that was never stored.
-		timeout, period, failures := p.TimeoutSeconds, p.PeriodSeconds, p.FailureThreshold
-		if timeout <= 0 {
-			timeout = 1
-		}
-		if period <= 0 {
-			period = 10
-		}
-		if failures <= 0 {
-			failures = 3
-		}
-		return time.Duration(timeout+(failures-1)*period) * time.Second
+	p := pickContainer(pod, name).LivenessProbe
+	if p == nil {
+		return 0
 	}
-	return 0
+	// The API server's defaults, for a pod that was never stored.
+	timeout, period, failures := p.TimeoutSeconds, p.PeriodSeconds, p.FailureThreshold
+	if timeout <= 0 {
+		timeout = 1
+	}
+	if period <= 0 {
+		period = 10
+	}
+	if failures <= 0 {
+		failures = 3
+	}
+	return time.Duration(timeout+(failures-1)*period) * time.Second
 }
 
 // containerID is the containerd ID of the pod's container name (its only

@@ -90,14 +90,3 @@ func reachable(ctx context.Context, c client.Client, pv *corev1.PersistentVolume
 	}
 	return nil
 }
-
-// pickContainer is the pod's container name (its only one when name is
-// empty).
-func pickContainer(pod *corev1.Pod, name string) *corev1.Container {
-	for i := range pod.Spec.Containers {
-		if name == "" || pod.Spec.Containers[i].Name == name {
-			return &pod.Spec.Containers[i]
-		}
-	}
-	return &corev1.Container{}
-}
